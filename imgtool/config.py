@@ -1,0 +1,172 @@
+"""Reading imgtool's TOML configuration files (mirrors.toml) into plain values.
+
+Every error names the file, the line or key, and the problem, and exits 2.
+"""
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .errors import ConfigError, UsageError
+from .model import ImageRef
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on old Pythons
+    import tomli as tomllib
+
+BUILTIN_MIRRORS = Path(__file__).with_name("mirrors.toml")
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """One mirrors.toml entry: an endpoint serving `registry`, optionally under a path prefix."""
+
+    name: str
+    registry: str
+    url: str
+    prefix: str = ""
+    insecure: bool = False
+    ca_cert: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MirrorConfig:
+    """The whole mirrors.toml: the default image and the mirror entries, in file order."""
+
+    default_image: str
+    mirrors: Tuple[Mirror, ...]
+    path: str
+
+    def parse_ref(self, text: str) -> ImageRef:
+        """Parse a user reference against this config's default image; raises UsageError."""
+        return ImageRef.parse(text, self.default_image)
+
+
+def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
+    """Load a TOML file, turning syntax errors into one-line ConfigErrors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}")
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}")
+
+
+def key_line(text: str, key: str, table: Optional[str] = None, nth: int = 0) -> Optional[int]:
+    """Best-effort line number of `key` inside the `nth` `[[table]]` (or top level)."""
+    lines = text.splitlines()
+    start, end = 0, len(lines)
+    if table is not None:
+        headers = [i for i, ln in enumerate(lines) if re.match(rf"^\s*\[\[\s*{re.escape(table)}\s*\]\]", ln)]
+        if nth >= len(headers):
+            return None
+        start = headers[nth]
+        end = next((i for i, ln in enumerate(lines) if i > start and re.match(r"^\s*\[", ln)), len(lines))
+        if key is None:
+            return start + 1
+    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    for i in range(start, end):
+        if table is None and re.match(r"^\s*\[", lines[i]):
+            break
+        if pat.match(lines[i]):
+            return i + 1
+    return (start + 1) if table is not None else None
+
+
+def _where(path: Path, line: Optional[int]) -> str:
+    return f"{path}:{line}" if line else str(path)
+
+
+_MIRROR_KEYS = {"name": str, "registry": str, "url": str, "prefix": str, "insecure": bool, "ca_cert": str}
+_MIRROR_REQUIRED = ("name", "registry", "url")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
+    """Validate a loaded mirrors.toml; raises ConfigError naming file, line and key."""
+    for key in data:
+        if key not in ("default_image", "mirrors"):
+            raise ConfigError(f"{_where(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
+    default_image = data.get("default_image")
+    if not isinstance(default_image, str):
+        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: default_image must be a string like \"quay.io/ascend/vllm-ascend\"")
+    try:
+        ImageRef.parse("latest", default_image)
+    except UsageError as e:
+        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: {e.message}")
+    entries = data.get("mirrors", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{_where(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
+    mirrors: List[Mirror] = []
+    seen: Dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        label = f"mirrors[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: {label} must be a table")
+
+        def fail(key, problem, _i=i, _label=label):
+            raise ConfigError(f"{_where(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
+
+        for key, value in entry.items():
+            if key not in _MIRROR_KEYS:
+                fail(key, f"unknown key {key!r} (expected {', '.join(_MIRROR_KEYS)})")
+            if not isinstance(value, _MIRROR_KEYS[key]):
+                fail(key, f"{key} must be a {'boolean' if _MIRROR_KEYS[key] is bool else 'string'}")
+        for key in _MIRROR_REQUIRED:
+            if key not in entry:
+                fail(None, f"missing key {key!r}")
+        name = entry["name"]
+        if not _NAME_RE.match(name) or name == "auto":
+            fail("name", f"invalid name {name!r} (letters, digits, '.', '_', '-'; 'auto' is reserved)")
+        if name in seen:
+            fail("name", f"duplicate name {name!r} (also mirrors[{seen[name]}])")
+        seen[name] = i
+        url = entry["url"].rstrip("/")
+        insecure = entry.get("insecure", False)
+        m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", url)
+        if not m:
+            fail("url", f"invalid url {entry['url']!r}: expected https://host[:port]")
+        if m.group(1) == "http" and not insecure:
+            fail("url", f"url {entry['url']!r} uses http://; set insecure = true for this entry to allow it")
+        registry = entry["registry"]
+        if not registry or "/" in registry or any(c.isspace() for c in registry):
+            fail("registry", f"invalid registry {registry!r}: expected a host like quay.io")
+        prefix = entry.get("prefix", "").strip("/")
+        ca_cert = entry.get("ca_cert")
+        if ca_cert:
+            ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
+        mirrors.append(Mirror(name, registry, url, prefix, insecure, ca_cert))
+    return MirrorConfig(default_image, tuple(mirrors), str(path))
+
+
+def find_mirrors_file(option: Optional[str]) -> Path:
+    """The mirrors.toml to use: --mirrors, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
+    if option:
+        return Path(option)
+    env = os.environ.get("IMGTOOL_MIRRORS")
+    if env:
+        return Path(env)
+    user = Path(os.path.expanduser("~/.config/imgtool/mirrors.toml"))
+    if user.is_file():
+        return user
+    return BUILTIN_MIRRORS
+
+
+def load_mirrors(option: Optional[str] = None) -> MirrorConfig:
+    """Find, read and validate the mirrors configuration; raises ConfigError."""
+    path = find_mirrors_file(option)
+    data, text = read_toml(path)
+    return parse_mirrors(data, text, path)
+
+
+def cache_dir() -> Path:
+    """`$IMGTOOL_CACHE`, default `~/.cache/imgtool`."""
+    return Path(os.environ.get("IMGTOOL_CACHE") or os.path.expanduser("~/.cache/imgtool"))

@@ -1,0 +1,60 @@
+"""One exception root for imgtool; the CLI turns these into `error:`/`hint:` lines and exit codes."""
+
+from typing import Optional
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_VERIFY = 3
+EXIT_NETWORK = 4
+EXIT_DOCKER = 5
+
+
+class ImgtoolError(Exception):
+    """A failure the user should see as one line (plus an optional hint)."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str, hint: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(ImgtoolError):
+    """Bad input: a reference, platform, size, option combination or path."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A malformed configuration file (mirrors.toml, presets, bundle spec)."""
+
+
+class VerifyError(ImgtoolError):
+    """A digest, size or structure check failed; `problems` lists every finding."""
+
+    exit_code = EXIT_VERIFY
+
+    def __init__(self, message: str, hint: Optional[str] = None, problems=()):
+        super().__init__(message, hint)
+        self.problems = list(problems)
+
+
+class RegistryError(ImgtoolError):
+    """A registry or network failure (after retries and every source)."""
+
+    exit_code = EXIT_NETWORK
+
+
+class NotFoundError(RegistryError):
+    """The registry answered that a manifest, tag or blob does not exist."""
+
+
+class DaemonError(ImgtoolError):
+    """The Docker daemon is unreachable or refused an operation."""
+
+    exit_code = EXIT_DOCKER
