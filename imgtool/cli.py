@@ -66,6 +66,106 @@ def cli():
     """
 
 
+# --- connected side --------------------------------------------------------
+
+mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
+                              help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
+mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
+                             help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
+
+
+def _size_option(value):
+    from .model import parse_size
+
+    return None if value is None else parse_size(value, "--chunk-size")
+
+
+@cli.command()
+@click.argument("refs", nargs=-1, required=True)
+@click.option("--arch", help="Architecture(s): amd64, arm64 (aliases x86_64, aarch64); comma list allowed.")
+@click.option("--platform", "platform_", metavar="OS/ARCH[/VARIANT]", help="Platform, e.g. linux/arm64/v8.")
+@click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
+@mirror_option
+@mirrors_option
+@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
+              help="Compress the whole archive (layers are already gzip).")
+@click.option("--jobs", type=int, default=4, show_default=True, help="Parallel downloads.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def fetch(refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, jobs, force, as_json):
+    """Pull images from the fastest healthy mirror into a verified bundle directory.
+
+    REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
+    references (host/path:tag, ...@sha256:...). Several go into one bundle.
+    """
+    from .config import load_mirrors
+    from .fetch import FetchOptions, fetch as do_fetch, parse_platforms
+
+    config = load_mirrors(mirrors_file)
+    opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
+                        chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force)
+    result = do_fetch(config, opts, progress())
+    summary = result.bundle.summary(result.images, result.stats)
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(result.bundle.describe(result.images, result.stats))
+
+
+@cli.command()
+@click.argument("ref")
+@mirror_option
+@mirrors_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def inspect(ref, mirror, mirrors_file, as_json):
+    """Show an image's platforms, sizes, layer counts, digest and the source that answered."""
+    from .config import load_mirrors
+    from .fetch import inspect as do_inspect
+    from .model import format_size
+
+    r = do_inspect(load_mirrors(mirrors_file), ref, mirror, progress())
+    if as_json:
+        emit_json({
+            "ref": r.ref.tagged, "digest": str(r.digest), "media_type": r.media_type,
+            "source": {"name": r.source.name, "reference": r.source.location},
+            "platforms": [{"platform": str(p.platform), "manifest_digest": str(p.manifest_digest),
+                           "compressed_size": p.size, "layers": p.layers} for p in r.platforms],
+        })
+        return
+    click.echo(f"{r.ref.tagged}\ndigest:  {r.digest}\ntype:    {r.media_type}\nsource:  {r.source.describe()}\n")
+    click.echo(table([(str(p.platform), format_size(p.size), p.layers, str(p.manifest_digest)) for p in r.platforms],
+                     ["platform", "compressed", "layers", "manifest digest"]))
+
+
+@cli.command("mirrors")
+@click.argument("ref", required=False)
+@mirrors_option
+@click.option("--timeout", type=float, default=5.0, show_default=True, help="Probe timeout in seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def mirrors_cmd(ref, mirrors_file, timeout, as_json):
+    """Probe every source for REF (default: the default image): reachable, latency, digest."""
+    from .config import load_mirrors
+    from .fetch import mirror_report
+
+    config = load_mirrors(mirrors_file)
+    probes = mirror_report(config, ref, timeout)
+    if as_json:
+        emit_json({"config": config.path, "sources": [p.to_json() for p in probes]})
+        return
+    rows = []
+    for p in probes:
+        status = "ok" if p.digest else ("reachable" if p.reachable else "unreachable")
+        rows.append((p.source.name, p.source.location, status,
+                     f"{p.latency * 1000:.0f} ms" if p.latency is not None else "-",
+                     p.digest.short if p.digest else "-", p.error or ""))
+    click.echo(f"config: {config.path}")
+    click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
+
+
 def main(argv=None) -> None:
     """Console entry point: runs the CLI and maps every failure to one line and an exit code."""
     try:

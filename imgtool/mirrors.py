@@ -1,0 +1,199 @@
+"""Which endpoints can serve a reference, how healthy they are, and what the tag means.
+
+`sources_for` turns a reference into the ordered list of `Source`s that serve its
+registry (DaoCloud-style prefix rewrite, NJU-style host swap). `probe` checks them all
+in parallel (`/v2/` plus a manifest HEAD, short timeouts). `resolve` picks the digest
+of the tag ONCE, preferring the upstream, and drops mirrors that disagree (a stale
+pull-through cache); the healthy rest is ordered by latency.
+"""
+
+import ipaddress
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+from urllib.parse import urlsplit
+
+from .config import Mirror, MirrorConfig
+from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError
+from .model import Digest, ImageRef
+from .registry import RegistryClient
+
+
+@dataclass
+class Source:
+    """One endpoint for one reference: a mirror entry and the repository path on it."""
+
+    mirror: Mirror
+    repository: str
+    client: RegistryClient = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.mirror.name
+
+    @property
+    def is_upstream(self) -> bool:
+        """True for the registry itself (not a mirror of it)."""
+        return urlsplit(self.mirror.url).netloc == self.mirror.registry and not self.mirror.prefix
+
+    @property
+    def location(self) -> str:
+        """The rewritten reference as a user would write it: m.daocloud.io/quay.io/ascend/vllm-ascend."""
+        return f"{urlsplit(self.mirror.url).netloc}/{self.repository}"
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.location})"
+
+
+def _is_loopback(host: str) -> bool:
+    hostname = urlsplit(f"//{host}").hostname or ""
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
+
+
+def direct_mirror(registry: str) -> Mirror:
+    """The implicit entry for a registry that mirrors.toml does not list.
+
+    Loopback registries are reached over plain HTTP, like Docker's default insecure set.
+    """
+    if _is_loopback(registry):
+        return Mirror(name=registry, registry=registry, url=f"http://{registry}", insecure=True)
+    return Mirror(name=registry, registry=registry, url=f"https://{registry}")
+
+
+def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None,
+                read_timeout: float = 60.0) -> List[Source]:
+    """The sources serving `ref`'s registry in file order; `only` forces one by name.
+
+    Raises UsageError for an unknown `only` name.
+    """
+    entries = [m for m in config.mirrors if m.registry == ref.registry]
+    if only and only != "auto":
+        names = [m.name for m in config.mirrors]
+        chosen = [m for m in config.mirrors if m.name == only]
+        if not chosen:
+            raise UsageError(f"unknown mirror {only!r}", hint=f"known mirrors: {', '.join(names) or 'none'} (or auto); see {config.path}")
+        if chosen[0].registry != ref.registry:
+            raise UsageError(f"mirror {only!r} serves {chosen[0].registry}, not {ref.registry}")
+        entries = chosen
+    if not entries:
+        entries = [direct_mirror(ref.registry)]
+    out = []
+    for m in entries:
+        repo = f"{m.prefix}/{ref.repository}" if m.prefix else ref.repository
+        client = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert, read_timeout=read_timeout)
+        out.append(Source(m, repo, client))
+    return out
+
+
+@dataclass
+class Probe:
+    """What one source said about a reference."""
+
+    source: Source
+    reachable: bool = False
+    latency: Optional[float] = None  # seconds for /v2/ plus the manifest HEAD
+    digest: Optional[Digest] = None  # what the tag (or digest) resolves to there
+    media_type: str = ""
+    error: str = ""
+    stale: bool = False  # answered with a digest that differs from the chosen one
+
+    @property
+    def has_it(self) -> bool:
+        return self.reachable and self.digest is not None and not self.stale
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.source.name,
+            "url": self.source.mirror.url,
+            "reference": self.source.location,
+            "reachable": self.reachable,
+            "latency_ms": None if self.latency is None else round(self.latency * 1000, 1),
+            "digest": str(self.digest) if self.digest else None,
+            "media_type": self.media_type or None,
+            "stale": self.stale,
+            "error": self.error or None,
+        }
+
+
+def _probe_one(source: Source, ref: ImageRef, timeout: float) -> Probe:
+    p = Probe(source)
+    start = time.monotonic()
+    try:
+        source.client.ping(timeout=(timeout, timeout))
+        p.reachable = True
+        _, ctype, digest = source.client.manifest(source.repository, ref.reference, head=True,
+                                                  timeout=(timeout, timeout))
+        if digest is None:  # some registries omit Docker-Content-Digest on HEAD
+            _, ctype, digest = source.client.manifest(source.repository, ref.reference, timeout=(timeout, timeout))
+        p.digest, p.media_type = digest, ctype
+        p.latency = time.monotonic() - start
+    except NotFoundError:
+        p.error = f"{ref.reference} not found"
+    except ImgtoolError as e:
+        p.error = e.message
+    return p
+
+
+def probe(sources: List[Source], ref: ImageRef, timeout: float = 5.0) -> List[Probe]:
+    """Probe every source in parallel; results in the sources' order."""
+    if not sources:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        return list(pool.map(lambda s: _probe_one(s, ref, timeout), sources))
+
+
+@dataclass
+class Resolution:
+    """The outcome of mirror selection for one reference."""
+
+    ref: ImageRef  # canonical, with the digest the tag resolved to
+    digest: Digest
+    sources: List[Source]  # healthy and in agreement, fastest first
+    probes: List[Probe]
+    notes: List[str]
+
+
+def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resolution:
+    """Resolve the tag to a digest once and order the sources that agree by latency.
+
+    Raises RegistryError naming every source and its error when none can serve `ref`.
+    """
+    probes = probe(sources, ref, timeout)
+    ok = [p for p in probes if p.reachable and p.digest]
+    if not ok:
+        missing = [p for p in probes if p.reachable and not p.digest and "not found" in p.error]
+        detail = "; ".join(f"{p.source.describe()}: {p.error or 'no answer'}" for p in probes)
+        if missing and len(missing) == len([p for p in probes if p.reachable]):
+            raise NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")
+        raise RegistryError(f"no source can serve {ref}: {detail}",
+                            hint="check the network or proxy, or force a source with --mirror NAME")
+    notes = []
+    if ref.digest:
+        chosen = ref.digest
+    else:
+        upstream = [p for p in ok if p.source.is_upstream]
+        if upstream:
+            chosen = upstream[0].digest
+        else:
+            # Upstream unreachable: the digest most sources agree on, ties to the fastest.
+            counts: Dict[Digest, int] = {}
+            for p in ok:
+                counts[p.digest] = counts.get(p.digest, 0) + 1
+            fastest = sorted(ok, key=lambda p: p.latency or 0)
+            chosen = max(fastest, key=lambda p: counts[p.digest]).digest
+    for p in ok:
+        if p.digest != chosen:
+            p.stale = True
+            notes.append(f"mirror {p.source.name} serves {p.digest.short} for {ref.reference}, not {chosen.short} "
+                         f"(a stale cache?): not used for this image")
+    for p in probes:
+        if not p.reachable:
+            notes.append(f"source {p.source.name} unreachable: {p.error}")
+    healthy = sorted((p for p in ok if not p.stale), key=lambda p: p.latency or 0)
+    return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes)

@@ -1,0 +1,337 @@
+"""HTTP client for the OCI distribution API: auth, retries, manifests, raw blob reads.
+
+One `RegistryClient` per endpoint (a mirror's base URL). It speaks the anonymous
+bearer-token flow (`WWW-Authenticate: Bearer realm=...,service=...,scope=...`), Basic
+auth from `~/.docker/config.json`, retries transient failures with backoff (honouring
+`Retry-After`), and never logs or prints a credential or token.
+"""
+
+import base64
+import email.utils
+import json
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterator, Optional, Tuple
+from urllib.parse import urlsplit
+
+import requests
+
+from .errors import NotFoundError, RegistryError, UsageError
+from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
+
+USER_AGENT = "imgtool"
+RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+MAX_RETRY_AFTER = 60.0
+
+
+def docker_config_path() -> str:
+    """`$DOCKER_CONFIG/config.json` or `~/.docker/config.json`."""
+    base = os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
+    return os.path.join(base, "config.json")
+
+
+def credentials_for(host: str) -> Optional[Tuple[str, str]]:
+    """(username, password) for a registry host from the Docker config `auths`, if any."""
+    try:
+        with open(docker_config_path(), encoding="utf-8") as f:
+            auths = (json.load(f) or {}).get("auths") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    for key, entry in auths.items():
+        key_host = urlsplit(key).netloc if "://" in key else key.split("/")[0]
+        if key_host != host or not isinstance(entry, dict):
+            continue
+        if entry.get("username") and entry.get("password"):
+            return str(entry["username"]), str(entry["password"])
+        if entry.get("auth"):
+            try:
+                user, _, pw = base64.b64decode(entry["auth"]).decode("utf-8").partition(":")
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if user:
+                return user, pw
+    return None
+
+
+_CHALLENGE_PARAM = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
+
+
+def parse_challenge(header: str) -> Tuple[str, Dict[str, str]]:
+    """Split `Bearer realm="...",service="..."` into ("bearer", {...})."""
+    scheme, _, rest = (header or "").strip().partition(" ")
+    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _CHALLENGE_PARAM.finditer(rest)}
+    return scheme.lower(), params
+
+
+def registry_error_text(resp: requests.Response) -> str:
+    """The distribution error message of a response, or its status line."""
+    try:
+        errors = resp.json().get("errors") or []
+        parts = [f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors if isinstance(e, dict)]
+        if parts:
+            return "; ".join(parts)[:300]
+    except (ValueError, AttributeError):
+        pass
+    return f"HTTP {resp.status_code} {resp.reason or ''}".strip()
+
+
+def _retry_after(resp: requests.Response) -> Optional[float]:
+    value = resp.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        if parsed is None:
+            return None
+        return min(max(parsed.timestamp() - time.time(), 0.0), MAX_RETRY_AFTER)
+
+
+@dataclass
+class RetryPolicy:
+    attempts: int = 4
+    backoff: float = 0.5  # seconds, doubled each attempt, with jitter
+    max_backoff: float = 8.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.backoff * (2 ** attempt), self.max_backoff)
+        return base * (0.5 + random.random() / 2)
+
+
+class RegistryClient:
+    """Talks to one registry endpoint; thread-safe (one requests.Session per thread)."""
+
+    def __init__(self, base_url: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
+                 connect_timeout: float = 10.0, read_timeout: float = 60.0, retry: Optional[RetryPolicy] = None,
+                 credentials: Optional[Tuple[str, str]] = None, use_docker_config: bool = True):
+        self.base_url = base_url.rstrip("/")
+        split = urlsplit(self.base_url)
+        if split.scheme not in ("http", "https") or not split.netloc:
+            raise UsageError(f"invalid registry URL {base_url!r}")
+        self.host = split.netloc
+        self.verify = False if insecure else (ca_cert or True)
+        self.timeout = (connect_timeout, read_timeout)
+        self.retry = retry or RetryPolicy()
+        self._credentials = credentials if credentials is not None else (credentials_for(self.host) if use_docker_config else None)
+        self._tokens: Dict[str, str] = {}  # scope -> bearer token
+        self._basic = False  # the registry asked for Basic auth
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    # -- plumbing --------------------------------------------------------
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            s.verify = self.verify
+            s.headers["User-Agent"] = USER_AGENT
+            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+            s.mount("http://", adapter)
+            s.mount("https://", adapter)
+            self._local.session = s
+        return s
+
+    def _auth_header(self, scope: Optional[str]) -> Dict[str, str]:
+        with self._lock:
+            token = self._tokens.get(scope or "")
+        if token:
+            return {"Authorization": f"Bearer {token}"}
+        if self._basic and self._credentials:
+            raw = base64.b64encode(":".join(self._credentials).encode()).decode()
+            return {"Authorization": f"Basic {raw}"}
+        return {}
+
+    def _authenticate(self, resp: requests.Response, scope: Optional[str]) -> bool:
+        """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
+        scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+        if scheme == "basic":
+            if not self._credentials or self._basic:
+                return False
+            self._basic = True
+            return True
+        if scheme != "bearer" or not params.get("realm"):
+            return False
+        query = {}
+        if params.get("service"):
+            query["service"] = params["service"]
+        want_scope = scope or params.get("scope")
+        if want_scope:
+            query["scope"] = want_scope
+        auth = self._credentials if self._credentials else None
+        try:
+            r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout)
+        except requests.RequestException as e:
+            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {_short(e)}")
+        if r.status_code in (401, 403):
+            raise RegistryError(f"{self.host}: the token service refused access ({registry_error_text(r)})",
+                                hint="check the credentials for this registry in ~/.docker/config.json (docker login)")
+        if r.status_code != 200:
+            raise RegistryError(f"{self.host}: token request failed: {registry_error_text(r)}")
+        try:
+            body = r.json()
+            token = body.get("token") or body.get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not token:
+            raise RegistryError(f"{self.host}: the token service answered without a token")
+        with self._lock:
+            self._tokens[scope or ""] = str(token)
+        return True
+
+    def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
+                stream: bool = False, timeout=None, retry: bool = True) -> requests.Response:
+        """Send a request with auth and retries; returns the final response (any status).
+
+        Raises RegistryError when the endpoint cannot be reached after the retries.
+        """
+        url = path if path.startswith(("http://", "https://")) else f"{self.base_url}{path}"
+        attempts = self.retry.attempts if retry else 1
+        auth_tries = 0
+        attempt = 0
+        while True:
+            hdrs = dict(headers or {})
+            hdrs.update(self._auth_header(scope))
+            try:
+                resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
+                                               allow_redirects=True)
+            except requests.exceptions.SSLError as e:
+                raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}",
+                                    hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network")
+            except requests.RequestException as e:
+                attempt += 1
+                if attempt >= attempts:
+                    raise RegistryError(f"{self.host}: {_short(e)}")
+                time.sleep(self.retry.delay(attempt - 1))
+                continue
+            if resp.status_code == 401 and auth_tries < 2:
+                auth_tries += 1
+                with self._lock:  # a stale token: drop it and ask again
+                    self._tokens.pop(scope or "", None)
+                resp.close()
+                if self._authenticate(resp, scope):
+                    continue
+                return resp
+            expired_redirect = resp.history and resp.status_code in (403, 410)
+            if (resp.status_code in RETRY_STATUS or expired_redirect) and attempt + 1 < attempts:
+                attempt += 1
+                wait = _retry_after(resp) if resp.status_code in (429, 503) else None
+                resp.close()
+                time.sleep(wait if wait is not None else self.retry.delay(attempt - 1))
+                continue
+            return resp
+
+    # -- the API ---------------------------------------------------------
+
+    def ping(self, timeout: Tuple[float, float] = (3.0, 5.0)) -> float:
+        """GET /v2/; returns the latency in seconds. 401 counts as alive. Raises RegistryError."""
+        start = time.monotonic()
+        try:
+            resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout)
+        except requests.exceptions.SSLError as e:
+            raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}")
+        except requests.RequestException as e:
+            raise RegistryError(f"{self.host}: {_short(e)}")
+        elapsed = time.monotonic() - start
+        resp.close()
+        if resp.status_code not in (200, 401):
+            raise RegistryError(f"{self.host}: /v2/ answered HTTP {resp.status_code}")
+        return elapsed
+
+    def manifest(self, repository: str, reference: str, *, head: bool = False,
+                 expect: Optional[Digest] = None, timeout=None) -> Tuple[bytes, str, Optional[Digest]]:
+        """Fetch (or HEAD) a manifest: (bytes, content type, digest). Verifies `expect`.
+
+        Raises NotFoundError (404), RegistryError (other failures), and RegistryError when
+        the bytes do not match the digest asked for.
+        """
+        scope = f"repository:{repository}:pull"
+        resp = self.request("HEAD" if head else "GET", f"/v2/{repository}/manifests/{reference}", scope=scope,
+                            headers={"Accept": ACCEPT_MANIFESTS}, stream=True, timeout=timeout)
+        with resp:
+            if resp.status_code == 404:
+                raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({registry_error_text(resp) if not head else 'HTTP 404'})")
+            if resp.status_code != 200:
+                detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
+                raise RegistryError(f"{self.host}/{repository}: manifest {reference}: {detail}")
+            ctype = resp.headers.get("Content-Type", "").split(";")[0].strip()
+            header_digest = resp.headers.get("Docker-Content-Digest")
+            if head:
+                digest = _parse_digest_header(header_digest)
+                return b"", ctype, digest
+            data = _read_capped(resp, MAX_MANIFEST_BYTES, f"{self.host}/{repository} manifest {reference}")
+        actual = Digest.of(data)
+        wanted = expect or (Digest.parse(reference) if reference.startswith("sha256:") else None)
+        if wanted is not None and actual != wanted:
+            raise RegistryError(f"{self.host}/{repository}: manifest {reference} has digest {actual}, expected {wanted}")
+        return data, ctype, actual
+
+    def blob(self, repository: str, digest: Digest, start: int = 0, end: Optional[int] = None,
+             timeout=None) -> requests.Response:
+        """Open a raw (not content-decoded) blob stream for bytes [start, end).
+
+        The response is 206 for a satisfied range or 200 for the whole blob; the caller
+        checks which. Raises NotFoundError or RegistryError.
+        """
+        headers = {"Accept-Encoding": "identity"}
+        if start or end is not None:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        resp = self.request("GET", f"/v2/{repository}/blobs/{digest}", scope=f"repository:{repository}:pull",
+                            headers=headers, stream=True, timeout=timeout)
+        if resp.status_code in (200, 206):
+            return resp
+        text = registry_error_text(resp)
+        resp.close()
+        if resp.status_code == 404:
+            raise NotFoundError(f"{self.host}/{repository}: blob {digest.short} not found")
+        raise RegistryError(f"{self.host}/{repository}: blob {digest.short}: {text}")
+
+    def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:
+        """Every tag of a repository, following `Link` pagination. Raises RegistryError."""
+        path = f"/v2/{repository}/tags/list?n={page_size}"
+        while path:
+            resp = self.request("GET", path, scope=f"repository:{repository}:pull")
+            if resp.status_code != 200:
+                raise RegistryError(f"{self.host}/{repository}: tag list: {registry_error_text(resp)}")
+            for tag in (resp.json().get("tags") or []):
+                yield tag
+            link = resp.headers.get("Link", "")
+            m = re.match(r"<([^>]+)>", link)
+            path = m.group(1) if m else ""
+
+
+def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
+    try:
+        return Digest.parse(value.strip()) if value else None
+    except UsageError:
+        return None
+
+
+def _read_capped(resp: requests.Response, limit: int, what: str) -> bytes:
+    chunks, total = [], 0
+    for chunk in resp.iter_content(65536):
+        total += len(chunk)
+        if total > limit:
+            raise RegistryError(f"{what} is larger than {limit} bytes; refusing to read it")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _short(e: Exception, limit: int = 200) -> str:
+    """One readable line for a network exception (urllib3 nests long reprs)."""
+    text = " ".join(str(e).split())
+    if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.ReadTimeout)) or "timed out" in text:
+        return "timed out"
+    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    if m:
+        return m.group(1).strip().rstrip(".").lower()
+    for needle, said in (("RemoteDisconnected", "connection closed by the server"),
+                         ("Connection reset", "connection reset"), ("Connection aborted", "connection aborted")):
+        if needle in text:
+            return said
+    return text if len(text) <= limit else text[: limit - 3] + "..."

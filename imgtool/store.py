@@ -1,0 +1,289 @@
+"""The local content-addressed blob store (the cache under `$IMGTOOL_CACHE`).
+
+A blob becomes visible under `blobs/sha256/<hex>` only after its size and digest were
+checked, via temp file + fsync + rename, so the store never holds a corrupt blob.
+Downloads in progress live in `partial/` with a small JSON record of the byte ranges
+already written, so a later run (even after SIGKILL) resumes where this one stopped.
+A per-blob `flock` keeps two imgtool processes from downloading the same blob at once.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+from .errors import ImgtoolError, VerifyError
+from .model import Digest
+
+COPY_CHUNK = 4 * 1024 * 1024
+
+
+class StoreError(ImgtoolError):
+    """The cache directory cannot be written (permissions, disk full)."""
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _disk_error(e: OSError, where: Path) -> StoreError:
+    if e.errno == errno.ENOSPC:
+        return StoreError(f"no space left on the device holding the cache ({where})",
+                          hint="free some space or point IMGTOOL_CACHE at a bigger disk")
+    return StoreError(f"cannot write to the cache {where}: {e.strerror or e}",
+                      hint="check permissions, or point IMGTOOL_CACHE somewhere writable")
+
+
+def merge_ranges(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Union of half-open byte ranges, sorted and coalesced."""
+    out: List[List[int]] = []
+    for start, end in sorted(ranges):
+        if start >= end:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+class Partial:
+    """A half-downloaded blob: a sparse file of the final size plus the ranges already written."""
+
+    SAVE_EVERY = 0.5  # seconds between state saves; a crash loses at most this much progress
+
+    def __init__(self, store: "Store", digest: Digest, size: int):
+        self.store, self.digest, self.size = store, digest, size
+        self.path = store.root / "partial" / digest.algorithm / f"{digest.hex}.part"
+        self.state_path = self.path.with_suffix(".json")
+        self._lock = threading.Lock()
+        self._last_save = 0.0
+        self.done: List[Tuple[int, int]] = []
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            state = self._load_state()
+            if state is None or not self.path.exists() or self.path.stat().st_size != self.size:
+                self.done = []
+                with open(self.path, "wb") as f:
+                    f.truncate(self.size)
+                self._save(force=True)
+            else:
+                self.done = state
+            self._fd = os.open(str(self.path), os.O_RDWR)
+        except OSError as e:
+            raise _disk_error(e, self.store.root)
+
+    def _load_state(self) -> Optional[List[Tuple[int, int]]]:
+        try:
+            obj = json.loads(self.state_path.read_text())
+            if obj.get("size") != self.size or obj.get("digest") != str(self.digest):
+                return None
+            ranges = [(int(a), int(b)) for a, b in obj.get("done", [])]
+            if any(a < 0 or b > self.size for a, b in ranges):
+                return None
+            return merge_ranges(ranges)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+
+    def _save(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_save < self.SAVE_EVERY:
+            return
+        self._last_save = now
+        tmp = self.state_path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps({"digest": str(self.digest), "size": self.size, "done": self.done}))
+        os.replace(tmp, self.state_path)
+
+    @property
+    def done_bytes(self) -> int:
+        return sum(b - a for a, b in self.done)
+
+    def missing(self) -> List[Tuple[int, int]]:
+        """The byte ranges still to download, in order."""
+        out, pos = [], 0
+        for a, b in self.done:
+            if a > pos:
+                out.append((pos, a))
+            pos = max(pos, b)
+        if pos < self.size:
+            out.append((pos, self.size))
+        return out
+
+    def write(self, offset: int, data) -> None:
+        """Write downloaded bytes at `offset` and record them as done."""
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(self._fd, view, offset)
+                offset += n
+                view = view[n:]
+            end = offset
+            start = end - len(data)
+            with self._lock:
+                self.done = merge_ranges(self.done + [(start, end)])
+                self._save()
+        except OSError as e:
+            raise _disk_error(e, self.store.root)
+
+    def read_range(self, start: int, end: int) -> Iterator[bytes]:
+        pos = start
+        while pos < end:
+            chunk = os.pread(self._fd, min(COPY_CHUNK, end - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            yield chunk
+
+    def flush_state(self) -> None:
+        """Persist the done ranges now (no-op once committed or discarded)."""
+        if getattr(self, "_fd", -1) < 0:
+            return
+        with self._lock:
+            try:
+                self._save(force=True)
+            except OSError:
+                pass
+
+    def commit(self, hexdigest: Optional[str] = None) -> Path:
+        """Check size and digest (hashing the file unless `hexdigest` is given), then publish.
+
+        Raises VerifyError (and discards the partial) when the digest does not match.
+        """
+        if self.missing():
+            raise ImgtoolError(f"internal: commit of incomplete blob {self.digest.short}")
+        if hexdigest is None:
+            h = self.digest.hasher()
+            for chunk in self.read_range(0, self.size):
+                h.update(chunk)
+            hexdigest = h.hexdigest()
+        if hexdigest != self.digest.hex:
+            self.discard()
+            raise VerifyError(f"blob {self.digest} arrived with digest {self.digest.algorithm}:{hexdigest}")
+        final = self.store.blob_path(self.digest)
+        try:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.path, 0o444)
+            os.replace(self.path, final)
+            fsync_dir(final.parent)
+        except OSError as e:
+            raise _disk_error(e, self.store.root)
+        self._remove_state()
+        return final
+
+    def discard(self) -> None:
+        """Forget this partial (after a corrupt download)."""
+        self.close()
+        for p in (self.path, self.state_path):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        self.done = []
+
+    def _remove_state(self) -> None:
+        try:
+            self.state_path.unlink()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class Store:
+    """Content-addressed blobs under `root` (`blobs/`, `partial/`, `locks/`)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        try:
+            for sub in ("blobs/sha256", "partial/sha256", "locks"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _disk_error(e, self.root)
+
+    def blob_path(self, digest: Digest) -> Path:
+        return self.root / "blobs" / digest.algorithm / digest.hex
+
+    def has(self, digest: Digest, size: Optional[int] = None) -> bool:
+        try:
+            st = self.blob_path(digest).stat()
+        except OSError:
+            return False
+        return size is None or st.st_size == size
+
+    @contextmanager
+    def lock(self, digest: Digest):
+        """Hold the per-blob lock (blocking) for the duration of the block."""
+        path = self.root / "locks" / f"{digest.hex}.lock"
+        try:
+            fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _disk_error(e, self.root)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def partial(self, digest: Digest, size: int) -> Partial:
+        return Partial(self, digest, size)
+
+    def partial_bytes(self, digest: Digest, size: int) -> int:
+        """How many bytes of this blob a previous run left in `partial/` (0 if none)."""
+        p = Partial.__new__(Partial)
+        p.digest, p.size = digest, size
+        p.state_path = self.root / "partial" / digest.algorithm / f"{digest.hex}.json"
+        state = Partial._load_state(p)
+        return sum(b - a for a, b in state) if state else 0
+
+    def put_bytes(self, data: bytes, digest: Optional[Digest] = None) -> Digest:
+        """Store a small blob held in memory (manifest, config) after checking its digest."""
+        actual = Digest.of(data)
+        if digest is not None and actual != digest:
+            raise VerifyError(f"blob {digest} has digest {actual}")
+        final = self.blob_path(actual)
+        if final.exists():
+            return actual
+        tmp = final.with_name(f".{actual.hex}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)
+        except OSError as e:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            raise _disk_error(e, self.root)
+        return actual
+
+    def read_bytes(self, digest: Digest) -> bytes:
+        return self.blob_path(digest).read_bytes()
