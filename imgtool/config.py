@@ -31,6 +31,14 @@ class Mirror:
     prefix: str = ""
     insecure: bool = False
     ca_cert: Optional[str] = None
+    upstream: Optional[bool] = None  # None: the registry itself when url's host is `registry`
+
+    @property
+    def is_upstream(self) -> bool:
+        """True for the registry itself (whose answer for a tag is authoritative)."""
+        if self.upstream is not None:
+            return self.upstream
+        return self.url.split("://", 1)[-1].split("/")[0] == self.registry and not self.prefix
 
 
 @dataclass(frozen=True)
@@ -85,7 +93,8 @@ def _where(path: Path, line: Optional[int]) -> str:
     return f"{path}:{line}" if line else str(path)
 
 
-_MIRROR_KEYS = {"name": str, "registry": str, "url": str, "prefix": str, "insecure": bool, "ca_cert": str}
+_MIRROR_KEYS = {"name": str, "registry": str, "url": str, "prefix": str, "insecure": bool, "ca_cert": str,
+                "upstream": bool}
 _MIRROR_REQUIRED = ("name", "registry", "url")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -143,7 +152,7 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
         ca_cert = entry.get("ca_cert")
         if ca_cert:
             ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
-        mirrors.append(Mirror(name, registry, url, prefix, insecure, ca_cert))
+        mirrors.append(Mirror(name, registry, url, prefix, insecure, ca_cert, entry.get("upstream")))
     return MirrorConfig(default_image, tuple(mirrors), str(path))
 
 

@@ -34,8 +34,7 @@ class Source:
 
     @property
     def is_upstream(self) -> bool:
-        """True for the registry itself (not a mirror of it)."""
-        return urlsplit(self.mirror.url).netloc == self.mirror.registry and not self.mirror.prefix
+        return self.mirror.is_upstream
 
     @property
     def location(self) -> str:
@@ -62,7 +61,7 @@ def direct_mirror(registry: str) -> Mirror:
     Loopback registries are reached over plain HTTP, like Docker's default insecure set.
     """
     if _is_loopback(registry):
-        return Mirror(name=registry, registry=registry, url=f"http://{registry}", insecure=True)
+        return Mirror(name=registry, registry=registry, url=f"http://{registry}", insecure=True, upstream=True)
     return Mirror(name=registry, registry=registry, url=f"https://{registry}")
 
 

@@ -162,17 +162,17 @@ class _SourcePool:
 class _BlobJob:
     """One blob being downloaded: its partial file, its ranges, and the hash when sequential."""
 
-    def __init__(self, desc: Descriptor, partial, split: bool):
+    def __init__(self, desc: Descriptor, partial, segment: Optional[int]):
         self.desc, self.partial = desc, partial
         missing = partial.missing()
-        self.sequential = not split and len(missing) == 1 and missing[0][1] == desc.size
+        self.sequential = segment is None and len(missing) == 1 and missing[0][1] == desc.size
         self.hasher = desc.digest.hasher() if self.sequential else None
         if self.hasher is not None and missing[0][0] > 0:
             for chunk in partial.read_range(0, missing[0][0]):
                 self.hasher.update(chunk)
         self.ranges: List[Tuple[int, int]] = []
         for a, b in missing:
-            step = SEGMENT if split else (b - a)
+            step = segment or (b - a)
             self.ranges += [(x, min(x + step, b)) for x in range(a, b, step)]
         self.remaining = len(self.ranges)
         self.lock = threading.Lock()
@@ -197,8 +197,9 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
                         # The server does not do ranges: restart this blob from zero.
                         pos = start = 0
                         job.hasher = job.desc.digest.hasher()
+                    read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
                     while pos < end:
-                        chunk = resp.raw.read(min(READ_CHUNK, end - pos), decode_content=False)
+                        chunk = read(min(READ_CHUNK, end - pos), decode_content=False)
                         if not chunk:
                             raise RegistryError(f"{source.name}: connection closed after {format_size(pos)} of "
                                                 f"{format_size(job.desc.size)}")
@@ -225,7 +226,7 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
 
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = 4, per_source: int = 8) -> PullStats:
+             jobs: int = 4, per_source: int = 8, big_blob: int = BIG_BLOB, segment: int = SEGMENT) -> PullStats:
     """Bring every layer of `images` into the store; returns what was transferred.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
@@ -251,7 +252,8 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
         futures = []
         for i, (desc, sources) in enumerate(todo):
             pool = pools.setdefault(id(sources), _SourcePool(sources, per_source))
-            futures.append(executor.submit(_download_blob, pool, desc, store, progress, stats, total_bar, i))
+            futures.append(executor.submit(_download_blob, pool, desc, store, progress, stats, total_bar, i,
+                                          big_blob, segment))
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for f in futures:
             if f.done() and f.exception() is not None:
@@ -264,7 +266,7 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
 
 
 def _download_blob(pool: _SourcePool, desc: Descriptor, store: Store, progress: Progress, stats: PullStats,
-                   total_bar, index: int) -> None:
+                   total_bar, index: int, big_blob: int, segment: int) -> None:
     with store.lock(desc.digest):
         if store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
             with stats.lock:
@@ -276,7 +278,7 @@ def _download_blob(pool: _SourcePool, desc: Descriptor, store: Store, progress: 
             try:
                 with stats.lock:
                     stats.resumed_bytes += partial.done_bytes
-                job = _BlobJob(desc, partial, split=desc.size >= BIG_BLOB)
+                job = _BlobJob(desc, partial, segment if desc.size >= big_blob else None)
                 label = f"{desc.digest.short} ({format_size(desc.size)})"
                 with progress.bar(desc.size, label) as bar:
                     bar.update(partial.done_bytes)

@@ -114,6 +114,7 @@ class RegistryClient:
         if split.scheme not in ("http", "https") or not split.netloc:
             raise UsageError(f"invalid registry URL {base_url!r}")
         self.host = split.netloc
+        # Passed on every call: a Session's own `verify` loses to $REQUESTS_CA_BUNDLE.
         self.verify = False if insecure else (ca_cert or True)
         self.timeout = (connect_timeout, read_timeout)
         self.retry = retry or RetryPolicy()
@@ -129,7 +130,6 @@ class RegistryClient:
         s = getattr(self._local, "session", None)
         if s is None:
             s = requests.Session()
-            s.verify = self.verify
             s.headers["User-Agent"] = USER_AGENT
             adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
             s.mount("http://", adapter)
@@ -165,7 +165,7 @@ class RegistryClient:
             query["scope"] = want_scope
         auth = self._credentials if self._credentials else None
         try:
-            r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout)
+            r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
         except requests.RequestException as e:
             raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {_short(e)}")
         if r.status_code in (401, 403):
@@ -199,7 +199,7 @@ class RegistryClient:
             hdrs.update(self._auth_header(scope))
             try:
                 resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
-                                               allow_redirects=True)
+                                               allow_redirects=True, verify=self.verify)
             except requests.exceptions.SSLError as e:
                 raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}",
                                     hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network")
@@ -232,7 +232,7 @@ class RegistryClient:
         """GET /v2/; returns the latency in seconds. 401 counts as alive. Raises RegistryError."""
         start = time.monotonic()
         try:
-            resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout)
+            resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify)
         except requests.exceptions.SSLError as e:
             raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}")
         except requests.RequestException as e:
@@ -256,6 +256,9 @@ class RegistryClient:
         with resp:
             if resp.status_code == 404:
                 raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({registry_error_text(resp) if not head else 'HTTP 404'})")
+            if resp.status_code == 401:
+                raise RegistryError(f"{self.host}/{repository}: authentication required (HTTP 401)",
+                                    hint=f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
             if resp.status_code != 200:
                 detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
                 raise RegistryError(f"{self.host}/{repository}: manifest {reference}: {detail}")

@@ -1,0 +1,438 @@
+#!/usr/bin/env bash
+# Real services for the imgtool test suite: one private dockerd and four distribution registries
+# on loopback, all under one state dir, all started and stopped by this script only.
+#
+#   scripts/services.sh up      start everything (installs the Debian packages first if missing)
+#   scripts/services.sh env     print `export IMGTOOL_TEST_...=...` lines (eval-able)
+#   scripts/services.sh status  say whether the services are up
+#   scripts/services.sh down    stop what `up` started and remove the state dir
+#
+# State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
+# to 108 bytes and dockerd/containerd put sockets a few levels below it).
+#
+# The dockerd is private and leaves the host alone: its own socket, data root, exec root, config
+# file and containerd (dockerd 20.10 starts a containerd under --exec-root when not given
+# --containerd); no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore
+# have no bridge network: tests run them with --network "$IMGTOOL_TEST_DOCKER_NETWORK" (none).
+set -euo pipefail
+
+S="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-svc}"
+TOKEN_SERVICE="imgtool-test-registry"
+TOKEN_ISSUER="imgtool-test-issuer"
+TLS_USER="imgtool"
+DOCKER_NETWORK="none"
+REGISTRIES="plain mirror tls token"
+
+say() { printf 'services: %s\n' "$*" >&2; }
+die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
+
+# dockerd needs root. Re-run through sudo when we are not root, and hand the state back to the
+# invoking user afterwards (socket group, readable keys) so the test process can use it.
+if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR \
+        IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
+fi
+OWNER="${IMGTOOL_SERVICES_OWNER:-}"
+
+case "$S" in /*) ;; *) die "IMGTOOL_SERVICES_DIR must be an absolute path (got $S)";; esac
+S="${S%/}"
+[ "${#S}" -le 60 ] || die "state dir path too long for unix sockets (${#S} > 60 chars): $S"
+
+# ---------------------------------------------------------------------------------------------
+# packages
+
+ensure_packages() {
+    local missing=() pkg cmd
+    while read -r pkg cmd; do
+        if [ "$cmd" = "-" ]; then
+            dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+        else
+            command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+        fi
+    done <<'EOF'
+docker.io dockerd
+docker.io docker
+docker-registry docker-registry
+skopeo skopeo
+pigz pigz
+openssl openssl
+apache2-utils htpasswd
+curl curl
+ca-certificates -
+EOF
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+    say "installing missing packages: ${missing[*]}"
+    command -v apt-get >/dev/null || die "missing ${missing[*]} and apt-get is not available"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# ---------------------------------------------------------------------------------------------
+# process helpers: every PID we touch must be ours, i.e. carry the state dir in its command line
+
+pid_is_ours() {
+    local pid="$1"
+    [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] || return 1
+    { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -qF -- "$S/"
+}
+
+# stop_pid NAME PID GRACE_SECONDS: SIGTERM, wait, then SIGKILL
+stop_pid() {
+    local name="$1" pid="$2" grace="$3" i
+    pid_is_ours "$pid" || return 0
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < grace * 10; i++)); do
+        pid_is_ours "$pid" || return 0
+        sleep 0.1
+    done
+    say "$name (pid $pid) did not stop in ${grace}s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+        pid_is_ours "$pid" || return 0
+        sleep 0.1
+    done
+    say "warning: $name (pid $pid) is still alive after SIGKILL"
+}
+
+# containerd-shims are started by our containerd and re-parented to init, so `up` cannot know
+# their PIDs; they name our containerd socket on their command line, which identifies them.
+our_shims() {
+    local p
+    for p in /proc/[0-9]*; do
+        [ -r "$p/cmdline" ] || continue
+        local cmd
+        cmd="$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null || true)"
+        if [[ "$cmd" == *containerd-shim* && "$cmd" == *"$S/exec/containerd/containerd.sock"* ]]; then
+            echo "${p#/proc/}"
+        fi
+    done
+}
+
+free_ports() { # N free loopback TCP ports, all bound at once so they differ
+    python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+log_tail() { # FILE: last lines of a log, indented, to stderr
+    [ -f "$1" ] || return 0
+    echo "---- last lines of $1:" >&2
+    tail -n 25 "$1" | sed 's/^/    /' >&2
+}
+
+# ---------------------------------------------------------------------------------------------
+# down
+
+down() {
+    if [ ! -e "$S" ]; then
+        say "already down ($S does not exist)"
+        return 0
+    fi
+    if [ ! -f "$S/.imgtool-services" ]; then
+        # never rm -rf a directory this script did not create (IMGTOOL_SERVICES_DIR=/tmp...)
+        rmdir "$S" 2>/dev/null && { say "down"; return 0; }
+        die "refusing to clean $S: it was not created by scripts/services.sh (no .imgtool-services)"
+    fi
+    local name pid
+    if [ -f "$S/pids" ]; then
+        # registries first (fast), then dockerd, which stops its containers and its containerd
+        while read -r name pid; do
+            case "$name" in registry-*) stop_pid "$name" "$pid" 5 ;; esac
+        done <"$S/pids"
+        while read -r name pid; do
+            [ "$name" = dockerd ] && stop_pid dockerd "$pid" 20
+        done <"$S/pids"
+        while read -r name pid; do
+            [ "$name" = containerd ] && stop_pid containerd "$pid" 10
+        done <"$S/pids"
+    fi
+    # containers dockerd failed to stop (only if it was killed): remove them with runc directly
+    if [ -d "$S/exec/runtime-runc/moby" ] && command -v runc >/dev/null; then
+        local id
+        for id in $(runc --root "$S/exec/runtime-runc/moby" list -q 2>/dev/null); do
+            say "removing leftover container $id"
+            runc --root "$S/exec/runtime-runc/moby" delete -f "$id" >/dev/null 2>&1 || true
+        done
+    fi
+    for pid in $(our_shims); do stop_pid containerd-shim "$pid" 5; done
+
+    # dockerd leaves mounts behind (netns files, overlay layers of killed containers, shm):
+    # unmount deepest first so the state dir can be removed.
+    local mnt
+    awk -v s="$S/" 'index($2, s) == 1 { print $2 }' /proc/mounts | sort -r | while read -r mnt; do
+        umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || say "warning: cannot unmount $mnt"
+    done
+    rm -rf "$S"
+    say "down"
+}
+
+# ---------------------------------------------------------------------------------------------
+# up
+
+all_running() {
+    [ -f "$S/pids" ] && [ -f "$S/env.sh" ] || return 1
+    local name pid n=0
+    while read -r name pid; do
+        pid_is_ours "$pid" || return 1
+        n=$((n + 1))
+    done <"$S/pids"
+    [ "$n" -ge 6 ] || return 1
+    curl -fsS --max-time 2 --unix-socket "$S/docker.sock" http://docker/_ping >/dev/null 2>&1
+}
+
+make_certs() {
+    local ec=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+    mkdir -p "$S/tls" "$S/token"
+    # CA + server certificate (127.0.0.1 and localhost) for the `tls` registry; the extensions
+    # keep them valid for strict verifiers (Python 3.13's VERIFY_X509_STRICT, Go).
+    openssl req -x509 "${ec[@]}" -keyout "$S/tls/ca.key" -out "$S/tls/ca.pem" -days 7 \
+        -subj "/CN=imgtool test CA" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -addext "subjectKeyIdentifier=hash" 2>/dev/null
+    openssl req "${ec[@]}" -keyout "$S/tls/server.key" -out "$S/tls/server.csr" \
+        -subj "/CN=localhost" 2>/dev/null
+    cat >"$S/tls/server.ext" <<'EOF'
+subjectAltName = IP:127.0.0.1, DNS:localhost
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+EOF
+    openssl x509 -req -in "$S/tls/server.csr" -CA "$S/tls/ca.pem" -CAkey "$S/tls/ca.key" \
+        -CAcreateserial -days 7 -extfile "$S/tls/server.ext" -out "$S/tls/server.pem" 2>/dev/null
+    TLS_PASSWORD="$(openssl rand -hex 16)"
+    htpasswd -Bbn "$TLS_USER" "$TLS_PASSWORD" >"$S/tls/htpasswd" 2>/dev/null
+    # ES256 key + self-signed certificate of the token issuer (= the registry's rootcertbundle)
+    openssl req -x509 "${ec[@]}" -keyout "$S/token/key.pem" -out "$S/token/cert.pem" -days 7 \
+        -subj "/CN=$TOKEN_ISSUER" 2>/dev/null
+}
+
+write_registry_config() { # NAME PORT
+    local name="$1" port="$2" dir="$S/reg/$1"
+    mkdir -p "$dir/data"
+    {
+        cat <<EOF
+version: 0.1
+log:
+  level: info
+  formatter: text
+  fields:
+    registry: $name
+storage:
+  filesystem:
+    rootdirectory: $dir/data
+  delete:
+    enabled: true
+  cache:
+    blobdescriptor: inmemory
+  maintenance:
+    uploadpurging:
+      enabled: false
+http:
+  addr: 127.0.0.1:$port
+  secret: $(openssl rand -hex 16)
+  headers:
+    X-Content-Type-Options: [nosniff]
+EOF
+        case "$name" in
+        tls)
+            cat <<EOF
+  tls:
+    certificate: $S/tls/server.pem
+    key: $S/tls/server.key
+auth:
+  htpasswd:
+    realm: imgtool-test
+    path: $S/tls/htpasswd
+EOF
+            ;;
+        token)
+            cat <<EOF
+auth:
+  token:
+    realm: http://127.0.0.1:$TOKEN_PORT/token
+    service: $TOKEN_SERVICE
+    issuer: $TOKEN_ISSUER
+    rootcertbundle: $S/token/cert.pem
+EOF
+            ;;
+        esac
+    } >"$dir/config.yml"
+}
+
+start_registry() { # NAME
+    local name="$1"
+    setsid /usr/bin/docker-registry serve "$S/reg/$name/config.yml" \
+        </dev/null >"$S/reg/$name/registry.log" 2>&1 &
+    echo "registry-$name $!" >>"$S/pids"
+}
+
+wait_registry() { # NAME HOSTPORT SCHEME EXPECTED_STATUS
+    local name="$1" url="$3://$2/v2/" want="$4" code i pid
+    pid="$(awk -v n="registry-$name" '$1 == n { print $2 }' "$S/pids")"
+    for ((i = 0; i < 150; i++)); do
+        code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 --cacert "$S/tls/ca.pem" "$url" || true)"
+        [ "$code" = "$want" ] && return 0
+        if ! pid_is_ours "$pid"; then
+            log_tail "$S/reg/$name/registry.log"
+            die "registry $name exited during start-up"
+        fi
+        sleep 0.1
+    done
+    log_tail "$S/reg/$name/registry.log"
+    die "registry $name did not answer $url with $want within 15s (last status: $code)"
+}
+
+start_dockerd() {
+    mkdir -p "$S/docker" "$S/exec"
+    # our own (empty) config file, so /etc/docker/daemon.json of this machine is not read
+    echo '{}' >"$S/daemon.json"
+    local group=()
+    [ -n "$OWNER" ] && group=(--group "${OWNER#*:}")
+    setsid dockerd \
+        --config-file "$S/daemon.json" \
+        --data-root "$S/docker" \
+        --exec-root "$S/exec" \
+        --pidfile "$S/dockerd.pid" \
+        --host "unix://$S/docker.sock" \
+        "${group[@]}" \
+        --bridge=none \
+        --iptables=false \
+        --ip-forward=false \
+        --ip-masq=false \
+        --shutdown-timeout 5 \
+        </dev/null >"$S/dockerd.log" 2>&1 &
+    echo "dockerd $!" >>"$S/pids"
+}
+
+wait_dockerd() {
+    local pid i cpid
+    pid="$(awk '$1 == "dockerd" { print $2 }' "$S/pids")"
+    for ((i = 0; i < 600; i++)); do
+        curl -fsS --max-time 2 --unix-socket "$S/docker.sock" http://docker/_ping >/dev/null 2>&1 && break
+        if ! pid_is_ours "$pid"; then
+            log_tail "$S/dockerd.log"
+            die "dockerd exited during start-up"
+        fi
+        sleep 0.1
+    done
+    if [ "$i" -ge 600 ]; then
+        log_tail "$S/dockerd.log"
+        die "dockerd did not answer on unix://$S/docker.sock within 60s"
+    fi
+    docker -H "unix://$S/docker.sock" version --format '{{.Server.Version}}' >/dev/null 2>&1 || {
+        log_tail "$S/dockerd.log"
+        die "docker -H unix://$S/docker.sock version failed"
+    }
+    # dockerd 20.10 runs its own containerd under the exec root; record it, and make sure it is
+    # a child of our dockerd, not somebody else's containerd.
+    cpid="$(cat "$S/exec/containerd/containerd.pid" 2>/dev/null || true)"
+    if [ -z "$cpid" ] || ! pid_is_ours "$cpid" ||
+        [ "$(awk '/^PPid:/ { print $2 }' "/proc/$cpid/status")" != "$pid" ]; then
+        log_tail "$S/dockerd.log"
+        die "dockerd is not running its own containerd under $S/exec (pid file: ${cpid:-none})"
+    fi
+    echo "containerd $cpid" >>"$S/pids"
+}
+
+write_env() {
+    local v
+    {
+        for v in \
+            "IMGTOOL_TEST_SERVICES_DIR=$S" \
+            "IMGTOOL_TEST_DOCKER_HOST=unix://$S/docker.sock" \
+            "IMGTOOL_TEST_DOCKER_NETWORK=$DOCKER_NETWORK" \
+            "IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:$PORT_plain" \
+            "IMGTOOL_TEST_REGISTRY_MIRROR=127.0.0.1:$PORT_mirror" \
+            "IMGTOOL_TEST_REGISTRY_TLS=127.0.0.1:$PORT_tls" \
+            "IMGTOOL_TEST_TLS_CA=$S/tls/ca.pem" \
+            "IMGTOOL_TEST_TLS_USER=$TLS_USER" \
+            "IMGTOOL_TEST_TLS_PASSWORD=$TLS_PASSWORD" \
+            "IMGTOOL_TEST_REGISTRY_TOKEN=127.0.0.1:$PORT_token" \
+            "IMGTOOL_TEST_TOKEN_PORT=$TOKEN_PORT" \
+            "IMGTOOL_TEST_TOKEN_KEY=$S/token/key.pem" \
+            "IMGTOOL_TEST_TOKEN_CERT=$S/token/cert.pem" \
+            "IMGTOOL_TEST_TOKEN_SERVICE=$TOKEN_SERVICE" \
+            "IMGTOOL_TEST_TOKEN_ISSUER=$TOKEN_ISSUER"; do
+            printf 'export %s=%q\n' "${v%%=*}" "${v#*=}"
+        done
+    } >"$S/env.sh.tmp"
+    mv "$S/env.sh.tmp" "$S/env.sh"
+}
+
+on_up_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        say "start-up failed; stopping what was started"
+        down
+    fi
+}
+
+up() {
+    if all_running; then
+        say "already up ($S)"
+        return 0
+    fi
+    if [ -e "$S" ]; then
+        say "found a stale or partial state dir; cleaning it first"
+        down
+    fi
+    ensure_packages
+    local t0=$SECONDS
+    mkdir -p "$S"
+    chmod 755 "$S"
+    : >"$S/.imgtool-services"
+    : >"$S/pids"
+    # if anything below fails, leave nothing running
+    trap on_up_exit EXIT
+
+    read -r PORT_plain PORT_mirror PORT_tls PORT_token TOKEN_PORT <<<"$(free_ports 5)"
+    make_certs
+    start_dockerd
+    local name
+    for name in $REGISTRIES; do
+        eval "write_registry_config $name \$PORT_$name"
+        start_registry "$name"
+    done
+    wait_registry plain "127.0.0.1:$PORT_plain" http 200
+    wait_registry mirror "127.0.0.1:$PORT_mirror" http 200
+    wait_registry tls "127.0.0.1:$PORT_tls" https 401
+    wait_registry token "127.0.0.1:$PORT_token" http 401
+    wait_dockerd
+    write_env
+    if [ -n "$OWNER" ]; then
+        chown -R "$OWNER" "$S/tls" "$S/token" "$S/env.sh"
+    fi
+    trap - EXIT
+    say "up in $((SECONDS - t0))s: dockerd unix://$S/docker.sock, registries plain=$PORT_plain" \
+        "mirror=$PORT_mirror tls=$PORT_tls token=$PORT_token (issuer port $TOKEN_PORT)"
+}
+
+# ---------------------------------------------------------------------------------------------
+
+case "${1:-}" in
+up) up ;;
+down) down ;;
+env)
+    [ -f "$S/env.sh" ] || die "services are not up ($S/env.sh missing): run scripts/services.sh up"
+    cat "$S/env.sh"
+    ;;
+status)
+    if all_running; then say "up ($S)"; else say "not running ($S)"; exit 1; fi
+    ;;
+*)
+    echo "usage: $0 up|down|env|status" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,107 @@
+"""Fixtures over the real services started by scripts/services.sh (run everything via scripts/test.sh).
+
+services        Services (registries host:port, dockerd socket, TLS CA, token issuer settings)
+factory         ImageFactory seeded from the test's node id (stable per test, distinct across tests)
+uniq            a fresh repository namespace, e.g. "t3f9a0c1d", so tests never share repositories
+docker_cli      DockerCLI: docker_cli("image", "inspect", ref) against the test dockerd
+docker_cleanup  DaemonCleanup: .image(ref_or_id) / .container(name) are removed after the test
+registry        registry("plain"|"mirror"|"tls"|"token") -> RegistryClient with the right auth
+token_issuer    the TokenIssuer on IMGTOOL_TEST_TOKEN_PORT, its counters and policy reset per test
+mirrored        mirrored(image, tag="v1") -> MirrorSet: quay.io / DaoCloud / NJU stand-ins
+"""
+
+import hashlib
+import secrets
+
+import pytest
+
+from tests.support.daemon import DaemonCleanup, DockerCLI
+from tests.support.images import ImageFactory
+from tests.support.registry import RegistryClient, publish_mirrored
+from tests.support.services import Services, ServicesNotRunning
+from tests.support.tokenissuer import TokenIssuer
+
+
+@pytest.fixture(scope="session")
+def services() -> Services:
+    # A missing service fails the tests that need it, never skips them: a green run must mean
+    # the real registries and daemon were exercised.
+    try:
+        svc = Services.from_env()
+        svc.check()
+    except ServicesNotRunning as e:
+        pytest.fail(str(e), pytrace=False)
+    return svc
+
+
+@pytest.fixture
+def factory(request) -> ImageFactory:
+    seed = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:16]
+    return ImageFactory(seed)
+
+
+@pytest.fixture
+def uniq() -> str:
+    return "t" + secrets.token_hex(4)
+
+
+@pytest.fixture(scope="session")
+def docker_cli(services) -> DockerCLI:
+    try:
+        return DockerCLI(services.docker_host)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def docker_cleanup(docker_cli):
+    cleanup = DaemonCleanup(docker_cli)
+    yield cleanup
+    errors = cleanup.run()
+    if errors:
+        pytest.fail("cleanup of the test daemon failed: " + "; ".join(errors), pytrace=False)
+
+
+@pytest.fixture
+def registry(services):
+    clients = []
+
+    def make(name: str, auth=None) -> RegistryClient:
+        client = RegistryClient.for_service(services, name, auth)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def _token_issuer_server(services):
+    issuer = TokenIssuer(services.token_key, services.token_cert, issuer=services.token_issuer,
+                         service=services.token_service, port=services.token_port)
+    try:
+        issuer.start()
+    except OSError as e:
+        pytest.fail(f"cannot start the token issuer on 127.0.0.1:{services.token_port}: {e}",
+                    pytrace=False)
+    yield issuer
+    issuer.stop()
+
+
+@pytest.fixture
+def token_issuer(_token_issuer_server) -> TokenIssuer:
+    _token_issuer_server.reset()
+    yield _token_issuer_server
+    _token_issuer_server.reset()
+
+
+@pytest.fixture
+def mirrored(services, uniq):
+    """mirrored(image_or_index, tag="v1", targets=(...)) publishes under quay.io-style paths."""
+
+    def publish(image_or_index, tag="v1", targets=("upstream", "daocloud", "nju"),
+                name="vllm-ascend"):
+        return publish_mirrored(services, uniq, tag, image_or_index, targets=targets, name=name)
+
+    return publish

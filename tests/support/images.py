@@ -1,0 +1,647 @@
+"""Real-shaped random images for tests: gzip layers of real files, configs, manifests, indexes.
+
+Everything is deterministic for a given seed (and machine: the layer contents are real files read
+from this machine), and built in memory. Typical use:
+
+    f = ImageFactory(seed=1)
+    base = [f.layer(), f.layer()]                    # shared bottom layers
+    old = f.image("arm64", layers=1, base=base)      # base + one new layer, Docker v2 schema2
+    new = f.image("arm64", layers=1, base=base)      # same base blobs, different top layer
+    idx = f.multiarch(layers=2, base=base)           # OCI index: linux/amd64 + linux/arm64/v8
+    write_docker_archive(old, tmp_path / "old.tar", "example.com/app:v1")
+"""
+
+import glob
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform as _platform
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+MEDIA_TYPES = {  # media= value -> (manifest, config, layer, index)
+    "docker": (DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST_LIST),
+    "oci": (OCI_MANIFEST, OCI_CONFIG, OCI_LAYER, OCI_INDEX),
+}
+#: what a client should send as Accept to get any of the above
+MANIFEST_ACCEPT = ", ".join([OCI_INDEX, DOCKER_MANIFEST_LIST, OCI_MANIFEST, DOCKER_MANIFEST])
+
+CREATED = "2025-01-01T00:00:00Z"
+MTIME = 1735689600  # CREATED as a unix time: every tar entry gets it, for reproducible bytes
+DEFAULT_LAYER_SIZE = 1 << 20  # ~1 MiB compressed per layer: 3 layers ~ 3 MiB
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MAX_SOURCE_FILE = 8 << 20
+RUNNABLE_BINARIES = ("/bin/sh", "/bin/df", "/bin/cat", "/bin/ls", "/bin/echo", "/bin/true",
+                     "/bin/sleep", "/bin/uname")
+
+# arch name (as tests say it) -> (architecture, variant) as configs and indexes say it
+ARCHES = {
+    "amd64": ("amd64", None),
+    "x86_64": ("amd64", None),
+    "arm64": ("arm64", "v8"),
+    "arm64/v8": ("arm64", "v8"),
+    "aarch64": ("arm64", "v8"),
+    "arm/v7": ("arm", "v7"),
+    "ppc64le": ("ppc64le", None),
+    "s390x": ("s390x", None),
+}
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def host_arch() -> str:
+    m = _platform.machine().lower()
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(m, m)
+
+
+def _manifest_json(obj) -> bytes:
+    # Indented like the manifests distribution and Docker write: a client that re-serializes
+    # JSON instead of hashing the bytes it received gets a different digest.
+    return json.dumps(obj, indent=3).encode()
+
+
+def _config_json(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One gzip layer blob; `diff_id` is the sha256 of its uncompressed tar."""
+
+    blob: bytes = field(repr=False)
+    digest: str
+    size: int
+    diff_id: str
+    uncompressed_size: int
+    files: Tuple[str, ...] = field(repr=False, default=())
+
+    def descriptor(self, media: str = "docker") -> dict:
+        return {"mediaType": MEDIA_TYPES[media][2], "size": self.size, "digest": self.digest}
+
+    def tar_bytes(self) -> bytes:
+        return gzip.decompress(self.blob)
+
+
+@dataclass(frozen=True)
+class Image:
+    """A single-platform image: config + layers + manifest, all as the exact bytes to serve."""
+
+    os: str
+    architecture: str
+    variant: Optional[str]
+    media: str  # "docker" or "oci"
+    layers: Tuple[Layer, ...]
+    config_bytes: bytes = field(repr=False)
+    config_digest: str
+    manifest_bytes: bytes = field(repr=False)
+    manifest_digest: str
+
+    @property
+    def platform(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    @property
+    def id(self) -> str:
+        """What `docker image inspect` reports as Id after loading this image."""
+        return self.config_digest
+
+    @property
+    def config_size(self) -> int:
+        return len(self.config_bytes)
+
+    @property
+    def config_media_type(self) -> str:
+        return MEDIA_TYPES[self.media][1]
+
+    @property
+    def manifest_size(self) -> int:
+        return len(self.manifest_bytes)
+
+    @property
+    def manifest_media_type(self) -> str:
+        return MEDIA_TYPES[self.media][0]
+
+    media_type = manifest_media_type
+
+    @property
+    def config(self) -> dict:
+        return json.loads(self.config_bytes)
+
+    @property
+    def manifest(self) -> dict:
+        return json.loads(self.manifest_bytes)
+
+    @property
+    def diff_ids(self) -> List[str]:
+        return [layer.diff_id for layer in self.layers]
+
+    @property
+    def blob_size(self) -> int:
+        """Bytes to download for this image: config + compressed layers."""
+        return self.config_size + sum(layer.size for layer in self.layers)
+
+    def blobs(self) -> Dict[str, bytes]:
+        """Every blob by digest: config first, then layers bottom-up."""
+        out = {self.config_digest: self.config_bytes}
+        for layer in self.layers:
+            out[layer.digest] = layer.blob
+        return out
+
+    def manifests(self) -> Dict[str, Tuple[str, bytes]]:
+        """digest -> (media type, bytes) of every manifest, children before parents."""
+        return {self.manifest_digest: (self.manifest_media_type, self.manifest_bytes)}
+
+    def descriptor(self) -> dict:
+        """This image as an entry of an index / manifest list."""
+        plat = {"architecture": self.architecture, "os": self.os}
+        if self.variant:
+            plat["variant"] = self.variant
+        return {
+            "mediaType": self.manifest_media_type,
+            "size": self.manifest_size,
+            "digest": self.manifest_digest,
+            "platform": plat,
+        }
+
+
+@dataclass(frozen=True)
+class Index:
+    """A multi-platform image: an OCI index or a Docker manifest list over `images`."""
+
+    media: str  # "oci" (index) or "docker" (manifest list)
+    images: Tuple[Image, ...]
+    manifest_bytes: bytes = field(repr=False)
+    manifest_digest: str
+
+    @property
+    def manifest_size(self) -> int:
+        return len(self.manifest_bytes)
+
+    @property
+    def manifest_media_type(self) -> str:
+        return MEDIA_TYPES[self.media][3]
+
+    media_type = manifest_media_type
+
+    @property
+    def manifest(self) -> dict:
+        return json.loads(self.manifest_bytes)
+
+    @property
+    def platforms(self) -> List[str]:
+        return [image.platform for image in self.images]
+
+    def image(self, platform: str) -> Image:
+        """The child for "linux/arm64", "linux/arm64/v8", "arm64", ...; KeyError if none."""
+        want = platform if "/" in platform and platform.startswith(("linux/", "windows/")) \
+            else "linux/" + platform
+        for image in self.images:
+            if image.platform == want or image.platform.startswith(want + "/"):
+                return image
+        raise KeyError(f"no {platform} in index (has {', '.join(self.platforms)})")
+
+    def blobs(self) -> Dict[str, bytes]:
+        out: Dict[str, bytes] = {}
+        for image in self.images:
+            out.update(image.blobs())
+        return out
+
+    def manifests(self) -> Dict[str, Tuple[str, bytes]]:
+        out: Dict[str, Tuple[str, bytes]] = {}
+        for image in self.images:
+            out.update(image.manifests())
+        out[self.manifest_digest] = (self.manifest_media_type, self.manifest_bytes)
+        return out
+
+
+ImageOrIndex = Union[Image, Index]
+
+# ---------------------------------------------------------------------------------------------
+# where layer contents come from
+
+_POOLS: Dict[Tuple[str, ...], List[Tuple[str, int]]] = {}
+
+
+def default_roots() -> List[str]:
+    roots = [sysconfig.get_paths()["stdlib"]]
+    roots += sorted(glob.glob("/usr/lib/python3*"))
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch:
+        roots.append(f"/usr/lib/{multiarch}")
+    roots.append("/usr/share")
+    return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+
+
+def _file_pool(roots: Sequence[str]) -> List[Tuple[str, int]]:
+    """(path, size) of regular readable files under roots, sorted: the same list every run."""
+    key = tuple(roots)
+    if key in _POOLS:
+        return _POOLS[key]
+    found: Dict[str, int] = {}
+
+    def walk(d: str) -> None:
+        try:
+            it = os.scandir(d)
+        except OSError:
+            return
+        with it:
+            for e in it:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        # caches and installed packages change under us; skip them
+                        if e.name not in ("__pycache__", "site-packages", "dist-packages"):
+                            walk(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        size = e.stat(follow_symlinks=False).st_size
+                        if 0 < size <= MAX_SOURCE_FILE and os.access(e.path, os.R_OK):
+                            found[e.path] = size
+                except OSError:
+                    continue
+
+    for root in roots:
+        walk(root)
+    if not found:
+        raise RuntimeError(f"no files to build layers from under {', '.join(roots)}")
+    pool = sorted(found.items())
+    _POOLS[key] = pool
+    return pool
+
+
+class _HashingWriter:
+    """tar stream -> sha256 (the diff_id) and size -> gzip stream."""
+
+    def __init__(self, out):
+        self.out = out
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+
+class _LayerWriter:
+    def __init__(self, compresslevel: int):
+        self.buf = io.BytesIO()
+        self.gz = gzip.GzipFile(filename="", mode="wb", fileobj=self.buf,
+                                compresslevel=compresslevel, mtime=0)
+        self.hw = _HashingWriter(self.gz)
+        self.tar = tarfile.open(fileobj=self.hw, mode="w|", format=tarfile.PAX_FORMAT)
+        self.dirs = set()
+        self.names: List[str] = []
+
+    @property
+    def compressed_so_far(self) -> int:
+        return self.buf.tell()
+
+    def _dirs_for(self, name: str) -> None:
+        parts = name.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in self.dirs:
+                self.dirs.add(d)
+                ti = tarfile.TarInfo(d)
+                ti.type = tarfile.DIRTYPE
+                ti.mode = 0o755
+                ti.mtime = MTIME
+                ti.uname = ti.gname = "root"
+                self.tar.addfile(ti)
+
+    def add(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        name = name.lstrip("/")
+        self._dirs_for(name)
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        ti.mode = mode
+        ti.mtime = MTIME
+        ti.uname = ti.gname = "root"
+        self.tar.addfile(ti, io.BytesIO(data))
+        self.names.append(name)
+
+    def finish(self) -> Layer:
+        self.tar.close()
+        self.gz.close()
+        blob = self.buf.getvalue()
+        return Layer(
+            blob=blob,
+            digest=sha256_digest(blob),
+            size=len(blob),
+            diff_id="sha256:" + self.hw.sha.hexdigest(),
+            uncompressed_size=self.hw.size,
+            files=tuple(self.names),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class ImageFactory:
+    """Builds layers, images and indexes; the same seed gives the same bytes on this machine."""
+
+    def __init__(self, seed: Union[int, str] = 0, *, roots: Optional[Sequence[str]] = None,
+                 compresslevel: int = 6):
+        self.seed = seed
+        self.roots = list(roots) if roots else default_roots()
+        self.compresslevel = compresslevel
+        self._counter = 0
+
+    def _rng(self, what: str) -> random.Random:
+        self._counter += 1
+        return random.Random(f"{self.seed}:{what}:{self._counter}")
+
+    # -- layers ---------------------------------------------------------------------------------
+
+    def layer(self, size: int = DEFAULT_LAYER_SIZE, *,
+              files: Optional[Dict[str, bytes]] = None) -> Layer:
+        """A gzip layer of ~`size` compressed bytes of real files picked at random.
+
+        `files` (path -> bytes) are added first, verbatim: use them for layers whose content a
+        test checks. Every layer also holds a small marker file naming the seed and its number,
+        so no two layers of different factories or calls are identical.
+        """
+        rng = self._rng("layer")
+        n = self._counter
+        w = _LayerWriter(self.compresslevel)
+        for name, data in (files or {}).items():
+            w.add(name, data)
+        w.add(f"etc/imgtool-test/layer-{n}", f"seed={self.seed} layer={n} "
+              f"salt={rng.getrandbits(64):016x}\n".encode())
+        if size > 0:
+            pool = _file_pool(self.roots)
+            order = list(range(len(pool)))
+            rng.shuffle(order)
+            copy = 0
+            while w.compressed_so_far < size:
+                added = len(w.names)
+                for i in order:
+                    path, _ = pool[i]
+                    try:
+                        with open(path, "rb") as fh:
+                            data = fh.read(MAX_SOURCE_FILE + 1)
+                        mode = os.stat(path).st_mode & 0o7777
+                    except OSError:
+                        continue
+                    # past one pass over the pool (huge layers), the files repeat elsewhere
+                    name = path if copy == 0 else f"/opt/imgtool-copy{copy}{path}"
+                    w.add(name, data, mode)
+                    if w.compressed_so_far >= size:
+                        break
+                if len(w.names) == added:
+                    raise RuntimeError(f"cannot read any file under {', '.join(self.roots)}")
+                copy += 1
+        return w.finish()
+
+    def layers(self, count: int, size: Union[int, Sequence[int]] = DEFAULT_LAYER_SIZE
+               ) -> List[Layer]:
+        sizes = [size] * count if isinstance(size, int) else list(size)
+        if len(sizes) != count:
+            raise ValueError(f"{count} layers but {len(sizes)} sizes")
+        return [self.layer(s) for s in sizes]
+
+    def runnable_layer(self) -> Layer:
+        """A layer with /bin/sh, df, cat, ls, ... and the libraries they need (host arch only)."""
+        wanted: Dict[str, str] = {}
+        for binary in RUNNABLE_BINARIES:
+            real = shutil.which(os.path.basename(binary)) if not os.path.exists(binary) else binary
+            if not real:
+                continue
+            wanted[binary] = real
+            for lib in _needed_libraries(real):
+                wanted[lib] = lib
+        if "/bin/sh" not in wanted:
+            raise RuntimeError("no /bin/sh on this machine to build a runnable layer from")
+        files = {}
+        w = _LayerWriter(self.compresslevel)
+        for name in sorted(wanted):
+            with open(os.path.realpath(wanted[name]), "rb") as fh:
+                files[name] = fh.read()
+            w.add(name, files[name], 0o755)
+        self._counter += 1
+        return w.finish()
+
+    # -- images ---------------------------------------------------------------------------------
+
+    def image(
+        self,
+        arch: str = "amd64",
+        layers: Union[int, Sequence[Layer]] = 3,
+        base: Union[Sequence[Layer], Image, None] = None,
+        *,
+        layer_size: Union[int, Sequence[int]] = DEFAULT_LAYER_SIZE,
+        media: str = "docker",
+        os: str = "linux",
+        variant: Optional[str] = None,
+        runnable: bool = False,
+        config: Optional[dict] = None,
+        labels: Optional[Dict[str, str]] = None,
+        created: str = CREATED,
+    ) -> Image:
+        """An image of `base` layers, then `layers` (a count of new layers, or Layer objects).
+
+        arch: "amd64", "arm64" (variant v8), ...; media: "docker" (v2 schema2) or "oci".
+        runnable=True puts a layer with /bin/sh, df, ... on top (arch must be the host's), so
+        `docker run IMAGE df -k /dev/shm` works. `config` entries update the config's "config"
+        object (Env, Cmd, Labels, ...). Raises ValueError on unknown arch/media.
+        """
+        if media not in MEDIA_TYPES:
+            raise ValueError(f"media must be 'docker' or 'oci', not {media!r}")
+        if arch not in ARCHES:
+            raise ValueError(f"unknown arch {arch!r} (known: {', '.join(ARCHES)})")
+        architecture, default_variant = ARCHES[arch]
+        variant = variant if variant is not None else default_variant
+        if isinstance(base, Image):
+            base = base.layers
+        stack = list(base or ())
+        stack += self.layers(layers, layer_size) if isinstance(layers, int) else list(layers)
+        if runnable:
+            if architecture != host_arch():
+                raise ValueError(f"a runnable image must be {host_arch()}, not {architecture}")
+            stack.append(self.runnable_layer())
+        if not stack:
+            raise ValueError("an image needs at least one layer")
+
+        inner = {
+            "Env": [PATH_ENV],
+            "Cmd": ["/bin/sh"],
+            "WorkingDir": "/",
+            "Labels": {"org.opencontainers.image.title": "imgtool-test",
+                       "imgtool.test.seed": str(self.seed)},
+        }
+        inner.update(config or {})
+        if labels:
+            inner["Labels"] = {**inner.get("Labels", {}), **labels}
+        cfg = {
+            "architecture": architecture,
+            "os": os,
+            "created": created,
+            "config": inner,
+            "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in stack]},
+            "history": [
+                {"created": created, "created_by": f"/bin/sh -c #(nop) ADD file:{layer.diff_id[7:19]} in / "}
+                for layer in stack
+            ],
+        }
+        if variant:
+            cfg["variant"] = variant
+        config_bytes = _config_json(cfg)
+        config_digest = sha256_digest(config_bytes)
+        manifest_type, config_type, _, _ = MEDIA_TYPES[media]
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": manifest_type,
+            "config": {"mediaType": config_type, "size": len(config_bytes), "digest": config_digest},
+            "layers": [layer.descriptor(media) for layer in stack],
+        }
+        manifest_bytes = _manifest_json(manifest)
+        return Image(
+            os=os,
+            architecture=architecture,
+            variant=variant,
+            media=media,
+            layers=tuple(stack),
+            config_bytes=config_bytes,
+            config_digest=config_digest,
+            manifest_bytes=manifest_bytes,
+            manifest_digest=sha256_digest(manifest_bytes),
+        )
+
+    def index(self, images: Iterable[Image], media: str = "oci") -> Index:
+        """An OCI index (media="oci") or Docker manifest list (media="docker") over images."""
+        if media not in MEDIA_TYPES:
+            raise ValueError(f"media must be 'docker' or 'oci', not {media!r}")
+        images = tuple(images)
+        if not images:
+            raise ValueError("an index needs at least one image")
+        body = {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_TYPES[media][3],
+            "manifests": [image.descriptor() for image in images],
+        }
+        manifest_bytes = _manifest_json(body)
+        return Index(media=media, images=images, manifest_bytes=manifest_bytes,
+                     manifest_digest=sha256_digest(manifest_bytes))
+
+    def multiarch(
+        self,
+        arches: Sequence[str] = ("amd64", "arm64"),
+        layers: int = 3,
+        base: Union[Sequence[Layer], Index, None] = None,
+        *,
+        media: str = "oci",
+        image_media: Optional[str] = None,
+        layer_size: Union[int, Sequence[int]] = DEFAULT_LAYER_SIZE,
+        **image_kwargs,
+    ) -> Index:
+        """An index over one image per arch; each arch gets `layers` layers of its own.
+
+        `base` layers (a list, or the per-arch layers of an older Index) sit below them: with a
+        list every arch shares those blobs; with an Index each arch reuses its own older layers,
+        like consecutive releases on one base image. `image_media` defaults to `media`.
+        """
+        images = []
+        for arch in arches:
+            if isinstance(base, Index):
+                arch_base = base.image(arch).layers
+            else:
+                arch_base = list(base or ())
+            images.append(self.image(arch, layers, arch_base, layer_size=layer_size,
+                                     media=image_media or media, **image_kwargs))
+        return self.index(images, media=media)
+
+
+def _needed_libraries(binary: str) -> List[str]:
+    """Absolute paths of the shared objects `binary` loads, as ldd reports them."""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return []
+    libs = []
+    for line in out.splitlines():
+        line = line.strip()
+        if "=>" in line:
+            target = line.split("=>", 1)[1].strip().split(" (", 1)[0].strip()
+        else:
+            target = line.split(" (", 1)[0].strip()
+        if target.startswith("/"):
+            libs.append(target)
+    return libs
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def write_docker_archive(
+    image: Image,
+    path: Union[str, os.PathLike],
+    repo_tag: Union[str, Sequence[str], None] = None,
+    *,
+    omit_layers: Iterable[str] = (),
+    uncompressed: bool = False,
+) -> str:
+    """Write a classic `docker save`-style archive that `docker load` accepts; returns the path.
+
+    Layout: `<config hex>.json`, `<diff_id hex>/layer.tar` (the gzip blob as is, which docker
+    decompresses; plain tar with uncompressed=True), `manifest.json` with Config, RepoTags and
+    Layers. `omit_layers` (digests or diff_ids) are listed in manifest.json but not written:
+    the shape of a delta archive for a daemon that already holds those layers.
+    """
+    path = os.fspath(path)
+    tags = [repo_tag] if isinstance(repo_tag, str) else list(repo_tag or [])
+    omit = set(omit_layers)
+    config_name = image.config_digest[len("sha256:"):] + ".json"
+    layer_names = [layer.diff_id[len("sha256:"):] + "/layer.tar" for layer in image.layers]
+    manifest = [{"Config": config_name, "RepoTags": tags or None, "Layers": layer_names}]
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        ti.mtime = MTIME
+        ti.mode = 0o644
+        tar.addfile(ti, io.BytesIO(data))
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        add(tar, config_name, image.config_bytes)
+        for layer, name in zip(image.layers, layer_names):
+            if layer.digest in omit or layer.diff_id in omit:
+                continue
+            ti = tarfile.TarInfo(name.split("/")[0])
+            ti.type = tarfile.DIRTYPE
+            ti.mode = 0o755
+            ti.mtime = MTIME
+            tar.addfile(ti)
+            add(tar, name, layer.tar_bytes() if uncompressed else layer.blob)
+        add(tar, "manifest.json", json.dumps(manifest).encode())
+    return path
+
+
+if __name__ == "__main__":  # quick look: python -m tests.support.images [seed]
+    import time
+
+    t = time.time()
+    f = ImageFactory(sys.argv[1] if len(sys.argv) > 1 else 0)
+    idx = f.multiarch()
+    for im in idx.images:
+        print(im.platform, im.manifest_digest, [(layer.size, layer.uncompressed_size)
+                                                for layer in im.layers])
+    print(f"{time.time() - t:.2f}s")

@@ -1,0 +1,218 @@
+"""A fault-injecting reverse proxy in front of a real registry (test support, not product).
+
+Clients talk to the proxy as if it were the registry. Each request is matched against
+the scripted faults (first match wins, each used `times` times); everything else is
+forwarded unchanged, streaming. The proxy records every request (method, path, Range)
+and how many body bytes it sent, so tests can assert what was transferred.
+"""
+
+import http.client
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, List, Optional
+
+CHUNK = 256 * 1024
+
+
+@dataclass
+class Fault:
+    """One scripted misbehaviour: `kind` is reset|status|flip|stall|short|expiring_redirect|rate."""
+
+    kind: str
+    match: Callable[[str, str], bool]  # (method, path) -> bool
+    times: int = 1
+    after: int = 0  # reset/short/stall/flip: after this many body bytes
+    status: int = 503
+    headers: dict = field(default_factory=dict)
+    seconds: float = 0.0  # stall length, or redirect lifetime
+    rate: int = 0  # bytes/second for kind == "rate"
+    used: int = 0
+
+
+@dataclass
+class Record:
+    method: str
+    path: str
+    range: Optional[str]
+    status: int = 0
+    sent: int = 0
+
+
+def blob_path(path: str) -> bool:
+    return "/blobs/sha256:" in path
+
+
+class FaultProxy:
+    """Start with `FaultProxy("127.0.0.1:5000")`; `url` is where clients connect."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream
+        self.faults: List[Fault] = []
+        self.records: List[Record] = []
+        self.lock = threading.Lock()
+        self._expiring = {}  # token -> (deadline, real path)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                proxy._handle(self)
+
+            do_HEAD = do_GET
+            do_POST = do_GET
+            do_PUT = do_GET
+            do_PATCH = do_GET
+            do_DELETE = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def hostport(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.hostport}"
+
+    def add(self, fault: Fault) -> Fault:
+        with self.lock:
+            self.faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self.lock:
+            self.faults.clear()
+            self.records.clear()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def blob_bytes_sent(self) -> int:
+        with self.lock:
+            return sum(r.sent for r in self.records if blob_path(r.path) and r.method == "GET")
+
+    def _take_fault(self, method: str, path: str) -> Optional[Fault]:
+        with self.lock:
+            for f in self.faults:
+                if f.used < f.times and f.match(method, path):
+                    f.used += 1
+                    return f
+        return None
+
+    # -- the request path ------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        method, path = h.command, h.path
+        rec = Record(method, path, h.headers.get("Range"))
+        with self.lock:
+            self.records.append(rec)
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else None
+        if path.startswith("/cdn/"):
+            token = path.split("/")[2]
+            deadline, real = self._expiring.get(token, (0, ""))
+            if time.monotonic() > deadline:
+                self._reply(h, rec, 403, b"<Error>Request has expired</Error>", {"Content-Type": "application/xml"})
+                return
+            path = real
+        fault = self._take_fault(method, path)
+        if fault and fault.kind == "status":
+            self._reply(h, rec, fault.status, b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}',
+                        dict({"Content-Type": "application/json"}, **fault.headers))
+            return
+        if fault and fault.kind == "expiring_redirect":
+            token = f"t{len(self._expiring)}x{int(time.monotonic() * 1000)}"
+            self._expiring[token] = (time.monotonic() + fault.seconds, path)
+            self._reply(h, rec, 307, b"", {"Location": f"{self.url}/cdn/{token}"})
+            return
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in ("host", "connection", "accept-encoding")}
+        conn = http.client.HTTPConnection(self.upstream, timeout=60)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            rec.status = resp.status
+            h.send_response(resp.status)
+            for k, v in resp.getheaders():
+                if k.lower() in ("connection", "transfer-encoding"):
+                    continue
+                if k.lower() == "location" and v.startswith(f"http://{self.upstream}"):
+                    v = self.url + v[len(f"http://{self.upstream}"):]
+                h.send_header(k, v)
+            h.send_header("Connection", "close")
+            h.end_headers()
+            if method == "HEAD":
+                return
+            self._pump(h, resp, rec, fault)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+        finally:
+            conn.close()
+            h.close_connection = True
+
+    def _pump(self, h, resp, rec: Record, fault: Optional[Fault]) -> None:
+        sent = 0
+        flipped = False
+        start = time.monotonic()
+        while True:
+            chunk = resp.read(CHUNK)
+            if not chunk:
+                break
+            if fault and fault.kind in ("reset", "short", "stall", "flip") and sent + len(chunk) > fault.after:
+                cut = fault.after - sent
+                if fault.kind == "flip" and not flipped:
+                    b = bytearray(chunk)
+                    b[cut] ^= 0x01
+                    chunk = bytes(b)
+                    flipped = True
+                elif fault.kind in ("reset", "short"):
+                    if cut > 0:
+                        h.wfile.write(chunk[:cut])
+                        sent += cut
+                        rec.sent = sent
+                    h.wfile.flush()
+                    if fault.kind == "reset":
+                        time.sleep(0.2)  # let the client read what was sent before the RST discards it
+                        h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    h.connection.close()
+                    return
+                elif fault.kind == "stall":
+                    if cut > 0:
+                        h.wfile.write(chunk[:cut])
+                        sent += cut
+                        rec.sent = sent
+                        chunk = chunk[cut:]
+                    h.wfile.flush()
+                    time.sleep(fault.seconds)
+                    fault = None
+            if fault and fault.kind == "rate" and fault.rate:
+                due = start + (sent + len(chunk)) / fault.rate
+                pause = due - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            h.wfile.write(chunk)
+            sent += len(chunk)
+            rec.sent = sent
+        h.wfile.flush()
+
+    def _reply(self, h, rec: Record, status: int, body: bytes, headers: dict) -> None:
+        rec.status = status
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body)))
+        h.send_header("Connection", "close")
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(body)
+        h.close_connection = True

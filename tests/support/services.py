@@ -1,0 +1,119 @@
+"""The real services started by scripts/services.sh, as described by its IMGTOOL_TEST_* variables."""
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+NOT_RUNNING = (
+    'test services are not running: run scripts/test.sh (or eval "$(scripts/services.sh env)")'
+)
+
+ENV_VARS = (
+    "IMGTOOL_TEST_SERVICES_DIR",
+    "IMGTOOL_TEST_DOCKER_HOST",
+    "IMGTOOL_TEST_DOCKER_NETWORK",
+    "IMGTOOL_TEST_REGISTRY_PLAIN",
+    "IMGTOOL_TEST_REGISTRY_MIRROR",
+    "IMGTOOL_TEST_REGISTRY_TLS",
+    "IMGTOOL_TEST_TLS_CA",
+    "IMGTOOL_TEST_TLS_USER",
+    "IMGTOOL_TEST_TLS_PASSWORD",
+    "IMGTOOL_TEST_REGISTRY_TOKEN",
+    "IMGTOOL_TEST_TOKEN_PORT",
+    "IMGTOOL_TEST_TOKEN_KEY",
+    "IMGTOOL_TEST_TOKEN_CERT",
+    "IMGTOOL_TEST_TOKEN_SERVICE",
+    "IMGTOOL_TEST_TOKEN_ISSUER",
+)
+
+
+class ServicesNotRunning(RuntimeError):
+    """The IMGTOOL_TEST_* variables are missing or the services do not answer."""
+
+
+@dataclass(frozen=True)
+class Services:
+    """Where everything is; registries are `host:port` strings."""
+
+    dir: str
+    docker_host: str  # unix:///.../docker.sock
+    docker_network: str  # what `docker run --network` must be (no bridge in the test daemon)
+    plain: str  # HTTP, no auth: stands in for quay.io
+    mirror: str  # HTTP, no auth: stands in for DaoCloud (prefix) and NJU (host swap)
+    tls: str  # HTTPS (tls_ca) + Basic auth (tls_user / tls_password)
+    tls_ca: str
+    tls_user: str
+    tls_password: str
+    token: str  # HTTP + bearer token auth from the issuer on token_port
+    token_port: int
+    token_key: str
+    token_cert: str
+    token_service: str
+    token_issuer: str
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Services":
+        """Read the IMGTOOL_TEST_* variables; raises ServicesNotRunning naming the missing ones."""
+        env = os.environ if environ is None else environ
+        missing = [name for name in ENV_VARS if not env.get(name)]
+        if missing:
+            raise ServicesNotRunning(f"{NOT_RUNNING}; missing: {', '.join(missing)}")
+        v = lambda name: env[name]  # noqa: E731
+        return cls(
+            dir=v("IMGTOOL_TEST_SERVICES_DIR"),
+            docker_host=v("IMGTOOL_TEST_DOCKER_HOST"),
+            docker_network=v("IMGTOOL_TEST_DOCKER_NETWORK"),
+            plain=v("IMGTOOL_TEST_REGISTRY_PLAIN"),
+            mirror=v("IMGTOOL_TEST_REGISTRY_MIRROR"),
+            tls=v("IMGTOOL_TEST_REGISTRY_TLS"),
+            tls_ca=v("IMGTOOL_TEST_TLS_CA"),
+            tls_user=v("IMGTOOL_TEST_TLS_USER"),
+            tls_password=v("IMGTOOL_TEST_TLS_PASSWORD"),
+            token=v("IMGTOOL_TEST_REGISTRY_TOKEN"),
+            token_port=int(v("IMGTOOL_TEST_TOKEN_PORT")),
+            token_key=v("IMGTOOL_TEST_TOKEN_KEY"),
+            token_cert=v("IMGTOOL_TEST_TOKEN_CERT"),
+            token_service=v("IMGTOOL_TEST_TOKEN_SERVICE"),
+            token_issuer=v("IMGTOOL_TEST_TOKEN_ISSUER"),
+        )
+
+    @property
+    def docker_socket(self) -> str:
+        return self.docker_host[len("unix://"):]
+
+    @property
+    def tls_auth(self):
+        return (self.tls_user, self.tls_password)
+
+    @property
+    def token_realm(self) -> str:
+        return f"http://127.0.0.1:{self.token_port}/token"
+
+    def url(self, name: str) -> str:
+        """Base URL of a registry by name: plain, mirror, tls or token."""
+        scheme = "https" if name == "tls" else "http"
+        return f"{scheme}://{getattr(self, name)}"
+
+    def check(self) -> None:
+        """Raise ServicesNotRunning unless dockerd and every registry accept connections."""
+        dead = []
+        for name in ("plain", "mirror", "tls", "token"):
+            host, port = getattr(self, name).rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+            except OSError as e:
+                dead.append(f"registry {name} at {getattr(self, name)} ({e})")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.settimeout(2)
+            s.connect(self.docker_socket)
+        except OSError as e:
+            dead.append(f"dockerd at {self.docker_host} ({e})")
+        finally:
+            s.close()
+        if dead:
+            raise ServicesNotRunning(
+                "test services are not answering: " + "; ".join(dead)
+                + ": run scripts/test.sh (or scripts/services.sh up)"
+            )

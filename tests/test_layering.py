@@ -1,0 +1,54 @@
+"""The house rules of imports, held by parsing every module with ast."""
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "imgtool"
+IO_MODULES = {"requests", "urllib3", "docker", "click", "tqdm", "socket", "subprocess", "http", "urllib", "shutil",
+              "tempfile", "zstandard", "fcntl", "threading", "concurrent"}
+
+
+def imports_of(path: Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name.split(".")[0], a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0], node.module
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            yield ".", "." * node.level + (node.module or "")
+
+
+def modules():
+    return sorted(p for p in PKG.rglob("*.py"))
+
+
+def test_model_imports_no_io():
+    found = {top for top, _ in imports_of(PKG / "model.py")}
+    assert not (found & IO_MODULES), found & IO_MODULES
+    local = {full for top, full in imports_of(PKG / "model.py") if top == "."}
+    assert local <= {".errors"}, local
+
+
+def test_only_cli_imports_click():
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "click" for t, _ in imports_of(p))}
+    assert users == {"cli.py"}
+
+
+def test_only_daemon_imports_docker():
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "docker" for t, _ in imports_of(p))}
+    assert users <= {"daemon.py"}, users
+
+
+def test_only_progress_imports_tqdm():
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "tqdm" for t, _ in imports_of(p))}
+    assert users <= {"progress.py"}, users
+
+
+def test_later_stages_never_import_earlier_ones():
+    # data flows one way: the offline side (bundle reading, loading) never reaches the registry side
+    for p in (PKG / "bundle").glob("*.py"):
+        names = {full for _, full in imports_of(p)}
+        assert not any(n.endswith(("registry", "puller", "mirrors")) for n in names), (p, names)
+    assert not any(full.endswith(("registry", "puller", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))

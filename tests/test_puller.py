@@ -1,0 +1,389 @@
+"""The registry side against real distribution registries: mirrors, auth, platforms, blobs.
+
+Mirrors are local registries standing in for quay.io (plain), DaoCloud (prefix path on
+`mirror`) and NJU (host swap on `mirror`); faults come from a proxy in front of them.
+"""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imgtool.config import load_mirrors
+from imgtool.errors import RegistryError, UsageError
+from imgtool.fetch import resolve_refs
+from imgtool.model import Digest, Platform
+from imgtool.progress import Progress
+from imgtool.puller import download, resolve_image
+from imgtool.store import Store
+from tests.support.proxy import Fault, FaultProxy, blob_path
+from tests.support.registry import push_image
+
+DEAD = "http://127.0.0.1:1"  # nothing listens on port 1: an upstream that is down
+
+
+class Notes(Progress):
+    """Collects what the core reports, for assertions."""
+
+    def __init__(self):
+        self.lines = []
+
+    def note(self, message):
+        self.lines.append(message)
+
+    def warn(self, message):
+        self.lines.append("warning: " + message)
+
+
+def mirrors_file(tmp_path, default_image, entries):
+    """Write a mirrors.toml; entries are (name, url, prefix, extra-lines)."""
+    out = [f'default_image = "{default_image}"']
+    for name, url, prefix, *extra in entries:
+        out.append(f'[[mirrors]]\nname = "{name}"\nregistry = "quay.io"\nurl = "{url}"')
+        if name == "quay":
+            out.append("upstream = true")
+        if url.startswith("http://"):
+            out.append("insecure = true")
+        if prefix:
+            out.append(f'prefix = "{prefix}"')
+        out.extend(extra)
+    path = tmp_path / "mirrors.toml"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def standard_mirrors(tmp_path, services, ms, upstream=None):
+    return mirrors_file(tmp_path, f"quay.io/{ms.repo}", [
+        ("quay", upstream or f"http://{services.plain}", ""),
+        ("daocloud", f"http://{services.mirror}", "quay.io"),
+        ("nju", f"http://{services.mirror}", ""),
+    ])
+
+
+def imgtool(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+
+
+def pull(path, ref, arch, store, mirror="auto", **kw):
+    """resolve + download through the core API; returns (image, stats, notes)."""
+    notes = Notes()
+    res = resolve_refs(load_mirrors(str(path)), [ref], mirror, notes, timeout=3)[0]
+    image = resolve_image(res, Platform.parse(arch), store)
+    stats = download([(image, res.sources)], store, notes, **kw)
+    return image, res, stats, notes
+
+
+def assert_store_holds(store, image):
+    for layer in image.manifest.layers:
+        data = store.blob_path(layer.digest).read_bytes()
+        assert Digest.of(data) == layer.digest and len(data) == layer.size
+
+
+# --- mirrors and resolution -------------------------------------------------
+
+
+def test_upstream_down_prefix_and_host_swap_mirrors(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(media="oci")
+    ms = mirrored(idx, tag="v0.22.1rc1")
+    cfg = standard_mirrors(tmp_path, services, ms, upstream=DEAD)
+    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    by_name = {s["name"]: s for s in json.loads(r.stdout)["sources"]}
+    assert by_name["quay"]["reachable"] is False and "connection refused" in by_name["quay"]["error"]
+    assert by_name["daocloud"]["reference"] == f"{services.mirror}/quay.io/{ms.repo}"
+    assert by_name["nju"]["reference"] == f"{services.mirror}/{ms.repo}"
+    assert by_name["daocloud"]["digest"] == by_name["nju"]["digest"] == idx.manifest_digest
+    table = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg)).stdout
+    assert "quay" in table and "unreachable" in table and "connection refused" in table
+
+    store = Store(tmp_path / "cache")
+    image, res, stats, notes = pull(cfg, "v0.22.1rc1", "arm64", store)
+    assert str(image.ref) == f"quay.io/{ms.repo}:v0.22.1rc1@{idx.manifest_digest}"
+    assert image.index_digest == Digest.parse(idx.manifest_digest)
+    assert str(image.image_id) == idx.image("linux/arm64/v8").config_digest
+    assert {s.name for s in res.sources} == {"daocloud", "nju"}
+    assert "source quay unreachable: 127.0.0.1:1: connection refused" in notes.lines
+    assert_store_holds(store, image)
+
+
+def test_inspect_table_and_json(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(media="docker")
+    ms = mirrored(idx, tag="v0.22.1rc1-a3")
+    cfg = standard_mirrors(tmp_path, services, ms)
+    r = imgtool("inspect", "v0.22.1rc1-a3", "--mirrors", str(cfg), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["digest"] == idx.manifest_digest and out["source"]["name"] in ("quay", "daocloud", "nju")
+    assert out["media_type"] == "application/vnd.docker.distribution.manifest.list.v2+json"
+    plats = {p["platform"]: p for p in out["platforms"]}
+    arm = idx.image("linux/arm64/v8")
+    assert plats["linux/arm64/v8"]["layers"] == len(arm.layers)
+    assert plats["linux/arm64/v8"]["compressed_size"] == arm.config_size + sum(l.size for l in arm.layers)
+    text = imgtool("inspect", "v0.22.1rc1-a3", "--mirrors", str(cfg)).stdout
+    assert f"quay.io/{ms.repo}:v0.22.1rc1-a3" in text and "linux/amd64" in text and "linux/arm64/v8" in text
+
+
+def test_stale_mirror_is_reported_and_not_used(services, factory, mirrored, tmp_path):
+    new = factory.multiarch(media="oci")
+    old = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(new, tag="v1", targets=("upstream", "daocloud"))
+    push_image(services.mirror, ms.repo, "v1", old)  # NJU's cache still has last week's v1
+    cfg = standard_mirrors(tmp_path, services, ms)
+    store = Store(tmp_path / "cache")
+    image, res, stats, notes = pull(cfg, "v1", "amd64", store)
+    assert image.index_digest == Digest.parse(new.manifest_digest)
+    assert [s.name for s in res.sources if s.name == "nju"] == []
+    stale = Digest.parse(old.manifest_digest).short
+    assert (f"warning: mirror nju serves {stale} for v1, not {Digest.parse(new.manifest_digest).short} "
+            f"(a stale cache?): not used for this image") in notes.lines
+    assert set(stats.per_source) <= {"quay", "daocloud"}
+
+
+def test_upstream_digest_wins_when_reachable(services, factory, mirrored, tmp_path):
+    new = factory.multiarch(media="oci")
+    old = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(old, tag="main", targets=("daocloud", "nju"))
+    push_image(services.plain, ms.repo, "main", new)
+    cfg = standard_mirrors(tmp_path, services, ms)
+    _, res, _, _ = pull(cfg, "main", "arm64", Store(tmp_path / "c"))
+    assert res.digest == Digest.parse(new.manifest_digest)  # one upstream outvotes two stale mirrors
+    assert [s.name for s in res.sources] == ["quay"]
+
+
+def test_forced_mirror_and_unknown_name(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.multiarch(), tag="v1")
+    cfg = standard_mirrors(tmp_path, services, ms)
+    _, res, stats, _ = pull(cfg, "v1", "arm64", Store(tmp_path / "c"), mirror="nju")
+    assert [s.name for s in res.sources] == ["nju"] and list(stats.per_source) == ["nju"]
+    r = imgtool("inspect", "v1", "--mirrors", str(cfg), "--mirror", "tuna")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["error: unknown mirror 'tuna'",
+                                     f"hint: known mirrors: quay, daocloud, nju (or auto); see {cfg}"]
+
+
+def test_every_source_down_is_exit_4_naming_each(tmp_path):
+    cfg = mirrors_file(tmp_path, "quay.io/ascend/vllm-ascend", [("quay", DEAD, ""), ("nju", "http://127.0.0.1:2", "")])
+    r = imgtool("inspect", "v0.22.1rc1", "--mirrors", str(cfg))
+    assert r.returncode == 4, r.stderr
+    assert r.stderr.splitlines()[0] == (
+        "error: no source can serve quay.io/ascend/vllm-ascend:v0.22.1rc1: "
+        "quay (127.0.0.1:1/ascend/vllm-ascend): 127.0.0.1:1: connection refused; "
+        "nju (127.0.0.1:2/ascend/vllm-ascend): 127.0.0.1:2: connection refused")
+
+
+def test_missing_tag_is_not_found(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.multiarch(), tag="v1", targets=("upstream",))
+    cfg = standard_mirrors(tmp_path, services, ms)
+    r = imgtool("inspect", "v9.9.9", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert r.stderr.startswith(f"error: quay.io/{ms.repo}:v9.9.9 not found: quay (")
+
+
+# --- platforms --------------------------------------------------------------
+
+
+def test_missing_platform_lists_what_the_index_offers(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.multiarch(arches=("amd64",)), tag="v1", targets=("upstream",))
+    cfg = standard_mirrors(tmp_path, services, ms)
+    with pytest.raises(UsageError) as e:
+        pull(cfg, "v1", "arm64", Store(tmp_path / "c"))
+    assert e.value.message == (f"quay.io/{ms.repo}:v1: platform linux/arm64 not found in the image index; "
+                               f"it offers: linux/amd64")
+
+
+def test_single_arch_image_of_the_wrong_arch_is_an_error(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.image("amd64", media="oci"), tag="v1", targets=("upstream",))
+    cfg = standard_mirrors(tmp_path, services, ms)
+    with pytest.raises(UsageError) as e:
+        pull(cfg, "v1", "arm64", Store(tmp_path / "c"))
+    assert e.value.message == f"quay.io/{ms.repo}:v1 is a single-platform image for linux/amd64, not linux/arm64"
+    image, _, _, _ = pull(cfg, "v1", "amd64", Store(tmp_path / "c"))
+    assert image.index_digest is None and str(image.platform) == "linux/amd64"
+
+
+@pytest.mark.parametrize("media", ["oci", "docker"])
+def test_index_kinds_and_pinned_digest(services, factory, mirrored, tmp_path, media):
+    idx = factory.multiarch(media=media)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    cfg = standard_mirrors(tmp_path, services, ms)
+    store = Store(tmp_path / "c")
+    image, _, stats, _ = pull(cfg, f"quay.io/{ms.repo}@{idx.manifest_digest}", "aarch64", store)
+    arm = idx.image("linux/arm64/v8")
+    assert str(image.manifest_digest) == arm.manifest_digest and str(image.image_id) == arm.config_digest
+    assert [str(d) for d in image.config.diff_ids] == arm.diff_ids
+    assert stats.blobs_downloaded == len(arm.layers)
+    assert_store_holds(store, image)
+
+
+# --- auth -------------------------------------------------------------------
+
+
+def test_token_auth_flow_with_reuse(services, factory, token_issuer, tmp_path, uniq):
+    idx = factory.multiarch()
+    from tests.support.registry import RegistryClient
+    with RegistryClient.for_service(services, "token") as c:
+        c.push(f"{uniq}/vllm-ascend", "v1", idx)
+    before = token_issuer.issued
+    seen = len(token_issuer.requests)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend", [("quay", f"http://{services.token}", "")])
+    image, _, stats, _ = pull(cfg, "v1", "arm64", Store(tmp_path / "c"), jobs=4)
+    assert stats.blobs_downloaded == len(idx.image("linux/arm64/v8").layers)
+    # one token per client for the pull scope, reused for every manifest and blob request
+    assert 1 <= token_issuer.issued - before <= 3
+    assert all(r.scopes == [f"repository:{uniq}/vllm-ascend:pull"] for r in token_issuer.requests[seen:])
+
+
+def test_token_refresh_on_401(services, factory, token_issuer, tmp_path, uniq):
+    idx = factory.multiarch()
+    from tests.support.registry import RegistryClient
+    with RegistryClient.for_service(services, "token") as c:
+        c.push(f"{uniq}/vllm-ascend", "v1", idx)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend", [("quay", f"http://{services.token}", "")])
+    notes = Notes()
+    res = resolve_refs(load_mirrors(str(cfg)), ["v1"], "auto", notes)[0]
+    image = resolve_image(res, Platform.parse("arm64"), Store(tmp_path / "c"))
+    issued = token_issuer.issued
+    for source in res.sources:  # the registry now rejects the cached token (as after expiry)
+        source.client._tokens = {k: "expired" for k in source.client._tokens}
+    download([(image, res.sources)], Store(tmp_path / "c"), notes)
+    assert token_issuer.issued > issued
+
+
+def _docker_config(home, host, user, password):
+    d = home / ".docker"
+    d.mkdir(parents=True)
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    (d / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+
+
+def test_basic_auth_over_tls(services, factory, tmp_path, uniq, monkeypatch):
+    idx = factory.multiarch()
+    push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
+               verify=services.tls_ca)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend",
+                       [("site", f"https://{services.tls}", "", f'ca_cert = "{services.tls_ca}"')])
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    # no credentials: the registry's 401 is reported, not a traceback
+    r = imgtool("inspect", "v1", "--mirrors", str(cfg), env={"HOME": str(home)})
+    assert r.returncode == 4 and f"site ({services.tls}/{uniq}/vllm-ascend): {services.tls}/{uniq}/vllm-ascend: authentication required (HTTP 401)" in r.stderr
+    _docker_config(home, services.tls, services.tls_user, services.tls_password)
+    r = imgtool("inspect", "v1", "--mirrors", str(cfg), "--json", env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["digest"] == idx.manifest_digest
+    assert services.tls_password not in r.stdout + r.stderr
+    image, _, stats, _ = pull(cfg, "v1", "arm64", Store(tmp_path / "c"))
+    assert stats.blobs_downloaded == len(image.manifest.layers)
+
+
+def test_tls_is_verified_unless_insecure(services, factory, tmp_path, uniq):
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend", [("site", f"https://{services.tls}", "")])
+    r = imgtool("inspect", "v1", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert "TLS verification failed" in r.stderr
+
+
+# --- blobs: faults, failover, resume, ranges --------------------------------
+
+
+def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=1, layer_size=3 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        layer = idx.image("linux/arm64/v8").layers[0]
+        cut = 1_000_000
+        proxy.add(Fault("reset", lambda m, p: m == "GET" and layer.digest in p, times=100, after=cut))
+        store = Store(tmp_path / "c")
+        with pytest.raises(RegistryError):
+            pull(cfg, "v1", "arm64", store)
+        have = store.partial_bytes(Digest.parse(layer.digest), layer.size)
+        assert have >= cut and not store.has(Digest.parse(layer.digest))
+        proxy.clear()
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store)
+        gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
+        assert [r.range for r in gets] == [f"bytes={have}-"]
+        assert proxy.blob_bytes_sent() == layer.size - have
+        assert stats.resumed_bytes == have
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
+
+
+def test_flipped_byte_never_reaches_the_store(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        layer = idx.image("linux/arm64/v8").layers[0]
+        proxy.add(Fault("flip", lambda m, p: m == "GET" and layer.digest in p, times=1, after=1000))
+        store = Store(tmp_path / "c")
+        image, _, stats, notes = pull(cfg, "v1", "arm64", store)
+        assert any("arrived with digest" in line for line in notes.lines)
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
+
+
+def test_failing_source_is_dropped_and_blobs_retried_on_the_next(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=3)
+    ms = mirrored(idx, tag="v1", targets=("upstream", "nju"))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}",
+                           [("quay", proxy.url, ""), ("nju", f"http://{services.mirror}", "")])
+        proxy.add(Fault("status", lambda m, p: blob_path(p) and m == "GET", times=1000, status=502))
+        store = Store(tmp_path / "c")
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store)
+        assert stats.per_source.get("quay", 0) == 0 and stats.per_source["nju"] > 0
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
+
+
+def test_429_retry_after_is_honoured(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        proxy.add(Fault("status", lambda m, p: blob_path(p) and m == "GET", status=429, headers={"Retry-After": "2"}))
+        start = time.monotonic()
+        image, _, stats, _ = pull(cfg, "v1", "arm64", Store(tmp_path / "c"))
+        assert time.monotonic() - start >= 2.0
+        assert stats.blobs_downloaded == 1
+    finally:
+        proxy.close()
+
+
+def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=1, layer_size=4 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream", "nju"))
+    cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}",
+                       [("quay", f"http://{services.plain}", ""), ("nju", f"http://{services.mirror}", "")])
+    store = Store(tmp_path / "c")
+    image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=512 << 10)
+    assert stats.per_source["quay"] > 0 and stats.per_source["nju"] > 0
+    assert sum(stats.per_source.values()) == image.manifest.layers[0].size
+    assert_store_holds(store, image)
+
+
+def test_related_tag_downloads_only_missing_layers(services, factory, mirrored, tmp_path):
+    first = factory.multiarch(layers=3)
+    second = factory.multiarch(layers=1, base=first)
+    ms = mirrored(first, tag="v0.22.1rc1", targets=("upstream",))
+    push_image(services.plain, ms.repo, "v0.22.1rc2", second)
+    cfg = standard_mirrors(tmp_path, services, ms)
+    store = Store(tmp_path / "c")
+    pull(cfg, "v0.22.1rc1", "arm64", store)
+    _, _, stats, _ = pull(cfg, "v0.22.1rc2", "arm64", store)
+    assert stats.blobs_downloaded == 1 and stats.blobs_cached == 3

@@ -1,0 +1,318 @@
+"""The test harness is real: images load into the real dockerd, registries speak TLS, Basic and
+bearer-token auth, skopeo agrees with our manifests, and the mirror stand-ins serve one digest."""
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import requests
+
+from tests.support.images import (
+    DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST, ImageFactory,
+    sha256_digest, write_docker_archive,
+)
+from tests.support.registry import RegistryClient, parse_challenge, push_image
+from tests.support.services import NOT_RUNNING, Services
+from tests.support.tokenissuer import TokenIssuer
+
+
+# -- the factory itself -------------------------------------------------------------------------
+
+
+def test_factory_images_are_real_shaped_and_deterministic():
+    f = ImageFactory(seed="shape")
+    base = f.layers(2)
+    idx = f.multiarch(layers=1, base=base, media="oci")
+    amd, arm = idx.image("amd64"), idx.image("linux/arm64")
+
+    assert idx.platforms == ["linux/amd64", "linux/arm64/v8"]
+    assert arm.config["variant"] == "v8" and arm.config["architecture"] == "arm64"
+    assert amd.layers[:2] == arm.layers[:2] == tuple(base)  # shared base blobs
+    assert amd.layers[2].digest != arm.layers[2].digest
+    assert amd.config_digest != arm.config_digest
+    for image in idx.images:
+        assert image.manifest["mediaType"] == OCI_MANIFEST
+        assert image.config["rootfs"]["diff_ids"] == [
+            sha256_digest(gzip.decompress(layer.blob)) for layer in image.layers]
+        assert len(image.config["history"]) == len(image.layers)
+        for layer in image.layers:
+            assert layer.digest == sha256_digest(layer.blob) and layer.size == len(layer.blob)
+            with tarfile.open(fileobj=io.BytesIO(layer.blob), mode="r:gz") as tar:
+                assert any(m.isfile() and m.size > 0 for m in tar.getmembers())
+    assert json.loads(idx.manifest_bytes)["manifests"][1]["platform"] == {
+        "architecture": "arm64", "os": "linux", "variant": "v8"}
+    # small by default: 3 layers of ~1 MiB compressed, real files that compress like real ones
+    total = sum(layer.size for layer in amd.layers)
+    assert 2_000_000 < total < 6_000_000
+    assert sum(layer.uncompressed_size for layer in amd.layers) > 1.5 * total
+
+    g = ImageFactory(seed="shape")  # the same calls in the same order give the same bytes
+    again = g.multiarch(layers=1, base=g.layers(2))
+    assert again.manifest_digest == idx.manifest_digest
+    assert ImageFactory(seed="other").layer().digest != base[0].digest
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+
+def test_docker_load_gives_the_config_digest_as_image_id(factory, uniq, tmp_path, docker_cli,
+                                                         docker_cleanup):
+    image = factory.image("amd64", layers=3)
+    tag = f"example.test/{uniq}/app:v1"
+    archive = write_docker_archive(image, tmp_path / "image.tar", tag)
+    docker_cleanup.image(tag, image.id)
+
+    out = docker_cli.load(archive).stdout
+    assert f"Loaded image: {tag}" in out
+
+    info = docker_cli.inspect_image(tag)
+    assert info["Id"] == image.config_digest
+    assert tag in info["RepoTags"]
+    assert info["RootFS"]["Layers"] == image.diff_ids
+    assert info["Architecture"] == "amd64"
+
+
+def test_docker_load_skips_layers_the_daemon_already_has(factory, uniq, tmp_path, docker_cli,
+                                                          docker_cleanup):
+    # CONTEXT.md: an archive may omit layer files whose chain exists already (delta bundles).
+    base = factory.layers(2)
+    old = factory.image("amd64", layers=1, base=base)
+    new = factory.image("amd64", layers=1, base=base)
+    docker_cleanup.image(old.id, new.id)
+    docker_cli.load(write_docker_archive(old, tmp_path / "old.tar", f"{uniq}/app:old"))
+    delta = write_docker_archive(new, tmp_path / "delta.tar", f"{uniq}/app:new",
+                                 omit_layers=[layer.digest for layer in base])
+    with tarfile.open(delta) as tar:
+        assert len([n for n in tar.getnames() if n.endswith("layer.tar")]) == 1
+    docker_cli.load(delta)
+    assert docker_cli.inspect_image(f"{uniq}/app:new")["Id"] == new.id
+
+
+def test_docker_run_with_shm_size_in_the_test_network_mode(services, factory, uniq, tmp_path,
+                                                           docker_cli, docker_cleanup):
+    image = factory.image(layers=1, layer_size=100_000, runnable=True)
+    tag = f"{uniq}/runnable:v1"
+    docker_cleanup.image(tag, image.id)
+    docker_cli.load(write_docker_archive(image, tmp_path / "run.tar", tag))
+
+    out = docker_cli("run", "--rm", "--network", services.docker_network, "--shm-size", "256m",
+                     tag, "df", "-k", "/dev/shm").stdout
+    fields = out.strip().splitlines()[-1].split()
+    assert fields[-1] == "/dev/shm" and fields[1] == str(256 * 1024)
+
+
+# -- the TLS registry (Basic auth) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("media, index_type, child_type", [
+    ("oci", OCI_INDEX, OCI_MANIFEST),
+    ("docker", DOCKER_MANIFEST_LIST, DOCKER_MANIFEST),
+])
+def test_tls_registry_with_basic_auth_serves_what_was_pushed(services, factory, uniq, media,
+                                                             index_type, child_type):
+    idx = factory.multiarch(layers=2, layer_size=200_000, media=media)
+    repo = f"{uniq}/vllm-ascend"
+    assert push_image(services.tls, repo, "v1", idx, scheme="https", auth=services.tls_auth,
+                      verify=services.tls_ca) == idx.manifest_digest
+
+    with requests.Session() as s:
+        s.verify = services.tls_ca  # verified against our CA: the server cert is real
+        s.trust_env = False
+        r = s.get(f"https://{services.tls}/v2/")
+        assert r.status_code == 401
+        assert parse_challenge(r.headers["WWW-Authenticate"])[0] == "basic"
+
+        s.auth = services.tls_auth
+        r = s.get(f"https://{services.tls}/v2/{repo}/manifests/v1",
+                  headers={"Accept": f"{OCI_INDEX}, {DOCKER_MANIFEST_LIST}"})
+        assert r.status_code == 200
+        assert r.headers["Content-Type"] == index_type
+        assert sha256_digest(r.content) == idx.manifest_digest == r.headers["Docker-Content-Digest"]
+
+        arm = idx.image("arm64")
+        r = s.get(f"https://{services.tls}/v2/{repo}/manifests/{arm.manifest_digest}",
+                  headers={"Accept": child_type})
+        assert r.headers["Content-Type"] == child_type
+        assert r.content == arm.manifest_bytes
+        r = s.get(f"https://{services.tls}/v2/{repo}/blobs/{arm.layers[-1].digest}")
+        assert r.content == arm.layers[-1].blob
+
+        s.auth = (services.tls_user, "wrong")
+        assert s.get(f"https://{services.tls}/v2/").status_code == 401
+
+    with pytest.raises(requests.exceptions.SSLError):  # not trusted without our CA
+        requests.get(f"https://{services.tls}/v2/", verify=True, timeout=10)
+
+
+# -- the token registry (bearer tokens from our issuer) -------------------------------------------
+
+
+def test_token_registry_accepts_issuer_tokens(services, factory, uniq, token_issuer, registry):
+    r = requests.get(f"http://{services.token}/v2/", timeout=10)
+    kind, params = parse_challenge(r.headers["WWW-Authenticate"])
+    assert r.status_code == 401 and kind == "bearer"
+    assert params == {"realm": services.token_realm, "service": services.token_service}
+
+    image = factory.image("arm64", layers=2, layer_size=200_000, media="oci")
+    repo = f"{uniq}/vllm-ascend"
+    client = registry("token")
+    client.push(repo, "v1", image)
+    # one token for HEAD/GET (pull), one for POST/PUT (pull,push), each reused for every blob
+    pushes = token_issuer.count
+    # (distribution's challenge says "pull,push" or "push,pull", in no fixed order)
+    assert [sorted(r.granted[0]["actions"]) for r in token_issuer.requests] == [
+        ["pull"], ["pull", "push"]]
+    assert {r.granted[0]["name"] for r in token_issuer.requests} == {repo}
+
+    reader = registry("token")
+    got = reader.get_manifest(repo, "v1")
+    assert got.body == image.manifest_bytes and got.media_type == OCI_MANIFEST
+    assert reader.get_blob(repo, image.config_digest) == image.config_bytes
+    assert token_issuer.count == pushes + 1  # one pull token, reused for the blob
+    assert token_issuer.requests[-1].granted == [
+        {"type": "repository", "name": repo, "actions": ["pull"]}]
+
+
+def test_token_registry_rejects_tokens_it_should_not_accept(services, factory, uniq,
+                                                            token_issuer, tmp_path):
+    image = factory.image(layers=1, layer_size=50_000)
+    repo = f"{uniq}/app"
+    RegistryClient.for_service(services, "token").push(repo, "v1", image)
+    url = f"http://{services.token}/v2/{repo}/manifests/v1"
+    accept = {"Accept": DOCKER_MANIFEST}
+
+    good = token_issuer.make_token([{"type": "repository", "name": repo, "actions": ["pull"]}])
+    assert requests.get(url, headers={**accept, "Authorization": f"Bearer {good}"}).status_code == 200
+
+    other = token_issuer.make_token([{"type": "repository", "name": f"{uniq}/other",
+                                      "actions": ["pull"]}])
+    assert requests.get(url, headers={**accept, "Authorization": f"Bearer {other}"}).status_code == 401
+
+    expired = token_issuer.make_token([{"type": "repository", "name": repo, "actions": ["pull"]}],
+                                      lifetime=60, now=1_600_000_000)
+    assert requests.get(url, headers={**accept, "Authorization": f"Bearer {expired}"}).status_code == 401
+
+    forged = _forger(tmp_path, services).make_token(
+        [{"type": "repository", "name": repo, "actions": ["pull"]}])
+    assert requests.get(url, headers={**accept, "Authorization": f"Bearer {forged}"}).status_code == 401
+
+
+def test_token_issuer_checks_credentials_when_asked(services, token_issuer):
+    token_issuer.credentials = {"alice": "s3cret"}
+    realm, scope = services.token_realm, {"service": services.token_service,
+                                          "scope": "repository:a/b:pull,push"}
+    assert requests.get(realm, params=scope, auth=("alice", "nope")).status_code == 401
+    anon = requests.get(realm, params=scope)
+    assert anon.status_code == 200 and token_issuer.requests[-1].granted[0]["actions"] == ["pull"]
+    ok = requests.get(realm, params=scope, auth=("alice", "s3cret")).json()
+    assert ok["token"] == ok["access_token"] and ok["expires_in"] == 300
+    assert token_issuer.requests[-1].granted[0]["actions"] == ["pull", "push"]
+    token_issuer.fail_next(503)
+    assert requests.get(realm, params=scope).status_code == 503
+    assert token_issuer.count == 4
+
+
+def _forger(tmp_path, services) -> TokenIssuer:
+    """An issuer with the right names but its own key: the registry must not trust it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import datetime
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, services.token_issuer)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    (tmp_path / "k.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return TokenIssuer(str(tmp_path / "k.pem"), str(tmp_path / "c.pem"),
+                       issuer=services.token_issuer, service=services.token_service)
+
+
+# -- skopeo and the mirror stand-ins -------------------------------------------------------------
+
+
+def _skopeo_inspect(*args) -> dict:
+    proc = subprocess.run(["skopeo", "inspect", "--tls-verify=false", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_skopeo_sees_what_we_pushed(services, factory, uniq):
+    idx = factory.multiarch(layers=1, layer_size=100_000, media="oci", image_media="docker")
+    ref = f"docker://{services.plain}/{uniq}/vllm-ascend:v1"
+    push_image(services.plain, f"{uniq}/vllm-ascend", "v1", idx)
+
+    arm = idx.image("arm64")
+    info = _skopeo_inspect("--override-arch", "arm64", "--override-variant", "v8", ref)
+    assert info["Architecture"] == "arm64"
+    assert info["Layers"] == [layer.digest for layer in arm.layers]
+    assert info["Digest"] == idx.manifest_digest
+
+    raw = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", ref],
+                         capture_output=True, timeout=60, check=True).stdout
+    assert sha256_digest(raw) == idx.manifest_digest
+
+    amd = _skopeo_inspect("--override-arch", "amd64", ref)
+    assert amd["Architecture"] == "amd64"
+    assert amd["Layers"] == [layer.digest for layer in idx.image("amd64").layers]
+
+
+def test_mirror_stand_ins_serve_one_digest(services, factory, mirrored, registry):
+    idx = factory.multiarch(layers=1, layer_size=100_000)
+    ms = mirrored(idx, tag="v0.9.1rc1")
+    assert ms.upstream == (services.plain, f"{ms.namespace}/vllm-ascend")
+    assert ms.daocloud == (services.mirror, f"quay.io/{ms.namespace}/vllm-ascend")
+    assert ms.nju == (services.mirror, f"{ms.namespace}/vllm-ascend")
+    assert ms.image_ref == f"quay.io/{ms.namespace}/vllm-ascend:v0.9.1rc1"
+    for reg, path in (ms.upstream, ms.daocloud, ms.nju):
+        name = "plain" if reg == services.plain else "mirror"
+        assert registry(name).head_manifest(path, "v0.9.1rc1") == idx.manifest_digest
+    assert 'prefix = "quay.io"' in ms.mirrors_toml()
+
+    lagging = mirrored(factory.multiarch(layers=1, layer_size=50_000), tag="v1",
+                       targets=("upstream",))
+    assert registry("mirror").head_manifest(lagging.daocloud[1], "v1") is None
+
+
+def test_moving_a_tag(services, factory, uniq, registry):
+    client = registry("plain")
+    repo = f"{uniq}/app"
+    first, second = factory.image(layers=1, layer_size=50_000), factory.image(layers=1,
+                                                                              layer_size=50_000)
+    client.push(repo, "latest", first)
+    client.push(repo, "latest", second)
+    assert client.head_manifest(repo, "latest") == second.manifest_digest
+    assert client.delete_tag(repo, "latest") == second.manifest_digest
+    assert client.head_manifest(repo, "latest") is None
+    assert client.get_manifest(repo, first.manifest_digest).body == first.manifest_bytes
+
+
+# -- no services, no green run --------------------------------------------------------------------
+
+
+def test_missing_services_fail_the_run_instead_of_skipping(services, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IMGTOOL_TEST_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{__file__}::test_tls_registry_with_basic_auth_serves_what_was_pushed"],
+        capture_output=True, text=True, env=env, timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert NOT_RUNNING in proc.stdout
+    assert "skipped" not in proc.stdout and "2 errors" in proc.stdout
+    with pytest.raises(Exception, match="missing: IMGTOOL_TEST_SERVICES_DIR"):
+        Services.from_env({})
