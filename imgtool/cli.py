@@ -166,6 +166,317 @@ def mirrors_cmd(ref, mirrors_file, timeout, as_json):
     click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
 
 
+# --- Ascend hosts: docker run presets ----------------------------------------------
+
+
+class _CommandAfterDashes(click.Command):
+    """A verb whose words after `--` are the container's command, kept apart from IMAGE."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["imgtool.container_command"] = tuple(args[i + 1:])
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx):
+        return super().collect_usage_pieces(ctx) + ["[-- CMD...]"]
+
+
+presets_option = click.option("--presets", "presets_file", metavar="FILE",
+                              help="Presets file merged over the built-in ones (default: $IMGTOOL_PRESETS, "
+                                   "~/.config/imgtool/presets.toml).")
+
+
+def run_options(f):
+    """The options `run-flags` and `run` share: what changes the container."""
+    options = [
+        click.option("--devices", metavar="0,1|0-7|all",
+                     help="Cards /dev/davinciN to pass (default: all of the preset's; run: those present)."),
+        click.option("--shm-size", metavar="SIZE", help="Size of /dev/shm, e.g. 16g (default: the preset's)."),
+        click.option("--privileged", is_flag=True,
+                     help="Add --privileged (never added unless asked for or required by the preset)."),
+        click.option("--net", "network", metavar="host|bridge|none|NAME", help="Container network; host drops -p."),
+        click.option("--multi-node", is_flag=True, help="Multi-node serving: host network plus hccn_tool."),
+        click.option("--name", metavar="NAME", help="Container name (default: vllm-ascend)."),
+        click.option("--env-preset", "env_presets", multiple=True, metavar="NAME",
+                     help="deterministic (FAQ 15) or expandable-segments (FAQ 12); repeatable."),
+        click.option("-e", "--env", multiple=True, metavar="NAME=VALUE", help="Environment variable; repeatable."),
+        click.option("-v", "--volume", "volumes", multiple=True, metavar="/HOST:/CONTAINER[:ro]",
+                     help="Extra bind mount, e.g. the model directory; repeatable."),
+        click.option("-p", "--publish", multiple=True, metavar="[IP:]HOST:CONTAINER",
+                     help="Published port, replacing the preset's 8000:8000; repeatable."),
+        click.option("-d", "--detach", is_flag=True, help="Start in the background, like docker run -itd."),
+        click.option("--rm/--no-rm", "remove", default=True, show_default=True,
+                     help="Remove the container when it exits."),
+        mirrors_option,
+        presets_option,
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _run_spec(preset_name, kw):
+    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options."""
+    from . import presets as P
+    from .config import load_mirrors
+
+    pset = P.load_presets(kw.pop("presets_file"))
+    preset = pset.get(preset_name)
+    command = click.get_current_context().meta.get("imgtool.container_command", ())
+    opts = P.RunOptions(
+        devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
+        name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
+        volumes=tuple(kw["volumes"]), publish=tuple(kw["publish"]), multi_node=kw["multi_node"],
+        detach=kw["detach"], remove=kw["remove"], command=command)
+    spec = P.build_spec(pset, preset_name, opts)
+    return pset, preset, spec, load_mirrors(kw["mirrors_file"])
+
+
+def _local_tags(repository):
+    """Tags of `repository` in the local daemon, or None when it cannot be asked."""
+    from . import daemon
+    from .errors import ImgtoolError
+
+    try:
+        return daemon.local_tags(repository)
+    except ImgtoolError:
+        return None
+
+
+def _warn_spec(spec, preset, default_image):
+    from . import presets as P
+
+    warning = P.privileged_warning(spec)
+    if warning:
+        progress().warn(warning)
+    mismatch = P.suffix_mismatch(preset, spec.image, default_image)
+    if mismatch:
+        progress().warn(mismatch)
+
+
+@cli.command("presets")
+@presets_option
+@click.option("--json", "as_json", is_flag=True, help="Print the presets as JSON.")
+@common
+def presets_cmd(presets_file, as_json):
+    """List the docker run presets for Ascend hosts (see run-flags and run)."""
+    from . import presets as P
+
+    pset = P.load_presets(presets_file)
+    if as_json:
+        emit_json(pset.to_json())
+        return
+    rows = [(p.name, P.format_cards(p.cards), p.tag_pattern, p.description) for p in pset.presets]
+    click.echo(table(rows, ["preset", "cards", "image tag", "description"]))
+    click.echo("")
+    click.echo("--multi-node applies to: " + ", ".join(p.name for p in pset.presets if p.multi_node))
+    for e in pset.env_presets:
+        click.echo(f"--env-preset {e.name}: {e.description}")
+
+
+@cli.command("run-flags", cls=_CommandAfterDashes)
+@click.argument("preset")
+@click.option("--image", metavar="REF",
+              help="Image or tag (default: the newest one for PRESET loaded in Docker, else a placeholder).")
+@run_options
+@click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
+@click.option("--json", "as_json", is_flag=True, help="Print the flags as JSON.")
+@common
+def run_flags(preset, image, one_line, as_json, **kw):
+    """Print the docker run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste.
+
+    Words after -- become the container's command:
+
+    \b
+        imgtool run-flags a2 -v /data/models:/models -- vllm serve /models/Qwen3-8B
+    """
+    from . import presets as P
+
+    pset, p, spec, config = _run_spec(preset, kw)
+    if image:
+        spec = spec.with_image(P.normalize_image(image, config.default_image))
+    else:
+        spec = spec.with_image(*P.default_image_for(p, config.default_image, _local_tags(config.default_image)))
+    _warn_spec(spec, p, config.default_image)
+    if spec.image_is_placeholder:
+        progress().warn(f"no {config.default_image} image for preset {p.name} is loaded here; "
+                        f"replace {P.PLACEHOLDER_TAG} in the command or pass --image")
+    if as_json:
+        emit_json(spec.to_json())
+    else:
+        click.echo(P.render_command(spec, one_line=one_line))
+
+
+@cli.command("run", cls=_CommandAfterDashes)
+@click.argument("preset")
+@click.argument("image", required=False)
+@run_options
+@click.option("--allow-missing-devices", is_flag=True,
+              help="Leave out absent device nodes and host files (to try a preset on a machine without NPUs).")
+@common
+def run_cmd(preset, image, allow_missing_devices, **kw):
+    """Start a container for PRESET through Docker and follow it; exits with its exit code.
+
+    Uses the cards of this host within the preset's range. IMAGE defaults to the newest
+    image for PRESET loaded in Docker. Words after -- are the container's command:
+
+    \b
+        imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
+    """
+    from . import daemon
+    from . import presets as P
+    from .errors import UsageError
+
+    devices_given = kw["devices"] is not None and kw["devices"].strip().lower() != "all"
+    pset, p, spec, config = _run_spec(preset, kw)
+    spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
+    if left_out:
+        progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
+    if image:
+        spec = spec.with_image(P.normalize_image(image, config.default_image))
+    else:
+        tag = P.pick_tag(daemon.local_tags(config.default_image), p.tag_suffixes)
+        if tag is None:
+            looked = ", ".join(f"vX.Y.Z{s}" for s in p.tag_suffixes)
+            raise UsageError(f"no {config.default_image} image for preset {p.name} is loaded in Docker "
+                             f"(looked for tags {looked})",
+                             hint=f"name one: imgtool run {p.name} IMAGE, or load a bundle first: imgtool load DIR")
+        spec = spec.with_image(f"{config.default_image}:{tag}")
+    _warn_spec(spec, p, config.default_image)
+    code, container = daemon.run_container(spec)
+    if spec.detach:
+        click.echo(container)
+    click.get_current_context().exit(code)
+
+
+# --- offline side: verify, load, doctor --------------------------------------------
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed (publish it).")
+@click.option("--quick", is_flag=True, help="Check parts only (sizes, sha256), not every blob and diff_id inside.")
+@click.option("--jobs", type=click.IntRange(1, 64), default=None, help="Threads for hashing (default: CPU count).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@common
+def verify(bundle_dir, expect, quick, jobs, as_json):
+    """Check a bundle directory: bundle.json, every part, and every blob inside.
+
+    Exit 0 when the bundle is sound, 3 when not (each problem is named, with what to do).
+    """
+    from .bundle.verify import verify_bundle
+    from .model import format_size
+
+    p = progress()
+    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs)
+    for w in report.warnings:
+        p.warn(w)
+    if as_json:
+        emit_json(report.to_json())
+    elif report.ok:
+        what = "parts checked (quick: the blobs inside were not)" if quick else \
+            f"{len(report.index.parts)} parts, {report.blobs_checked} blobs and {report.layers_checked} layer diff_ids checked"
+        click.echo(f"ok: {report.dir}: {len(report.index.images)} image(s); {what}; "
+                   f"{format_size(report.bytes_read)} in {report.seconds:.1f} s")
+        for im in report.index.images:
+            click.echo(f"  {im.ref}  {im.platform}  ID {im.image_id.short}")
+        if report.unpacked_size is not None:
+            click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
+        click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")
+    report.raise_if_bad()
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--tag", "tags", multiple=True, metavar="NAME",
+              help="Also tag the image NAME[:TAG] (SOURCE=NAME when the bundle holds several). Repeatable.")
+@click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed.")
+@click.option("--force", is_flag=True, help="Load even when Docker's disk looks too small.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def load(bundle_dir, tags, expect, force, as_json):
+    """Check a bundle completely, then stream it into Docker (DOCKER_HOST) and confirm it.
+
+    Nothing reaches Docker unless every part, blob and layer checks out.
+    """
+    from .bundle.load import load_bundle
+    from .daemon import open_daemon
+    from .model import format_size
+
+    p = progress()
+    daemon = open_daemon()
+    try:
+        result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, progress=p)
+    finally:
+        daemon.close()
+    if as_json:
+        emit_json(result.to_json())
+        return
+    if not result.sent:
+        for w in result.warnings:
+            p.warn(w)
+    rows = [(", ".join(im.tags) or im.ref, im.image_id[7:19], im.platform, format_size(im.size)) for im in result.images]
+    click.echo(table(rows, ["name", "id", "platform", "size"]))
+    if result.sent:
+        click.echo(f"loaded {len(result.images)} image(s) from {result.dir} in {result.seconds:.1f} s "
+                   f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
+    else:
+        click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@common
+def doctor(bundle_dir, as_json):
+    """Check this offline host: Docker, storage, free space, architecture, pigz, OS.
+
+    With DIR, also whether that bundle fits this host. Exit 0 when nothing failed, 1 otherwise.
+    """
+    from .doctor import run_checks
+
+    checks = run_checks(bundle_dir)
+    if as_json:
+        emit_json([c.to_json() for c in checks])
+    else:
+        for c in checks:
+            click.echo(f"{c.status.upper():<5} {c.name:<12} {c.detail}")
+            if c.advice:
+                click.echo(f"{'':<18}-> {c.advice}")
+    if any(c.status == "fail" for c in checks):
+        click.get_current_context().exit(EXIT_ERROR)
+
+
+@cli.command()
+@click.argument("ref", required=False)
+@click.option("--filter", "pattern", metavar="GLOB", help="Only tags matching GLOB, e.g. 'v0.22*'.")
+@mirror_option
+@mirrors_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def tags(ref, pattern, mirror, mirrors_file, as_json):
+    """List the tags of REF's repository (default: the default image), newest first, with variants."""
+    from .config import load_mirrors
+    from .mirrors import sources_for
+    from .tags import list_tags
+
+    config = load_mirrors(mirrors_file)
+    parsed = config.parse_ref(ref or "latest")
+    result = list_tags(sources_for(parsed, config, mirror), parsed.name, pattern)
+    report = progress()
+    for note in result.notes:
+        report.note(note)
+    if as_json:
+        emit_json({"repository": parsed.name, "source": result.source.name,
+                   "tags": [{"tag": t.tag, "release": t.release, "hardware": t.hardware, "os": t.os,
+                             "variant": t.variant} for t in result.tags]})
+        return
+    click.echo(table([(t.tag, t.release or "-", t.hardware or "-", t.os or "-") for t in result.tags],
+                     ["tag", "release", "hardware", "os"]))
+
+
 def main(argv=None) -> None:
     """Console entry point: runs the CLI and maps every failure to one line and an exit code."""
     try:
@@ -174,6 +485,8 @@ def main(argv=None) -> None:
         if _STATE["debug"]:
             traceback.print_exc()
         click.echo(f"error: {e.message}", err=True)
+        for problem in getattr(e, "problems", ()):  # VerifyError: every finding, one per line
+            click.echo(f"  - {problem}", err=True)
         if e.hint:
             click.echo(f"hint: {e.hint}", err=True)
         sys.exit(e.exit_code)

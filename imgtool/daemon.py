@@ -4,7 +4,8 @@ Everything the product asks of a local Docker goes through here: version and sto
 facts, load, image inspection, inventory, save, and container runs.
 """
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .errors import DaemonError
 
@@ -32,3 +33,388 @@ def _short(e: Exception, limit: int = 300) -> str:
     """One line of an exception's text, without secrets or newlines."""
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- images: facts, inspect, tag, load (imgtool load / doctor) -------------------
+
+
+@dataclass(frozen=True)
+class DaemonInfo:
+    """What decides whether a bundle can be loaded: version, storage, where, which arch."""
+
+    host: str  # DOCKER_HOST, or the default socket
+    version: str  # server version, e.g. 20.10.24+dfsg1
+    api_version: str
+    driver: str  # storage driver: overlay2, devicemapper, vfs, ...
+    root_dir: str  # DockerRootDir (docker load also unpacks its upload under <root>/tmp)
+    arch: str  # normalised: arm64, amd64
+    os: str
+    local: bool  # the daemon runs on this machine, so root_dir's free space can be read here
+
+    @property
+    def version_tuple(self) -> Tuple[int, ...]:
+        nums = []
+        for piece in self.version.split("+")[0].split("-")[0].split(".")[:3]:
+            digits = "".join(ch for ch in piece if ch.isdigit())
+            nums.append(int(digits) if digits else 0)
+        return tuple(nums)
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "version": self.version, "api_version": self.api_version, "driver": self.driver,
+                "root_dir": self.root_dir, "arch": self.arch, "os": self.os, "local": self.local}
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image as the daemon reports it."""
+
+    id: str
+    tags: Tuple[str, ...]  # as Docker shows them (docker.io/library/x:1 shows as x:1)
+    os: str
+    architecture: str
+    variant: Optional[str]
+    size: int
+
+    @property
+    def platform(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+
+class Daemon:
+    """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
+
+    def __init__(self, client):
+        self.client = client
+        self.api = client.api
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except Exception:
+            pass
+
+    def info(self) -> DaemonInfo:
+        """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
+        import os
+
+        from .model import Platform
+
+        try:
+            version = self.api.version()
+            info = self.api.info()
+        except Exception as e:
+            raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}")
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
+        return DaemonInfo(
+            host=host,
+            version=str(version.get("Version") or info.get("ServerVersion") or "unknown"),
+            api_version=str(version.get("ApiVersion") or ""),
+            driver=str(info.get("Driver") or "unknown"),
+            root_dir=str(info.get("DockerRootDir") or ""),
+            arch=arch,
+            os=str(info.get("OSType") or version.get("Os") or "linux"),
+            local=host.startswith("unix://"),
+        )
+
+    def image_info(self, ref: str) -> Optional[ImageInfo]:
+        """The image with this ID or name, or None when the daemon does not have it; raises DaemonError."""
+        from docker.errors import ImageNotFound, NotFound
+
+        try:
+            d = self.api.inspect_image(ref)
+        except (ImageNotFound, NotFound):
+            return None
+        except Exception as e:
+            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}")
+        return ImageInfo(str(d.get("Id") or ""), tuple(d.get("RepoTags") or ()), str(d.get("Os") or ""),
+                         str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
+
+    def tag(self, image_id: str, name: str) -> None:
+        """Tag an image `repo:tag`; raises DaemonError."""
+        repo, _, tag = name.rpartition(":")
+        if not repo or "/" in tag:
+            repo, tag = name, "latest"
+        try:
+            self.api.tag(image_id, repo, tag, force=True)
+        except Exception as e:
+            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {_short(e)}")
+
+    def load_archive(self, chunks: Iterable[bytes], on_message: Optional[Callable[[dict], None]] = None
+                     ) -> List[str]:
+        """POST a tar stream (an iterable of chunks, sent chunked: never held in memory) to /images/load.
+
+        Reads the whole answer: an `errorDetail` is a failure even after HTTP 200. Returns the
+        "Loaded image" lines. Raises DaemonError, or whatever the chunk iterable raised.
+        """
+        failure: Dict[str, BaseException] = {}
+
+        def body():
+            try:
+                yield from chunks
+            except BaseException as e:
+                failure["error"] = e
+                raise
+
+        messages: List[str] = []
+        try:
+            for msg in self.api.load_image(body(), quiet=False):
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("errorDetail") or msg.get("error"):
+                    text = (msg.get("errorDetail") or {}).get("message") or msg.get("error") or "unknown error"
+                    raise DaemonError(f"docker load failed: {_short(text)}", hint=_load_hint(str(text)))
+                if on_message is not None:
+                    on_message(msg)
+                text = str(msg.get("stream") or "").strip()
+                if text:
+                    messages.append(text)
+        except DaemonError:
+            raise
+        except BaseException as e:
+            if "error" in failure:
+                raise failure["error"]
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise DaemonError(f"docker load failed: {_short(e)}", hint=_load_hint(str(e)))
+        if "error" in failure:
+            raise failure["error"]
+        return messages
+
+
+def _load_hint(text: str) -> Optional[str]:
+    low = text.lower()
+    if "invalid tar header" in low:
+        return ("vllm-ascend FAQ 19: on Kylin this means the image is for another architecture; "
+                "fetch it again with --arch arm64 (Kunpeng) and load that bundle")
+    if "no space left" in low:
+        return "free space under Docker's root dir (docker info: Docker Root Dir), then load again"
+    return None
+
+
+def open_daemon(timeout: Optional[int] = 3600) -> Daemon:
+    """A Daemon for DOCKER_HOST (long read timeout: a big load is quiet for minutes); raises DaemonError."""
+    return Daemon(connect(timeout=timeout))
+
+
+# --- containers (imgtool run) ----------------------------------------------------
+
+
+def local_tags(repository: str, timeout: int = 5) -> list:
+    """Tags of `repository` present in the local daemon, sorted; raises DaemonError."""
+    client = connect(timeout=timeout)
+    try:
+        images = client.api.images(name=repository)
+    except Exception as e:
+        raise DaemonError(f"cannot list images of {repository}: {_short(e)}")
+    finally:
+        client.close()
+    wanted = _familiar(repository)
+    tags = set()
+    for image in images:
+        for ref in image.get("RepoTags") or []:
+            name, _, tag = ref.rpartition(":")
+            if name and _familiar(name) == wanted:
+                tags.add(tag)
+    return sorted(tags)
+
+
+def _familiar(name: str) -> str:
+    """Docker's short form of a repository name: docker.io/library/x -> x."""
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def run_container(spec) -> tuple:
+    """Start `spec` (a presets.RunSpec) and follow it: (exit code or 0 when detached, container).
+
+    The image must already be loaded: an offline host must never start a pull. Output is
+    streamed as it comes; with a terminal on both ends the session is interactive. On
+    Ctrl-C the container is stopped (and removed unless --no-rm). Raises DaemonError, or
+    UsageError when the image is not loaded.
+    """
+    import sys
+
+    from docker.errors import APIError, ImageNotFound, NotFound
+
+    from .errors import UsageError
+
+    client = connect(timeout=None)  # output may pause for hours; no read timeout
+    api = client.api
+    try:
+        api.inspect_image(spec.image)
+    except ImageNotFound:
+        client.close()
+        raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
+                         hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`")
+    except APIError as e:
+        client.close()
+        raise DaemonError(f"cannot inspect image {spec.image}: {_short(e)}")
+
+    interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
+    tty = interactive or spec.detach  # detached like `docker run -itd`: a shell CMD stays up
+    ports = {f"{p.container}/{p.proto}": ((p.host_ip, p.host) if p.host_ip else p.host) for p in spec.ports}
+    try:
+        host_config = api.create_host_config(
+            binds=[m.spec for m in spec.mounts],
+            devices=[f"{d}:{d}:rwm" for d in spec.device_paths],
+            shm_size=spec.shm_size,
+            network_mode=spec.network,
+            port_bindings=ports or None,
+            privileged=spec.privileged,
+            # foreground runs are removed by us after the exit code is read; the daemon's
+            # auto-remove could delete the container before `wait` sees it
+            auto_remove=spec.remove and spec.detach,
+        )
+        created = api.create_container(
+            spec.image, command=list(spec.command) or None, name=spec.name,
+            environment=[f"{k}={v}" for k, v in spec.env], host_config=host_config,
+            ports=[(p.container, p.proto) for p in spec.ports] or None,
+            tty=tty, stdin_open=tty, detach=spec.detach,
+        )
+    except APIError as e:
+        client.close()
+        raise explain_run_error(_api_text(e), spec)
+    cid = created["Id"]
+    started = False
+    try:
+        if spec.detach:
+            _start(api, cid, spec)
+            started = True
+            return 0, spec.name or cid[:12]
+        if interactive:
+            code = _run_interactive(api, cid, spec)
+        else:
+            stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+            _start(api, cid, spec)
+            with _stop_on_signals(api, cid):
+                for out, err in stream:
+                    if out:
+                        sys.stdout.buffer.write(out)
+                        sys.stdout.buffer.flush()
+                    if err:
+                        sys.stderr.buffer.write(err)
+                        sys.stderr.buffer.flush()
+                code = api.wait(cid).get("StatusCode", 1)
+        return int(code), spec.name or cid[:12]
+    finally:
+        if spec.remove and not (spec.detach and started):
+            try:
+                api.remove_container(cid, force=True)
+            except (NotFound, APIError):
+                pass
+        client.close()
+
+
+def _api_text(e) -> str:
+    return " ".join(str(getattr(e, "explanation", None) or e).split())
+
+
+def _start(api, cid, spec) -> None:
+    from docker.errors import APIError
+
+    try:
+        api.start(cid)
+    except APIError as e:
+        raise explain_run_error(_api_text(e), spec)
+
+
+def explain_run_error(text: str, spec) -> DaemonError:
+    """The DaemonError for Docker refusing to create or start `spec`'s container."""
+    short = text if len(text) <= 300 else text[:297] + "..."
+    low = text.lower()
+    if "operation not permitted" in low and not spec.privileged:
+        return DaemonError(
+            f"Docker refused to start the container: operation not permitted (with --shm-size={spec.shm_size_text}): "
+            f"{short}",
+            hint=("this is vllm-ascend FAQ 20: the runtime here will not give an unprivileged container that /dev/shm. "
+                  "Try a smaller --shm-size; or, only for an image you trust, add --privileged yourself "
+                  "(it grants every host device and capability); imgtool never adds it on its own"))
+    if "conflict" in low and "already in use" in low:
+        return DaemonError(f"a container named {spec.name} already exists",
+                           hint=f"pass --name NEW_NAME, or remove the old one: docker rm -f {spec.name}")
+    return DaemonError(f"Docker refused to start the container: {short}")
+
+
+class _stop_on_signals:
+    """Ctrl-C or SIGTERM while following a container: stop it (10 s grace), then re-raise."""
+
+    def __init__(self, api, cid):
+        self.api, self.cid = api, cid
+        self.old = None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            def on_term(signum, frame):
+                raise KeyboardInterrupt
+
+            self.old = signal.signal(signal.SIGTERM, on_term)
+        return self
+
+    def __exit__(self, kind, value, tb):
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
+        if kind is KeyboardInterrupt:
+            try:
+                self.api.stop(self.cid, timeout=10)
+            except Exception:
+                pass
+        return False
+
+
+def _run_interactive(api, cid, spec) -> int:
+    """`docker run -it`: the terminal in raw mode, bytes pumped both ways, resized with the window."""
+    import os
+    import select
+    import signal
+    import sys
+    import termios
+    import tty
+
+    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
+    raw = getattr(sock, "_sock", sock)
+    raw.settimeout(None)
+    _start(api, cid, spec)
+    in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
+
+    def resize(*_):
+        try:
+            cols, rows = os.get_terminal_size(out_fd)
+            api.resize(cid, height=rows, width=cols)
+        except Exception:
+            pass  # the container may already be gone
+
+    resize()
+    old_winch = signal.signal(signal.SIGWINCH, resize)
+    saved = termios.tcgetattr(in_fd)
+    tty.setraw(in_fd)
+    try:
+        watch = [raw, in_fd]
+        while True:
+            ready, _, _ = select.select(watch, [], [])
+            if raw in ready:
+                data = raw.recv(65536)
+                if not data:
+                    break
+                os.write(out_fd, data)
+            if in_fd in ready:
+                data = os.read(in_fd, 65536)
+                if data:
+                    raw.sendall(data)
+                else:
+                    watch = [raw]
+    finally:
+        termios.tcsetattr(in_fd, termios.TCSADRAIN, saved)
+        signal.signal(signal.SIGWINCH, old_winch)
+        try:
+            sock.close()
+        except Exception:
+            pass
+    return api.wait(cid).get("StatusCode", 1)

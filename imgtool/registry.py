@@ -299,6 +299,8 @@ class RegistryClient:
         path = f"/v2/{repository}/tags/list?n={page_size}"
         while path:
             resp = self.request("GET", path, scope=f"repository:{repository}:pull")
+            if resp.status_code in (401, 403, 404, 405):
+                raise RegistryError(f"{self.host}/{repository}: tag listing refused (HTTP {resp.status_code})")
             if resp.status_code != 200:
                 raise RegistryError(f"{self.host}/{repository}: tag list: {registry_error_text(resp)}")
             for tag in (resp.json().get("tags") or []):

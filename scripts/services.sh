@@ -60,6 +60,7 @@ openssl openssl
 apache2-utils htpasswd
 curl curl
 ca-certificates -
+busybox-static -
 EOF
     [ "${#missing[@]}" -eq 0 ] && return 0
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)

@@ -62,7 +62,7 @@ insecure = true
     (GOOD + "\n[[mirrors]]\nname = \"quay\"\nregistry = \"quay.io\"\nurl = \"https://q\"\n",
      ":15: mirrors[2]: duplicate name 'quay' (also mirrors[0])"),
     (GOOD.replace('url = "https://quay.io"', 'url = "https://quay.io"\nprefx = "a"'),
-     ":7: mirrors[0]: unknown key 'prefx' (expected name, registry, url, prefix, insecure, ca_cert)"),
+     ":7: mirrors[0]: unknown key 'prefx' (expected name, registry, url, prefix, insecure, ca_cert, upstream)"),
     (GOOD.replace('registry = "quay.io"\nurl = "https://quay.io"', 'url = "https://quay.io"'),
      ":3: mirrors[0]: missing key 'registry'"),
     (GOOD.replace("insecure = true\n", ""),

@@ -387,3 +387,32 @@ def test_related_tag_downloads_only_missing_layers(services, factory, mirrored, 
     pull(cfg, "v0.22.1rc1", "arm64", store)
     _, _, stats, _ = pull(cfg, "v0.22.1rc2", "arm64", store)
     assert stats.blobs_downloaded == 1 and stats.blobs_cached == 3
+
+
+# --- tags -------------------------------------------------------------------
+
+
+def test_tags_lists_variants_newest_first_and_skips_a_mirror_without_listing(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v0.9.1", targets=("upstream",))
+    for tag in ("v0.10.0rc1-310p", "v0.22.1rc1", "v0.22.1rc1-a3", "v0.22.1rc1-a3-openeuler", "main"):
+        push_image(services.plain, ms.repo, tag, idx)
+    proxy = FaultProxy(services.plain)  # a DaoCloud-like mirror that refuses the tags API
+    proxy.add(Fault("status", lambda m, p: "/tags/list" in p, times=100, status=404))
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("daocloud", proxy.url, ""), ("nju", f"http://{services.plain}", "")])
+        r = imgtool("tags", "--mirrors", str(cfg), "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["source"] == "nju"
+        assert [t["tag"] for t in out["tags"]] == ["v0.22.1rc1-a3-openeuler", "v0.22.1rc1-a3", "v0.22.1rc1",
+                                                   "v0.10.0rc1-310p", "v0.9.1", "main"]
+        by = {t["tag"]: t for t in out["tags"]}
+        assert (by["v0.10.0rc1-310p"]["hardware"], by["v0.22.1rc1-a3-openeuler"]["os"]) == ("300i-duo", "openeuler")
+        assert "daocloud: does not list tags" in r.stderr
+        r = imgtool("tags", "--mirrors", str(cfg), "--filter", "v0.22*")
+        assert r.stdout.split("\n")[1:] == ["v0.22.1rc1-a3-openeuler  v0.22.1rc1  a3        openeuler",
+                                            "v0.22.1rc1-a3            v0.22.1rc1  a3        ubuntu",
+                                            "v0.22.1rc1               v0.22.1rc1  a2        ubuntu", ""]
+    finally:
+        proxy.close()

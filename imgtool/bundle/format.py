@@ -1,0 +1,340 @@
+"""bundle.json: the index of a bundle directory (format `imgtool-bundle`, version 1).
+
+Pure values and JSON (de)serialisation with validation; no file I/O. Everything a reader
+trusts about the archive (its members, sizes, digests, the parts) is derived from this
+document, so it is validated strictly: names cannot escape the directory, digests are
+well-formed, sizes are non-negative integers. See docs/bundle-format.md.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from ..errors import UsageError, VerifyError
+from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform
+
+FORMAT_NAME = "imgtool-bundle"
+FORMAT_VERSION = 1
+
+BUNDLE_JSON = "bundle.json"
+SHA256SUMS = "SHA256SUMS"
+LOAD_SH = "load.sh"
+README_TXT = "README.txt"
+COMPRESSIONS = ("none", "gzip", "zstd")
+ARCHIVE_SUFFIX = {"none": ".tar", "gzip": ".tar.gz", "zstd": ".tar.zst"}
+
+# bundle.json is read into memory: cap it (a real one is a few KiB per image).
+MAX_BUNDLE_JSON = 16 * 1024 * 1024
+
+# File names a bundle may use for its parts and files: plain names inside the directory.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+RESERVED_NAMES = (BUNDLE_JSON, SHA256SUMS)
+
+
+def safe_name(name: str) -> bool:
+    """True for a plain file name (no path separators, no leading dot, no `..`)."""
+    return isinstance(name, str) and bool(_SAFE_NAME.match(name)) and ".." not in name
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of an image as bundle.json lists it."""
+
+    digest: Digest
+    size: int
+    diff_id: Digest
+    media_type: str
+
+    def to_json(self) -> dict:
+        return {"digest": str(self.digest), "size": self.size, "diff_id": str(self.diff_id),
+                "media_type": self.media_type}
+
+
+@dataclass(frozen=True)
+class BundleImage:
+    """One platform image in the bundle: its canonical name, where it came from, its blobs."""
+
+    ref: str  # canonical upstream name: quay.io/ascend/vllm-ascend:v0.22.1rc1 (or name@digest)
+    source: str
+    platform: Platform
+    index_digest: Optional[Digest]
+    manifest_digest: Digest
+    manifest_media_type: str
+    manifest_size: int
+    image_id: Digest  # the config digest: what `docker images` shows as IMAGE ID
+    config_size: int
+    layers: Tuple[Layer, ...]
+
+    @property
+    def image_ref(self) -> ImageRef:
+        return ImageRef.parse(self.ref)
+
+    @property
+    def repo_tag(self) -> Optional[str]:
+        """The name Docker tags the image with, or None for a digest-only reference."""
+        ref = self.image_ref
+        return f"{ref.name}:{ref.tag}" if ref.tag else None
+
+    @property
+    def size(self) -> int:
+        """Compressed size: manifest, config and layers."""
+        return self.manifest_size + self.config_size + sum(layer.size for layer in self.layers)
+
+    def to_json(self) -> dict:
+        return {
+            "ref": self.ref,
+            "source": self.source,
+            "platform": str(self.platform),
+            "index_digest": str(self.index_digest) if self.index_digest else None,
+            "manifest_digest": str(self.manifest_digest),
+            "manifest_media_type": self.manifest_media_type,
+            "manifest_size": self.manifest_size,
+            "image_id": str(self.image_id),
+            "config_size": self.config_size,
+            "layers": [layer.to_json() for layer in self.layers],
+        }
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of the split archive; the parts in order concatenate to the archive."""
+
+    name: str
+    size: int
+    sha256: str  # hex, as sha256sum prints it
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Archive:
+    """The (possibly compressed) tar, as a whole: what the parts concatenate to."""
+
+    name: str  # the name it gets when reassembled: <bundle>.tar[.gz|.zst]
+    compression: str  # none | gzip | zstd
+    size: int  # bytes of the archive (compressed, when compressed)
+    sha256: str
+    tar_size: int  # bytes of the uncompressed tar stream
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "compression": self.compression, "size": self.size,
+                "sha256": self.sha256, "tar_size": self.tar_size}
+
+
+@dataclass(frozen=True)
+class BundleIndex:
+    """The parsed bundle.json."""
+
+    created: str
+    imgtool_version: str
+    images: Tuple[BundleImage, ...]
+    archive: Archive
+    parts: Tuple[Part, ...]
+    files: Tuple[Part, ...] = field(default=())  # load.sh, README.txt (name, size, sha256)
+
+    @property
+    def layer_bytes(self) -> int:
+        """Compressed bytes of the unique layers."""
+        seen = {}
+        for image in self.images:
+            for layer in image.layers:
+                seen[layer.digest] = layer.size
+        return sum(seen.values())
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "created": self.created,
+            "imgtool_version": self.imgtool_version,
+            "images": [image.to_json() for image in self.images],
+            "archive": self.archive.to_json(),
+            "parts": [part.to_json() for part in self.parts],
+            "files": [f.to_json() for f in self.files],
+        }
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=2) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "BundleIndex":
+        """Parse and validate bundle.json; raises VerifyError naming what is wrong."""
+        if len(data) > MAX_BUNDLE_JSON:
+            raise _bad(f"it is {len(data)} bytes, over the {MAX_BUNDLE_JSON} byte limit")
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _bad(f"not valid JSON ({e})")
+        if not isinstance(obj, dict):
+            raise _bad("not a JSON object")
+        if obj.get("format") != FORMAT_NAME:
+            raise VerifyError(f"not an imgtool bundle: bundle.json has format {obj.get('format')!r}, "
+                              f"expected {FORMAT_NAME!r}")
+        version = obj.get("version")
+        if not _is_int(version) or version < 1:
+            raise _bad(f"bad version {version!r}")
+        if version > FORMAT_VERSION:
+            raise VerifyError(f"bundle format version {version} is newer than this imgtool understands "
+                              f"({FORMAT_VERSION})", hint="upgrade imgtool on this host")
+        images = _list(obj, "images")
+        if not images:
+            raise _bad("it lists no images")
+        parsed_images = tuple(_image(x, i) for i, x in enumerate(images))
+        refs = [im.ref for im in parsed_images]
+        if len(set(refs)) != len(refs):
+            raise _bad("an image reference is listed twice")
+        archive = _archive(obj.get("archive"))
+        parts = tuple(_part(x, f"parts[{i}]") for i, x in enumerate(_list(obj, "parts")))
+        if not parts:
+            raise _bad("it lists no parts")
+        files = tuple(_part(x, f"files[{i}]") for i, x in enumerate(_list(obj, "files", required=False)))
+        names = [p.name for p in parts + files]
+        if len(set(names)) != len(names):
+            raise _bad("a file name is listed twice")
+        if sum(p.size for p in parts) != archive.size:
+            raise _bad("the parts' sizes do not add up to the archive size")
+        if archive.compression == "none" and archive.size != archive.tar_size:
+            raise _bad("archive size and tar size differ for an uncompressed archive")
+        return cls(
+            created=_str(obj, "created"),
+            imgtool_version=_str(obj, "imgtool_version"),
+            images=parsed_images,
+            archive=archive,
+            parts=parts,
+            files=files,
+        )
+
+
+def _bad(why: str) -> VerifyError:
+    return VerifyError(f"bundle.json is malformed: {why}",
+                       hint="copy bundle.json again from the source medium, or fetch the bundle again")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _list(obj: dict, key: str, required: bool = True) -> list:
+    v = obj.get(key)
+    if v is None and not required:
+        return []
+    if not isinstance(v, list):
+        raise _bad(f"`{key}` is not a list")
+    return v
+
+
+def _str(obj: dict, key: str, where: str = "") -> str:
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise _bad(f"`{where}{key}` is not a string")
+    return v
+
+
+def _size(obj: dict, key: str, where: str) -> int:
+    v = obj.get(key)
+    if not _is_int(v) or v < 0:
+        raise _bad(f"`{where}{key}` is not a size: {v!r}")
+    return v
+
+
+def _digest(obj: dict, key: str, where: str, optional: bool = False) -> Optional[Digest]:
+    v = obj.get(key)
+    if v is None and optional:
+        return None
+    try:
+        d = Digest.parse(v if isinstance(v, str) else "")
+    except UsageError:
+        raise _bad(f"`{where}{key}` is not a digest: {v!r}")
+    if d.algorithm != "sha256":
+        raise _bad(f"`{where}{key}`: only sha256 digests are supported")
+    return d
+
+
+def _sha256_hex(obj: dict, where: str) -> str:
+    v = obj.get("sha256")
+    if not isinstance(v, str) or not _HEX64.match(v):
+        raise _bad(f"`{where}sha256` is not 64 lowercase hex digits")
+    return v
+
+
+def _image(x, i: int) -> BundleImage:
+    where = f"images[{i}]."
+    if not isinstance(x, dict):
+        raise _bad(f"images[{i}] is not an object")
+    ref = _str(x, "ref", where)
+    try:
+        parsed = ImageRef.parse(ref)
+    except UsageError:
+        raise _bad(f"`{where}ref` is not an image reference: {ref!r}")
+    if str(parsed) != ref and parsed.tagged != ref:
+        raise _bad(f"`{where}ref` is not a canonical image reference: {ref!r}")
+    try:
+        platform = Platform.parse(_str(x, "platform", where))
+    except UsageError:
+        raise _bad(f"`{where}platform` is not a platform: {x.get('platform')!r}")
+    media = _str(x, "manifest_media_type", where)
+    if media not in MANIFEST_TYPES:
+        raise _bad(f"`{where}manifest_media_type` is not an image manifest type: {media!r}")
+    layers = []
+    for j, layer in enumerate(_list(x, "layers")):
+        lw = f"{where}layers[{j}]."
+        if not isinstance(layer, dict):
+            raise _bad(f"{lw[:-1]} is not an object")
+        lmedia = _str(layer, "media_type", lw)
+        if lmedia not in LAYER_COMPRESSION:
+            raise _bad(f"`{lw}media_type` is not a layer type: {lmedia!r}")
+        layers.append(Layer(_digest(layer, "digest", lw), _size(layer, "size", lw),
+                            _digest(layer, "diff_id", lw), lmedia))
+    source = x.get("source")
+    return BundleImage(
+        ref=ref,
+        source=source if isinstance(source, str) else "",
+        platform=platform,
+        index_digest=_digest(x, "index_digest", where, optional=True),
+        manifest_digest=_digest(x, "manifest_digest", where),
+        manifest_media_type=media,
+        manifest_size=_size(x, "manifest_size", where),
+        image_id=_digest(x, "image_id", where),
+        config_size=_size(x, "config_size", where),
+        layers=tuple(layers),
+    )
+
+
+def _archive(x) -> Archive:
+    where = "archive."
+    if not isinstance(x, dict):
+        raise _bad("`archive` is not an object")
+    name = _str(x, "name", where)
+    if not safe_name(name):
+        raise _bad(f"`archive.name` is not a plain file name: {name!r}")
+    compression = _str(x, "compression", where)
+    if compression not in COMPRESSIONS:
+        raise _bad(f"unknown archive compression {compression!r}")
+    return Archive(name, compression, _size(x, "size", where), _sha256_hex(x, where), _size(x, "tar_size", where))
+
+
+def _part(x, where: str) -> Part:
+    if not isinstance(x, dict):
+        raise _bad(f"{where} is not an object")
+    name = _str(x, "name", where + ".")
+    if not safe_name(name) or name in RESERVED_NAMES:
+        raise _bad(f"`{where}.name` is not a plain file name: {name!r}")
+    return Part(name, _size(x, "size", where + "."), _sha256_hex(x, where + "."))
+
+
+def part_label(index: int, count: int) -> str:
+    """How messages name a part: `part 002` (1-based, as in the file names)."""
+    return f"part {index + 1:0{max(3, len(str(count)))}d}"
+
+
+def parse_expect(text: str) -> str:
+    """`--expect` value (`sha256:<hex>` or `<hex>`) to hex; raises UsageError."""
+    value = (text or "").strip().lower()
+    if value.startswith("sha256:"):
+        value = value[len("sha256:"):]
+    if not _HEX64.match(value):
+        raise UsageError(f"invalid --expect {text!r}: give the sha256 of bundle.json (64 hex digits)")
+    return value

@@ -1,0 +1,174 @@
+"""The archive inside a bundle: which tar members it holds, in which order, with which bytes.
+
+The archive is both a docker-archive (`manifest.json`) and an OCI image layout (`oci-layout`,
+`index.json`, `blobs/sha256/<hex>`). Its member list and every header byte are a pure function
+of bundle.json's `images`, so the writer produces exactly this and a reader can check a tar
+against it member by member: nothing in the archive is trusted unless bundle.json implies it.
+"""
+
+import json
+import tarfile
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, OCI_CONFIG, OCI_INDEX,
+                     OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
+from .format import BundleImage
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar pads the end to whole records, like GNU tar and tarfile
+OCI_LAYOUT_BYTES = b'{"imageLayoutVersion":"1.0.0"}'
+OCI_REF_NAME = "org.opencontainers.image.ref.name"
+CONTAINERD_NAME = "io.containerd.image.name"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One regular file of the archive."""
+
+    name: str
+    size: int
+    kind: str  # manifest | config | layer | meta
+    digest: Digest  # the blob digest; for meta members the sha256 of `content`
+    what: str  # for messages: "layer 3 of quay.io/ascend/vllm-ascend:v1"
+    content: Optional[bytes] = None  # meta members only (small, generated)
+    media_type: str = ""
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A member with its tar header and where its data lies in the tar stream."""
+
+    member: Member
+    header: bytes
+    offset: int  # of the header
+    data_offset: int
+
+    @property
+    def end(self) -> int:
+        """Offset just past the data (before padding)."""
+        return self.data_offset + self.member.size
+
+
+def blob_name(digest: Digest) -> str:
+    return f"blobs/{digest.algorithm}/{digest.hex}"
+
+
+def manifest_json(images: Sequence[BundleImage]) -> bytes:
+    """docker-archive manifest.json: one entry per distinct manifest, RepoTags = canonical names."""
+    entries: List[dict] = []
+    by_manifest: Dict[Digest, dict] = {}
+    for image in images:
+        entry = by_manifest.get(image.manifest_digest)
+        if entry is None:
+            entry = {
+                "Config": blob_name(image.image_id),
+                "RepoTags": [],
+                "Layers": [blob_name(layer.digest) for layer in image.layers],
+            }
+            by_manifest[image.manifest_digest] = entry
+            entries.append(entry)
+        if image.repo_tag and image.repo_tag not in entry["RepoTags"]:
+            entry["RepoTags"].append(image.repo_tag)
+    return json.dumps(entries, separators=(",", ":")).encode()
+
+
+_OCI_LAYER_TYPE = {DOCKER_LAYER: OCI_LAYER, DOCKER_LAYER_GZIP: OCI_LAYER_GZIP, DOCKER_FOREIGN_LAYER: OCI_LAYER_GZIP}
+
+
+def oci_manifest(image: BundleImage) -> Optional[bytes]:
+    """For a Docker v2 manifest, the equivalent OCI manifest (same config and layer blobs), else None.
+
+    OCI layout readers such as skopeo before 1.14 skip index.json entries that are not OCI
+    manifests, so the OCI side of the archive points at this generated twin, while the
+    registry's own manifest bytes stay in blobs/ under the digest bundle.json names.
+    """
+    if image.manifest_media_type != DOCKER_MANIFEST:
+        return None
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": str(image.image_id), "size": image.config_size},
+        "layers": [{"mediaType": _OCI_LAYER_TYPE.get(x.media_type, x.media_type), "digest": str(x.digest),
+                    "size": x.size} for x in image.layers],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def index_json(images: Sequence[BundleImage]) -> bytes:
+    """OCI index.json: one entry per image, named by tag (ref.name) and full name (containerd)."""
+    manifests = []
+    for image in images:
+        ref = image.image_ref
+        annotations = {CONTAINERD_NAME: image.ref}
+        if ref.tag:
+            annotations[OCI_REF_NAME] = ref.tag
+        twin = oci_manifest(image)
+        manifests.append({
+            "mediaType": OCI_MANIFEST if twin else image.manifest_media_type,
+            "digest": str(Digest.of(twin) if twin else image.manifest_digest),
+            "size": len(twin) if twin else image.manifest_size,
+            "platform": image.platform.to_json(),
+            "annotations": annotations,
+        })
+    doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def members(images: Sequence[BundleImage]) -> List[Member]:
+    """Every member of the archive, sorted by name; each blob once however many images share it."""
+    blobs: Dict[Digest, Member] = {}
+
+    def add(digest: Digest, size: int, kind: str, what: str, media: str = "", content: Optional[bytes] = None):
+        if digest not in blobs:
+            blobs[digest] = Member(blob_name(digest), size, kind, digest, what, content, media)
+
+    for image in images:
+        add(image.manifest_digest, image.manifest_size, "manifest", f"manifest of {image.ref}",
+            image.manifest_media_type)
+        twin = oci_manifest(image)
+        if twin:
+            add(Digest.of(twin), len(twin), "manifest", f"OCI manifest of {image.ref}", OCI_MANIFEST, twin)
+        add(image.image_id, image.config_size, "config", f"config of {image.ref}")
+        for i, layer in enumerate(image.layers):
+            add(layer.digest, layer.size, "layer", f"layer {i + 1} of {image.ref}", layer.media_type)
+    out = list(blobs.values())
+    for name, content in (("index.json", index_json(images)), ("manifest.json", manifest_json(images)),
+                          ("oci-layout", OCI_LAYOUT_BYTES)):
+        out.append(Member(name, len(content), "meta", Digest.of(content), name, content))
+    return sorted(out, key=lambda m: m.name)
+
+
+def header(name: str, size: int) -> bytes:
+    """A fixed-metadata tar header: mode 0644, uid/gid 0, no user names, mtime 0.
+
+    ustar, with a pax `size` record only for members of 8 GiB and more (which ustar cannot hold).
+    """
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+
+
+def padding(size: int) -> int:
+    return -size % BLOCK
+
+
+def place(all_members: Sequence[Member]) -> Tuple[List[Placed], int]:
+    """Headers and offsets of every member, and the total tar size (end blocks and record padding)."""
+    placed = []
+    offset = 0
+    for m in all_members:
+        h = header(m.name, m.size)
+        placed.append(Placed(m, h, offset, offset + len(h)))
+        offset += len(h) + m.size + padding(m.size)
+    end = offset + 2 * BLOCK
+    return placed, end + (-end % RECORD)
+
+
+def tar_size(images: Sequence[BundleImage]) -> int:
+    return place(members(images))[1]

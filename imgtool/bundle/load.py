@@ -1,0 +1,233 @@
+"""`imgtool load`: check a bundle completely, then stream it into Docker and confirm the result.
+
+Two passes over the parts and never a copy on disk: first the full check (every part's
+sha256, the strict archive walk, blob digests and diff_ids), so a bad bundle is refused
+before Docker sees a byte; then the stream into `docker load`, with each part's sha256
+checked again on the way (a part that changed in between breaks the upload before its last
+bytes, so Docker never holds a complete archive with it). The daemon is a `daemon.Daemon`
+passed in by the caller: this module does not talk to Docker by itself.
+"""
+
+import hashlib
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
+from ..model import LAYER_COMPRESSION, Platform, format_size
+from ..progress import Progress
+from .format import BundleImage, BundleIndex
+from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
+from .verify import VerifyReport, check_metadata, deep_check
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
+_DOCKER_NAME = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
+
+
+@dataclass
+class LoadedImage:
+    ref: str
+    tags: List[str]  # every name the image now carries that we asked for
+    image_id: str
+    platform: str
+    size: int  # as Docker reports it (unpacked)
+    was_present: bool
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "tags": self.tags, "image_id": self.image_id, "platform": self.platform,
+                "size": self.size, "was_present": self.was_present}
+
+
+@dataclass
+class LoadResult:
+    dir: Path
+    images: List[LoadedImage]
+    sent: bool  # False: everything was already loaded, Docker was not sent the archive
+    daemon: dict
+    unpacked_size: Optional[int] = None
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    warnings: List[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"dir": str(self.dir), "sent": self.sent, "images": [im.to_json() for im in self.images],
+                "daemon": self.daemon, "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
+                "seconds": round(self.seconds, 3), "warnings": self.warnings}
+
+
+def familiar(name: str) -> str:
+    """Docker's short form of a name: docker.io/library/x:1 -> x:1."""
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]]:
+    """--tag NAME (one-image bundles) or --tag SOURCE=NAME -> {image ref: [names]}; raises UsageError."""
+    out: Dict[str, List[str]] = {im.ref: [] for im in index.images}
+    for value in values:
+        source, sep, name = value.partition("=")
+        if not sep:
+            if len(index.images) != 1:
+                refs = ", ".join(im.ref for im in index.images)
+                raise UsageError(f"--tag {value}: this bundle holds {len(index.images)} images ({refs})",
+                                 hint="say which: --tag SOURCE=NAME, SOURCE being an image's name or tag")
+            source, name = index.images[0].ref, value
+        name = name.strip()
+        if ":" not in name.rsplit("/", 1)[-1]:
+            name += ":latest"
+        if not _DOCKER_NAME.match(name):
+            raise UsageError(f"invalid --tag {value!r}: expected NAME[:TAG], e.g. vllm-ascend:prod")
+        matches = [im for im in index.images if source in (im.ref, im.image_ref.tag, im.repo_tag)]
+        if len(matches) != 1:
+            raise UsageError(f"--tag {value}: {source!r} names {'no' if not matches else 'more than one'} image "
+                             "of this bundle", hint="use the full name as bundle.json lists it")
+        if name not in out[matches[0].ref]:
+            out[matches[0].ref].append(name)
+    return out
+
+
+def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
+                force: bool = False, progress: Progress, jobs: Optional[int] = None) -> LoadResult:
+    """Verify the bundle, stream it into Docker, tag and confirm by image ID.
+
+    Raises UsageError, VerifyError (nothing was loaded), ImgtoolError (not enough space,
+    incompatible Docker), DaemonError.
+    """
+    started = time.monotonic()
+    bundle_dir = Path(bundle_dir)
+    index, raw = read_index(bundle_dir)
+    wanted = parse_tags(tags, index)
+    facts = daemon.info()
+    warnings: List[str] = []
+    present = {im.ref: daemon.image_info(str(im.image_id)) for im in index.images}
+    if all(present.values()):
+        images = _tag_and_confirm(daemon, index, wanted, present)
+        return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
+                          warnings=_arch_warnings(index, facts.arch))
+
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
+    check_metadata(bundle_dir, index, report, expect)
+    stat_problems = stat_parts(bundle_dir, index)
+    report.problems += stat_problems
+    if not stat_problems:
+        deep_check(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, diff_ids=True)
+    report.raise_if_bad("load")
+    warnings += report.warnings
+    warnings += _compatibility(index, facts, report.unpacked_size, force)
+    warnings += _arch_warnings(index, facts.arch)
+    for w in warnings:
+        progress.warn(w)
+
+    sent = _stream(bundle_dir, index, daemon, progress)
+    images = _tag_and_confirm(daemon, index, wanted, present)
+    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
+                      time.monotonic() - started, warnings)
+
+
+def _names(image: BundleImage, wanted: Dict[str, List[str]]) -> List[str]:
+    return ([image.repo_tag] if image.repo_tag else []) + wanted.get(image.ref, [])
+
+
+def _has_tags(info, names: Sequence[str]) -> bool:
+    have = {familiar(t) for t in info.tags}
+    return all(familiar(n) in have for n in names)
+
+
+def need_bytes(index: BundleIndex, unpacked: Optional[int]) -> int:
+    """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
+    layers = unpacked if unpacked is not None else int(index.layer_bytes * 2.5)  # typical gzip ratio
+    return index.archive.tar_size + layers
+
+
+def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:
+    """Refuse what this Docker cannot do; return warnings for what may go wrong."""
+    warnings = []
+    zstd = [im.ref for im in index.images if any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for x in im.layers)]
+    if zstd and facts.version_tuple < (23,):
+        raise ImgtoolError(f"Docker {facts.version} cannot load zstd-compressed layers ({', '.join(zstd)}); "
+                           "that needs Docker 23.0 or later", hint="fetch an image with gzip layers, or upgrade Docker")
+    if facts.driver == "devicemapper":
+        warnings.append("storage driver devicemapper: each container is limited to dm.basesize (10 GB by default), "
+                        "less than a vllm-ascend image unpacks to; raise it or move to overlay2")
+    elif facts.driver == "vfs":
+        warnings.append("storage driver vfs copies every layer in full: expect several times the unpacked size on disk")
+    need = need_bytes(index, unpacked)
+    how = (f"{format_size(index.archive.tar_size)} for the upload while loading + "
+           f"{format_size(need - index.archive.tar_size)} unpacked")
+    root = facts.root_dir
+    if not facts.local or not root or not os.path.isdir(root):
+        warnings.append(f"cannot check free space under {root or 'the Docker root dir'} from here "
+                        f"(daemon at {facts.host}); the load needs about {format_size(need)} ({how})")
+        return warnings
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        message = (f"not enough space for Docker under {root}: the load needs about {format_size(need)} ({how}), "
+                   f"{format_size(free)} is free")
+        if not force:
+            raise ImgtoolError(message, hint="free space there (e.g. docker image prune), or pass --force to try anyway")
+        warnings.append(message + " (--force: trying anyway)")
+    return warnings
+
+
+def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
+    arch = host_arch or Platform.host().architecture
+    out = []
+    for im in index.images:
+        if im.platform.architecture != arch:
+            out.append(f"{im.ref} is for {im.platform} but this Docker host is linux/{arch}: its containers will "
+                       f"not start (exec format error); fetch it with --arch {arch}")
+    return out
+
+
+def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress) -> int:
+    """Parts -> (decompress) -> docker load, chunk by chunk; returns the tar bytes sent."""
+    sent = [0]
+    with progress.bar(index.archive.tar_size, "loading into docker") as bar:
+        parts = PartsStream(bundle_dir, index, strict=True)
+        reader = decompressed(parts, index.archive.compression)
+
+        def chunks():
+            while True:
+                try:
+                    data = reader.read(READ_SIZE)
+                except DecodeError as e:
+                    raise VerifyError(f"the archive changed since it was checked: {e}; nothing was loaded")
+                if not data:
+                    break
+                sent[0] += len(data)
+                bar.update(len(data))
+                yield data
+            progress.note("sent; Docker is registering the layers ...")
+
+        try:
+            daemon.load_archive(chunks())
+        finally:
+            parts.close()
+    return sent[0]
+
+
+def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict) -> List[LoadedImage]:
+    """Give each image its canonical name and --tag names, then confirm by image ID; raises DaemonError."""
+    out = []
+    for im in index.images:
+        image_id = str(im.image_id)
+        info = daemon.image_info(image_id)
+        if info is None:
+            raise DaemonError(f"docker load finished, but {im.ref} (ID {im.image_id.short}) is not in Docker")
+        names = _names(im, wanted)
+        for name in names:
+            if familiar(name) not in {familiar(t) for t in info.tags}:
+                daemon.tag(image_id, name)
+        info = daemon.image_info(image_id)
+        if info is None or info.id != image_id or not _has_tags(info, names):
+            raise DaemonError(f"docker load finished, but {im.ref} does not carry the names {', '.join(names)}")
+        out.append(LoadedImage(im.ref, names, info.id, info.platform or str(im.platform), info.size,
+                               before.get(im.ref) is not None))
+    return out

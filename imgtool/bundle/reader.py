@@ -1,0 +1,324 @@
+"""Reading a bundle: bundle.json, the parts as one stream (hashed on the way), decompression.
+
+Nothing here extracts anything to disk: the archive is only ever a stream of bytes that is
+checked (walk.py) or handed to Docker (load.py).
+"""
+
+import bisect
+import gzip
+import hashlib
+import os
+import queue
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, List, Optional, Sequence, Tuple
+
+from ..errors import UsageError, VerifyError
+from .format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
+
+READ_SIZE = 1024 * 1024
+HASH_READ = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: what is wrong and what to do, and which parts (0-based) it concerns."""
+
+    message: str
+    parts: Tuple[int, ...] = ()
+    kind: str = "problem"
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_json(self) -> dict:
+        return {"message": self.message, "parts": [i + 1 for i in self.parts], "kind": self.kind}
+
+
+def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
+    """Read and validate DIR/bundle.json; raises UsageError (no such dir) or VerifyError."""
+    bundle_dir = Path(bundle_dir)
+    if not bundle_dir.is_dir():
+        if bundle_dir.exists():
+            raise UsageError(f"{bundle_dir} is not a directory", hint="give the bundle directory (it holds bundle.json)")
+        raise UsageError(f"no such bundle directory: {bundle_dir}")
+    path = bundle_dir / BUNDLE_JSON
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BUNDLE_JSON + 1)
+    except FileNotFoundError:
+        raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (the fetch did not finish, "
+                          "or bundle.json was not copied)",
+                          hint="copy bundle.json from the source medium, or run the fetch again")
+    except OSError as e:
+        raise VerifyError(f"cannot read {path}: {e.strerror or e}")
+    return BundleIndex.from_bytes(data), data
+
+
+def part_problem(index: BundleIndex, i: int, what: str) -> Problem:
+    label = part_label(i, len(index.parts))
+    name = index.parts[i].name
+    verb = "copy" if what == "is missing" else "re-copy"
+    return Problem(f"{label} ({name}) {what}; {verb} {label} from the source medium", (i,))
+
+
+def stat_parts(bundle_dir: Path, index: BundleIndex) -> List[Problem]:
+    """Cheap checks: every part present with the right size."""
+    problems = []
+    for i, part in enumerate(index.parts):
+        try:
+            size = os.stat(bundle_dir / part.name).st_size
+        except FileNotFoundError:
+            problems.append(part_problem(index, i, "is missing"))
+            continue
+        except OSError as e:
+            problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
+            continue
+        if size < part.size:
+            problems.append(part_problem(index, i, f"is truncated: {size} of {part.size} bytes"))
+        elif size > part.size:
+            problems.append(part_problem(index, i, f"is too long: {size} bytes, expected {part.size}"))
+    return problems
+
+
+def hash_part(path: Path, on_bytes: Callable[[int], None] = lambda n: None) -> str:
+    """sha256 hex of a file, in big reads (hashlib releases the GIL: callers use threads)."""
+    sha = hashlib.sha256()
+    buf = bytearray(HASH_READ)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            sha.update(view[:n])
+            on_bytes(n)
+    return sha.hexdigest()
+
+
+class _Hasher:
+    """sha256 on a worker thread, fed bytes objects; `result()` waits for it."""
+
+    def __init__(self):
+        self.sha = hashlib.sha256()
+        self.q: "queue.Queue" = queue.Queue(maxsize=4)
+        self.t = threading.Thread(target=self._run, daemon=True, name="part-sha256")
+        self.t.start()
+
+    def _run(self):
+        while True:
+            chunk = self.q.get()
+            if chunk is None:
+                return
+            self.sha.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self.q.put(chunk)
+
+    def result(self) -> str:
+        self.q.put(None)
+        self.t.join()
+        return self.sha.hexdigest()
+
+
+class PartsStream:
+    """The parts of a bundle read in order as one file-like stream, each part hashed on the way.
+
+    A missing, short or long part raises VerifyError. A part whose sha256 differs from
+    bundle.json either raises before the read that ends the part returns (strict: used while
+    streaming into Docker, so Docker never receives a complete archive with a bad part), or is
+    recorded in `bad` (to report every bad part in one pass).
+    """
+
+    def __init__(self, bundle_dir: Path, index: BundleIndex, strict: bool,
+                 on_bytes: Callable[[int], None] = lambda n: None):
+        self.dir, self.index, self.strict, self.on_bytes = Path(bundle_dir), index, strict, on_bytes
+        self.parts: Sequence[Part] = index.parts
+        self.i = -1
+        self.f: Optional[BinaryIO] = None
+        self.left = 0
+        self.hasher: Optional[_Hasher] = None
+        self.bad: List[int] = []
+        self.position = 0
+        self._next()
+
+    def _next(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+        self.i += 1
+        if self.i >= len(self.parts):
+            return
+        part = self.parts[self.i]
+        try:
+            self.f = open(self.dir / part.name, "rb", buffering=0)
+        except FileNotFoundError:
+            raise VerifyError(part_problem(self.index, self.i, "is missing").message)
+        size = os.fstat(self.f.fileno()).st_size
+        if size != part.size:
+            self.f.close()
+            self.f = None
+            what = f"is truncated: {size} of {part.size} bytes" if size < part.size else \
+                f"is too long: {size} bytes, expected {part.size}"
+            raise VerifyError(part_problem(self.index, self.i, what).message)
+        self.left = part.size
+        self.hasher = _Hasher()
+
+    def _end_part(self) -> None:
+        if self.f.read(1):
+            raise VerifyError(part_problem(self.index, self.i, "grew while being read").message)
+        if self.hasher.result() != self.parts[self.i].sha256:
+            if self.strict:
+                raise VerifyError(part_problem(self.index, self.i, "is damaged: its sha256 differs from bundle.json"
+                                               ).message)
+            self.bad.append(self.i)
+        self._next()
+
+    def read(self, n: int = READ_SIZE) -> bytes:
+        while self.f is not None and self.left == 0:
+            self._end_part()
+        if self.f is None:
+            return b""
+        if n is None or n < 0:
+            n = READ_SIZE
+        data = self.f.read(min(n, self.left, 8 * READ_SIZE))
+        if not data:
+            raise VerifyError(part_problem(self.index, self.i, "shrank while being read").message)
+        self.left -= len(data)
+        self.hasher.update(data)
+        self.position += len(data)
+        self.on_bytes(len(data))
+        if self.left == 0:
+            self._end_part()  # before returning the last bytes of the part
+        return data
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        """Read (and hash) whatever is left, so every part gets checked."""
+        while self.read(HASH_READ):
+            pass
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+
+
+class PartMap:
+    """Which parts hold a byte range of the archive (only meaningful when it is uncompressed)."""
+
+    def __init__(self, index: BundleIndex):
+        self.index = index
+        self.starts = []
+        pos = 0
+        for p in index.parts:
+            self.starts.append(pos)
+            pos += p.size
+        self.exact = index.archive.compression == "none"
+
+    def parts(self, start: int, end: int) -> Tuple[int, ...]:
+        if not self.exact:
+            return ()
+        first = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        last = max(bisect.bisect_right(self.starts, max(end - 1, start)) - 1, 0)
+        return tuple(range(first, last + 1))
+
+    def describe(self, parts: Tuple[int, ...]) -> str:
+        if not self.exact:
+            return "in the compressed archive"
+        labels = [part_label(i, len(self.index.parts)) for i in parts]
+        if len(labels) == 1:
+            return "in " + labels[0]
+        return f"in parts {labels[0].split()[-1]}-{labels[-1].split()[-1]}"
+
+
+class _ZstdReader:
+    """zstandard's stream reader, imported only when a bundle is zstd-compressed."""
+
+    def __init__(self, raw):
+        try:
+            import zstandard
+        except ImportError:
+            raise VerifyError("this bundle is zstd-compressed and the zstandard Python package is missing",
+                              hint="pip install zstandard, or use load.sh on a host with the zstd command")
+        self.r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_SIZE, read_across_frames=True)
+        self.error = zstandard.ZstdError
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self.r.read(n)
+        except self.error as e:
+            raise DecodeError(f"not valid zstd data ({e})")
+
+
+class _GzipReader:
+    def __init__(self, raw):
+        self.r = gzip.GzipFile(fileobj=raw, mode="rb")
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self.r.read(n)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DecodeError(f"not valid gzip data ({e})")
+
+
+class _RawReader:
+    def __init__(self, raw):
+        self.raw = raw
+
+    def read(self, n: int) -> bytes:
+        return self.raw.read(n)
+
+
+class DecodeError(Exception):
+    """A compressed stream could not be decoded."""
+
+
+def decompressed(raw, compression: str):
+    """A reader with read(n) giving the decompressed bytes of `raw` (bounded memory per call)."""
+    if compression == "gzip":
+        return _GzipReader(raw)
+    if compression == "zstd":
+        return _ZstdReader(raw)
+    return _RawReader(raw)
+
+
+class QueueFile:
+    """A file-like reader fed from another thread with bytes chunks (None ends it)."""
+
+    def __init__(self, maxsize: int = 8):
+        self.q: "queue.Queue" = queue.Queue(maxsize=maxsize)
+        self.buf = memoryview(b"")
+        self.done = False
+
+    def put(self, chunk: Optional[bytes]) -> None:
+        self.q.put(chunk)
+
+    def read(self, n: int = -1) -> bytes:
+        while not len(self.buf) and not self.done:
+            chunk = self.q.get()
+            if chunk is None:
+                self.done = True
+            else:
+                self.buf = memoryview(chunk)
+        if n is None or n < 0:
+            n = len(self.buf)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return bytes(out)
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True

@@ -1,0 +1,167 @@
+"""The two files of a bundle meant for people and plain shells: load.sh and README.txt."""
+
+from typing import List
+
+from .. import __version__
+from ..model import format_size
+from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, BundleIndex
+
+_DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
+
+
+def load_sh(index: BundleIndex) -> bytes:
+    """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load."""
+    parts = " ".join(f"'{p.name}'" for p in index.parts)  # names are [A-Za-z0-9._+-] only
+    decompress = _DECOMPRESS[index.archive.compression]
+    tool = decompress.split()[0] if decompress else ""
+    refs = "\n".join(f"#   {im.ref} ({im.platform})" for im in index.images)
+    need_tool = "" if not decompress else f"""
+if ! command -v {tool} >/dev/null 2>&1; then
+    echo "load.sh: error: {tool} is not installed; the archive is {index.archive.compression}-compressed" >&2
+    echo "load.sh: install {tool}, or use: imgtool load \\"$here\\"" >&2
+    exit 1
+fi
+"""
+    pipe = f"cat -- {parts} | {decompress} | $DOCKER load" if decompress else f"cat -- {parts} | $DOCKER load"
+    text = f"""#!/bin/sh
+# Load this imgtool bundle into Docker on a host without Python or imgtool.
+# Written by imgtool {__version__}. Images:
+{refs}
+set -u
+
+usage() {{
+    cat <<'EOF'
+usage: sh load.sh [--help]
+
+Checks every file of this bundle against SHA256SUMS (naming any damaged or
+missing part), then streams the parts in order into `docker load`.
+Set DOCKER to run docker another way, e.g.  DOCKER="sudo docker" sh load.sh
+With imgtool installed, `imgtool load DIR` does the same with more checks.
+
+用法: sh load.sh
+先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入 docker load。
+EOF
+}}
+
+case "${{1:-}}" in
+    -h|--help) usage; exit 0 ;;
+    "") ;;
+    *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+esac
+
+here=$(dirname "$0")
+cd "$here" || exit 1
+DOCKER=${{DOCKER:-docker}}
+
+if command -v sha256sum >/dev/null 2>&1; then
+    echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
+    bad=$(sha256sum -c {SHA256SUMS} 2>/dev/null | grep -v ': OK$')
+    if [ -n "$bad" ]; then
+        echo "load.sh: error: these files are damaged or missing:" >&2
+        echo "$bad" | sed 's/^/    /' >&2
+        echo "load.sh: re-copy them from the source medium, then run load.sh again" >&2
+        exit 3
+    fi
+else
+    echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
+fi
+{need_tool}
+echo "load.sh: loading {len(index.images)} image(s) into docker ..." >&2
+{pipe}
+status=$?
+if [ "$status" -ne 0 ]; then
+    echo "load.sh: error: docker load failed (exit $status)" >&2
+    exit "$status"
+fi
+echo "load.sh: done" >&2
+"""
+    return text.encode()
+
+
+def _image_lines(index: BundleIndex) -> List[str]:
+    width = max(len(im.ref) for im in index.images)
+    return [f"    {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id}"
+            for im in index.images]
+
+
+def readme(index: BundleIndex) -> bytes:
+    """README.txt for the person carrying the bundle, in English and Chinese."""
+    images = "\n".join(_image_lines(index))
+    arches = ", ".join(sorted({im.platform.architecture for im in index.images}))
+    n = len(index.parts)
+    first, last = index.parts[0].name, index.parts[-1].name
+    parts_en = f"{n} part(s): {first}" + (f" ... {last}" if n > 1 else "")
+    parts_zh = f"{n} 个分卷：{first}" + (f" ... {last}" if n > 1 else "")
+    total = format_size(index.archive.size)
+    comp = index.archive.compression
+    unpack = {"none": "", "gzip": " | gzip -dc", "zstd": " | zstd -dc"}[comp]
+    text = f"""imgtool bundle
+==============
+
+Container images, packed by imgtool {__version__} at {index.created}:
+{images}
+
+Architecture: {arches}. The offline host must match: `uname -m` prints aarch64 for arm64,
+x86_64 for amd64.
+
+Files
+  {parts_en} ({total} in all, compression: {comp}); concatenated in name order
+  they are the archive {index.archive.name}.
+  {BUNDLE_JSON}   what is in the bundle, with the size and sha256 of every part
+  {SHA256SUMS}    checksums of every file (sha256sum -c format)
+  {LOAD_SH}       loads the bundle on a host without imgtool or Python
+  README.txt    this file
+
+Carry it
+  Copy the whole directory. Parts may travel on different media (e.g. USB sticks
+  formatted FAT32, which holds files up to 4 GiB); put them all back into one directory.
+
+Check it on the offline host
+  imgtool verify DIR --expect <sha256 of bundle.json printed by `imgtool fetch`>
+  or, without imgtool:  cd DIR && sha256sum -c {SHA256SUMS}
+  A damaged or missing part is named: copy that part again from the source medium.
+
+Load it
+  imgtool load DIR          (checks everything before Docker sees a byte)
+  or, without imgtool:  sh DIR/{LOAD_SH}
+  or by hand:           cat <parts in order>{unpack} | docker load
+
+If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), the image
+was built for another architecture: fetch it again with `--arch arm64` (Kunpeng hosts).
+`imgtool doctor DIR` checks Docker, free space and architecture on the offline host.
+
+
+imgtool 离线镜像包
+==================
+
+本目录包含以下容器镜像（由 imgtool {__version__} 于 {index.created} 打包）：
+{images}
+
+架构：{arches}。离线主机须与之相同：`uname -m` 输出 aarch64 即 arm64，x86_64 即 amd64。
+
+文件
+  {parts_zh}（共 {total}，压缩方式：{comp}），按文件名顺序拼接即为归档 {index.archive.name}。
+  {BUNDLE_JSON}   镜像包清单，含每个分卷的大小和 sha256
+  {SHA256SUMS}    所有文件的校验和（sha256sum -c 格式）
+  {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像
+  README.txt    本说明
+
+拷贝
+  请拷贝整个目录。分卷可以分别用不同介质携带（例如 FAT32 格式的 U 盘，单个文件最大 4 GiB），
+  到达后放回同一个目录。
+
+在离线主机上校验
+  imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
+  没有 imgtool 时：cd 目录 && sha256sum -c {SHA256SUMS}
+  损坏或缺失的分卷会被指出：请从源介质重新拷贝该分卷。
+
+导入
+  imgtool load 目录          （在 Docker 读取任何数据之前完成全部校验）
+  没有 imgtool 时：sh 目录/{LOAD_SH}
+  或手动：cat <按顺序列出的分卷>{unpack} | docker load
+
+如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明镜像架构
+不对：请在联网机器上用 `--arch arm64`（鲲鹏主机）重新获取。
+`imgtool doctor 目录` 可检查离线主机上的 Docker、磁盘空间和架构。
+"""
+    return text.encode()

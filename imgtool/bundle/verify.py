@@ -1,0 +1,193 @@
+"""`imgtool verify`: is this bundle directory exactly what the fetch wrote?
+
+Checks bundle.json (format, version, --expect, SHA256SUMS), every part (presence, size,
+sha256), and unless quick, every member of the archive (walk.py): blob digests, layer
+diff_ids, structure. Every problem is collected and named with the part that holds it.
+"""
+
+import hashlib
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import VerifyError
+from ..progress import Progress
+from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, BundleIndex, parse_expect
+from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
+                     stat_parts)
+from .walk import walk_archive
+
+
+@dataclass
+class VerifyReport:
+    dir: Path
+    index: BundleIndex
+    bundle_json_sha256: str
+    problems: List[Problem] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    quick: bool = False
+    parts_checked: int = 0
+    blobs_checked: int = 0
+    layers_checked: int = 0
+    unpacked_size: Optional[int] = None
+    bytes_read: int = 0
+    seconds: float = 0.0
+    skipped: Optional[str] = None  # why the archive walk did not run
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_if_bad(self, doing: str = "verify") -> None:
+        """Raise VerifyError listing every problem, if there are any."""
+        if self.problems:
+            n = len(self.problems)
+            what = "refusing to load" if doing == "load" else "bundle failed verification"
+            tail = "; nothing was loaded" if doing == "load" else ""
+            raise VerifyError(f"{what}: {self.dir}: {n} problem{'s' if n != 1 else ''}{tail}",
+                              problems=[p.message for p in self.problems])
+
+    def to_json(self) -> dict:
+        return {
+            "dir": str(self.dir),
+            "ok": self.ok,
+            "bundle_json_sha256": self.bundle_json_sha256,
+            "quick": self.quick,
+            "images": [{"ref": im.ref, "platform": str(im.platform), "image_id": str(im.image_id)}
+                       for im in self.index.images],
+            "parts": len(self.index.parts),
+            "parts_checked": self.parts_checked,
+            "blobs_checked": self.blobs_checked,
+            "layers_checked": self.layers_checked,
+            "unpacked_size": self.unpacked_size,
+            "bytes_read": self.bytes_read,
+            "seconds": round(self.seconds, 3),
+            "skipped": self.skipped,
+            "problems": [p.to_json() for p in self.problems],
+            "warnings": list(self.warnings),
+        }
+
+
+def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool = False,
+                  progress: Progress, jobs: Optional[int] = None) -> VerifyReport:
+    """Check a bundle directory and report every problem; raises UsageError/VerifyError only when
+    there is no readable bundle.json (call `raise_if_bad()` on the result to fail on problems)."""
+    started = time.monotonic()
+    bundle_dir = Path(bundle_dir)
+    index, raw = read_index(bundle_dir)
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick)
+    check_metadata(bundle_dir, index, report, expect)
+    jobs = jobs or os.cpu_count() or 2
+    stat_problems = stat_parts(bundle_dir, index)
+    report.problems += stat_problems
+    if quick:
+        _hash_parts_parallel(bundle_dir, index, report, {p.parts[0] for p in stat_problems}, progress, jobs)
+    elif stat_problems:
+        report.skipped = "missing or wrong-size parts"
+        _hash_parts_parallel(bundle_dir, index, report, {p.parts[0] for p in stat_problems}, progress, jobs)
+    else:
+        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, expect: Optional[str]) -> None:
+    """--expect, SHA256SUMS, load.sh/README.txt, and files that do not belong."""
+    if expect is not None:
+        want = parse_expect(expect)
+        if want != report.bundle_json_sha256:
+            report.problems.append(Problem(
+                f"bundle.json does not match --expect: its sha256 is {report.bundle_json_sha256[:16]}..., "
+                f"expected {want[:16]}...; this is not the published bundle, or bundle.json was changed"))
+    sums = _read_sums(bundle_dir / SHA256SUMS)
+    if sums is None:
+        report.warnings.append(f"{SHA256SUMS} is missing or unreadable (imgtool does not need it; "
+                               "`sha256sum -c` and load.sh do)")
+    elif sums.get(BUNDLE_JSON) != report.bundle_json_sha256:
+        report.problems.append(Problem(f"bundle.json does not match {SHA256SUMS}: it was changed after the fetch; "
+                                       "copy bundle.json and SHA256SUMS again from the source medium"))
+    for f in index.files:
+        path = bundle_dir / f.name
+        try:
+            data = path.read_bytes() if path.stat().st_size <= 1 << 20 else b""
+        except OSError:
+            report.warnings.append(f"{f.name} is missing (only needed to load without imgtool)")
+            continue
+        if hashlib.sha256(data).hexdigest() != f.sha256:
+            message = f"{f.name} does not match bundle.json: it was changed after the fetch"
+            if f.name == LOAD_SH:  # a changed script is run by people: treat it as damage
+                report.problems.append(Problem(message + f"; copy {f.name} again from the source medium"))
+            else:
+                report.warnings.append(message)
+    known = {BUNDLE_JSON, SHA256SUMS, LOAD_SH, README_TXT} | {p.name for p in index.parts} | \
+        {f.name for f in index.files}
+    try:
+        stray = sorted(entry.name for entry in os.scandir(bundle_dir) if entry.name not in known)
+    except OSError:
+        stray = []
+    for name in stray:
+        report.warnings.append(f"unexpected file in the bundle directory: {name} (not part of the bundle; ignored)")
+
+
+def _read_sums(path: Path) -> Optional[Dict[str, str]]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size <= 1 << 20 else ""
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        digest, sep, name = line.partition("  ")
+        if sep and len(digest) == 64:
+            out[name.lstrip("*")] = digest
+    return out
+
+
+def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyReport, skip: set,
+                         progress: Progress, jobs: int) -> None:
+    todo = [i for i in range(len(index.parts)) if i not in skip]
+    total = sum(index.parts[i].size for i in todo)
+    with progress.bar(total, "checking parts") as bar, ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1))) as pool:
+        futures = {i: pool.submit(hash_part, bundle_dir / index.parts[i].name, bar.update) for i in todo}
+        for i, fut in futures.items():
+            try:
+                digest = fut.result()
+            except OSError as e:
+                report.problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
+                continue
+            report.parts_checked += 1
+            report.bytes_read += index.parts[i].size
+            if digest != index.parts[i].sha256:
+                report.problems.append(part_problem(index, i, "is damaged: its sha256 differs from bundle.json"))
+    report.problems.sort(key=lambda p: p.parts or (-1,))
+
+
+def deep_check(bundle_dir: Path, index: BundleIndex, report: VerifyReport, progress: Progress, jobs: int,
+               diff_ids: bool) -> None:
+    """One pass over the parts: each part's sha256 plus the strict archive walk (walk.py).
+
+    Problems the walk finds inside a damaged part are dropped: "re-copy part N" says it all.
+    """
+    part_map = PartMap(index)
+    with progress.bar(index.archive.size, "checking bundle") as bar:
+        parts = PartsStream(bundle_dir, index, strict=False, on_bytes=bar.update)
+        try:
+            result = walk_archive(decompressed(parts, index.archive.compression), index, part_map,
+                                  diff_ids=diff_ids, jobs=jobs)
+            parts.drain()
+        finally:
+            parts.close()
+    report.bytes_read += parts.position
+    report.parts_checked = len(index.parts)
+    bad = set(parts.bad)
+    report.problems += [part_problem(index, i, "is damaged: its sha256 differs from bundle.json") for i in sorted(bad)]
+    kept = [p for p in result.problems if p.parts and not bad.intersection(p.parts)] if bad else result.problems
+    if len(kept) < len(result.problems):
+        report.skipped = "findings inside damaged parts are left out: re-copy those parts first"
+    report.problems += kept
+    report.blobs_checked = result.blobs_checked
+    report.layers_checked = result.layers_checked
+    report.unpacked_size = result.unpacked_size if not result.problems else None
+

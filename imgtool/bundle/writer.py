@@ -1,0 +1,455 @@
+"""Write a bundle directory: the archive streamed from the blob store into checksummed parts.
+
+One pass: tar headers and blob bytes go (through an optional whole-archive compressor) into
+part files that roll over at the chunk size, hashed on the way (each part, and the whole
+archive on a second thread). Parts are fsynced; load.sh, README.txt and SHA256SUMS are written
+atomically, and bundle.json last, so a bundle without bundle.json is an unfinished one.
+"""
+
+import errno
+import hashlib
+import os
+import queue
+import re
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence
+
+from .. import __version__
+from ..errors import ImgtoolError, UsageError
+from ..model import Digest, PulledImage, format_size
+from ..progress import Progress
+from . import layout, texts
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, Archive,
+                     BundleImage, BundleIndex, Layer, Part)
+
+COPY_BUFFER = 4 * 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
+GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, and costs minutes
+ZSTD_LEVEL = 3
+_PART_RE = re.compile(r"\.part[0-9]{3,}$")
+_OWN_SUFFIXES = (".tar", ".tar.gz", ".tar.zst")
+
+
+@dataclass
+class BundleResult:
+    """What `fetch` prints after writing a bundle."""
+
+    dir: Path
+    bundle_json: Path
+    bundle_json_sha256: str  # publish this: `imgtool verify DIR --expect <it>` on the far side
+    archive: Archive
+    parts: List[Part]
+    images: List[BundleImage]
+    blobs: int  # distinct blobs stored (shared layers once)
+    seconds: float = 0.0
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Bytes on disk of the parts."""
+        return sum(p.size for p in self.parts)
+
+    def to_json(self) -> dict:
+        return {
+            "dir": str(self.dir),
+            "bundle_json": str(self.bundle_json),
+            "bundle_json_sha256": self.bundle_json_sha256,
+            "archive": self.archive.to_json(),
+            "parts": [p.to_json() for p in self.parts],
+            "images": [{"ref": im.ref, "platform": str(im.platform), "image_id": str(im.image_id),
+                        "size": im.size} for im in self.images],
+            "blobs": self.blobs,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def summary(self, images: Sequence[PulledImage] = (), stats=None) -> dict:
+        """`fetch --json`: the bundle plus what the download did (stats: puller.PullStats)."""
+        out = self.to_json()
+        sources = {im.ref.tagged if im.ref.tag else str(im.ref): im.source for im in images}
+        for entry in out["images"]:
+            entry["source"] = sources.get(entry["ref"], "")
+        if stats is not None:
+            out["download"] = {k: getattr(stats, k) for k in ("bytes_downloaded", "blobs_downloaded", "blobs_cached",
+                                                              "bytes_cached", "resumed_bytes") if hasattr(stats, k)}
+            out["download"]["per_source"] = dict(getattr(stats, "per_source", {}) or {})
+        out["warnings"] = list(self.warnings)
+        return out
+
+    def describe(self, images: Sequence[PulledImage] = (), stats=None) -> str:
+        """`fetch`'s closing lines: what was written, its checksum, and what to run on the far side."""
+        n = len(self.parts)
+        lines = [f"bundle: {self.dir}  ({n} part{'s' if n != 1 else ''}, {format_size(self.size)}, "
+                 f"compression {self.archive.compression}, {self.blobs} blobs)"]
+        width = max(len(im.ref) for im in self.images)
+        for im in self.images:
+            lines.append(f"  {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id.short}"
+                         + (f"  via {im.source}" if im.source else ""))
+        if stats is not None and hasattr(stats, "bytes_downloaded"):
+            lines.append(f"downloaded {format_size(stats.bytes_downloaded)} ({stats.blobs_downloaded} blobs), "
+                         f"{getattr(stats, 'blobs_cached', 0)} blobs from the cache; "
+                         f"wrote the bundle in {self.seconds:.1f} s")
+        lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
+        lines.append(f"offline side: imgtool verify {self.dir} --expect {self.bundle_json_sha256} "
+                     f"&& imgtool load {self.dir}   (or: sh {self.dir}/load.sh)")
+        return "\n".join(lines)
+
+
+def default_bundle_name(images: Sequence[PulledImage]) -> str:
+    """A short directory name from image, tag and arch: `vllm-ascend-v0.22.1rc1-arm64`."""
+
+    def joined(values: List[str], keep: int) -> str:
+        values = list(dict.fromkeys(values))
+        text = "+".join(values[:keep])
+        return text + (f"+{len(values) - keep}more" if len(values) > keep else "")
+
+    names = [im.ref.repository.rsplit("/", 1)[-1] for im in images]
+    tags = [im.ref.tag or (im.ref.digest or im.manifest_digest).short for im in images]
+    arches = [im.platform.architecture + (f"{im.platform.variant}" if im.platform.architecture == "arm" and
+                                          im.platform.variant else "") for im in images]
+    name = "-".join(x for x in (joined(names, 1), joined(tags, 2), joined(arches, 2)) if x)
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".-") or "bundle"
+
+
+def check_output_dir(out_dir: Path, force: bool) -> None:
+    """Refuse an output that is a file, or a non-empty directory without force; raises UsageError."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"output {out_dir} exists and is not a directory", hint="choose another --output")
+    if out_dir.is_dir() and not force and any(out_dir.iterdir()):
+        raise UsageError(f"output directory {out_dir} already exists and is not empty",
+                         hint="choose another --output, or pass --force to replace the bundle in it")
+
+
+def bundle_images(images: Sequence[PulledImage]) -> List[BundleImage]:
+    """bundle.json's view of pulled images; raises UsageError for duplicates or inconsistent inputs."""
+    out: List[BundleImage] = []
+    for im in images:
+        ref = im.ref.tagged if im.ref.tag else f"{im.ref.name}@{im.ref.digest or im.manifest_digest}"
+        if any(b.ref == ref for b in out):
+            raise UsageError(f"{ref} is listed twice (one bundle holds one image per tag)",
+                             hint="fetch one platform per tag, or one bundle per platform")
+        if Digest.of(im.manifest_bytes) != im.manifest_digest or Digest.of(im.config_bytes) != im.image_id:
+            raise ImgtoolError(f"{ref}: the manifest or config bytes do not match their digests")
+        if len(im.config.diff_ids) != len(im.manifest.layers):
+            raise ImgtoolError(f"{ref}: the config lists {len(im.config.diff_ids)} diff_ids for "
+                               f"{len(im.manifest.layers)} layers")
+        layers = tuple(Layer(d.digest, d.size, diff, d.media_type)
+                       for d, diff in zip(im.manifest.layers, im.config.diff_ids))
+        if any(x.digest.algorithm != "sha256" for x in layers):
+            raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
+        out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
+                               im.manifest.media_type, len(im.manifest_bytes), im.image_id,
+                               len(im.config_bytes), layers))
+    return out
+
+
+def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callable[[Digest], Path], *,
+                 chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
+                 created: Optional[str] = None) -> BundleResult:
+    """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.)."""
+    started = time.monotonic()
+    out_dir = Path(out_dir)
+    if not images:
+        raise UsageError("nothing to bundle: no images")
+    if compress not in COMPRESSIONS:
+        raise UsageError(f"invalid compression {compress!r}: use one of {', '.join(COMPRESSIONS)}")
+    if chunk_size is not None and chunk_size <= 0:
+        raise UsageError(f"invalid chunk size {chunk_size}: must be greater than zero")
+    bimages = bundle_images(images)
+    blobs = {im.manifest_digest: im.manifest_bytes for im in images}
+    blobs.update({im.image_id: im.config_bytes for im in images})
+    placed, tar_size = layout.place(layout.members(bimages))
+    check_output_dir(out_dir, force)
+    warnings: List[str] = []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if force:
+            warnings += _clear_old_bundle(out_dir)
+    except OSError as e:
+        raise _os_error(e, out_dir, "create")
+    base = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name).lstrip(".-") or "bundle"
+    archive_name = base + ARCHIVE_SUFFIX[compress]
+    width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
+    sink = _PartSink(out_dir, archive_name, chunk_size, width)
+    written: List[Path] = []
+    try:
+        with progress.bar(tar_size, "writing bundle") as bar:
+            stream = _compressor(compress, sink, tar_size)
+            for p in placed:
+                member = p.member
+                stream.write(p.header)
+                bar.update(len(p.header))
+                data = member.content if member.content is not None else blobs.get(member.digest)
+                if data is not None:
+                    stream.write(data)
+                    bar.update(len(data))
+                else:
+                    _copy_blob(member, blob_path(member.digest), stream, bar)
+                pad = layout.padding(member.size)
+                stream.write(bytes(pad))
+                bar.update(pad)
+            trailer = tar_size - (placed[-1].end + layout.padding(placed[-1].member.size))
+            stream.write(bytes(trailer))
+            bar.update(trailer)
+            stream.finish()
+        parts, archive_sha = sink.close()
+        written = [out_dir / p.name for p in parts]
+        if len(parts) == 1:  # one part is simply the archive: `docker load -i` works on it
+            os.replace(out_dir / parts[0].name, out_dir / archive_name)
+            parts = [Part(archive_name, parts[0].size, parts[0].sha256)]
+            written = [out_dir / archive_name]
+        archive = Archive(archive_name, compress, sum(p.size for p in parts), archive_sha, tar_size)
+        index = BundleIndex(created or _now(), __version__, tuple(bimages), archive, tuple(parts))
+        files = []
+        for name, data, mode in ((LOAD_SH, texts.load_sh(index), 0o755), (README_TXT, texts.readme(index), 0o644)):
+            _write_atomic(out_dir / name, data, mode)
+            written.append(out_dir / name)
+            files.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
+        index = BundleIndex(index.created, index.imgtool_version, index.images, archive, index.parts, tuple(files))
+        doc = index.to_bytes()
+        doc_sha = hashlib.sha256(doc).hexdigest()
+        sums = [(p.sha256, p.name) for p in parts] + [(doc_sha, BUNDLE_JSON)] + [(f.sha256, f.name) for f in files]
+        _write_atomic(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644)
+        written.append(out_dir / SHA256SUMS)
+        _write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)  # last: its presence means "complete"
+        _fsync_dir(out_dir)
+    except BaseException as e:
+        sink.abort()
+        for path in written:
+            _unlink(path)
+        if isinstance(e, OSError):
+            raise _os_error(e, out_dir, "write", tar_size) from None
+        raise
+    return BundleResult(out_dir, out_dir / BUNDLE_JSON, doc_sha, archive, parts, bimages, len(placed) - 3,
+                        time.monotonic() - started, warnings)
+
+
+def _copy_blob(member: layout.Member, path: Path, stream, bar) -> None:
+    """Copy a store blob into the stream in big reads; the store's size must match the manifest's."""
+    try:
+        f = open(path, "rb", buffering=0)
+    except OSError as e:
+        raise ImgtoolError(f"cannot read blob {member.digest} ({member.what}) from the cache: {e.strerror}: {path}",
+                           hint="fetch again: the puller puts missing blobs back into the cache")
+    with f:
+        actual = os.fstat(f.fileno()).st_size
+        if actual != member.size:
+            raise ImgtoolError(f"blob {member.digest} ({member.what}) in the cache is {actual} bytes, "
+                               f"expected {member.size}", hint="remove it from the cache and fetch again")
+        left = member.size
+        while left:
+            chunk = f.read(min(COPY_BUFFER, left))
+            if not chunk:
+                raise ImgtoolError(f"blob {member.digest} ({member.what}) shrank while being read")
+            stream.write(chunk)
+            bar.update(len(chunk))
+            left -= len(chunk)
+
+
+class _BackgroundHash:
+    """sha256 on another thread (hashlib releases the GIL), so the archive hash costs no wall time."""
+
+    def __init__(self):
+        self.sha = hashlib.sha256()
+        self.q: "queue.Queue" = queue.Queue(maxsize=4)
+        self.thread = threading.Thread(target=self._run, name="archive-sha256", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            chunk = self.q.get()
+            if chunk is None:
+                return
+            self.sha.update(chunk)
+
+    def update(self, chunk) -> None:
+        self.q.put(chunk)
+
+    def hexdigest(self) -> str:
+        self.q.put(None)
+        self.thread.join()
+        return self.sha.hexdigest()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.q.put(None)
+
+
+class _PartSink:
+    """Bytes in; part files out, rolling over at chunk_size, each hashed and fsynced."""
+
+    def __init__(self, out_dir: Path, archive_name: str, chunk_size: Optional[int], width: int):
+        self.out_dir, self.archive_name, self.chunk_size, self.width = out_dir, archive_name, chunk_size, width
+        self.parts: List[Part] = []
+        self.file = None
+        self.sha = None
+        self.size = 0
+        self.archive = _BackgroundHash()
+        self.paths: List[Path] = []
+
+    def _open(self):
+        path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
+        self.paths.append(path)
+        self.file = open(path, "wb", buffering=0)
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def _close_part(self):
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.parts.append(Part(self.paths[-1].name, self.size, self.sha.hexdigest()))
+        self.file = None
+
+    def write(self, data) -> None:
+        if not len(data):
+            return
+        self.archive.update(data)
+        view = memoryview(data)
+        while len(view):
+            if self.file is None:
+                self._open()
+            room = len(view) if self.chunk_size is None else min(len(view), self.chunk_size - self.size)
+            piece = view[:room]
+            self.sha.update(piece)
+            done = 0
+            while done < room:
+                done += self.file.write(piece[done:])
+            self.size += room
+            view = view[room:]
+            if self.chunk_size is not None and self.size >= self.chunk_size:
+                self._close_part()
+
+    def close(self):
+        if self.file is None and not self.parts:
+            self._open()
+        if self.file is not None:
+            self._close_part()
+        return list(self.parts), self.archive.hexdigest()
+
+    def abort(self) -> None:
+        self.archive.stop()
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
+        for path in self.paths:
+            _unlink(path)
+
+
+class _Plain:
+    def __init__(self, sink):
+        self.sink = sink
+
+    def write(self, data):
+        self.sink.write(data)
+
+    def finish(self):
+        pass
+
+
+class _Gzip(_Plain):
+    def __init__(self, sink):
+        super().__init__(sink)
+        # zlib directly: the gzip module would put a timestamp in the header (not reproducible)
+        self.z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+
+    def write(self, data):
+        self.sink.write(self.z.compress(data))
+
+    def finish(self):
+        self.sink.write(self.z.flush())
+
+
+class _Zstd(_Plain):
+    def __init__(self, sink, size: int):
+        super().__init__(sink)
+        try:
+            import zstandard  # only when asked for: the offline side may lack it
+        except ImportError:
+            raise UsageError("--compress zstd needs the zstandard Python package",
+                             hint="pip install zstandard, or use --compress gzip")
+
+        cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+        self.w = cctx.stream_writer(sink, size=size, closefd=False, write_size=COPY_BUFFER)
+
+    def write(self, data):
+        self.w.write(data)
+
+    def finish(self):
+        import zstandard
+
+        self.w.flush(zstandard.FLUSH_FRAME)
+
+
+def _compressor(compress: str, sink: _PartSink, tar_size: int):
+    if compress == "gzip":
+        return _Gzip(sink)
+    if compress == "zstd":
+        return _Zstd(sink, tar_size)
+    return _Plain(sink)
+
+
+def _clear_old_bundle(out_dir: Path) -> List[str]:
+    """--force: drop the old bundle.json first (so it reads as unfinished), then its files only."""
+    _unlink(out_dir / BUNDLE_JSON)
+    _fsync_dir(out_dir)
+    left = []
+    for path in sorted(out_dir.iterdir()):
+        name = path.name
+        ours = (name in (SHA256SUMS, LOAD_SH, README_TXT) or name.endswith(_OWN_SUFFIXES)
+                or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
+        if ours and path.is_file():
+            path.unlink()
+        else:
+            left.append(name)
+    return [f"{out_dir}: left {len(left)} other file(s) in place: {', '.join(left[:5])}"] if left else []
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolError:
+    where = e.filename or out_dir
+    if e.errno == errno.ENOSPC or e.errno == errno.EDQUOT:
+        return ImgtoolError(f"no space left on the device of {out_dir} (the bundle needs about {format_size(need)}); "
+                            "nothing was kept", hint="free space there, or choose another --output")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror}: {where}",
+                            hint="choose a writable --output directory")
+    return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror or e}: {where}")

@@ -1,0 +1,153 @@
+"""`imgtool doctor [DIR]`: a checklist for the offline host, each failure with what to do.
+
+Checks Docker (reachable, version), its storage driver, free space under its root dir
+(against the bundle's need when DIR is given), the architecture (against the bundle's),
+unpigz (dockerd uses it to decompress layers), and the OS (Kylin: vllm-ascend FAQ 19).
+Reads only; never loads anything.
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .errors import ImgtoolError
+from .model import LAYER_COMPRESSION, Platform, format_size
+
+TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | info | warn | fail
+    detail: str
+    advice: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "advice": self.advice}
+
+
+def read_os_release(path: Path = Path("/etc/os-release")) -> Dict[str, str]:
+    out: Dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and not key.startswith("#"):
+            out[key.strip()] = value.strip().strip('"').strip("'")
+    return out
+
+
+def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
+    rel = read_os_release(os_release)
+    name = rel.get("PRETTY_NAME") or rel.get("NAME") or "unknown Linux"
+    ids = " ".join((rel.get("ID", ""), rel.get("ID_LIKE", ""), rel.get("NAME", ""))).lower()
+    if "kylin" in ids:
+        return Check("os", "info", f"{name} (Kylin)",
+                     "vllm-ascend FAQ 19: if Docker says `invalid tar header`, the image is for the wrong "
+                     "architecture: fetch it on a connected machine with --arch arm64, then load that bundle")
+    return Check("os", "ok", name)
+
+
+def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/os-release")) -> List[Check]:
+    """Every check, in order; never raises for a failed check (it becomes a `fail` line)."""
+    from .bundle.load import need_bytes
+    from .bundle.reader import read_index, stat_parts
+
+    checks: List[Check] = []
+    index = None
+    if bundle_dir is not None:
+        try:
+            index, _ = read_index(Path(bundle_dir))
+            problems = stat_parts(Path(bundle_dir), index)
+            refs = ", ".join(im.ref for im in index.images)
+            if problems:
+                checks.append(Check("bundle", "fail", "; ".join(p.message for p in problems),
+                                    f"then run: imgtool verify {bundle_dir}"))
+            else:
+                checks.append(Check("bundle", "ok", f"{refs}: {len(index.parts)} part(s), "
+                                    f"{format_size(index.archive.size)} ({index.archive.compression}); "
+                                    f"sizes only, `imgtool verify {bundle_dir}` checks every byte"))
+        except ImgtoolError as e:
+            checks.append(Check("bundle", "fail", e.message, e.hint or ""))
+
+    facts = None
+    try:
+        from .daemon import open_daemon
+
+        daemon = open_daemon(timeout=15)
+        try:
+            facts = daemon.info()
+        finally:
+            daemon.close()
+        checks.append(Check("docker", "ok", f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"))
+    except ImgtoolError as e:
+        checks.append(Check("docker", "fail", e.message,
+                            "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member "
+                            "of the docker group"))
+
+    if facts is not None:
+        if index is not None:
+            zstd = any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for im in index.images for x in im.layers)
+            if zstd and facts.version_tuple < (23,):
+                checks.append(Check("docker", "fail", f"the bundle has zstd layers; Docker {facts.version} "
+                                    "loads those only from 23.0", "fetch an image with gzip layers, or upgrade Docker"))
+        checks.append(_storage_check(facts))
+        checks.append(_space_check(facts, need_bytes(index, None) if index is not None else None))
+
+    host_arch = facts.arch if facts is not None else Platform.host().architecture
+    if index is not None:
+        wrong = [f"{im.ref} is {im.platform}" for im in index.images if im.platform.architecture != host_arch]
+        if wrong:
+            checks.append(Check("arch", "fail", f"this host is linux/{host_arch}; " + "; ".join(wrong),
+                                f"fetch the images again with --arch {host_arch}"))
+        else:
+            checks.append(Check("arch", "ok", f"linux/{host_arch}, as the bundle's images"))
+    else:
+        checks.append(Check("arch", "info", f"this host is linux/{host_arch}",
+                            f"fetch bundles for it with: imgtool fetch TAG --arch {host_arch}"))
+
+    if facts is not None and not facts.local:
+        checks.append(Check("pigz", "info", f"the daemon is remote ({facts.host}): unpigz matters on its host"))
+    elif shutil.which("unpigz"):
+        checks.append(Check("pigz", "ok", f"unpigz at {shutil.which('unpigz')} (dockerd uses it to decompress layers)"))
+    else:
+        checks.append(Check("pigz", "warn", "unpigz not found: dockerd decompresses layers with its slower "
+                            "built-in gzip", "install the pigz package from the OS media (yum install pigz, "
+                            "apt install pigz)"))
+    checks.append(os_check(os_release))
+    return checks
+
+
+def _storage_check(facts) -> Check:
+    where = f"{facts.driver} under {facts.root_dir}"
+    if facts.driver == "devicemapper":
+        return Check("storage", "warn", where, "devicemapper limits each container to dm.basesize (10 GB by "
+                     "default), less than a vllm-ascend image: raise dm.basesize or move to overlay2")
+    if facts.driver == "vfs":
+        return Check("storage", "warn", where, "vfs copies every layer in full: expect several times the "
+                     "unpacked size on disk; overlay2 is the usual choice")
+    return Check("storage", "ok", where)
+
+
+def _space_check(facts, need: Optional[int]) -> Check:
+    root = facts.root_dir
+    if not facts.local or not root or not os.path.isdir(root):
+        return Check("space", "info", f"cannot read free space under {root or 'the Docker root dir'} from here "
+                     f"(daemon at {facts.host})")
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    if need is not None:
+        if free < need:
+            return Check("space", "fail", f"{format_size(free)} free under {root}; the bundle needs about "
+                         f"{format_size(need)} while loading",
+                         "free space there (docker image prune, docker system df), or move Docker's data-root")
+        return Check("space", "ok", f"{format_size(free)} free under {root}; the bundle needs about {format_size(need)}")
+    if free < TYPICAL_NEED:
+        return Check("space", "warn", f"{format_size(free)} free under {root}",
+                     f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
+    return Check("space", "ok", f"{format_size(free)} free under {root}")

@@ -1,0 +1,202 @@
+"""Bundles from factory images: PulledImage values and a blob dir, without a registry or puller.
+
+    store = BlobDir(tmp_path / "blobs")
+    pulled = store.pulled(factory.image("arm64"), "quay.io/ascend/vllm-ascend:v1")
+    write_bundle(out, [pulled], store.path, chunk_size=..., compress="none", force=False,
+                 progress=Progress())
+"""
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import zlib
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from imgtool.model import Digest, ImageConfig, ImageRef, Platform, PulledImage, parse_manifest
+
+from .images import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, Image, Layer, sha256_digest
+
+REPO = "quay.io/ascend/vllm-ascend"
+
+
+class BlobDir:
+    """A directory of blobs by digest: the test's stand-in for the store (`path` is blob_path)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: Digest) -> Path:
+        return self.root / digest.hex
+
+    def put(self, data: bytes) -> Digest:
+        d = Digest.of(data)
+        p = self.path(d)
+        if not p.exists():
+            p.write_bytes(data)
+        return d
+
+    def pulled(self, image: Image, ref: str, source: str = "test") -> PulledImage:
+        """Write the image's blobs here and describe it as the puller would."""
+        for data in image.blobs().values():
+            self.put(data)
+        manifest = parse_manifest(image.manifest_bytes)
+        return PulledImage(
+            ref=ImageRef.parse(ref).with_digest(Digest.parse(image.manifest_digest)),
+            source=source,
+            platform=Platform.parse(image.platform),
+            index_digest=None,
+            manifest_digest=Digest.parse(image.manifest_digest),
+            manifest_bytes=image.manifest_bytes,
+            manifest=manifest,
+            config_bytes=image.config_bytes,
+            config=ImageConfig.parse(image.config_bytes),
+        )
+
+
+def random_layer(size: int, seed: int) -> Layer:
+    """A gzip layer of one file of `size` pseudo-random bytes (incompressible, fast to make)."""
+    data = _random_bytes(size, seed)
+    tbuf = io.BytesIO()
+    with tarfile.open(fileobj=tbuf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        ti = tarfile.TarInfo(f"data/blob-{seed}.bin")
+        ti.size = len(data)
+        tar.addfile(ti, io.BytesIO(data))
+    raw = tbuf.getvalue()
+    blob = gzip.compress(raw, compresslevel=0, mtime=0)  # stored deflate: fast, still gzip
+    return Layer(blob=blob, digest=sha256_digest(blob), size=len(blob),
+                 diff_id=sha256_digest(raw), uncompressed_size=len(raw), files=(ti.name,))
+
+
+def _random_bytes(size: int, seed: int) -> bytes:
+    return random.Random(f"layer-{seed}").randbytes(size)
+
+
+def simple_image(layers: Sequence[Layer], arch: str = "amd64", seed: int = 0) -> Image:
+    """A Docker v2 image over `layers` (config + manifest built here)."""
+    architecture, variant = {"amd64": ("amd64", None), "arm64": ("arm64", "v8")}[arch]
+    cfg = {"architecture": architecture, "os": "linux", "created": "2025-01-01T00:00:00Z",
+           "config": {"Labels": {"imgtool.test.seed": str(seed)}},
+           "rootfs": {"type": "layers", "diff_ids": [x.diff_id for x in layers]}}
+    if variant:
+        cfg["variant"] = variant
+    config_bytes = json.dumps(cfg, sort_keys=True).encode()
+    manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+                "config": {"mediaType": DOCKER_CONFIG, "size": len(config_bytes),
+                           "digest": sha256_digest(config_bytes)},
+                "layers": [{"mediaType": DOCKER_LAYER, "size": x.size, "digest": x.digest} for x in layers]}
+    manifest_bytes = json.dumps(manifest, indent=3).encode()
+    return Image(os="linux", architecture=architecture, variant=variant, media="docker", layers=tuple(layers),
+                 config_bytes=config_bytes, config_digest=sha256_digest(config_bytes),
+                 manifest_bytes=manifest_bytes, manifest_digest=sha256_digest(manifest_bytes))
+
+
+def parts_of(bundle: Path) -> List[Path]:
+    """The part files of a bundle, in order, as bundle.json lists them."""
+    doc = json.loads((bundle / "bundle.json").read_text())
+    return [bundle / p["name"] for p in doc["parts"]]
+
+
+def reassemble(bundle: Path, out: Path) -> Path:
+    """cat the parts into one (decompressed) tar at `out`."""
+    doc = json.loads((bundle / "bundle.json").read_text())
+    data = b"".join(p.read_bytes() for p in parts_of(bundle))
+    comp = doc["archive"]["compression"]
+    if comp == "gzip":
+        data = zlib.decompress(data, 31)
+    elif comp == "zstd":
+        import zstandard
+
+        data = zstandard.ZstdDecompressor().decompress(data, max_output_size=doc["archive"]["tar_size"])
+    out.write_bytes(data)
+    return out
+
+
+def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the imgtool CLI in a subprocess (exact stderr and exit codes), Docker at docker_host."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    if docker_host:
+        e["DOCKER_HOST"] = docker_host
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
+                          env=e, timeout=timeout)
+
+
+def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_size: Optional[int] = None,
+          compress: str = "none", force: bool = False, created: str = "2025-01-01T00:00:00Z"):
+    """write_bundle with quiet progress and a fixed creation time."""
+    from imgtool.bundle.writer import write_bundle
+    from imgtool.progress import Progress
+
+    return write_bundle(out, images, store.path, chunk_size=chunk_size, compress=compress, force=force,
+                        progress=Progress(), created=created)
+
+
+def canonical_tar(bundle: Path) -> bytes:
+    """The bundle's uncompressed tar (small bundles only: read into memory)."""
+    data = b"".join(p.read_bytes() for p in parts_of(bundle))
+    comp = json.loads((bundle / "bundle.json").read_text())["archive"]["compression"]
+    if comp == "gzip":
+        return zlib.decompress(data, 31)
+    if comp == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30)
+    return data
+
+
+def tar_body(tar: bytes) -> bytes:
+    """A tar without its end-of-archive blocks and record padding (to append members to)."""
+    pos = 0
+    while pos + 512 <= len(tar):
+        block = tar[pos:pos + 512]
+        if block == bytes(512):
+            return tar[:pos]
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+        size = info.size if info.type in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.XHDTYPE) else 0
+        pos += 512 + size + (-size % 512)
+    return tar
+
+
+def member_bytes(name: str, data: bytes = b"", **attrs) -> bytes:
+    """One tar member (header + padded data) with tarfile's defaults plus attrs (type, linkname, ...)."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 0
+    info.mode = 0o644
+    for k, v in attrs.items():
+        setattr(info, k, v)
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + data + bytes(-len(data) % 512)
+
+
+def replace_archive(bundle: Path, tar: bytes) -> None:
+    """Make `tar` the bundle's only (uncompressed) part and make bundle.json and SHA256SUMS agree.
+
+    What an attacker who can write the whole medium would do: parts check out, only the walk
+    of the archive can tell.
+    """
+    doc = json.loads((bundle / "bundle.json").read_text())
+    for p in parts_of(bundle):
+        p.unlink()
+    tar += bytes(1024)
+    tar += bytes(-len(tar) % 10240)
+    name = doc["archive"]["name"].split(".tar")[0] + ".tar"
+    (bundle / name).write_bytes(tar)
+    sha = hashlib.sha256(tar).hexdigest()
+    doc["archive"].update({"name": name, "compression": "none", "size": len(tar), "sha256": sha,
+                           "tar_size": len(tar)})
+    doc["parts"] = [{"name": name, "size": len(tar), "sha256": sha}]
+    raw = (json.dumps(doc, indent=2) + "\n").encode()
+    (bundle / "bundle.json").write_bytes(raw)
+    sums = [f"{sha}  {name}", f"{hashlib.sha256(raw).hexdigest()}  bundle.json"]
+    for f in doc["files"]:
+        sums.append(f"{f['sha256']}  {f['name']}")
+    (bundle / "SHA256SUMS").write_text("\n".join(sums) + "\n")

@@ -1,0 +1,85 @@
+"""`imgtool doctor [DIR]`: the offline host checklist, against the real test daemon."""
+
+import json
+
+import pytest
+
+from imgtool.doctor import os_check, run_checks
+from tests.support.bundles import BlobDir, imgtool, parts_of, write
+from tests.support.images import host_arch
+
+REPO = "quay.io/ascend/vllm-ascend"
+
+
+def rows(r):
+    return {line[6:18].strip(): line for line in r.stdout.splitlines() if line[:5].strip() in
+            ("OK", "INFO", "WARN", "FAIL")}
+
+
+@pytest.fixture
+def bundle(factory, tmp_path):
+    def make(arch):
+        store = BlobDir(tmp_path / f"blobs-{arch}")
+        out = tmp_path / f"b-{arch}"
+        write(out, [store.pulled(factory.image(arch, layers=1), f"{REPO}:v1")], store, chunk_size=400 * 1024)
+        return out
+    return make
+
+
+def test_healthy_host_with_a_fitting_bundle(services, bundle):
+    out = bundle(host_arch())
+    r = imgtool("doctor", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stdout + r.stderr
+    by = rows(r)
+    assert by["docker"].startswith("OK    docker       Docker 20.10")
+    assert by["docker"].endswith(f"at {services.docker_host}")
+    assert by["storage"].startswith("OK    storage      overlay2 under ")
+    assert by["space"].startswith("OK    space        ") and "the bundle needs about" in by["space"]
+    assert by["arch"] == f"OK    arch         linux/{host_arch()}, as the bundle's images"
+    assert by["bundle"].startswith(f"OK    bundle       {REPO}:v1: ")
+    assert by["pigz"].startswith("OK    pigz         unpigz at ")
+    checks = json.loads(imgtool("doctor", "--json", docker_host=services.docker_host).stdout)
+    assert {c["name"] for c in checks} == {"docker", "storage", "space", "arch", "pigz", "os"}
+
+
+def test_wrong_arch_and_missing_part_fail_with_advice(services, bundle):
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    out = bundle(other)
+    parts_of(out)[1].unlink()
+    r = imgtool("doctor", str(out), docker_host=services.docker_host)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    arch = next(i for i, line in enumerate(lines) if line.startswith("FAIL  arch"))
+    assert lines[arch].startswith(f"FAIL  arch         this host is linux/{host_arch()}; {REPO}:v1 is linux/{other}")
+    assert lines[arch + 1] == f"                  -> fetch the images again with --arch {host_arch()}"
+    assert rows(r)["bundle"].startswith("FAIL  bundle       part 002 (")
+    assert "is missing; copy part 002 from the source medium" in rows(r)["bundle"]
+
+
+def test_unreachable_docker_fails(tmp_path):
+    r = imgtool("doctor", docker_host=f"unix://{tmp_path}/none.sock")
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("FAIL  docker"))
+    assert "cannot reach the Docker daemon" in lines[i]
+    assert lines[i + 1] == ("                  -> start it (systemctl start docker), check DOCKER_HOST, and run as "
+                            "root or a member of the docker group")
+
+
+def test_kylin_gets_the_faq_19_advice(tmp_path):
+    rel = tmp_path / "os-release"
+    rel.write_text('NAME="Kylin Linux Advanced Server"\nVERSION="V10 (Sword)"\nID="kylin"\n'
+                   'PRETTY_NAME="Kylin Linux Advanced Server V10 (Sword)"\n')
+    check = os_check(rel)
+    assert (check.status, check.detail) == ("info", "Kylin Linux Advanced Server V10 (Sword) (Kylin)")
+    assert check.advice.startswith("vllm-ascend FAQ 19: if Docker says `invalid tar header`, the image is for the "
+                                   "wrong architecture: fetch it on a connected machine with --arch arm64")
+    rel.write_text('PRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\n')
+    assert os_check(rel).status == "ok"
+
+
+def test_checks_without_a_daemon_do_not_raise(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    checks = run_checks(str(tmp_path / "no-bundle"))
+    assert [c.name for c in checks][:2] == ["bundle", "docker"]
+    assert checks[0].status == "fail" and checks[0].detail == f"no such bundle directory: {tmp_path / 'no-bundle'}"

@@ -1,0 +1,318 @@
+"""`imgtool load`: verified before Docker sees a byte, streamed, confirmed by image ID.
+
+Against the real test dockerd; a refused bundle must leave Docker without any new image.
+"""
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from imgtool.bundle.load import _compatibility
+from imgtool.daemon import DaemonInfo
+from imgtool.errors import ImgtoolError
+from tests.support.bundles import (BlobDir, canonical_tar, imgtool, member_bytes, parts_of, random_layer,
+                                   replace_archive, simple_image, tar_body, write)
+from tests.support.images import host_arch
+
+REPO = "quay.io/ascend/vllm-ascend"
+
+
+def err_lines(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:", "warning:", "  - "))]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return BlobDir(tmp_path / "blobs")
+
+
+@pytest.fixture
+def bundle(factory, store, tmp_path):
+    """A 4+-part bundle of a fresh host-arch image (no daemon has it yet)."""
+    image = factory.image(host_arch(), layers=3)
+    out = tmp_path / "vllm-ascend-v0.22.1rc1"
+    write(out, [store.pulled(image, f"{REPO}:v0.22.1rc1")], store, chunk_size=700 * 1024)
+    assert len(parts_of(out)) >= 4
+    return out, image
+
+
+def test_load_multipart_then_again_is_a_noop(bundle, services, docker_cli, docker_cleanup):
+    out, image = bundle
+    before = docker_cli.image_ids()
+    docker_cleanup.image(f"{REPO}:v0.22.1rc1", "vllm:prod", image.config_digest)
+    r = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert set(docker_cli.image_ids()) - set(before) == {image.config_digest}
+    info = docker_cli.inspect_image(image.config_digest)
+    assert sorted(info["RepoTags"]) == sorted([f"{REPO}:v0.22.1rc1", "vllm:prod"])
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "ID", "PLATFORM", "SIZE"]
+    assert lines[1].startswith(f"{REPO}:v0.22.1rc1, vllm:prod  {image.config_digest[7:19]}  linux/{host_arch()}")
+    assert lines[2].startswith(f"loaded 1 image(s) from {out} in ")
+
+    again = imgtool("load", str(out), "--json", docker_host=services.docker_host)
+    assert again.returncode == 0, again.stderr
+    result = json.loads(again.stdout)
+    assert result["sent"] is False and result["images"][0]["was_present"] is True
+    text = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert text.stdout.splitlines()[-1] == f"already loaded: nothing sent to Docker ({out})"
+
+
+def test_damaged_part_is_refused_before_docker(bundle, services, docker_cli):
+    out, image = bundle
+    part = parts_of(out)[1]
+    data = bytearray(part.read_bytes())
+    data[4242] ^= 0x40
+    part.write_bytes(bytes(data))
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3
+    assert err_lines(r) == [
+        f"error: refusing to load: {out}: 1 problem; nothing was loaded",
+        f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; "
+        "re-copy part 002 from the source medium",
+    ]
+    assert docker_cli.image_ids() == before
+
+
+def test_missing_part_is_refused(bundle, services, docker_cli):
+    out, _ = bundle
+    parts = parts_of(out)
+    parts[2].unlink()
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3
+    assert err_lines(r)[1] == f"  - part 003 ({parts[2].name}) is missing; copy part 003 from the source medium"
+    assert docker_cli.image_ids() == before
+
+
+def test_unreachable_docker_is_one_error(bundle, tmp_path):
+    out, _ = bundle
+    r = imgtool("load", str(out), docker_host=f"unix://{tmp_path}/no.sock")
+    assert r.returncode == 5
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("error: cannot reach the Docker daemon: ")
+    assert lines[1:] == ["hint: is dockerd running? check DOCKER_HOST and permissions on the socket"]
+
+
+def test_fetch_verify_expect_load(services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
+    """The whole path through the CLI: fetch (connected side) -> verify --expect -> load (offline side)."""
+    idx = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    fetched = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
+                      "--chunk-size", "512K", "--json", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert fetched.returncode == 0, fetched.stderr
+    sha = json.loads(fetched.stdout)["bundle_json_sha256"]
+    assert len(json.loads(fetched.stdout)["parts"]) >= 4
+    ok = imgtool("verify", str(out), "--expect", sha)
+    assert ok.returncode == 0, ok.stderr
+    child = idx.image(host_arch())
+    ref = f"quay.io/{ms.repo}:v0.22.1rc1"
+    docker_cleanup.image(ref, child.config_digest)
+    loaded = imgtool("load", str(out), "--expect", sha, docker_host=services.docker_host)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.inspect_image(ref)["Id"] == child.config_digest
+
+
+# --- crafted archives: parts and bundle.json agree, the tar does not ----------------------
+
+
+def _crafted(bundle_dir, extra: bytes = b"", replace_manifest: bytes = None):
+    tar = canonical_tar(bundle_dir)
+    body = tar_body(tar)
+    if replace_manifest is not None:
+        with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+            names = t.getnames()
+            keep = []
+            for m in t.getmembers():
+                data = t.extractfile(m).read()
+                keep.append(member_bytes(m.name, replace_manifest if m.name == "manifest.json" else data))
+        assert "manifest.json" in names
+        body = b"".join(keep)
+    replace_archive(bundle_dir, body + extra)
+
+
+EVIL = {
+    "dotdot": (member_bytes("../x", b"owned\n"), "archive member '../x' escapes the archive (a `..` path)"),
+    "absolute": (member_bytes("/etc/cron.d/x", b"* * * * * root sh\n"),
+                 "archive member '/etc/cron.d/x' is an absolute path"),
+    "symlink": (member_bytes("blobs/sha256/evil", type=tarfile.SYMTYPE, linkname="../../../etc/shadow"),
+                "archive member 'blobs/sha256/evil' is a symbolic link to '../../../etc/shadow': the archive may "
+                "hold only regular files"),
+    "hardlink": (member_bytes("blobs/link", type=tarfile.LNKTYPE, linkname="manifest.json"),
+                 "archive member 'blobs/link' is a hard link to 'manifest.json': the archive may hold only "
+                 "regular files"),
+    "device": (member_bytes("dev-sda", type=tarfile.BLKTYPE, devmajor=8, devminor=0),
+               "archive member 'dev-sda' is a block device: the archive may hold only regular files"),
+    "chardev": (member_bytes("blobs/null", type=tarfile.CHRTYPE, devmajor=1, devminor=3),
+                "archive member 'blobs/null' is a character device: the archive may hold only regular files"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVIL))
+def test_crafted_member_is_refused_before_docker(case, bundle, services, docker_cli):
+    out, _ = bundle
+    member, message = EVIL[case]
+    _crafted(out, extra=member)
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    lines = err_lines(r)
+    assert lines[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded"
+    assert lines[1].startswith(f"  - {message} (in part 001)"), lines
+    assert docker_cli.image_ids() == before
+    assert imgtool("verify", str(out)).returncode == 3
+
+
+def test_huge_manifest_json_is_refused(bundle, services, docker_cli):
+    out, image = bundle
+    entries = [{"Config": f"blobs/sha256/{image.config_digest[7:]}", "RepoTags": [f"evil/x{i}:latest"],
+                "Layers": []} for i in range(300000)]
+    huge = json.dumps(entries).encode()
+    assert len(huge) > 20 << 20
+    _crafted(out, replace_manifest=huge)
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3
+    implied = len(json.dumps([{"Config": f"blobs/sha256/{image.config_digest[7:]}",
+                               "RepoTags": [f"{REPO}:v0.22.1rc1"],
+                               "Layers": [f"blobs/sha256/{x.digest[7:]}" for x in image.layers]}],
+                             separators=(",", ":")))
+    assert f"  - archive member 'manifest.json' is {len(huge)} bytes, but bundle.json implies {implied} " \
+           "(in part 001)" in err_lines(r)
+    assert docker_cli.image_ids() == before
+
+
+def test_manifest_json_with_other_tags_is_refused(bundle, services, docker_cli):
+    """Same size as implied, other content (a tag of someone else's image): caught by content."""
+    out, image = bundle
+    tar = canonical_tar(out)
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        original = t.extractfile("manifest.json").read()
+    forged = original.replace(b"quay.io/ascend/vllm-ascend", b"docker.io/library/ubuntuuu")
+    assert len(forged) == len(original)
+    _crafted(out, replace_manifest=forged)
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3
+    assert "  - archive member manifest.json differs from what bundle.json implies; the bundle itself is bad: " \
+           "fetch it again (in part 001)" in err_lines(r)
+
+
+def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services, docker_cli):
+    """A layer that is valid gzip with a matching diff_id but not a tar: only Docker can tell."""
+    raw = os.urandom(64 * 1024)
+    blob = gzip.compress(raw, mtime=0)
+    from tests.support.images import Layer, sha256_digest
+
+    layer = Layer(blob=blob, digest=sha256_digest(blob), size=len(blob), diff_id=sha256_digest(raw),
+                  uncompressed_size=len(raw))
+    image = simple_image([layer], host_arch(), seed=7)
+    out = tmp_path / "b"
+    write(out, [store.pulled(image, f"{REPO}:broken")], store)
+    assert imgtool("verify", str(out)).returncode == 0
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 5, r.stderr
+    lines = err_lines(r)
+    assert lines[0].startswith("error: docker load failed: ")
+    assert docker_cli.image_ids() == before
+
+
+def test_foreign_arch_loads_with_a_warning(factory, store, tmp_path, services, docker_cli, docker_cleanup):
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    image = factory.image(other, layers=1)
+    out = tmp_path / "b"
+    write(out, [store.pulled(image, f"{REPO}:foreign")], store)
+    docker_cleanup.image(f"{REPO}:foreign", image.config_digest)
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    platform = "linux/arm64/v8" if other == "arm64" else "linux/amd64"
+    assert (f"warning: {REPO}:foreign is for {platform} but this Docker host is linux/{host_arch()}: its "
+            f"containers will not start (exec format error); fetch it with --arch {host_arch()}") in err_lines(r)
+
+
+def test_tag_needs_a_source_when_the_bundle_has_several_images(factory, store, tmp_path, services):
+    base = factory.layers(1)
+    images = [store.pulled(factory.image(host_arch(), layers=1, base=base), f"{REPO}:a"),
+              store.pulled(factory.image(host_arch(), layers=1, base=base), f"{REPO}:b")]
+    out = tmp_path / "b"
+    write(out, images, store)
+    r = imgtool("load", str(out), "--tag", "x:1", docker_host=services.docker_host)
+    assert r.returncode == 2
+    assert err_lines(r) == [f"error: --tag x:1: this bundle holds 2 images ({REPO}:a, {REPO}:b)",
+                            "hint: say which: --tag SOURCE=NAME, SOURCE being an image's name or tag"]
+    r = imgtool("load", str(out), "--tag", "b=Bad Name", docker_host=services.docker_host)
+    assert r.returncode == 2 and err_lines(r)[0] == "error: invalid --tag 'b=Bad Name': expected NAME[:TAG], " \
+                                                    "e.g. vllm-ascend:prod"
+
+
+def test_free_space_is_checked_against_the_unpacked_size(tmp_path, factory, store):
+    mnt = tmp_path / "root"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        out = tmp_path / "b"
+        write(out, [store.pulled(factory.image("arm64", layers=3), f"{REPO}:v1")], store)
+        from imgtool.bundle.reader import read_index
+
+        index, _ = read_index(out)
+        facts = DaemonInfo("unix:///x.sock", "20.10.24", "1.41", "overlay2", str(mnt), "arm64", "linux", True)
+        with pytest.raises(ImgtoolError) as e:
+            _compatibility(index, facts, 8 << 20, force=False)
+        assert e.value.message.startswith(f"not enough space for Docker under {mnt}: the load needs about ")
+        assert "unpacked), 4.0 MiB is free" in e.value.message
+        assert e.value.hint == "free space there (e.g. docker image prune), or pass --force to try anyway"
+        assert _compatibility(index, facts, 8 << 20, force=True)[0].endswith("(--force: trying anyway)")
+        remote = DaemonInfo("tcp://10.0.0.9:2375", "20.10.24", "1.41", "overlay2", "/var/lib/docker", "arm64",
+                            "linux", False)
+        assert _compatibility(index, remote, 8 << 20, force=False)[0].startswith(
+            "cannot check free space under /var/lib/docker from here (daemon at tcp://10.0.0.9:2375)")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# --- memory: streaming means the load does not grow with the image -------------------------
+
+
+MEASURE = """
+import os, subprocess, sys
+proc = subprocess.Popen([sys.executable, "-m", "imgtool", *sys.argv[1:]], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+if os.waitstatus_to_exitcode(status):
+    sys.exit("imgtool exited %d" % os.waitstatus_to_exitcode(status))
+print(usage.ru_maxrss * 1024)
+"""
+
+
+def _load_peak_rss(tmp_path, services, size: int, tag: str) -> int:
+    store = BlobDir(tmp_path / f"blobs-{tag}")
+    layers = [random_layer(size // 2, seed=hash((tag, i)) & 0xFFFF) for i in range(2)]
+    image = simple_image(layers, host_arch(), seed=size)
+    out = tmp_path / f"b-{tag}"
+    write(out, [store.pulled(image, f"{REPO}:{tag}")], store, chunk_size=16 << 20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env["DOCKER_HOST"] = services.docker_host
+    # A small fresh process starts imgtool and reads its rusage: forked straight from pytest, the
+    # child's peak RSS would include pytest's own pages before exec.
+    r = subprocess.run([sys.executable, "-c", MEASURE, "-q", "load", str(out)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.split()[-1]), image
+
+
+def test_load_memory_does_not_grow_with_image_size(tmp_path, services, docker_cli, docker_cleanup):
+    small, a = _load_peak_rss(tmp_path, services, 8 << 20, "rss-small")
+    big, b = _load_peak_rss(tmp_path, services, 80 << 20, "rss-big")
+    docker_cleanup.image(f"{REPO}:rss-small", f"{REPO}:rss-big", a.config_digest, b.config_digest)
+    print(f"peak RSS of imgtool load: 8 MB image {small / 2**20:.1f} MiB, 80 MB image {big / 2**20:.1f} MiB")
+    assert big - small < 15 << 20, (small, big)
