@@ -1,0 +1,321 @@
+"""Presets files: presets.toml (built in) with the user's file merged over it -> `PresetSet`.
+
+Every problem is a ConfigError naming the file and line (`extends` chains, unknown keys,
+bad values); the values themselves are checked by the parsers in `preset.py`.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..config import find_user_file, key_line, read_toml
+from ..errors import ConfigError, UsageError
+from ..model import parse_size
+from .preset import (ENV_NAME_RE, NETWORK_RE, EnvPreset, MultiNode, Port, Preset, PresetSet, parse_cards,
+                     parse_mount)
+
+BUILTIN_PRESETS = Path(__file__).with_name("presets.toml")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+_PRESET_KEYS = {
+    "description": "a string",
+    "extends": "a preset name",
+    "cards": 'a card range like "0-7"',
+    "min_cards": "an integer",
+    "devices": "an array of device paths",
+    "mounts": "an array of mounts",
+    "shm_size": 'a size like "1g"',
+    "network": '"bridge" or "host"',
+    "ports": 'an array like ["8000:8000"]',
+    "env": "a table of NAME = \"value\"",
+    "tag_suffixes": 'an array like ["-a3", "-a3-openeuler"]',
+    "privileged": "true or false",
+    "multi_node": "true or false",
+}
+_MULTI_NODE_KEYS = ("network", "mounts")
+_ENV_PRESET_KEYS = ("description", "env")
+
+
+def find_presets_file(option: Optional[str]) -> Optional[Path]:
+    """The user's presets file: --presets, $IMGTOOL_PRESETS, ~/.config/imgtool/presets.toml, or None."""
+    return find_user_file(option, "IMGTOOL_PRESETS", "presets.toml")
+
+
+def load_presets(option: Optional[str] = None) -> PresetSet:
+    """The built-in presets with the user's file merged over them; raises ConfigError (exit 2)."""
+    layers = [_Layer(BUILTIN_PRESETS, *read_toml(BUILTIN_PRESETS))]
+    user = find_presets_file(option)
+    if user is not None:
+        layers.append(_Layer(user, *read_toml(user)))
+    return _build(layers)
+
+
+@dataclass
+class _Layer:
+    path: Path
+    data: Dict[str, Any]
+    text: str
+
+    def where(self, table: Optional[str], key: Optional[str] = None) -> str:
+        line = _table_key_line(self.text, table, key)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+# A resolved preset table: key -> (value, layer it came from, table name in that layer).
+_Resolved = Dict[str, Tuple[Any, _Layer, str]]
+_ORIGIN = "<origin>"
+
+
+def _build(layers: List[_Layer]) -> PresetSet:
+    for layer in layers:
+        for key, value in layer.data.items():
+            if key not in ("presets", "multi_node", "env_presets"):
+                raise ConfigError(f"{layer.where(key)}: unknown key {key!r} "
+                                  "(expected presets, multi_node, env_presets)")
+            if not isinstance(value, dict):
+                raise ConfigError(f"{layer.where(key)}: {key} must be a table ([{key}...])")
+    resolved: Dict[str, _Resolved] = {}
+    for layer in layers:
+        resolved = _resolve_layer(layer, resolved)
+    presets = tuple(_make_preset(name, table) for name, table in resolved.items())
+    if not presets:
+        raise ConfigError(f"{layers[-1].path}: no presets defined")
+
+    multi: _Resolved = {}
+    env_tables: Dict[str, _Resolved] = {}
+    for layer in layers:
+        mn = layer.data.get("multi_node", {})
+        for key, value in mn.items():
+            if key not in _MULTI_NODE_KEYS:
+                raise ConfigError(f"{layer.where('multi_node', key)}: multi_node: unknown key {key!r} "
+                                  f"(expected {', '.join(_MULTI_NODE_KEYS)})")
+            multi[key] = (value, layer, "multi_node")
+        for name, table in layer.data.get("env_presets", {}).items():
+            label = f"env_presets.{name}"
+            if not isinstance(table, dict):
+                raise ConfigError(f"{layer.where(label)}: {label} must be a table")
+            if not _NAME_RE.match(name):
+                raise ConfigError(f"{layer.where(label)}: invalid env preset name {name!r}")
+            merged = env_tables.setdefault(name, {})
+            for key, value in table.items():
+                if key not in _ENV_PRESET_KEYS:
+                    raise ConfigError(f"{layer.where(label, key)}: {label}: unknown key {key!r} "
+                                      "(expected description, env)")
+                merged[key] = (value, layer, label)
+            if not merged:  # an empty table: nothing to name a line by later
+                raise ConfigError(f"{layer.where(label)}: {label} is empty (expected description, env)")
+    env_presets = tuple(_make_env_preset(n, t) for n, t in env_tables.items())
+    return PresetSet(presets, _make_multi_node(multi, layers[0]), env_presets, tuple(str(la.path) for la in layers))
+
+
+def _resolve_layer(layer: _Layer, below: Dict[str, _Resolved]) -> Dict[str, _Resolved]:
+    """Apply one file's [presets.*] tables over the presets resolved so far (`extends` included)."""
+    tables = layer.data.get("presets", {})
+    out: Dict[str, _Resolved] = dict(below)
+    done: Dict[str, _Resolved] = {}
+
+    def resolve(name: str, stack: Tuple[str, ...]) -> _Resolved:
+        if name in done:
+            return done[name]
+        label = f"presets.{name}"
+        table = tables[name]
+        if not isinstance(table, dict):
+            raise ConfigError(f"{layer.where(label)}: {label} must be a table")
+        if not _NAME_RE.match(name):
+            raise ConfigError(f"{layer.where(label)}: invalid preset name {name!r} (letters, digits, '-', '_')")
+        for key in table:
+            if key not in _PRESET_KEYS:
+                raise ConfigError(f"{layer.where(label, key)}: {label}: unknown key {key!r} "
+                                  f"(expected {', '.join(_PRESET_KEYS)})")
+        parent = table.get("extends")
+        if parent is not None:
+            if not isinstance(parent, str):
+                raise ConfigError(f"{layer.where(label, 'extends')}: {label}.extends must be a preset name")
+            if parent == name and name not in below:
+                raise ConfigError(f"{layer.where(label, 'extends')}: {label}.extends: a preset cannot extend itself")
+            if parent in stack:
+                loop = " -> ".join(stack[stack.index(parent):] + (name, parent))
+                raise ConfigError(f"{layer.where(label, 'extends')}: {label}.extends: loop {loop}")
+            if parent in tables and parent != name:
+                base = resolve(parent, stack + (name,))
+            elif parent in below:
+                base = below[parent]
+            else:
+                raise ConfigError(f"{layer.where(label, 'extends')}: {label}.extends: unknown preset {parent!r}")
+        else:
+            base = below.get(name, {})
+        merged = dict(base)
+        for key, value in table.items():
+            if key != "extends":
+                merged[key] = (value, layer, name)
+        merged[_ORIGIN] = (None, layer, name)  # where the user last wrote this preset
+        done[name] = merged
+        return merged
+
+    for name in tables:
+        out[name] = resolve(name, ())
+    return out
+
+
+def _fail(origin: Tuple[Any, _Layer, str], key: str, problem: str, preset: str):
+    _, layer, table = origin
+    raise ConfigError(f"{layer.where('presets.' + table, key)}: presets.{preset}.{key}: {problem}")
+
+
+def _make_preset(name: str, table: _Resolved) -> Preset:
+    required = [k for k in _PRESET_KEYS if k not in ("extends",)]
+    missing = [k for k in required if k not in table]
+    if missing:
+        _, layer, table_name = table[_ORIGIN]
+        where = layer.where(f"presets.{table_name}")
+        raise ConfigError(f"{where}: presets.{name}: missing {', '.join(missing)} "
+                          "(a new preset needs every key, or extends = \"a2\")")
+
+    def get(key, kind, check=None):
+        origin = table[key]
+        value = origin[0]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            _fail(origin, key, f"must be {_PRESET_KEYS[key]}", name)
+        if check is not None:
+            try:
+                return check(value)
+            except UsageError as e:
+                _fail(origin, key, e.message, name)
+        return value
+
+    def strings(key, check_each=None):
+        values = get(key, list)
+        out = []
+        for v in values:
+            if not isinstance(v, str):
+                _fail(table[key], key, f"must be {_PRESET_KEYS[key]}", name)
+            if check_each is not None:
+                try:
+                    v = check_each(v)
+                except UsageError as e:
+                    _fail(table[key], key, e.message, name)
+            out.append(v)
+        return tuple(out)
+
+    def device(path):
+        if not path.startswith("/dev/") or any(c.isspace() for c in path):
+            raise UsageError(f"invalid device {path!r}: expected a path under /dev/")
+        return path
+
+    def mounts(values):
+        if not isinstance(values, list):
+            raise UsageError(f"must be {_PRESET_KEYS['mounts']}")
+        return tuple(parse_mount(v) for v in values)
+
+    def suffixes(values):
+        out = []
+        for v in values:
+            if not isinstance(v, str) or (v and not re.match(r"^-[A-Za-z0-9_.-]+$", v)):
+                raise UsageError(f"invalid tag suffix {v!r}: expected \"\" or like \"-a3\"")
+            out.append(v)
+        if not out:
+            raise UsageError("needs at least one suffix (\"\" for none)")
+        return tuple(out)
+
+    def network(value):
+        if not NETWORK_RE.match(value):
+            raise UsageError(f"invalid network {value!r}: expected bridge, host or a network name")
+        return value
+
+    card_list = get("cards", (str, int), parse_cards)
+    min_cards = get("min_cards", int)
+    if not 0 <= min_cards <= len(card_list):
+        _fail(table["min_cards"], "min_cards", f"must be between 0 and the number of cards ({len(card_list)})", name)
+    return Preset(
+        name=name,
+        description=" ".join(get("description", str).split()),
+        cards=card_list,
+        min_cards=min_cards,
+        devices=strings("devices", device),
+        mounts=get("mounts", list, mounts),
+        shm_size=get("shm_size", str, lambda v: parse_size(v, "size")),
+        network=get("network", str, network),
+        ports=strings("ports", Port.parse),
+        env=get("env", dict, _env_pairs),
+        tag_suffixes=get("tag_suffixes", list, suffixes),
+        privileged=get("privileged", bool),
+        multi_node=get("multi_node", bool),
+    )
+
+
+def _env_pairs(values: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    out = []
+    for k, v in values.items():
+        if not ENV_NAME_RE.match(k):
+            raise UsageError(f"invalid variable name {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise UsageError(f"{k} must be a string (quote it: {k} = \"...\")")
+        out.append((k, str(v)))
+    return tuple(out)
+
+
+def _make_multi_node(table: _Resolved, builtin: _Layer) -> MultiNode:
+    def fail(key, problem):
+        layer = table[key][1] if key in table else builtin
+        raise ConfigError(f"{layer.where('multi_node', key)}: multi_node.{key}: {problem}")
+
+    for key in _MULTI_NODE_KEYS:
+        if key not in table:
+            fail(key, "missing")
+    network = table["network"][0]
+    if not isinstance(network, str) or not NETWORK_RE.match(network):
+        fail("network", "must be a network name like \"host\"")
+    values = table["mounts"][0]
+    if not isinstance(values, list):
+        fail("mounts", "must be an array of mounts")
+    try:
+        mounts = tuple(parse_mount(v) for v in values)
+    except UsageError as e:
+        fail("mounts", e.message)
+    return MultiNode(network, mounts)
+
+
+def _make_env_preset(name: str, table: _Resolved) -> EnvPreset:
+    label = f"env_presets.{name}"
+
+    def fail(key, problem):
+        origin = table.get(key) or next(iter(table.values()))
+        raise ConfigError(f"{origin[1].where(label, key if key in table else None)}: {label}.{key}: {problem}")
+
+    for key in _ENV_PRESET_KEYS:
+        if key not in table:
+            fail(key, "missing")
+    if not isinstance(table["description"][0], str):
+        fail("description", "must be a string")
+    if not isinstance(table["env"][0], dict):
+        fail("env", "must be a table of NAME = \"value\"")
+    try:
+        env = _env_pairs(table["env"][0])
+    except UsageError as e:
+        fail("env", e.message)
+    return EnvPreset(name, table["description"][0], env)
+
+
+def _table_key_line(text: str, table: Optional[str], key: Optional[str] = None) -> Optional[int]:
+    """Best-effort line of `key` inside `[table]` (dotted, names maybe quoted), or of the header."""
+    lines = text.splitlines()
+    if table is None:
+        return None
+    parts = table.split(".")
+    part_res = [rf"\s*(?:{re.escape(p)}|\"{re.escape(p)}\"|'{re.escape(p)}')\s*" for p in parts]
+    header = re.compile(r"^\s*\[" + r"\.".join(part_res) + r"[\].]")  # [table] or its first [table.sub]
+    start = next((i for i, ln in enumerate(lines) if header.match(ln)), None)
+    if start is None:
+        # a top-level key such as `presets = 1`
+        return key_line(text, parts[0]) if len(parts) == 1 and key is None else None
+    if key is None:
+        return start + 1
+    pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
+    for i in range(start + 1, len(lines)):
+        if re.match(r"^\s*\[", lines[i]):
+            break
+        if pat.match(lines[i]):
+            return i + 1
+    return start + 1

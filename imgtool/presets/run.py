@@ -1,0 +1,309 @@
+"""A run: preset + the user's options -> `RunSpec`, cut to the host, rendered as `docker run`.
+
+Pure: the daemon is asked about local images and starts the container in `daemon.py`;
+the host's device nodes are looked at through an `exists` callable, so every decision
+here can be tested without an NPU.
+"""
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ImgtoolError, UsageError
+from ..model import ImageRef, parse_size
+from ..releases import TagInfo, pick_tag
+from .preset import (NETWORK_RE, Mount, Port, Preset, PresetSet, docker_size, format_cards, parse_cards, parse_env,
+                     parse_mount)
+
+CARD_DEVICE = "/dev/davinci{}"
+# A tag that cannot be pulled by accident: docker rejects it at once as a reference.
+PLACEHOLDER_TAG = "<version>"
+DEFAULT_NAME = "vllm-ascend"
+
+PRIVILEGED_EFFECT = (
+    "it gives the container every host device and all kernel capabilities and turns off its "
+    "seccomp/AppArmor confinement; use it only with an image you trust (vllm-ascend FAQ 20)"
+)
+
+_CONTAINER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the user asked for on top of a preset (all optional)."""
+
+    devices: Optional[str] = None
+    shm_size: Optional[str] = None
+    privileged: bool = False
+    network: Optional[str] = None
+    name: Optional[str] = DEFAULT_NAME
+    env_presets: Tuple[str, ...] = ()
+    env: Tuple[str, ...] = ()
+    volumes: Tuple[str, ...] = ()
+    publish: Tuple[str, ...] = ()
+    multi_node: bool = False
+    detach: bool = False
+    remove: bool = True
+    interactive: bool = True
+    command: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One container to start: everything `docker run` needs, as plain values."""
+
+    preset: str
+    image: str
+    cards: Tuple[int, ...]
+    devices: Tuple[str, ...]  # management devices; card nodes come from `cards`
+    mounts: Tuple[Mount, ...]
+    env: Tuple[Tuple[str, str], ...]
+    shm_size: int
+    network: Optional[str]  # None: Docker's default bridge
+    ports: Tuple[Port, ...]
+    privileged: bool
+    privileged_by_preset: bool
+    name: Optional[str]
+    command: Tuple[str, ...]
+    detach: bool = False
+    remove: bool = True
+    interactive: bool = True
+    image_is_placeholder: bool = False
+
+    @property
+    def shm_size_text(self) -> str:
+        return docker_size(self.shm_size)
+
+    @property
+    def device_paths(self) -> Tuple[str, ...]:
+        """Card nodes in order, then the management devices."""
+        return tuple(CARD_DEVICE.format(c) for c in self.cards) + self.devices
+
+    def with_image(self, image: str, placeholder: bool = False) -> "RunSpec":
+        return replace(self, image=image, image_is_placeholder=placeholder)
+
+    def to_json(self) -> dict:
+        return {
+            "preset": self.preset,
+            "image": self.image,
+            "image_is_placeholder": self.image_is_placeholder,
+            "cards": list(self.cards),
+            "devices": list(self.device_paths),
+            "mounts": [m.to_json() for m in self.mounts],
+            "env": dict(self.env),
+            "shm_size": self.shm_size_text,
+            "shm_size_bytes": self.shm_size,
+            "network": self.network,
+            "ports": [str(p) for p in self.ports],
+            "privileged": self.privileged,
+            "name": self.name,
+            "command": list(self.command),
+            "detach": self.detach,
+            "remove": self.remove,
+            "argv": render_argv(self),
+            "command_line": render_command(self, one_line=True),
+        }
+
+
+# --- building a run ----------------------------------------------------------
+
+
+def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image: str = "") -> RunSpec:
+    """The container the user asked for: preset + options, validated; raises UsageError."""
+    preset = presets.get(preset_name)
+    if not explicit_cards(options.devices):
+        cards = preset.cards
+    else:
+        try:
+            cards = parse_cards(options.devices)
+        except UsageError:
+            raise UsageError(f"invalid --devices {options.devices!r}: expected card numbers like 0,1 or 0-7, or all")
+        outside = [c for c in cards if c not in preset.cards]
+        if outside:
+            raise UsageError(f"invalid --devices {options.devices!r}: card {outside[0]} is outside preset "
+                             f"{preset.name}'s range {format_cards(preset.cards)}")
+    if len(cards) < preset.min_cards:
+        raise UsageError(f"invalid --devices {options.devices!r}: preset {preset.name} needs at least "
+                         f"{preset.min_cards} cards")
+    shm = parse_size(options.shm_size, "--shm-size") if options.shm_size is not None else preset.shm_size
+
+    mounts = list(preset.mounts)
+    network = preset.network
+    if options.multi_node:
+        if not preset.multi_node:
+            multi = [p.name for p in presets.presets if p.multi_node]
+            raise UsageError(f"--multi-node does not apply to preset {preset.name}; it applies to: {', '.join(multi)}")
+        network = presets.multi_node.network
+        mounts += [m for m in presets.multi_node.mounts if m.container not in {x.container for x in mounts}]
+    if options.network:
+        if not NETWORK_RE.match(options.network):
+            raise UsageError(f"invalid --net {options.network!r}: expected host, bridge, none or a network name")
+        network = options.network
+    for v in options.volumes:
+        m = parse_mount(v, "--volume")
+        mounts = [x for x in mounts if x.container != m.container]
+        mounts.append(Mount(m.host, m.container, m.readonly, create=False, user=True))
+
+    env: Dict[str, str] = dict(preset.env)
+    for name in options.env_presets:
+        env.update(presets.env_preset(name).env)
+    for item in options.env:
+        k, v = parse_env(item)
+        env[k] = v
+
+    ports = preset.ports
+    if options.publish:
+        ports = tuple(Port.parse(p, "--publish") for p in options.publish)
+    if network in ("host", "none") or network.startswith("container:"):
+        ports = ()  # Docker discards published ports on these networks anyway
+    if options.name is not None and not _CONTAINER_NAME_RE.match(options.name):
+        raise UsageError(f"invalid --name {options.name!r}: "
+                         "letters, digits, '_', '.', '-', starting with a letter or digit")
+
+    return RunSpec(
+        preset=preset.name,
+        image=image,
+        cards=tuple(cards),
+        devices=preset.devices,
+        mounts=tuple(mounts),
+        env=tuple(env.items()),
+        shm_size=shm,
+        network=None if network in ("bridge", "default") else network,
+        ports=tuple(ports),
+        privileged=options.privileged or preset.privileged,
+        privileged_by_preset=preset.privileged,
+        name=options.name,
+        command=tuple(options.command),
+        detach=options.detach,
+        remove=options.remove,
+        interactive=options.interactive,
+    )
+
+
+def explicit_cards(devices: Optional[str]) -> bool:
+    """Whether --devices names cards, rather than leaving them to the preset (absent or `all`)."""
+    return devices is not None and devices.strip().lower() != "all"
+
+
+def privileged_warning(spec: RunSpec) -> Optional[str]:
+    """The stderr warning when the spec is privileged, else None."""
+    if not spec.privileged:
+        return None
+    if spec.privileged_by_preset:
+        return (f"preset {spec.preset} runs with --privileged, as the vllm-ascend docs do for this hardware: "
+                f"{PRIVILEGED_EFFECT}")
+    return f"--privileged: {PRIVILEGED_EFFECT}"
+
+
+# --- images ------------------------------------------------------------------
+
+
+def normalize_image(text: str, default_image: str) -> str:
+    """What the user typed for an image, for Docker: a bare tag means `default_image:TAG`; raises UsageError."""
+    text = (text or "").strip()
+    if not text or text.startswith("-") or any(c.isspace() for c in text):
+        raise UsageError(f"invalid image {text!r}: expected a tag (v0.11.0rc1-a3) or NAME[:TAG]")
+    if "/" not in text and ":" not in text and "@" not in text:
+        return str(ImageRef.parse(text, default_image))
+    return text
+
+
+def default_image_for(preset: Preset, default_image: str, local_tags: Optional[Sequence[str]]) -> Tuple[str, bool]:
+    """(image, is_placeholder): the newest local tag of `default_image` for the preset, else a placeholder."""
+    tag = pick_tag(local_tags or (), preset.tag_suffixes)
+    if tag is not None:
+        return f"{default_image}:{tag}", False
+    return f"{default_image}:{PLACEHOLDER_TAG}{preset.tag_suffixes[0]}", True
+
+
+def suffix_mismatch(preset: Preset, image: str, default_image: str) -> Optional[str]:
+    """A warning when `image` is a release tag of `default_image` built for other hardware."""
+    name, _, tag = image.rpartition(":")
+    if name != default_image or "/" in tag:
+        return None
+    suffix = TagInfo.parse(tag).suffix
+    if suffix is None or suffix in preset.tag_suffixes:
+        return None
+    wanted = " or ".join(preset.tag_patterns[:2])
+    return f"image tag {tag} does not look like one for preset {preset.name} (expected {wanted})"
+
+
+# --- the host ------------------------------------------------------------------
+
+
+def fit_to_host(spec: RunSpec, presets: PresetSet, devices_given: bool, allow_missing: bool,
+                exists: Callable[[str], bool] = os.path.exists) -> Tuple[RunSpec, List[str]]:
+    """The spec cut to what this host has: (spec, paths left out); raises ImgtoolError.
+
+    Without an explicit --devices, the cards present within the preset's range are used.
+    Missing management devices and host files are an error unless `allow_missing`, which
+    leaves them (and absent cards) out; --volume paths must always exist.
+    """
+    preset = presets.get(spec.preset)
+    present = tuple(c for c in spec.cards if exists(CARD_DEVICE.format(c)))
+    absent_cards = [CARD_DEVICE.format(c) for c in spec.cards if c not in present]
+    absent_devices = [d for d in spec.devices if not exists(d)]
+    absent_mounts = [m for m in spec.mounts if not m.create and not exists(m.host)]
+    user_missing = [m.host for m in absent_mounts if m.user]
+    if user_missing:
+        raise ImgtoolError(f"--volume host path not found: {', '.join(user_missing)}",
+                           hint="create it first or fix the path")
+    if allow_missing:
+        left_out = absent_cards + absent_devices + [m.host for m in absent_mounts]
+        kept = replace(spec, cards=present, devices=tuple(d for d in spec.devices if d not in absent_devices),
+                        mounts=tuple(m for m in spec.mounts if m not in absent_mounts))
+        return kept, left_out
+    hint = ("is the Ascend driver installed (npu-smi info)? "
+            "--allow-missing-devices starts the container without what is absent")
+    if not present:
+        raise ImgtoolError(f"no Ascend cards found on this host: none of /dev/davinci[{format_cards(spec.cards)}] exist",
+                           hint=hint)
+    if not devices_given and len(present) < preset.min_cards:
+        raise ImgtoolError(f"preset {preset.name} needs at least {preset.min_cards} cards; this host has "
+                           f"{len(present)}: {', '.join(CARD_DEVICE.format(c) for c in present)}", hint=hint)
+    missing = (absent_cards if devices_given else []) + absent_devices + [m.host for m in absent_mounts]
+    if missing:
+        raise ImgtoolError(f"not found on this host: {', '.join(missing)}", hint=hint)
+    return replace(spec, cards=present), []
+
+
+# --- rendering -----------------------------------------------------------------
+
+
+def render_groups(spec: RunSpec) -> List[List[str]]:
+    """The `docker run` argv in groups, one group per line of the readable form."""
+    head = ["docker", "run"]
+    if spec.remove:
+        head.append("--rm")
+    head.append("-it")
+    if spec.detach:
+        head.append("-d")
+    if spec.name:
+        head += ["--name", spec.name]
+    if spec.privileged:
+        head.append("--privileged")
+    if spec.network:
+        head.append(f"--net={spec.network}")
+    head.append(f"--shm-size={spec.shm_size_text}")
+    groups = [head]
+    groups += [["--device", d] for d in spec.device_paths]
+    groups += [["-v", m.spec] for m in spec.mounts]
+    groups += [["-e", f"{k}={v}"] for k, v in spec.env]
+    groups += [["-p", str(p)] for p in spec.ports]
+    groups.append([spec.image, *spec.command])
+    return groups
+
+
+def render_argv(spec: RunSpec) -> List[str]:
+    """The `docker run` command as an argv list."""
+    return [a for g in render_groups(spec) for a in g]
+
+
+def render_command(spec: RunSpec, one_line: bool = False) -> str:
+    """The shell-quoted command: one line, or one flag per line joined with backslashes."""
+    lines = [" ".join(shlex.quote(a) for a in g) for g in render_groups(spec)]
+    if one_line:
+        return " ".join(lines)
+    return " \\\n    ".join(lines)
