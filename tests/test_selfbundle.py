@@ -1,0 +1,231 @@
+"""imgtool.pyz: the bundle carries the tool that reads it, runnable by a bare Python 3.9.
+
+The bare interpreter is pyenv's python3.9 run with -I (no user site, no PYTHON* variables)
+when none of imgtool's dependencies is importable in it, else a fresh `venv --without-pip`.
+Never skipped: without a bare interpreter the promise "no install needed" is untested.
+"""
+
+import ast
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from imgtool import __version__, selfbundle
+from imgtool.errors import ImgtoolError
+from tests.support.bundles import imgtool
+from tests.support.images import host_arch
+
+ROOT = Path(__file__).resolve().parents[1]
+PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
+DEPS = ("click", "requests", "urllib3", "idna", "certifi", "charset_normalizer", "docker", "tqdm", "tomli",
+        "zstandard", "imgtool")
+
+
+def _importable(python):
+    code = "import importlib.util as u, sys; print(','.join(m for m in sys.argv[1:] if u.find_spec(m)))"
+    r = subprocess.run([*python, "-c", code, *DEPS], capture_output=True, text=True, cwd="/", timeout=60)
+    assert r.returncode == 0, r.stderr
+    return [m for m in r.stdout.strip().split(",") if m]
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory):
+    """[interpreter, -I]: a CPython 3.9 (or, lacking one, this Python's venv) with none of the deps."""
+    if PY39.exists() and not _importable([str(PY39), "-I"]):
+        python = [str(PY39), "-I"]
+    else:
+        base = str(PY39) if PY39.exists() else sys.executable
+        venv = tmp_path_factory.mktemp("bare") / "venv"
+        subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        python = [str(venv / "bin" / "python"), "-I"]
+    assert _importable(python) == [], "the bare interpreter must have none of imgtool's dependencies"
+    return python
+
+
+def run_bare(python, *args, cwd, docker_host=None, cache=None):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
+           "IMGTOOL_CACHE": str(cache or "/nonexistent/imgtool-cache")}  # verify/load must not need it
+    if docker_host:
+        env["DOCKER_HOST"] = docker_host
+    return subprocess.run([*python, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def _fetch(services, factory, mirrored, tmp_path, *extra):
+    idx = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    r = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
+                "--chunk-size", "512K", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx.image(host_arch()), f"quay.io/{ms.repo}:v0.22.1rc1", r
+
+
+def test_bundle_pyz_verifies_and_loads_with_a_bare_python(services, factory, mirrored, tmp_path, bare_python,
+                                                          docker_cli, docker_cleanup):
+    out, image, ref, fetched = _fetch(services, factory, mirrored, tmp_path)
+    pyz = out / "imgtool.pyz"
+    data = pyz.read_bytes()
+    files = {f["name"]: f for f in json.loads((out / "bundle.json").read_text())["files"]}
+    assert files["imgtool.pyz"] == {"name": "imgtool.pyz", "size": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()}
+    assert f"{hashlib.sha256(data).hexdigest()}  imgtool.pyz" in (out / "SHA256SUMS").read_text().splitlines()
+    assert len(data) < 3 * 2**20  # "a few MB at most": about 0.9 MB today
+    assert f"python3 {out}/imgtool.pyz load {out}" in fetched.stdout
+    for text in ((out / "README.txt").read_text(), run_bare(["sh"], "load.sh", "--help", cwd=out).stdout):
+        assert "imgtool load ." in text and "python3 imgtool.pyz load ." in text and "sh load.sh" in text
+        assert "--no-tool" not in text
+
+    ok = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: .: 1 image(s); ")
+    docker_cleanup.image(ref, image.config_digest)
+    loaded = run_bare(bare_python, "imgtool.pyz", "load", ".", cwd=out, docker_host=services.docker_host)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded 1 image(s) from . in " in loaded.stdout
+    assert docker_cli.inspect_image(ref)["Id"] == image.config_digest
+
+    # the pyz is code people run: a changed one is damage, as a changed load.sh is
+    pyz.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    bad = imgtool("verify", str(out), "--quick")
+    assert bad.returncode == 3
+    assert "  - imgtool.pyz does not match bundle.json: it was changed after the fetch; " \
+           "copy imgtool.pyz again from the source medium" in bad.stderr.splitlines()
+
+
+def test_zstd_bundle_without_zstandard_says_what_to_do(services, factory, mirrored, tmp_path, bare_python):
+    out, _, _, _ = _fetch(services, factory, mirrored, tmp_path, "--compress", "zstd")
+    r = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines() == [
+        "error: this bundle is zstd-compressed and the zstandard Python package is missing",
+        "hint: install it (pip install zstandard, or the system's python3-zstandard package), "
+        "or run `sh load.sh` on a host with the zstd command",
+    ]
+    quick = run_bare(bare_python, "imgtool.pyz", "verify", ".", "--quick", cwd=out)
+    assert quick.returncode == 0, quick.stderr  # the parts' checksums need no zstandard
+
+
+def test_no_tool_leaves_the_pyz_out_and_says_so(services, factory, mirrored, tmp_path):
+    out, _, _, fetched = _fetch(services, factory, mirrored, tmp_path, "--no-tool")
+    assert not (out / "imgtool.pyz").exists()
+    assert "imgtool.pyz" not in (out / "SHA256SUMS").read_text()
+    assert [f["name"] for f in json.loads((out / "bundle.json").read_text())["files"]] == ["load.sh", "README.txt"]
+    assert "imgtool.pyz load" not in fetched.stdout
+    readme = (out / "README.txt").read_text()
+    assert "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one" in readme
+    assert imgtool("verify", str(out)).returncode == 0
+
+
+def test_the_pyz_fetches_too_and_copies_itself(services, factory, mirrored, tmp_path, bare_python):
+    """The connected side without pip: the pyz fetches (gzip; zstd says what is missing) and
+    `self-bundle` run from a pyz writes that same pyz."""
+    tool = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(tool)).returncode == 0
+    idx = factory.multiarch(media="oci", layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    common = ["--mirrors", str(cfg), "--arch", host_arch()]
+    (tmp_path / "home").mkdir()
+    r = run_bare(bare_python, str(tool), "fetch", "v1", *common, "-o", "b", "--compress", "gzip", "-q",
+                 cwd=tmp_path / "home", cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "home" / "b"
+    assert (out / "imgtool.pyz").read_bytes() == tool.read_bytes()
+    v = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert v.returncode == 0, v.stderr
+    z = run_bare(bare_python, str(tool), "fetch", "v1", *common, "-o", "z", "--compress", "zstd", "-q",
+                 cwd=tmp_path / "home", cache=tmp_path / "cache")
+    assert (z.returncode, z.stderr.splitlines()) == (2, [
+        "error: --compress zstd needs the zstandard Python package",
+        "hint: pip install zstandard, or use --compress gzip"])
+    assert not (tmp_path / "home" / "z" / "bundle.json").exists()
+    again = run_bare(bare_python, str(tool), "self-bundle", "-o", "copy.pyz", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "copy.pyz").read_bytes() == tool.read_bytes()
+
+
+def test_builds_are_byte_identical_and_cached(tmp_path, monkeypatch):
+    a, b = selfbundle.build(tmp_path / "a.pyz"), selfbundle.build(tmp_path / "b.pyz")
+    assert (tmp_path / "a.pyz").read_bytes() == (tmp_path / "b.pyz").read_bytes() and a.sha256 == b.sha256
+    with zipfile.ZipFile(tmp_path / "a.pyz") as z:
+        infos = z.infolist()
+        names = [i.filename for i in infos]
+        assert names == sorted(names)
+        assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+        assert {i.external_attr >> 16 for i in infos} == {0o100644}
+        assert {"__main__.py", "imgtool/cli.py", "imgtool/mirrors.toml", "click/core.py", "requests/api.py",
+                "docker/api/client.py", "charset_normalizer/md.py", "tomli/_parser.py",
+                "certifi/cacert.pem"} <= set(names)
+        assert not [n for n in names if re.search(r"\.(so|pyd|pyc)$|__pycache__|/RECORD$|^zstandard/", n)]
+        manifest = json.loads(z.read("imgtool-pyz.json"))
+    assert manifest["imgtool_version"] == __version__ and manifest["requires_python"] == ">=3.9"
+    assert manifest["packages"] == a.packages and manifest["left_out"] == ["zstandard"]
+    assert (tmp_path / "a.pyz").read_bytes().startswith(b"#!/usr/bin/env python3\n")
+
+    first = selfbundle.cached_tool(tmp_path / "cache")
+    again = selfbundle.cached_tool(tmp_path / "cache")
+    assert (first.cached, again.cached) == (False, True)
+    assert again.path == first.path and again.sha256 == first.sha256 == a.sha256
+    assert first.path.parent == tmp_path / "cache" / "tool"
+
+
+def test_version_of_the_pyz_and_the_self_bundle_verb(tmp_path, bare_python):
+    r = imgtool("self-bundle", "-o", str(tmp_path / "tool.pyz"))
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"wrote {tmp_path / 'tool.pyz'}: imgtool {__version__} for Python 3.9+, ")
+    v = run_bare(bare_python, str(tmp_path / "tool.pyz"), "--version", cwd=tmp_path)
+    assert (v.returncode, v.stdout, v.stderr) == (0, f"imgtool {__version__}\n", "")
+    # reads its built-in mirrors.toml and presets from inside the zip
+    flags = run_bare(bare_python, str(tmp_path / "tool.pyz"), "run-flags", "a2", "--image", "v1", cwd=tmp_path)
+    assert flags.returncode == 0, flags.stderr
+    assert "quay.io/ascend/vllm-ascend:v1" in flags.stdout
+
+
+def test_compiled_only_packages_are_refused():
+    from importlib import metadata
+
+    with pytest.raises(ImgtoolError) as e:
+        selfbundle._package(metadata.distribution("zstandard"), [])
+    assert re.fullmatch(r"cannot build imgtool\.pyz: zstandard \S+ needs compiled code \(zstandard/\S+\.so\) "
+                        r"that has no pure-Python version", e.value.message)
+
+
+def test_roots_are_pyprojects_dependencies_and_zstandard_is_imported_lazily():
+    text = (ROOT / "pyproject.toml").read_text()
+    deps = re.search(r"^dependencies = \[(.*?)^\]", text, re.S | re.M).group(1)
+    names = {re.match(r"[A-Za-z0-9_.-]+", d).group(0) for d in re.findall(r'"([^"]+)"', deps)}
+    assert names == set(selfbundle.ROOTS) | set(selfbundle.LAZY)
+    # zstandard is left out of the pyz: no module may import it at import time
+    for path in (ROOT / "imgtool").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(m.split(".")[0] == "zstandard" for m in mods), path
+
+
+def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
+    packages, notes = selfbundle.collect()
+    packages[1] = selfbundle.Package(packages[1].name, packages[1].version, ">=3.99", packages[1].files)
+    tool = selfbundle._write(tmp_path / "new.pyz", packages, notes)
+    assert tool.min_python == (3, 99)
+    assert f"imgtool.pyz needs Python 3.99+ because of {packages[1].name} {packages[1].version}; install " \
+           "imgtool's pinned dependencies (pip install .) for a pyz that runs on Python 3.9" in tool.notes
+    r = subprocess.run([sys.executable, "-I", str(tool.path), "--version"], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.splitlines() == [
+        "error: imgtool.pyz needs Python 3.99 or newer; this is Python %d.%d" % sys.version_info[:2],
+        "hint: run it with a newer python3, or load the bundle with: sh load.sh"]
