@@ -1,0 +1,167 @@
+"""Layer chains, the offline inventory, and which layers a delta bundle may leave out. Pure.
+
+Docker identifies a layer in its store by its *chain ID*: the diff_id of the first layer, and
+for each further layer sha256(parent chain ID + " " + diff_id) (image-spec, "ChainID"). When
+`docker load` meets a layer whose chain already exists it does not read the layer file at all,
+so a bundle may omit every layer whose chain the offline Docker already has. This module
+computes chains, reads and writes the inventory document (`imgtool inventory`), and plans
+which layers of the images being bundled are covered. It does no I/O.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .model import Digest
+
+INVENTORY_FORMAT = "imgtool-inventory"
+INVENTORY_VERSION = 1
+MAX_INVENTORY = 64 * 1024 * 1024  # a daemon with thousands of images is still a few MiB
+
+
+def chain_ids(diff_ids: Sequence[Digest]) -> List[Digest]:
+    """The chain ID of every prefix of `diff_ids`, as Docker computes them."""
+    out: List[Digest] = []
+    for diff in diff_ids:
+        if not out:
+            out.append(diff)
+        else:
+            text = f"{out[-1]} {diff}".encode()
+            out.append(Digest("sha256", hashlib.sha256(text).hexdigest()))
+    return out
+
+
+@dataclass(frozen=True)
+class InventoryImage:
+    """One image the offline Docker holds: its ID, names, and layers (RootFS diff_ids)."""
+
+    id: str
+    tags: Tuple[str, ...]
+    platform: str
+    diff_ids: Tuple[Digest, ...]
+
+    @property
+    def name(self) -> str:
+        """How messages name it: its first tag, else its short ID."""
+        return self.tags[0] if self.tags else self.id.split(":")[-1][:12]
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "tags": list(self.tags), "platform": self.platform,
+                "diff_ids": [str(d) for d in self.diff_ids],
+                "chain_id": str(chain_ids(self.diff_ids)[-1]) if self.diff_ids else None}
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains."""
+
+    created: str
+    daemon: dict
+    images: Tuple[InventoryImage, ...]
+
+    def to_json(self) -> dict:
+        return {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
+                "daemon": self.daemon, "images": [im.to_json() for im in self.images]}
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=2) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "inventory") -> "Inventory":
+        """Parse an inventory; raises UsageError naming what is wrong."""
+
+        def bad(why: str) -> UsageError:
+            return UsageError(f"{where} is not an imgtool inventory: {why}",
+                              hint="write one on the offline host with `imgtool inventory -o FILE`")
+
+        if len(data) > MAX_INVENTORY:
+            raise bad(f"it is over {MAX_INVENTORY} bytes")
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise bad(f"not valid JSON ({e})")
+        if not isinstance(obj, dict) or obj.get("format") != INVENTORY_FORMAT:
+            raise bad(f"format is not {INVENTORY_FORMAT!r}")
+        version = obj.get("version")
+        if not isinstance(version, int) or version > INVENTORY_VERSION:
+            raise UsageError(f"{where}: inventory version {version!r} is newer than this imgtool understands",
+                             hint="upgrade imgtool on this host")
+        images = []
+        for i, x in enumerate(obj.get("images") or []):
+            if not isinstance(x, dict) or not isinstance(x.get("id"), str) or not isinstance(x.get("diff_ids"), list):
+                raise bad(f"images[{i}] is malformed")
+            try:
+                diffs = tuple(Digest.parse(d) for d in x["diff_ids"])
+            except (UsageError, TypeError, AttributeError):
+                raise bad(f"images[{i}].diff_ids holds something that is not a digest")
+            tags = tuple(t for t in (x.get("tags") or []) if isinstance(t, str))
+            images.append(InventoryImage(x["id"], tags, str(x.get("platform") or ""), diffs))
+        daemon = obj.get("daemon") if isinstance(obj.get("daemon"), dict) else {}
+        return cls(str(obj.get("created") or ""), daemon, tuple(images))
+
+
+@dataclass
+class Have:
+    """Layer chains the offline side is assumed to hold, each with the image names that provide it."""
+
+    what: str = ""  # for messages: "inventory inv.json" / "base bundle DIR"
+    chains: Dict[Digest, List[str]] = field(default_factory=dict)
+
+    def add(self, diff_ids: Sequence[Digest], name: str) -> None:
+        for chain in chain_ids(diff_ids):
+            names = self.chains.setdefault(chain, [])
+            if name not in names:
+                names.append(name)
+
+    def merge(self, other: "Have") -> None:
+        for chain, names in other.chains.items():
+            mine = self.chains.setdefault(chain, [])
+            mine += [n for n in names if n not in mine]
+        self.what = " and ".join(x for x in (self.what, other.what) if x)
+
+
+def have_from_inventory(inventory: Inventory, what: str) -> Have:
+    have = Have(what)
+    for im in inventory.images:
+        have.add(im.diff_ids, im.name)
+    return have
+
+
+@dataclass(frozen=True)
+class Omission:
+    """A layer left out of a delta bundle, and the chain the offline Docker must already hold."""
+
+    index: int  # position in the image's layers
+    chain_id: Digest
+    provided_by: Tuple[str, ...]
+
+
+def plan_omissions(diff_ids: Sequence[Digest], have: Optional[Have]) -> List[Omission]:
+    """Which layers of one image (by diff_ids) the offline side already has as whole chains.
+
+    Only a leading run of layers can be covered: a chain includes every layer below it.
+    """
+    out: List[Omission] = []
+    if have is None:
+        return out
+    for i, chain in enumerate(chain_ids(diff_ids)):
+        names = have.chains.get(chain)
+        if not names:
+            break
+        out.append(Omission(i, chain, tuple(names)))
+    return out
+
+
+def missing_chains(needed: Iterable[Tuple[Digest, Sequence[str]]], present: Iterable[Digest]
+                   ) -> List[Tuple[Digest, Tuple[str, ...]]]:
+    """The (chain, provided_by) pairs of `needed` whose chain is not in `present`, in order, once each."""
+    have = set(present)
+    out: List[Tuple[Digest, Tuple[str, ...]]] = []
+    seen = set()
+    for chain, names in needed:
+        if chain not in have and chain not in seen:
+            seen.add(chain)
+            out.append((chain, tuple(names)))
+    return out

@@ -1,0 +1,233 @@
+"""`imgtool push`: a bundle's images into a registry inside the air-gapped network.
+
+One push, then every node `docker pull`s from that registry (an A3 SuperPoD does not load the
+same 6.5 GB bundle on each node). Blobs are read in place from the bundle's parts (never
+extracted), each checked against its digest on the way; a blob the registry already holds
+(HEAD) is skipped, one another repository of this push holds is mounted, the rest are uploaded
+(monolithic when small, PATCH chunks when big). Then the manifests, byte for byte as the
+source registry served them (so their digests, and the image IDs, stay the same).
+
+Target repository = NAMESPACE + the image's repository path without its registry host:
+`quay.io/ascend/vllm-ascend:v1` pushed `--to reg.local:5000/mirror` becomes
+`reg.local:5000/mirror/ascend/vllm-ascend:v1`.
+"""
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .bundle.format import BundleImage
+from .bundle.reader import BlobReader, read_index
+from .errors import ImgtoolError, RegistryError, UsageError
+from .model import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, Digest, format_size
+from .progress import Progress
+from .registry import RegistryClient
+
+CHUNK = 16 * 1024 * 1024  # blobs above this go up as PATCH chunks of this size (bounded memory)
+_TARGET = re.compile(r"^(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9A-Fa-f:]+\](?::[0-9]+)?)"
+                     r"(?:/(?P<ns>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*))?/?$")
+
+
+@dataclass
+class PushedImage:
+    ref: str
+    target: str  # host/repo:tag as `docker pull` takes it
+    manifest_digest: str
+    platform: str
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "target": self.target, "manifest_digest": self.manifest_digest,
+                "platform": self.platform}
+
+
+@dataclass
+class PushResult:
+    registry: str
+    scheme: str
+    images: List[PushedImage]
+    blobs_uploaded: int = 0
+    bytes_uploaded: int = 0
+    blobs_present: int = 0
+    blobs_mounted: int = 0
+    seconds: float = 0.0
+    warnings: List[str] = field(default_factory=list)
+    indexes: List[dict] = field(default_factory=list)  # multi-arch tags: the index pushed for each
+
+    def to_json(self) -> dict:
+        return {"registry": self.registry, "scheme": self.scheme, "images": [im.to_json() for im in self.images],
+                "blobs_uploaded": self.blobs_uploaded, "bytes_uploaded": self.bytes_uploaded,
+                "blobs_present": self.blobs_present, "blobs_mounted": self.blobs_mounted,
+                "indexes": self.indexes, "seconds": round(self.seconds, 3), "warnings": self.warnings}
+
+    def describe(self) -> str:
+        lines = [f"pushed {len(self.images)} image(s) to {self.registry} in {self.seconds:.1f} s: "
+                 f"{self.blobs_uploaded} blobs uploaded ({format_size(self.bytes_uploaded)}), "
+                 f"{self.blobs_mounted} mounted, {self.blobs_present} already there"]
+        width = max(len(im.target) for im in self.images)
+        for im in self.images:
+            lines.append(f"  {im.target.ljust(width)}  {im.platform}  {im.manifest_digest}")
+        for ix in self.indexes:
+            lines.append(f"  {ix['target']}  index over {', '.join(ix['platforms'])}  {ix['digest']}")
+        first = self.indexes[0]["target"] if self.indexes else self.images[0].target
+        lines.append("nodes: docker pull " + first)
+        return "\n".join(lines)
+
+
+def parse_target(text: str) -> Tuple[str, str]:
+    """`HOST[:PORT][/NAMESPACE]` -> (host, namespace or ""); raises UsageError."""
+    text = (text or "").strip()
+    if "://" in text:
+        text = text.split("://", 1)[1]
+    m = _TARGET.match(text)
+    if not m:
+        raise UsageError(f"invalid --to {text!r}: expected HOST[:PORT][/NAMESPACE], e.g. harbor.local/ascend")
+    return m.group("host"), m.group("ns") or ""
+
+
+def target_repository(namespace: str, image: BundleImage) -> str:
+    """NAMESPACE + the image's repository path without the registry host."""
+    repo = image.image_ref.repository
+    return f"{namespace}/{repo}" if namespace else repo
+
+
+def _client(host: str, insecure: bool, ca_cert: Optional[str]) -> Tuple[RegistryClient, str]:
+    """An HTTPS client; with --insecure, unverified HTTPS or else plain HTTP (as dockerd's insecure-registries)."""
+    if ca_cert and not Path(ca_cert).is_file():
+        raise UsageError(f"--ca-cert {ca_cert}: no such file")
+    client = RegistryClient(f"https://{host}", insecure=insecure, ca_cert=ca_cert)
+    try:
+        client.ping()
+        return client, "https"
+    except RegistryError as e:
+        if not insecure:
+            raise RegistryError(f"cannot reach the registry {host} over HTTPS: {e.message}",
+                                hint="give its CA with --ca-cert FILE, or --insecure for a plain-HTTP registry")
+    client = RegistryClient(f"http://{host}", insecure=True)
+    client.ping()
+    return client, "http"
+
+
+def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
+                progress: Progress, chunk: int = CHUNK) -> PushResult:
+    """Push every image of the bundle to the registry `to`; raises UsageError, VerifyError, RegistryError,
+    ImgtoolError (a delta bundle whose base the registry lacks)."""
+    started = time.monotonic()
+    bundle_dir = Path(bundle_dir)
+    index, _ = read_index(bundle_dir)
+    reader = BlobReader(bundle_dir, index)
+    host, namespace = parse_target(to)
+    client, scheme = _client(host, insecure, ca_cert)
+    plan = [(im, target_repository(namespace, im)) for im in index.images]
+
+    # A delta bundle lacks some layers: the registry must hold them already (the base pushed before).
+    missing: List[Tuple[BundleImage, str, Digest, Tuple[str, ...]]] = []
+    for im, repo in plan:
+        for layer in im.omitted:
+            if not client.has_blob(repo, layer.digest):
+                missing.append((im, repo, layer.digest, layer.provided_by))
+    if missing:
+        names = list(dict.fromkeys(n for *_, provided in missing for n in provided[:1]))
+        raise ImgtoolError(f"cannot push {bundle_dir}: it is a delta bundle and {host}/{missing[0][1]} lacks "
+                           f"{len(missing)} of the layers it leaves out (first: {missing[0][2].short}); "
+                           "nothing was pushed",
+                           hint=f"push the bundle of {', '.join(names)} to {to} first, or fetch a full bundle")
+
+    result = PushResult(host, scheme, [])
+    where: Dict[Digest, str] = {}  # blob -> a repository of this registry known to hold it
+    todo: List[Tuple[str, Digest]] = []
+    seen = set()
+    for im, repo in plan:
+        for digest in [im.image_id] + [x.digest for x in im.layers if not x.omitted]:
+            if (repo, digest) in seen:
+                continue
+            seen.add((repo, digest))
+            if client.has_blob(repo, digest):
+                result.blobs_present += 1
+                where.setdefault(digest, repo)
+            else:
+                todo.append((repo, digest))
+    total = sum(reader.size(d) for _, d in todo)
+    with progress.bar(total, "push") as bar:
+        for repo, digest in todo:
+            url = None
+            source = where.get(digest)
+            if source and source != repo:
+                url = client.mount_blob(repo, digest, source)
+                if url is None:
+                    result.blobs_mounted += 1
+                    bar.update(reader.size(digest))
+                    continue
+            _upload(client, reader, repo, digest, url, bar, chunk)
+            result.blobs_uploaded += 1
+            result.bytes_uploaded += reader.size(digest)
+            where.setdefault(digest, repo)
+
+    groups: Dict[Tuple[str, str], List[BundleImage]] = {}
+    for im, repo in plan:
+        groups.setdefault((repo, im.ref), []).append(im)
+    for (repo, ref), images in groups.items():
+        tag = images[0].image_ref.tag
+        multi = len(images) > 1 and tag is not None
+        for im in images:
+            data = b"".join(reader.chunks(im.manifest_digest))
+            reference = tag if tag and not multi else str(im.manifest_digest)
+            got = client.put_manifest(repo, reference, data, im.manifest_media_type)
+            if got is not None and got != im.manifest_digest:
+                raise RegistryError(f"{host}/{repo}: the registry stored the manifest as {got}, "
+                                    f"not {im.manifest_digest}")
+            sep = ":" if reference == tag else "@"
+            result.images.append(PushedImage(im.ref, f"{host}/{repo}{sep}{reference}", str(im.manifest_digest),
+                                             str(im.platform)))
+        if multi:
+            media, body = build_index(images)
+            got = client.put_manifest(repo, tag, body, media)
+            digest = str(got or Digest.of(body))
+            upstream = images[0].index_digest
+            result.indexes.append({"target": f"{host}/{repo}:{tag}", "digest": digest,
+                                   "platforms": [str(im.platform) for im in images],
+                                   "upstream_index_digest": str(upstream) if upstream else None})
+            if upstream and str(upstream) != digest:
+                result.warnings.append(
+                    f"{host}/{repo}:{tag} is an index over the {len(images)} platforms in the bundle; its digest "
+                    f"{Digest.parse(digest).short} differs from upstream's {upstream.short} (pull by tag, or by "
+                    "the platform manifest digests, which are upstream's)")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def build_index(images: List[BundleImage]) -> Tuple[str, bytes]:
+    """An index over the platform manifests of one tag: (media type, bytes). The bundle does not keep
+    the upstream index, so its digest differs from upstream's (other platforms, attestations, spacing)."""
+    docker = all(im.manifest_media_type == DOCKER_MANIFEST for im in images)
+    media = DOCKER_LIST if docker else OCI_INDEX
+    doc = {"schemaVersion": 2, "mediaType": media,
+           "manifests": [{"mediaType": im.manifest_media_type, "digest": str(im.manifest_digest),
+                          "size": im.manifest_size, "platform": im.platform.to_json()} for im in images]}
+    return media, json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _upload(client: RegistryClient, reader: BlobReader, repo: str, digest: Digest, url: Optional[str], bar,
+            chunk: int) -> None:
+    """Upload one blob from the bundle: one PUT when small, PATCH chunks then PUT when big."""
+    url = url or client.start_upload(repo)
+    size = reader.size(digest)
+    if size <= chunk:
+        data = b"".join(reader.chunks(digest))
+        client.finish_upload(repo, url, digest, data)
+        bar.update(size)
+        return
+    buf = bytearray()
+    pos = 0
+    for data in reader.chunks(digest):
+        buf += data
+        while len(buf) >= chunk:
+            url = client.upload_chunk(repo, url, bytes(buf[:chunk]), pos)
+            pos += chunk
+            del buf[:chunk]
+            bar.update(chunk)
+    # the digest was checked when `chunks` ended: only now is the upload committed
+    client.finish_upload(repo, url, digest, bytes(buf))
+    bar.update(len(buf))

@@ -1,0 +1,145 @@
+"""Delta bundles: `imgtool inventory` on the offline side, `fetch --have/--base`, and a load that
+refuses a delta bundle before Docker sees it when the base layers are missing.
+
+Against the real registry and the real test dockerd.
+"""
+
+import hashlib
+import json
+import tarfile
+
+import pytest
+
+from imgtool.bundle.format import BundleIndex
+from imgtool.delta import Have, chain_ids, plan_omissions
+from imgtool.model import Digest
+from tests.support.bundles import imgtool, parts_of
+from tests.support.images import host_arch
+
+MiB = 1 << 20
+
+
+def d(n: int) -> Digest:
+    return Digest.of(str(n).encode())
+
+
+def test_chain_ids_follow_dockers_rule():
+    a, b, c = d(1), d(2), d(3)
+    ab = hashlib.sha256(f"{a} {b}".encode()).hexdigest()
+    abc = hashlib.sha256(f"sha256:{ab} {c}".encode()).hexdigest()
+    assert [str(x) for x in chain_ids([a, b, c])] == [str(a), f"sha256:{ab}", f"sha256:{abc}"]
+    assert chain_ids([]) == []
+
+
+def test_only_a_leading_run_of_covered_chains_is_left_out():
+    have = Have("test")
+    have.add([d(1), d(2), d(3)], "old:v1")
+    # same first two layers: covered; the third differs, so nothing above it is covered either
+    plan = plan_omissions([d(1), d(2), d(9), d(3)], have)
+    assert [(o.index, o.provided_by) for o in plan] == [(0, ("old:v1",)), (1, ("old:v1",))]
+    # the same diff_id on a different parent is a different chain: not covered
+    assert plan_omissions([d(2)], have) == []
+    assert plan_omissions([d(1)], None) == []
+
+
+def _mirrors(tmp_path, services, ms):
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    return cfg
+
+
+@pytest.fixture
+def two_tags(services, factory, mirrored, tmp_path):
+    """v1 and v2 of one repository sharing two ~1 MiB base layers; v2 adds one ~1 MiB layer."""
+    base = factory.layers(2)
+    arch = host_arch()
+    old = factory.image(arch, layers=1, base=base)
+    new = factory.image(arch, layers=1, base=base)
+    ms = mirrored(factory.index([old]), tag="v1", targets=("upstream",))
+    mirrored(factory.index([new]), tag="v2", targets=("upstream",))
+    return _mirrors(tmp_path, services, ms), ms, old, new
+
+
+def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_cli, docker_cleanup):
+    cfg, ms, old, new = two_tags
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
+    docker_cleanup.image(old_ref, new_ref, old.config_digest, new.config_digest)
+    full = imgtool("fetch", "--no-tool", "v1", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), env=env)
+    assert full.returncode == 0, full.stderr
+    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+
+    inv = tmp_path / "inventory.json"
+    r = imgtool("inventory", "-o", str(inv), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(inv.read_text())
+    mine = [im for im in doc["images"] if im["id"] == old.config_digest]
+    assert mine and mine[0]["tags"] == [old_ref] and mine[0]["diff_ids"] == old.diff_ids
+
+    out = tmp_path / "v2-delta"
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(out), "--have", str(inv), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    new_layer = new.layers[-1].size
+    assert result["delta"]["omitted_layers"] == 2
+    assert result["delta"]["layer_bytes"] == new_layer
+    assert result["full_layer_bytes"] == sum(x.size for x in new.layers)
+    assert sum(p.stat().st_size for p in parts_of(out)) < new_layer + MiB
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert json.loads((out / "bundle.json").read_text())["version"] == 2
+    assert [x.omitted for x in index.images[0].layers] == [True, True, False]
+    assert index.images[0].layers[0].provided_by == (old_ref,)
+    # a valid docker-archive: manifest.json lists all three layers, the two omitted files are absent
+    with tarfile.open(out / index.archive.name) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert len(manifest[0]["Layers"]) == 3
+    assert [x in names for x in manifest[0]["Layers"]] == [False, False, True]
+
+    ok = imgtool("verify", str(out))
+    assert ok.returncode == 0, ok.stderr
+    assert f"delta bundle: 2 layers left out on purpose (Docker must already hold them: {old_ref})" in ok.stdout
+
+    loaded = imgtool("load", str(out), docker_host=services.docker_host)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+
+    # on a Docker without v1 the delta bundle is refused before Docker sees it
+    docker_cli("image", "rm", "-f", old_ref, new_ref)
+    assert docker_cli.inspect_image(new.config_digest) is None
+    before = docker_cli.image_ids()
+    refused = imgtool("load", str(out), docker_host=services.docker_host)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"error: refusing to load: {out} is a delta bundle and Docker lacks 2 of the 2 layer chains it "
+        "leaves out; nothing was loaded",
+        f"hint: load {old_ref} (from the inventory inventory.json) first, then this bundle; or fetch a full "
+        "bundle (without --have/--base)",
+    ]
+    assert docker_cli.image_ids() == before
+
+
+def test_delta_against_a_base_bundle_and_load_sh(services, two_tags, tmp_path, docker_cli, docker_cleanup):
+    cfg, ms, old, new = two_tags
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
+    docker_cleanup.image(old_ref, new_ref, old.config_digest, new.config_digest)
+    assert imgtool("fetch", "--no-tool", "v1", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), env=env).returncode == 0
+    out = tmp_path / "v2"
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(out), "--base", str(tmp_path / "v1"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert "delta bundle against bundle v1: 2 layers" in r.stdout
+    assert f"the offline Docker must already hold: {old_ref}" in r.stdout
+
+    import subprocess
+    sh_env = {"DOCKER": f"docker -H {services.docker_host}", "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    refused = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
+    assert refused.returncode == 4
+    assert (f"load.sh: error: this is a delta bundle and Docker lacks {old_ref}; load that image (its bundle) first"
+            in refused.stderr)
+    assert docker_cli.inspect_image(new.config_digest) is None
+    assert subprocess.run(["sh", str(tmp_path / "v1" / "load.sh")], env=sh_env, capture_output=True).returncode == 0
+    loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest

@@ -1,0 +1,83 @@
+"""A bundle holding one tag for two architectures: fetch records both, `imgtool load` loads and names
+only the daemon's (or --arch), plain `docker load` names neither, load.sh names the daemon's one,
+and `imgtool push` publishes an index over both.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from imgtool.bundle.format import BundleIndex
+from tests.support.bundles import imgtool
+from tests.support.images import host_arch
+
+OTHER = {"amd64": "arm64", "arm64": "amd64"}[host_arch()]
+
+
+@pytest.fixture
+def two_arch(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(("amd64", "arm64"), layers=2, media="oci")
+    ms = mirrored(idx, tag="v3", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "both"
+    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx, f"quay.io/{ms.repo}:v3"
+
+
+def test_fetch_holds_both_with_the_index_digest(two_arch):
+    out, idx, ref = two_arch
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert [(im.ref, im.platform.architecture) for im in index.images] == [(ref, "amd64"), (ref, "arm64")]
+    assert {str(im.index_digest) for im in index.images} == {idx.manifest_digest}
+    assert imgtool("verify", str(out)).returncode == 0
+
+
+def test_imgtool_load_names_only_the_hosts_platform(services, two_arch, docker_cli, docker_cleanup):
+    out, idx, ref = two_arch
+    mine, other = idx.image(host_arch()), idx.image(OTHER)
+    docker_cleanup.image(ref, mine.config_digest, other.config_digest)
+    r = imgtool("load", str(out), "--json", docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert [im["image_id"] for im in json.loads(r.stdout)["images"]] == [mine.config_digest]
+    assert docker_cli.inspect_image(ref)["Id"] == mine.config_digest
+    assert docker_cli.inspect_image(other.config_digest) is None  # never sent to Docker
+
+    wrong = imgtool("load", str(out), "--arch", "s390x", docker_host=services.docker_host)
+    assert wrong.returncode == 2
+    assert wrong.stderr.splitlines()[0] == (f"error: {ref}: this bundle holds it for linux/amd64, linux/arm64/v8, "
+                                            "not for --arch s390x")
+
+
+def test_plain_docker_load_names_neither_and_load_sh_names_the_hosts(services, two_arch, docker_cli,
+                                                                    docker_cleanup):
+    out, idx, ref = two_arch
+    mine, other = idx.image(host_arch()), idx.image(OTHER)
+    docker_cleanup.image(ref, mine.config_digest, other.config_digest)
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    docker_cli.load(out / index.archive.name)
+    assert docker_cli.inspect_image(ref) is None  # no architecture got the name
+    assert docker_cli.inspect_image(other.config_digest)["RepoTags"] == []
+    env = {"DOCKER": f"docker -H {services.docker_host}", "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    r = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.inspect_image(ref)["Id"] == mine.config_digest
+
+
+def test_push_two_arch_bundle_makes_an_index(services, two_arch, uniq, registry):
+    out, idx, ref = two_arch
+    r = imgtool("push", str(out), "--to", f"{services.plain}/{uniq}", "--insecure", "--json")
+    assert r.returncode == 0, r.stderr
+    pushed = json.loads(r.stdout)
+    repo = f"{uniq}/{ref.split('/', 1)[1].rsplit(':', 1)[0]}"
+    got = registry("plain").get_manifest(repo, "v3")
+    doc = json.loads(got.body)
+    assert doc["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    assert sorted((m["platform"]["architecture"], m["digest"]) for m in doc["manifests"]) == sorted(
+        (im.architecture, im.manifest_digest) for im in idx.images)
+    assert pushed["indexes"][0]["digest"] == got.digest
+    assert pushed["indexes"][0]["upstream_index_digest"] == idx.manifest_digest
