@@ -1,0 +1,220 @@
+"""`imgtool diff OLD NEW`: what changed between two releases, and what a delta bundle would save.
+
+Each side is a bundle (its directory or its bundle.json) or an inventory of an offline Docker
+(`imgtool inventory -o FILE`). Images are matched by name and platform; layers by chain ID
+(the layer on top of everything below it), which is exactly what `docker load` can skip when
+the offline side already holds it, so "shared" bytes are what `fetch --base OLD` leaves out.
+Pure apart from reading the two inputs.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .delta import INVENTORY_FORMAT, Inventory, chain_ids
+from .errors import UsageError
+from .model import Digest, format_size
+
+
+@dataclass(frozen=True)
+class SideLayer:
+    chain_id: Digest
+    diff_id: Digest
+    digest: Optional[Digest]  # the compressed blob (bundles only)
+    size: Optional[int]  # compressed bytes (bundles only)
+
+
+@dataclass(frozen=True)
+class SideImage:
+    name: str
+    platform: str
+    image_id: str
+    layers: Tuple[SideLayer, ...]
+
+
+@dataclass(frozen=True)
+class Side:
+    path: str
+    kind: str  # bundle | inventory
+    images: Tuple[SideImage, ...]
+
+    def describe(self) -> str:
+        plats = sorted({im.platform for im in self.images})
+        return f"{self.path} ({self.kind}: {len(self.images)} image(s), {', '.join(plats) or 'no platforms'})"
+
+
+def read_side(path: str) -> Side:
+    """A bundle directory, a bundle.json, or an inventory JSON file; raises UsageError/VerifyError."""
+    from .bundle.format import BUNDLE_JSON, FORMAT_NAME, BundleIndex
+    from .bundle.reader import read_index
+
+    p = Path(path)
+    if p.is_dir():
+        index, _ = read_index(p)
+        return _from_bundle(path, index)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"no such bundle or inventory: {path}")
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}")
+    try:
+        kind = json.loads(data).get("format")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        kind = None
+    if kind == INVENTORY_FORMAT:
+        inv = Inventory.from_bytes(data, path)
+        images = []
+        for im in inv.images:
+            layers = tuple(SideLayer(c, d, None, None) for c, d in zip(chain_ids(im.diff_ids), im.diff_ids))
+            for name in im.tags or (im.id,):
+                images.append(SideImage(name, im.platform, im.id, layers))
+        return Side(path, "inventory", tuple(images))
+    if kind == FORMAT_NAME:
+        return _from_bundle(path, BundleIndex.from_bytes(data))
+    raise UsageError(f"{path} is neither a bundle ({BUNDLE_JSON} or its directory) nor an imgtool inventory")
+
+
+def _from_bundle(path: str, index) -> Side:
+    images = []
+    for im in index.images:
+        chains = chain_ids([x.diff_id for x in im.layers])
+        layers = tuple(SideLayer(c, x.diff_id, x.digest, x.size) for c, x in zip(chains, im.layers))
+        images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers))
+    return Side(path, "bundle", tuple(images))
+
+
+@dataclass
+class LayerRow:
+    status: str  # shared | added | removed
+    layer: SideLayer
+    images: List[str] = field(default_factory=list)  # "name (platform)" using it, on its side
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "chain_id": str(self.layer.chain_id), "diff_id": str(self.layer.diff_id),
+                "digest": str(self.layer.digest) if self.layer.digest else None, "size": self.layer.size,
+                "images": self.images}
+
+
+@dataclass
+class ImageRow:
+    status: str  # added | removed | changed | unchanged
+    name: str
+    platform: str
+    old_id: Optional[str]
+    new_id: Optional[str]
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "name": self.name, "platform": self.platform,
+                "old_id": self.old_id, "new_id": self.new_id}
+
+
+@dataclass
+class Diff:
+    old: Side
+    new: Side
+    images: List[ImageRow]
+    platforms: Dict[str, List[str]]  # added, removed, both
+    layers: List[LayerRow]
+
+    def _bytes(self, statuses) -> Optional[int]:
+        """Compressed bytes of the distinct blobs of the rows with these statuses (None: unknown)."""
+        seen: Dict[str, int] = {}
+        for row in self.layers:
+            if row.status in statuses:
+                if row.layer.size is None:
+                    return None
+                seen[str(row.layer.digest)] = row.layer.size
+        return sum(seen.values())
+
+    @property
+    def totals(self) -> dict:
+        count = {s: sum(1 for r in self.layers if r.status == s) for s in ("shared", "added", "removed")}
+        new_total = self._bytes(("shared", "added"))
+        added = self._bytes(("added",))
+        return {"layers": count, "new_bytes": new_total, "added_bytes": added,
+                "shared_bytes": None if new_total is None or added is None else new_total - added,
+                "removed_bytes": self._bytes(("removed",))}
+
+    def to_json(self) -> dict:
+        return {"old": {"path": self.old.path, "kind": self.old.kind},
+                "new": {"path": self.new.path, "kind": self.new.kind},
+                "images": [r.to_json() for r in self.images], "platforms": self.platforms,
+                "layers": [r.to_json() for r in self.layers], "totals": self.totals}
+
+    def describe(self) -> List[str]:
+        """The text report, line by line."""
+        size = lambda n: "?" if n is None else format_size(n)  # noqa: E731
+        out = [f"old: {self.old.describe()}", f"new: {self.new.describe()}", "images:"]
+        wn = max((len(r.name) for r in self.images), default=0)
+        wp = max((len(r.platform) for r in self.images), default=0)
+        for r in self.images:
+            ids = {"added": r.new_id, "removed": r.old_id, "unchanged": r.new_id}.get(r.status)
+            what = f"ID {_short(ids)}" if ids else f"ID {_short(r.old_id)} -> {_short(r.new_id)}"
+            out.append(f"  {r.status:<9}  {r.name:<{wn}}  {r.platform:<{wp}}  {what}")
+        p = self.platforms
+        out.append("platforms: " + "; ".join(f"{k} {', '.join(p[k]) or '-'}" for k in ("added", "removed", "both")))
+        t = self.totals
+        c = t["layers"]
+        out.append(f"layers: {c['shared']} shared ({size(t['shared_bytes'])}), {c['added']} added "
+                   f"({size(t['added_bytes'])}), {c['removed']} removed ({size(t['removed_bytes'])})")
+        for r in sorted(self.layers, key=lambda r: ("shared", "added", "removed").index(r.status)):
+            shown = r.layer.digest.short if r.layer.digest else "diff " + r.layer.diff_id.short
+            names = ", ".join(r.images[:3]) + (f" +{len(r.images) - 3} more" if len(r.images) > 3 else "")
+            out.append(f"  {r.status:<7}  {shown:<17}  {size(r.layer.size):>10}  {names}")
+        if t["new_bytes"] is not None and t["added_bytes"] is not None and t["new_bytes"]:
+            saved = t["new_bytes"] - t["added_bytes"]
+            out.append(f"delta: a bundle of new against old (imgtool fetch --base OLD) carries "
+                       f"{format_size(t['added_bytes'])} of layers instead of {format_size(t['new_bytes'])} "
+                       f"(saves {format_size(saved)}, {100 * saved // t['new_bytes']}%)")
+        return out
+
+
+def _short(image_id: Optional[str]) -> str:
+    return (image_id or "-").split(":")[-1][:12]
+
+
+def diff_sides(old: Side, new: Side) -> Diff:
+    """Compare two sides: images by (name, platform), platforms, layers by chain ID."""
+    old_by = {(im.name, im.platform): im for im in old.images}
+    new_by = {(im.name, im.platform): im for im in new.images}
+    rows: List[ImageRow] = []
+    for key, im in new_by.items():
+        was = old_by.get(key)
+        if was is None:
+            rows.append(ImageRow("added", im.name, im.platform, None, im.image_id))
+        else:
+            status = "unchanged" if was.image_id == im.image_id else "changed"
+            rows.append(ImageRow(status, im.name, im.platform, was.image_id, im.image_id))
+    rows += [ImageRow("removed", im.name, im.platform, im.image_id, None)
+             for key, im in old_by.items() if key not in new_by]
+    old_p = sorted({im.platform for im in old.images})
+    new_p = sorted({im.platform for im in new.images})
+    platforms = {"added": [p for p in new_p if p not in old_p], "removed": [p for p in old_p if p not in new_p],
+                 "both": [p for p in new_p if p in old_p]}
+    old_chains = _chains(old)
+    new_chains = _chains(new)
+    layers = []
+    for chain, (layer, users) in new_chains.items():
+        layers.append(LayerRow("shared" if chain in old_chains else "added", layer, users))
+    for chain, (layer, users) in old_chains.items():
+        if chain not in new_chains:
+            layers.append(LayerRow("removed", layer, users))
+    return Diff(old, new, rows, platforms, layers)
+
+
+def _chains(side: Side) -> Dict[Digest, Tuple[SideLayer, List[str]]]:
+    out: Dict[Digest, Tuple[SideLayer, List[str]]] = {}
+    for im in side.images:
+        for layer in im.layers:
+            entry = out.setdefault(layer.chain_id, (layer, []))
+            label = f"{im.name} ({im.platform})"
+            if label not in entry[1]:
+                entry[1].append(label)
+    return out
+
+
+def diff_paths(old: str, new: str) -> Diff:
+    """Read both sides and compare them; raises UsageError/VerifyError for unreadable inputs."""
+    return diff_sides(read_side(old), read_side(new))

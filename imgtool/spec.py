@@ -1,0 +1,354 @@
+"""Release bundles described in files: the bundle spec (bundle.toml) and its lock (bundle.lock).
+
+A spec says what goes into a bundle (images, platforms, chunk size, compression, output
+name, mirrors); the lock, written next to it by `imgtool lock`, pins every image to the
+digest of its index and of each platform manifest, so a rebuild fetches exactly the same
+bytes after tags move. Pure values and (de)serialisation; reading the files is the only I/O.
+Errors name the file, the line or key, and exit 2. See docs/release.md.
+"""
+
+import calendar
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .config import MirrorConfig, key_line, read_toml
+from .errors import ConfigError, UsageError
+from .model import Digest, ImageRef, Platform, parse_size
+
+LOCK_NAME = "bundle.lock"
+LOCK_VERSION = 1
+COMPRESSIONS = ("none", "gzip", "zstd")
+MAX_LOCK_BYTES = 4 * 1024 * 1024
+
+_SPEC_KEYS = ("images", "arch", "platforms", "output", "chunk_size", "compress", "mirrors", "mirror")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed bundle.toml: what to put into the bundle and how to cut it."""
+
+    path: Path
+    images: Tuple[str, ...]  # as written: tags or references
+    platforms: Tuple[Platform, ...]
+    output: Optional[str] = None  # relative to the current directory, like -o
+    chunk_size: Optional[int] = None
+    compress: str = "none"
+    mirrors: Optional[str] = None  # mirrors.toml, resolved relative to the spec file
+    mirror: str = "auto"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(LOCK_NAME)
+
+
+def _where(path: Path, line: Optional[int]) -> str:
+    return f"{path}:{line}" if line else str(path)
+
+
+def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
+    """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
+
+    def fail(key: Optional[str], problem: str):
+        raise ConfigError(f"{_where(path, key_line(text, key) if key else None)}: {problem}")
+
+    for key, value in data.items():
+        if key not in _SPEC_KEYS:
+            fail(key, f"unknown key {key!r} (expected {', '.join(_SPEC_KEYS)})")
+    images = data.get("images")
+    if images is None:
+        fail(None, 'missing key \'images\' (e.g. images = ["v0.22.1rc1", "v0.22.1rc1-a3"])')
+    if not isinstance(images, list) or not images or not all(isinstance(x, str) and x.strip() for x in images):
+        fail("images", "images must be a non-empty array of image references (strings)")
+    seen = set()
+    for text_ref in images:
+        if text_ref.strip() in seen:
+            fail("images", f"image {text_ref!r} is listed twice")
+        seen.add(text_ref.strip())
+        try:
+            ImageRef.parse(text_ref)
+        except UsageError as e:
+            fail("images", e.message)
+    if "arch" in data and "platforms" in data:
+        fail("platforms", "use arch or platforms, not both")
+    pkey = "platforms" if "platforms" in data else "arch"
+    raw = data.get(pkey)
+    if raw is None:
+        fail(None, 'missing key \'arch\' (e.g. arch = ["arm64", "amd64"]); a release bundle names its platforms')
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
+        fail(pkey, f"{pkey} must be a non-empty array of strings like \"arm64\" or \"linux/arm64\"")
+    platforms: List[Platform] = []
+    for item in raw:
+        try:
+            p = Platform.parse(item)
+        except UsageError as e:
+            fail(pkey, e.message)
+        if p in platforms:
+            fail(pkey, f"platform {p} is listed twice")
+        platforms.append(p)
+    chunk = data.get("chunk_size")
+    if chunk is not None:
+        if isinstance(chunk, bool) or not isinstance(chunk, (str, int)):
+            fail("chunk_size", 'chunk_size must be a size like "4G" or a number of bytes')
+        try:
+            chunk = parse_size(str(chunk), "chunk_size")
+        except UsageError as e:
+            fail("chunk_size", e.message)
+    compress = data.get("compress", "none")
+    if compress not in COMPRESSIONS:
+        fail("compress", f"invalid compress {compress!r}: use one of {', '.join(COMPRESSIONS)}")
+    for key in ("output", "mirrors", "mirror"):
+        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
+            fail(key, f"{key} must be a non-empty string")
+    output = data.get("output")
+    mirrors = data.get("mirrors")
+    if mirrors:
+        mirrors = str((path.parent / os.path.expanduser(mirrors)).resolve())
+    return Spec(path, tuple(x.strip() for x in images), tuple(platforms), output, chunk, compress, mirrors,
+                data.get("mirror", "auto"))
+
+
+def load_spec(path: str) -> Spec:
+    """Read and validate a bundle spec; raises ConfigError."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a directory: give the bundle spec file (e.g. {p / 'bundle.toml'})")
+    data, text = read_toml(p)
+    return parse_spec(data, text, p)
+
+
+# --- the lock ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LockedImage:
+    """One spec image pinned: the digest its tag meant, and each platform's manifest digest."""
+
+    ref: str  # as written in the spec
+    name: str  # canonical: quay.io/ascend/vllm-ascend:v0.22.1rc1
+    digest: Digest  # what the tag pointed at (an index, or a single-platform manifest)
+    manifests: Tuple[Tuple[str, Digest], ...]  # (platform, manifest digest), in the spec's order
+    source: str = ""  # which mirror answered when it was locked
+
+    def manifest_for(self, platform: Platform) -> Optional[Digest]:
+        return dict(self.manifests).get(str(platform))
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "name": self.name, "digest": str(self.digest),
+                "platforms": {p: str(d) for p, d in self.manifests}, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Lock:
+    """A parsed bundle.lock."""
+
+    path: Path
+    platforms: Tuple[str, ...]
+    images: Tuple[LockedImage, ...]
+
+    def to_bytes(self) -> bytes:
+        doc = {"lock_version": LOCK_VERSION, "platforms": list(self.platforms),
+               "images": [im.to_json() for im in self.images]}
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def pins(self) -> Dict[str, Digest]:
+        """Canonical name -> pinned digest, for fetch."""
+        return {im.name: im.digest for im in self.images}
+
+    def by_name(self) -> Dict[str, LockedImage]:
+        return {im.name: im for im in self.images}
+
+    def check(self, image, platform: Platform) -> None:
+        """A pulled image (model.PulledImage) must be the platform manifest the lock pins; raises ConfigError."""
+        ref, names = image.ref, self.by_name()
+        name = str(ref) if str(ref) in names or not ref.tag else str(ref.with_digest(None))
+        locked = names.get(name)
+        want = locked.manifest_for(platform) if locked else None
+        if want is None:
+            raise ConfigError(f"{self.path}: no {platform} manifest pinned for {name}",
+                              hint="run imgtool lock --update -f SPEC")
+        if want != image.manifest_digest:
+            raise ConfigError(f"{self.path}: {name} {platform} resolved to {image.manifest_digest}, "
+                              f"but the lock pins {want}", hint="run imgtool lock --update -f SPEC")
+
+    def mismatch(self, spec: Spec, config: MirrorConfig) -> Optional[str]:
+        """Why this lock does not fit `spec` (images or platforms changed), or None."""
+        want = [_canonical(config, r) for r in spec.images]
+        have = [im.name for im in self.images]
+        plats = [str(p) for p in spec.platforms]
+        why = []
+        added = [n for n in want if n not in have]
+        gone = [n for n in have if n not in want]
+        if added:
+            why.append("not locked: " + ", ".join(added))
+        if gone:
+            why.append("no longer in the spec: " + ", ".join(gone))
+        if sorted(plats) != sorted(self.platforms):
+            why.append(f"platforms {', '.join(plats)} in the spec, {', '.join(self.platforms)} in the lock")
+        return "; ".join(why) or None
+
+
+def _canonical(config: MirrorConfig, text: str) -> str:
+    return str(config.parse_ref(text))
+
+
+def pinned_ref(config: MirrorConfig, text: str, lock: Lock) -> ImageRef:
+    """The spec reference with the lock's digest: the tag stays the bundle's name."""
+    ref = config.parse_ref(text)
+    return ref.with_digest(lock.by_name()[str(ref)].digest)
+
+
+def parse_lock(data: bytes, path: Path) -> Lock:
+    """Validate bundle.lock (JSON); raises ConfigError naming the file and the entry."""
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError(f"{path}: {problem}", hint="recreate it: imgtool lock --update -f SPEC")
+
+    if len(data) > MAX_LOCK_BYTES:
+        raise bad(f"over {MAX_LOCK_BYTES} bytes")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"not valid JSON ({e})")
+    if not isinstance(obj, dict):
+        raise bad("not a JSON object")
+    version = obj.get("lock_version")
+    if version != LOCK_VERSION:
+        raise bad(f"unsupported lock_version {version!r} (this imgtool writes {LOCK_VERSION})")
+    platforms = obj.get("platforms")
+    if not isinstance(platforms, list) or not all(isinstance(p, str) for p in platforms):
+        raise bad("`platforms` is not a list of strings")
+    images = obj.get("images")
+    if not isinstance(images, list):
+        raise bad("`images` is not a list")
+    out = []
+    for i, x in enumerate(images):
+        where = f"images[{i}]"
+        if not isinstance(x, dict) or not all(isinstance(x.get(k), str) for k in ("ref", "name", "digest")):
+            raise bad(f"{where} needs string ref, name and digest")
+        try:
+            digest = Digest.parse(x["digest"])
+            ImageRef.parse(x["name"])
+            manifests = x.get("platforms")
+            if not isinstance(manifests, dict):
+                raise bad(f"{where}.platforms is not an object")
+            pairs = tuple((str(Platform.parse(p)), Digest.parse(d if isinstance(d, str) else ""))
+                          for p, d in manifests.items())
+        except UsageError as e:
+            raise bad(f"{where}: {e.message}")
+        out.append(LockedImage(x["ref"], x["name"], digest, pairs, str(x.get("source") or "")))
+    return Lock(path, tuple(str(Platform.parse(p)) for p in platforms), tuple(out))
+
+
+def read_lock(path: Path) -> Optional[Lock]:
+    """The lock at `path`, or None when there is none; raises ConfigError when unreadable."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}")
+    return parse_lock(data, Path(path))
+
+
+def write_lock(lock: Lock) -> None:
+    """Write the lock atomically (temp file, fsync, rename)."""
+    tmp = lock.path.with_name(f".{lock.path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(lock.to_bytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, lock.path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UsageError(f"cannot write {lock.path}: {e.strerror or e}")
+
+
+@dataclass
+class LockChange:
+    """What `imgtool lock --update` changed for one image."""
+
+    name: str
+    kind: str  # added, removed, moved, unchanged
+    old: Optional[Digest] = None
+    new: Optional[Digest] = None
+    platforms: List[str] = field(default_factory=list)  # platforms whose manifest moved
+
+    def describe(self) -> str:
+        if self.kind == "moved":
+            detail = f" ({', '.join(self.platforms)} changed)" if self.platforms else ""
+            return f"moved      {self.name}: {self.old.short} -> {self.new.short}{detail}"
+        if self.kind == "added":
+            return f"added      {self.name}: {self.new.short}"
+        if self.kind == "removed":
+            return f"removed    {self.name}: was {self.old.short}"
+        return f"unchanged  {self.name}: {self.new.short}"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "change": self.kind, "old": str(self.old) if self.old else None,
+                "new": str(self.new) if self.new else None, "platforms": self.platforms}
+
+
+def compare_locks(old: Optional[Lock], new: Lock) -> List[LockChange]:
+    """Per image: added, removed, moved (with the platforms whose manifest changed), unchanged."""
+    before = old.by_name() if old else {}
+    out = []
+    for im in new.images:
+        was = before.get(im.name)
+        if was is None:
+            out.append(LockChange(im.name, "added", new=im.digest))
+        elif was.digest != im.digest:
+            old_m = dict(was.manifests)
+            moved = [p for p, d in im.manifests if old_m.get(p) != d]
+            out.append(LockChange(im.name, "moved", was.digest, im.digest, moved))
+        else:
+            out.append(LockChange(im.name, "unchanged", was.digest, im.digest))
+    names = {im.name for im in new.images}
+    out += [LockChange(n, "removed", old=im.digest) for n, im in before.items() if n not in names]
+    return out
+
+
+# --- creation time ---------------------------------------------------------------------------
+
+
+def parse_created(option: Optional[str], env: Optional[str] = None) -> Optional[str]:
+    """bundle.json's `created` from --created (RFC 3339 UTC or unix seconds) or SOURCE_DATE_EPOCH.
+
+    Returns None (meaning: now) when neither is given. Raises UsageError.
+    """
+    if option:
+        text, what = option.strip(), "--created"
+    elif env:
+        text, what = env.strip(), "SOURCE_DATE_EPOCH"
+    else:
+        return None
+    if re.fullmatch(r"[0-9]{1,12}", text):
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(text)))
+    m = re.fullmatch(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})Z", text)
+    if m:
+        try:
+            secs = calendar.timegm(time.strptime(f"{m.group(1)}T{m.group(2)}", "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            m = None
+        else:
+            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(secs))
+    raise UsageError(f"invalid {what} {text!r}: use UTC like 2025-06-01T08:00:00Z, or unix seconds")
+
+
+def lock_from(spec: Spec, config: MirrorConfig, resolved: Sequence[Tuple[str, Digest, Sequence[Tuple[Platform, Digest]], str]]) -> Lock:
+    """Build the lock for `spec` from (spec ref, digest, [(platform, manifest digest)], source)."""
+    images = []
+    for text, digest, manifests, source in resolved:
+        images.append(LockedImage(text, _canonical(config, text), digest,
+                                  tuple((str(p), d) for p, d in manifests), source))
+    return Lock(spec.lock_path, tuple(str(p) for p in spec.platforms), tuple(images))

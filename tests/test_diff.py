@@ -1,0 +1,111 @@
+"""`imgtool diff`: two releases on one base, as bundles and as an offline inventory."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from imgtool.bundle.writer import write_bundle
+from imgtool.delta import Inventory, InventoryImage
+from imgtool.model import Digest, format_size
+from imgtool.progress import Progress
+from tests.support.bundles import BlobDir
+
+REPO = "quay.io/ascend"
+
+
+def imgtool(*args):
+    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=60)
+
+
+def bundle(tmp_path, name, images):
+    """Write a bundle of (ref, factory Image) pairs; returns its directory."""
+    store = BlobDir(tmp_path / "blobs")
+    pulled = [store.pulled(im, ref) for ref, im in images]
+    out = tmp_path / name
+    write_bundle(out, pulled, store.path, chunk_size=None, compress="none", force=False, progress=Progress(),
+                 created="2025-06-01T08:00:00Z")
+    return out
+
+
+@pytest.fixture
+def releases(factory, tmp_path):
+    """r1 and r2 of vllm-ascend on the same CANN base; the CANN image itself in both bundles."""
+    base = [factory.layer(30_000), factory.layer(20_000)]
+    cann = factory.image("arm64", layers=0, base=base)
+    r1 = factory.multiarch(layers=2, base=base, layer_size=10_000)
+    r2 = factory.multiarch(layers=1, base=base, layer_size=10_000)
+    old = bundle(tmp_path, "old", [(f"{REPO}/vllm-ascend:v1", r1.image("arm64")), (f"{REPO}/cann:8.2", cann)])
+    new = bundle(tmp_path, "new", [(f"{REPO}/vllm-ascend:v2", r2.image("arm64")), (f"{REPO}/cann:8.2", cann)])
+    return base, cann, r1, r2, old, new
+
+
+def test_diff_lists_shared_base_layers_added_and_removed(releases):
+    base, cann, r1, r2, old, new = releases
+    r = imgtool("diff", str(old), str(new), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [(x["status"], x["name"]) for x in out["images"]] == [
+        ("added", f"{REPO}/vllm-ascend:v2"), ("unchanged", f"{REPO}/cann:8.2"), ("removed", f"{REPO}/vllm-ascend:v1")]
+    assert out["platforms"] == {"added": [], "removed": [], "both": ["linux/arm64/v8"]}
+    by = {}
+    for row in out["layers"]:
+        by.setdefault(row["status"], []).append(row["digest"])
+    assert by["shared"] == [x.digest for x in base]
+    assert by["added"] == [r2.image("arm64").layers[-1].digest]
+    assert by["removed"] == [x.digest for x in r1.image("arm64").layers[2:]]
+    shared = next(x for x in out["layers"] if x["digest"] == base[0].digest)
+    assert shared["images"] == [f"{REPO}/vllm-ascend:v2 (linux/arm64/v8)", f"{REPO}/cann:8.2 (linux/arm64/v8)"]
+    t = out["totals"]
+    base_bytes = sum(x.size for x in base)
+    added = r2.image("arm64").layers[-1].size
+    assert (t["shared_bytes"], t["added_bytes"], t["new_bytes"]) == (base_bytes, added, base_bytes + added)
+    assert t["removed_bytes"] == sum(x.size for x in r1.image("arm64").layers[2:])
+
+    r = imgtool("diff", str(old), str(new))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"old: {old} (bundle: 2 image(s), linux/arm64/v8)"
+    assert lines[3:6] == [f"  added      {REPO}/vllm-ascend:v2  linux/arm64/v8  ID {r2.image('arm64').id[7:19]}",
+                          f"  unchanged  {REPO}/cann:8.2        linux/arm64/v8  ID {cann.id[7:19]}",
+                          f"  removed    {REPO}/vllm-ascend:v1  linux/arm64/v8  ID {r1.image('arm64').id[7:19]}"]
+    assert f"  shared   {base[0].digest[7:19]:<17}  {format_size(base[0].size):>10}  " \
+           f"{REPO}/vllm-ascend:v2 (linux/arm64/v8), {REPO}/cann:8.2 (linux/arm64/v8)" in lines
+    saved = base_bytes
+    assert lines[-1] == (f"delta: a bundle of new against old (imgtool fetch --base OLD) carries {format_size(added)} "
+                         f"of layers instead of {format_size(base_bytes + added)} (saves {format_size(saved)}, "
+                         f"{100 * saved // (base_bytes + added)}%)")
+
+
+def test_diff_against_an_inventory_and_a_bundle_json(releases, tmp_path):
+    base, cann, r1, r2, old, new = releases
+    old_image = r1.image("arm64")
+    inv = Inventory("2025-06-01T08:00:00Z", {"version": "20.10"}, (
+        InventoryImage(old_image.id, (f"{REPO}/vllm-ascend:v1",), "linux/arm64",
+                       tuple(Digest.parse(d) for d in old_image.diff_ids)),))
+    path = tmp_path / "inventory.json"
+    path.write_bytes(inv.to_bytes())
+    r = imgtool("diff", str(path), str(new / "bundle.json"), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["old"]["kind"] == "inventory"
+    shared = [x["diff_id"] for x in out["layers"] if x["status"] == "shared"]
+    assert shared == [x.diff_id for x in base]
+    removed = [x for x in out["layers"] if x["status"] == "removed"]
+    assert [x["diff_id"] for x in removed] == old_image.diff_ids[2:] and {x["size"] for x in removed} == {None}
+    assert out["totals"]["removed_bytes"] is None
+    assert out["totals"]["shared_bytes"] == sum(x.size for x in base)
+
+
+def test_diff_of_something_else_is_a_usage_error(tmp_path, releases):
+    _, _, _, _, old, _ = releases
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    r = imgtool("diff", str(old), str(junk))
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        2, f"error: {junk} is neither a bundle (bundle.json or its directory) nor an imgtool inventory")
+    r = imgtool("diff", str(old), str(tmp_path / "nope"))
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle or inventory: {tmp_path / 'nope'}")
