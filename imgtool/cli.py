@@ -70,6 +70,8 @@ def cli():
 
 mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
+tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
+                           help="Put imgtool.pyz (imgtool for any python3 3.9+, no install) into the bundle.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -80,8 +82,59 @@ def _size_option(value):
     return None if value is None else parse_size(value, "--chunk-size")
 
 
+def _given(name) -> bool:
+    """True when the option was on the command line (not its default)."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+def _with_spec(spec_file, created, config, opts):
+    """fetch -f SPEC: the spec's values under the options given on the command line, plus its lock."""
+    import dataclasses
+    import os
+
+    from .config import load_mirrors
+    from .errors import ConfigError, UsageError
+    from .spec import load_spec, parse_created, read_lock
+
+    stamp = parse_created(created, os.environ.get("SOURCE_DATE_EPOCH"))
+    if not spec_file:
+        return config, dataclasses.replace(opts, created=stamp)
+    if opts.refs:
+        raise UsageError("give image references or -f SPEC, not both")
+    if _given("arch") or _given("platform_"):
+        raise UsageError("--arch/--platform cannot be used with -f: the spec's platforms decide",
+                         hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
+    spec = load_spec(spec_file)
+    if spec.mirrors and not _given("mirrors_file"):
+        config = load_mirrors(spec.mirrors)
+    changes = {"refs": spec.images, "platforms": spec.platforms, "created": stamp}
+    for key, option in (("output", "output"), ("mirror", "mirror"), ("chunk_size", "chunk_size"),
+                        ("compress", "compress")):
+        if not _given(option):
+            changes[key] = getattr(spec, key)
+    lock = read_lock(spec.lock_path)
+    report = progress()
+    if lock is None:
+        report.note(f"no {spec.lock_path.name} beside {spec.path}: tags are resolved now "
+                    f"(imgtool lock -f {spec.path} pins them)")
+    else:
+        why = lock.mismatch(spec, config)
+        if why:
+            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
+                              hint=f"run imgtool lock --update -f {spec.path}")
+        report.note(f"using {spec.lock_path}: {len(lock.images)} image(s) pinned by digest")
+        changes["lock"] = lock
+    return config, dataclasses.replace(opts, **changes)
+
+
 @cli.command()
-@click.argument("refs", nargs=-1, required=True)
+@click.argument("refs", nargs=-1)
+@click.option("-f", "--file", "spec_file", metavar="SPEC",
+              help="Build the bundle a spec file describes (bundle.toml), pinned by bundle.lock beside it if present.")
+@click.option("--created", metavar="TIME", help="bundle.json's creation time, UTC 2025-06-01T08:00:00Z or unix "
+                                              "seconds (default: $SOURCE_DATE_EPOCH, else now).")
 @click.option("--arch", help="Architecture(s): amd64, arm64 (aliases x86_64, aarch64); comma list allowed.")
 @click.option("--platform", "platform_", metavar="OS/ARCH[/VARIANT]", help="Platform, e.g. linux/arm64/v8.")
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
@@ -92,26 +145,85 @@ def _size_option(value):
               help="Compress the whole archive (layers are already gzip).")
 @click.option("--jobs", type=int, default=4, show_default=True, help="Parallel downloads.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Delta: leave out layers the offline Docker holds (FILE from `imgtool inventory -o`).")
+@click.option("--base", type=click.Path(file_okay=False), metavar="DIR",
+              help="Delta: leave out layers of this earlier bundle (assumed loaded on the offline side).")
+@tool_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def fetch(refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, jobs, force, as_json):
+def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, jobs, force, have, base,
+          tool, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
-    references (host/path:tag, ...@sha256:...). Several go into one bundle.
+    references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
+    a bundle.toml naming images and platforms, pinned by `imgtool lock`.
     """
     from .config import load_mirrors
     from .fetch import FetchOptions, fetch as do_fetch, parse_platforms
 
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
-                        chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force)
+                        chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
+                        have=have, base=base, tool=tool)
+    config, opts = _with_spec(spec_file, created, config, opts)
     result = do_fetch(config, opts, progress())
     summary = result.bundle.summary(result.images, result.stats)
+    if spec_file:
+        summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
     if as_json:
         emit_json(summary)
     else:
         click.echo(result.bundle.describe(result.images, result.stats))
+
+
+@cli.command()
+@click.argument("images", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
+@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
+              help="Compress the whole archive (layers are gzip-compressed anyway).")
+@click.option("--gzip-level", type=int, default=1, show_default=True, help="gzip level for the layers, 1 (fast) to 9 (small).")
+@click.option("--jobs", type=int, default=0, help="Compression threads (default: the CPU count).")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@tool_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, as_json):
+    """Write a bundle from images already in the local Docker (for users who pulled with docker).
+
+    IMAGES are names as `docker images` shows them (or IDs of tagged images). Layers arrive
+    uncompressed from `docker save` and are gzip-compressed in parallel, so the bundle still
+    loads on old Docker.
+    """
+    from pathlib import Path
+
+    from .bundle import writer
+    from .config import cache_dir
+    from .daemon import open_daemon
+    from .export import export_images
+    from .selfbundle import bundle_tool
+    from .store import Store
+
+    size = _size_option(chunk_size)
+    if output is not None:
+        writer.check_output_dir(Path(output), force)
+    report = progress()
+    daemon = open_daemon()
+    try:
+        store = Store(cache_dir())
+        pulled = export_images(images, daemon, store, report, jobs=jobs, level=gzip_level)
+    finally:
+        daemon.close()
+    out = Path(output) if output else Path(writer.default_bundle_name(pulled))
+    writer.check_output_dir(out, force)
+    result = writer.write_bundle(out, pulled, store.blob_path, chunk_size=size, compress=compress, force=force,
+                                 progress=report, extra_files=bundle_tool(report) if tool else {})
+    if as_json:
+        emit_json(result.summary(pulled))
+    else:
+        click.echo(result.describe(pulled))
 
 
 @cli.command()
@@ -329,7 +441,7 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     from . import presets as P
     from .errors import UsageError
 
-    devices_given = kw["devices"] is not None and kw["devices"].strip().lower() != "all"
+    devices_given = P.explicit_cards(kw["devices"])
     pset, p, spec, config = _run_spec(preset, kw)
     spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
     if left_out:
@@ -337,13 +449,12 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
     else:
-        tag = P.pick_tag(daemon.local_tags(config.default_image), p.tag_suffixes)
-        if tag is None:
-            looked = ", ".join(f"vX.Y.Z{s}" for s in p.tag_suffixes)
+        newest, placeholder = P.default_image_for(p, config.default_image, daemon.local_tags(config.default_image))
+        if placeholder:
             raise UsageError(f"no {config.default_image} image for preset {p.name} is loaded in Docker "
-                             f"(looked for tags {looked})",
+                             f"(looked for tags {', '.join(p.tag_patterns)})",
                              hint=f"name one: imgtool run {p.name} IMAGE, or load a bundle first: imgtool load DIR")
-        spec = spec.with_image(f"{config.default_image}:{tag}")
+        spec = spec.with_image(newest)
     _warn_spec(spec, p, config.default_image)
     code, container = daemon.run_container(spec)
     if spec.detach:
@@ -352,6 +463,16 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
 
 
 # --- offline side: verify, load, doctor --------------------------------------------
+
+
+def _bundle_usage(bundle_dir, expect) -> None:
+    """Bad input is exit 2 before any reading or Docker: --expect's form, DIR's existence."""
+    from .bundle.format import parse_expect
+    from .bundle.reader import bundle_directory
+
+    if expect is not None:
+        parse_expect(expect)
+    bundle_directory(bundle_dir)
 
 
 @cli.command()
@@ -369,6 +490,7 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
     from .bundle.verify import verify_bundle
     from .model import format_size
 
+    _bundle_usage(bundle_dir, expect)
     p = progress()
     report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs)
     for w in report.warnings:
@@ -382,6 +504,10 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
                    f"{format_size(report.bytes_read)} in {report.seconds:.1f} s")
         for im in report.index.images:
             click.echo(f"  {im.ref}  {im.platform}  ID {im.image_id.short}")
+        if report.index.is_delta:
+            names = list(dict.fromkeys(n for _, ns in report.index.omitted_chains() for n in ns[:1]))
+            click.echo(f"delta bundle: {len(report.index.omitted_chains())} layers left out on purpose "
+                       f"(Docker must already hold them: {', '.join(names)})")
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
         click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")
@@ -394,9 +520,11 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
               help="Also tag the image NAME[:TAG] (SOURCE=NAME when the bundle holds several). Repeatable.")
 @click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed.")
 @click.option("--force", is_flag=True, help="Load even when Docker's disk looks too small.")
+@click.option("--arch", metavar="ARCH",
+              help="Of a tag held for several architectures, load this one (default: the Docker host's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def load(bundle_dir, tags, expect, force, as_json):
+def load(bundle_dir, tags, expect, force, arch, as_json):
     """Check a bundle completely, then stream it into Docker (DOCKER_HOST) and confirm it.
 
     Nothing reaches Docker unless every part, blob and layer checks out.
@@ -405,10 +533,11 @@ def load(bundle_dir, tags, expect, force, as_json):
     from .daemon import open_daemon
     from .model import format_size
 
+    _bundle_usage(bundle_dir, expect)
     p = progress()
     daemon = open_daemon()
     try:
-        result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, progress=p)
+        result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, progress=p, arch=arch)
     finally:
         daemon.close()
     if as_json:
@@ -424,6 +553,68 @@ def load(bundle_dir, tags, expect, force, as_json):
                    f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
     else:
         click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--to", "to", required=True, metavar="HOST[:PORT][/NAMESPACE]",
+              help="The registry inside the offline network (distribution, Harbor) and a namespace.")
+@click.option("--insecure", is_flag=True, help="Unverified HTTPS, or plain HTTP (like dockerd's insecure-registries).")
+@click.option("--ca-cert", type=click.Path(dir_okay=False), metavar="FILE", help="CA certificate of the registry.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def push(bundle_dir, to, insecure, ca_cert, as_json):
+    """Push a bundle's images into a registry, so many nodes `docker pull` instead of each loading it.
+
+    Credentials come from ~/.docker/config.json (docker login). The target repository is
+    NAMESPACE/ + the image's path without its registry host:
+    quay.io/ascend/vllm-ascend:v1 --to reg:5000/ai  ->  reg:5000/ai/ascend/vllm-ascend:v1
+    """
+    from .push import push_bundle
+
+    result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress())
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(result.describe())
+
+
+@cli.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write the inventory to FILE (atomically) instead of standard output.")
+@common
+def inventory(output):
+    """What this Docker already holds (image IDs, tags, layer diff_ids), as JSON.
+
+    Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
+    layer this Docker already has (a delta bundle).
+    """
+    from pathlib import Path
+
+    from .bundle.writer import write_atomic
+    from .daemon import open_daemon
+    from .delta import Inventory
+
+    daemon = open_daemon(timeout=120)
+    try:
+        facts = daemon.info()
+        images = daemon.inventory()
+    finally:
+        daemon.close()
+    import time
+
+    inv = Inventory(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
+    data = inv.to_bytes()
+    if output:
+        try:
+            write_atomic(Path(output), data, 0o644)
+        except OSError as e:
+            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}")
+        progress().note(f"inventory: {len(images)} images, "
+                        f"{len({d for im in images for d in im.diff_ids})} distinct layers -> {output}")
+    else:
+        click.echo(data.decode(), nl=False)
 
 
 @cli.command()
@@ -475,6 +666,99 @@ def tags(ref, pattern, mirror, mirrors_file, as_json):
         return
     click.echo(table([(t.tag, t.release or "-", t.hardware or "-", t.os or "-") for t in result.tags],
                      ["tag", "release", "hardware", "os"]))
+
+
+# --- release engineering: bundle specs, locks, diffs --------------------------------
+
+
+@cli.command("lock")
+@click.option("-f", "--file", "spec_file", metavar="SPEC", default="bundle.toml", show_default=True,
+              help="The bundle spec; the lock is written beside it as bundle.lock.")
+@click.option("--update", is_flag=True, help="Re-resolve every tag (even when the lock fits) and report what moved.")
+@mirror_option
+@mirrors_option
+@click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
+@common
+def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
+    """Pin every image of a bundle spec to its index and platform manifest digests (bundle.lock).
+
+    `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
+    """
+    from .config import load_mirrors
+    from .errors import ConfigError
+    from .fetch import lock_images
+    from .spec import compare_locks, load_spec, read_lock, write_lock
+
+    spec = load_spec(spec_file)
+    config = load_mirrors(mirrors_file or spec.mirrors)
+    old = read_lock(spec.lock_path)
+    if old is not None and not update:
+        why = old.mismatch(spec, config)
+        if why:
+            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
+                              hint=f"run imgtool lock --update -f {spec.path}")
+        if as_json:
+            emit_json({"lock": str(spec.lock_path), "written": False, "changes": []})
+        else:
+            click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(old.images)} image(s) x "
+                       f"{len(old.platforms)} platform(s) pinned); --update re-resolves the tags")
+        return
+    new = lock_images(config, spec, mirror if _given("mirror") else spec.mirror, progress())
+    changes = compare_locks(old, new)
+    write_lock(new)
+    if as_json:
+        emit_json({"lock": str(spec.lock_path), "written": True, "changes": [c.to_json() for c in changes]})
+        return
+    for c in changes:
+        click.echo(c.describe())
+    moved = sum(1 for c in changes if c.kind != "unchanged")
+    click.echo(f"wrote {spec.lock_path}: {len(new.images)} image(s) x {len(new.platforms)} platform(s)"
+               + (f", {moved} change(s)" if old is not None else ""))
+
+
+@cli.command("diff")
+@click.argument("old", metavar="OLD")
+@click.argument("new", metavar="NEW")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@common
+def diff_cmd(old, new, as_json):
+    """Compare two bundles (or a bundle and an `imgtool inventory` file): images, platforms, layers.
+
+    Shared layers are what a delta bundle (`fetch --base OLD`) leaves out.
+    """
+    from .diff import diff_paths
+
+    result = diff_paths(old, new)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo("\n".join(result.describe()))
+
+
+@cli.command("self-bundle")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="imgtool.pyz", show_default=True,
+              help="Where to write the zipapp.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
+@common
+def self_bundle(output, as_json):
+    """Build imgtool.pyz: imgtool and its pure-Python dependencies in one file (`python3 imgtool.pyz ...`).
+
+    The same file `fetch` puts into every bundle, built from the installed packages (no
+    network); carry it once to hosts that have python3 3.9+ but cannot pip install.
+    """
+    from .selfbundle import build
+
+    tool = build(output)
+    report = progress()
+    for note in tool.notes:
+        report.warn(note) if "needs Python" in note else report.note(note)
+    if as_json:
+        emit_json(tool.to_json())
+        return
+    click.echo(f"wrote {tool.path}: imgtool {tool.version} for Python {tool.min_python[0]}.{tool.min_python[1]}+, "
+               f"{tool.size // 1024} KiB, sha256 {tool.sha256}")
+    click.echo("  " + ", ".join(f"{k} {v}" for k, v in tool.packages.items() if k != "imgtool"))
+    click.echo(f"run it: python3 {tool.path} load BUNDLE_DIR")
 
 
 def main(argv=None) -> None:

@@ -4,6 +4,7 @@ Every error names the file, the line or key, and the problem, and exits 2.
 """
 
 import os
+import pkgutil
 import re
 import sys
 from dataclasses import dataclass
@@ -54,10 +55,25 @@ class MirrorConfig:
         return ImageRef.parse(text, self.default_image)
 
 
+def _read_text(path: Path) -> str:
+    """A file's text; imgtool's own built-in files are read through the loader when they live
+    inside imgtool.pyz (a zip, where `open()` cannot reach them)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        root = Path(__file__).parent
+        if root not in Path(path).parents or root.is_dir():
+            raise
+        data = pkgutil.get_data(__package__, Path(path).relative_to(root).as_posix())
+        if data is None:  # pragma: no cover - a loader without get_data
+            raise
+        return data.decode("utf-8")
+
+
 def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
     """Load a TOML file, turning syntax errors into one-line ConfigErrors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found")
     except (OSError, UnicodeDecodeError) as e:
@@ -156,17 +172,20 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
     return MirrorConfig(default_image, tuple(mirrors), str(path))
 
 
-def find_mirrors_file(option: Optional[str]) -> Path:
-    """The mirrors.toml to use: --mirrors, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
+def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[Path]:
+    """The user's config file: the option, else `$env_var`, else ~/.config/imgtool/NAME if it exists, else None."""
     if option:
         return Path(option)
-    env = os.environ.get("IMGTOOL_MIRRORS")
+    env = os.environ.get(env_var)
     if env:
         return Path(env)
-    user = Path(os.path.expanduser("~/.config/imgtool/mirrors.toml"))
-    if user.is_file():
-        return user
-    return BUILTIN_MIRRORS
+    user = Path(os.path.expanduser(f"~/.config/imgtool/{name}"))
+    return user if user.is_file() else None
+
+
+def find_mirrors_file(option: Optional[str]) -> Path:
+    """The mirrors.toml to use: --mirrors, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
+    return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 
 def load_mirrors(option: Optional[str] = None) -> MirrorConfig:
@@ -179,3 +198,20 @@ def load_mirrors(option: Optional[str] = None) -> MirrorConfig:
 def cache_dir() -> Path:
     """`$IMGTOOL_CACHE`, default `~/.cache/imgtool`."""
     return Path(os.environ.get("IMGTOOL_CACHE") or os.path.expanduser("~/.cache/imgtool"))
+
+
+DEFAULT_READ_TIMEOUT = 60.0
+
+
+def read_timeout() -> float:
+    """Seconds a blob or manifest read may stall: `$IMGTOOL_READ_TIMEOUT`, default 60. Raises UsageError."""
+    text = os.environ.get("IMGTOOL_READ_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_READ_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise UsageError(f"invalid IMGTOOL_READ_TIMEOUT {text!r}: give seconds between 0 and 3600, e.g. 60")
+    return value

@@ -14,17 +14,13 @@ def connect(timeout: int = 600):
     """A docker-py client from the environment (DOCKER_HOST etc.); raises DaemonError."""
     try:
         import docker
-        from docker.errors import DockerException
     except ImportError as e:  # pragma: no cover - only in a broken install
         raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker")
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
         return client
-    except DockerException as e:
-        raise DaemonError(f"cannot reach the Docker daemon: {_short(e)}",
-                          hint="is dockerd running? check DOCKER_HOST and permissions on the socket")
-    except Exception as e:  # requests/urllib3 connection errors surface raw here
+    except Exception as e:  # DockerException, and requests/urllib3 connection errors that surface raw
         raise DaemonError(f"cannot reach the Docker daemon: {_short(e)}",
                           hint="is dockerd running? check DOCKER_HOST and permissions on the socket")
 
@@ -130,6 +126,39 @@ class Daemon:
         return ImageInfo(str(d.get("Id") or ""), tuple(d.get("RepoTags") or ()), str(d.get("Os") or ""),
                          str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
 
+    def inventory(self) -> list:
+        """Every image the daemon holds (intermediate ones too) with its layers: [delta.InventoryImage].
+
+        Raises DaemonError. An image removed while this runs is skipped.
+        """
+        from docker.errors import ImageNotFound, NotFound
+
+        from .delta import InventoryImage
+        from .model import Digest
+
+        try:
+            listed = self.api.images(all=True)
+        except Exception as e:
+            raise DaemonError(f"cannot list the daemon's images: {_short(e)}")
+        out = []
+        for entry in listed:
+            image_id = str(entry.get("Id") or "")
+            try:
+                d = self.api.inspect_image(image_id)
+            except (ImageNotFound, NotFound):
+                continue
+            except Exception as e:
+                raise DaemonError(f"cannot inspect image {image_id[:19]}: {_short(e)}")
+            layers = ((d.get("RootFS") or {}).get("Layers")) or []
+            try:
+                diff_ids = tuple(Digest.parse(x) for x in layers)
+            except Exception:
+                continue  # not a sha256 layer list (very old images): nothing a bundle can build on
+            tags = tuple(t for t in (d.get("RepoTags") or ()) if t != "<none>:<none>")
+            platform = "/".join(p for p in (d.get("Os"), d.get("Architecture"), d.get("Variant")) if p)
+            out.append(InventoryImage(image_id, tags, platform, diff_ids))
+        return out
+
     def tag(self, image_id: str, name: str) -> None:
         """Tag an image `repo:tag`; raises DaemonError."""
         repo, _, tag = name.rpartition(":")
@@ -182,6 +211,34 @@ class Daemon:
         return messages
 
 
+    def inspect(self, ref: str) -> dict:
+        """Docker's raw image inspect (Id, RepoTags, RootFS, Architecture...); raises DaemonError."""
+        info = self.image_info(ref)
+        if info is None:
+            from .errors import UsageError
+
+            raise UsageError(f"image {ref} is not in the local Docker", hint="check `docker images`")
+        try:
+            return self.api.inspect_image(ref)
+        except Exception as e:
+            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}")
+
+    def save(self, ref: str, chunk_size: int = 4 * 1024 * 1024) -> Iterable[bytes]:
+        """`docker save REF` as a stream of chunks (never held whole); raises DaemonError."""
+        try:
+            stream = self.api.get_image(ref, chunk_size=chunk_size)
+        except Exception as e:
+            raise DaemonError(f"docker save {ref} failed: {_short(e)}")
+
+        def chunks():
+            try:
+                yield from stream
+            except Exception as e:
+                raise DaemonError(f"docker save {ref} failed: {_short(e)}")
+
+        return chunks()
+
+
 def _load_hint(text: str) -> Optional[str]:
     low = text.lower()
     if "invalid tar header" in low:
@@ -209,18 +266,18 @@ def local_tags(repository: str, timeout: int = 5) -> list:
         raise DaemonError(f"cannot list images of {repository}: {_short(e)}")
     finally:
         client.close()
-    wanted = _familiar(repository)
+    wanted = familiar(repository)
     tags = set()
     for image in images:
         for ref in image.get("RepoTags") or []:
             name, _, tag = ref.rpartition(":")
-            if name and _familiar(name) == wanted:
+            if name and familiar(name) == wanted:
                 tags.add(tag)
     return sorted(tags)
 
 
-def _familiar(name: str) -> str:
-    """Docker's short form of a repository name: docker.io/library/x -> x."""
+def familiar(name: str) -> str:
+    """Docker's short form of a name, as `docker images` shows it: docker.io/library/x:1 -> x:1."""
     for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
         if name.startswith(prefix):
             return name[len(prefix):]

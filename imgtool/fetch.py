@@ -4,16 +4,20 @@ Each is a core function taking plain values and a Progress and returning plain v
 cli.py formats them.
 """
 
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .config import MirrorConfig, cache_dir
-from .errors import ImgtoolError, UsageError
+from .delta import Have, Inventory, have_from_inventory
+from .errors import ImgtoolError, NotFoundError, UsageError
 from .mirrors import Probe, Resolution, Source, probe, resolve, sources_for
 from .model import (Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
 from .progress import Progress
 from .puller import PullStats, download, resolve_image
+from .selfbundle import bundle_tool
 from .store import Store
 
 
@@ -30,6 +34,11 @@ class FetchOptions:
     jobs: int = 4
     force: bool = False
     probe_timeout: float = 5.0
+    have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)
+    base: Optional[Path] = None  # an earlier bundle, assumed loaded on the offline side
+    lock: Optional[object] = None  # spec.Lock (bundle.lock): fetch every image by its pinned digest
+    created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
+    tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
 
 
 @dataclass
@@ -56,17 +65,27 @@ def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platfo
 
 
 def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progress: Progress,
-                 timeout: float = 5.0) -> List[Resolution]:
-    """Parse every reference (all first, so a typo fails before any network) and resolve each."""
+                 timeout: float = 5.0, pins=None) -> List[Resolution]:
+    """Parse every reference (all first, so a typo fails before any network) and resolve each.
+
+    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag.
+    """
     parsed: List[ImageRef] = []
     for text in refs:
         ref = config.parse_ref(text)
+        if pins and str(ref) in pins:
+            ref = ref.with_digest(pins[str(ref)])
         if ref not in parsed:
             parsed.append(ref)
     out = []
     for ref in parsed:
         sources = sources_for(ref, config, mirror)
-        res = resolve(ref, sources, timeout)
+        try:
+            res = resolve(ref, sources, timeout)
+        except NotFoundError as e:
+            if pins and ref.tag and str(ref.with_digest(None)) in pins:
+                e.hint = "bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC"
+            raise
         for note in res.notes:
             progress.warn(note) if "stale" in note else progress.note(note)
         progress.note(f"{ref.tagged}: {res.digest} via {', '.join(s.name for s in res.sources)}")
@@ -84,22 +103,99 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
+    have, base = read_have(opts.have, opts.base)
+    for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
+        sources_for(config.parse_ref(text), config, opts.mirror)
     store = Store(cache_dir())
-    resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout)
+    tool = bundle_tool(progress) if opts.tool else {}  # before downloading: a failure here costs nothing
+    resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
+                               pins=opts.lock.pins() if opts.lock else None)
     progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
                   + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
     pulled: List[tuple] = []
     for res in resolutions:
         for platform in opts.platforms:
             image = resolve_image(res, platform, store)
+            if opts.lock:
+                opts.lock.check(image, platform)
             pulled.append((image, res.sources))
     images = [img for img, _ in pulled]
     output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
     writer.check_output_dir(output, opts.force)
-    stats = download(pulled, store, progress, jobs=opts.jobs)
-    result = writer.write_bundle(output, images, store.blob_path, chunk_size=opts.chunk_size,
-                                 compress=opts.compress, force=opts.force, progress=progress)
-    return FetchResult(images, stats, result)
+    skip = set()
+    if have is not None:
+        planned = writer.bundle_images(images, have)
+        omitted = {x.digest for im in planned for x in im.layers if x.omitted}
+        needed = {x.digest for im in planned for x in im.layers if not x.omitted}
+        skip = omitted - needed
+        if skip:
+            progress.note(f"delta against {have.what}: {len(skip)} layers are already on the offline side "
+                          "and are not downloaded")
+    # The bundle is written while the layers download: the writer takes each blob, in archive order,
+    # as soon as the store has it, so the disk writes the bundle while the network is still busy.
+    pull = _Pulling(pulled, store, progress, opts.jobs, skip)
+    result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
+                                 compress=opts.compress, force=opts.force, progress=progress,
+                                 have=have, base=base, created=opts.created, extra_files=tool,
+                                 verified=pull.stats.fresh)
+    return FetchResult(images, pull.finish(), result)
+
+
+class _Pulling:
+    """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
+
+    def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip):
+        self.store, self.stats, self.error = store, PullStats(), None
+        self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip),
+                                       name="download", daemon=True)
+        self.thread.start()
+
+    def _run(self, pulled, progress, jobs, skip) -> None:
+        try:
+            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats)
+        except BaseException as e:  # raised in the main thread by blob_path/finish
+            self.error = e
+
+    def blob_path(self, digest: Digest) -> Path:
+        while not self.store.has(digest) and self.thread.is_alive():
+            time.sleep(0.01)
+        if self.error is not None:
+            raise self.error
+        return self.store.blob_path(digest)
+
+    def finish(self) -> PullStats:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.stats
+
+
+def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional[Have], Optional[dict]]:
+    """The chains the offline side holds, from `--have FILE` and/or `--base DIR`; raises UsageError/VerifyError."""
+    from .bundle.reader import read_index
+
+    have: Optional[Have] = None
+    described = []
+    if inventory is not None:
+        path = Path(inventory)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise UsageError(f"cannot read the inventory {path}: {e.strerror or e}",
+                             hint="write it on the offline host with `imgtool inventory -o FILE`")
+        have = have_from_inventory(Inventory.from_bytes(data, str(path)), f"inventory {path.name}")
+        described.append(("inventory", path.name))
+    if base is not None:
+        index, _ = read_index(Path(base))
+        from_bundle = Have(f"base bundle {Path(base).name}")
+        for im in index.images:
+            from_bundle.add([x.diff_id for x in im.layers], im.ref)
+        have = from_bundle if have is None else (have.merge(from_bundle) or have)
+        described.append(("bundle", Path(base).name))
+    if have is None:
+        return None, None
+    kind = "+".join(k for k, _ in described)
+    return have, {"kind": kind, "name": " + ".join(n for _, n in described)}
 
 
 # --- inspect ---------------------------------------------------------------
@@ -166,3 +262,34 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
     """Probe every source for a reference (default: the default image's `latest`)."""
     ref = config.parse_ref(text) if text else config.parse_ref("latest")
     return probe(sources_for(ref, config), ref, timeout)
+
+
+# --- lock: a bundle spec's tags pinned to digests ----------------------------------------
+
+
+def lock_images(config: MirrorConfig, spec, mirror: str, progress: Progress, timeout: float = 5.0):
+    """Resolve every image of a bundle spec (spec.Spec) to its index and platform manifest digests.
+
+    Returns a spec.Lock (not written). Raises UsageError, ConfigError, RegistryError.
+    """
+    from .errors import ConfigError
+    from .spec import lock_from
+
+    names = {}
+    for text in spec.images:
+        name = str(config.parse_ref(text))
+        if name in names:
+            raise ConfigError(f"{spec.path}: images {names[name]!r} and {text!r} are the same image ({name})")
+        names[name] = text
+    store = Store(cache_dir())
+    resolved = []
+    for text in spec.images:
+        res = resolve_refs(config, [text], mirror, progress, timeout)[0]
+        manifests = []
+        source = ""
+        for platform in spec.platforms:
+            image = resolve_image(res, platform, store)
+            manifests.append((platform, image.manifest_digest))
+            source = source or image.source
+        resolved.append((text, res.digest, manifests, source))
+    return lock_from(spec, config, resolved)

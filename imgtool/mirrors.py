@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from .config import Mirror, MirrorConfig
+from .config import read_timeout as env_read_timeout
 from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError
 from .model import Digest, ImageRef
 from .registry import RegistryClient
@@ -66,11 +67,14 @@ def direct_mirror(registry: str) -> Mirror:
 
 
 def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None,
-                read_timeout: float = 60.0) -> List[Source]:
+                read_timeout: Optional[float] = None) -> List[Source]:
     """The sources serving `ref`'s registry in file order; `only` forces one by name.
 
-    Raises UsageError for an unknown `only` name.
+    `read_timeout` (seconds a read may stall) defaults to `$IMGTOOL_READ_TIMEOUT` or 60.
+    Raises UsageError for an unknown `only` name or a bad `$IMGTOOL_READ_TIMEOUT`.
     """
+    if read_timeout is None:
+        read_timeout = env_read_timeout()
     entries = [m for m in config.mirrors if m.registry == ref.registry]
     if only and only != "auto":
         names = [m.name for m in config.mirrors]

@@ -445,6 +445,7 @@ class ImageConfig:
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+MAX_SIZE = 1 << 60  # 1 EiB: far beyond any image, far below float and int64 limits
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -453,6 +454,8 @@ def parse_size(text: str, what: str = "size") -> int:
     if not m:
         raise UsageError(f"invalid {what} {text!r}: use a number with an optional unit K, M, G, T (binary), e.g. 4G or 700M")
     number, unit = float(m.group(1)), m.group(2).lower()
+    if number * _UNITS[unit] >= MAX_SIZE:  # also float("9" * 400) == inf, which int() cannot take
+        raise UsageError(f"invalid {what} {text!r}: too large (at most {format_size(MAX_SIZE - 1)})")
     value = int(number * _UNITS[unit])
     if value <= 0:
         raise UsageError(f"invalid {what} {text!r}: must be greater than zero")

@@ -11,7 +11,7 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 import requests
 import urllib3
@@ -21,6 +21,7 @@ from .mirrors import Resolution, Source
 from .model import (Descriptor, Digest, ImageConfig, ImageRef, Index, Manifest, ManifestError, Platform,
                     PulledImage, format_size, parse_manifest)
 from .progress import Progress
+from .registry import _short as short_error
 from .store import Store
 
 READ_CHUNK = 1024 * 1024
@@ -123,6 +124,7 @@ class PullStats:
     bytes_cached: int = 0
     resumed_bytes: int = 0
     per_source: Dict[str, int] = field(default_factory=dict)
+    fresh: Set[Digest] = field(default_factory=set)  # downloaded and digest-checked by this process
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, source: str, n: int) -> None:
@@ -216,7 +218,8 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
             if len(tried) >= len(pool.sources):
                 raise RegistryError(f"blob {job.desc.digest.short} is on no source: {e.message}")
         except (RegistryError,) + _NET_ERRORS as e:
-            message = e.message if isinstance(e, ImgtoolError) else f"{type(e).__name__}: {e}"[:200]
+            # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
+            message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {short_error(e)}"
             attempts += 1
             fatal = attempts % 3 == 0  # three strikes on one source drop it for the run
             pool.fail(source, message, fatal=fatal)
@@ -226,17 +229,20 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
 
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = 4, per_source: int = 8, big_blob: int = BIG_BLOB, segment: int = SEGMENT) -> PullStats:
-    """Bring every layer of `images` into the store; returns what was transferred.
+             jobs: int = 4, per_source: int = 8, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
+             skip: Collection[Digest] = (), stats: Optional[PullStats] = None) -> PullStats:
+    """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store;
+    returns what was transferred.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
     """
-    stats = PullStats()
+    stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
     wanted: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
     for image, sources in images:
         for layer in image.manifest.layers:
-            wanted.setdefault(layer.digest, (layer, sources))
+            if layer.digest not in skip:
+                wanted.setdefault(layer.digest, (layer, sources))
     todo = []
     for desc, sources in wanted.values():
         if store.has(desc.digest, desc.size):
@@ -295,6 +301,7 @@ def _download_blob(pool: _SourcePool, desc: Descriptor, store: Store, progress: 
                 partial.commit(job.hasher.hexdigest() if job.hasher is not None else None)
                 with stats.lock:
                     stats.blobs_downloaded += 1
+                    stats.fresh.add(desc.digest)
                 progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
                 return
             except VerifyError as e:

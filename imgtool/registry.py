@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -185,8 +185,11 @@ class RegistryClient:
         return True
 
     def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
-                stream: bool = False, timeout=None, retry: bool = True) -> requests.Response:
+                stream: bool = False, timeout=None, retry: bool = True, data: Optional[bytes] = None
+                ) -> requests.Response:
         """Send a request with auth and retries; returns the final response (any status).
+
+        `data` (bytes, so a retry can send it again) is the request body.
 
         Raises RegistryError when the endpoint cannot be reached after the retries.
         """
@@ -199,7 +202,7 @@ class RegistryClient:
             hdrs.update(self._auth_header(scope))
             try:
                 resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
-                                               allow_redirects=True, verify=self.verify)
+                                               allow_redirects=True, verify=self.verify, data=data)
             except requests.exceptions.SSLError as e:
                 raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}",
                                     hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network")
@@ -296,7 +299,8 @@ class RegistryClient:
 
     def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:
         """Every tag of a repository, following `Link` pagination. Raises RegistryError."""
-        path = f"/v2/{repository}/tags/list?n={page_size}"
+        path = f"{self.base_url}/v2/{repository}/tags/list?n={page_size}"
+        seen = {path}
         while path:
             resp = self.request("GET", path, scope=f"repository:{repository}:pull")
             if resp.status_code in (401, 403, 404, 405):
@@ -307,7 +311,88 @@ class RegistryClient:
                 yield tag
             link = resp.headers.get("Link", "")
             m = re.match(r"<([^>]+)>", link)
-            path = m.group(1) if m else ""
+            # RFC 8288: a relative link is relative to the URL that answered, not to base_url
+            path = urljoin(resp.url, m.group(1)) if m else ""
+            if path in seen:  # a server that links a page to itself must not loop us forever
+                break
+            seen.add(path)
+
+
+    # -- pushing (imgtool push) -------------------------------------------
+
+    @staticmethod
+    def push_scope(repository: str) -> str:
+        return f"repository:{repository}:pull,push"
+
+    def _push_failed(self, resp: requests.Response, repository: str, what: str) -> RegistryError:
+        if resp.status_code in (401, 403):
+            return RegistryError(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
+                                 f"{registry_error_text(resp)})",
+                                 hint=f"log in with `docker login {self.host}` as a user allowed to push there "
+                                      "(imgtool reads ~/.docker/config.json)")
+        return RegistryError(f"{self.host}/{repository}: {what}: {registry_error_text(resp)}")
+
+    def has_blob(self, repository: str, digest: Digest) -> bool:
+        """HEAD the blob in `repository` (push scope, so the token serves the upload too). Raises RegistryError."""
+        resp = self.request("HEAD", f"/v2/{repository}/blobs/{digest}", scope=self.push_scope(repository))
+        resp.close()
+        if resp.status_code == 200:
+            return True
+        if resp.status_code == 404:
+            return False
+        raise self._push_failed(resp, repository, f"blob {digest.short}")
+
+    def mount_blob(self, repository: str, digest: Digest, source_repository: str) -> Optional[str]:
+        """Cross-repository mount; None when mounted, else the upload URL the registry opened instead."""
+        resp = self.request("POST", f"/v2/{repository}/blobs/uploads/?mount={digest}&from={source_repository}",
+                            scope=self.push_scope(repository), data=b"", retry=False)
+        resp.close()
+        if resp.status_code == 201:
+            return None
+        if resp.status_code == 202 and resp.headers.get("Location"):
+            return self._absolute(resp.headers["Location"])
+        raise self._push_failed(resp, repository, f"mount of blob {digest.short}")
+
+    def start_upload(self, repository: str) -> str:
+        """Open an upload session; returns its URL. Raises RegistryError."""
+        resp = self.request("POST", f"/v2/{repository}/blobs/uploads/", scope=self.push_scope(repository), data=b"")
+        resp.close()
+        if resp.status_code != 202 or not resp.headers.get("Location"):
+            raise self._push_failed(resp, repository, "starting an upload")
+        return self._absolute(resp.headers["Location"])
+
+    def upload_chunk(self, repository: str, url: str, data: bytes, start: int) -> str:
+        """PATCH bytes [start, start+len) to the session; returns the next URL. Raises RegistryError."""
+        headers = {"Content-Type": "application/octet-stream",
+                   "Content-Range": f"{start}-{start + len(data) - 1}"}
+        resp = self.request("PATCH", url, scope=self.push_scope(repository), headers=headers, data=data, retry=False)
+        resp.close()
+        if resp.status_code != 202 or not resp.headers.get("Location"):
+            raise self._push_failed(resp, repository, f"uploading bytes {start}-{start + len(data) - 1}")
+        return self._absolute(resp.headers["Location"])
+
+    def finish_upload(self, repository: str, url: str, digest: Digest, data: bytes = b"") -> None:
+        """PUT ?digest= (with the last bytes, or all of a small blob). Raises RegistryError."""
+        sep = "&" if "?" in url else "?"
+        resp = self.request("PUT", f"{url}{sep}digest={digest}", scope=self.push_scope(repository),
+                            headers={"Content-Type": "application/octet-stream"}, data=data, retry=False)
+        resp.close()
+        if resp.status_code not in (201, 204):
+            raise self._push_failed(resp, repository, f"blob {digest.short}")
+
+    def put_manifest(self, repository: str, reference: str, data: bytes, media_type: str) -> Optional[Digest]:
+        """PUT the manifest bytes as they are (so its digest stays); returns the registry's digest."""
+        resp = self.request("PUT", f"/v2/{repository}/manifests/{reference}", scope=self.push_scope(repository),
+                            headers={"Content-Type": media_type}, data=data)
+        resp.close()
+        if resp.status_code not in (200, 201, 202):
+            raise self._push_failed(resp, repository, f"manifest {reference}")
+        return _parse_digest_header(resp.headers.get("Docker-Content-Digest"))
+
+    def _absolute(self, location: str) -> str:
+        if location.startswith(("http://", "https://")):
+            return location
+        return self.base_url + ("" if location.startswith("/") else "/") + location
 
 
 def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
@@ -336,7 +421,8 @@ def _short(e: Exception, limit: int = 200) -> str:
     if m:
         return m.group(1).strip().rstrip(".").lower()
     for needle, said in (("RemoteDisconnected", "connection closed by the server"),
-                         ("Connection reset", "connection reset"), ("Connection aborted", "connection aborted")):
+                         ("Connection reset", "connection reset"), ("Connection aborted", "connection aborted"),
+                         ("IncompleteRead", "connection closed before the whole body arrived")):
         if needle in text:
             return said
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,7 +1,9 @@
 """The local content-addressed blob store (the cache under `$IMGTOOL_CACHE`).
 
 A blob becomes visible under `blobs/sha256/<hex>` only after its size and digest were
-checked, via temp file + fsync + rename, so the store never holds a corrupt blob.
+checked, via temp file + rename. A downloaded blob's data is not fsynced (that would write
+every image twice before the bundle holds it once); whatever reads a blob for a bundle checks
+its digest on the way (bundle/writer.py), so one torn by a power cut is caught, not bundled.
 Downloads in progress live in `partial/` with a small JSON record of the byte ranges
 already written, so a later run (even after SIGKILL) resumes where this one stopped.
 A per-blob `flock` keeps two imgtool processes from downloading the same blob at once.
@@ -64,14 +66,16 @@ def merge_ranges(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
 class Partial:
     """A half-downloaded blob: a sparse file of the final size plus the ranges already written."""
 
-    SAVE_EVERY = 0.5  # seconds between state saves; a crash loses at most this much progress
+    # The record of done ranges is rewritten after every write (in place, see _save), so a SIGKILL
+    # loses only the bytes still in flight: a time-throttled record lost up to a second's worth.
 
     def __init__(self, store: "Store", digest: Digest, size: int):
         self.store, self.digest, self.size = store, digest, size
         self.path = store.root / "partial" / digest.algorithm / f"{digest.hex}.part"
         self.state_path = self.path.with_suffix(".json")
         self._lock = threading.Lock()
-        self._last_save = 0.0
+        self._state_fd = -1  # the record, open for in-place rewrites after its first save
+        self._state_len = 0
         self.done: List[Tuple[int, int]] = []
         self._open()
 
@@ -103,13 +107,23 @@ class Partial:
             return None
 
     def _save(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_save < self.SAVE_EVERY:
-            return
-        self._last_save = now
-        tmp = self.state_path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps({"digest": str(self.digest), "size": self.size, "done": self.done}))
-        os.replace(tmp, self.state_path)
+        """Persist the done ranges: first by temp file + rename, then by one pwrite at offset 0.
+
+        The rewrite is padded with spaces to the old length (JSON ignores them), so a kill never
+        leaves old and new mixed; a short write (disk full) leaves invalid JSON, which a later run
+        reads as "no record"; after a power loss the digest check at commit catches a record that
+        claims bytes the disk lost. Only the holder of the blob lock writes it.
+        """
+        data = json.dumps({"digest": str(self.digest), "size": self.size, "done": self.done}).encode()
+        if self._state_fd < 0:
+            tmp = self.state_path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, self.state_path)
+            self._state_fd = os.open(str(self.state_path), os.O_RDWR)
+        else:
+            data = data.ljust(self._state_len)
+            os.pwrite(self._state_fd, data, 0)
+        self._state_len = len(data)
 
     @property
     def done_bytes(self) -> int:
@@ -178,8 +192,7 @@ class Partial:
             raise VerifyError(f"blob {self.digest} arrived with digest {self.digest.algorithm}:{hexdigest}")
         final = self.store.blob_path(self.digest)
         try:
-            os.fsync(self._fd)
-            os.close(self._fd)
+            os.close(self._fd)  # no fsync of the data: see the module docstring
             self._fd = -1
             final.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(self.path, 0o444)
@@ -201,12 +214,19 @@ class Partial:
         self.done = []
 
     def _remove_state(self) -> None:
+        self._close_state()
         try:
             self.state_path.unlink()
         except OSError:
             pass
 
+    def _close_state(self) -> None:
+        if getattr(self, "_state_fd", -1) >= 0:
+            os.close(self._state_fd)
+            self._state_fd = -1
+
     def close(self) -> None:
+        self._close_state()
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -260,6 +280,24 @@ class Store:
         p.state_path = self.root / "partial" / digest.algorithm / f"{digest.hex}.json"
         state = Partial._load_state(p)
         return sum(b - a for a, b in state) if state else 0
+
+    def temp_file(self, label: str) -> Path:
+        """A fresh path under partial/ for a blob being produced locally (see `ingest`)."""
+        return self.root / "partial" / f"{label}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp"
+
+    def ingest(self, path: Path, digest: Digest) -> Path:
+        """Publish a fully written and fsynced local file whose digest the caller computed."""
+        final = self.blob_path(digest)
+        try:
+            if final.exists():
+                path.unlink()
+                return final
+            os.chmod(path, 0o444)
+            os.replace(path, final)
+            fsync_dir(final.parent)
+        except OSError as e:
+            raise _disk_error(e, self.root)
+        return final
 
     def put_bytes(self, data: bytes, digest: Optional[Digest] = None) -> Digest:
         """Store a small blob held in memory (manifest, config) after checking its digest."""

@@ -52,3 +52,22 @@ def test_later_stages_never_import_earlier_ones():
         names = {full for _, full in imports_of(p)}
         assert not any(n.endswith(("registry", "puller", "mirrors")) for n in names), (p, names)
     assert not any(full.endswith(("registry", "puller", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))
+
+
+def test_delta_chain_logic_is_pure():
+    found = {top for top, _ in imports_of(PKG / "delta.py")}
+    assert not (found & IO_MODULES), found & IO_MODULES
+    local = {full for top, full in imports_of(PKG / "delta.py") if top == "."}
+    assert local <= {".errors", ".model"}, local
+
+
+def test_release_tags_are_pure():
+    found = {top for top, _ in imports_of(PKG / "releases.py")}
+    assert found <= {"re", "dataclasses", "typing"}, found
+
+
+def test_run_presets_never_reach_the_registry_side():
+    # `imgtool run` serves an offline host: it reads tags through releases.py, never through tags.py
+    for p in (PKG / "presets").glob("*.py"):
+        names = {full for _, full in imports_of(p)}
+        assert not any(n.endswith(("registry", "puller", "mirrors", "tags", "fetch")) for n in names), (p, names)

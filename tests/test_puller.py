@@ -416,3 +416,67 @@ def test_tags_lists_variants_newest_first_and_skips_a_mirror_without_listing(ser
                                             "v0.22.1rc1               v0.22.1rc1  a2        ubuntu", ""]
     finally:
         proxy.close()
+
+
+
+class _PagedTags:
+    """A registry front that pages tags/list like quay.io does (`n`, `last`, Link rel=next).
+
+    Distribution 2.8 ignores `n` for tags, so the real registry never exercises pagination.
+    """
+
+    def __init__(self, tags, loop=False):
+        import http.server
+        import threading
+        from urllib.parse import parse_qs, urlsplit
+
+        self.tags, self.paths = sorted(tags), []
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                front.paths.append(self.path)
+                url = urlsplit(self.path)
+                q = parse_qs(url.query)
+                n, last = int(q.get("n", ["100"])[0]), q.get("last", [""])[0]
+                rest = [t for t in front.tags if t > last]
+                page, more = rest[:n], len(rest) > n
+                body = json.dumps({"name": "x", "tags": page}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                if more or loop:
+                    nxt = self.path if loop else f"{url.path}?n={n}&last={page[-1]}"
+                    self.send_header("Link", f'<{nxt}>; rel="next"')
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_tags_follow_link_pagination_page_by_page():
+    from imgtool.registry import RegistryClient as Client
+
+    names = ["main", "v0.9.1", "v0.10.0rc1-310p", "v0.22.1rc1", "v0.22.1rc1-a3"]
+    front = _PagedTags(names)
+    try:
+        got = list(Client(front.url, insecure=True).tags("ns/vllm-ascend", page_size=2))
+    finally:
+        front.close()
+    assert got == sorted(names)
+    assert front.paths == ["/v2/ns/vllm-ascend/tags/list?n=2", "/v2/ns/vllm-ascend/tags/list?n=2&last=v0.10.0rc1-310p",
+                           "/v2/ns/vllm-ascend/tags/list?n=2&last=v0.22.1rc1-a3"]
+    looping = _PagedTags(names[:1], loop=True)  # a page that links to itself ends the listing
+    try:
+        assert list(Client(looping.url, insecure=True).tags("ns/vllm-ascend", page_size=2)) == ["main"]
+    finally:
+        looping.close()

@@ -9,18 +9,21 @@ well-formed, sizes are non-negative integers. See docs/bundle-format.md.
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
+from ..delta import chain_ids
 from ..errors import UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform
 
 FORMAT_NAME = "imgtool-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this imgtool reads; 2 = delta bundles (layers left out)
+FULL_VERSION = 1  # what a bundle without omitted layers is written as, so older imgtools read it
 
 BUNDLE_JSON = "bundle.json"
 SHA256SUMS = "SHA256SUMS"
 LOAD_SH = "load.sh"
 README_TXT = "README.txt"
+TOOL_PYZ = "imgtool.pyz"  # imgtool and its pure-Python dependencies (selfbundle.py); optional
 COMPRESSIONS = ("none", "gzip", "zstd")
 ARCHIVE_SUFFIX = {"none": ".tar", "gzip": ".tar.gz", "zstd": ".tar.zst"}
 
@@ -46,10 +49,18 @@ class Layer:
     size: int
     diff_id: Digest
     media_type: str
+    # A delta bundle leaves the layer's file out: the offline Docker must already hold `chain_id`
+    # (this layer on top of every layer below it), which `provided_by` images carried.
+    omitted: bool = False
+    chain_id: Optional[Digest] = None
+    provided_by: Tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {"digest": str(self.digest), "size": self.size, "diff_id": str(self.diff_id),
-                "media_type": self.media_type}
+        out = {"digest": str(self.digest), "size": self.size, "diff_id": str(self.diff_id),
+               "media_type": self.media_type}
+        if self.omitted:
+            out.update({"omitted": True, "chain_id": str(self.chain_id), "provided_by": list(self.provided_by)})
+        return out
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,10 @@ class BundleImage:
     def size(self) -> int:
         """Compressed size: manifest, config and layers."""
         return self.manifest_size + self.config_size + sum(layer.size for layer in self.layers)
+
+    @property
+    def omitted(self) -> Tuple[Layer, ...]:
+        return tuple(layer for layer in self.layers if layer.omitted)
 
     def to_json(self) -> dict:
         return {
@@ -134,20 +149,36 @@ class BundleIndex:
     archive: Archive
     parts: Tuple[Part, ...]
     files: Tuple[Part, ...] = field(default=())  # load.sh, README.txt (name, size, sha256)
+    base: Optional[dict] = None  # delta bundles: {"kind": "inventory"|"bundle", "name", "images": [names]}
 
     @property
     def layer_bytes(self) -> int:
-        """Compressed bytes of the unique layers."""
+        """Compressed bytes of the unique layers the archive holds (omitted ones are not in it)."""
         seen = {}
         for image in self.images:
             for layer in image.layers:
-                seen[layer.digest] = layer.size
+                if not layer.omitted:
+                    seen[layer.digest] = layer.size
         return sum(seen.values())
 
+    @property
+    def is_delta(self) -> bool:
+        return any(layer.omitted for image in self.images for layer in image.layers)
+
+    def omitted_chains(self) -> List[Tuple[Digest, Tuple[str, ...]]]:
+        """(chain ID, image names providing it) for every omitted layer, each chain once, in order."""
+        out, seen = [], set()
+        for image in self.images:
+            for layer in image.layers:
+                if layer.omitted and layer.chain_id not in seen:
+                    seen.add(layer.chain_id)
+                    out.append((layer.chain_id, layer.provided_by))
+        return out
+
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if self.is_delta else FULL_VERSION,
             "created": self.created,
             "imgtool_version": self.imgtool_version,
             "images": [image.to_json() for image in self.images],
@@ -155,6 +186,9 @@ class BundleIndex:
             "parts": [part.to_json() for part in self.parts],
             "files": [f.to_json() for f in self.files],
         }
+        if self.base is not None:
+            out["base"] = self.base
+        return out
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
@@ -182,9 +216,9 @@ class BundleIndex:
         images = _list(obj, "images")
         if not images:
             raise _bad("it lists no images")
-        parsed_images = tuple(_image(x, i) for i, x in enumerate(images))
-        refs = [im.ref for im in parsed_images]
-        if len(set(refs)) != len(refs):
+        parsed_images = tuple(_image(x, i, version) for i, x in enumerate(images))
+        refs = [(im.ref, im.platform.architecture) for im in parsed_images]
+        if len(set(refs)) != len(refs):  # one tag may be held for several architectures, each once
             raise _bad("an image reference is listed twice")
         archive = _archive(obj.get("archive"))
         parts = tuple(_part(x, f"parts[{i}]") for i, x in enumerate(_list(obj, "parts")))
@@ -198,6 +232,9 @@ class BundleIndex:
             raise _bad("the parts' sizes do not add up to the archive size")
         if archive.compression == "none" and archive.size != archive.tar_size:
             raise _bad("archive size and tar size differ for an uncompressed archive")
+        base = obj.get("base")
+        if base is not None and not isinstance(base, dict):
+            raise _bad("`base` is not an object")
         return cls(
             created=_str(obj, "created"),
             imgtool_version=_str(obj, "imgtool_version"),
@@ -205,6 +242,7 @@ class BundleIndex:
             archive=archive,
             parts=parts,
             files=files,
+            base=base,
         )
 
 
@@ -260,7 +298,7 @@ def _sha256_hex(obj: dict, where: str) -> str:
     return v
 
 
-def _image(x, i: int) -> BundleImage:
+def _image(x, i: int, version: int = 1) -> BundleImage:
     where = f"images[{i}]."
     if not isinstance(x, dict):
         raise _bad(f"images[{i}] is not an object")
@@ -286,8 +324,19 @@ def _image(x, i: int) -> BundleImage:
         lmedia = _str(layer, "media_type", lw)
         if lmedia not in LAYER_COMPRESSION:
             raise _bad(f"`{lw}media_type` is not a layer type: {lmedia!r}")
+        omitted = layer.get("omitted", False) is True
+        if omitted and version < 2:
+            raise _bad(f"`{lw}omitted` needs format version 2")
+        provided = layer.get("provided_by") or []
+        if not isinstance(provided, list) or not all(isinstance(n, str) for n in provided):
+            raise _bad(f"`{lw}provided_by` is not a list of names")
         layers.append(Layer(_digest(layer, "digest", lw), _size(layer, "size", lw),
-                            _digest(layer, "diff_id", lw), lmedia))
+                            _digest(layer, "diff_id", lw), lmedia, omitted,
+                            _digest(layer, "chain_id", lw) if omitted else None, tuple(provided) if omitted else ()))
+    if any(layer.omitted for layer in layers):
+        for j, (layer, chain) in enumerate(zip(layers, chain_ids([x.diff_id for x in layers]))):
+            if layer.omitted and layer.chain_id != chain:
+                raise _bad(f"`{where}layers[{j}].chain_id` does not follow from the diff_ids")
     source = x.get("source")
     return BundleImage(
         ref=ref,

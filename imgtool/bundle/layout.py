@@ -58,6 +58,11 @@ def manifest_json(images: Sequence[BundleImage]) -> bytes:
     """docker-archive manifest.json: one entry per distinct manifest, RepoTags = canonical names."""
     entries: List[dict] = []
     by_manifest: Dict[Digest, dict] = {}
+    # A tag held for several architectures gets no RepoTags: plain `docker load` would give the name to
+    # whichever platform it loads last. imgtool load / load.sh tag the one matching the daemon instead.
+    platforms: Dict[str, set] = {}
+    for image in images:
+        platforms.setdefault(image.ref, set()).add(image.platform.architecture)
     for image in images:
         entry = by_manifest.get(image.manifest_digest)
         if entry is None:
@@ -68,7 +73,7 @@ def manifest_json(images: Sequence[BundleImage]) -> bytes:
             }
             by_manifest[image.manifest_digest] = entry
             entries.append(entry)
-        if image.repo_tag and image.repo_tag not in entry["RepoTags"]:
+        if image.repo_tag and len(platforms[image.ref]) == 1 and image.repo_tag not in entry["RepoTags"]:
             entry["RepoTags"].append(image.repo_tag)
     return json.dumps(entries, separators=(",", ":")).encode()
 
@@ -131,7 +136,8 @@ def members(images: Sequence[BundleImage]) -> List[Member]:
             add(Digest.of(twin), len(twin), "manifest", f"OCI manifest of {image.ref}", OCI_MANIFEST, twin)
         add(image.image_id, image.config_size, "config", f"config of {image.ref}")
         for i, layer in enumerate(image.layers):
-            add(layer.digest, layer.size, "layer", f"layer {i + 1} of {image.ref}", layer.media_type)
+            if not layer.omitted:  # a delta bundle: Docker already holds its chain and never reads it
+                add(layer.digest, layer.size, "layer", f"layer {i + 1} of {image.ref}", layer.media_type)
     out = list(blobs.values())
     for name, content in (("index.json", index_json(images)), ("manifest.json", manifest_json(images)),
                           ("oci-layout", OCI_LAYOUT_BYTES)):

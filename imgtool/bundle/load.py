@@ -8,6 +8,7 @@ bytes, so Docker never holds a complete archive with it). The daemon is a `daemo
 passed in by the caller: this module does not talk to Docker by itself.
 """
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -16,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ..daemon import familiar
+from ..delta import chain_ids, missing_chains
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, Platform, format_size
 from ..progress import Progress
+from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
 from .verify import VerifyReport, check_metadata, deep_check
@@ -59,14 +63,6 @@ class LoadResult:
                 "seconds": round(self.seconds, 3), "warnings": self.warnings}
 
 
-def familiar(name: str) -> str:
-    """Docker's short form of a name: docker.io/library/x:1 -> x:1."""
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
-
-
 def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]]:
     """--tag NAME (one-image bundles) or --tag SOURCE=NAME -> {image ref: [names]}; raises UsageError."""
     out: Dict[str, List[str]] = {im.ref: [] for im in index.images}
@@ -93,7 +89,8 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 
 
 def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
-                force: bool = False, progress: Progress, jobs: Optional[int] = None) -> LoadResult:
+                force: bool = False, progress: Progress, jobs: Optional[int] = None,
+                arch: Optional[str] = None) -> LoadResult:
     """Verify the bundle, stream it into Docker, tag and confirm by image ID.
 
     Raises UsageError, VerifyError (nothing was loaded), ImgtoolError (not enough space,
@@ -102,15 +99,19 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, raw = read_index(bundle_dir)
-    wanted = parse_tags(tags, index)
     facts = daemon.info()
+    # A bundle may hold several platforms of one tag: only one of them is loaded and named.
+    view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
+    wanted = parse_tags(tags, view)
     warnings: List[str] = []
-    present = {im.ref: daemon.image_info(str(im.image_id)) for im in index.images}
+    present = {im.ref: daemon.image_info(str(im.image_id)) for im in view.images}
     if all(present.values()):
-        images = _tag_and_confirm(daemon, index, wanted, present)
+        images = _tag_and_confirm(daemon, view, wanted, present)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=_arch_warnings(index, facts.arch))
+                          warnings=_arch_warnings(view, facts.arch))
 
+    if view.is_delta:
+        check_base(bundle_dir, view, daemon)
     report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
     check_metadata(bundle_dir, index, report, expect)
     stat_problems = stat_parts(bundle_dir, index)
@@ -120,14 +121,55 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     report.raise_if_bad("load")
     warnings += report.warnings
     warnings += _compatibility(index, facts, report.unpacked_size, force)
-    warnings += _arch_warnings(index, facts.arch)
+    warnings += _arch_warnings(view, facts.arch)
     for w in warnings:
         progress.warn(w)
 
-    sent = _stream(bundle_dir, index, daemon, progress)
-    images = _tag_and_confirm(daemon, index, wanted, present)
+    sent = _stream(bundle_dir, index, daemon, progress, view.images)
+    images = _tag_and_confirm(daemon, view, wanted, present)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings)
+
+
+def select_images(index: BundleIndex, arch: str, explicit: bool) -> List[BundleImage]:
+    """The images to load: for a reference held for several platforms, the one for `arch` (the daemon's,
+    or --arch); with an explicit --arch, only images of that arch. Raises UsageError."""
+    wanted = Platform.parse(arch).architecture if arch else Platform.host().architecture
+    by_ref: Dict[str, List[BundleImage]] = {}
+    for im in index.images:
+        by_ref.setdefault(im.ref, []).append(im)
+    out = []
+    for ref, images in by_ref.items():
+        if len(images) == 1 and not explicit:
+            out.append(images[0])  # a single-platform image: loaded as before (with a warning if foreign)
+            continue
+        match = [im for im in images if im.platform.architecture == wanted]
+        if not match:
+            held = ", ".join(str(im.platform) for im in images)
+            whose = "--arch" if explicit else "this Docker host's"
+            raise UsageError(f"{ref}: this bundle holds it for {held}, not for {whose} {wanted}",
+                             hint="fetch it with --arch " + wanted if not explicit else "choose one with --arch")
+        out.append(match[0])
+    return out
+
+
+def check_base(bundle_dir: Path, index: BundleIndex, daemon) -> None:
+    """A delta bundle loads only where Docker holds every chain it leaves out; raises ImgtoolError naming
+    the images (and the base bundle) to load first."""
+    present = set()
+    for im in daemon.inventory():
+        present.update(chain_ids(im.diff_ids))
+    needed = index.omitted_chains()
+    missing = missing_chains(needed, present)
+    if not missing:
+        return
+    names = list(dict.fromkeys(n for _, provided in missing for n in provided[:1]))
+    base = index.base or {}
+    where = f" (from the {base.get('kind')} {base.get('name')})" if base.get("name") else ""
+    raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle and Docker lacks {len(missing)} of the "
+                       f"{len(needed)} layer chains it leaves out; nothing was loaded",
+                       hint=f"load {', '.join(names)}{where} first, then this bundle; or fetch a full bundle "
+                            "(without --have/--base)")
 
 
 def _names(image: BundleImage, wanted: Dict[str, List[str]]) -> List[str]:
@@ -186,21 +228,30 @@ def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
     return out
 
 
-def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress) -> int:
-    """Parts -> (decompress) -> docker load, chunk by chunk; returns the tar bytes sent."""
+def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
+            selected: Sequence[BundleImage] = ()) -> int:
+    """Parts -> (decompress) -> docker load, chunk by chunk; returns the tar bytes sent.
+
+    With `selected` a subset of the images, the tar Docker gets holds only their members and a
+    manifest.json/index.json for them (rewritten on the fly; the member offsets are known from
+    bundle.json), so the other platforms' layers are never sent or unpacked.
+    """
     sent = [0]
+    subset = bool(selected) and len(selected) < len(index.images)
     with progress.bar(index.archive.tar_size, "loading into docker") as bar:
         parts = PartsStream(bundle_dir, index, strict=True)
         reader = decompressed(parts, index.archive.compression)
 
+        def read(n: int) -> bytes:
+            try:
+                return reader.read(n)
+            except DecodeError as e:
+                raise VerifyError(f"the archive changed since it was checked: {e}; nothing was loaded")
+
+        source = _subset_tar(read, index, selected) if subset else iter(lambda: read(READ_SIZE), b"")
+
         def chunks():
-            while True:
-                try:
-                    data = reader.read(READ_SIZE)
-                except DecodeError as e:
-                    raise VerifyError(f"the archive changed since it was checked: {e}; nothing was loaded")
-                if not data:
-                    break
+            for data in source:
                 sent[0] += len(data)
                 bar.update(len(data))
                 yield data
@@ -211,6 +262,48 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress) ->
         finally:
             parts.close()
     return sent[0]
+
+
+def _subset_tar(read, index: BundleIndex, selected: Sequence[BundleImage]):
+    """The verified archive (read(n) gives its tar bytes) cut down to `selected`: their blobs, oci-layout,
+    and manifest.json/index.json generated for them. Everything is still read (each part's sha256 is
+    checked as its last byte passes), only not sent."""
+    placed, tar_size = layout.place(layout.members(index.images))
+    keep = {m.name for m in layout.members(selected)}
+    replace = {"manifest.json": layout.manifest_json(selected), "index.json": layout.index_json(selected)}
+
+    def take(n: int):
+        while n > 0:
+            data = read(min(n, READ_SIZE))
+            if not data:
+                raise VerifyError("the archive ended early while loading; nothing was loaded")
+            n -= len(data)
+            yield data
+
+    out = consumed = 0
+    for p in placed:
+        span = len(p.header) + p.member.size + layout.padding(p.member.size)
+        consumed += span
+        name = p.member.name
+        if name in replace:
+            for _ in take(span):
+                pass
+            content = replace[name]
+            data = layout.header(name, len(content)) + content + bytes(layout.padding(len(content)))
+            out += len(data)
+            yield data
+        elif name in keep:
+            out += span
+            yield from take(span)
+        else:
+            for _ in take(span):
+                pass
+    for _ in take(tar_size - consumed):
+        pass
+    while read(READ_SIZE):  # to the very end, so the last part's checksum is checked
+        pass
+    end = out + 2 * layout.BLOCK
+    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD))
 
 
 def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict) -> List[LoadedImage]:

@@ -37,13 +37,19 @@ class Problem:
         return {"message": self.message, "parts": [i + 1 for i in self.parts], "kind": self.kind}
 
 
-def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
-    """Read and validate DIR/bundle.json; raises UsageError (no such dir) or VerifyError."""
+def bundle_directory(bundle_dir) -> Path:
+    """DIR as a Path when it is a directory; raises UsageError (missing, or not a directory)."""
     bundle_dir = Path(bundle_dir)
     if not bundle_dir.is_dir():
         if bundle_dir.exists():
             raise UsageError(f"{bundle_dir} is not a directory", hint="give the bundle directory (it holds bundle.json)")
         raise UsageError(f"no such bundle directory: {bundle_dir}")
+    return bundle_dir
+
+
+def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
+    """Read and validate DIR/bundle.json; raises UsageError (no such dir) or VerifyError."""
+    bundle_dir = bundle_directory(bundle_dir)
     path = bundle_dir / BUNDLE_JSON
     try:
         with open(path, "rb") as f:
@@ -249,7 +255,8 @@ class _ZstdReader:
             import zstandard
         except ImportError:
             raise VerifyError("this bundle is zstd-compressed and the zstandard Python package is missing",
-                              hint="pip install zstandard, or use load.sh on a host with the zstd command")
+                              hint="install it (pip install zstandard, or the system's python3-zstandard package), "
+                                   "or run `sh load.sh` on a host with the zstd command")
         self.r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_SIZE, read_across_frames=True)
         self.error = zstandard.ZstdError
 
@@ -322,3 +329,56 @@ class QueueFile:
 
     def readable(self) -> bool:
         return True
+
+
+class BlobReader:
+    """Random access to the blobs of an uncompressed bundle, read in place from the parts.
+
+    `read(digest)` yields the blob's bytes in chunks straight from the part files (a blob may
+    span parts) and raises VerifyError at the end when its sha256 differs from the digest, so
+    a consumer (push) never needs the archive reassembled or extracted on disk.
+    """
+
+    def __init__(self, bundle_dir: Path, index: BundleIndex):
+        from . import layout
+
+        if index.archive.compression != "none":
+            raise UsageError(f"{bundle_dir} is a {index.archive.compression}-compressed bundle: its blobs cannot be "
+                             "read in place", hint="fetch the bundle without --compress to push it")
+        self.dir, self.index = Path(bundle_dir), index
+        placed, _ = layout.place(layout.members(index.images))
+        self.placed = {p.member.digest: p for p in placed if p.member.kind != "meta"}
+        self.map = PartMap(index)
+
+    def has(self, digest) -> bool:
+        return digest in self.placed
+
+    def size(self, digest) -> int:
+        return self.placed[digest].member.size
+
+    def chunks(self, digest, chunk: int = HASH_READ):
+        """The blob's bytes, `chunk` at a time; raises VerifyError (missing part, wrong digest)."""
+        p = self.placed[digest]
+        start, end = p.data_offset, p.end
+        sha = hashlib.sha256()
+        pos = start
+        for i in self.map.parts(start, end) if end > start else ():
+            part_start = self.map.starts[i]
+            part = self.index.parts[i]
+            try:
+                f = open(self.dir / part.name, "rb")
+            except OSError as e:
+                raise VerifyError(part_problem(self.index, i, f"cannot be read ({e.strerror})").message)
+            with f:
+                f.seek(pos - part_start)
+                stop = min(end, part_start + part.size)
+                while pos < stop:
+                    data = f.read(min(chunk, stop - pos))
+                    if not data:
+                        raise VerifyError(part_problem(self.index, i, "is truncated").message)
+                    pos += len(data)
+                    sha.update(data)
+                    yield data
+        if sha.hexdigest() != digest.hex:
+            raise VerifyError(f"{p.member.what} (blob {digest.short}) is damaged in the bundle: its sha256 differs "
+                              "from its digest", hint="run `imgtool verify` on the bundle and re-copy the parts it names")

@@ -4,7 +4,7 @@ from typing import List
 
 from .. import __version__
 from ..model import format_size
-from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, BundleIndex
+from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
 
@@ -36,10 +36,13 @@ usage: sh load.sh [--help]
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part), then streams the parts in order into `docker load`.
 Set DOCKER to run docker another way, e.g.  DOCKER="sudo docker" sh load.sh
-With imgtool installed, `imgtool load DIR` does the same with more checks.
+
+{_ways(index, "en")}
 
 用法: sh load.sh
 先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入 docker load。
+
+{_ways(index, "zh")}
 EOF
 }}
 
@@ -65,7 +68,7 @@ if command -v sha256sum >/dev/null 2>&1; then
 else
     echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
 fi
-{need_tool}
+{need_tool}{_base_check(index)}
 echo "load.sh: loading {len(index.images)} image(s) into docker ..." >&2
 {pipe}
 status=$?
@@ -73,9 +76,74 @@ if [ "$status" -ne 0 ]; then
     echo "load.sh: error: docker load failed (exit $status)" >&2
     exit "$status"
 fi
-echo "load.sh: done" >&2
+{_tag_multiarch(index)}echo "load.sh: done" >&2
 """
     return text.encode()
+
+
+def has_tool(index: BundleIndex) -> bool:
+    """Whether the bundle carries imgtool.pyz (fetch without --no-tool)."""
+    return any(f.name == TOOL_PYZ for f in index.files)
+
+
+def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
+    """The three ways to load, run in the bundle directory (load.sh --help, README.txt)."""
+    if lang == "zh":
+        pyz = f"任何 Python 3.9+，无需安装（本目录中的 {TOOL_PYZ}）" if has_tool(index) else \
+            "本镜像包未附带（打包时用了 --no-tool）；`imgtool self-bundle` 可单独生成"
+        lines = ["三种导入方式（在本目录中执行）：",
+                 "  imgtool load .               已安装 imgtool 时",
+                 f"  python3 {TOOL_PYZ} load .   " + pyz,
+                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
+                 "前两种会在 Docker 读取任何数据之前校验每个 blob 和层。"]
+    else:
+        pyz = f"any python3 3.9+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
+            "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
+        lines = ["Three ways to load it (run them in this directory):",
+                 "  imgtool load .               with imgtool installed",
+                 f"  python3 {TOOL_PYZ} load .   " + pyz,
+                 "  sh load.sh                   needs only sh, sha256sum, cat and docker",
+                 "The first two check every blob and layer before Docker sees a byte."]
+    return "\n".join(indent + line for line in lines)
+
+
+def _tag_multiarch(index: BundleIndex) -> str:
+    """A tag held for several architectures has no RepoTags in manifest.json: name the daemon's one here."""
+    by_ref = {}
+    for im in index.images:
+        by_ref.setdefault(im.ref, []).append(im)
+    multi = {ref: ims for ref, ims in by_ref.items() if len(ims) > 1 and ims[0].repo_tag}
+    if not multi:
+        return ""
+    lines = ["# This bundle holds some tags for several architectures; docker load left them unnamed.",
+             "# Name the one matching this Docker (the others stay as unnamed images: docker image prune).",
+             "arch=$($DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
+             'case "$arch" in']
+    for arch in sorted({im.platform.architecture for ims in multi.values() for im in ims}):
+        cmds = [f"$DOCKER tag {im.image_id} '{im.repo_tag}'" for ims in multi.values() for im in ims
+                if im.platform.architecture == arch]
+        lines.append(f"    {arch}) {' && '.join(cmds)} || exit 5 ;;")
+    lines.append('    *) echo "load.sh: warning: this bundle has no image for Docker\'s architecture $arch; '
+                 'nothing was named" >&2 ;;')
+    lines.append("esac")
+    return "\n".join(lines) + "\n"
+
+
+def _base_check(index: BundleIndex) -> str:
+    """For a delta bundle: refuse unless Docker has the images its omitted layers come from."""
+    if not index.is_delta:
+        return ""
+    names = list(dict.fromkeys(n for _, names in index.omitted_chains() for n in names[:1]))
+    quoted = " ".join("'" + n.replace("'", "") + "'" for n in names)
+    return f"""
+# A delta bundle: some layer files are left out because Docker should already hold them.
+for base in {quoted}; do
+    if ! $DOCKER image inspect "$base" >/dev/null 2>&1; then
+        echo "load.sh: error: this is a delta bundle and Docker lacks $base; load that image (its bundle) first" >&2
+        exit 4
+    fi
+done
+"""
 
 
 def _image_lines(index: BundleIndex) -> List[str]:
@@ -95,6 +163,13 @@ def readme(index: BundleIndex) -> bytes:
     total = format_size(index.archive.size)
     comp = index.archive.compression
     unpack = {"none": "", "gzip": " | gzip -dc", "zstd": " | zstd -dc"}[comp]
+    size = format_size(next((f.size for f in index.files if f.name == TOOL_PYZ), 0))
+    tool_en = f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any Python 3.9+\n" \
+        if has_tool(index) else ""
+    verify_en = f"python3 {TOOL_PYZ} verify .   (or: " if has_tool(index) else ""
+    verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
+    tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 Python 3.9+ 均可 `python3 {TOOL_PYZ} load .`\n" \
+        if has_tool(index) else ""
     text = f"""imgtool bundle
 ==============
 
@@ -110,7 +185,7 @@ Files
   {BUNDLE_JSON}   what is in the bundle, with the size and sha256 of every part
   {SHA256SUMS}    checksums of every file (sha256sum -c format)
   {LOAD_SH}       loads the bundle on a host without imgtool or Python
-  README.txt    this file
+{tool_en}  README.txt    this file
 
 Carry it
   Copy the whole directory. Parts may travel on different media (e.g. USB sticks
@@ -118,13 +193,12 @@ Carry it
 
 Check it on the offline host
   imgtool verify DIR --expect <sha256 of bundle.json printed by `imgtool fetch`>
-  or, without imgtool:  cd DIR && sha256sum -c {SHA256SUMS}
+  or, without imgtool:  cd DIR && {verify_en}sha256sum -c {SHA256SUMS}{")" if verify_en else ""}
   A damaged or missing part is named: copy that part again from the source medium.
 
 Load it
-  imgtool load DIR          (checks everything before Docker sees a byte)
-  or, without imgtool:  sh DIR/{LOAD_SH}
-  or by hand:           cat <parts in order>{unpack} | docker load
+{_ways(index, "en", "  ")}
+  or by hand: cat <parts in order>{unpack} | docker load
 
 If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), the image
 was built for another architecture: fetch it again with `--arch arm64` (Kunpeng hosts).
@@ -144,7 +218,7 @@ imgtool 离线镜像包
   {BUNDLE_JSON}   镜像包清单，含每个分卷的大小和 sha256
   {SHA256SUMS}    所有文件的校验和（sha256sum -c 格式）
   {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像
-  README.txt    本说明
+{tool_zh}  README.txt    本说明
 
 拷贝
   请拷贝整个目录。分卷可以分别用不同介质携带（例如 FAT32 格式的 U 盘，单个文件最大 4 GiB），
@@ -152,12 +226,11 @@ imgtool 离线镜像包
 
 在离线主机上校验
   imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
-  没有 imgtool 时：cd 目录 && sha256sum -c {SHA256SUMS}
+  没有 imgtool 时：cd 目录 && {verify_zh}sha256sum -c {SHA256SUMS}{"）" if verify_zh else ""}
   损坏或缺失的分卷会被指出：请从源介质重新拷贝该分卷。
 
 导入
-  imgtool load 目录          （在 Docker 读取任何数据之前完成全部校验）
-  没有 imgtool 时：sh 目录/{LOAD_SH}
+{_ways(index, "zh", "  ")}
   或手动：cat <按顺序列出的分卷>{unpack} | docker load
 
 如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明镜像架构

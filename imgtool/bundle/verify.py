@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 from ..errors import VerifyError
 from ..progress import Progress
-from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, BundleIndex, parse_expect
+from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ, BundleIndex, parse_expect
 from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
                      stat_parts)
 from .walk import walk_archive
@@ -66,6 +66,7 @@ class VerifyReport:
             "bytes_read": self.bytes_read,
             "seconds": round(self.seconds, 3),
             "skipped": self.skipped,
+            "omitted": [{"chain_id": str(c), "provided_by": list(n)} for c, n in self.index.omitted_chains()],
             "problems": [p.to_json() for p in self.problems],
             "warnings": list(self.warnings),
         }
@@ -112,13 +113,13 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
     for f in index.files:
         path = bundle_dir / f.name
         try:
-            data = path.read_bytes() if path.stat().st_size <= 1 << 20 else b""
+            digest = _file_sha256(path) if path.stat().st_size == f.size else ""
         except OSError:
             report.warnings.append(f"{f.name} is missing (only needed to load without imgtool)")
             continue
-        if hashlib.sha256(data).hexdigest() != f.sha256:
+        if digest != f.sha256:
             message = f"{f.name} does not match bundle.json: it was changed after the fetch"
-            if f.name == LOAD_SH:  # a changed script is run by people: treat it as damage
+            if f.name in (LOAD_SH, TOOL_PYZ):  # code that people run: treat a change as damage
                 report.problems.append(Problem(message + f"; copy {f.name} again from the source medium"))
             else:
                 report.warnings.append(message)
@@ -130,6 +131,14 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
         stray = []
     for name in stray:
         report.warnings.append(f"unexpected file in the bundle directory: {name} (not part of the bundle; ignored)")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _read_sums(path: Path) -> Optional[Dict[str, str]]:

@@ -6,6 +6,7 @@ archive on a second thread). Parts are fsynced; load.sh, README.txt and SHA256SU
 atomically, and bundle.json last, so a bundle without bundle.json is an unfinished one.
 """
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -16,17 +17,19 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Collection, Dict, List, Optional, Sequence
 
 from .. import __version__
+from ..delta import Have, plan_omissions
 from ..errors import ImgtoolError, UsageError
 from ..model import Digest, PulledImage, format_size
 from ..progress import Progress
 from . import layout, texts
-from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, Archive,
-                     BundleImage, BundleIndex, Layer, Part)
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ,
+                     Archive, BundleImage, BundleIndex, Layer, Part)
 
 COPY_BUFFER = 4 * 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
+SYNC_BEHIND = 64 * 1024 * 1024  # start write-back every this many bytes, so the closing fsync is short
 GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, and costs minutes
 ZSTD_LEVEL = 3
 _PART_RE = re.compile(r"\.part[0-9]{3,}$")
@@ -46,11 +49,26 @@ class BundleResult:
     blobs: int  # distinct blobs stored (shared layers once)
     seconds: float = 0.0
     warnings: List[str] = field(default_factory=list)
+    base: Optional[dict] = None  # a delta bundle's base (bundle.json `base`)
+    files: List[Part] = field(default_factory=list)  # bundle.json `files`: imgtool.pyz, load.sh, README.txt
 
     @property
     def size(self) -> int:
         """Bytes on disk of the parts."""
         return sum(p.size for p in self.parts)
+
+    def layer_bytes(self, delta: bool) -> int:
+        """Compressed bytes of the distinct layers: all of them, or only those the archive holds."""
+        seen = {}
+        for im in self.images:
+            for x in im.layers:
+                if not (delta and x.omitted):
+                    seen[x.digest] = x.size
+        return sum(seen.values())
+
+    @property
+    def omitted_layers(self) -> int:
+        return len({x.digest for im in self.images for x in im.layers if x.omitted})
 
     def to_json(self) -> dict:
         return {
@@ -63,6 +81,12 @@ class BundleResult:
                         "size": im.size} for im in self.images],
             "blobs": self.blobs,
             "seconds": round(self.seconds, 3),
+            "files": [f.to_json() for f in self.files],
+            "full_layer_bytes": self.layer_bytes(False),
+            "delta": None if self.base is None else {
+                "base": self.base, "omitted_layers": self.omitted_layers,
+                "omitted_bytes": self.layer_bytes(False) - self.layer_bytes(True),
+                "layer_bytes": self.layer_bytes(True)},
         }
 
     def summary(self, images: Sequence[PulledImage] = (), stats=None) -> dict:
@@ -87,13 +111,21 @@ class BundleResult:
         for im in self.images:
             lines.append(f"  {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id.short}"
                          + (f"  via {im.source}" if im.source else ""))
+        if self.base is not None:
+            full, delta = self.layer_bytes(False), self.layer_bytes(True)
+            lines.append(f"delta bundle against {self.base.get('kind')} {self.base.get('name')}: "
+                         f"{self.omitted_layers} layers ({format_size(full - delta)}) left out; layers "
+                         f"{format_size(delta)} of {format_size(full)} in full")
+            lines.append("  the offline Docker must already hold: " + ", ".join(self.base.get("images") or ["?"]))
         if stats is not None and hasattr(stats, "bytes_downloaded"):
             lines.append(f"downloaded {format_size(stats.bytes_downloaded)} ({stats.blobs_downloaded} blobs), "
                          f"{getattr(stats, 'blobs_cached', 0)} blobs from the cache; "
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
+        has_tool = any(f.name == TOOL_PYZ for f in self.files)
+        pyz = f"python3 {self.dir}/{TOOL_PYZ} load {self.dir}, or: " if has_tool else ""
         lines.append(f"offline side: imgtool verify {self.dir} --expect {self.bundle_json_sha256} "
-                     f"&& imgtool load {self.dir}   (or: sh {self.dir}/load.sh)")
+                     f"&& imgtool load {self.dir}   (or: {pyz}sh {self.dir}/load.sh)")
         return "\n".join(lines)
 
 
@@ -122,21 +154,26 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
                          hint="choose another --output, or pass --force to replace the bundle in it")
 
 
-def bundle_images(images: Sequence[PulledImage]) -> List[BundleImage]:
-    """bundle.json's view of pulled images; raises UsageError for duplicates or inconsistent inputs."""
+def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) -> List[BundleImage]:
+    """bundle.json's view of pulled images, leaving out layers whose chain `have` holds (delta);
+    raises UsageError for duplicates or inconsistent inputs."""
     out: List[BundleImage] = []
     for im in images:
         ref = im.ref.tagged if im.ref.tag else f"{im.ref.name}@{im.ref.digest or im.manifest_digest}"
-        if any(b.ref == ref for b in out):
-            raise UsageError(f"{ref} is listed twice (one bundle holds one image per tag)",
-                             hint="fetch one platform per tag, or one bundle per platform")
+        if any(b.ref == ref and b.platform.architecture == im.platform.architecture for b in out):
+            raise UsageError(f"{ref} is listed twice for {im.platform} (one bundle holds one image per tag "
+                             "and architecture)", hint="fetch one platform per architecture")
         if Digest.of(im.manifest_bytes) != im.manifest_digest or Digest.of(im.config_bytes) != im.image_id:
             raise ImgtoolError(f"{ref}: the manifest or config bytes do not match their digests")
         if len(im.config.diff_ids) != len(im.manifest.layers):
             raise ImgtoolError(f"{ref}: the config lists {len(im.config.diff_ids)} diff_ids for "
                                f"{len(im.manifest.layers)} layers")
-        layers = tuple(Layer(d.digest, d.size, diff, d.media_type)
-                       for d, diff in zip(im.manifest.layers, im.config.diff_ids))
+        layers = [Layer(d.digest, d.size, diff, d.media_type)
+                  for d, diff in zip(im.manifest.layers, im.config.diff_ids)]
+        for o in plan_omissions(im.config.diff_ids, have):
+            layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
+                                                  provided_by=o.provided_by)
+        layers = tuple(layers)
         if any(x.digest.algorithm != "sha256" for x in layers):
             raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
         out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
@@ -147,8 +184,19 @@ def bundle_images(images: Sequence[PulledImage]) -> List[BundleImage]:
 
 def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callable[[Digest], Path], *,
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
-                 created: Optional[str] = None) -> BundleResult:
-    """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.)."""
+                 created: Optional[str] = None, have: Optional[Have] = None,
+                 base: Optional[dict] = None, extra_files: Optional[Dict[str, Path]] = None,
+                 verified: Collection[Digest] = ()) -> BundleResult:
+    """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
+
+    `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
+    in bundle.json `files` and SHA256SUMS, before load.sh and README.txt, which mention them.
+    `blob_path` may block until a blob is there (fetch writes while it downloads); blobs in
+    `verified` (just downloaded and checked) are copied without hashing them again.
+
+    With `have` (chains the offline Docker holds) it is a delta bundle: covered layers are left
+    out of the archive and recorded in bundle.json (with `base` describing where `have` came from).
+    """
     started = time.monotonic()
     out_dir = Path(out_dir)
     if not images:
@@ -157,7 +205,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
         raise UsageError(f"invalid compression {compress!r}: use one of {', '.join(COMPRESSIONS)}")
     if chunk_size is not None and chunk_size <= 0:
         raise UsageError(f"invalid chunk size {chunk_size}: must be greater than zero")
-    bimages = bundle_images(images)
+    bimages = bundle_images(images, have)
+    base_info = base  # `base` is reused below for the archive's file name
     blobs = {im.manifest_digest: im.manifest_bytes for im in images}
     blobs.update({im.image_id: im.config_bytes for im in images})
     placed, tar_size = layout.place(layout.members(bimages))
@@ -172,7 +221,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     base = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name).lstrip(".-") or "bundle"
     archive_name = base + ARCHIVE_SUFFIX[compress]
     width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
-    sink = _PartSink(out_dir, archive_name, chunk_size, width)
+    single = compress == "none" and (chunk_size is None or chunk_size >= tar_size)
+    sink = _PartSink(out_dir, archive_name, chunk_size, width, single=single)
     written: List[Path] = []
     try:
         with progress.bar(tar_size, "writing bundle") as bar:
@@ -186,7 +236,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
                     stream.write(data)
                     bar.update(len(data))
                 else:
-                    _copy_blob(member, blob_path(member.digest), stream, bar)
+                    path = blob_path(member.digest)
+                    _copy_blob(member, path, stream, bar, check=member.digest not in verified)
                 pad = layout.padding(member.size)
                 stream.write(bytes(pad))
                 bar.update(pad)
@@ -201,13 +252,23 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
             parts = [Part(archive_name, parts[0].size, parts[0].sha256)]
             written = [out_dir / archive_name]
         archive = Archive(archive_name, compress, sum(p.size for p in parts), archive_sha, tar_size)
-        index = BundleIndex(created or _now(), __version__, tuple(bimages), archive, tuple(parts))
+        used = list(dict.fromkeys(n for im in bimages for x in im.layers if x.omitted for n in x.provided_by))
+        delta_base = dict(base_info or {"kind": "inventory", "name": ""}, images=used) if used else None
+        index = BundleIndex(created or _now(), __version__, tuple(bimages), archive, tuple(parts), base=delta_base)
+        extras = []
+        for name, src in sorted((extra_files or {}).items()):
+            data = Path(src).read_bytes()  # small (imgtool.pyz is about 1 MB)
+            _write_atomic(out_dir / name, data, 0o755 if name.endswith(".pyz") else 0o644)
+            written.append(out_dir / name)
+            extras.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
+        index = dataclasses.replace(index, files=tuple(extras))
         files = []
         for name, data, mode in ((LOAD_SH, texts.load_sh(index), 0o755), (README_TXT, texts.readme(index), 0o644)):
             _write_atomic(out_dir / name, data, mode)
             written.append(out_dir / name)
             files.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
-        index = BundleIndex(index.created, index.imgtool_version, index.images, archive, index.parts, tuple(files))
+        files += extras
+        index = dataclasses.replace(index, files=tuple(files))
         doc = index.to_bytes()
         doc_sha = hashlib.sha256(doc).hexdigest()
         sums = [(p.sha256, p.name) for p in parts] + [(doc_sha, BUNDLE_JSON)] + [(f.sha256, f.name) for f in files]
@@ -223,10 +284,10 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
             raise _os_error(e, out_dir, "write", tar_size) from None
         raise
     return BundleResult(out_dir, out_dir / BUNDLE_JSON, doc_sha, archive, parts, bimages, len(placed) - 3,
-                        time.monotonic() - started, warnings)
+                        time.monotonic() - started, warnings, delta_base, list(index.files))
 
 
-def _copy_blob(member: layout.Member, path: Path, stream, bar) -> None:
+def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = True) -> None:
     """Copy a store blob into the stream in big reads; the store's size must match the manifest's."""
     try:
         f = open(path, "rb", buffering=0)
@@ -238,14 +299,23 @@ def _copy_blob(member: layout.Member, path: Path, stream, bar) -> None:
         if actual != member.size:
             raise ImgtoolError(f"blob {member.digest} ({member.what}) in the cache is {actual} bytes, "
                                f"expected {member.size}", hint="remove it from the cache and fetch again")
+        # The cache does not fsync its blobs (the bundle is what must survive a power cut), so a
+        # blob is checked against its digest on the way into the bundle, unless this very process
+        # downloaded and checked it (`verified`: still in the page cache, no power cut in between).
+        hasher = member.digest.hasher() if check else None
         left = member.size
         while left:
             chunk = f.read(min(COPY_BUFFER, left))
             if not chunk:
                 raise ImgtoolError(f"blob {member.digest} ({member.what}) shrank while being read")
+            if hasher is not None:
+                hasher.update(chunk)
             stream.write(chunk)
             bar.update(len(chunk))
             left -= len(chunk)
+        if hasher is not None and hasher.hexdigest() != member.digest.hex:
+            raise ImgtoolError(f"blob {member.digest} ({member.what}) in the cache does not match its digest: {path}",
+                               hint="remove that file (or the whole cache) and fetch again")
 
 
 class _BackgroundHash:
@@ -280,14 +350,21 @@ class _BackgroundHash:
 class _PartSink:
     """Bytes in; part files out, rolling over at chunk_size, each hashed and fsynced."""
 
-    def __init__(self, out_dir: Path, archive_name: str, chunk_size: Optional[int], width: int):
+    def __init__(self, out_dir: Path, archive_name: str, chunk_size: Optional[int], width: int,
+                 single: bool = False):
         self.out_dir, self.archive_name, self.chunk_size, self.width = out_dir, archive_name, chunk_size, width
+        # single: the archive is known to be one part, so the part's sha256 is the archive's: hash it once,
+        # on the background thread
+        self.single = single
         self.parts: List[Part] = []
         self.file = None
         self.sha = None
         self.size = 0
         self.archive = _BackgroundHash()
+        self.archive_hex: Optional[str] = None
         self.paths: List[Path] = []
+        self.synced = 0
+        self.syncer: Optional[threading.Thread] = None
 
     def _open(self):
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
@@ -296,10 +373,24 @@ class _PartSink:
         self.sha = hashlib.sha256()
         self.size = 0
 
+    def _sync_behind(self):
+        # Start the disk writing what is written so far, on another thread: the fsync at the part's end
+        # then finds little dirty data, and the disk works while we still copy (or download).
+        if self.size - self.synced < SYNC_BEHIND or (self.syncer is not None and self.syncer.is_alive()):
+            return
+        self.synced = self.size
+        self.syncer = threading.Thread(target=_fdatasync_quietly, args=(self.file.fileno(),), daemon=True)
+        self.syncer.start()
+
     def _close_part(self):
-        os.fsync(self.file.fileno())
+        if self.syncer is not None:
+            self.syncer.join()  # before the fd is closed (and its number reused)
+            self.syncer, self.synced = None, 0
+        os.fsync(self.file.fileno())  # reports any write-back error, including the background ones'
         self.file.close()
-        self.parts.append(Part(self.paths[-1].name, self.size, self.sha.hexdigest()))
+        if self.single:
+            self.archive_hex = self.archive.hexdigest()
+        self.parts.append(Part(self.paths[-1].name, self.size, self.archive_hex if self.single else self.sha.hexdigest()))
         self.file = None
 
     def write(self, data) -> None:
@@ -312,11 +403,13 @@ class _PartSink:
                 self._open()
             room = len(view) if self.chunk_size is None else min(len(view), self.chunk_size - self.size)
             piece = view[:room]
-            self.sha.update(piece)
+            if not self.single:
+                self.sha.update(piece)
             done = 0
             while done < room:
                 done += self.file.write(piece[done:])
             self.size += room
+            self._sync_behind()
             view = view[room:]
             if self.chunk_size is not None and self.size >= self.chunk_size:
                 self._close_part()
@@ -326,10 +419,12 @@ class _PartSink:
             self._open()
         if self.file is not None:
             self._close_part()
-        return list(self.parts), self.archive.hexdigest()
+        return list(self.parts), self.archive_hex if self.single else self.archive.hexdigest()
 
     def abort(self) -> None:
         self.archive.stop()
+        if self.syncer is not None:
+            self.syncer.join()
         if self.file is not None:
             try:
                 self.file.close()
@@ -399,7 +494,7 @@ def _clear_old_bundle(out_dir: Path) -> List[str]:
     left = []
     for path in sorted(out_dir.iterdir()):
         name = path.name
-        ours = (name in (SHA256SUMS, LOAD_SH, README_TXT) or name.endswith(_OWN_SUFFIXES)
+        ours = (name in (SHA256SUMS, LOAD_SH, README_TXT, TOOL_PYZ) or name.endswith(_OWN_SUFFIXES)
                 or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
         if ours and path.is_file():
             path.unlink()
@@ -421,6 +516,13 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         _unlink(tmp)
         raise
+
+
+def _fdatasync_quietly(fd: int) -> None:
+    try:
+        os.fdatasync(fd)
+    except OSError:
+        pass  # the part's closing fsync reports it
 
 
 def _fsync_dir(path: Path) -> None:
@@ -453,3 +555,6 @@ def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolEr
         return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror}: {where}",
                             hint="choose a writable --output directory")
     return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror or e}: {where}")
+
+# public name for other rooms (inventory -o, push) that write one small file atomically
+write_atomic = _write_atomic

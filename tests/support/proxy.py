@@ -99,8 +99,10 @@ class FaultProxy:
         self.server.server_close()
 
     def blob_bytes_sent(self) -> int:
+        """Body bytes of blob GETs sent so far (CDN downloads included)."""
         with self.lock:
-            return sum(r.sent for r in self.records if blob_path(r.path) and r.method == "GET")
+            return sum(r.sent for r in self.records
+                       if (blob_path(r.path) or r.path.startswith("/cdn/")) and r.method == "GET")
 
     def _take_fault(self, method: str, path: str) -> Optional[Fault]:
         with self.lock:
@@ -119,6 +121,9 @@ class FaultProxy:
             self.records.append(rec)
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else None
+        # Faults match the path as requested: a CDN link (/cdn/<token>) is matched as such, so a
+        # fault can target the redirected download without redirecting it again.
+        fault = self._take_fault(method, path)
         if path.startswith("/cdn/"):
             token = path.split("/")[2]
             deadline, real = self._expiring.get(token, (0, ""))
@@ -126,7 +131,6 @@ class FaultProxy:
                 self._reply(h, rec, 403, b"<Error>Request has expired</Error>", {"Content-Type": "application/xml"})
                 return
             path = real
-        fault = self._take_fault(method, path)
         if fault and fault.kind == "status":
             self._reply(h, rec, fault.status, b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}',
                         dict({"Content-Type": "application/json"}, **fault.headers))

@@ -1,0 +1,217 @@
+"""`imgtool export`: the same bundle from images already in a local Docker daemon.
+
+`docker save` hands layers over uncompressed. Each layer is gzip-compressed on the way
+into the blob store as a series of independent gzip members of 4 MiB of input each,
+compressed in parallel (zlib releases the GIL); multi-member gzip is plain gzip to every
+reader, Docker 1.10+ included. Compression is deterministic (fixed level, mtime 0), so the
+same layer always gets the same digest and is stored once. The output is a PulledImage per
+image, so the bundle writer does the rest exactly as for `fetch`.
+"""
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import tarfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .errors import ImgtoolError, UsageError
+from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
+                    Manifest, PulledImage, format_size)
+from .progress import Progress
+from .store import Store
+
+CHUNK = 4 * 1024 * 1024
+SMALL = 1024 * 1024  # members up to this size are kept in memory until manifest.json says what they are
+MAX_MANIFEST_JSON = 16 * 1024 * 1024
+
+
+class ExportError(ImgtoolError):
+    """`docker save` produced something imgtool cannot make a bundle of."""
+
+
+def docker_name(name: str) -> ImageRef:
+    """Parse a name as Docker does (busybox:1 -> docker.io/library/busybox:1); raises UsageError."""
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        name = f"docker.io/library/{name}"
+    elif not ("." in first or ":" in first or first == "localhost"):
+        name = f"docker.io/{name}"
+    return ImageRef.parse(name, "docker.io/library/x")
+
+
+class _ChunkReader(io.RawIOBase):
+    """A read-only file over an iterable of byte chunks (for tarfile's stream mode)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self._it = iter(chunks)
+        self._buf = b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        while not self._buf:
+            try:
+                self._buf = next(self._it)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _index_path(store: Store, diff_id: str) -> Path:
+    return store.root / "export" / diff_id.replace(":", "-")
+
+
+def _known_layer(store: Store, diff_id: str) -> Optional[Tuple[Digest, int]]:
+    """(gzip digest, size) of a layer an earlier export compressed, if still in the store."""
+    try:
+        digest_text, size_text = _index_path(store, diff_id).read_text().split()
+        digest = Digest.parse(digest_text)
+        if store.has(digest, int(size_text)):
+            return digest, int(size_text)
+    except (OSError, ValueError, ImgtoolError):
+        pass
+    return None
+
+
+def _remember_layer(store: Store, diff_id: str, digest: Digest, size: int) -> None:
+    path = _index_path(store, diff_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(f"{digest} {size}\n")
+    os.replace(tmp, path)
+
+
+def _compress(data: bytes, level: int) -> bytes:
+    return gzip.compress(data, compresslevel=level, mtime=0)
+
+
+def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int, bar) -> Tuple[str, Digest, int]:
+    """gzip a layer stream into the store; returns (diff_id, gzip digest, gzip size)."""
+    diff = hashlib.sha256()
+    out_hash = hashlib.sha256()
+    tmp = store.temp_file("export")
+    size = 0
+    pending = deque()
+    try:
+        with open(tmp, "wb") as out:
+            def drain(limit):
+                nonlocal size
+                while len(pending) > limit:
+                    data = pending.popleft().result()
+                    out.write(data)
+                    out_hash.update(data)
+                    size += len(data)
+
+            while True:
+                chunk = reader.read(CHUNK)
+                if not chunk:
+                    break
+                diff.update(chunk)
+                bar.update(len(chunk))
+                pending.append(pool.submit(_compress, chunk, level))
+                drain(jobs * 2)  # bounded: memory does not grow with the layer
+            drain(0)
+            if size == 0:  # an empty stream still needs to be a valid gzip file
+                data = _compress(b"", level)
+                out.write(data)
+                out_hash.update(data)
+                size = len(data)
+            out.flush()
+            os.fsync(out.fileno())
+        digest = Digest("sha256", out_hash.hexdigest())
+        store.ingest(tmp, digest)
+        return f"sha256:{diff.hexdigest()}", digest, size
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int,
+                progress: Progress) -> PulledImage:
+    info = daemon.inspect(name)
+    ref = docker_name(name) if not name.startswith("sha256:") else None
+    if ref is None:
+        tags = info.get("RepoTags") or []
+        if not tags:
+            raise UsageError(f"image {name} has no tag; export needs a name to give it in the bundle",
+                             hint="tag it first: docker tag ID NAME:TAG")
+        ref = docker_name(tags[0])
+    want_diff_ids = list((info.get("RootFS") or {}).get("Layers") or [])
+    total = int(info.get("Size") or 0)
+    compressed: Dict[str, Tuple[str, Digest, int]] = {}  # member name -> (diff_id, digest, size)
+    small: Dict[str, bytes] = {}
+    with progress.bar(total or None, f"export {ref.tagged}") as bar:
+        tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), CHUNK), mode="r|")
+        for member in tar:
+            if not member.isfile():
+                continue
+            f = tar.extractfile(member)
+            if member.size <= SMALL:
+                small[member.name] = f.read()
+                continue
+            compressed[member.name] = compress_layer(f, store, pool, jobs, level, bar)
+    try:
+        entries = json.loads(small["manifest.json"])
+        entry = entries[0]
+        config_bytes = small[entry["Config"]]
+        layer_names = list(entry["Layers"])
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})")
+    layers: List[Descriptor] = []
+    for member_name in layer_names:
+        if member_name in compressed:
+            diff_id, digest, size = compressed[member_name]
+        elif member_name in small:
+            diff_id = "sha256:" + hashlib.sha256(small[member_name]).hexdigest()
+            known = _known_layer(store, diff_id)
+            if known:
+                digest, size = known
+            else:
+                data = _compress(small[member_name], level)
+                digest, size = store.put_bytes(data), len(data)
+        else:
+            raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
+        _remember_layer(store, diff_id, digest, size)
+        layers.append(Descriptor(DOCKER_LAYER_GZIP, digest, size))
+    config = ImageConfig.parse(config_bytes)
+    if [str(d) for d in config.diff_ids] != want_diff_ids and want_diff_ids:
+        raise ExportError(f"docker save of {name} does not match the image's layers (diff_ids differ)")
+    config_digest = store.put_bytes(config_bytes)
+    manifest = Manifest(DOCKER_MANIFEST, Descriptor(DOCKER_CONFIG, config_digest, len(config_bytes)), tuple(layers))
+    manifest_bytes = json.dumps({
+        "schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+        "config": manifest.config.to_json(), "layers": [d.to_json() for d in layers],
+    }, indent=3).encode()
+    progress.note(f"{ref.tagged}: {len(layers)} layers, {format_size(sum(d.size for d in layers))} gzip")
+    return PulledImage(ref=ref, source="docker daemon", platform=config.platform, index_digest=None,
+                       manifest_digest=Digest.of(manifest_bytes), manifest_bytes=manifest_bytes, manifest=manifest,
+                       config_bytes=config_bytes, config=config)
+
+
+def export_images(names: Sequence[str], daemon, store: Store, progress: Progress, jobs: int = 0,
+                  level: int = 1) -> List[PulledImage]:
+    """Save each image from Docker and store its layers gzip-compressed; raises ImgtoolError."""
+    if not names:
+        raise UsageError("nothing to export: name at least one local image")
+    if not 1 <= level <= 9:
+        raise UsageError(f"invalid --gzip-level {level}: use 1 (fast) to 9 (small)")
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    out: List[PulledImage] = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for name in names:
+            image = _export_one(name, daemon, store, pool, jobs, level, progress)
+            if all(image.image_id != o.image_id or image.ref != o.ref for o in out):
+                out.append(image)
+    return out

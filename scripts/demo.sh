@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The whole imgtool flow without internet, so anyone can watch it:
+#   a local registry stands in for quay.io, a small multi-arch vllm-ascend-like image is pushed
+#   to it, then: imgtool fetch -> verify -> load (into a private dockerd) -> run-flags.
+# Everything it starts (dockerd, registries) is stopped at the end; the bundle stays in $DEMO_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEMO_DIR="${DEMO_DIR:-/tmp/imgtool-demo}"
+export IMGTOOL_SERVICES_DIR="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-demo-svc}"
+VENV="${IMGTOOL_VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q -e '.[test]'
+PATH="$PWD/$VENV/bin:$PATH"
+
+trap 'scripts/services.sh down >/dev/null 2>&1 || true' EXIT
+scripts/services.sh up
+eval "$(scripts/services.sh env)"
+export DOCKER_HOST="$IMGTOOL_TEST_DOCKER_HOST" IMGTOOL_CACHE="$DEMO_DIR/cache"
+rm -rf "$DEMO_DIR" && mkdir -p "$DEMO_DIR"
+
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+
+echo "== pushing a small linux/amd64 + linux/arm64 image as quay.io/ascend/vllm-ascend:v0.22.1rc1 (local stand-in)"
+python - <<PY
+from tests.support.images import ImageFactory
+from tests.support.registry import push_image
+idx = ImageFactory("demo").multiarch(layers=3, layer_size=2 << 20, runnable=False)
+print(push_image("$IMGTOOL_TEST_REGISTRY_PLAIN", "ascend/vllm-ascend", "v0.22.1rc1", idx))
+PY
+cat >"$DEMO_DIR/mirrors.toml" <<TOML
+default_image = "quay.io/ascend/vllm-ascend"
+[[mirrors]]
+name = "quay"          # the real quay.io is not reachable here: this entry is down on purpose
+registry = "quay.io"
+url = "http://127.0.0.1:1"
+insecure = true
+upstream = true
+[[mirrors]]
+name = "local"
+registry = "quay.io"
+url = "http://$IMGTOOL_TEST_REGISTRY_PLAIN"
+insecure = true
+TOML
+export IMGTOOL_MIRRORS="$DEMO_DIR/mirrors.toml"
+arch=$(python -c 'from imgtool.model import Platform; print(Platform.host().architecture)')
+
+cd "$DEMO_DIR"
+step imgtool mirrors v0.22.1rc1
+step imgtool inspect v0.22.1rc1
+step imgtool fetch v0.22.1rc1 --arch "$arch" --chunk-size 2M
+bundle="vllm-ascend-v0.22.1rc1-$arch"
+step ls -l "$bundle"
+step imgtool verify "$bundle"
+step imgtool load "$bundle"
+step imgtool load "$bundle"
+step imgtool run-flags a2 --image quay.io/ascend/vllm-ascend:v0.22.1rc1
+echo
+echo "demo done: the bundle is in $DEMO_DIR/$bundle (services stopped)"

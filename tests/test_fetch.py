@@ -1,0 +1,219 @@
+"""`imgtool fetch` and `imgtool export` through the real CLI, against the real registries and dockerd."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.images import write_docker_archive
+from tests.support.proxy import Fault, FaultProxy, blob_path
+from tests.support.registry import push_image
+
+DEAD = "http://127.0.0.1:1"
+
+
+def imgtool(*args, env=None, cwd=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+
+
+def write_mirrors(tmp_path, repo, entries):
+    """entries: (name, url, prefix, upstream)."""
+    out = [f'default_image = "quay.io/{repo}"']
+    for name, url, prefix, upstream in entries:
+        out.append(f'[[mirrors]]\nname = "{name}"\nregistry = "quay.io"\nurl = "{url}"\ninsecure = true')
+        if prefix:
+            out.append(f'prefix = "{prefix}"')
+        if upstream:
+            out.append("upstream = true")
+    path = tmp_path / "mirrors.toml"
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def parts_of(bundle: Path):
+    return [bundle / p["name"] for p in json.loads((bundle / "bundle.json").read_text())["parts"]]
+
+
+def test_arm64_through_daocloud_mirror_with_upstream_down(services, factory, mirrored, tmp_path, docker_cli,
+                                                          docker_cleanup):
+    idx = factory.multiarch(media="oci", layers=3)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("daocloud",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", DEAD, "", True), ("daocloud", f"http://{services.mirror}", "quay.io", False)])
+    r = imgtool("fetch", "v0.22.1rc1", "--arch", "arm64", "--mirrors", str(cfg), "--chunk-size", "1M",
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    bundle = tmp_path / "vllm-ascend-v0.22.1rc1-arm64"  # the default name: image, tag, arch
+    assert f"bundle: vllm-ascend-v0.22.1rc1-arm64" in r.stdout
+    assert "source quay unreachable: 127.0.0.1:1: connection refused" in r.stderr
+    assert "platform: linux/arm64" in r.stderr
+    info = json.loads((bundle / "bundle.json").read_text())
+    image = info["images"][0]
+    arm = idx.image("linux/arm64/v8")
+    assert image["ref"] == f"quay.io/{ms.repo}:v0.22.1rc1"
+    assert image["source"].startswith("daocloud (")
+    assert (image["image_id"], image["manifest_digest"], image["index_digest"]) == (
+        arm.config_digest, arm.manifest_digest, idx.manifest_digest)
+    parts = parts_of(bundle)
+    assert len(parts) >= 3
+    sums = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=bundle, capture_output=True, text=True)
+    assert sums.returncode == 0, sums.stdout + sums.stderr
+    # plain docker load of the parts, concatenated in order
+    ref = f"quay.io/{ms.repo}:v0.22.1rc1"
+    docker_cleanup.image(ref, arm.config_digest)
+    cat = subprocess.run(f"cat {' '.join(p.name for p in parts)} | {docker_cli.binary} -H {services.docker_host} load",
+                         shell=True, cwd=bundle, capture_output=True, text=True, env=docker_cli.env)
+    assert cat.returncode == 0, cat.stderr
+    loaded = docker_cli.inspect_image(ref)
+    assert loaded["Id"] == arm.config_digest and loaded["Architecture"] == "arm64"
+    # the same archive is an OCI layout skopeo can read
+    archive = tmp_path / "whole.tar"
+    with open(archive, "wb") as out:
+        for p in parts:
+            out.write(p.read_bytes())
+    sk = subprocess.run(["skopeo", "inspect", "--config", f"oci-archive:{archive}"], capture_output=True, text=True)
+    assert sk.returncode == 0, sk.stderr
+    config = json.loads(sk.stdout)
+    assert config["architecture"] == "arm64" and config["rootfs"]["diff_ids"] == arm.diff_ids
+
+
+def test_two_tags_share_layers_stored_once(services, factory, mirrored, tmp_path):
+    first = factory.multiarch(layers=2)
+    second = factory.multiarch(layers=1, base=first)
+    ms = mirrored(first, tag="v0.22.1rc1", targets=("upstream",))
+    push_image(services.plain, ms.repo, "v0.22.1rc1-a3", second)
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / "b"
+    r = imgtool("fetch", "v0.22.1rc1", "v0.22.1rc1-a3", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out),
+                "--json", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["download"]["blobs_downloaded"] == 3  # 2 shared + 1 new layer, each once
+    with tarfile.open(parts_of(out)[0]) as tar:
+        names = tar.getnames()
+    shared = first.image("amd64").layers
+    for layer in shared:
+        assert names.count(f"blobs/sha256/{layer.digest.split(':')[1]}") == 1
+    refs = [i["ref"] for i in json.loads((out / "bundle.json").read_text())["images"]]
+    assert refs == [f"quay.io/{ms.repo}:v0.22.1rc1", f"quay.io/{ms.repo}:v0.22.1rc1-a3"]
+
+
+def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=4, layer_size=1 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        slow = proxy.add(Fault("rate", lambda m, p: blob_path(p) and m == "GET", times=10_000, rate=1_500_000))
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        out, cache = tmp_path / "b", tmp_path / "cache"
+        cmd = [sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out),
+               "--jobs", "1"]
+        proc = subprocess.Popen(cmd, env={**os.environ, "IMGTOOL_CACHE": str(cache)}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        layers = {l.digest.split(":")[1] for l in idx.image("amd64").layers}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done = {p.name for p in (cache / "blobs/sha256").glob("*")} & layers if (cache / "blobs/sha256").exists() else set()
+            if len(done) >= 2:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert len(done) >= 2 and len(done) < len(layers), "the kill should land between layers"
+        assert not (out / "bundle.json").exists()
+        slow.times = 0
+        proxy.records.clear()
+        r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--force", "--json",
+                    env={"IMGTOOL_CACHE": str(cache)})
+        assert r.returncode == 0, r.stderr
+        fetched_again = {rec.path.rsplit(":", 1)[1] for rec in proxy.records if blob_path(rec.path) and rec.method == "GET"}
+        assert not (fetched_again & done)  # finished layers are never downloaded twice
+        assert json.loads(r.stdout)["download"]["blobs_cached"] >= len(done)
+        assert (out / "bundle.json").exists()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--chunk-size", "4X"], "error: invalid --chunk-size '4X': use a number with an optional unit K, M, G, T (binary), e.g. 4G or 700M"),
+    (["--chunk-size", "0"], "error: invalid --chunk-size '0': must be greater than zero"),
+    (["--arch", "sparc"], "error: unknown architecture 'sparc' in 'sparc'"),
+    (["--arch", "arm64", "--platform", "linux/arm64"], "error: --arch and --platform cannot be used together"),
+    (["--jobs", "0"], "error: invalid --jobs 0: use 1 to 64"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, line):
+    cfg = write_mirrors(tmp_path, "ascend/vllm-ascend", [("quay", DEAD, "", True)])
+    r = imgtool("fetch", "v0.22.1rc1", "--mirrors", str(cfg), "-o", str(tmp_path / "out"), *args)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == line
+    assert "Traceback" not in r.stderr and not (tmp_path / "out" / "bundle.json").exists()
+
+
+def test_unknown_compression_and_existing_output(tmp_path):
+    r = imgtool("fetch", "v1", "--compress", "lz4")
+    assert r.returncode == 2 and "Invalid value for '--compress'" in r.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    r = imgtool("fetch", "v1", "-o", str(out))
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == f"error: output directory {out} already exists and is not empty"
+    assert (out / "old.txt").exists()  # nothing touched without --force
+
+
+def test_unwritable_output_is_one_error(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.multiarch(layers=1), tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(locked), str(locked)], check=True)
+    try:
+        r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(locked / "b"),
+                    env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    finally:
+        subprocess.run(["umount", str(locked)], check=True)
+    assert r.returncode == 1, r.stderr
+    assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1
+    assert "Read-only file system" in r.stderr or "read-only" in r.stderr.lower()
+    assert not (locked / "b" / "bundle.json").exists()
+
+
+def test_export_round_trips_through_a_daemon_without_the_image(services, factory, tmp_path, docker_cli,
+                                                               docker_cleanup):
+    image = factory.image("amd64", layers=3, layer_size=1 << 20)
+    ref = f"quay.io/{tmp_path.name.lower()[:20]}x/vllm-ascend:v0.22.1rc1"
+    archive = tmp_path / "in.tar"
+    write_docker_archive(image, archive, ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", archive)
+    out = tmp_path / "exported"
+    env = {"DOCKER_HOST": services.docker_host, "IMGTOOL_CACHE": str(tmp_path / "cache")}
+    r = imgtool("export", ref, "-o", str(out), "--chunk-size", "1M", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    info = json.loads((out / "bundle.json").read_text())
+    layers = info["images"][0]["layers"]
+    assert [l["diff_id"] for l in layers] == image.diff_ids
+    assert all(l["media_type"] == "application/vnd.docker.image.rootfs.diff.tar.gzip" for l in layers)
+    assert info["images"][0]["image_id"] == image.config_digest
+    # a second export gives the same layer digests (deterministic gzip)
+    again = imgtool("export", ref, "-o", str(tmp_path / "again"), "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert [l["digest"] for l in json.loads((tmp_path / "again" / "bundle.json").read_text())["images"][0]["layers"]] == \
+        [l["digest"] for l in layers]
+    docker_cli("image", "rm", ref)
+    assert docker_cli.inspect_image(image.config_digest) is None
+    loaded = imgtool("load", str(out), env=env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.inspect_image(ref)["Id"] == image.config_digest
+
+
+def test_export_of_a_missing_image_is_one_line(services, tmp_path):
+    r = imgtool("export", "quay.io/nope/none:v0", "-o", str(tmp_path / "o"), env={"DOCKER_HOST": services.docker_host})
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == "error: image quay.io/nope/none:v0 is not in the local Docker"
