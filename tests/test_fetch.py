@@ -129,7 +129,7 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
         assert not (out / "bundle.json").exists()
         slow.times = 0
         proxy.records.clear()
-        r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--force", "--json",
+        r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--json",
                     env={"IMGTOOL_CACHE": str(cache)})
         assert r.returncode == 0, r.stderr
         fetched_again = {rec.path.rsplit(":", 1)[1] for rec in proxy.records if blob_path(rec.path) and rec.method == "GET"}
@@ -165,6 +165,25 @@ def test_unknown_compression_and_existing_output(tmp_path):
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == f"error: output directory {out} already exists and is not empty"
     assert (out / "old.txt").exists()  # nothing touched without --force
+
+
+def test_rerun_replaces_an_unfinished_bundle_but_never_foreign_files(services, factory, mirrored, tmp_path):
+    ms = mirrored(factory.multiarch(layers=1), tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / "b"
+    out.mkdir()
+    for name in ("b.tar.part001", "b.tar.part002", "load.sh", ".b.tar.part003.tmp-99"):
+        (out / name).write_bytes(b"left by a killed fetch")
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--chunk-size", "64M", env=env)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("b.tar")) == ["b.tar"]
+    assert imgtool("verify", str(out)).returncode == 0
+    (out / "bundle.json").unlink()
+    (out / "notes.txt").write_text("mine")
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), env=env)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == f"error: output directory {out} already exists and is not empty"
 
 
 def test_unwritable_output_is_one_error(services, factory, mirrored, tmp_path):

@@ -145,11 +145,30 @@ def default_bundle_name(images: Sequence[PulledImage]) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".-") or "bundle"
 
 
+def _is_ours(path: Path) -> bool:
+    """A file the writer makes (parts, archive, texts, pyz, its temp files)."""
+    name = path.name
+    return path.is_file() and (name in (SHA256SUMS, LOAD_SH, README_TXT, TOOL_PYZ) or name.endswith(_OWN_SUFFIXES)
+                               or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
+
+
+def is_unfinished_bundle(out_dir: Path) -> bool:
+    """True for a directory left by an interrupted write: no bundle.json and only the writer's files."""
+    if not out_dir.is_dir() or (out_dir / BUNDLE_JSON).exists():
+        return False
+    entries = list(out_dir.iterdir())
+    return bool(entries) and all(_is_ours(p) for p in entries)
+
+
 def check_output_dir(out_dir: Path, force: bool) -> None:
-    """Refuse an output that is a file, or a non-empty directory without force; raises UsageError."""
+    """Refuse an output that is a file, or a non-empty directory without force; raises UsageError.
+
+    A directory an interrupted fetch left behind (no bundle.json, only the writer's own
+    files) is not refused: rerunning the same command finishes the job.
+    """
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"output {out_dir} exists and is not a directory", hint="choose another --output")
-    if out_dir.is_dir() and not force and any(out_dir.iterdir()):
+    if out_dir.is_dir() and not force and any(out_dir.iterdir()) and not is_unfinished_bundle(out_dir):
         raise UsageError(f"output directory {out_dir} already exists and is not empty",
                          hint="choose another --output, or pass --force to replace the bundle in it")
 
@@ -214,7 +233,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     warnings: List[str] = []
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        if force:
+        if force or is_unfinished_bundle(out_dir):
             warnings += _clear_old_bundle(out_dir)
     except OSError as e:
         raise _os_error(e, out_dir, "create")
@@ -493,13 +512,10 @@ def _clear_old_bundle(out_dir: Path) -> List[str]:
     _fsync_dir(out_dir)
     left = []
     for path in sorted(out_dir.iterdir()):
-        name = path.name
-        ours = (name in (SHA256SUMS, LOAD_SH, README_TXT, TOOL_PYZ) or name.endswith(_OWN_SUFFIXES)
-                or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
-        if ours and path.is_file():
+        if _is_ours(path):
             path.unlink()
         else:
-            left.append(name)
+            left.append(path.name)
     return [f"{out_dir}: left {len(left)} other file(s) in place: {', '.join(left[:5])}"] if left else []
 
 
