@@ -591,7 +591,7 @@ def inventory(output):
     """
     from pathlib import Path
 
-    from .bundle.writer import write_atomic
+    from .fsutil import write_atomic
     from .daemon import open_daemon
     from .delta import Inventory
 

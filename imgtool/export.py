@@ -16,8 +16,7 @@ import os
 import tarfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 from .errors import ImgtoolError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
@@ -64,30 +63,6 @@ class _ChunkReader(io.RawIOBase):
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
-
-
-def _index_path(store: Store, diff_id: str) -> Path:
-    return store.root / "export" / diff_id.replace(":", "-")
-
-
-def _known_layer(store: Store, diff_id: str) -> Optional[Tuple[Digest, int]]:
-    """(gzip digest, size) of a layer an earlier export compressed, if still in the store."""
-    try:
-        digest_text, size_text = _index_path(store, diff_id).read_text().split()
-        digest = Digest.parse(digest_text)
-        if store.has(digest, int(size_text)):
-            return digest, int(size_text)
-    except (OSError, ValueError, ImgtoolError):
-        pass
-    return None
-
-
-def _remember_layer(store: Store, diff_id: str, digest: Digest, size: int) -> None:
-    path = _index_path(store, diff_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(f"{digest} {size}\n")
-    os.replace(tmp, path)
 
 
 def _compress(data: bytes, level: int) -> bytes:
@@ -170,23 +145,20 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     except (KeyError, IndexError, ValueError, TypeError) as e:
         raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})")
     layers: List[Descriptor] = []
+    diff_ids: List[str] = []
     for member_name in layer_names:
         if member_name in compressed:
             diff_id, digest, size = compressed[member_name]
         elif member_name in small:
             diff_id = "sha256:" + hashlib.sha256(small[member_name]).hexdigest()
-            known = _known_layer(store, diff_id)
-            if known:
-                digest, size = known
-            else:
-                data = _compress(small[member_name], level)
-                digest, size = store.put_bytes(data), len(data)
+            data = _compress(small[member_name], level)
+            digest, size = store.put_bytes(data), len(data)
         else:
             raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
-        _remember_layer(store, diff_id, digest, size)
+        diff_ids.append(diff_id)
         layers.append(Descriptor(DOCKER_LAYER_GZIP, digest, size))
     config = ImageConfig.parse(config_bytes)
-    if [str(d) for d in config.diff_ids] != want_diff_ids and want_diff_ids:
+    if [str(d) for d in config.diff_ids] != diff_ids or (want_diff_ids and diff_ids != want_diff_ids):
         raise ExportError(f"docker save of {name} does not match the image's layers (diff_ids differ)")
     config_digest = store.put_bytes(config_bytes)
     manifest = Manifest(DOCKER_MANIFEST, Descriptor(DOCKER_CONFIG, config_digest, len(config_bytes)), tuple(layers))

@@ -18,7 +18,7 @@ import urllib3
 
 from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError, VerifyError
 from .mirrors import Resolution, Source
-from .model import (Descriptor, Digest, ImageConfig, ImageRef, Index, Manifest, ManifestError, Platform,
+from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, ManifestError, Platform,
                     PulledImage, format_size, parse_manifest)
 from .progress import Progress
 from .registry import _short as short_error

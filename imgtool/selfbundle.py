@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from . import __version__
 from .bundle.format import TOOL_PYZ as TOOL_NAME
 from .errors import ImgtoolError
+from .fsutil import write_atomic
 
 # imgtool's runtime dependencies as pyproject.toml lists them (tests hold the two together);
 # their own requirements are followed from the installed metadata.
@@ -198,19 +199,9 @@ def _write(out: Path, packages: List[Package], notes: List[str]) -> ToolBuild:
 
 
 def _write_file(out: Path, data: bytes) -> None:
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
+        write_atomic(out, data, 0o755)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise ImgtoolError(f"cannot write {out}: {e.strerror}")
 
 

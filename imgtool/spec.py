@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .config import MirrorConfig, key_line, read_toml
 from .errors import ConfigError, UsageError
+from .fsutil import write_atomic
 from .model import Digest, ImageRef, Platform, parse_size
 
 LOCK_NAME = "bundle.lock"
@@ -259,18 +260,9 @@ def read_lock(path: Path) -> Optional[Lock]:
 
 def write_lock(lock: Lock) -> None:
     """Write the lock atomically (temp file, fsync, rename)."""
-    tmp = lock.path.with_name(f".{lock.path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(lock.to_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, lock.path)
+        write_atomic(lock.path, lock.to_bytes())
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise UsageError(f"cannot write {lock.path}: {e.strerror or e}")
 
 

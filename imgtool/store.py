@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, VerifyError
+from .fsutil import fsync_dir, write_atomic
 from .model import Digest
 
 COPY_CHUNK = 4 * 1024 * 1024
@@ -27,19 +28,6 @@ COPY_CHUNK = 4 * 1024 * 1024
 
 class StoreError(ImgtoolError):
     """The cache directory cannot be written (permissions, disk full)."""
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _disk_error(e: OSError, where: Path) -> StoreError:
@@ -307,19 +295,9 @@ class Store:
         final = self.blob_path(actual)
         if final.exists():
             return actual
-        tmp = final.with_name(f".{actual.hex}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, final)
+            write_atomic(final, data, 0o444)
         except OSError as e:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             raise _disk_error(e, self.root)
         return actual
 

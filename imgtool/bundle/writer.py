@@ -22,6 +22,7 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence
 from .. import __version__
 from ..delta import Have, plan_omissions
 from ..errors import ImgtoolError, UsageError
+from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size
 from ..progress import Progress
 from . import layout, texts
@@ -277,13 +278,13 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
         extras = []
         for name, src in sorted((extra_files or {}).items()):
             data = Path(src).read_bytes()  # small (imgtool.pyz is about 1 MB)
-            _write_atomic(out_dir / name, data, 0o755 if name.endswith(".pyz") else 0o644)
+            write_atomic(out_dir / name, data, 0o755 if name.endswith(".pyz") else 0o644)
             written.append(out_dir / name)
             extras.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
         index = dataclasses.replace(index, files=tuple(extras))
         files = []
         for name, data, mode in ((LOAD_SH, texts.load_sh(index), 0o755), (README_TXT, texts.readme(index), 0o644)):
-            _write_atomic(out_dir / name, data, mode)
+            write_atomic(out_dir / name, data, mode)
             written.append(out_dir / name)
             files.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
         files += extras
@@ -291,10 +292,10 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
         doc = index.to_bytes()
         doc_sha = hashlib.sha256(doc).hexdigest()
         sums = [(p.sha256, p.name) for p in parts] + [(doc_sha, BUNDLE_JSON)] + [(f.sha256, f.name) for f in files]
-        _write_atomic(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644)
+        write_atomic(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644)
         written.append(out_dir / SHA256SUMS)
-        _write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)  # last: its presence means "complete"
-        _fsync_dir(out_dir)
+        write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)  # last: its presence means "complete"
+        fsync_dir(out_dir, strict=True)
     except BaseException as e:
         sink.abort()
         for path in written:
@@ -509,7 +510,7 @@ def _compressor(compress: str, sink: _PartSink, tar_size: int):
 def _clear_old_bundle(out_dir: Path) -> List[str]:
     """--force: drop the old bundle.json first (so it reads as unfinished), then its files only."""
     _unlink(out_dir / BUNDLE_JSON)
-    _fsync_dir(out_dir)
+    fsync_dir(out_dir, strict=True)
     left = []
     for path in sorted(out_dir.iterdir()):
         if _is_ours(path):
@@ -519,34 +520,11 @@ def _clear_old_bundle(out_dir: Path) -> List[str]:
     return [f"{out_dir}: left {len(left)} other file(s) in place: {', '.join(left[:5])}"] if left else []
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
 def _fdatasync_quietly(fd: int) -> None:
     try:
         os.fdatasync(fd)
     except OSError:
         pass  # the part's closing fsync reports it
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink(path: Path) -> None:
@@ -573,4 +551,3 @@ def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolEr
     return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror or e}: {where}")
 
 # public name for other rooms (inventory -o, push) that write one small file atomically
-write_atomic = _write_atomic
