@@ -18,3 +18,39 @@ def test_every_package_and_data_file_is_in_pyproject():
         shipped = set(package_data.get(name, ()))
         for f in sorted(f for f in d.iterdir() if f.is_file() and f.suffix not in (".py", ".pyc")):
             assert f.name in shipped, f"{name}/{f.name} is missing from [tool.setuptools.package-data]"
+
+
+def test_non_editable_install_into_a_fresh_venv(tmp_path):
+    """`pip install .` (not editable) gives a working `imgtool` with its data files."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "__pycache__"))
+    venv = tmp_path / "venv"
+    # exactly what a user does: a fresh venv, `pip install .` with its dependencies from the index
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q", str(src)],
+                         capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    exe = str(venv / "bin/imgtool")
+    where = subprocess.run([str(venv / "bin/python"), "-c", "import imgtool; print(imgtool.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert str(venv) in where.stdout  # the installed copy, not the checkout
+    helptext = subprocess.run([exe, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path).stdout
+    for verb in ("fetch", "verify", "load", "inspect", "mirrors", "export", "push", "inventory", "presets",
+                 "run-flags", "run", "doctor", "tags", "lock", "diff", "self-bundle"):
+        assert f"\n  {verb} " in helptext, verb
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert version.stdout.strip().startswith("imgtool ")
+    presets = subprocess.run([exe, "presets"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert presets.returncode == 0 and "a3" in presets.stdout  # presets.toml shipped
+    bad = tmp_path / "bad.toml"
+    bad.write_text("default_image = [\n")
+    r = subprocess.run([exe, "mirrors", "--mirrors", str(bad)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(f"error: {bad}: invalid TOML")
+    builtin = subprocess.run([str(venv / "bin/python"), "-c", "from imgtool.config import load_mirrors; print(load_mirrors().path)"],
+                             capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert str(venv) in builtin.stdout  # mirrors.toml shipped in the package
