@@ -1,0 +1,830 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmarks: imgtool against the ways users move vllm-ascend images today.
+
+One run, one image, every tool on the same bytes, alternating and repeated (median of --runs):
+
+  fetch        imgtool fetch --arch arm64 (fresh cache) vs skopeo copy to oci: and docker-archive:,
+               the FAQ recipe (docker pull --platform linux/arm64 + docker save | gzip), and the raw
+               limit (curl, every blob at once, straight to disk)
+  verify       imgtool verify (full and --quick) vs sha256sum -c SHA256SUMS
+  load         imgtool load vs docker load -i of the same archive (image removed between runs)
+  constrained  the same fetches through a proxy that limits each TCP connection to --rate MB/s
+  memory       peak RSS of every imgtool command at two image sizes
+
+The image is built from real files of this machine (gzip layers, one holding ~45% of the bytes
+like the CANN layer), streamed to disk (memory does not grow with --size) and cached in
+--work-dir; then pushed to a local distribution registry as a two-arch manifest list.
+
+    scripts/bench.py                        # ~1 GB unpacked, starts its own services, writes docs/benchmarks.md
+    scripts/bench.py --quick --output x.md  # tiny image, one run: seconds (CI keeps it working)
+
+Services: with every IMGTOOL_TEST_* variable set (eval "$(scripts/services.sh env)") the running
+ones are used; otherwise `scripts/services.sh up` runs with IMGTOOL_SERVICES_DIR=--services-dir and
+`down` at the end. Not product code: imgtool/ never imports it.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1024 * 1024
+MB = 1000 * 1000
+MTIME = 1735689600
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+# share of the unpacked bytes per layer, bottom-up: the 4th is the CANN-like giant
+LAYER_SHARES = (0.03, 0.08, 0.05, 0.45, 0.14, 0.09, 0.06, 0.05, 0.03, 0.02)
+QUICK_SHARES = (0.05, 0.10, 0.45, 0.15, 0.10, 0.08, 0.04, 0.03)
+TARGETS_NOTE = "2-core machine targets from issue #8"
+
+
+_T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"bench: [{time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# running commands
+
+
+class Result:
+    def __init__(self, seconds: float, rss_kb: int, rc: int, out: str):
+        self.seconds, self.rss_kb, self.rc, self.out = seconds, rss_kb, rc, out
+
+
+TIME = "/usr/bin/time"
+
+
+def run(cmd, env=None, cwd=None, shell=False, check=True, rss=False) -> Result:
+    """Run a command; its wall time and, with rss, its peak RSS in KiB.
+
+    The peak comes from GNU time (`%M`), not from this process's wait4: Linux folds the forking
+    parent's high-water mark into a child's ru_maxrss across exec, which would report this
+    script's own memory. Without /usr/bin/time, /proc/PID/status VmHWM is polled instead.
+    """
+    rss_file = None
+    if rss and not shell and os.path.exists(TIME):
+        rss_file = Path(f"/tmp/.bench-rss-{os.getpid()}")
+        cmd = [TIME, "-f", "%M", "-o", str(rss_file)] + list(cmd)
+    t0 = time.monotonic()
+    with open(os.devnull, "rb") as devnull:
+        p = subprocess.Popen(cmd, env=env, cwd=cwd, shell=shell, stdin=devnull,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             executable="/bin/bash" if shell else None)
+    out_chunks = []
+    reader = threading.Thread(target=lambda: out_chunks.append(p.stdout.read()), daemon=True)
+    reader.start()
+    hwm = 0
+    while rss and rss_file is None and p.poll() is None:
+        try:
+            for line in open(f"/proc/{p.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    hwm = max(hwm, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    p.wait()
+    seconds = time.monotonic() - t0
+    reader.join()
+    if rss_file is not None:
+        try:
+            hwm = int(rss_file.read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            hwm = 0
+        rss_file.unlink(missing_ok=True)
+    usage_kb = hwm
+    out = b"".join(out_chunks).decode("utf-8", "replace")
+    if check and p.returncode != 0:
+        shown = cmd if isinstance(cmd, str) else " ".join(map(str, cmd))
+        raise RuntimeError(f"{shown} exited {p.returncode}:\n{out[-3000:]}")
+    return Result(seconds, usage_kb, p.returncode, out)
+
+
+def imgtool_cmd() -> List[str]:
+    exe = Path(sys.executable).with_name("imgtool")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "imgtool"]
+
+
+def version_of(cmd: Sequence[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        return out.splitlines()[0] if out else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+
+
+# ---------------------------------------------------------------------------------------------
+# services
+
+
+class Env:
+    """Where the registry and dockerd are."""
+
+    def __init__(self, registry: str, docker_host: str):
+        self.registry, self.docker_host = registry, docker_host
+
+
+@contextmanager
+def services(args):
+    names = ("IMGTOOL_TEST_REGISTRY_PLAIN", "IMGTOOL_TEST_DOCKER_HOST")
+    if not args.own_services and all(os.environ.get(n) for n in names):
+        log(f"using the running test services (registry {os.environ[names[0]]})")
+        yield Env(os.environ[names[0]], os.environ[names[1]])
+        return
+    sdir = args.services_dir
+    env = dict(os.environ, IMGTOOL_SERVICES_DIR=sdir)
+    script = str(ROOT / "scripts" / "services.sh")
+    log(f"starting services in {sdir}")
+    subprocess.run(["bash", script, "up"], env=env, check=True)
+    try:
+        values = {}
+        for line in Path(sdir, "env.sh").read_text().splitlines():
+            if line.startswith("export "):
+                k, _, v = line[len("export "):].partition("=")
+                values[k] = v.strip("'\"")
+        yield Env(values[names[0]], values[names[1]])
+    finally:
+        log("stopping services")
+        subprocess.run(["bash", script, "down"], env=env, check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the test image: streamed to files, never held in memory
+
+
+def file_pool(seed: str) -> List[Tuple[str, int]]:
+    """Regular files of this machine (the same list every run), shuffled by seed."""
+    roots = ["/usr/lib", "/usr/share", "/usr/bin", "/usr/libexec", "/opt"]
+    found = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__",))
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if st.st_mode & 0o170000 == 0o100000 and 0 < st.st_size <= 64 * MiB and os.access(path, os.R_OK):
+                    found.append((path, st.st_size))
+    random.Random(seed).shuffle(found)
+    return found
+
+
+class _Sink:
+    """tar bytes -> sha256 (diff_id) -> gzip -> file, hashed (digest)."""
+
+    def __init__(self, path: Path, level: int):
+        self.f = open(path, "wb")
+        self.z = zlib.compressobj(level, zlib.DEFLATED, 31)  # gzip framing, mtime 0, no name
+        self.diff = hashlib.sha256()
+        self.blob = hashlib.sha256()
+        self.size = 0
+        self.csize = 0
+
+    def write(self, data) -> int:
+        self.diff.update(data)
+        self.size += len(data)
+        self._out(self.z.compress(data))
+        return len(data)
+
+    def _out(self, data) -> None:
+        if data:
+            self.blob.update(data)
+            self.csize += len(data)
+            self.f.write(data)
+
+    def close(self) -> None:
+        self._out(self.z.flush())
+        self.f.close()
+
+
+def build_layer(path: Path, files, want: int, n: int, seed: str, level: int) -> dict:
+    sink = _Sink(path, level)
+    tar = tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 * MiB)
+    marker = f"seed={seed} layer={n}\n".encode()
+    ti = tarfile.TarInfo(f"etc/imgtool-bench/layer-{n}")
+    ti.size, ti.mtime = len(marker), MTIME
+    import io
+    tar.addfile(ti, io.BytesIO(marker))
+    dirs = set()
+    biggest = max(want // 4, 256 * 1024)  # small layers get small files, so sizes stay close to the plan
+    while sink.size < want:
+        src, size = next(files)
+        if size > biggest:
+            continue
+        name = f"layer{n}{src}"  # layers never overwrite each other's files
+        parts = name.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in dirs:
+                dirs.add(d)
+                di = tarfile.TarInfo(d)
+                di.type, di.mode, di.mtime = tarfile.DIRTYPE, 0o755, MTIME
+                tar.addfile(di)
+        try:
+            with open(src, "rb") as fh:
+                ti = tarfile.TarInfo(name)
+                ti.size, ti.mode, ti.mtime = os.fstat(fh.fileno()).st_size, 0o644, MTIME
+                ti.uname = ti.gname = "root"
+                tar.addfile(ti, fh)
+        except OSError:
+            continue
+    tar.close()
+    sink.close()
+    digest = "sha256:" + sink.blob.hexdigest()
+    final = path.with_name(digest.split(":")[1])
+    os.replace(path, final)
+    return {"digest": digest, "size": sink.csize, "diff_id": "sha256:" + sink.diff.hexdigest(),
+            "unpacked": sink.size}
+
+
+def _json(obj) -> bytes:
+    return json.dumps(obj, indent=3).encode()
+
+
+def build_image(work: Path, total: int, shares: Sequence[float], seed: str, level: int = 6) -> dict:
+    """Two-arch manifest list (arm64 big, amd64 small) in work/blobs; cached by size and seed."""
+    key = f"img-{total}-{len(shares)}-{seed}-{level}"
+    d = work / key
+    meta_path = d / "image.json"
+    if meta_path.exists():
+        return json.loads(meta_path.read_text())
+    blobs = d / "blobs"
+    shutil.rmtree(d, ignore_errors=True)
+    blobs.mkdir(parents=True)
+    pool = file_pool(seed)
+    if not pool:
+        raise RuntimeError("no files found to build layers from")
+
+    def cycle():
+        while True:
+            yield from pool
+
+    files = cycle()
+    images = {}
+    t0 = time.monotonic()
+    for arch, variant, size, sh in (("arm64", "v8", total, shares), ("amd64", None, max(total // 50, 256 * 1024), (0.5, 0.5))):
+        layers = []
+        for i, share in enumerate(sh):
+            n = len(images) * 100 + i
+            layers.append(build_layer(blobs / f".tmp-{n}", files, int(size * share), n, seed, level))
+        config = {"architecture": arch, "os": "linux", "created": "2025-01-01T00:00:00Z",
+                  "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                             "Cmd": ["/bin/sh"]},
+                  "rootfs": {"type": "layers", "diff_ids": [x["diff_id"] for x in layers]},
+                  "history": [{"created": "2025-01-01T00:00:00Z", "created_by": f"bench layer {i}"} for i in range(len(layers))]}
+        if variant:
+            config["variant"] = variant
+        cbytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        cdigest = "sha256:" + hashlib.sha256(cbytes).hexdigest()
+        (blobs / cdigest.split(":")[1]).write_bytes(cbytes)
+        manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+                    "config": {"mediaType": DOCKER_CONFIG, "size": len(cbytes), "digest": cdigest},
+                    "layers": [{"mediaType": DOCKER_LAYER, "size": x["size"], "digest": x["digest"]} for x in layers]}
+        mbytes = _json(manifest)
+        mdigest = "sha256:" + hashlib.sha256(mbytes).hexdigest()
+        (blobs / mdigest.split(":")[1]).write_bytes(mbytes)
+        plat = {"architecture": arch, "os": "linux"}
+        if variant:
+            plat["variant"] = variant
+        images[arch] = {"config": cdigest, "config_size": len(cbytes), "manifest": mdigest, "manifest_size": len(mbytes),
+                        "layers": layers, "platform": plat}
+    lst = {"schemaVersion": 2, "mediaType": DOCKER_LIST,
+           "manifests": [{"mediaType": DOCKER_MANIFEST, "size": im["manifest_size"], "digest": im["manifest"],
+                          "platform": im["platform"]} for im in images.values()]}
+    lbytes = _json(lst)
+    ldigest = "sha256:" + hashlib.sha256(lbytes).hexdigest()
+    (blobs / ldigest.split(":")[1]).write_bytes(lbytes)
+    meta = {"dir": str(d), "index": ldigest, "images": images, "seconds": round(time.monotonic() - t0, 1)}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def push_image(registry: str, repo: str, tag: str, meta: dict) -> None:
+    base = f"http://{registry}/v2/{repo}"
+    blobs = Path(meta["dir"]) / "blobs"
+    s = requests.Session()
+    s.trust_env = False
+    for im in meta["images"].values():
+        for digest in [im["config"]] + [x["digest"] for x in im["layers"]]:
+            if s.head(f"{base}/blobs/{digest}").status_code == 200:
+                continue
+            r = s.post(f"{base}/blobs/uploads/")
+            r.raise_for_status()
+            loc = r.headers["Location"]
+            loc = loc if "://" in loc else f"http://{registry}{loc}"
+            with open(blobs / digest.split(":")[1], "rb") as fh:
+                r = s.put(f"{loc}{'&' if '?' in loc else '?'}digest={digest}", data=fh,
+                          headers={"Content-Type": "application/octet-stream"})
+            r.raise_for_status()
+        mbytes = (blobs / im["manifest"].split(":")[1]).read_bytes()
+        s.put(f"{base}/manifests/{im['manifest']}", data=mbytes,
+              headers={"Content-Type": DOCKER_MANIFEST}).raise_for_status()
+    lbytes = (blobs / meta["index"].split(":")[1]).read_bytes()
+    s.put(f"{base}/manifests/{tag}", data=lbytes, headers={"Content-Type": DOCKER_LIST}).raise_for_status()
+
+
+def arm(meta: dict) -> dict:
+    return meta["images"]["arm64"]
+
+
+def compressed_size(meta: dict) -> int:
+    im = arm(meta)
+    return im["config_size"] + sum(x["size"] for x in im["layers"])
+
+
+def unpacked_size(meta: dict) -> int:
+    return sum(x["unpacked"] for x in arm(meta)["layers"])
+
+
+# ---------------------------------------------------------------------------------------------
+# a per-connection rate limit (the constrained link)
+
+
+class ThrottleProxy:
+    """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s."""
+
+    def __init__(self, upstream: str, rate: float):
+        self.upstream = upstream.rsplit(":", 1)
+        self.rate = rate
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stopping:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        try:
+            server = socket.create_connection((self.upstream[0], int(self.upstream[1])))
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
+        self._pipe(server, client, self.rate)
+
+    @staticmethod
+    def _pipe(src, dst, rate):
+        due = time.monotonic()  # when the bytes sent so far may have left at `rate`
+        try:
+            while True:
+                data = src.recv(64 * 1024)
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate:
+                    # an idle (kept-alive) connection earns at most 50 ms of credit, not a burst
+                    now = time.monotonic()
+                    due = max(due, now - 0.05) + len(data) / rate
+                    if due > now:
+                        time.sleep(due - now)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def close(self):
+        self.stopping = True
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the contestants
+
+
+class Bench:
+    def __init__(self, args, env: Env, meta: dict, repo: str):
+        self.args, self.env, self.meta, self.repo = args, env, meta, repo
+        self.tmp = Path(args.work_dir) / f"run-{os.getpid()}"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.base_env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+        self.base_env.update(DOCKER_HOST=env.docker_host, DOCKER_CLI_HINTS="false")
+        self.docker = ["docker", "-H", env.docker_host]
+        self.skopeo = ["skopeo", "--override-arch", "arm64", "--override-os", "linux"]
+        self.times: Dict[str, List[float]] = {}
+        self.rss: Dict[str, List[int]] = {}
+        self.bundle: Optional[Path] = None
+
+    def ref(self, registry: Optional[str] = None) -> str:
+        return f"{registry or self.env.registry}/{self.repo}:v1"
+
+    def fresh(self, name: str) -> Path:
+        p = self.tmp / name
+        shutil.rmtree(p, ignore_errors=True)
+        return p
+
+    def record(self, key: str, res: Result, rss: bool = False) -> None:
+        self.times.setdefault(key, []).append(res.seconds)
+        if rss:
+            self.rss.setdefault(key, []).append(res.rss_kb)
+        log(f"  {key}: {res.seconds:.2f}s" + (f", peak RSS {res.rss_kb / 1024:.0f} MiB" if rss else ""))
+
+    # -- fetch ---------------------------------------------------------------------------------
+
+    def imgtool_fetch(self, registry=None, keep=False) -> Result:
+        out = self.fresh("kept-bundle" if keep else "bundle")
+        cache = self.fresh("cache")
+        env = dict(self.base_env, IMGTOOL_CACHE=str(cache))
+        res = run(imgtool_cmd() + ["-q", "fetch", self.ref(registry), "--arch", "arm64", "-o", str(out),
+                                   "--no-tool", "--created", "2025-01-01T00:00:00Z"], env=env, rss=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        if keep:
+            self.bundle = out
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+        return res
+
+    def skopeo_oci(self, registry=None) -> Result:
+        out = self.fresh("oci")
+        res = run(self.skopeo + ["copy", "-q", "--src-tls-verify=false", f"docker://{self.ref(registry)}", f"oci:{out}:v1"],
+                  env=self.base_env)
+        shutil.rmtree(out, ignore_errors=True)
+        return res
+
+    def skopeo_archive(self) -> Result:
+        out = self.fresh("archive")
+        out.mkdir()
+        res = run(self.skopeo + ["copy", "-q", "--src-tls-verify=false", f"docker://{self.ref()}",
+                                 f"docker-archive:{out}/image.tar:{self.repo}:v1"], env=self.base_env)
+        shutil.rmtree(out, ignore_errors=True)
+        return res
+
+    def docker_rmi(self, registry=None) -> None:
+        run(self.docker + ["rmi", "-f", self.ref(registry)], env=self.base_env, check=False)
+        run(self.docker + ["rmi", "-f", arm(self.meta)["config"]], env=self.base_env, check=False)
+
+    def faq_recipe(self) -> Tuple[Result, Result]:
+        self.docker_rmi()
+        out = self.fresh("faq")
+        out.mkdir()
+        pull = run(self.docker + ["pull", "-q", "--platform", "linux/arm64", self.ref()], env=self.base_env)
+        save = run(f"set -o pipefail; {' '.join(self.docker)} save {self.ref()} | gzip > {out}/image.tar.gz",
+                   env=self.base_env, shell=True)
+        self.docker_rmi()
+        shutil.rmtree(out, ignore_errors=True)
+        return pull, save
+
+    def docker_pull(self, registry) -> Result:
+        self.docker_rmi(registry)
+        res = run(self.docker + ["pull", "-q", "--platform", "linux/arm64", self.ref(registry)], env=self.base_env)
+        self.docker_rmi(registry)
+        return res
+
+    def curl_raw(self, registry=None, sync=False) -> Result:
+        out = self.fresh("curl")
+        out.mkdir()
+        im = arm(self.meta)
+        cmd = ["curl", "-sS", "-f", "-Z", "--parallel-max", "16"]
+        for digest in [im["config"]] + [x["digest"] for x in im["layers"]]:
+            cmd += ["-o", str(out / digest.split(":")[1]),
+                    f"http://{registry or self.env.registry}/v2/{self.repo}/blobs/{digest}"]
+        if sync:  # the durable raw limit: the same, plus fsync of every file (what a bundle needs)
+            cmd = ["bash", "-c", 'curl "$@" && sync -- "$0"/*', str(out)] + cmd[1:]
+        res = run(cmd, env=self.base_env)
+        shutil.rmtree(out, ignore_errors=True)
+        return res
+
+    # -- verify / load -------------------------------------------------------------------------
+
+    def archive_path(self) -> Path:
+        doc = json.loads((self.bundle / "bundle.json").read_text())
+        return self.bundle / doc["archive"]["name"]
+
+    def imgtool_load(self) -> Result:
+        self.docker_rmi()
+        res = run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=self.base_env, rss=True)
+        return res
+
+    def docker_load(self) -> Result:
+        self.docker_rmi()
+        res = run(self.docker + ["load", "-q", "-i", str(self.archive_path())], env=self.base_env)
+        return res
+
+    def export(self, out: Path) -> Result:
+        shutil.rmtree(out, ignore_errors=True)
+        return run(imgtool_cmd() + ["-q", "export", self.ref(), "-o", str(out), "--no-tool"], env=self.base_env, rss=True)
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def alternate(self, contestants: Sequence[Tuple[str, callable, bool]], runs: int) -> None:
+        for r in range(runs):
+            order = list(contestants[r % len(contestants):]) + list(contestants[:r % len(contestants)])
+            for key, fn, rss in order:
+                out = fn()
+                if isinstance(out, tuple):  # the FAQ recipe: pull, then save | gzip
+                    pull, save = out
+                    self.record("fetch.faq.pull", pull)
+                    self.record("fetch.faq.save", save)
+                    self.record(key, Result(pull.seconds + save.seconds, 0, 0, ""))
+                else:
+                    self.record(key, out, rss)
+
+    def run_all(self) -> None:
+        a = self.args
+        log(f"fetch ({a.runs} runs each)")
+        self.imgtool_fetch(keep=True)  # warm the registry's page cache, and keep one bundle
+        fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
+                    ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
+                    ("fetch.curl", lambda: self.curl_raw(), False),
+                    ("fetch.curl_sync", lambda: self.curl_raw(sync=True), False),
+                    ("fetch.skopeo_archive", lambda: self.skopeo_archive(), False)]
+        if not a.no_faq:
+            fetchers.append(("fetch.faq", self.faq_recipe, False))
+        self.alternate(fetchers, a.runs)
+
+        log("verify")
+        self.alternate([("verify.imgtool", lambda: run(imgtool_cmd() + ["-q", "verify", str(self.bundle)], rss=True), True),
+                        ("verify.imgtool_quick", lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
+                        ("verify.sha256sum", lambda: run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=self.bundle), False)],
+                       a.runs)
+
+        log("load")
+        self.alternate([("load.imgtool", self.imgtool_load, True), ("load.docker", self.docker_load, False)], a.runs)
+        # the image is loaded now: export it back into a bundle (memory + time)
+        self.imgtool_load()
+        self.record("export.imgtool", self.export(self.tmp / "export"), rss=True)
+        shutil.rmtree(self.tmp / "export", ignore_errors=True)
+        self.docker_rmi()
+
+        log(f"constrained link ({a.rate:g} MB/s per connection)")
+        proxy = ThrottleProxy(self.env.registry, a.rate * MB)
+        try:
+            self.alternate([("slow.imgtool", lambda: self.imgtool_fetch(proxy.address), True),
+                            ("slow.skopeo_oci", lambda: self.skopeo_oci(proxy.address), False),
+                            ("slow.docker_pull", lambda: self.docker_pull(proxy.address), False)],
+                           a.runs)
+        finally:
+            proxy.close()
+
+    def run_small(self) -> Dict[str, int]:
+        """Every imgtool command once on this (smaller) image: peak RSS only."""
+        out = {}
+        out["fetch"] = self.imgtool_fetch(keep=True).rss_kb
+        out["verify"] = run(imgtool_cmd() + ["-q", "verify", str(self.bundle)], rss=True).rss_kb
+        out["verify --quick"] = run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True).rss_kb
+        out["load"] = self.imgtool_load().rss_kb
+        out["export"] = self.export(self.tmp / "export").rss_kb
+        shutil.rmtree(self.tmp / "export", ignore_errors=True)
+        self.docker_rmi()
+        proxy = ThrottleProxy(self.env.registry, self.args.rate * MB)
+        try:
+            out["fetch (constrained link)"] = self.imgtool_fetch(proxy.address).rss_kb
+        finally:
+            proxy.close()
+        return out
+
+    def cleanup(self) -> None:
+        self.docker_rmi()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def machine() -> List[Tuple[str, str]]:
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    disk = "?"
+    try:
+        src = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE", "-T", "/tmp"], capture_output=True, text=True).stdout.split()
+        disk = " ".join(src)
+    except OSError:
+        pass
+    server = version_of(["bash", "-c", f"docker -H {os.environ.get('DOCKER_HOST', '')} version --format '{{{{.Server.Version}}}}' 2>/dev/null"])
+    return [("CPU", f"{cpu}, {os.cpu_count()} cores"), ("RAM", mem), ("disk (/tmp)", disk),
+            ("kernel", platform.release()), ("Python", platform.python_version()),
+            ("Docker", f"daemon {server}, client {version_of(['docker', '--version'])}"),
+            ("skopeo", version_of(["skopeo", "--version"])), ("curl", version_of(["curl", "--version"]).split(" (")[0]),
+            ("load average at start", " ".join(f"{x:.2f}" for x in os.getloadavg()))]
+
+
+ROWS = [  # key, task, tool
+    ("fetch.imgtool", "fetch", "`imgtool fetch --arch arm64 --no-tool` (fresh cache)"),
+    ("fetch.skopeo_oci", "fetch", "`skopeo copy --override-arch arm64 docker://… oci:DIR`"),
+    ("fetch.skopeo_archive", "fetch", "`skopeo copy … docker-archive:FILE`"),
+    ("fetch.faq", "fetch", "FAQ recipe: `docker pull --platform linux/arm64` + `docker save | gzip`"),
+    ("fetch.faq.pull", "fetch", "… of which `docker pull`"),
+    ("fetch.faq.save", "fetch", "… of which `docker save | gzip`"),
+    ("fetch.curl", "fetch", "raw limit: `curl -Z`, every blob at once, to disk (page cache)"),
+    ("fetch.curl_sync", "fetch", "raw limit, durable: the same, then `sync FILE…`"),
+    ("verify.imgtool", "verify", "`imgtool verify` (parts, every blob, every diff_id)"),
+    ("verify.imgtool_quick", "verify", "`imgtool verify --quick` (parts only)"),
+    ("verify.sha256sum", "verify", "`sha256sum -c SHA256SUMS`"),
+    ("load.imgtool", "load", "`imgtool load` (checks while it streams)"),
+    ("load.docker", "load", "`docker load -i` of the same archive"),
+    ("export.imgtool", "export", "`imgtool export` (docker save → gzip layers → bundle)"),
+    ("slow.imgtool", "constrained link", "`imgtool fetch --arch arm64`"),
+    ("slow.skopeo_oci", "constrained link", "`skopeo copy … oci:DIR`"),
+    ("slow.docker_pull", "constrained link", "`docker pull --platform linux/arm64`"),
+]
+RSS_ROWS = [("fetch", "fetch.imgtool"), ("fetch (constrained link)", "slow.imgtool"), ("verify", "verify.imgtool"),
+            ("verify --quick", "verify.imgtool_quick"), ("load", "load.imgtool"), ("export", "export.imgtool")]
+BASELINE = {"fetch": "fetch.imgtool", "verify": "verify.imgtool_quick", "load": "load.imgtool",
+            "export": "export.imgtool", "constrained link": "slow.imgtool"}
+
+
+def med(b: Bench, key: str) -> Optional[float]:
+    v = b.times.get(key)
+    return statistics.median(v) if v else None
+
+
+def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], info, args, wall: float) -> str:
+    im = arm(meta)
+    csize, usize = compressed_size(meta), unpacked_size(meta)
+    big = max(im["layers"], key=lambda x: x["size"])
+    lines = ["# Benchmarks", "",
+             "Generated by `scripts/bench.py`" + (" --quick (a tiny image: this checks the script, not speed)" if args.quick else "")
+             + f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; the whole run took {wall / 60:.1f} min.",
+             "Every tool ran on the same image in the same run, alternating, "
+             f"{args.runs} time(s) each; the numbers are medians.", "", "## Machine", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in info]
+    lines += [f"| load average at end | {' '.join(f'{x:.2f}' for x in os.getloadavg())} |", "",
+              "## Image", "",
+              f"A two-arch Docker manifest list on a local distribution registry (loopback, HTTP). The arm64 image "
+              f"(the one every tool copies) has {len(im['layers'])} gzip layers (level {args.gzip_level}) of real files from this "
+              f"machine: **{csize / MB:.0f} MB compressed, {usize / MB:.0f} MB unpacked**; the biggest layer holds "
+              f"{big['size'] / MB:.0f} MB ({100 * big['size'] / csize:.0f}% of the bytes), like the CANN layer. "
+              "The amd64 half is small (no tool downloads it). Page cache is warm for every tool (the registry's "
+              "files and the bundle are read from memory); outputs are written to the same disk.", ""]
+    lines += ["## Results", "", "| task | tool | median s | runs | MB/s | × imgtool |", "|---|---|---:|---:|---:|---:|"]
+    for key, task, tool in ROWS:
+        m = med(b, key)
+        if m is None:
+            lines.append(f"| {task} | {tool} | skipped | 0 | | |")
+            continue
+        n = len(b.times[key])
+        size = b.bundle_size if task == "verify" else (b.archive_size if task == "load" else csize)
+        rate = f"{size / MB / m:.0f}" if m > 0 else "∞"
+        base = med(b, BASELINE[task])
+        ratio = f"{m / base:.2f}" if base else ""
+        lines.append(f"| {task} | {tool} | {m:.2f} | {n} | {rate} | {ratio} |")
+    lines += ["", "MB/s: compressed image bytes per second (fetch), archive bytes (verify, load). "
+              "`× imgtool`: the tool's time divided by imgtool's (verify: by `--quick`)."]
+    lines += ["", f"Constrained link: a TCP proxy holding each connection to {args.rate:g} MB/s in front of the registry.",
+              "", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+
+    def target(name, value, ok, fmt):
+        if value is None:
+            lines.append(f"| {name} | skipped | |")
+        else:
+            lines.append(f"| {name} | {fmt.format(value)} | {'yes' if ok(value) else 'no'} |")
+
+    def ratio(a, bkey):
+        x, y = med(b, a), med(b, bkey)
+        return x / y if x is not None and y else None
+
+    target("fetch ≤ 1.0× skopeo→oci", ratio("fetch.imgtool", "fetch.skopeo_oci"), lambda v: v <= 1.0, "{:.2f}×")
+    target("fetch ≤ 2× raw curl", ratio("fetch.imgtool", "fetch.curl"), lambda v: v <= 2.0, "{:.2f}×")
+    target("fetch ≤ 2× raw curl + sync (durable)", ratio("fetch.imgtool", "fetch.curl_sync"), lambda v: v <= 2.0, "{:.2f}×")
+    faq = ratio("fetch.faq", "fetch.imgtool")
+    target("fetch ≥ 30× faster than the FAQ recipe", faq, lambda v: v >= 30, "{:.0f}× faster")
+    q = med(b, "verify.imgtool_quick")
+    target("verify --quick ≥ 1 GB/s", b.bundle_size / q / 1e9 if q else None, lambda v: v >= 1.0, "{:.2f} GB/s")
+    f = med(b, "verify.imgtool")
+    target("verify (full), for the record", b.bundle_size / f / 1e9 if f else None, lambda v: True, "{:.2f} GB/s")
+    target("load ≤ 1.05× docker load", ratio("load.imgtool", "load.docker"), lambda v: v <= 1.05, "{:.2f}×")
+    target("constrained link ≥ 3× faster than skopeo", ratio("slow.skopeo_oci", "slow.imgtool"), lambda v: v >= 3, "{:.1f}× faster")
+    peak = max([max(v) for k, v in b.rss.items()] + list(small_rss.values()) or [0]) * 1024 / MB
+    target("peak RSS ≤ 100 MB at both sizes", peak, lambda v: v <= 100, "{:.1f} MB max")
+    lines += ["", "## Peak memory (RSS) of imgtool", "",
+              f"Two image sizes: {compressed_size(small_meta) / MB:.0f} MB and {csize / MB:.0f} MB compressed "
+              "(the big one: the maximum over the timed runs above).", "",
+              f"| command | {compressed_size(small_meta) / MB:.0f} MB image | {csize / MB:.0f} MB image |", "|---|---:|---:|"]
+    for name, key in RSS_ROWS:
+        small = small_rss.get(name)
+        bigv = max(b.rss[key]) if b.rss.get(key) else None
+        fmt = lambda kb: f"{kb / 1024:.0f} MiB" if kb else "skipped"  # noqa: E731
+        lines.append(f"| imgtool {name} | {fmt(small)} | {fmt(bigv)} |")
+    lines += ["", "## How to read this", "",
+              "- Every fetch starts from an empty imgtool cache and an empty output directory; the registry's files are "
+              "in the page cache for every tool. Outputs are real writes to the disk above: imgtool fsyncs the bundle "
+              "(write-back started every 64 MiB behind the writer), skopeo fdatasyncs its blobs.",
+              "- imgtool's blob cache is not fsynced (the bundle is); the benchmark deletes the cache after each run, so "
+              "those pages never reach the disk here. A user keeps the cache: the kernel writes it back in the "
+              "background after the fetch, and a blob torn by a power cut is caught by its digest on its way into "
+              "the next bundle.",
+              "- fetch writes the bundle while the layers download (blob by blob, in archive order).",
+              "- verify reads the bundle from the page cache: these are CPU numbers, not disk numbers. Full verify "
+              "also decompresses every layer to check its diff_id.",
+              "- load: `imgtool load` checks every part and blob on a thread while it streams, holding back the last "
+              "bytes until the check passed; Docker checks diff_ids itself. Most of both times is Docker's own "
+              "work (unpacking the layers).",
+              f"- constrained link: imgtool opens at most 8 connections per source, so with one source its floor is "
+              f"{csize / MB:.0f} MB / (8 × {args.rate:g} MB/s) = {csize / MB / 8 / args.rate:.1f} s; skopeo and docker "
+              f"use one connection per layer, so they wait for the biggest layer: {big['size'] / MB:.0f} MB / "
+              f"{args.rate:g} MB/s = {big['size'] / MB / args.rate:.1f} s.",
+              "- Peak RSS is GNU time's maximum resident set size of the imgtool process."]
+    lines += ["", "## Raw timings (seconds, in run order)", ""]
+    for key, v in b.times.items():
+        lines.append(f"- `{key}`: " + ", ".join(f"{x:.2f}" for x in v))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny image, one run: checks that the script works")
+    p.add_argument("--size", type=int, default=1024, help="unpacked MB of the arm64 image (default 1024)")
+    p.add_argument("--small-size", type=int, default=0, help="unpacked MB of the second image for the memory check (default size/4)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rate", type=float, default=20.0, help="constrained link: MB/s per TCP connection")
+    p.add_argument("--gzip-level", type=int, default=6)
+    p.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    p.add_argument("--work-dir", default="/tmp/imgtool-bench", help="built images (cached) and scratch space")
+    p.add_argument("--services-dir", default="/tmp/imgtool-bench-svc")
+    p.add_argument("--own-services", action="store_true", help="start own services even when IMGTOOL_TEST_* are set")
+    p.add_argument("--no-faq", action="store_true", help="leave out the (slow) FAQ recipe")
+    p.add_argument("--seed", default="bench1")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.size, args.runs, args.small_size = 6, 1, 3
+        args.rate = max(args.rate, 20.0)
+    small = args.small_size or max(args.size // 4, 1)
+    shares = QUICK_SHARES if args.quick else LAYER_SHARES
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    log(f"building the test images ({args.size} MB and {small} MB unpacked) in {work}")
+    meta = build_image(work, args.size * MB, shares, args.seed, args.gzip_level)
+    small_meta = build_image(work, small * MB, shares, args.seed + "-small", args.gzip_level)
+    log(f"image: {compressed_size(meta) / MB:.0f} MB compressed, {unpacked_size(meta) / MB:.0f} MB unpacked")
+    with services(args) as env:
+        os.environ["DOCKER_HOST"] = env.docker_host
+        info = machine()
+        ns = "bench" + secrets.token_hex(3)
+        push_image(env.registry, f"{ns}/vllm-ascend", "v1", meta)
+        push_image(env.registry, f"{ns}/vllm-ascend-small", "v1", small_meta)
+        sb = Bench(args, env, small_meta, f"{ns}/vllm-ascend-small")
+        try:
+            log("memory at the small size")
+            small_rss = sb.run_small()
+        finally:
+            sb.cleanup()
+        b = Bench(args, env, meta, f"{ns}/vllm-ascend")
+        try:
+            b.run_all()
+            b.bundle_size = sum(f.stat().st_size for f in b.bundle.iterdir() if f.is_file())
+            b.archive_size = b.archive_path().stat().st_size
+            text = report(b, meta, small_meta, small_rss, info, args, time.monotonic() - started)
+        finally:
+            b.cleanup()
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(text)
+    log(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""scripts/bench.py keeps working: --quick against the running test services writes every row.
+
+It checks the shape of the report, never a speed (this is a 2-core machine shared by a suite).
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "scripts" / "bench.py"
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench  # noqa: E402
+
+
+def test_bench_quick_writes_every_row(services, tmp_path):
+    out = tmp_path / "bench.md"
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--output", str(out),
+                           "--work-dir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "using the running test services" in proc.stderr
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n")
+    for heading in ("## Machine", "## Image", "## Results", "## Targets", "## Peak memory (RSS) of imgtool"):
+        assert heading + "\n" in text
+    for label in ("| CPU |", "| RAM |", "| kernel |", "| Python |", "| Docker |", "| skopeo |",
+                  "| load average at start |"):
+        assert label in text
+    # every measurement row is there with a number (none skipped)
+    for _key, task, tool in bench.ROWS:
+        row = re.search(rf"^\| {re.escape(task)} \| {re.escape(tool)} \| ([0-9.]+) \| 1 \|", text, re.M)
+        assert row, f"no timing row for {task}: {tool}"
+    for name, _key in bench.RSS_ROWS:
+        row = re.search(rf"^\| imgtool {re.escape(name)} \| ([0-9]+) MiB \| ([0-9]+) MiB \|$", text, re.M)
+        assert row, f"no memory row for imgtool {name}"
+        assert int(row.group(1)) > 5 and int(row.group(2)) > 5  # a real measurement of a real process
+    targets = re.findall(r"^\| (.+?) \| (.+?) \| (yes|no|) \|$", text.split("## Targets")[1], re.M)
+    assert len(targets) == 9 and all(value != "skipped" for _, value, _ in targets)
+    # the work directory keeps only the built images (cached), no run scratch space
+    assert not list((tmp_path / "work").glob("run-*"))
+
+
+def test_throttle_proxy_holds_a_connection_to_its_rate(services, registry, uniq):
+    import time
+
+    import requests
+
+    data = os.urandom(3 * bench.MB)
+    digest = registry("plain").push_blob(f"{uniq}/blob", data)
+    proxy = bench.ThrottleProxy(services.plain, 2 * bench.MB)
+    try:
+        s = requests.Session()
+        s.trust_env = False
+        t0 = time.monotonic()
+        r = s.get(f"http://{proxy.address}/v2/{uniq}/blob/blobs/{digest}")
+        elapsed = time.monotonic() - t0
+    finally:
+        proxy.close()
+    assert r.status_code == 200 and r.content == data
+    assert 1.3 < elapsed < 6, elapsed  # 3 MB at 2 MB/s per connection
