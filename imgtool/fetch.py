@@ -133,7 +133,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
                           "and are not downloaded")
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
-    pull = _Pulling(pulled, store, progress, opts.jobs, skip)
+    pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
     result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                  compress=opts.compress, force=opts.force, progress=progress,
                                  have=have, base=base, created=opts.created, extra_files=tool,
@@ -144,15 +144,15 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
 class _Pulling:
     """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
 
-    def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip):
+    def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
         self.store, self.stats, self.error = store, PullStats(), None
-        self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip),
+        self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip, order),
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, pulled, progress, jobs, skip) -> None:
+    def _run(self, pulled, progress, jobs, skip, order) -> None:
         try:
-            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats)
+            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats, order=order)
         except BaseException as e:  # raised in the main thread by blob_path/finish
             self.error = e
 

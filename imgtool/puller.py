@@ -230,7 +230,8 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
              jobs: int = 4, per_source: int = 8, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
-             skip: Collection[Digest] = (), stats: Optional[PullStats] = None) -> PullStats:
+             skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
+             order: Sequence[Digest] = ()) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store;
     returns what was transferred.
 
@@ -252,6 +253,9 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
             todo.append((desc, sources))
     if not todo:
         return stats
+    # `order` first (fetch: the bundle's archive order, so its writer can start on the first blob early)
+    rank = {d: i for i, d in enumerate(order)}
+    todo.sort(key=lambda t: rank.get(t[0].digest, len(rank)))
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     pools: Dict[int, _SourcePool] = {}
     with progress.bar(total, "download") as total_bar, ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:

@@ -258,6 +258,22 @@ def test_failure_while_writing_leaves_no_bundle(factory, store, tmp_path):
     assert list(out.iterdir()) == []
 
 
+def test_a_damaged_cache_blob_is_caught_on_the_way_into_the_bundle(factory, store, tmp_path):
+    """The cache does not fsync its blobs: one torn by a power cut must never be bundled."""
+    images = [store.pulled(factory.image("arm64", layers=3), f"{REPO}:v1")]
+    victim = images[0].manifest.layers[2].digest
+    data = bytearray(store.path(victim).read_bytes())
+    data[len(data) // 3] ^= 0x10
+    store.path(victim).write_bytes(bytes(data))
+    out = tmp_path / "b"
+    with pytest.raises(ImgtoolError) as e:
+        write(out, images, store, chunk_size=200 * 1024)
+    assert e.value.message == (f"blob {victim} (layer 3 of {REPO}:v1) in the cache does not match its digest: "
+                               f"{store.path(victim)}")
+    assert e.value.hint == "remove that file (or the whole cache) and fetch again"
+    assert list(out.iterdir()) == []
+
+
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path

@@ -174,6 +174,11 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
                          hint="choose another --output, or pass --force to replace the bundle in it")
 
 
+def archive_order(images: Sequence[PulledImage], have: Optional[Have] = None) -> List[Digest]:
+    """The layer blobs in the order write_bundle copies them (their order in the archive)."""
+    return [m.digest for m in layout.members(bundle_images(images, have)) if m.kind == "layer"]
+
+
 def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) -> List[BundleImage]:
     """bundle.json's view of pulled images, leaving out layers whose chain `have` holds (delta);
     raises UsageError for duplicates or inconsistent inputs."""

@@ -131,13 +131,14 @@ def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[st
 
 
 def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_size: Optional[int] = None,
-          compress: str = "none", force: bool = False, created: str = "2025-01-01T00:00:00Z"):
-    """write_bundle with quiet progress and a fixed creation time."""
+          compress: str = "none", force: bool = False, created: str = "2025-01-01T00:00:00Z",
+          verified=()):
+    """write_bundle with quiet progress and a fixed creation time (`verified`: blobs it copies unchecked)."""
     from imgtool.bundle.writer import write_bundle
     from imgtool.progress import Progress
 
     return write_bundle(out, images, store.path, chunk_size=chunk_size, compress=compress, force=force,
-                        progress=Progress(), created=created)
+                        progress=Progress(), created=created, verified=verified)
 
 
 def canonical_tar(bundle: Path) -> bytes:
