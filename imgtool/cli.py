@@ -525,9 +525,10 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
 def load(bundle_dir, tags, expect, force, arch, as_json):
-    """Check a bundle completely, then stream it into Docker (DOCKER_HOST) and confirm it.
+    """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
 
-    Nothing reaches Docker unless every part, blob and layer checks out.
+    Docker never receives a byte before every part and blob checked out (it checks each
+    layer's diff_id itself).
     """
     from .bundle.load import load_bundle
     from .daemon import open_daemon

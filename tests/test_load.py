@@ -1,4 +1,4 @@
-"""`imgtool load`: verified before Docker sees a byte, streamed, confirmed by image ID.
+"""`imgtool load`: verified while it streams (Docker never completes a bad archive), confirmed by image ID.
 
 Against the real test dockerd; a refused bundle must leave Docker without any new image.
 """
@@ -225,6 +225,26 @@ def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services,
     assert r.returncode == 5, r.stderr
     lines = err_lines(r)
     assert lines[0].startswith("error: docker load failed: ")
+    assert docker_cli.image_ids() == before
+
+
+def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, services, docker_cli):
+    """load leaves the diff_id check to Docker (no second decompression of every layer): Docker refuses
+    such a layer itself, and nothing is loaded. `imgtool verify` still names it offline."""
+    from tests.support.images import Layer, sha256_digest
+
+    good = random_layer(32 * 1024, seed=11)
+    layer = Layer(blob=good.blob, digest=good.digest, size=good.size, diff_id=sha256_digest(b"not this"),
+                  uncompressed_size=good.uncompressed_size)
+    image = simple_image([random_layer(16 * 1024, seed=12), layer], host_arch(), seed=8)
+    out = tmp_path / "b"
+    write(out, [store.pulled(image, f"{REPO}:wrongdiff")], store)
+    assert imgtool("verify", str(out)).returncode == 3
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 5, r.stderr
+    assert err_lines(r)[0].startswith("error: docker load failed: invalid diffID for layer 1: expected "
+                                      f"\"{sha256_digest(b'not this')}\"")
     assert docker_cli.image_ids() == before
 
 
