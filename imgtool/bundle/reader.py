@@ -104,14 +104,14 @@ def hash_part(path: Path, on_bytes: Callable[[int], None] = lambda n: None) -> s
     return sha.hexdigest()
 
 
-class _Hasher:
-    """sha256 on a worker thread, fed bytes objects; `result()` waits for it."""
+class BackgroundHash:
+    """sha256 on a worker thread (hashlib releases the GIL), fed bytes objects; `hexdigest()` waits for it."""
 
-    def __init__(self):
+    def __init__(self, name: str = "sha256"):
         self.sha = hashlib.sha256()
         self.q: "queue.Queue" = queue.Queue(maxsize=4)
-        self.t = threading.Thread(target=self._run, daemon=True, name="part-sha256")
-        self.t.start()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=name)
+        self.thread.start()
 
     def _run(self):
         while True:
@@ -123,10 +123,14 @@ class _Hasher:
     def update(self, chunk: bytes) -> None:
         self.q.put(chunk)
 
-    def result(self) -> str:
+    def hexdigest(self) -> str:
         self.q.put(None)
-        self.t.join()
+        self.thread.join()
         return self.sha.hexdigest()
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.q.put(None)
 
 
 class PartsStream:
@@ -145,7 +149,7 @@ class PartsStream:
         self.i = -1
         self.f: Optional[BinaryIO] = None
         self.left = 0
-        self.hasher: Optional[_Hasher] = None
+        self.hasher: Optional[BackgroundHash] = None
         self.bad: List[int] = []
         self.position = 0
         self._next()
@@ -170,12 +174,12 @@ class PartsStream:
                 f"is too long: {size} bytes, expected {part.size}"
             raise VerifyError(part_problem(self.index, self.i, what).message)
         self.left = part.size
-        self.hasher = _Hasher()
+        self.hasher = BackgroundHash("part-sha256")
 
     def _end_part(self) -> None:
         if self.f.read(1):
             raise VerifyError(part_problem(self.index, self.i, "grew while being read").message)
-        if self.hasher.result() != self.parts[self.i].sha256:
+        if self.hasher.hexdigest() != self.parts[self.i].sha256:
             if self.strict:
                 raise VerifyError(part_problem(self.index, self.i, "is damaged: its sha256 differs from bundle.json"
                                                ).message)

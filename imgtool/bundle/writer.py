@@ -10,7 +10,6 @@ import dataclasses
 import errno
 import hashlib
 import os
-import queue
 import re
 import threading
 import time
@@ -26,6 +25,7 @@ from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size
 from ..progress import Progress
 from . import layout, texts
+from .reader import BackgroundHash
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ,
                      Archive, BundleImage, BundleIndex, Layer, Part)
 
@@ -343,35 +343,6 @@ def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = Tru
                                hint="remove that file (or the whole cache) and fetch again")
 
 
-class _BackgroundHash:
-    """sha256 on another thread (hashlib releases the GIL), so the archive hash costs no wall time."""
-
-    def __init__(self):
-        self.sha = hashlib.sha256()
-        self.q: "queue.Queue" = queue.Queue(maxsize=4)
-        self.thread = threading.Thread(target=self._run, name="archive-sha256", daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while True:
-            chunk = self.q.get()
-            if chunk is None:
-                return
-            self.sha.update(chunk)
-
-    def update(self, chunk) -> None:
-        self.q.put(chunk)
-
-    def hexdigest(self) -> str:
-        self.q.put(None)
-        self.thread.join()
-        return self.sha.hexdigest()
-
-    def stop(self) -> None:
-        if self.thread.is_alive():
-            self.q.put(None)
-
-
 class _PartSink:
     """Bytes in; part files out, rolling over at chunk_size, each hashed and fsynced."""
 
@@ -385,7 +356,7 @@ class _PartSink:
         self.file = None
         self.sha = None
         self.size = 0
-        self.archive = _BackgroundHash()
+        self.archive = BackgroundHash("archive-sha256")
         self.archive_hex: Optional[str] = None
         self.paths: List[Path] = []
         self.synced = 0
