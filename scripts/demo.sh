@@ -5,6 +5,7 @@
 # Everything it starts (dockerd, registries) is stopped at the end; the bundle stays in $DEMO_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT="$PWD"
 
 DEMO_DIR="${DEMO_DIR:-/tmp/imgtool-demo}"
 export IMGTOOL_SERVICES_DIR="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-demo-svc}"
@@ -13,7 +14,7 @@ VENV="${IMGTOOL_VENV:-.venv}"
 "$VENV/bin/python" -m pip install -q -e '.[test]'
 PATH="$PWD/$VENV/bin:$PATH"
 
-trap 'scripts/services.sh down >/dev/null 2>&1 || true' EXIT
+trap '"$ROOT/scripts/services.sh" down >/dev/null 2>&1 || true' EXIT
 scripts/services.sh up
 eval "$(scripts/services.sh env)"
 export DOCKER_HOST="$IMGTOOL_TEST_DOCKER_HOST" IMGTOOL_CACHE="$DEMO_DIR/cache"
