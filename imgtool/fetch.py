@@ -6,7 +6,7 @@ cli.py formats them.
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -46,7 +46,6 @@ class FetchResult:
     images: List[PulledImage]
     stats: PullStats
     bundle: object  # bundle.writer.BundleResult
-    notes: List[str] = field(default_factory=list)
 
 
 def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platform]:
@@ -87,7 +86,9 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
                 e.hint = "bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC"
             raise
         for note in res.notes:
-            progress.warn(note) if "stale" in note else progress.note(note)
+            progress.note(note)
+        for warning in res.warnings:
+            progress.warn(warning)
         progress.note(f"{ref.tagged}: {res.digest} via {', '.join(s.name for s in res.sources)}")
         out.append(res)
     return out

@@ -159,7 +159,8 @@ class Resolution:
     digest: Digest
     sources: List[Source]  # healthy and in agreement, fastest first
     probes: List[Probe]
-    notes: List[str]
+    notes: List[str]  # for the record: sources that did not answer
+    warnings: List[str] = field(default_factory=list)  # worth attention: mirrors serving a stale digest
 
 
 def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resolution:
@@ -176,7 +177,7 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
             raise NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")
         raise RegistryError(f"no source can serve {ref}: {detail}",
                             hint="check the network or proxy, or force a source with --mirror NAME")
-    notes = []
+    notes, warnings = [], []
     if ref.digest:
         chosen = ref.digest
     else:
@@ -193,10 +194,11 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     for p in ok:
         if p.digest != chosen:
             p.stale = True
-            notes.append(f"mirror {p.source.name} serves {p.digest.short} for {ref.reference}, not {chosen.short} "
+            warnings.append(f"mirror {p.source.name} serves {p.digest.short} for {ref.reference}, not {chosen.short} "
                          f"(a stale cache?): not used for this image")
     for p in probes:
         if not p.reachable:
             notes.append(f"source {p.source.name} unreachable: {p.error}")
     healthy = sorted((p for p in ok if not p.stale), key=lambda p: p.latency or 0)
-    return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes)
+    return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes,
+                      warnings)
