@@ -24,7 +24,7 @@ from .progress import Progress
 from .registry import _short as short_error
 from .store import Store
 
-READ_CHUNK = 1024 * 1024
+READ_CHUNK = 256 * 1024
 BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are fetched as parallel ranges
 SEGMENT = 32 * 1024 * 1024
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch

@@ -23,7 +23,7 @@ from .errors import ImgtoolError, VerifyError
 from .fsutil import fsync_dir, write_atomic
 from .model import Digest
 
-COPY_CHUNK = 4 * 1024 * 1024
+COPY_CHUNK = 1024 * 1024
 
 
 class StoreError(ImgtoolError):

@@ -29,7 +29,7 @@ from .reader import BackgroundHash
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ,
                      Archive, BundleImage, BundleIndex, Layer, Part)
 
-COPY_BUFFER = 4 * 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
+COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
 SYNC_BEHIND = 64 * 1024 * 1024  # start write-back every this many bytes, so the closing fsync is short
 GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, and costs minutes
 ZSTD_LEVEL = 3
