@@ -143,7 +143,7 @@ def _with_spec(spec_file, created, config, opts):
 @click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are already gzip).")
-@click.option("--jobs", type=int, default=4, show_default=True, help="Parallel downloads.")
+@click.option("--jobs", type=int, default=8, show_default=True, help="Connections at once (at most 8 to one source).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
               help="Delta: leave out layers the offline Docker holds (FILE from `imgtool inventory -o`).")

@@ -31,7 +31,7 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = 4
+    jobs: int = 8
     force: bool = False
     probe_timeout: float = 5.0
     have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)

@@ -9,7 +9,7 @@ fetched in parallel (from several sources when several are healthy), resumable f
 import socket
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -25,8 +25,11 @@ from .registry import _short as short_error
 from .store import Store
 
 READ_CHUNK = 256 * 1024
-BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are fetched as parallel ranges
+JOBS = 8  # connections at once (--jobs)
+PER_SOURCE = 8  # and at most this many to one source
+BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
 SEGMENT = 32 * 1024 * 1024
+MIN_STEAL = 4 * 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
 
@@ -162,55 +165,107 @@ class _SourcePool:
 
 
 class _BlobJob:
-    """One blob being downloaded: its partial file, its ranges, and the hash when sequential."""
+    """One blob being downloaded: its partial file, its per-blob lock and bar, and its running sha256.
 
-    def __init__(self, desc: Descriptor, partial, segment: Optional[int]):
-        self.desc, self.partial = desc, partial
-        missing = partial.missing()
-        self.sequential = segment is None and len(missing) == 1 and missing[0][1] == desc.size
-        self.hasher = desc.digest.hasher() if self.sequential else None
-        if self.hasher is not None and missing[0][0] > 0:
-            for chunk in partial.read_range(0, missing[0][0]):
-                self.hasher.update(chunk)
-        self.ranges: List[Tuple[int, int]] = []
-        for a, b in missing:
-            step = segment or (b - a)
-            self.ranges += [(x, min(x + step, b)) for x in range(a, b, step)]
-        self.remaining = len(self.ranges)
+    The hash follows a cursor: bytes that arrive at the cursor are hashed as they come; bytes
+    written past it (other ranges) are read back from the partial file once the cursor reaches
+    them, by whichever thread moves it. So a blob fetched in ranges is mostly hashed by the time
+    its last byte lands, instead of being read back whole at the end.
+    """
+
+    def __init__(self, desc: Descriptor, pool: _SourcePool, partial, unlock, bar, attempt: int, index: int):
+        self.desc, self.pool, self.partial, self.unlock, self.bar = desc, pool, partial, unlock, bar
+        self.attempt, self.index = attempt, index
+        self.hasher = desc.digest.hasher()
+        self.hashed = 0
+        self.hash_busy = False
+        self.pending = 0  # ranges not finished yet (changed under the scheduler's lock)
         self.lock = threading.Lock()
 
+    def split(self, segment: Optional[int]) -> List[Tuple[int, int]]:
+        out: List[Tuple[int, int]] = []
+        for a, b in self.partial.missing():
+            step = segment or (b - a)
+            out += [(x, min(x + step, b)) for x in range(a, b, step)]
+        return out
 
-def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, preferred: int,
-                  stats: PullStats, bar, total_bar) -> None:
-    """Download [start, end) of a blob into its partial file, retrying and failing over."""
-    pos = start
+    def hash_from(self, pos: int, chunk) -> None:
+        """`chunk` was just written at `pos`: hash it now if the cursor is there, then catch up."""
+        with self.lock:
+            if self.hash_busy or self.hashed != pos:
+                return  # not at the cursor (or someone is moving it): read back later
+            self.hash_busy = True
+        self.hasher.update(chunk)
+        self._advance(pos + len(chunk))
+
+    def catch_up(self) -> None:
+        with self.lock:
+            if self.hash_busy:
+                return
+            self.hash_busy = True
+        self._advance(self.hashed)
+
+    def _advance(self, hashed: int) -> None:
+        try:
+            while True:
+                upto = hashed
+                for a, b in self.partial.done_ranges():
+                    if a <= hashed < b:
+                        upto = b
+                        break
+                if upto == hashed:
+                    with self.lock:
+                        if upto == hashed:  # nothing arrived at the cursor meanwhile
+                            self.hashed, self.hash_busy = hashed, False
+                            return
+                for piece in self.partial.read_range(hashed, upto):
+                    self.hasher.update(piece)
+                hashed = upto
+        except BaseException:
+            with self.lock:
+                self.hash_busy = False
+            raise
+
+
+class _Range:
+    """Bytes [pos, end) of one blob for one worker; `end` moves down when an idle worker takes the back half."""
+
+    __slots__ = ("job", "pos", "end", "preferred")
+
+    def __init__(self, job: _BlobJob, pos: int, end: int, preferred: int):
+        self.job, self.pos, self.end, self.preferred = job, pos, end, preferred
+
+
+def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, stop: threading.Event) -> None:
+    """Download the range into its blob's partial file, retrying and failing over; hashes at the cursor."""
+    job = rng.job
     attempts = 0
     tried = set()
-    while pos < end:
-        source = pool.pick(preferred + attempts, exclude=tried)
+    while rng.pos < rng.end and not stop.is_set():
+        source = pool.pick(rng.preferred + attempts, exclude=tried)
         try:
             with pool.sem[source.name]:
+                pos, end = rng.pos, rng.end
                 ask_end = None if end == job.desc.size else end
                 resp = source.client.blob(source.repository, job.desc.digest, pos, ask_end)
                 with resp:
-                    if resp.status_code == 200 and pos > 0:
-                        if not job.sequential:
-                            raise RegistryError(f"{source.name}: ignored a Range request")
-                        # The server does not do ranges: restart this blob from zero.
-                        pos = start = 0
-                        job.hasher = job.desc.digest.hasher()
+                    skip = pos if resp.status_code == 200 and pos > 0 else 0  # the server ignored Range
                     read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
-                    while pos < end:
-                        chunk = read(min(READ_CHUNK, end - pos), decode_content=False)
+                    while rng.pos < rng.end and not stop.is_set():
+                        chunk = read(min(READ_CHUNK, skip or rng.end - rng.pos), decode_content=False)
                         if not chunk:
-                            raise RegistryError(f"{source.name}: connection closed after {format_size(pos)} of "
+                            raise RegistryError(f"{source.name}: connection closed after {format_size(rng.pos)} of "
                                                 f"{format_size(job.desc.size)}")
+                        if skip:
+                            skip -= len(chunk)
+                            continue
+                        pos = rng.pos
+                        chunk = chunk[:rng.end - pos]  # the back half may have been handed to another worker
                         job.partial.write(pos, chunk)
-                        if job.hasher is not None:
-                            job.hasher.update(chunk)
-                        pos += len(chunk)
+                        job.hash_from(pos, chunk)
+                        rng.pos = pos + len(chunk)
                         stats.add(source.name, len(chunk))
-                        bar.update(len(chunk))
+                        job.bar.update(len(chunk))
                         total_bar.update(len(chunk))
         except NotFoundError as e:
             tried.add(source.name)
@@ -228,12 +283,152 @@ def _stream_range(pool: _SourcePool, job: _BlobJob, start: int, end: int, prefer
             time.sleep(min(0.2 * attempts, 2.0))
 
 
+class _Scheduler:
+    """Every worker takes the next piece of work: a blob to start (in archive order, its ranges going
+    to the front of the queue) or a range; with the queue empty, an idle worker takes the back half
+    of the biggest range still running, so no connection idles while one slow range finishes."""
+
+    def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar, big_blob: int,
+                 segment: int, min_steal: int):
+        self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
+        self.big_blob, self.segment, self.min_steal = big_blob, segment, min_steal
+        self.queue: deque = deque()  # ("blob", desc, pool, attempt, index) or _Range
+        self.running: List[_Range] = []
+        self.jobs: List[_BlobJob] = []  # started and not finished
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.turn = 0
+
+    def work(self) -> None:
+        """A worker's loop."""
+        try:
+            while not self.stop.is_set():
+                item = self._take()
+                if item is None:
+                    return
+                rng = item if isinstance(item, _Range) else self._start(*item[1:])
+                if rng is None:
+                    continue
+                _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop)
+                if not self.stop.is_set():
+                    self._range_done(rng)
+        except BaseException as e:
+            with self.lock:
+                if self.error is None:
+                    self.error = e
+            self.stop.set()
+
+    def _take(self):
+        with self.lock:
+            if self.queue:
+                item = self.queue.popleft()
+                if isinstance(item, _Range):
+                    self.running.append(item)
+                return item
+            victim = max(self.running, key=lambda r: r.end - r.pos, default=None)
+            if victim is None or victim.end - victim.pos < 2 * self.min_steal:
+                return None
+            mid = victim.pos + (victim.end - victim.pos) // 2
+            rng = _Range(victim.job, mid, victim.end, self._next_turn())
+            victim.end = mid
+            victim.job.pending += 1
+            self.running.append(rng)
+            return rng
+
+    def _next_turn(self) -> int:
+        self.turn += 1
+        return self.turn
+
+    def _start(self, desc: Descriptor, pool: _SourcePool, attempt: int, index: int) -> Optional[_Range]:
+        """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges."""
+        unlock = self.store.lock_blob(desc.digest)
+        try:
+            if self.store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
+                unlock()
+                with self.stats.lock:
+                    self.stats.blobs_cached += 1
+                    self.stats.bytes_cached += desc.size
+                return None
+            partial = self.store.partial(desc.digest, desc.size)
+        except BaseException:
+            unlock()
+            raise
+        bar = self.progress.bar(desc.size, f"{desc.digest.short} ({format_size(desc.size)})")
+        job = _BlobJob(desc, pool, partial, unlock, bar, attempt, index)
+        with self.lock:
+            self.jobs.append(job)
+        with self.stats.lock:
+            self.stats.resumed_bytes += partial.done_bytes
+        bar.update(partial.done_bytes)
+        job.catch_up()  # what a previous run left
+        pieces = job.split(self.segment if desc.size >= self.big_blob else None)
+        if not pieces:
+            self._finish(job)
+            return None
+        with self.lock:
+            ranges = [_Range(job, a, b, index + k) for k, (a, b) in enumerate(pieces)]
+            job.pending = len(ranges)
+            self.queue.extendleft(reversed(ranges[1:]))  # next in line: this blob's other ranges
+            self.running.append(ranges[0])
+            return ranges[0]
+
+    def _range_done(self, rng: _Range) -> None:
+        with self.lock:
+            self.running.remove(rng)
+            rng.job.pending -= 1
+            last = rng.job.pending == 0
+        if last:
+            self._finish(rng.job)
+
+    def _finish(self, job: _BlobJob) -> None:
+        """Every byte is in: hash what the cursor has not reached, check, publish (or fetch again)."""
+        desc = job.desc
+        try:
+            job.catch_up()
+            if job.hashed != desc.size:
+                raise ImgtoolError(f"internal: blob {desc.digest.short} hashed {job.hashed} of {desc.size} bytes")
+            try:
+                job.partial.commit(job.hasher.hexdigest())
+            except VerifyError as e:
+                self.progress.warn(f"{e.message}; downloading it again")
+                if job.attempt + 1 >= BLOB_ATTEMPTS:
+                    raise VerifyError(f"blob {desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
+                                      hint="a proxy or mirror is damaging data; try another with --mirror NAME")
+                with self.lock:
+                    self.queue.appendleft(("blob", desc, job.pool, job.attempt + 1, job.index))
+                return
+            with self.stats.lock:
+                self.stats.blobs_downloaded += 1
+                self.stats.fresh.add(desc.digest)
+            self.progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
+        finally:
+            self._close(job)
+
+    def _close(self, job: _BlobJob) -> None:
+        with self.lock:
+            if job not in self.jobs:
+                return
+            self.jobs.remove(job)
+        try:
+            job.partial.flush_state()
+            job.partial.close()
+            job.bar.close()
+        finally:
+            job.unlock()
+
+    def close_all(self) -> None:
+        """After a failure: keep every started blob's partial record, release its lock."""
+        for job in list(self.jobs):
+            self._close(job)
+
+
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = 4, per_source: int = 8, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
+             jobs: int = JOBS, per_source: int = PER_SOURCE, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
              skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
-             order: Sequence[Digest] = ()) -> PullStats:
-    """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store;
-    returns what was transferred.
+             order: Sequence[Digest] = (), min_steal: int = MIN_STEAL) -> PullStats:
+    """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
+    over at most `jobs` connections at once (`per_source` per source); returns what was transferred.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
@@ -258,61 +453,27 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     todo.sort(key=lambda t: rank.get(t[0].digest, len(rank)))
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     pools: Dict[int, _SourcePool] = {}
-    with progress.bar(total, "download") as total_bar, ThreadPoolExecutor(max_workers=max(1, jobs)) as executor:
-        futures = []
+    with progress.bar(total, "download") as total_bar:
+        sched = _Scheduler(store, progress, stats, total_bar, big_blob, segment, min_steal)
         for i, (desc, sources) in enumerate(todo):
             pool = pools.setdefault(id(sources), _SourcePool(sources, per_source))
-            futures.append(executor.submit(_download_blob, pool, desc, store, progress, stats, total_bar, i,
-                                          big_blob, segment))
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in futures:
-            if f.done() and f.exception() is not None:
-                for other in futures:
-                    other.cancel()
-                raise f.exception()
-        for f in futures:
-            f.result()
+            sched.queue.append(("blob", desc, pool, 0, i))
+        workers = [threading.Thread(target=sched.work, name=f"download-{k}", daemon=True)
+                   for k in range(max(1, jobs))]
+        try:
+            for t in workers:
+                t.start()
+            for t in workers:
+                t.join()
+        except BaseException:
+            sched.stop.set()
+            for t in workers:
+                t.join()
+            raise
+        finally:
+            sched.close_all()
+        if sched.error is not None:
+            raise sched.error
+        if sched.queue or sched.running:
+            raise ImgtoolError("internal: the download stopped with work left")
     return stats
-
-
-def _download_blob(pool: _SourcePool, desc: Descriptor, store: Store, progress: Progress, stats: PullStats,
-                   total_bar, index: int, big_blob: int, segment: int) -> None:
-    with store.lock(desc.digest):
-        if store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
-            with stats.lock:
-                stats.blobs_cached += 1
-                stats.bytes_cached += desc.size
-            return
-        for attempt in range(BLOB_ATTEMPTS):
-            partial = store.partial(desc.digest, desc.size)
-            try:
-                with stats.lock:
-                    stats.resumed_bytes += partial.done_bytes
-                job = _BlobJob(desc, partial, segment if desc.size >= big_blob else None)
-                label = f"{desc.digest.short} ({format_size(desc.size)})"
-                with progress.bar(desc.size, label) as bar:
-                    bar.update(partial.done_bytes)
-                    if len(job.ranges) <= 1:
-                        for a, b in job.ranges:
-                            _stream_range(pool, job, a, b, index, stats, bar, total_bar)
-                    else:
-                        # Ranges of one big blob run side by side, each preferring another source.
-                        with ThreadPoolExecutor(max_workers=min(4, len(job.ranges))) as seg_pool:
-                            fs = [seg_pool.submit(_stream_range, pool, job, a, b, index + k, stats, bar, total_bar)
-                                  for k, (a, b) in enumerate(job.ranges)]
-                            for f in fs:
-                                f.result()
-                partial.commit(job.hasher.hexdigest() if job.hasher is not None else None)
-                with stats.lock:
-                    stats.blobs_downloaded += 1
-                    stats.fresh.add(desc.digest)
-                progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
-                return
-            except VerifyError as e:
-                progress.warn(f"{e.message}; downloading it again")
-                if attempt + 1 == BLOB_ATTEMPTS:
-                    raise VerifyError(f"blob {desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
-                                      hint="a proxy or mirror is damaging data; try another with --mirror NAME")
-            finally:
-                partial.flush_state()
-                partial.close()

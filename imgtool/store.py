@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, VerifyError
 from .fsutil import fsync_dir, write_atomic
@@ -112,6 +112,11 @@ class Partial:
             data = data.ljust(self._state_len)
             os.pwrite(self._state_fd, data, 0)
         self._state_len = len(data)
+
+    def done_ranges(self) -> List[Tuple[int, int]]:
+        """The ranges written so far (a snapshot: other threads may be writing)."""
+        with self._lock:
+            return list(self.done)
 
     @property
     def done_bytes(self) -> int:
@@ -244,6 +249,14 @@ class Store:
     @contextmanager
     def lock(self, digest: Digest):
         """Hold the per-blob lock (blocking) for the duration of the block."""
+        unlock = self.lock_blob(digest)
+        try:
+            yield
+        finally:
+            unlock()
+
+    def lock_blob(self, digest: Digest) -> Callable[[], None]:
+        """Take the per-blob lock (blocking: another imgtool may hold it); returns the release function."""
         path = self.root / "locks" / f"{digest.hex}.lock"
         try:
             fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o644)
@@ -251,12 +264,16 @@ class Store:
             raise _disk_error(e, self.root)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+        except BaseException:
+            os.close(fd)
+            raise
+
+        def unlock() -> None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
+        return unlock
 
     def partial(self, digest: Digest, size: int) -> Partial:
         return Partial(self, digest, size)
