@@ -187,7 +187,7 @@ class Daemon:
 
         messages: List[str] = []
         try:
-            for msg in self.api.load_image(body(), quiet=False):
+            for msg in self.api.load_image(body(), quiet=True):
                 if not isinstance(msg, dict):
                     continue
                 if msg.get("errorDetail") or msg.get("error"):

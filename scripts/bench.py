@@ -759,9 +759,10 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "- fetch writes the bundle while the layers download (blob by blob, in archive order).",
               "- verify reads the bundle from the page cache: these are CPU numbers, not disk numbers. Full verify "
               "also decompresses every layer to check its diff_id.",
-              "- load: `imgtool load` checks every part and blob on a thread while it streams, holding back the last "
-              "bytes until the check passed; Docker checks diff_ids itself. Most of both times is Docker's own "
-              "work (unpacking the layers).",
+              "- load: `imgtool load` checks every part's sha256, every tar header and every blob's digest in the "
+              "same pass that streams the parts into Docker, holding back the last bytes until all of them matched "
+              "(a mismatch cuts the upload short and Docker drops it); Docker checks diff_ids itself. Most of both "
+              "times is Docker's own work (unpacking the layers).",
               f"- constrained link: imgtool opens at most 8 connections per source, so with one source its floor is "
               f"{csize / MB:.0f} MB / (8 × {args.rate:g} MB/s) = {csize / MB / 8 / args.rate:.1f} s; skopeo and docker "
               f"use one connection per layer, so they wait for the biggest layer: {big['size'] / MB:.0f} MB / "

@@ -64,7 +64,7 @@ def test_load_multipart_then_again_is_a_noop(bundle, services, docker_cli, docke
     assert text.stdout.splitlines()[-1] == f"already loaded: nothing sent to Docker ({out})"
 
 
-def test_damaged_part_is_refused_before_docker(bundle, services, docker_cli):
+def test_damaged_part_is_named_and_docker_keeps_nothing(bundle, services, docker_cli):
     out, image = bundle
     part = parts_of(out)[1]
     data = bytearray(part.read_bytes())
@@ -78,6 +78,24 @@ def test_damaged_part_is_refused_before_docker(bundle, services, docker_cli):
         f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; "
         "re-copy part 002 from the source medium",
     ]
+    assert docker_cli.image_ids() == before
+
+
+def test_damage_in_the_last_member_bytes_cuts_the_upload_and_docker_keeps_nothing(bundle, services, docker_cli):
+    """load checks while it streams: the last bytes go out only after every part and blob matched."""
+    out, image = bundle
+    part = parts_of(out)[-1]
+    data = bytearray(part.read_bytes())
+    last = len(data.rstrip(b"\0")) - 1  # the last data byte of the last member (padding and trailer are zeros)
+    data[last] ^= 0x01
+    part.write_bytes(bytes(data))
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    n = len(parts_of(out))
+    assert err_lines(r)[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded"
+    assert err_lines(r)[1].startswith(f"  - part {n:03d} ({part.name}) is damaged: its sha256 differs from bundle.json")
+    assert "stopped the upload: " in r.stderr  # it was cut short, not refused before the stream
     assert docker_cli.image_ids() == before
 
 

@@ -1,19 +1,25 @@
-"""`imgtool load`: check a bundle, then stream it into Docker and confirm the result.
+"""`imgtool load`: stream a bundle into Docker, checking it on the way, and confirm the result.
 
-Two passes over the parts and never a copy on disk: first the check (every part's sha256,
-the strict archive walk against bundle.json, every blob's digest), so a bad bundle is refused
-before Docker sees a byte; then the stream into `docker load`, with each part's sha256 checked
-again on the way (a part that changed in between breaks the upload before its last bytes, so
-Docker never holds a complete archive with it). Layer diff_ids are not recomputed here (that
-means decompressing every layer, about as long as Docker's own load): Docker checks them and
-loads nothing when one differs; `imgtool verify` checks them offline. The daemon is a
-`daemon.Daemon` passed in by the caller: this module does not talk to Docker by itself.
+One pass over the parts and never a copy on disk. Before a byte goes out: bundle.json against
+SHA256SUMS (and --expect), every part present at its size. On the way: every part's sha256,
+every tar header byte-identical to the one bundle.json implies (Docker is sent those headers,
+so a crafted member never reaches it), every member's data hashed against its digest, padding
+and trailer zeros. The last member bytes are held back until all of that matched; on any
+deviation the upload is cut short. Docker unpacks an upload into a temporary directory and
+registers nothing before the archive is complete, so it drops a cut upload: nothing is loaded.
+Then the whole bundle is checked as `imgtool verify` would, to name every damaged part.
+Layer diff_ids are not recomputed here (that means decompressing every layer, about as long as
+Docker's own load): Docker checks them and loads nothing when one differs; `imgtool verify`
+checks them offline. The daemon is a `daemon.Daemon` passed in by the caller: this module does
+not talk to Docker by itself.
 """
 
 import dataclasses
 import hashlib
 import os
+import queue
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +99,7 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
                 force: bool = False, progress: Progress, jobs: Optional[int] = None,
                 arch: Optional[str] = None) -> LoadResult:
-    """Verify the bundle, stream it into Docker, tag and confirm by image ID.
+    """Stream the bundle into Docker, checking it on the way; tag and confirm by image ID.
 
     Raises UsageError, VerifyError (nothing was loaded), ImgtoolError (not enough space,
     incompatible Docker), DaemonError.
@@ -116,18 +122,23 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
         check_base(bundle_dir, view, daemon)
     report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
     check_metadata(bundle_dir, index, report, expect)
-    stat_problems = stat_parts(bundle_dir, index)
-    report.problems += stat_problems
-    if not stat_problems:
-        deep_check(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, diff_ids=False)
-    report.raise_if_bad("load")  # nothing reaches Docker before every part and blob checked out
+    report.problems += stat_parts(bundle_dir, index)
+    report.raise_if_bad("load")  # bundle.json, SHA256SUMS, --expect, every part there at its size
     warnings += report.warnings
     warnings += _compatibility(index, facts, None, force)
     warnings += _arch_warnings(view, facts.arch)
     for w in warnings:
         progress.warn(w)
 
-    sent = _stream(bundle_dir, index, daemon, progress, view.images)
+    try:
+        sent = _stream(bundle_dir, index, daemon, progress, view.images)
+    except (VerifyError, _Cut) as e:
+        # The upload was cut short and Docker dropped it; name every damaged part, as verify would.
+        progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
+        deep_check(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, diff_ids=False)
+        report.raise_if_bad("load")
+        raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
+                          "(is something changing the bundle?); nothing was loaded")
     images = _tag_and_confirm(daemon, view, wanted, present)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings)
@@ -230,82 +241,144 @@ def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
     return out
 
 
-def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
-            selected: Sequence[BundleImage] = ()) -> int:
-    """Parts -> (decompress) -> docker load, chunk by chunk; returns the tar bytes sent.
+class _Cut(Exception):
+    """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
 
-    With `selected` a subset of the images, the tar Docker gets holds only their members and a
-    manifest.json/index.json for them (rewritten on the fly; the member offsets are known from
-    bundle.json), so the other platforms' layers are never sent or unpacked.
+
+class _MemberHashes:
+    """sha256 of each member's data on a worker thread; `finish()` returns the members that differ."""
+
+    def __init__(self):
+        self.q: "queue.Queue" = queue.Queue(maxsize=4)
+        self.bad: List[layout.Member] = []
+        self.thread = threading.Thread(target=self._run, name="member-sha256", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        sha = hashlib.sha256()
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if isinstance(item, layout.Member):
+                if sha.hexdigest() != item.digest.hex:
+                    self.bad.append(item)
+                sha = hashlib.sha256()
+            else:
+                sha.update(item)
+
+    def data(self, chunk: bytes) -> None:
+        self.q.put(chunk)
+
+    def end(self, member: layout.Member) -> None:
+        self.q.put(member)
+
+    def finish(self) -> List[layout.Member]:
+        self.q.put(None)
+        self.thread.join()
+        return self.bad
+
+
+def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hashes: _MemberHashes):
+    """The tar Docker gets, as (bytes, is_member_data) pieces, checked on the way.
+
+    Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
+    every member's data is hashed against its digest, padding and trailer must be zeros. With
+    `selected` a subset of the images, only their members go out, with a manifest.json and
+    index.json generated for them; the rest is still read (and its parts hashed), not sent.
+    Raises _Cut where the archive deviates (hash mismatches are found by `hashes.finish()`).
     """
-    sent = [0]
-    subset = bool(selected) and len(selected) < len(index.images)
-    with progress.bar(index.archive.tar_size, "loading into docker") as bar:
-        parts = PartsStream(bundle_dir, index, strict=True)
-        reader = decompressed(parts, index.archive.compression)
-
-        def read(n: int) -> bytes:
-            try:
-                return reader.read(n)
-            except DecodeError as e:
-                raise VerifyError(f"the archive changed since it was checked: {e}; nothing was loaded")
-
-        source = _subset_tar(read, index, selected) if subset else iter(lambda: read(READ_SIZE), b"")
-
-        def chunks():
-            for data in source:
-                sent[0] += len(data)
-                bar.update(len(data))
-                yield data
-            progress.note("sent; Docker is registering the layers ...")
-
-        try:
-            daemon.load_archive(chunks())
-        finally:
-            parts.close()
-    return sent[0]
-
-
-def _subset_tar(read, index: BundleIndex, selected: Sequence[BundleImage]):
-    """The verified archive (read(n) gives its tar bytes) cut down to `selected`: their blobs, oci-layout,
-    and manifest.json/index.json generated for them. Everything is still read (each part's sha256 is
-    checked as its last byte passes), only not sent."""
     placed, tar_size = layout.place(layout.members(index.images))
-    keep = {m.name for m in layout.members(selected)}
-    replace = {"manifest.json": layout.manifest_json(selected), "index.json": layout.index_json(selected)}
+    subset = bool(selected) and len(selected) < len(index.images)
+    keep = {m.name for m in layout.members(selected)} if subset else None
+    replace = {"manifest.json": layout.manifest_json(selected), "index.json": layout.index_json(selected)} if subset else {}
 
     def take(n: int):
         while n > 0:
-            data = read(min(n, READ_SIZE))
+            try:
+                data = read(min(n, READ_SIZE))
+            except DecodeError as e:
+                raise _Cut(f"the archive cannot be decompressed: {e}")
             if not data:
-                raise VerifyError("the archive ended early while loading; nothing was loaded")
+                raise _Cut("the archive ends early")
             n -= len(data)
             yield data
 
     out = consumed = 0
     for p in placed:
-        span = len(p.header) + p.member.size + layout.padding(p.member.size)
-        consumed += span
-        name = p.member.name
-        if name in replace:
-            for _ in take(span):
-                pass
-            content = replace[name]
-            data = layout.header(name, len(content)) + content + bytes(layout.padding(len(content)))
+        m = p.member
+        pad = layout.padding(m.size)
+        consumed += len(p.header) + m.size + pad
+        if b"".join(take(len(p.header))) != p.header:
+            raise _Cut(f"archive member {m.name} is not where bundle.json puts it")
+        send = keep is None or m.name in keep
+        content = replace.get(m.name)
+        if send and content is not None:
+            data = layout.header(m.name, len(content)) + content + bytes(layout.padding(len(content)))
             out += len(data)
-            yield data
-        elif name in keep:
-            out += span
-            yield from take(span)
-        else:
-            for _ in take(span):
-                pass
-    for _ in take(tar_size - consumed):
-        pass
-    while read(READ_SIZE):  # to the very end, so the last part's checksum is checked
-        pass
+            yield data, True
+        elif send:
+            out += len(p.header)
+            yield p.header, False
+        for data in take(m.size):
+            hashes.data(data)
+            if send and content is None:
+                out += len(data)
+                yield data, True
+        hashes.end(m)
+        if b"".join(take(pad)).strip(b"\0"):
+            raise _Cut(f"the archive has non-zero padding after {m.name}")
+        if send and content is None:
+            out += pad
+            yield bytes(pad), False
+    for data in take(tar_size - consumed):
+        if data.strip(b"\0"):
+            raise _Cut("the archive has data after its end-of-archive marker")
+    if read(READ_SIZE):  # the last read ended the last part: its sha256 was checked then
+        raise _Cut("the archive is longer than bundle.json says")
     end = out + 2 * layout.BLOCK
-    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD))
+    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD)), False
+
+
+def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
+            selected: Sequence[BundleImage] = ()) -> int:
+    """Parts -> (decompress) -> check -> docker load, chunk by chunk; returns the tar bytes sent.
+
+    The check happens on the way (see the module docstring): the last member bytes are held
+    back until every part's sha256 and every member's digest matched, so a deviation cuts the
+    upload short (VerifyError from the parts, _Cut from the archive) and Docker, which unpacks an
+    upload to a temporary directory before it registers anything, drops what it got.
+    """
+    sent = [0]
+    with progress.bar(index.archive.tar_size, "loading into docker") as bar:
+        parts = PartsStream(bundle_dir, index, strict=True)
+        hashes = _MemberHashes()
+        pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, hashes)
+
+        def chunks():
+            held: List[bytes] = []  # from the latest member data on: what goes out last
+            for data, is_data in pieces:
+                if is_data:
+                    for piece in held:
+                        yield piece
+                    held = []
+                held.append(data)
+                sent[0] += len(data)
+                bar.update(len(data))
+            bad = hashes.finish()
+            if bad:
+                raise _Cut(", ".join(f"{m.what} differs from its digest" for m in bad))
+            for piece in held:
+                yield piece
+            progress.note("sent; Docker is registering the layers ...")
+
+        try:
+            daemon.load_archive(chunks())
+        finally:
+            if hashes.thread.is_alive():
+                hashes.finish()
+            parts.close()
+    return sent[0]
 
 
 def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict) -> List[LoadedImage]:

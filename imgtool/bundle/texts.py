@@ -95,7 +95,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  "  imgtool load .               已安装 imgtool 时",
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
-                 "前两种会在 Docker 读取任何数据之前校验每个分卷和 blob。"]
+                 "前两种会边导入边校验每个分卷和 blob，任何一项不符时 Docker 不保留任何内容。"]
     else:
         pyz = f"any python3 3.9+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
             "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
@@ -103,7 +103,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  "  imgtool load .               with imgtool installed",
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   needs only sh, sha256sum, cat and docker",
-                 "The first two check every part and blob before Docker sees a byte."]
+                 "The first two check every part and blob as they load; on any mismatch Docker keeps nothing."]
     return "\n".join(indent + line for line in lines)
 
 
