@@ -135,10 +135,14 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
-    result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
-                                 compress=opts.compress, force=opts.force, progress=progress,
-                                 have=have, base=base, created=opts.created, extra_files=tool,
-                                 verified=pull.stats.fresh)
+    try:
+        result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
+                                     compress=opts.compress, force=opts.force, progress=progress,
+                                     have=have, base=base, created=opts.created, extra_files=tool,
+                                     verified=pull.stats.fresh)
+    except BaseException:
+        pull.cancel()  # finished layers and partial ones stay in the cache for the next run
+        raise
     return FetchResult(images, pull.finish(), result)
 
 
@@ -147,13 +151,15 @@ class _Pulling:
 
     def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
         self.store, self.stats, self.error = store, PullStats(), None
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip, order),
                                        name="download", daemon=True)
         self.thread.start()
 
     def _run(self, pulled, progress, jobs, skip, order) -> None:
         try:
-            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats, order=order)
+            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats, order=order,
+                     cancel=self.stop)
         except BaseException as e:  # raised in the main thread by blob_path/finish
             self.error = e
 
@@ -163,6 +169,11 @@ class _Pulling:
         if self.error is not None:
             raise self.error
         return self.store.blob_path(digest)
+
+    def cancel(self) -> None:
+        """Stop downloading (the writer failed): every started blob's partial record is kept."""
+        self.stop.set()
+        self.thread.join()
 
     def finish(self) -> PullStats:
         self.thread.join()

@@ -289,14 +289,14 @@ class _Scheduler:
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
     def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar, big_blob: int,
-                 segment: int, min_steal: int):
+                 segment: int, min_steal: int, stop: threading.Event):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
         self.big_blob, self.segment, self.min_steal = big_blob, segment, min_steal
         self.queue: deque = deque()  # ("blob", desc, pool, attempt, index) or _Range
         self.running: List[_Range] = []
         self.jobs: List[_BlobJob] = []  # started and not finished
         self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = stop
         self.error: Optional[BaseException] = None
         self.turn = 0
 
@@ -426,9 +426,11 @@ class _Scheduler:
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
              jobs: int = JOBS, per_source: int = PER_SOURCE, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
              skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
-             order: Sequence[Digest] = (), min_steal: int = MIN_STEAL) -> PullStats:
+             order: Sequence[Digest] = (), min_steal: int = MIN_STEAL,
+             cancel: Optional[threading.Event] = None) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
     over at most `jobs` connections at once (`per_source` per source); returns what was transferred.
+    Setting `cancel` stops it (what arrived stays in the store's partial files for the next run).
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
@@ -454,7 +456,8 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     pools: Dict[int, _SourcePool] = {}
     with progress.bar(total, "download") as total_bar:
-        sched = _Scheduler(store, progress, stats, total_bar, big_blob, segment, min_steal)
+        sched = _Scheduler(store, progress, stats, total_bar, big_blob, segment, min_steal,
+                           cancel if cancel is not None else threading.Event())
         for i, (desc, sources) in enumerate(todo):
             pool = pools.setdefault(id(sources), _SourcePool(sources, per_source))
             sched.queue.append(("blob", desc, pool, 0, i))
@@ -474,6 +477,8 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
             sched.close_all()
         if sched.error is not None:
             raise sched.error
+        if cancel is not None and cancel.is_set():
+            return stats
         if sched.queue or sched.running:
             raise ImgtoolError("internal: the download stopped with work left")
     return stats

@@ -377,6 +377,25 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
     assert_store_holds(store, image)
 
 
+def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, mirrored, tmp_path):
+    """Some proxies answer a ranged GET with 200 and the whole blob: each range skips to its start."""
+    idx = factory.multiarch(layers=1, layer_size=3 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        layer = idx.image("linux/arm64/v8").layers[0]
+        proxy.add(Fault("no_range", lambda m, p: m == "GET" and layer.digest in p, times=100))
+        store = Store(tmp_path / "c")
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=1 << 20)
+        gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
+        assert len(gets) == 3 and {r.status for r in gets} == {200}  # three ranges asked, whole blob each time
+        assert stats.blobs_downloaded == 1 and sum(stats.per_source.values()) == layer.size
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
+
+
 def test_related_tag_downloads_only_missing_layers(services, factory, mirrored, tmp_path):
     first = factory.multiarch(layers=3)
     second = factory.multiarch(layers=1, base=first)

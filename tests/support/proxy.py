@@ -19,7 +19,8 @@ CHUNK = 256 * 1024
 
 @dataclass
 class Fault:
-    """One scripted misbehaviour: `kind` is reset|status|flip|stall|short|expiring_redirect|rate."""
+    """One scripted misbehaviour: `kind` is reset|status|flip|stall|short|expiring_redirect|rate|no_range
+    (the Range header is dropped: the whole blob comes back with 200)."""
 
     kind: str
     match: Callable[[str, str], bool]  # (method, path) -> bool
@@ -140,7 +141,8 @@ class FaultProxy:
             self._expiring[token] = (time.monotonic() + fault.seconds, path)
             self._reply(h, rec, 307, b"", {"Location": f"{self.url}/cdn/{token}"})
             return
-        headers = {k: v for k, v in h.headers.items() if k.lower() not in ("host", "connection", "accept-encoding")}
+        drop = ("host", "connection", "accept-encoding") + (("range",) if fault and fault.kind == "no_range" else ())
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in drop}
         conn = http.client.HTTPConnection(self.upstream, timeout=60)
         try:
             conn.request(method, path, body=body, headers=headers)
