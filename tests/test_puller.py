@@ -389,7 +389,9 @@ def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, m
         store = Store(tmp_path / "c")
         image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=1 << 20)
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
-        assert len(gets) == 3 and {r.status for r in gets} == {200}  # three ranges asked, whole blob each time
+        ranges = -(-layer.size // (1 << 20))
+        assert ranges >= 3 and len(gets) == ranges  # one GET per 1 MiB range ...
+        assert {r.status for r in gets} == {200}  # ... each answered with the whole blob
         assert stats.blobs_downloaded == 1 and sum(stats.per_source.values()) == layer.size
         assert_store_holds(store, image)
     finally:
