@@ -29,7 +29,8 @@ JOBS = 8  # connections at once (--jobs)
 PER_SOURCE = 8  # and at most this many to one source
 BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
 SEGMENT = 32 * 1024 * 1024
-MIN_STEAL = 4 * 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left
+MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
+STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long still to go
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
 
@@ -230,10 +231,18 @@ class _BlobJob:
 class _Range:
     """Bytes [pos, end) of one blob for one worker; `end` moves down when an idle worker takes the back half."""
 
-    __slots__ = ("job", "pos", "end", "preferred")
+    __slots__ = ("job", "pos", "end", "preferred", "since", "first")
 
     def __init__(self, job: _BlobJob, pos: int, end: int, preferred: int):
         self.job, self.pos, self.end, self.preferred = job, pos, end, preferred
+        self.since: Optional[float] = None  # when a worker started on it, at `first`
+        self.first = pos
+
+    def seconds_left(self, now: float) -> Optional[float]:
+        """At the rate the range has been coming, how long it still takes (None: too early to tell)."""
+        if self.since is None or now - self.since < 0.05 or self.pos <= self.first:
+            return None
+        return (self.end - self.pos) * (now - self.since) / (self.pos - self.first)
 
 
 def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, stop: threading.Event) -> None:
@@ -241,6 +250,7 @@ def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, s
     job = rng.job
     attempts = 0
     tried = set()
+    rng.since, rng.first = time.monotonic(), rng.pos
     while rng.pos < rng.end and not stop.is_set():
         source = pool.pick(rng.preferred + attempts, exclude=tried)
         try:
@@ -328,6 +338,9 @@ class _Scheduler:
                 return item
             victim = max(self.running, key=lambda r: r.end - r.pos, default=None)
             if victim is None or victim.end - victim.pos < 2 * self.min_steal:
+                return None
+            left = victim.seconds_left(time.monotonic())
+            if left is not None and left < STEAL_SECONDS:  # a new request would not finish much sooner
                 return None
             mid = victim.pos + (victim.end - victim.pos) // 2
             rng = _Range(victim.job, mid, victim.end, self._next_turn())
