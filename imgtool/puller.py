@@ -30,6 +30,7 @@ PER_SOURCE = 8  # and at most this many to one source
 BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
 SEGMENT = 32 * 1024 * 1024
 MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
+START_WAIT = 0.2  # how long a worker waits for a blob being opened to queue its ranges
 STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long still to go
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
@@ -306,6 +307,8 @@ class _Scheduler:
         self.running: List[_Range] = []
         self.jobs: List[_BlobJob] = []  # started and not finished
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.starting = 0  # blobs being opened by a worker (their ranges not queued yet)
         self.stop = stop
         self.error: Optional[BaseException] = None
         self.turn = 0
@@ -317,7 +320,15 @@ class _Scheduler:
                 item = self._take()
                 if item is None:
                     return
-                rng = item if isinstance(item, _Range) else self._start(*item[1:])
+                if isinstance(item, _Range):
+                    rng = item
+                else:
+                    try:
+                        rng = self._start(*item[1:])
+                    finally:
+                        with self.lock:
+                            self.starting -= 1
+                            self.changed.notify_all()
                 if rng is None:
                     continue
                 _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop)
@@ -331,10 +342,21 @@ class _Scheduler:
 
     def _take(self):
         with self.lock:
+            # A blob being opened puts its ranges at the front of the queue: wait for them (briefly:
+            # it may be waiting for another imgtool's lock), so blobs complete in archive order and
+            # the bundle writer, which takes them in that order, is not kept waiting by the first.
+            deadline = time.monotonic() + START_WAIT
+            while self.starting and not self.stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.changed.wait(left)
             if self.queue:
                 item = self.queue.popleft()
                 if isinstance(item, _Range):
                     self.running.append(item)
+                else:
+                    self.starting += 1
                 return item
             victim = max(self.running, key=lambda r: r.end - r.pos, default=None)
             if victim is None or victim.end - victim.pos < 2 * self.min_steal:

@@ -303,12 +303,14 @@ def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_pa
         cut = 1_000_000
         proxy.add(Fault("reset", lambda m, p: m == "GET" and layer.digest in p, times=100, after=cut))
         store = Store(tmp_path / "c")
+        # one connection: with more, idle ones would take over the back half of the blob and
+        # (each resumed range moving 1 MB further) finish it despite the resets
         with pytest.raises(RegistryError):
-            pull(cfg, "v1", "arm64", store)
+            pull(cfg, "v1", "arm64", store, jobs=1)
         have = store.partial_bytes(Digest.parse(layer.digest), layer.size)
         assert have >= cut and not store.has(Digest.parse(layer.digest))
         proxy.clear()
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=1)
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         assert [r.range for r in gets] == [f"bytes={have}-"]
         assert proxy.blob_bytes_sent() == layer.size - have
@@ -375,6 +377,28 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
     assert stats.per_source["quay"] > 0 and stats.per_source["nju"] > 0
     assert sum(stats.per_source.values()) == image.manifest.layers[0].size
     assert_store_holds(store, image)
+
+
+def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, factory, mirrored, tmp_path):
+    """One 6 MiB layer (not split up front) over connections held to 2 MB/s: the idle connections
+    take the back half of the biggest running range, again and again, instead of idling."""
+    idx = factory.multiarch(layers=1, layer_size=6 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        layer = idx.image("linux/arm64/v8").layers[0]
+        proxy.add(Fault("rate", lambda m, p: m == "GET" and layer.digest in p, times=1000, rate=2_000_000))
+        store = Store(tmp_path / "c")
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40)
+        gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
+        starts = sorted(int(r.range[len("bytes="):].split("-")[0]) if r.range else 0 for r in gets)
+        assert len(gets) >= 4 and len(set(starts)) == len(starts), starts  # every take-over asks a new range
+        assert starts[0] == 0 and all(0 < x < layer.size for x in starts[1:]), starts
+        assert sum(stats.per_source.values()) == layer.size  # each byte written once
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
 
 
 def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, mirrored, tmp_path):
