@@ -549,6 +549,9 @@ class Bench:
         for r in range(runs):
             order = list(contestants[r % len(contestants):]) + list(contestants[:r % len(contestants)])
             for key, fn, rss in order:
+                # Untimed: write back what the previous contestant left dirty (the FAQ recipe leaves
+                # gigabytes), so no tool pays for another's write-back in its own fsyncs.
+                os.sync()
                 out = fn()
                 if isinstance(out, tuple):  # the FAQ recipe: pull, then save | gzip
                     pull, save = out
@@ -767,6 +770,8 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               f"{csize / MB:.0f} MB / (8 × {args.rate:g} MB/s) = {csize / MB / 8 / args.rate:.1f} s; skopeo and docker "
               f"use one connection per layer, so they wait for the biggest layer: {big['size'] / MB:.0f} MB / "
               f"{args.rate:g} MB/s = {big['size'] / MB / args.rate:.1f} s.",
+              "- Before every timed run the script calls sync (untimed), so no tool pays in its own fsyncs for the "
+              "write-back of what the previous one left dirty (the FAQ recipe leaves gigabytes).",
               "- Peak RSS is GNU time's maximum resident set size of the imgtool process."]
     lines += ["", "## Raw timings (seconds, in run order)", ""]
     for key, v in b.times.items():
