@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+from contextlib import contextmanager
 
 import pytest
 
@@ -293,16 +293,24 @@ def test_tls_is_verified_unless_insecure(services, factory, tmp_path, uniq):
 # --- blobs: faults, failover, resume, ranges --------------------------------
 
 
-def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_path):
-    idx = factory.multiarch(layers=1, layer_size=3 << 20)
+@contextmanager
+def one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, **layer):
+    """A one-layer image on the upstream registry, reached only through a FaultProxy:
+    yields (proxy, mirrors.toml, the arm64 layer, an empty store)."""
+    idx = factory.multiarch(layers=1, **layer)
     ms = mirrored(idx, tag="v1", targets=("upstream",))
     proxy = FaultProxy(services.plain)
     try:
         cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
-        layer = idx.image("linux/arm64/v8").layers[0]
+        yield proxy, cfg, idx.image("linux/arm64/v8").layers[0], Store(tmp_path / "c")
+    finally:
+        proxy.close()
+
+
+def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_path):
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
         cut = 1_000_000
         proxy.add(Fault("reset", lambda m, p: m == "GET" and layer.digest in p, times=100, after=cut))
-        store = Store(tmp_path / "c")
         # one connection: with more, idle ones would take over the back half of the blob and
         # (each resumed range moving 1 MB further) finish it despite the resets
         with pytest.raises(RegistryError):
@@ -316,24 +324,14 @@ def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_pa
         assert proxy.blob_bytes_sent() == layer.size - have
         assert stats.resumed_bytes == have
         assert_store_holds(store, image)
-    finally:
-        proxy.close()
 
 
 def test_flipped_byte_never_reaches_the_store(services, factory, mirrored, tmp_path):
-    idx = factory.multiarch(layers=1)
-    ms = mirrored(idx, tag="v1", targets=("upstream",))
-    proxy = FaultProxy(services.plain)
-    try:
-        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
-        layer = idx.image("linux/arm64/v8").layers[0]
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path) as (proxy, cfg, layer, store):
         proxy.add(Fault("flip", lambda m, p: m == "GET" and layer.digest in p, times=1, after=1000))
-        store = Store(tmp_path / "c")
         image, _, stats, notes = pull(cfg, "v1", "arm64", store)
         assert any("arrived with digest" in line for line in notes.lines)
         assert_store_holds(store, image)
-    finally:
-        proxy.close()
 
 
 def test_failing_source_is_dropped_and_blobs_retried_on_the_next(services, factory, mirrored, tmp_path):
@@ -353,18 +351,12 @@ def test_failing_source_is_dropped_and_blobs_retried_on_the_next(services, facto
 
 
 def test_429_retry_after_is_honoured(services, factory, mirrored, tmp_path):
-    idx = factory.multiarch(layers=1)
-    ms = mirrored(idx, tag="v1", targets=("upstream",))
-    proxy = FaultProxy(services.plain)
-    try:
-        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path) as (proxy, cfg, layer, store):
         proxy.add(Fault("status", lambda m, p: blob_path(p) and m == "GET", status=429, headers={"Retry-After": "2"}))
         start = time.monotonic()
-        image, _, stats, _ = pull(cfg, "v1", "arm64", Store(tmp_path / "c"))
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store)
         assert time.monotonic() - start >= 2.0
         assert stats.blobs_downloaded == 1
-    finally:
-        proxy.close()
 
 
 def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirrored, tmp_path):
@@ -382,14 +374,8 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
 def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, factory, mirrored, tmp_path):
     """One 6 MiB layer (not split up front) over connections held to 2 MB/s: the idle connections
     take the back half of the biggest running range, again and again, instead of idling."""
-    idx = factory.multiarch(layers=1, layer_size=6 << 20)
-    ms = mirrored(idx, tag="v1", targets=("upstream",))
-    proxy = FaultProxy(services.plain)
-    try:
-        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
-        layer = idx.image("linux/arm64/v8").layers[0]
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=6 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layer.digest in p, times=1000, rate=2_000_000))
-        store = Store(tmp_path / "c")
         image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40)
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         starts = sorted(int(r.range[len("bytes="):].split("-")[0]) if r.range else 0 for r in gets)
@@ -397,20 +383,12 @@ def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, facto
         assert starts[0] == 0 and all(0 < x < layer.size for x in starts[1:]), starts
         assert sum(stats.per_source.values()) == layer.size  # each byte written once
         assert_store_holds(store, image)
-    finally:
-        proxy.close()
 
 
 def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, mirrored, tmp_path):
     """Some proxies answer a ranged GET with 200 and the whole blob: each range skips to its start."""
-    idx = factory.multiarch(layers=1, layer_size=3 << 20)
-    ms = mirrored(idx, tag="v1", targets=("upstream",))
-    proxy = FaultProxy(services.plain)
-    try:
-        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
-        layer = idx.image("linux/arm64/v8").layers[0]
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("no_range", lambda m, p: m == "GET" and layer.digest in p, times=100))
-        store = Store(tmp_path / "c")
         image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=1 << 20)
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         ranges = -(-layer.size // (1 << 20))
@@ -418,8 +396,6 @@ def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, m
         assert {r.status for r in gets} == {200}  # ... each answered with the whole blob
         assert stats.blobs_downloaded == 1 and sum(stats.per_source.values()) == layer.size
         assert_store_holds(store, image)
-    finally:
-        proxy.close()
 
 
 def test_related_tag_downloads_only_missing_layers(services, factory, mirrored, tmp_path):
