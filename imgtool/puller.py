@@ -309,6 +309,7 @@ class _Scheduler:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.starting = 0  # blobs being opened by a worker (their ranges not queued yet)
+        self.opened_at = 0.0  # when the latest of them was taken from the queue
         self.stop = stop
         self.error: Optional[BaseException] = None
         self.turn = 0
@@ -342,10 +343,11 @@ class _Scheduler:
 
     def _take(self):
         with self.lock:
-            # A blob being opened puts its ranges at the front of the queue: wait for them (briefly:
-            # it may be waiting for another imgtool's lock), so blobs complete in archive order and
-            # the bundle writer, which takes them in that order, is not kept waiting by the first.
-            deadline = time.monotonic() + START_WAIT
+            # A blob being opened puts its ranges at the front of the queue: wait for them, so blobs
+            # complete in archive order and the bundle writer, which takes them in that order, is not
+            # kept waiting by the first. Briefly: an open that takes longer is waiting for another
+            # imgtool's lock on the blob, and nobody waits for it after START_WAIT.
+            deadline = self.opened_at + START_WAIT
             while self.starting and not self.stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -357,6 +359,7 @@ class _Scheduler:
                     self.running.append(item)
                 else:
                     self.starting += 1
+                    self.opened_at = time.monotonic()
                 return item
             victim = max(self.running, key=lambda r: r.end - r.pos, default=None)
             if victim is None or victim.end - victim.pos < 2 * self.min_steal:
