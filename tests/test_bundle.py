@@ -179,6 +179,31 @@ def test_compressed_bundles_load(compress, factory, store, tmp_path, services, d
     assert docker_cli.inspect_image(f"{REPO}:c-{compress}")["Id"] == image.config_digest
 
 
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_compressed_bundles_load_with_imgtool_and_a_damaged_last_part_loads_nothing(
+        compress, factory, store, tmp_path, services, docker_cli, docker_cleanup):
+    image = factory.image(host_arch(), layers=2)
+    out = tmp_path / "b"
+    result = write(out, [store.pulled(image, f"{REPO}:i-{compress}")], store, chunk_size=600 * 1024,
+                   compress=compress)
+    assert len(result.parts) >= 2
+    docker_cleanup.image(f"{REPO}:i-{compress}", image.config_digest)
+    last = parts_of(out)[-1]
+    good = last.read_bytes()
+    last.write_bytes(good[:-1] + bytes([good[-1] ^ 0x01]))  # the compressed stream's last byte
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    n = len(result.parts)
+    assert f"  - part {n:03d} ({last.name}) is damaged: its sha256 differs from bundle.json; re-copy part " \
+           f"{n:03d} from the source medium" in r.stderr.splitlines(), r.stderr
+    assert docker_cli.image_ids() == before
+    last.write_bytes(good)
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.inspect_image(f"{REPO}:i-{compress}")["Id"] == image.config_digest
+
+
 def test_load_sh_loads_and_names_damaged_parts(factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
     out = tmp_path / "b"

@@ -365,6 +365,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
                 held.append(data)
                 sent[0] += len(data)
                 bar.update(len(data))
+            parts.drain()  # a compressed archive may end before its last part does: check that part too
             bad = hashes.finish()
             if bad:
                 raise _Cut(", ".join(f"{m.what} differs from its digest" for m in bad))
