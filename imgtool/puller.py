@@ -29,8 +29,8 @@ JOBS = 8  # connections at once (--jobs)
 PER_SOURCE = 8  # and at most this many to one source
 BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
 SEGMENT = 32 * 1024 * 1024
-MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
 START_WAIT = 0.2  # how long a worker waits for a blob being opened to queue its ranges
+MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
 STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long still to go
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
@@ -207,17 +207,22 @@ class _BlobJob:
             self.hash_busy = True
         self._advance(self.hashed)
 
+    def _done_from(self, pos: int) -> int:
+        """Where the written bytes that start at or before `pos` end (`pos` if none covers it)."""
+        for a, b in self.partial.done_ranges():
+            if a <= pos < b:
+                return b
+        return pos
+
     def _advance(self, hashed: int) -> None:
         try:
             while True:
-                upto = hashed
-                for a, b in self.partial.done_ranges():
-                    if a <= hashed < b:
-                        upto = b
-                        break
+                upto = self._done_from(hashed)
                 if upto == hashed:
                     with self.lock:
-                        if upto == hashed:  # nothing arrived at the cursor meanwhile
+                        # A chunk written at the cursor while we were busy was left to us: look again.
+                        upto = self._done_from(hashed)
+                        if upto == hashed:
                             self.hashed, self.hash_busy = hashed, False
                             return
                 for piece in self.partial.read_range(hashed, upto):
