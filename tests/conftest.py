@@ -12,6 +12,7 @@ mirrored        mirrored(image, tag="v1") -> MirrorSet: quay.io / DaoCloud / NJU
 
 import hashlib
 import secrets
+import subprocess
 
 import pytest
 
@@ -105,3 +106,17 @@ def mirrored(services, uniq):
         return publish_mirrored(services, uniq, tag, image_or_index, targets=targets, name=name)
 
     return publish
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 1 MiB tmpfs (disk-full cases), unmounted after the test."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {r.stderr.strip()}", pytrace=False)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -339,20 +339,9 @@ def test_killed_write_leaves_no_bundle_json(tmp_path):
                                         "finish, or bundle.json was not copied)")
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {r.stderr.strip()}", pytrace=False)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_disk_full_is_one_error_and_no_bundle(factory, store, small_tmpfs):
+def test_disk_full_is_one_error_and_no_bundle(factory, store, tiny_tmpfs):
     images = [store.pulled(factory.image("arm64", layers=3), f"{REPO}:v1")]
-    out = small_tmpfs / "b"
+    out = tiny_tmpfs / "b"
     with pytest.raises(ImgtoolError) as e:
         write(out, images, store, chunk_size=256 * 1024)
     assert e.value.message.startswith(f"no space left on the device of {out} (the bundle needs about ")
@@ -383,10 +372,10 @@ def _mirrors(tmp_path, services, ms):
     return cfg
 
 
-def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mirrored, small_tmpfs, tmp_path):
+def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mirrored, tiny_tmpfs, tmp_path):
     idx = factory.multiarch(media="oci", layers=3)
     ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
-    out = small_tmpfs / "b"
+    out = tiny_tmpfs / "b"
     r = imgtool("fetch", "v0.22.1rc1", "--arch", "arm64", "--mirrors", str(_mirrors(tmp_path, services, ms)),
                 "-o", str(out), "--chunk-size", "256K", "-q", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 1

@@ -16,8 +16,8 @@ import pytest
 from imgtool.bundle.load import _compatibility
 from imgtool.daemon import DaemonInfo
 from imgtool.errors import ImgtoolError
-from tests.support.bundles import (BlobDir, canonical_tar, imgtool, member_bytes, parts_of, random_layer,
-                                   replace_archive, simple_image, tar_body, write)
+from tests.support.bundles import (BlobDir, canonical_tar, fetch_from_registry, imgtool, member_bytes, parts_of,
+                                   random_layer, replace_archive, simple_image, tar_body, write)
 from tests.support.images import host_arch
 
 REPO = "quay.io/ascend/vllm-ascend"
@@ -121,21 +121,11 @@ def test_unreachable_docker_is_one_error(bundle, tmp_path):
 
 def test_fetch_verify_expect_load(services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
     """The whole path through the CLI: fetch (connected side) -> verify --expect -> load (offline side)."""
-    idx = factory.multiarch(media="oci", layers=2)
-    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
-    out = tmp_path / "bundle"
-    fetched = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
-                      "--chunk-size", "512K", "--json", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
-    assert fetched.returncode == 0, fetched.stderr
+    out, child, ref, fetched = fetch_from_registry(services, factory, mirrored, tmp_path, "--json")
     sha = json.loads(fetched.stdout)["bundle_json_sha256"]
     assert len(json.loads(fetched.stdout)["parts"]) >= 4
     ok = imgtool("verify", str(out), "--expect", sha)
     assert ok.returncode == 0, ok.stderr
-    child = idx.image(host_arch())
-    ref = f"quay.io/{ms.repo}:v0.22.1rc1"
     docker_cleanup.image(ref, child.config_digest)
     loaded = imgtool("load", str(out), "--expect", sha, docker_host=services.docker_host)
     assert loaded.returncode == 0, loaded.stderr

@@ -310,19 +310,6 @@ def test_two_fetches_sharing_one_cache_both_succeed_and_download_each_blob_once(
 # --- disk full --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs (the suite runs as root): {r.stderr.strip()}", pytrace=False)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_cache_on_a_full_disk_is_one_error_and_the_cache_stays_sound(w, tiny_tmpfs):
     cache = tiny_tmpfs / "cache"
     out = w.root / "out-fullcache" / "vllm-ascend"

@@ -19,7 +19,7 @@ import pytest
 
 from imgtool import __version__, selfbundle
 from imgtool.errors import ImgtoolError
-from tests.support.bundles import imgtool
+from tests.support.bundles import fetch_from_registry, imgtool
 from tests.support.images import host_arch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,22 +57,9 @@ def run_bare(python, *args, cwd, docker_host=None, cache=None):
     return subprocess.run([*python, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
-def _fetch(services, factory, mirrored, tmp_path, *extra):
-    idx = factory.multiarch(media="oci", layers=2)
-    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
-    out = tmp_path / "bundle"
-    r = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
-                "--chunk-size", "512K", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
-    assert r.returncode == 0, r.stderr
-    return out, idx.image(host_arch()), f"quay.io/{ms.repo}:v0.22.1rc1", r
-
-
 def test_bundle_pyz_verifies_and_loads_with_a_bare_python(services, factory, mirrored, tmp_path, bare_python,
                                                           docker_cli, docker_cleanup):
-    out, image, ref, fetched = _fetch(services, factory, mirrored, tmp_path)
+    out, image, ref, fetched = fetch_from_registry(services, factory, mirrored, tmp_path)
     pyz = out / "imgtool.pyz"
     data = pyz.read_bytes()
     files = {f["name"]: f for f in json.loads((out / "bundle.json").read_text())["files"]}
@@ -103,7 +90,7 @@ def test_bundle_pyz_verifies_and_loads_with_a_bare_python(services, factory, mir
 
 
 def test_zstd_bundle_without_zstandard_says_what_to_do(services, factory, mirrored, tmp_path, bare_python):
-    out, _, _, _ = _fetch(services, factory, mirrored, tmp_path, "--compress", "zstd")
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path, "--compress", "zstd")
     r = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
     assert r.returncode == 3, r.stderr
     assert r.stderr.splitlines() == [
@@ -116,7 +103,7 @@ def test_zstd_bundle_without_zstandard_says_what_to_do(services, factory, mirror
 
 
 def test_no_tool_leaves_the_pyz_out_and_says_so(services, factory, mirrored, tmp_path):
-    out, _, _, fetched = _fetch(services, factory, mirrored, tmp_path, "--no-tool")
+    out, _, _, fetched = fetch_from_registry(services, factory, mirrored, tmp_path, "--no-tool")
     assert not (out / "imgtool.pyz").exists()
     assert "imgtool.pyz" not in (out / "SHA256SUMS").read_text()
     assert [f["name"] for f in json.loads((out / "bundle.json").read_text())["files"]] == ["load.sh", "README.txt"]

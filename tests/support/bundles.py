@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from imgtool.model import Digest, ImageConfig, ImageRef, Platform, PulledImage, parse_manifest
 
-from .images import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, Image, Layer, sha256_digest
+from .images import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, Image, Layer, host_arch, sha256_digest
 
 REPO = "quay.io/ascend/vllm-ascend"
 
@@ -201,3 +201,19 @@ def replace_archive(bundle: Path, tar: bytes) -> None:
     for f in doc["files"]:
         sums.append(f"{f['sha256']}  {f['name']}")
     (bundle / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+
+
+def fetch_from_registry(services, factory, mirrored, tmp_path: Path, *extra: str):
+    """A two-layer multi-arch image published as quay.io's v0.22.1rc1 on the plain registry, fetched
+    for this host's arch through the real CLI into tmp_path/bundle (512K parts).
+    Returns (bundle dir, the host-arch image, its canonical name, the CompletedProcess)."""
+    idx = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    r = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
+                "--chunk-size", "512K", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx.image(host_arch()), f"quay.io/{ms.repo}:v0.22.1rc1", r
