@@ -223,3 +223,24 @@ def test_parts_stream_strict_stops_before_the_end_of_a_bad_part(template, tmp_pa
             got += len(data)
     assert got < index.parts[0].size + index.parts[1].size  # the end of part 2 was never handed out
     assert e.value.message.startswith("part 002 (")
+
+
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_damaged_compressed_bundle_ends_naming_the_part(tmp_path, factory, compress):
+    """64 KiB overwritten mid-archive: the decoder fails inside a layer, and verify still ends (exit 3)."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image("arm64", layers=3, layer_size=[256 * 1024, 1 << 20, 256 * 1024])
+    out = tmp_path / "b"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store, compress=compress)
+    (part,) = parts_of(out)
+    data = bytearray(part.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64 * 1024] = bytes(range(256)) * 256
+    part.write_bytes(bytes(data))
+    r = imgtool("verify", str(out), timeout=120)  # hung forever before: a worker waited for the rest of a layer
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r) == [
+        f"error: bundle failed verification: {out}: 1 problem",
+        f"  - part 001 ({part.name}) is damaged: its sha256 differs from bundle.json; "
+        "re-copy part 001 from the source medium",
+    ]

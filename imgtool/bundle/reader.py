@@ -304,15 +304,22 @@ def decompressed(raw, compression: str):
 
 
 class QueueFile:
-    """A file-like reader fed from another thread with bytes chunks (None ends it)."""
+    """A file-like reader fed from another thread with bytes chunks; `close()` ends it."""
 
     def __init__(self, maxsize: int = 8):
         self.q: "queue.Queue" = queue.Queue(maxsize=maxsize)
         self.buf = memoryview(b"")
         self.done = False
+        self.closed = False
 
-    def put(self, chunk: Optional[bytes]) -> None:
+    def put(self, chunk: bytes) -> None:
         self.q.put(chunk)
+
+    def close(self) -> None:
+        """End the feed (once, whatever the feeder's state): the reader then sees EOF after what was put."""
+        if not self.closed:
+            self.closed = True
+            self.q.put(None)
 
     def read(self, n: int = -1) -> bytes:
         while not len(self.buf) and not self.done:

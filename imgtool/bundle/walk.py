@@ -76,6 +76,10 @@ class _LayerJob:
                 pass
             self.slots.release()
 
+    def close(self) -> None:
+        """No more data: the worker finishes with what it got (idempotent)."""
+        self.feed.close()
+
     def join(self) -> None:
         self.thread.join()
 
@@ -133,8 +137,13 @@ class _Walk:
             self._members()
         except DecodeError as e:
             self.problem(f"the archive cannot be decompressed: {e}", self.offset)
-        for job in self.jobs:
-            job.join()
+        finally:
+            # The walk may stop inside a layer (a decode error, a part that cannot be read):
+            # end every worker's feed, or its thread waits for data forever and so does join().
+            for job in self.jobs:
+                job.close()
+            for job in self.jobs:
+                job.join()
         self._layer_results()
         missing = [p for name, p in self.expected.items() if name not in self.seen]
         for p in missing:
@@ -227,7 +236,7 @@ class _Walk:
 
         got = self.skip(size, sink)
         if job is not None:
-            job.feed.put(None)
+            job.close()
         if got < size:
             self.problem(f"the archive ends early, inside {name} ({member.what})", start)
             return
