@@ -522,9 +522,12 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 @click.option("--force", is_flag=True, help="Load even when Docker's disk looks too small.")
 @click.option("--arch", metavar="ARCH",
               help="Of a tag held for several architectures, load this one (default: the Docker host's).")
+@click.option("--quick", is_flag=True,
+              help="When Docker already holds the images: check only that every part is there at its size "
+                   "(default: also every part's sha256 and every blob) before tagging.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def load(bundle_dir, tags, expect, force, arch, as_json):
+def load(bundle_dir, tags, expect, force, arch, quick, as_json):
     """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
 
     Docker never receives a byte before every part and blob checked out (it checks each
@@ -538,7 +541,8 @@ def load(bundle_dir, tags, expect, force, arch, as_json):
     p = progress()
     daemon = open_daemon()
     try:
-        result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, progress=p, arch=arch)
+        result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
+                             arch=arch)
     finally:
         daemon.close()
     if as_json:

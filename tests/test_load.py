@@ -4,6 +4,7 @@ Against the real test dockerd; a refused bundle must leave Docker without any ne
 """
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -108,6 +109,96 @@ def test_missing_part_is_refused(bundle, services, docker_cli):
     assert r.returncode == 3
     assert err_lines(r)[1] == f"  - part 003 ({parts[2].name}) is missing; copy part 003 from the source medium"
     assert docker_cli.image_ids() == before
+
+
+def test_every_problem_is_named_not_only_the_first(bundle, services, docker_cli):
+    """part 002 damaged and part 004 missing: load names both, as verify does."""
+    out, _ = bundle
+    parts = parts_of(out)
+    data = bytearray(parts[1].read_bytes())
+    data[4242] ^= 0x40
+    parts[1].write_bytes(bytes(data))
+    parts[3].unlink()
+    before = docker_cli.image_ids()
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r) == [
+        f"error: refusing to load: {out}: 2 problems; nothing was loaded",
+        f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
+        "re-copy part 002 from the source medium",
+        f"  - part 004 ({parts[3].name}) is missing; copy part 004 from the source medium",
+    ]
+    assert err_lines(imgtool("verify", str(out)))[1:] == err_lines(r)[1:]
+    assert docker_cli.image_ids() == before
+
+
+def _rewrite_bundle_json(out, doc) -> str:
+    """Write bundle.json and make SHA256SUMS agree, as someone editing the bundle would; returns its sha256."""
+    raw = (json.dumps(doc, indent=2) + "\n").encode()
+    (out / "bundle.json").write_bytes(raw)
+    sha = hashlib.sha256(raw).hexdigest()
+    sums = [line for line in (out / "SHA256SUMS").read_text().splitlines() if not line.endswith("  bundle.json")]
+    (out / "SHA256SUMS").write_text("\n".join(sums + [f"{sha}  bundle.json"]) + "\n")
+    return sha
+
+
+def test_an_already_loaded_bundle_is_still_checked(bundle, services, docker_cli, docker_cleanup):
+    """Docker holding the image ID is no reason to skip a check: --expect, sizes and sha256s still count."""
+    out, image = bundle
+    docker_cleanup.image(f"{REPO}:v0.22.1rc1", "vllm:prod", image.config_digest)
+    first = imgtool("load", str(out), docker_host=services.docker_host)
+    assert first.returncode == 0, first.stderr
+    parts = parts_of(out)
+    sound = parts[1].read_bytes()
+    parts[1].write_bytes(sound[:-100])
+    r = imgtool("load", str(out), "--expect", "0" * 64, "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    lines = err_lines(r)
+    assert lines[0] == f"error: refusing to load: {out}: 2 problems; nothing was loaded"
+    assert lines[1].startswith("  - bundle.json does not match --expect: its sha256 is ")
+    assert lines[2] == (f"  - part 002 ({parts[1].name}) is truncated: {len(sound) - 100} of {len(sound)} bytes; "
+                        "re-copy part 002 from the source medium")
+    assert "vllm:prod" not in docker_cli.inspect_image(image.config_digest)["RepoTags"]
+
+    # a part damaged in place: its size is right, its sha256 is not (--quick checks sizes only)
+    parts[1].write_bytes(sound[:4242] + bytes([sound[4242] ^ 0x40]) + sound[4243:])
+    r = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r) == [
+        f"error: refusing to load: {out}: 1 problem; nothing was loaded",
+        f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
+        "re-copy part 002 from the source medium",
+    ]
+    assert "vllm:prod" not in docker_cli.inspect_image(image.config_digest)["RepoTags"]
+    quick = imgtool("load", str(out), "--quick", "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert quick.returncode == 0, quick.stderr
+    assert quick.stdout.splitlines()[-1] == f"already loaded: nothing sent to Docker ({out})"
+    assert "vllm:prod" in docker_cli.inspect_image(image.config_digest)["RepoTags"]
+
+
+def test_a_bundle_json_naming_another_loaded_image_tags_nothing(factory, store, tmp_path, services, docker_cli,
+                                                                docker_cleanup):
+    """bundle.json edited to name an image Docker already holds under a new name: refused, nothing tagged."""
+    victim, other = factory.image(host_arch(), layers=1), factory.image(host_arch(), layers=1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a, [store.pulled(victim, f"{REPO}:v1")], store)
+    write(b, [store.pulled(other, f"{REPO}:v2")], store)
+    docker_cleanup.image(f"{REPO}:v1", f"{REPO}:v2", f"{REPO}:evil", victim.config_digest, other.config_digest)
+    for d in (a, b):
+        r = imgtool("load", str(d), docker_host=services.docker_host)
+        assert r.returncode == 0, r.stderr
+    genuine = hashlib.sha256((b / "bundle.json").read_bytes()).hexdigest()
+    doc = json.loads((b / "bundle.json").read_text())
+    doc["images"][0].update(image_id=victim.config_digest, ref=f"{REPO}:evil")
+    _rewrite_bundle_json(b, doc)
+    expecting = imgtool("load", str(b), "--expect", genuine, docker_host=services.docker_host)
+    assert expecting.returncode == 3, expecting.stderr
+    assert err_lines(expecting)[1].startswith("  - bundle.json does not match --expect: its sha256 is ")
+    blind = imgtool("load", str(b), docker_host=services.docker_host)  # no --expect: the archive still disagrees
+    assert blind.returncode == 3, blind.stderr
+    assert f"  - the archive lacks blobs/sha256/{victim.config_digest[7:]} (config of {REPO}:evil) " \
+           "(in part 001)" in err_lines(blind)
+    assert docker_cli.inspect_image(victim.config_digest)["RepoTags"] == [f"{REPO}:v1"]
 
 
 def test_unreachable_docker_is_one_error(bundle, tmp_path):

@@ -33,7 +33,7 @@ from ..progress import Progress
 from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
-from .verify import VerifyReport, check_metadata, deep_check
+from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
@@ -97,36 +97,43 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 
 
 def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
-                force: bool = False, progress: Progress, jobs: Optional[int] = None,
+                force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
                 arch: Optional[str] = None) -> LoadResult:
-    """Stream the bundle into Docker, checking it on the way; tag and confirm by image ID.
+    """Check the bundle, stream it into Docker checking it on the way; tag and confirm by image ID.
 
-    Raises UsageError, VerifyError (nothing was loaded), ImgtoolError (not enough space,
-    incompatible Docker), DaemonError.
+    When Docker already holds every image, nothing is sent, but the bundle is checked all the same
+    (every part and blob; with quick, every part present at its size) before a tag is added.
+    Raises UsageError, VerifyError (nothing was loaded or tagged), ImgtoolError (not enough space,
+    incompatible Docker, a delta bundle's base missing), DaemonError.
     """
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
+    jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
     facts = daemon.info()
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
     wanted = parse_tags(tags, view)
-    warnings: List[str] = []
     present = {im.ref: daemon.image_info(str(im.image_id)) for im in view.images}
-    if all(present.values()):
+    loaded = all(present.values())
+
+    # Before Docker sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part
+    # there at its size. When something is wrong, or nothing will be streamed (and so checked on
+    # the way), check the whole bundle as verify does, so every problem is named at once.
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
+    check_metadata(bundle_dir, index, report, expect)
+    if report.problems or stat_parts(bundle_dir, index) or (loaded and not quick):
+        check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
+    report.raise_if_bad("load")
+    warnings = list(report.warnings) + _arch_warnings(view, facts.arch)
+    if loaded:
         images = _tag_and_confirm(daemon, view, wanted, present)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=_arch_warnings(view, facts.arch))
+                          warnings=warnings)
 
     if view.is_delta:
         check_base(bundle_dir, view, daemon)
-    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
-    check_metadata(bundle_dir, index, report, expect)
-    report.problems += stat_parts(bundle_dir, index)
-    report.raise_if_bad("load")  # bundle.json, SHA256SUMS, --expect, every part there at its size
-    warnings += report.warnings
-    warnings += _compatibility(index, facts, None, force)
-    warnings += _arch_warnings(view, facts.arch)
+    warnings = _compatibility(index, facts, None, force) + warnings
     for w in warnings:
         progress.warn(w)
 
@@ -135,7 +142,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     except (VerifyError, _Cut) as e:
         # The upload was cut short and Docker dropped it; name every damaged part, as verify would.
         progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
-        deep_check(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, diff_ids=False)
+        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=False)
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded")
