@@ -505,9 +505,11 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
         for im in report.index.images:
             click.echo(f"  {im.ref}  {im.platform}  ID {im.image_id.short}")
         if report.index.is_delta:
-            names = list(dict.fromkeys(n for _, ns in report.index.omitted_chains() for n in ns[:1]))
-            click.echo(f"delta bundle: {len(report.index.omitted_chains())} layers left out on purpose "
-                       f"(Docker must already hold them: {', '.join(names)})")
+            from .delta import describe_requirements, requirements
+
+            chains = report.index.omitted_chains()
+            click.echo(f"delta bundle: {len(chains)} layers left out on purpose "
+                       f"(Docker must already hold them: {describe_requirements(requirements(chains))})")
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
         click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")

@@ -108,24 +108,39 @@ class Have:
 
     what: str = ""  # for messages: "inventory inv.json" / "base bundle DIR"
     chains: Dict[Digest, List[str]] = field(default_factory=dict)
+    platforms: Dict[str, str] = field(default_factory=dict)  # image name -> its platform ("linux/arm64/v8")
 
-    def add(self, diff_ids: Sequence[Digest], name: str) -> None:
+    def add(self, diff_ids: Sequence[Digest], name: str, platform: str = "") -> None:
         for chain in chain_ids(diff_ids):
             names = self.chains.setdefault(chain, [])
             if name not in names:
                 names.append(name)
+        if platform:
+            self.platforms.setdefault(name, platform)
 
     def merge(self, other: "Have") -> None:
         for chain, names in other.chains.items():
             mine = self.chains.setdefault(chain, [])
             mine += [n for n in names if n not in mine]
+        for name, platform in other.platforms.items():
+            self.platforms.setdefault(name, platform)
         self.what = " and ".join(x for x in (self.what, other.what) if x)
+
+    def providers(self, chain: Digest, architecture: str = "") -> Tuple[str, ...]:
+        """The images holding `chain`, those of `architecture` first (any one of them will do)."""
+        names = self.chains.get(chain) or []
+
+        def foreign(name: str) -> bool:
+            parts = self.platforms.get(name, "").split("/")
+            return bool(architecture) and (len(parts) < 2 or parts[1] != architecture)
+
+        return tuple(sorted(names, key=foreign))
 
 
 def have_from_inventory(inventory: Inventory, what: str) -> Have:
     have = Have(what)
     for im in inventory.images:
-        have.add(im.diff_ids, im.name)
+        have.add(im.diff_ids, im.name, im.platform)
     return have
 
 
@@ -138,20 +153,42 @@ class Omission:
     provided_by: Tuple[str, ...]
 
 
-def plan_omissions(diff_ids: Sequence[Digest], have: Optional[Have]) -> List[Omission]:
+def plan_omissions(diff_ids: Sequence[Digest], have: Optional[Have], architecture: str = "") -> List[Omission]:
     """Which layers of one image (by diff_ids) the offline side already has as whole chains.
 
-    Only a leading run of layers can be covered: a chain includes every layer below it.
+    Only a leading run of layers can be covered: a chain includes every layer below it. Each
+    omission names every image that provides its chain, those of `architecture` (the bundled
+    image's) first.
     """
     out: List[Omission] = []
     if have is None:
         return out
     for i, chain in enumerate(chain_ids(diff_ids)):
-        names = have.chains.get(chain)
+        names = have.providers(chain, architecture)
         if not names:
             break
-        out.append(Omission(i, chain, tuple(names)))
+        out.append(Omission(i, chain, names))
     return out
+
+
+def requirements(needed: Iterable[Tuple[Digest, Sequence[str]]]) -> List[Tuple[str, ...]]:
+    """What the offline Docker must hold for these (chain, provided_by) pairs: one image of each tuple.
+
+    Any one provider of a chain gives it. A chain whose providers include all of another's is
+    covered by whichever image satisfies the other, so only the smallest provider sets remain
+    (a delta of one image needs one image: one of those holding its deepest left-out chain).
+    """
+    sets: List[Tuple[str, ...]] = []
+    for _, names in needed:
+        names = tuple(dict.fromkeys(names))
+        if names and names not in sets:
+            sets.append(names)
+    return [s for s in sets if not any(set(o) < set(s) for o in sets)]
+
+
+def describe_requirements(reqs: Sequence[Tuple[str, ...]]) -> str:
+    """"A; one of B, C" for messages."""
+    return "; ".join(names[0] if len(names) == 1 else "one of " + ", ".join(names) for names in reqs)
 
 
 def missing_chains(needed: Iterable[Tuple[Digest, Sequence[str]]], present: Iterable[Digest]

@@ -201,7 +201,7 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
         index, _ = read_index(Path(base))
         from_bundle = Have(f"base bundle {Path(base).name}")
         for im in index.images:
-            from_bundle.add([x.diff_id for x in im.layers], im.ref)
+            from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
         have = from_bundle if have is None else (have.merge(from_bundle) or have)
         described.append(("bundle", Path(base).name))
     if have is None:

@@ -11,7 +11,7 @@ import tarfile
 import pytest
 
 from imgtool.bundle.format import BundleIndex
-from imgtool.delta import Have, chain_ids, plan_omissions
+from imgtool.delta import Have, chain_ids, describe_requirements, plan_omissions, requirements
 from imgtool.model import Digest
 from tests.support.bundles import imgtool, parts_of
 from tests.support.images import host_arch
@@ -40,6 +40,23 @@ def test_only_a_leading_run_of_covered_chains_is_left_out():
     # the same diff_id on a different parent is a different chain: not covered
     assert plan_omissions([d(2)], have) == []
     assert plan_omissions([d(1)], None) == []
+
+
+def test_a_chain_held_by_several_images_needs_any_one_of_them_native_first():
+    have = Have("test")
+    have.add([d(1), d(2)], "base:arm64", "linux/arm64/v8")
+    have.add([d(1), d(2), d(3)], "base:amd64", "linux/amd64")
+    have.add([d(1)], "tiny:arm64", "linux/arm64/v8")
+    plan = plan_omissions([d(1), d(2), d(4)], have, "amd64")
+    assert [o.provided_by for o in plan] == [("base:amd64", "base:arm64", "tiny:arm64"), ("base:amd64", "base:arm64")]
+    assert [o.provided_by for o in plan_omissions([d(1), d(2)], have, "arm64")][1] == ("base:arm64", "base:amd64")
+    # the deeper chain's providers hold the shallower one too: one requirement, "one of" two images
+    needed = [(o.chain_id, o.provided_by) for o in plan]
+    assert requirements(needed) == [("base:amd64", "base:arm64")]
+    assert describe_requirements(requirements(needed)) == "one of base:amd64, base:arm64"
+    # two images whose omitted chains no single image holds: both requirements stay
+    other = [(d(7), ("app:v1",)), (d(8), ("app:v1", "app:v2")), (d(9), ("db:v1",))]
+    assert describe_requirements(requirements(other)) == "app:v1; db:v1"
 
 
 def _mirrors(tmp_path, services, ms):
@@ -143,3 +160,78 @@ def test_delta_against_a_base_bundle_and_load_sh(services, two_tags, tmp_path, d
     loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
     assert loaded.returncode == 0, loaded.stderr
     assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+
+
+def test_base_provided_by_several_images_any_one_will_do(services, factory, mirrored, tmp_path, docker_cli,
+                                                         docker_cleanup):
+    """The base layers are in an arm64 and an amd64 image: a delta for this host asks for one of them,
+    its own architecture's first, and imgtool load and load.sh accept either."""
+    import subprocess
+
+    from tests.support.bundles import BlobDir, write
+
+    arch = host_arch()
+    other = "arm64" if arch != "arm64" else "amd64"
+    base = factory.layers(2)
+    native, foreign = factory.image(arch, layers=1, base=base), factory.image(other, layers=1, base=base)
+    new = factory.image(arch, layers=1, base=base)
+    ms = mirrored(factory.index([new]), tag="v2", targets=("upstream",))
+    cfg = _mirrors(tmp_path, services, ms)
+    new_ref = f"quay.io/{ms.repo}:v2"
+    native_ref, foreign_ref = f"quay.io/{ms.repo}-base:{arch}", f"quay.io/{ms.repo}-base:{other}"
+    docker_cleanup.image(new_ref, native_ref, foreign_ref, native.config_digest, foreign.config_digest,
+                         new.config_digest)
+    store = BlobDir(tmp_path / "blobs")
+    bases = {}
+    for image, ref in ((native, native_ref), (foreign, foreign_ref)):
+        bases[ref] = tmp_path / ref.rsplit(":", 1)[1]
+        write(bases[ref], [store.pulled(image, ref)], store)
+        r = imgtool("load", str(bases[ref]), docker_host=services.docker_host)
+        assert r.returncode == 0, r.stderr
+
+    inv = tmp_path / "inventory.json"
+    assert imgtool("inventory", "-o", str(inv), docker_host=services.docker_host).returncode == 0
+    doc = json.loads(inv.read_text())
+    doc["images"].sort(key=lambda im: im["tags"] != [foreign_ref])  # the foreign image listed first
+    inv.write_text(json.dumps(doc))
+
+    out = tmp_path / "v2-delta"
+    r = imgtool("fetch", "--no-tool", "v2", "--arch", arch, "--mirrors", str(cfg), "-o", str(out), "--have", str(inv),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert f"  the offline Docker must already hold: one of {native_ref}, {foreign_ref}" in r.stdout
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert [x.provided_by for x in index.images[0].layers if x.omitted] == [(native_ref, foreign_ref)] * 2
+    ok = imgtool("verify", str(out))
+    assert ok.returncode == 0, ok.stderr
+    assert (f"delta bundle: 2 layers left out on purpose (Docker must already hold them: one of {native_ref}, "
+            f"{foreign_ref})") in ok.stdout
+
+    sh_env = {"DOCKER": f"docker -H {services.docker_host}", "PATH": "/usr/bin:/bin:/usr/local/bin"}
+    # only the native base present: load.sh loads (it used to demand the foreign image)
+    docker_cli("image", "rm", "-f", foreign_ref)
+    loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+
+    # only the foreign base present: imgtool load and load.sh both load
+    docker_cli("image", "rm", "-f", new_ref, native_ref)
+    assert imgtool("load", str(bases[foreign_ref]), docker_host=services.docker_host).returncode == 0
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    docker_cli("image", "rm", "-f", new_ref)
+    loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
+    assert loaded.returncode == 0, loaded.stderr
+
+    # neither: both refuse, naming the choice
+    docker_cli("image", "rm", "-f", new_ref, foreign_ref)
+    refused = imgtool("load", str(out), docker_host=services.docker_host)
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[-1] == (
+        f"hint: load one of {native_ref}, {foreign_ref} (from the inventory inventory.json) first, then this "
+        "bundle; or fetch a full bundle (without --have/--base)")
+    refused = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
+    assert refused.returncode == 4
+    assert (f"load.sh: error: this is a delta bundle and Docker lacks one of {native_ref}, {foreign_ref}; load that "
+            "image (its bundle) first") in refused.stderr
+    assert docker_cli.inspect_image(new.config_digest) is None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..daemon import familiar
-from ..delta import chain_ids, missing_chains
+from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, Platform, format_size
 from ..progress import Progress
@@ -183,13 +183,12 @@ def check_base(bundle_dir: Path, index: BundleIndex, daemon) -> None:
     missing = missing_chains(needed, present)
     if not missing:
         return
-    names = list(dict.fromkeys(n for _, provided in missing for n in provided[:1]))
     base = index.base or {}
     where = f" (from the {base.get('kind')} {base.get('name')})" if base.get("name") else ""
     raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle and Docker lacks {len(missing)} of the "
                        f"{len(needed)} layer chains it leaves out; nothing was loaded",
-                       hint=f"load {', '.join(names)}{where} first, then this bundle; or fetch a full bundle "
-                            "(without --have/--base)")
+                       hint=f"load {describe_requirements(requirements(missing))}{where} first, then this bundle; "
+                            "or fetch a full bundle (without --have/--base)")
 
 
 def _names(image: BundleImage, wanted: Dict[str, List[str]]) -> List[str]:

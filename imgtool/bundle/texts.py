@@ -3,6 +3,7 @@
 from typing import List
 
 from .. import __version__
+from ..delta import describe_requirements, requirements
 from ..model import format_size
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
 
@@ -133,16 +134,25 @@ def _base_check(index: BundleIndex) -> str:
     """For a delta bundle: refuse unless Docker has the images its omitted layers come from."""
     if not index.is_delta:
         return ""
-    names = list(dict.fromkeys(n for _, names in index.omitted_chains() for n in names[:1]))
-    quoted = " ".join("'" + n.replace("'", "") + "'" for n in names)
+    checks = []
+    for names in requirements(index.omitted_chains()):
+        quoted = " ".join("'" + n.replace("'", "") + "'" for n in names)
+        what = describe_requirements([names]).replace("'", "").replace('"', "")
+        checks.append(f"""has_one_of {quoted} || {{
+    echo "load.sh: error: this is a delta bundle and Docker lacks {what}; load that image (its bundle) first" >&2
+    exit 4
+}}""")
+    body = "\n".join(checks)
     return f"""
-# A delta bundle: some layer files are left out because Docker should already hold them.
-for base in {quoted}; do
-    if ! $DOCKER image inspect "$base" >/dev/null 2>&1; then
-        echo "load.sh: error: this is a delta bundle and Docker lacks $base; load that image (its bundle) first" >&2
-        exit 4
-    fi
-done
+# A delta bundle: some layer files are left out because Docker should already hold them;
+# any one image of each list provides them.
+has_one_of() {{
+    for base in "$@"; do
+        $DOCKER image inspect "$base" >/dev/null 2>&1 && return 0
+    done
+    return 1
+}}
+{body}
 """
 
 

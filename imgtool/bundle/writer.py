@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Collection, Dict, List, Optional, Sequence
 
 from .. import __version__
-from ..delta import Have, plan_omissions
+from ..delta import Have, describe_requirements, plan_omissions, requirements
 from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size
@@ -117,7 +117,9 @@ class BundleResult:
             lines.append(f"delta bundle against {self.base.get('kind')} {self.base.get('name')}: "
                          f"{self.omitted_layers} layers ({format_size(full - delta)}) left out; layers "
                          f"{format_size(delta)} of {format_size(full)} in full")
-            lines.append("  the offline Docker must already hold: " + ", ".join(self.base.get("images") or ["?"]))
+            needed = [(x.chain_id, x.provided_by) for im in self.images for x in im.layers if x.omitted]
+            lines.append("  the offline Docker must already hold: " + (describe_requirements(requirements(needed))
+                                                                       or "?"))
         if stats is not None and hasattr(stats, "bytes_downloaded"):
             lines.append(f"downloaded {format_size(stats.bytes_downloaded)} ({stats.blobs_downloaded} blobs), "
                          f"{getattr(stats, 'blobs_cached', 0)} blobs from the cache; "
@@ -195,7 +197,7 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
                                f"{len(im.manifest.layers)} layers")
         layers = [Layer(d.digest, d.size, diff, d.media_type)
                   for d, diff in zip(im.manifest.layers, im.config.diff_ids)]
-        for o in plan_omissions(im.config.diff_ids, have):
+        for o in plan_omissions(im.config.diff_ids, have, im.platform.architecture):
             layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
                                                   provided_by=o.provided_by)
         layers = tuple(layers)
