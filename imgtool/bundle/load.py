@@ -17,9 +17,7 @@ not talk to Docker by itself.
 import dataclasses
 import hashlib
 import os
-import queue
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from ..delta import chain_ids, describe_requirements, missing_chains, requiremen
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, Platform, format_size
 from ..progress import Progress
+from ..worker import Worker
 from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
@@ -251,48 +250,29 @@ class _Cut(Exception):
     """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
 
 
-class _MemberHashes:
-    """sha256 of each member's data on a worker thread; `finish()` returns the members that differ."""
-
-    def __init__(self):
-        self.q: "queue.Queue" = queue.Queue(maxsize=4)
-        self.bad: List[layout.Member] = []
-        self.thread = threading.Thread(target=self._run, name="member-sha256", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        sha = hashlib.sha256()
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            if isinstance(item, layout.Member):
-                if sha.hexdigest() != item.digest.hex:
-                    self.bad.append(item)
-                sha = hashlib.sha256()
-            else:
-                sha.update(item)
-
-    def data(self, chunk: bytes) -> None:
-        self.q.put(chunk)
-
-    def end(self, member: layout.Member) -> None:
-        self.q.put(member)
-
-    def finish(self) -> List[layout.Member]:
-        self.q.put(None)
-        self.thread.join()
-        return self.bad
+def _bad_members(feed) -> List[layout.Member]:
+    """A Worker target: the feed is each member's data chunks followed by the member; returns those whose
+    data differs from their digest (hashlib releases the GIL, so this runs beside the upload)."""
+    bad = []
+    sha = hashlib.sha256()
+    for item in feed:
+        if isinstance(item, layout.Member):
+            if sha.hexdigest() != item.digest.hex:
+                bad.append(item)
+            sha = hashlib.sha256()
+        else:
+            sha.update(item)
+    return bad
 
 
-def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hashes: _MemberHashes):
+def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hashes: Worker):
     """The tar Docker gets, as (bytes, is_member_data) pieces, checked on the way.
 
     Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
     every member's data is hashed against its digest, padding and trailer must be zeros. With
     `selected` a subset of the images, only their members go out, with a manifest.json and
     index.json generated for them; the rest is still read (and its parts hashed), not sent.
-    Raises _Cut where the archive deviates (hash mismatches are found by `hashes.finish()`).
+    Raises _Cut where the archive deviates (`hashes`, a _bad_members worker, finds digest mismatches).
     """
     placed, tar_size = layout.place(layout.members(index.images))
     subset = bool(selected) and len(selected) < len(index.images)
@@ -327,11 +307,11 @@ def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hash
             out += len(p.header)
             yield p.header, False
         for data in take(m.size):
-            hashes.data(data)
+            hashes.put(data)
             if send and content is None:
                 out += len(data)
                 yield data, True
-        hashes.end(m)
+        hashes.put(m)
         if b"".join(take(pad)).strip(b"\0"):
             raise _Cut(f"the archive has non-zero padding after {m.name}")
         if send and content is None:
@@ -358,7 +338,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
     sent = [0]
     with progress.bar(index.archive.tar_size, "loading into docker") as bar:
         parts = PartsStream(bundle_dir, index, strict=True)
-        hashes = _MemberHashes()
+        hashes: Worker[List[layout.Member]] = Worker(_bad_members, "member-sha256")
         pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, hashes)
 
         def chunks():
@@ -372,7 +352,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
                 sent[0] += len(data)
                 bar.update(len(data))
             parts.drain()  # a compressed archive may end before its last part does: check that part too
-            bad = hashes.finish()
+            bad = hashes.result()
             if bad:
                 raise _Cut(", ".join(f"{m.what} differs from its digest" for m in bad))
             for piece in held:
@@ -382,8 +362,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
         try:
             daemon.load_archive(chunks())
         finally:
-            if hashes.thread.is_alive():
-                hashes.finish()
+            hashes.abandon()  # a no-op after result(); on a cut upload, ends the worker
             parts.close()
     return sent[0]
 

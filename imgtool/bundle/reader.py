@@ -8,14 +8,13 @@ import bisect
 import gzip
 import hashlib
 import os
-import queue
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError, VerifyError
+from ..worker import Worker
 from .format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
 
 READ_SIZE = 1024 * 1024
@@ -104,33 +103,12 @@ def hash_part(path: Path, on_bytes: Callable[[int], None] = lambda n: None) -> s
     return sha.hexdigest()
 
 
-class BackgroundHash:
-    """sha256 on a worker thread (hashlib releases the GIL), fed bytes objects; `hexdigest()` waits for it."""
-
-    def __init__(self, name: str = "sha256"):
-        self.sha = hashlib.sha256()
-        self.q: "queue.Queue" = queue.Queue(maxsize=4)
-        self.thread = threading.Thread(target=self._run, daemon=True, name=name)
-        self.thread.start()
-
-    def _run(self):
-        while True:
-            chunk = self.q.get()
-            if chunk is None:
-                return
-            self.sha.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self.q.put(chunk)
-
-    def hexdigest(self) -> str:
-        self.q.put(None)
-        self.thread.join()
-        return self.sha.hexdigest()
-
-    def stop(self) -> None:
-        if self.thread.is_alive():
-            self.q.put(None)
+def sha256_of(feed: Iterable[bytes]) -> str:
+    """sha256 hex of the chunks of a feed: a Worker target (hashlib releases the GIL)."""
+    sha = hashlib.sha256()
+    for chunk in feed:
+        sha.update(chunk)
+    return sha.hexdigest()
 
 
 class PartsStream:
@@ -149,7 +127,7 @@ class PartsStream:
         self.i = -1
         self.f: Optional[BinaryIO] = None
         self.left = 0
-        self.hasher: Optional[BackgroundHash] = None
+        self.hasher: Optional[Worker[str]] = None
         self.bad: List[int] = []
         self.position = 0
         self._next()
@@ -174,12 +152,13 @@ class PartsStream:
                 f"is too long: {size} bytes, expected {part.size}"
             raise VerifyError(part_problem(self.index, self.i, what).message)
         self.left = part.size
-        self.hasher = BackgroundHash("part-sha256")
+        self.hasher = Worker(sha256_of, "part-sha256")
 
     def _end_part(self) -> None:
         if self.f.read(1):
             raise VerifyError(part_problem(self.index, self.i, "grew while being read").message)
-        if self.hasher.hexdigest() != self.parts[self.i].sha256:
+        hasher, self.hasher = self.hasher, None
+        if hasher.result() != self.parts[self.i].sha256:
             if self.strict:
                 raise VerifyError(part_problem(self.index, self.i, "is damaged: its sha256 differs from bundle.json"
                                                ).message)
@@ -197,7 +176,7 @@ class PartsStream:
         if not data:
             raise VerifyError(part_problem(self.index, self.i, "shrank while being read").message)
         self.left -= len(data)
-        self.hasher.update(data)
+        self.hasher.put(data)
         self.position += len(data)
         self.on_bytes(len(data))
         if self.left == 0:
@@ -218,6 +197,10 @@ class PartsStream:
             pass
 
     def close(self) -> None:
+        """Close the current part and end its hash worker (call on every exit path)."""
+        if self.hasher is not None:
+            self.hasher.abandon()
+            self.hasher = None
         if self.f is not None:
             self.f.close()
             self.f = None
@@ -301,45 +284,6 @@ def decompressed(raw, compression: str):
     if compression == "zstd":
         return _ZstdReader(raw)
     return _RawReader(raw)
-
-
-class QueueFile:
-    """A file-like reader fed from another thread with bytes chunks; `close()` ends it."""
-
-    def __init__(self, maxsize: int = 8):
-        self.q: "queue.Queue" = queue.Queue(maxsize=maxsize)
-        self.buf = memoryview(b"")
-        self.done = False
-        self.closed = False
-
-    def put(self, chunk: bytes) -> None:
-        self.q.put(chunk)
-
-    def close(self) -> None:
-        """End the feed (once, whatever the feeder's state): the reader then sees EOF after what was put."""
-        if not self.closed:
-            self.closed = True
-            self.q.put(None)
-
-    def read(self, n: int = -1) -> bytes:
-        while not len(self.buf) and not self.done:
-            chunk = self.q.get()
-            if chunk is None:
-                self.done = True
-            else:
-                self.buf = memoryview(chunk)
-        if n is None or n < 0:
-            n = len(self.buf)
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return bytes(out)
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[:len(data)] = data
-        return len(data)
-
-    def readable(self) -> bool:
-        return True
 
 
 class BlobReader:

@@ -14,12 +14,14 @@ import os
 import tarfile
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
+from ..errors import ImgtoolError
 from ..model import LAYER_COMPRESSION, Digest
 from . import layout
 from .format import BundleIndex
-from .reader import READ_SIZE, DecodeError, PartMap, Problem, QueueFile, decompressed
+from ..worker import Worker
+from .reader import READ_SIZE, DecodeError, PartMap, Problem, decompressed
 
 ZERO_BLOCK = bytes(layout.BLOCK)
 MAX_PAX = 64 * 1024
@@ -43,45 +45,26 @@ class WalkResult:
     tar_bytes: int = 0
 
 
-class _LayerJob:
-    """Decompress one layer on a worker thread and hash the result (its diff_id)."""
+def _unpacked(media_type: str, slots: threading.Semaphore):
+    """A Worker target: decompress one layer fed to it and return (diff_id, unpacked size).
 
-    def __init__(self, member: layout.Member, slots: threading.Semaphore):
-        self.member = member
-        self.slots = slots
-        self.feed = QueueFile(maxsize=4)
-        self.diff_id: Optional[str] = None
-        self.size = 0
-        self.error: Optional[str] = None
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"diff-id-{member.digest.short}")
-        self.thread.start()
-
-    def _run(self) -> None:
+    Raises DecodeError; releases its slot (the walk runs at most `jobs` of them) however it ends.
+    """
+    def run(feed) -> Tuple[str, int]:
         try:
-            reader = decompressed(self.feed, LAYER_COMPRESSION.get(self.member.media_type, "gzip"))
+            reader = decompressed(feed, LAYER_COMPRESSION.get(media_type, "gzip"))
             sha = hashlib.sha256()
+            size = 0
             while True:
                 data = reader.read(READ_SIZE)
                 if not data:
-                    break
+                    return "sha256:" + sha.hexdigest(), size
                 sha.update(data)
-                self.size += len(data)
-            self.diff_id = "sha256:" + sha.hexdigest()
-        except DecodeError as e:
-            self.error = str(e)
-        except Exception as e:  # e.g. zstandard missing: report, never hang the walk
-            self.error = f"{type(e).__name__}: {e}"
+                size += len(data)
         finally:
-            while self.feed.read(READ_SIZE):  # the walk must never block on a full queue
-                pass
-            self.slots.release()
+            slots.release()
 
-    def close(self) -> None:
-        """No more data: the worker finishes with what it got (idempotent)."""
-        self.feed.close()
-
-    def join(self) -> None:
-        self.thread.join()
+    return run
 
 
 class _Walk:
@@ -95,7 +78,7 @@ class _Walk:
             for layer in image.layers:
                 self.diff.setdefault(layer.digest, set()).add(layer.diff_id)
         self.slots = threading.Semaphore(max(1, jobs))
-        self.jobs: List[_LayerJob] = []
+        self.jobs: List[Tuple[layout.Member, Worker[Tuple[str, int]]]] = []
         self.seen: Set[str] = set()
         self.offset = 0
         self.result = WalkResult()
@@ -134,17 +117,15 @@ class _Walk:
 
     def run(self) -> WalkResult:
         try:
-            self._members()
-        except DecodeError as e:
-            self.problem(f"the archive cannot be decompressed: {e}", self.offset)
-        finally:
-            # The walk may stop inside a layer (a decode error, a part that cannot be read):
-            # end every worker's feed, or its thread waits for data forever and so does join().
-            for job in self.jobs:
-                job.close()
-            for job in self.jobs:
-                job.join()
-        self._layer_results()
+            try:
+                self._members()
+            except DecodeError as e:
+                self.problem(f"the archive cannot be decompressed: {e}", self.offset)
+            self._layer_results()
+        except BaseException:
+            for _, job in self.jobs:  # every worker ends before the error leaves the walk
+                job.abandon()
+            raise
         missing = [p for name, p in self.expected.items() if name not in self.seen]
         for p in missing:
             self.problem(f"the archive lacks {p.member.name} ({p.member.what})", p.offset, p.end)
@@ -226,17 +207,19 @@ class _Walk:
         job = None
         if member.kind == "layer" and self.check_diff_ids:
             self.slots.acquire()
-            job = _LayerJob(member, self.slots)
-            self.jobs.append(job)
+            job = Worker(_unpacked(member.media_type, self.slots), f"diff-id-{member.digest.short}")
+            self.jobs.append((member, job))
 
         def sink(data: bytes) -> None:
             sha.update(data)
             if job is not None:
-                job.feed.put(data)
+                job.put(data)
 
-        got = self.skip(size, sink)
-        if job is not None:
-            job.close()
+        try:
+            got = self.skip(size, sink)
+        finally:
+            if job is not None:
+                job.close()  # the layer's data ends here, or the walk stops here
         if got < size:
             self.problem(f"the archive ends early, inside {name} ({member.what})", start)
             return
@@ -260,16 +243,20 @@ class _Walk:
 
     def _layer_results(self) -> None:
         total = 0
-        for job in self.jobs:
-            m = job.member
+        for m, job in self.jobs:
             pos = self.expected[m.name]
             where = (pos.offset, pos.end)
-            if job.error:
-                self.problem(f"{m.what} (blob {m.digest.short}) cannot be decompressed: {job.error}", *where)
+            try:
+                diff_id, size = job.result()
+            except DecodeError as e:
+                self.problem(f"{m.what} (blob {m.digest.short}) cannot be decompressed: {e}", *where)
+                continue
+            except ImgtoolError as e:  # e.g. the zstandard package missing for a zstd layer
+                self.problem(f"{m.what} (blob {m.digest.short}) cannot be decompressed: {e.message}", *where)
                 continue
             self.result.layers_checked += 1
-            total += job.size
-            if Digest.parse(job.diff_id) not in self.diff.get(m.digest, set()):
+            total += size
+            if Digest.parse(diff_id) not in self.diff.get(m.digest, set()):
                 self.problem(f"{m.what} (blob {m.digest.short}): its uncompressed content does not match the "
                              "diff_id in the image config; the bundle itself is bad: fetch it again", *where)
         if self.check_diff_ids:

@@ -11,9 +11,9 @@ import errno
 import hashlib
 import os
 import re
-import threading
 import time
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Dict, List, Optional, Sequence
@@ -24,8 +24,9 @@ from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size
 from ..progress import Progress
+from ..worker import Worker
 from . import layout, texts
-from .reader import BackgroundHash
+from .reader import sha256_of
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ,
                      Archive, BundleImage, BundleIndex, Layer, Part)
 
@@ -358,11 +359,12 @@ class _PartSink:
         self.file = None
         self.sha = None
         self.size = 0
-        self.archive = BackgroundHash("archive-sha256")
+        self.archive: Worker[str] = Worker(sha256_of, "archive-sha256")
         self.archive_hex: Optional[str] = None
         self.paths: List[Path] = []
         self.synced = 0
-        self.syncer: Optional[threading.Thread] = None
+        self.syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="part-sync")
+        self.syncing: Optional[Future] = None
 
     def _open(self):
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
@@ -374,27 +376,29 @@ class _PartSink:
     def _sync_behind(self):
         # Start the disk writing what is written so far, on another thread: the fsync at the part's end
         # then finds little dirty data, and the disk works while we still copy (or download).
-        if self.size - self.synced < SYNC_BEHIND or (self.syncer is not None and self.syncer.is_alive()):
+        if self.size - self.synced < SYNC_BEHIND or (self.syncing is not None and not self.syncing.done()):
             return
         self.synced = self.size
-        self.syncer = threading.Thread(target=_fdatasync_quietly, args=(self.file.fileno(),), daemon=True)
-        self.syncer.start()
+        self.syncing = self.syncer.submit(_fdatasync_quietly, self.file.fileno())
+
+    def _wait_sync(self) -> None:
+        if self.syncing is not None:
+            self.syncing.result()  # before the fd is closed (and its number reused)
+            self.syncing, self.synced = None, 0
 
     def _close_part(self):
-        if self.syncer is not None:
-            self.syncer.join()  # before the fd is closed (and its number reused)
-            self.syncer, self.synced = None, 0
+        self._wait_sync()
         os.fsync(self.file.fileno())  # reports any write-back error, including the background ones'
         self.file.close()
         if self.single:
-            self.archive_hex = self.archive.hexdigest()
+            self.archive_hex = self.archive.result()
         self.parts.append(Part(self.paths[-1].name, self.size, self.archive_hex if self.single else self.sha.hexdigest()))
         self.file = None
 
     def write(self, data) -> None:
         if not len(data):
             return
-        self.archive.update(data)
+        self.archive.put(data)
         view = memoryview(data)
         while len(view):
             if self.file is None:
@@ -417,12 +421,14 @@ class _PartSink:
             self._open()
         if self.file is not None:
             self._close_part()
-        return list(self.parts), self.archive_hex if self.single else self.archive.hexdigest()
+        self.syncer.shutdown()
+        return list(self.parts), self.archive_hex if self.single else self.archive.result()
 
     def abort(self) -> None:
-        self.archive.stop()
-        if self.syncer is not None:
-            self.syncer.join()
+        """On any failure: end both background threads, close and remove the parts written."""
+        self.archive.abandon()
+        self.syncer.shutdown()  # waits for a sync under way, before its fd is closed
+        self.syncing = None
         if self.file is not None:
             try:
                 self.file.close()
