@@ -108,9 +108,11 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror)
     store = Store(cache_dir())
-    tool = bundle_tool(progress) if opts.tool else {}  # before downloading: a failure here costs nothing
     resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
                                pins=opts.lock.pins() if opts.lock else None)
+    # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
+    # before downloading (a failure here costs no download).
+    tool = bundle_tool(progress) if opts.tool else {}
     progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
                   + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
     pulled: List[tuple] = []

@@ -236,3 +236,18 @@ def test_export_of_a_missing_image_is_one_line(services, tmp_path):
     r = imgtool("export", "quay.io/nope/none:v0", "-o", str(tmp_path / "o"), env={"DOCKER_HOST": services.docker_host})
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == "error: image quay.io/nope/none:v0 is not in the local Docker"
+
+
+def test_a_dead_network_fails_before_imgtool_pyz_is_built(tmp_path):
+    """fetch resolves first: with no source reachable it stops before spending time on the pyz."""
+    cfg = write_mirrors(tmp_path, "ascend/vllm-ascend", [("quay", DEAD, "", True)])
+    cache = tmp_path / "cache"
+    r = imgtool("fetch", "v0.22.1rc1", "--mirrors", str(cfg), "-o", str(tmp_path / "out"),
+                env={"IMGTOOL_CACHE": str(cache)})
+    assert r.returncode == 4
+    assert r.stderr.splitlines() == [
+        "error: no source can serve quay.io/ascend/vllm-ascend:v0.22.1rc1: "
+        "quay (127.0.0.1:1/ascend/vllm-ascend): 127.0.0.1:1: connection refused",
+        "hint: check the network or proxy, or force a source with --mirror NAME",
+    ]
+    assert not (cache / "tool").exists()  # the pyz was never built
