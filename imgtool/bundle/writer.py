@@ -243,7 +243,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
             warnings += _clear_old_bundle(out_dir)
     except OSError as e:
         raise _os_error(e, out_dir, "create")
-    base = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name).lstrip(".-") or "bundle"
+    # a part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle"
+    base = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)) or "bundle"
     archive_name = base + ARCHIVE_SUFFIX[compress]
     width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
     single = compress == "none" and (chunk_size is None or chunk_size >= tar_size)
