@@ -1,7 +1,9 @@
 """`imgtool fetch` and `imgtool export` through the real CLI, against the real registries and dockerd."""
 
+import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -251,3 +253,30 @@ def test_a_dead_network_fails_before_imgtool_pyz_is_built(tmp_path):
         "hint: check the network or proxy, or force a source with --mirror NAME",
     ]
     assert not (cache / "tool").exists()  # the pyz was never built
+
+
+@pytest.mark.parametrize("name,quoted", [
+    ("vllm-ascend-v1", False),  # a plain path stays as it is
+    ("离线 bundle's", True),  # a space, 中文 and a quote: quoted as a shell needs
+])
+def test_offline_command_pastes_into_a_shell(services, factory, mirrored, tmp_path, name, quoted):
+    idx = factory.multiarch(media="oci", layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / name
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    sha = hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
+    line = r.stdout.splitlines()[-1]
+    assert line == (
+        f"offline side: imgtool verify {shlex.quote(str(out))} --expect {sha} && imgtool load {shlex.quote(str(out))}"
+        f"   (or: python3 {shlex.quote(str(out / 'imgtool.pyz'))} load {shlex.quote(str(out))}, "
+        f"or: sh {shlex.quote(str(out / 'load.sh'))})")
+    assert (shlex.quote(str(out)) != str(out)) == quoted
+    # pasted into a shell, the verify half runs on the right directory
+    verify = line[len("offline side: "):line.index(" && ")]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run(["sh", "-c", verify], capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"ok: {out}: 1 image(s)")

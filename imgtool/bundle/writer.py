@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import re
+import shlex
 import threading
 import time
 import zlib
@@ -124,9 +125,11 @@ class BundleResult:
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
         has_tool = any(f.name == TOOL_PYZ for f in self.files)
-        pyz = f"python3 {self.dir}/{TOOL_PYZ} load {self.dir}, or: " if has_tool else ""
-        lines.append(f"offline side: imgtool verify {self.dir} --expect {self.bundle_json_sha256} "
-                     f"&& imgtool load {self.dir}   (or: {pyz}sh {self.dir}/load.sh)")
+        # quoted as a shell needs (a space or 中文 in the path), so the line can be pasted as it is
+        d = shlex.quote(str(self.dir))
+        pyz = f"python3 {shlex.quote(f'{self.dir}/{TOOL_PYZ}')} load {d}, or: " if has_tool else ""
+        lines.append(f"offline side: imgtool verify {d} --expect {self.bundle_json_sha256} "
+                     f"&& imgtool load {d}   (or: {pyz}sh {shlex.quote(f'{self.dir}/load.sh')})")
         return "\n".join(lines)
 
 
