@@ -54,7 +54,48 @@ def table(rows, headers) -> str:
     return "\n".join(out)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UsageError(click.UsageError):
+    """A usage error that knows what to suggest (the `hint:` line)."""
+
+    def __init__(self, message, ctx=None, hint=None):
+        super().__init__(message, ctx)
+        self.hint = hint
+
+
+class _Verbs(click.Group):
+    """The verbs; a mistyped one is named with the closest real one (difflib)."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]}? " if close else "") + f"{ctx.command_path} -h lists the commands"
+            raise _UsageError(f"unknown command {name!r}", ctx, hint)
+        resolved = super().resolve_command(ctx, args)
+        _STATE["verb"] = f"{ctx.command_path} {resolved[0]}"  # errors click raises without a context
+        return resolved
+
+
+def usage_lines(e: click.UsageError):
+    """click's own usage error as our two lines: (error text, hint) without click's Usage block."""
+    text = " ".join(e.format_message().split()).rstrip(".")
+    text = text[:1].lower() + text[1:]
+    hint = getattr(e, "hint", None)
+    if hint is None:
+        where = e.ctx.command_path if e.ctx is not None else _STATE.get("verb") or "imgtool"
+        usage = " ".join(e.ctx.get_usage().split()) if e.ctx is not None else ""
+        if isinstance(e, click.NoSuchOption):
+            text = f"no such option: {e.option_name}"
+            if e.possibilities:
+                hint = f"did you mean {' or '.join(sorted(e.possibilities))}? {where} -h lists the options"
+        if hint is None:
+            hint = (usage[:1].lower() + usage[1:] + "; " if usage else "") + f"{where} -h explains every option"
+    return text, hint
+
+
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="imgtool", message="%(prog)s %(version)s")
 @common
 def cli():
@@ -775,6 +816,11 @@ def main(argv=None) -> None:
         if e.hint:
             click.echo(f"hint: {e.hint}", err=True)
         sys.exit(e.exit_code)
+    except click.UsageError as e:  # click's own parsing (missing argument, bad choice...): our two lines
+        text, hint = usage_lines(e)
+        click.echo(f"error: {text}", err=True)
+        click.echo(f"hint: {hint}", err=True)
+        sys.exit(EXIT_USAGE)
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
         sys.exit(130)

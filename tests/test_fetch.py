@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, line):
 
 def test_unknown_compression_and_existing_output(tmp_path):
     r = imgtool("fetch", "v1", "--compress", "lz4")
-    assert r.returncode == 2 and "Invalid value for '--compress'" in r.stderr
+    assert r.returncode == 2 and r.stderr.splitlines()[0] == "error: invalid value for '--compress': 'lz4' is not one of 'none', 'gzip', 'zstd'"
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("x")
