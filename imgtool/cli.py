@@ -118,9 +118,9 @@ mirror_option = click.option("--mirror", default="auto", show_default=True, meta
 
 
 def _size_option(value):
-    from .model import parse_size
+    from .config import parse_chunk_size
 
-    return None if value is None else parse_size(value, "--chunk-size")
+    return None if value is None else parse_chunk_size(value, "--chunk-size")
 
 
 def _given(name) -> bool:

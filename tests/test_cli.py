@@ -38,3 +38,28 @@ USAGE = [
 def test_usage_errors_are_an_error_and_a_hint_line(args, lines):
     r = imgtool(*args)
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, lines, "")
+
+
+def _no_floor_override():
+    return {"IMGTOOL_TEST_MIN_CHUNK_SIZE": ""}  # the floor a user gets
+
+
+@pytest.mark.parametrize("verb", [["fetch", "v1"], ["export", "x:1"]])
+def test_chunk_size_below_1_mib_is_refused_with_the_reason(verb):
+    r = imgtool(*verb, "--chunk-size", "100", env=_no_floor_override())
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "error: invalid --chunk-size '100': parts must be at least 1 MiB "
+        "(100 B parts would cut a 15 GiB image into 161,061,274 files)",
+        "hint: use the largest file your medium takes, e.g. 4095M (FAT32), 4G, 700M",
+    ]
+
+
+def test_chunk_size_below_1_mib_in_a_spec_names_file_and_line(tmp_path):
+    spec = tmp_path / "bundle.toml"
+    spec.write_text('images = ["v1"]\narch = ["arm64"]\nchunk_size = "512K"\n')
+    r = imgtool("fetch", "-f", str(spec), env=_no_floor_override())
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == (
+        f"error: {spec}:3: invalid chunk_size '512K': parts must be at least 1 MiB "
+        "(512 KiB parts would cut a 15 GiB image into 30,720 files)")
