@@ -572,10 +572,12 @@ def load(bundle_dir, tags, expect, force, arch, as_json):
     layer's diff_id itself).
     """
     from .bundle.load import load_bundle
+    from .bundle.reader import read_index
     from .daemon import open_daemon
     from .model import format_size
 
     _bundle_usage(bundle_dir, expect)
+    read_index(bundle_dir)  # no bundle.json, or a broken one, is named before Docker is asked anything
     p = progress()
     daemon = open_daemon()
     try:
@@ -636,7 +638,10 @@ def inventory(output):
     from .fsutil import write_atomic
     from .daemon import open_daemon
     from .delta import Inventory
+    from .errors import UsageError
 
+    if output and not Path(output).absolute().parent.is_dir():  # a bad path is named before Docker is asked
+        raise UsageError(f"cannot write the inventory {output}: no such directory {Path(output).absolute().parent}")
     daemon = open_daemon(timeout=120)
     try:
         facts = daemon.info()

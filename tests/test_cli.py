@@ -63,3 +63,38 @@ def test_chunk_size_below_1_mib_in_a_spec_names_file_and_line(tmp_path):
     assert r.stderr.splitlines()[0] == (
         f"error: {spec}:3: invalid chunk_size '512K': parts must be at least 1 MiB "
         "(512 KiB parts would cut a 15 GiB image into 30,720 files)")
+
+
+# --- Docker unreachable: said in words, and only after the paths given were checked ----------
+
+
+def test_docker_unreachable_is_said_in_words(tmp_path):
+    sock = f"unix://{tmp_path}/docker.sock"
+    r = imgtool("inventory", docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (5, [
+        f"error: cannot reach the Docker daemon at {sock}: the socket does not exist (dockerd is not running)",
+        "hint: start it (systemctl start docker), or point DOCKER_HOST at the daemon's socket"])
+    r = imgtool("inventory", docker_host="tcp://127.0.0.1:1")
+    assert (r.returncode, r.stderr.splitlines()) == (5, [
+        "error: cannot reach the Docker daemon at tcp://127.0.0.1:1: connection refused "
+        "(dockerd is not running or not listening there)",
+        "hint: start it (systemctl start docker), or point DOCKER_HOST at where it listens"])
+    r = imgtool("doctor", docker_host=sock)
+    docker = [line for line in r.stdout.splitlines() if line.startswith("FAIL  docker")]
+    assert docker == [f"FAIL  docker       cannot reach the Docker daemon at {sock}: the socket does not exist "
+                      "(dockerd is not running)"]
+
+
+def test_paths_are_checked_before_docker(tmp_path):
+    sock = f"unix://{tmp_path}/docker.sock"  # no daemon: a Docker error here would mean it was asked first
+    empty = tmp_path / "notabundle"
+    empty.mkdir()
+    r = imgtool("load", f"{empty}/", docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        f"error: incomplete bundle: {empty} has no bundle.json (the fetch did not finish, or bundle.json was not copied)",
+        "hint: copy bundle.json from the source medium, or run the fetch again"])
+    r = imgtool("load", str(tmp_path / "nowhere"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle directory: {tmp_path / 'nowhere'}")
+    r = imgtool("inventory", "-o", str(tmp_path / "no" / "inv.json"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        f"error: cannot write the inventory {tmp_path / 'no' / 'inv.json'}: no such directory {tmp_path / 'no'}"])
