@@ -425,6 +425,9 @@ def presets_cmd(presets_file, as_json):
     click.echo(table(rows, ["preset", "cards", "image tag", "description"]))
     click.echo("")
     click.echo("--multi-node applies to: " + ", ".join(p.name for p in pset.presets if p.multi_node))
+    aliases = [f"{a} = {p.name}" for p in pset.presets for a in p.aliases]
+    if aliases:
+        click.echo("aliases: " + ", ".join(aliases))
     for e in pset.env_presets:
         click.echo(f"--env-preset {e.name}: {e.description}")
 
