@@ -151,6 +151,26 @@ def probe(sources: List[Source], ref: ImageRef, timeout: float = 5.0) -> List[Pr
         return list(pool.map(lambda s: _probe_one(s, ref, timeout), sources))
 
 
+def reachable(sources: List[Source], timeout: float = 5.0):
+    """Ping every source's `/v2/` in parallel, once, no retries: ([reachable sources], {name: error}).
+
+    A dead network then fails in one connect attempt, not after every source's retries in turn.
+    """
+    def one(source: Source) -> Optional[str]:
+        try:
+            source.client.ping(timeout=(timeout, timeout))
+            return None
+        except ImgtoolError as e:
+            return e.message
+
+    if not sources:
+        return [], {}
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        errors = list(pool.map(one, sources))
+    return ([s for s, err in zip(sources, errors) if err is None],
+            {s.name: err for s, err in zip(sources, errors) if err is not None})
+
+
 @dataclass
 class Resolution:
     """The outcome of mirror selection for one reference."""
