@@ -300,23 +300,35 @@ def inspect(ref, mirror, mirrors_file, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
 def mirrors_cmd(ref, mirrors_file, timeout, as_json):
-    """Probe every source for REF (default: the default image): reachable, latency, digest."""
+    """Probe every source for REF: reachable, latency, digest. Exit 4 when none is reachable or has REF.
+
+    Without REF: the newest release tag of the default image that a source lists (the image
+    publishes no `latest`); when no source lists tags, reachability only.
+    """
     from .config import load_mirrors
     from .fetch import mirror_report
 
     config = load_mirrors(mirrors_file)
-    probes = mirror_report(config, ref, timeout)
+    report = mirror_report(config, ref, timeout)
     if as_json:
-        emit_json({"config": config.path, "sources": [p.to_json() for p in probes]})
-        return
-    rows = []
-    for p in probes:
-        status = "ok" if p.digest else ("reachable" if p.reachable else "unreachable")
-        rows.append((p.source.name, p.source.location, status,
-                     f"{p.latency * 1000:.0f} ms" if p.latency is not None else "-",
-                     p.digest.short if p.digest else "-", p.error or ""))
-    click.echo(f"config: {config.path}")
-    click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
+        emit_json({"config": config.path, "reference": report.ref.tagged if report.ref else None,
+                   "chosen": report.chosen or None, "sources": [p.to_json() for p in report.probes]})
+    else:
+        rows = []
+        for p in report.probes:
+            status = "ok" if p.digest else ("reachable" if p.reachable else "unreachable")
+            rows.append((p.source.name, p.source.location, status,
+                         f"{p.latency * 1000:.0f} ms" if p.latency is not None else "-",
+                         p.digest.short if p.digest else "-", p.error or ""))
+        click.echo(f"config: {config.path}")
+        if report.ref is not None:
+            click.echo(f"probed: {report.ref.tagged}" + (f" ({report.chosen})" if report.chosen else ""))
+        else:
+            click.echo(f"probed: /v2/ only ({report.chosen})")
+        click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
+    failure = report.failure(str(config.path))
+    if failure is not None:
+        raise failure
 
 
 # --- Ascend hosts: docker run presets ----------------------------------------------

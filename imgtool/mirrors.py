@@ -171,6 +171,23 @@ def reachable(sources: List[Source], timeout: float = 5.0):
             {s.name: err for s, err in zip(sources, errors) if err is not None})
 
 
+def ping_probes(sources: List[Source], timeout: float = 5.0) -> List[Probe]:
+    """Reachability and `/v2/` latency of every source, in parallel (no reference asked for)."""
+    def one(source: Source) -> Probe:
+        p = Probe(source)
+        try:
+            p.latency = source.client.ping(timeout=(timeout, timeout))
+            p.reachable = True
+        except ImgtoolError as e:
+            p.error = e.message
+        return p
+
+    if not sources:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        return list(pool.map(one, sources))
+
+
 @dataclass
 class Resolution:
     """The outcome of mirror selection for one reference."""

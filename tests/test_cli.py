@@ -3,11 +3,13 @@
 Each case asserts the exact lines a user sees on stderr and the exit code.
 """
 
+import json
 import time
 
 import pytest
 
 from tests.support.bundles import imgtool
+from tests.support.registry import push_image
 
 # click's own errors, each as one `error:` line and one `hint:` line, exit 2
 USAGE = [
@@ -130,3 +132,42 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
     # one connection attempt per source, all at once; before, each source was retried with
     # backoff in turn: at least 3 x 1.75 s of sleeping alone
     assert took < 4.5, took
+
+
+def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
+    cfg = _dead_mirrors(tmp_path)
+    r = imgtool("mirrors", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert r.stdout.splitlines()[1] == "probed: /v2/ only (no source lists the tags)"
+    assert [line.split()[2] for line in r.stdout.splitlines()[3:]] == ["unreachable"] * 3
+    assert r.stderr.splitlines() == [
+        "error: no source is reachable: quay: 127.0.0.1:1: connection refused; "
+        "daocloud: 127.0.0.1:2: connection refused; nju: 127.0.0.1:3: connection refused",
+        f"hint: check the network or proxy (HTTPS_PROXY), or the URLs in {cfg}",
+    ]
+    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg), "--json")
+    assert r.returncode == 4 and [s["reachable"] for s in json.loads(r.stdout)["sources"]] == [False] * 3
+
+
+def test_mirrors_without_ref_probes_the_newest_release(services, factory, mirrored, tmp_path):
+    """vllm-ascend publishes no `latest`: probing it made every healthy mirror look broken."""
+    idx = factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream", "nju"))
+    for tag in ("v0.9.1", "v0.22.1rc1-a3", "main"):
+        push_image(services.plain, ms.repo, tag, idx)
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n'
+                   f'[[mirrors]]\nname = "quay"\nregistry = "quay.io"\nurl = "http://{services.plain}"\n'
+                   'insecure = true\nupstream = true\n'
+                   f'[[mirrors]]\nname = "nju"\nregistry = "quay.io"\nurl = "http://{services.mirror}"\ninsecure = true\n')
+    r = imgtool("mirrors", "--mirrors", str(cfg))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1] == f"probed: quay.io/{ms.repo}:v0.22.1rc1 (the newest release quay lists)"
+    assert [(line.split()[0], line.split()[2]) for line in lines[3:]] == [("quay", "ok"), ("nju", "ok")]
+    # a tag nobody serves: the table says so per source, and the exit code too
+    r = imgtool("mirrors", "v9.9.9", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert r.stderr.splitlines() == [
+        f"error: no source serves quay.io/{ms.repo}:v9.9.9: quay: v9.9.9 not found; nju: v9.9.9 not found",
+        "hint: check the tag: imgtool tags lists them"]
