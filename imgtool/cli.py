@@ -419,6 +419,12 @@ def _warn_spec(spec, preset, default_image):
     mismatch = P.suffix_mismatch(preset, spec.image, default_image)
     if mismatch:
         progress().warn(mismatch)
+    if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
+        from .daemon import arch_mismatch
+
+        wrong_arch = arch_mismatch(spec.image)
+        if wrong_arch:
+            progress().warn(wrong_arch)
 
 
 @cli.command("presets")

@@ -326,6 +326,32 @@ def local_tags(repository: str, timeout: int = 5) -> list:
     return sorted(tags)
 
 
+def arch_mismatch(ref: str, timeout: int = 5) -> Optional[str]:
+    """The warning `load` gives when the local image `ref` is for another architecture than Docker's.
+
+    None when it fits, is not loaded, or Docker cannot be asked (run-flags works without Docker).
+    """
+    from .model import Platform
+
+    try:
+        daemon = Daemon(connect(timeout=timeout))
+    except DaemonError:
+        return None
+    try:
+        image = daemon.image_info(ref)
+        if image is None or not image.architecture:
+            return None
+        host = daemon.info().arch
+    except DaemonError:
+        return None
+    finally:
+        daemon.close()
+    if Platform.from_json({"architecture": image.architecture}).architecture == host:
+        return None
+    return (f"{ref} is for {image.platform} but this Docker host is linux/{host}: its containers will not start "
+            f"(exec format error); fetch it with --arch {host}")
+
+
 def familiar(name: str) -> str:
     """Docker's short form of a name, as `docker images` shows it: docker.io/library/x:1 -> x:1."""
     for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):

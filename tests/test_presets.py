@@ -767,3 +767,28 @@ def test_950dt_is_an_alias_of_a5(home, tmp_path):
     f.write_text('[presets.a3]\naliases = ["a2"]\n')
     r = imgtool("presets", "--presets", str(f), home=home)
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: {f}:2: presets.a3.aliases: 'a2' already names preset a2")
+
+
+def test_run_flags_warns_about_an_image_for_another_architecture(services, factory, docker_cli, docker_cleanup,
+                                                                 uniq, tmp_path, home):
+    """The newest local image for the preset may be the arm64 one on an amd64 host: say so, as load does."""
+    from tests.support.images import host_arch, write_docker_archive
+
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    default_image = f"localhost/{uniq}/vllm-ascend"
+    (tmp_path / "mirrors.toml").write_text(f'default_image = "{default_image}"\n\n[[mirrors]]\nname = "quay"\n'
+                                           'registry = "quay.io"\nurl = "https://quay.io"\n')
+    env = {"IMGTOOL_MIRRORS": str(tmp_path / "mirrors.toml")}
+    image = factory.image(other, layers=1)
+    ref = f"{default_image}:v0.11.0"
+    write_docker_archive(image, tmp_path / "in.tar", ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", str(tmp_path / "in.tar"))
+    warning = (f"warning: {ref} is for {image.platform} but this Docker host is linux/{host_arch()}: its containers "
+               f"will not start (exec format error); fetch it with --arch {host_arch()}")
+    r = run_in_docker(services, "run-flags", "a2", "--one-line", home=home, extra_env=env)
+    assert r.returncode == 0, r.stderr
+    assert shlex.split(r.stdout)[-1] == ref  # still printed: the user may carry it elsewhere
+    assert r.stderr.splitlines() == [warning]
+    r = run_in_docker(services, "run-flags", "a2", "--image", ref, "--one-line", home=home, extra_env=env)
+    assert r.stderr.splitlines() == [warning]
