@@ -209,7 +209,16 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
                         have=have, base=base, tool=tool)
     config, opts = _with_spec(spec_file, created, config, opts)
-    result = do_fetch(config, opts, progress())
+    try:
+        result = do_fetch(config, opts, progress())
+    except KeyboardInterrupt:
+        from .config import cache_dir
+        from .errors import Interrupted
+
+        raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
+                          f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
+                          hint="run the same command again to resume: it downloads only what is missing "
+                               "and finishes the bundle") from None
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)

@@ -280,3 +280,37 @@ def test_offline_command_pastes_into_a_shell(services, factory, mirrored, tmp_pa
     ran = subprocess.run(["sh", "-c", verify], capture_output=True, text=True, env=env, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.startswith(f"ok: {out}: 1 image(s)")
+
+
+def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=3, layer_size=1 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        # slow enough that the whole image takes ~10 s: the Ctrl-C lands while bytes flow
+        slow = proxy.add(Fault("rate", lambda m, p: blob_path(p) and m == "GET", times=10_000, rate=300_000))
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        out, cache = tmp_path / "b", tmp_path / "cache"
+        args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--jobs", "1", "-q")
+        proc = subprocess.Popen([sys.executable, "-m", "imgtool", *args], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proxy.blob_bytes_sent() == 0:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert err.splitlines()[-2:] == [
+            f"error: interrupted: finished layers and partial downloads are kept in the cache ({cache}); "
+            "the bundle was not finished (it has no bundle.json)",
+            "hint: run the same command again to resume: it downloads only what is missing and finishes the bundle",
+        ]
+        assert not (out / "bundle.json").exists()
+        assert list((cache / "partial").iterdir()) or list((cache / "blobs/sha256").iterdir())  # something was kept
+        slow.times = 0
+        r = imgtool(*args, env={"IMGTOOL_CACHE": str(cache)})
+        assert r.returncode == 0, r.stderr
+        assert (out / "bundle.json").exists()
+    finally:
+        proxy.close()
