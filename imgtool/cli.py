@@ -54,7 +54,48 @@ def table(rows, headers) -> str:
     return "\n".join(out)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UsageError(click.UsageError):
+    """A usage error that knows what to suggest (the `hint:` line)."""
+
+    def __init__(self, message, ctx=None, hint=None):
+        super().__init__(message, ctx)
+        self.hint = hint
+
+
+class _Verbs(click.Group):
+    """The verbs; a mistyped one is named with the closest real one (difflib)."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]}? " if close else "") + f"{ctx.command_path} -h lists the commands"
+            raise _UsageError(f"unknown command {name!r}", ctx, hint)
+        resolved = super().resolve_command(ctx, args)
+        _STATE["verb"] = f"{ctx.command_path} {resolved[0]}"  # errors click raises without a context
+        return resolved
+
+
+def usage_lines(e: click.UsageError):
+    """click's own usage error as our two lines: (error text, hint) without click's Usage block."""
+    text = " ".join(e.format_message().split()).rstrip(".")
+    text = text[:1].lower() + text[1:]
+    hint = getattr(e, "hint", None)
+    if hint is None:
+        where = e.ctx.command_path if e.ctx is not None else _STATE.get("verb") or "imgtool"
+        usage = " ".join(e.ctx.get_usage().split()) if e.ctx is not None else ""
+        if isinstance(e, click.NoSuchOption):
+            text = f"no such option: {e.option_name}"
+            if e.possibilities:
+                hint = f"did you mean {' or '.join(sorted(e.possibilities))}? {where} -h lists the options"
+        if hint is None:
+            hint = (usage[:1].lower() + usage[1:] + "; " if usage else "") + f"{where} -h explains every option"
+    return text, hint
+
+
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="imgtool", message="%(prog)s %(version)s")
 @common
 def cli():
@@ -77,9 +118,9 @@ mirror_option = click.option("--mirror", default="auto", show_default=True, meta
 
 
 def _size_option(value):
-    from .model import parse_size
+    from .config import parse_chunk_size
 
-    return None if value is None else parse_size(value, "--chunk-size")
+    return None if value is None else parse_chunk_size(value, "--chunk-size")
 
 
 def _given(name) -> bool:
@@ -168,7 +209,16 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
                         have=have, base=base, tool=tool)
     config, opts = _with_spec(spec_file, created, config, opts)
-    result = do_fetch(config, opts, progress())
+    try:
+        result = do_fetch(config, opts, progress())
+    except KeyboardInterrupt:
+        from .config import cache_dir
+        from .errors import Interrupted
+
+        raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
+                          f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
+                          hint="run the same command again to resume: it downloads only what is missing "
+                               "and finishes the bundle") from None
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
@@ -259,23 +309,35 @@ def inspect(ref, mirror, mirrors_file, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
 def mirrors_cmd(ref, mirrors_file, timeout, as_json):
-    """Probe every source for REF (default: the default image): reachable, latency, digest."""
+    """Probe every source for REF: reachable, latency, digest. Exit 4 when none is reachable or has REF.
+
+    Without REF: the newest release tag of the default image that a source lists (the image
+    publishes no `latest`); when no source lists tags, reachability only.
+    """
     from .config import load_mirrors
     from .fetch import mirror_report
 
     config = load_mirrors(mirrors_file)
-    probes = mirror_report(config, ref, timeout)
+    report = mirror_report(config, ref, timeout)
     if as_json:
-        emit_json({"config": config.path, "sources": [p.to_json() for p in probes]})
-        return
-    rows = []
-    for p in probes:
-        status = "ok" if p.digest else ("reachable" if p.reachable else "unreachable")
-        rows.append((p.source.name, p.source.location, status,
-                     f"{p.latency * 1000:.0f} ms" if p.latency is not None else "-",
-                     p.digest.short if p.digest else "-", p.error or ""))
-    click.echo(f"config: {config.path}")
-    click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
+        emit_json({"config": config.path, "reference": report.ref.tagged if report.ref else None,
+                   "chosen": report.chosen or None, "sources": [p.to_json() for p in report.probes]})
+    else:
+        rows = []
+        for p in report.probes:
+            status = "ok" if p.digest else ("reachable" if p.reachable else "unreachable")
+            rows.append((p.source.name, p.source.location, status,
+                         f"{p.latency * 1000:.0f} ms" if p.latency is not None else "-",
+                         p.digest.short if p.digest else "-", p.error or ""))
+        click.echo(f"config: {config.path}")
+        if report.ref is not None:
+            click.echo(f"probed: {report.ref.tagged}" + (f" ({report.chosen})" if report.chosen else ""))
+        else:
+            click.echo(f"probed: /v2/ only ({report.chosen})")
+        click.echo(table(rows, ["name", "reference", "status", "latency", "digest", "error"]))
+    failure = report.failure(str(config.path))
+    if failure is not None:
+        raise failure
 
 
 # --- Ascend hosts: docker run presets ----------------------------------------------
@@ -366,6 +428,12 @@ def _warn_spec(spec, preset, default_image):
     mismatch = P.suffix_mismatch(preset, spec.image, default_image)
     if mismatch:
         progress().warn(mismatch)
+    if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
+        from .daemon import arch_mismatch
+
+        wrong_arch = arch_mismatch(spec.image)
+        if wrong_arch:
+            progress().warn(wrong_arch)
 
 
 @cli.command("presets")
@@ -384,6 +452,9 @@ def presets_cmd(presets_file, as_json):
     click.echo(table(rows, ["preset", "cards", "image tag", "description"]))
     click.echo("")
     click.echo("--multi-node applies to: " + ", ".join(p.name for p in pset.presets if p.multi_node))
+    aliases = [f"{a} = {p.name}" for p in pset.presets for a in p.aliases]
+    if aliases:
+        click.echo("aliases: " + ", ".join(aliases))
     for e in pset.env_presets:
         click.echo(f"--env-preset {e.name}: {e.description}")
 
@@ -536,10 +607,12 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
     layer's diff_id itself).
     """
     from .bundle.load import load_bundle
+    from .bundle.reader import read_index
     from .daemon import open_daemon
     from .model import format_size
 
     _bundle_usage(bundle_dir, expect)
+    read_index(bundle_dir)  # no bundle.json, or a broken one, is named before Docker is asked anything
     p = progress()
     daemon = open_daemon()
     try:
@@ -601,7 +674,10 @@ def inventory(output):
     from .fsutil import write_atomic
     from .daemon import open_daemon
     from .delta import Inventory
+    from .errors import UsageError
 
+    if output and not Path(output).absolute().parent.is_dir():  # a bad path is named before Docker is asked
+        raise UsageError(f"cannot write the inventory {output}: no such directory {Path(output).absolute().parent}")
     daemon = open_daemon(timeout=120)
     try:
         facts = daemon.info()
@@ -781,6 +857,11 @@ def main(argv=None) -> None:
         if e.hint:
             click.echo(f"hint: {e.hint}", err=True)
         sys.exit(e.exit_code)
+    except click.UsageError as e:  # click's own parsing (missing argument, bad choice...): our two lines
+        text, hint = usage_lines(e)
+        click.echo(f"error: {text}", err=True)
+        click.echo(f"hint: {hint}", err=True)
+        sys.exit(EXIT_USAGE)
     except click.exceptions.Abort:
         click.echo("error: aborted", err=True)
         sys.exit(130)

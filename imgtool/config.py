@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import ConfigError, UsageError
-from .model import ImageRef
+from .model import ImageRef, format_size, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -215,3 +215,29 @@ def read_timeout() -> float:
     if not 0 < value <= 3600:
         raise UsageError(f"invalid IMGTOOL_READ_TIMEOUT {text!r}: give seconds between 0 and 3600, e.g. 60")
     return value
+
+
+MIN_CHUNK_SIZE = 1024 ** 2
+TYPICAL_IMAGE = 15 * 1024 ** 3  # a vllm-ascend image, for saying what a tiny chunk size would mean
+
+
+def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
+    """A part size of at least 1 MiB (`4G`, `700M`); raises UsageError naming the file count it would cost.
+
+    Tests of tiny images lower the floor with `$IMGTOOL_TEST_MIN_CHUNK_SIZE` (bytes).
+    """
+    size = parse_size(text, what)
+    floor = MIN_CHUNK_SIZE
+    override = os.environ.get("IMGTOOL_TEST_MIN_CHUNK_SIZE", "").strip()
+    if override.isdigit():
+        floor = int(override)
+    if size < floor:
+        files = -(-TYPICAL_IMAGE // size)
+        raise UsageError(f"invalid {what} {text!r}: parts must be at least {_size(floor)} "
+                         f"({_size(size)} parts would cut a 15 GiB image into {files:,} files)",
+                         hint="use the largest file your medium takes, e.g. 4095M (FAT32), 4G, 700M")
+    return size
+
+
+def _size(n: int) -> str:
+    return format_size(n).replace(".0 ", " ")

@@ -21,8 +21,58 @@ def connect(timeout: int = 600):
         client.ping()
         return client
     except Exception as e:  # DockerException, and requests/urllib3 connection errors that surface raw
-        raise DaemonError(f"cannot reach the Docker daemon: {_short(e)}",
-                          hint="is dockerd running? check DOCKER_HOST and permissions on the socket")
+        raise unreachable(e) from e
+
+
+def docker_host() -> str:
+    """Where docker-py connects: $DOCKER_HOST, or the default socket."""
+    import os
+
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def unreachable(e: BaseException) -> DaemonError:
+    """The DaemonError for a failed connection, in words: where, and why (by the OS error's type)."""
+    import socket
+
+    host = docker_host()
+    cause = _os_error(e)
+    where = f"cannot reach the Docker daemon at {host}"
+    start = "start it (systemctl start docker)"
+    if isinstance(cause, FileNotFoundError):
+        return DaemonError(f"{where}: the socket does not exist (dockerd is not running)",
+                           hint=f"{start}, or point DOCKER_HOST at the daemon's socket")
+    if isinstance(cause, PermissionError):
+        return DaemonError(f"{where}: permission denied",
+                           hint="run as root, or as a member of the docker group (usermod -aG docker USER, "
+                                "then log in again)")
+    if isinstance(cause, ConnectionRefusedError):
+        return DaemonError(f"{where}: connection refused (dockerd is not running or not listening there)",
+                           hint=f"{start}, or point DOCKER_HOST at where it listens")
+    if isinstance(cause, (socket.timeout, TimeoutError)) or "timed out" in type(e).__name__.lower():
+        return DaemonError(f"{where}: no answer (timed out)",
+                           hint="the daemon may be overloaded or hung: check systemctl status docker")
+    if isinstance(cause, socket.gaierror):
+        return DaemonError(f"{where}: unknown host", hint="check the host name in DOCKER_HOST")
+    if cause is not None and cause.strerror:
+        return DaemonError(f"{where}: {cause.strerror.lower()}",
+                           hint=f"is dockerd running? {start}, and check DOCKER_HOST")
+    return DaemonError(f"{where}: {_short(e)}", hint=f"is dockerd running? {start}, and check DOCKER_HOST")
+
+
+def _os_error(e: BaseException, depth: int = 0) -> Optional[OSError]:
+    """The OSError at the bottom of requests/urllib3 wrapping (cause, context, args), if any."""
+    if depth > 8 or e is None:
+        return None
+    if isinstance(e, OSError) and type(e).__module__ == "builtins":
+        return e
+    for inner in (e.__cause__, e.__context__, *[a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]):
+        found = _os_error(inner, depth + 1)
+        if found is not None:
+            return found
+    if isinstance(e, OSError):
+        return e
+    return None
 
 
 def _short(e: Exception, limit: int = 300) -> str:
@@ -274,6 +324,32 @@ def local_tags(repository: str, timeout: int = 5) -> list:
             if name and familiar(name) == wanted:
                 tags.add(tag)
     return sorted(tags)
+
+
+def arch_mismatch(ref: str, timeout: int = 5) -> Optional[str]:
+    """The warning `load` gives when the local image `ref` is for another architecture than Docker's.
+
+    None when it fits, is not loaded, or Docker cannot be asked (run-flags works without Docker).
+    """
+    from .model import Platform
+
+    try:
+        daemon = Daemon(connect(timeout=timeout))
+    except DaemonError:
+        return None
+    try:
+        image = daemon.image_info(ref)
+        if image is None or not image.architecture:
+            return None
+        host = daemon.info().arch
+    except DaemonError:
+        return None
+    finally:
+        daemon.close()
+    if Platform.from_json({"architecture": image.architecture}).architecture == host:
+        return None
+    return (f"{ref} is for {image.platform} but this Docker host is linux/{host}: its containers will not start "
+            f"(exec format error); fetch it with --arch {host}")
 
 
 def familiar(name: str) -> str:

@@ -8,6 +8,7 @@ EXIT_USAGE = 2
 EXIT_VERIFY = 3
 EXIT_NETWORK = 4
 EXIT_DOCKER = 5
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
 class ImgtoolError(Exception):
@@ -58,3 +59,9 @@ class DaemonError(ImgtoolError):
     """The Docker daemon is unreachable or refused an operation."""
 
     exit_code = EXIT_DOCKER
+
+
+class Interrupted(ImgtoolError):
+    """Ctrl-C (or SIGTERM): the message says what was kept and how to go on."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 from .config import MirrorConfig, cache_dir
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
-from .mirrors import Probe, Resolution, Source, probe, resolve, sources_for
+from .mirrors import Probe, Resolution, Source, ping_probes, probe, resolve, sources_for
 from .model import (Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
 from .progress import Progress
 from .puller import PullStats, download, resolve_image
@@ -108,9 +108,11 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror)
     store = Store(cache_dir())
-    tool = bundle_tool(progress) if opts.tool else {}  # before downloading: a failure here costs nothing
     resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
                                pins=opts.lock.pins() if opts.lock else None)
+    # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
+    # before downloading (a failure here costs no download).
+    tool = bundle_tool(progress) if opts.tool else {}
     progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
                   + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
     pulled: List[tuple] = []
@@ -270,10 +272,54 @@ def _any_platform_of(manifest: Manifest, source: Source, store: Store) -> Platfo
 # --- mirrors report --------------------------------------------------------
 
 
-def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.0) -> List[Probe]:
-    """Probe every source for a reference (default: the default image's `latest`)."""
-    ref = config.parse_ref(text) if text else config.parse_ref("latest")
-    return probe(sources_for(ref, config), ref, timeout)
+@dataclass
+class MirrorReport:
+    """What `imgtool mirrors` found: the reference probed (None: reachability only) and each source."""
+
+    ref: Optional[ImageRef]
+    chosen: str  # how the reference was chosen when none was given ("" when given)
+    probes: List[Probe]
+
+    def failure(self, config_path: str) -> Optional[ImgtoolError]:
+        """The error to exit with: no source reachable, or none serving the reference; else None."""
+        from .errors import RegistryError
+
+        detail = "; ".join(f"{p.source.name}: {p.error or 'no answer'}" for p in self.probes)
+        if not any(p.reachable for p in self.probes):
+            return RegistryError(f"no source is reachable: {detail}",
+                                 hint=f"check the network or proxy (HTTPS_PROXY), or the URLs in {config_path}")
+        if self.ref is not None and not any(p.digest for p in self.probes):
+            return NotFoundError(f"no source serves {self.ref.tagged}: {detail}",
+                                 hint="check the tag: imgtool tags lists them")
+        return None
+
+
+def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.0) -> MirrorReport:
+    """Probe every source for a reference; without one, for the newest release tag a source lists.
+
+    The default image publishes no `latest`, so probing it would report every healthy mirror as
+    "not found". When no source lists tags, only reachability (`/v2/`) is reported.
+    """
+    import dataclasses
+
+    from .tags import list_tags
+
+    if text:
+        ref = config.parse_ref(text)
+        return MirrorReport(ref, "", probe(sources_for(ref, config), ref, timeout))
+    base = config.parse_ref("latest")
+    sources = sources_for(base, config)
+    try:
+        listed = list_tags(sources, base.name)
+    except ImgtoolError:
+        listed = None
+    releases = [t for t in (listed.tags if listed else []) if t.release and not t.is_dev_build]
+    if not releases:
+        return MirrorReport(None, "no source lists the tags", ping_probes(sources, timeout))
+    newest = [t for t in releases if t.release == releases[0].release]
+    tag = next((t for t in newest if not t.variant), newest[0]).tag
+    ref = dataclasses.replace(base, tag=tag)
+    return MirrorReport(ref, f"the newest release {listed.source.name} lists", probe(sources, ref, timeout))
 
 
 # --- lock: a bundle spec's tags pinned to digests ----------------------------------------

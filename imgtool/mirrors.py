@@ -151,6 +151,43 @@ def probe(sources: List[Source], ref: ImageRef, timeout: float = 5.0) -> List[Pr
         return list(pool.map(lambda s: _probe_one(s, ref, timeout), sources))
 
 
+def reachable(sources: List[Source], timeout: float = 5.0):
+    """Ping every source's `/v2/` in parallel, once, no retries: ([reachable sources], {name: error}).
+
+    A dead network then fails in one connect attempt, not after every source's retries in turn.
+    """
+    def one(source: Source) -> Optional[str]:
+        try:
+            source.client.ping(timeout=(timeout, timeout))
+            return None
+        except ImgtoolError as e:
+            return e.message
+
+    if not sources:
+        return [], {}
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        errors = list(pool.map(one, sources))
+    return ([s for s, err in zip(sources, errors) if err is None],
+            {s.name: err for s, err in zip(sources, errors) if err is not None})
+
+
+def ping_probes(sources: List[Source], timeout: float = 5.0) -> List[Probe]:
+    """Reachability and `/v2/` latency of every source, in parallel (no reference asked for)."""
+    def one(source: Source) -> Probe:
+        p = Probe(source)
+        try:
+            p.latency = source.client.ping(timeout=(timeout, timeout))
+            p.reachable = True
+        except ImgtoolError as e:
+            p.error = e.message
+        return p
+
+    if not sources:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
+        return list(pool.map(one, sources))
+
+
 @dataclass
 class Resolution:
     """The outcome of mirror selection for one reference."""

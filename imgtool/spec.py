@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .config import MirrorConfig, key_line, read_toml
+from .config import MirrorConfig, key_line, parse_chunk_size, read_toml
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
-from .model import Digest, ImageRef, Platform, parse_size
+from .model import Digest, ImageRef, Platform
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
@@ -98,7 +98,7 @@ def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
         if isinstance(chunk, bool) or not isinstance(chunk, (str, int)):
             fail("chunk_size", 'chunk_size must be a size like "4G" or a number of bytes')
         try:
-            chunk = parse_size(str(chunk), "chunk_size")
+            chunk = parse_chunk_size(str(chunk), "chunk_size")
         except UsageError as e:
             fail("chunk_size", e.message)
     compress = data.get("compress", "none")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 from .errors import ImgtoolError, RegistryError
-from .mirrors import Source
+from .mirrors import Source, reachable
 from .releases import TagInfo
 
 
@@ -23,7 +23,12 @@ class TagList:
 def list_tags(sources: Sequence[Source], repository_hint: str, pattern: Optional[str] = None) -> TagList:
     """Tags from the first source that lists them (newest first); raises RegistryError when none can."""
     notes, errors = [], []
-    for source in sorted(sources, key=lambda s: not s.is_upstream):
+    alive, dead = reachable(list(sources))
+    for source in sources:
+        if source.name in dead:
+            notes.append(f"{source.name}: unreachable ({dead[source.name]}); skipped")
+            errors.append(f"{source.describe()}: {dead[source.name]}")
+    for source in sorted(alive, key=lambda s: not s.is_upstream):
         try:
             names = list(source.client.tags(source.repository))
         except ImgtoolError as e:
@@ -37,4 +42,6 @@ def list_tags(sources: Sequence[Source], repository_hint: str, pattern: Optional
         infos = [TagInfo.parse(n) for n in names if not pattern or fnmatch.fnmatch(n, pattern)]
         infos.sort(key=TagInfo.sort_key, reverse=True)
         return TagList(source, infos, notes)
-    raise RegistryError(f"no source lists the tags of {repository_hint}: " + "; ".join(errors))
+    hint = ("check the network or proxy (HTTPS_PROXY), or the URLs in mirrors.toml (imgtool mirrors)" if not alive
+            else "force a source that lists tags with --mirror NAME")
+    raise RegistryError(f"no source lists the tags of {repository_hint}: " + "; ".join(errors), hint=hint)

@@ -11,6 +11,7 @@ mirrored        mirrored(image, tag="v1") -> MirrorSet: quay.io / DaoCloud / NJU
 """
 
 import hashlib
+import os
 import secrets
 import subprocess
 
@@ -21,6 +22,10 @@ from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, publish_mirrored
 from tests.support.services import Services, ServicesNotRunning
 from tests.support.tokenissuer import TokenIssuer
+
+# Test images are a few MiB: cutting them into several parts needs parts below the 1 MiB a user
+# may ask for. Every imgtool the tests start inherits this; tests/test_cli.py checks the real floor.
+os.environ.setdefault("IMGTOOL_TEST_MIN_CHUNK_SIZE", str(64 * 1024))
 
 
 @pytest.fixture(scope="session")

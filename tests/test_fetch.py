@@ -1,7 +1,9 @@
 """`imgtool fetch` and `imgtool export` through the real CLI, against the real registries and dockerd."""
 
+import hashlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -157,7 +159,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, line):
 
 def test_unknown_compression_and_existing_output(tmp_path):
     r = imgtool("fetch", "v1", "--compress", "lz4")
-    assert r.returncode == 2 and "Invalid value for '--compress'" in r.stderr
+    assert r.returncode == 2 and r.stderr.splitlines()[0] == "error: invalid value for '--compress': 'lz4' is not one of 'none', 'gzip', 'zstd'"
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("x")
@@ -236,3 +238,79 @@ def test_export_of_a_missing_image_is_one_line(services, tmp_path):
     r = imgtool("export", "quay.io/nope/none:v0", "-o", str(tmp_path / "o"), env={"DOCKER_HOST": services.docker_host})
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == "error: image quay.io/nope/none:v0 is not in the local Docker"
+
+
+def test_a_dead_network_fails_before_imgtool_pyz_is_built(tmp_path):
+    """fetch resolves first: with no source reachable it stops before spending time on the pyz."""
+    cfg = write_mirrors(tmp_path, "ascend/vllm-ascend", [("quay", DEAD, "", True)])
+    cache = tmp_path / "cache"
+    r = imgtool("fetch", "v0.22.1rc1", "--mirrors", str(cfg), "-o", str(tmp_path / "out"),
+                env={"IMGTOOL_CACHE": str(cache)})
+    assert r.returncode == 4
+    assert r.stderr.splitlines() == [
+        "error: no source can serve quay.io/ascend/vllm-ascend:v0.22.1rc1: "
+        "quay (127.0.0.1:1/ascend/vllm-ascend): 127.0.0.1:1: connection refused",
+        "hint: check the network or proxy, or force a source with --mirror NAME",
+    ]
+    assert not (cache / "tool").exists()  # the pyz was never built
+
+
+@pytest.mark.parametrize("name,quoted", [
+    ("vllm-ascend-v1", False),  # a plain path stays as it is
+    ("离线 bundle's", True),  # a space, 中文 and a quote: quoted as a shell needs
+])
+def test_offline_command_pastes_into_a_shell(services, factory, mirrored, tmp_path, name, quoted):
+    idx = factory.multiarch(media="oci", layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / name
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    sha = hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
+    line = r.stdout.splitlines()[-1]
+    assert line == (
+        f"offline side: imgtool verify {shlex.quote(str(out))} --expect {sha} && imgtool load {shlex.quote(str(out))}"
+        f"   (or: python3 {shlex.quote(str(out / 'imgtool.pyz'))} load {shlex.quote(str(out))}, "
+        f"or: sh {shlex.quote(str(out / 'load.sh'))})")
+    assert (shlex.quote(str(out)) != str(out)) == quoted
+    # pasted into a shell, the verify half runs on the right directory
+    verify = line[len("offline side: "):line.index(" && ")]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run(["sh", "-c", verify], capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith(f"ok: {out}: 1 image(s)")
+
+
+def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirrored, tmp_path):
+    idx = factory.multiarch(layers=3, layer_size=1 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        # slow enough that the whole image takes ~10 s: the Ctrl-C lands while bytes flow
+        slow = proxy.add(Fault("rate", lambda m, p: blob_path(p) and m == "GET", times=10_000, rate=300_000))
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        out, cache = tmp_path / "b", tmp_path / "cache"
+        args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--jobs", "1", "-q")
+        proc = subprocess.Popen([sys.executable, "-m", "imgtool", *args], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proxy.blob_bytes_sent() == 0:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert err.splitlines()[-2:] == [
+            f"error: interrupted: finished layers and partial downloads are kept in the cache ({cache}); "
+            "the bundle was not finished (it has no bundle.json)",
+            "hint: run the same command again to resume: it downloads only what is missing and finishes the bundle",
+        ]
+        assert not (out / "bundle.json").exists()
+        assert list((cache / "partial").iterdir()) or list((cache / "blobs/sha256").iterdir())  # something was kept
+        slow.times = 0
+        r = imgtool(*args, env={"IMGTOOL_CACHE": str(cache)})
+        assert r.returncode == 0, r.stderr
+        assert (out / "bundle.json").exists()
+    finally:
+        proxy.close()

@@ -206,8 +206,9 @@ def test_unreachable_docker_is_one_error(bundle, tmp_path):
     r = imgtool("load", str(out), docker_host=f"unix://{tmp_path}/no.sock")
     assert r.returncode == 5
     lines = r.stderr.splitlines()
-    assert lines[0].startswith("error: cannot reach the Docker daemon: ")
-    assert lines[1:] == ["hint: is dockerd running? check DOCKER_HOST and permissions on the socket"]
+    assert lines == [f"error: cannot reach the Docker daemon at unix://{tmp_path}/no.sock: the socket does not exist "
+                     "(dockerd is not running)",
+                     "hint: start it (systemctl start docker), or point DOCKER_HOST at the daemon's socket"]
 
 
 def test_fetch_verify_expect_load(services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):

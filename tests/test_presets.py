@@ -537,7 +537,7 @@ env = { HCCL_DETERMINISTIC = "true" }
      "e.g. 4G or 700M"),
     ('# mine\n\n[presets.a2]\ncolour = "red"\n',
      "{f}:4: presets.a2: unknown key 'colour' (expected description, extends, cards, min_cards, devices, mounts, "
-     "shm_size, network, ports, env, tag_suffixes, privileged, multi_node)"),
+     "shm_size, network, ports, env, tag_suffixes, privileged, multi_node, aliases)"),
     ('[presets.new]\ndescription = "x"\ncards = "0-3"\n',
      "{f}:1: presets.new: missing min_cards, devices, mounts, shm_size, network, ports, env, tag_suffixes, "
      "privileged, multi_node (a new preset needs every key, or extends = \"a2\")"),
@@ -749,3 +749,46 @@ def test_run_is_interactive_on_a_terminal(services, busybox_image, docker_cli, d
     assert os.waitstatus_to_exitcode(status) == 3, out
     assert b"/dev/pts/" in out and b"\r\n42\r\n" in out
     assert docker_cli("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout.strip() == ""
+
+
+def test_950dt_is_an_alias_of_a5(home, tmp_path):
+    """The 中文 README (and vllm-ascend's docs) call the A5 host 950DT: either name works."""
+    a5 = imgtool("run-flags", "a5", "--image", "v0.11.0rc1-a5", "--one-line", home=home)
+    for name in ("950dt", "950DT"):
+        r = imgtool("run-flags", name, "--image", "v0.11.0rc1-a5", "--one-line", home=home)
+        assert (r.returncode, r.stdout, r.stderr) == (0, a5.stdout, "")
+    r = imgtool("presets", home=home)
+    assert "aliases: 950dt = a5" in r.stdout.splitlines()
+    # aliases are not passed on by extends, and cannot take another preset's name
+    f = tmp_path / "p.toml"
+    f.write_text('[presets.a5x]\nextends = "a5"\n')
+    data = json.loads(imgtool("presets", "--presets", str(f), "--json", home=home).stdout)
+    assert [p["aliases"] for p in data["presets"] if p["name"] in ("a5", "a5x")] == [["950dt"], []]
+    f.write_text('[presets.a3]\naliases = ["a2"]\n')
+    r = imgtool("presets", "--presets", str(f), home=home)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: {f}:2: presets.a3.aliases: 'a2' already names preset a2")
+
+
+def test_run_flags_warns_about_an_image_for_another_architecture(services, factory, docker_cli, docker_cleanup,
+                                                                 uniq, tmp_path, home):
+    """The newest local image for the preset may be the arm64 one on an amd64 host: say so, as load does."""
+    from tests.support.images import host_arch, write_docker_archive
+
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    default_image = f"localhost/{uniq}/vllm-ascend"
+    (tmp_path / "mirrors.toml").write_text(f'default_image = "{default_image}"\n\n[[mirrors]]\nname = "quay"\n'
+                                           'registry = "quay.io"\nurl = "https://quay.io"\n')
+    env = {"IMGTOOL_MIRRORS": str(tmp_path / "mirrors.toml")}
+    image = factory.image(other, layers=1)
+    ref = f"{default_image}:v0.11.0"
+    write_docker_archive(image, tmp_path / "in.tar", ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", str(tmp_path / "in.tar"))
+    warning = (f"warning: {ref} is for {image.platform} but this Docker host is linux/{host_arch()}: its containers "
+               f"will not start (exec format error); fetch it with --arch {host_arch()}")
+    r = run_in_docker(services, "run-flags", "a2", "--one-line", home=home, extra_env=env)
+    assert r.returncode == 0, r.stderr
+    assert shlex.split(r.stdout)[-1] == ref  # still printed: the user may carry it elsewhere
+    assert r.stderr.splitlines() == [warning]
+    r = run_in_docker(services, "run-flags", "a2", "--image", ref, "--one-line", home=home, extra_env=env)
+    assert r.stderr.splitlines() == [warning]

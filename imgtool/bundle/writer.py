@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import re
+import shlex
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -127,9 +128,11 @@ class BundleResult:
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
         has_tool = any(f.name == TOOL_PYZ for f in self.files)
-        pyz = f"python3 {self.dir}/{TOOL_PYZ} load {self.dir}, or: " if has_tool else ""
-        lines.append(f"offline side: imgtool verify {self.dir} --expect {self.bundle_json_sha256} "
-                     f"&& imgtool load {self.dir}   (or: {pyz}sh {self.dir}/load.sh)")
+        # quoted as a shell needs (a space or 中文 in the path), so the line can be pasted as it is
+        d = shlex.quote(str(self.dir))
+        pyz = f"python3 {shlex.quote(f'{self.dir}/{TOOL_PYZ}')} load {d}, or: " if has_tool else ""
+        lines.append(f"offline side: imgtool verify {d} --expect {self.bundle_json_sha256} "
+                     f"&& imgtool load {d}   (or: {pyz}sh {shlex.quote(f'{self.dir}/load.sh')})")
         return "\n".join(lines)
 
 
@@ -246,7 +249,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
             warnings += _clear_old_bundle(out_dir)
     except OSError as e:
         raise _os_error(e, out_dir, "create")
-    base = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name).lstrip(".-") or "bundle"
+    # a part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle"
+    base = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)) or "bundle"
     archive_name = base + ARCHIVE_SUFFIX[compress]
     width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
     single = compress == "none" and (chunk_size is None or chunk_size >= tar_size)

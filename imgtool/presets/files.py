@@ -33,7 +33,9 @@ _PRESET_KEYS = {
     "tag_suffixes": 'an array like ["-a3", "-a3-openeuler"]',
     "privileged": "true or false",
     "multi_node": "true or false",
+    "aliases": 'an array of other names like ["950dt"]',
 }
+_OPTIONAL_KEYS = ("extends", "aliases")
 _MULTI_NODE_KEYS = ("network", "mounts")
 _ENV_PRESET_KEYS = ("description", "env")
 
@@ -82,6 +84,12 @@ def _build(layers: List[_Layer]) -> PresetSet:
     presets = tuple(_make_preset(name, table) for name, table in resolved.items())
     if not presets:
         raise ConfigError(f"{layers[-1].path}: no presets defined")
+    taken = {p.name.lower(): p.name for p in presets}
+    for p in presets:
+        for a in p.aliases:
+            if a.lower() in taken and taken[a.lower()] != p.name:
+                _fail(resolved[p.name]["aliases"], "aliases", f"{a!r} already names preset {taken[a.lower()]}", p.name)
+            taken[a.lower()] = p.name
 
     multi: _Resolved = {}
     env_tables: Dict[str, _Resolved] = {}
@@ -146,7 +154,8 @@ def _resolve_layer(layer: _Layer, below: Dict[str, _Resolved]) -> Dict[str, _Res
                 raise ConfigError(f"{layer.where(label, 'extends')}: {label}.extends: unknown preset {parent!r}")
         else:
             base = below.get(name, {})
-        merged = dict(base)
+        # aliases name this preset only: one that extends it does not answer to them
+        merged = {k: v for k, v in base.items() if k != "aliases" or parent in (None, name)}
         for key, value in table.items():
             if key != "extends":
                 merged[key] = (value, layer, name)
@@ -165,7 +174,7 @@ def _fail(origin: Tuple[Any, _Layer, str], key: str, problem: str, preset: str):
 
 
 def _make_preset(name: str, table: _Resolved) -> Preset:
-    required = [k for k in _PRESET_KEYS if k not in ("extends",)]
+    required = [k for k in _PRESET_KEYS if k not in _OPTIONAL_KEYS]
     missing = [k for k in required if k not in table]
     if missing:
         _, layer, table_name = table[_ORIGIN]
@@ -219,6 +228,11 @@ def _make_preset(name: str, table: _Resolved) -> Preset:
             raise UsageError("needs at least one suffix (\"\" for none)")
         return tuple(out)
 
+    def alias(value):
+        if not _NAME_RE.match(value):
+            raise UsageError(f"invalid alias {value!r} (letters, digits, '-', '_')")
+        return value
+
     def network(value):
         if not NETWORK_RE.match(value):
             raise UsageError(f"invalid network {value!r}: expected bridge, host or a network name")
@@ -242,6 +256,7 @@ def _make_preset(name: str, table: _Resolved) -> Preset:
         tag_suffixes=get("tag_suffixes", list, suffixes),
         privileged=get("privileged", bool),
         multi_node=get("multi_node", bool),
+        aliases=strings("aliases", alias) if "aliases" in table else (),
     )
 
 

@@ -84,6 +84,7 @@ class Preset:
     tag_suffixes: Tuple[str, ...]
     privileged: bool
     multi_node: bool
+    aliases: Tuple[str, ...] = ()  # other names it answers to, e.g. 950dt for a5
 
     @property
     def tag_patterns(self) -> Tuple[str, ...]:
@@ -109,6 +110,7 @@ class Preset:
             "tag_suffixes": list(self.tag_suffixes),
             "privileged": self.privileged,
             "multi_node": self.multi_node,
+            "aliases": list(self.aliases),
         }
 
 
@@ -151,6 +153,9 @@ class PresetSet:
         """The preset called `name`; raises UsageError listing the known ones."""
         for p in self.presets:
             if p.name == name:
+                return p
+        for p in self.presets:  # 950DT as the README writes it, too
+            if name.lower() in (p.name.lower(), *(a.lower() for a in p.aliases)):
                 return p
         raise UsageError(f"unknown preset {name!r}; known presets: {', '.join(self.names())}")
 

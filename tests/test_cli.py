@@ -1,0 +1,173 @@
+"""What every verb shares, through the real CLI: usage errors, Docker unreachable, sizes.
+
+Each case asserts the exact lines a user sees on stderr and the exit code.
+"""
+
+import json
+import time
+
+import pytest
+
+from tests.support.bundles import imgtool
+from tests.support.registry import push_image
+
+# click's own errors, each as one `error:` line and one `hint:` line, exit 2
+USAGE = [
+    (["fetchh", "v1"], ["error: unknown command 'fetchh'",
+                        "hint: did you mean fetch? imgtool -h lists the commands"]),
+    (["lod", "dir"], ["error: unknown command 'lod'",
+                      "hint: did you mean load? imgtool -h lists the commands"]),
+    (["zzzz"], ["error: unknown command 'zzzz'", "hint: imgtool -h lists the commands"]),
+    (["fetch", "v1", "--compress", "bz2"],
+     ["error: invalid value for '--compress': 'bz2' is not one of 'none', 'gzip', 'zstd'",
+      "hint: usage: imgtool fetch [OPTIONS] [REFS]...; imgtool fetch -h explains every option"]),
+    (["verify"], ["error: missing argument 'DIR'",
+                  "hint: usage: imgtool verify [OPTIONS] DIR; imgtool verify -h explains every option"]),
+    (["run-flags"], ["error: missing argument 'PRESET'",
+                     "hint: usage: imgtool run-flags [OPTIONS] PRESET [-- CMD...]; "
+                     "imgtool run-flags -h explains every option"]),
+    (["fetch", "v1", "--bogus"], ["error: no such option: --bogus",
+                                  "hint: did you mean --base or --jobs? imgtool fetch -h lists the options"]),
+    (["tags", "--filter"], ["error: option '--filter' requires an argument",
+                            "hint: imgtool tags -h explains every option"]),
+    (["load", "a", "b"], ["error: got unexpected extra argument (b)",
+                          "hint: usage: imgtool load [OPTIONS] DIR; imgtool load -h explains every option"]),
+    (["verify", "d", "--jobs", "0"],
+     ["error: invalid value for '--jobs': 0 is not in the range 1<=x<=64",
+      "hint: usage: imgtool verify [OPTIONS] DIR; imgtool verify -h explains every option"]),
+]
+
+
+@pytest.mark.parametrize("args,lines", USAGE, ids=[" ".join(a) for a, _ in USAGE])
+def test_usage_errors_are_an_error_and_a_hint_line(args, lines):
+    r = imgtool(*args)
+    assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, lines, "")
+
+
+def _no_floor_override():
+    return {"IMGTOOL_TEST_MIN_CHUNK_SIZE": ""}  # the floor a user gets
+
+
+@pytest.mark.parametrize("verb", [["fetch", "v1"], ["export", "x:1"]])
+def test_chunk_size_below_1_mib_is_refused_with_the_reason(verb):
+    r = imgtool(*verb, "--chunk-size", "100", env=_no_floor_override())
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "error: invalid --chunk-size '100': parts must be at least 1 MiB "
+        "(100 B parts would cut a 15 GiB image into 161,061,274 files)",
+        "hint: use the largest file your medium takes, e.g. 4095M (FAT32), 4G, 700M",
+    ]
+
+
+def test_chunk_size_below_1_mib_in_a_spec_names_file_and_line(tmp_path):
+    spec = tmp_path / "bundle.toml"
+    spec.write_text('images = ["v1"]\narch = ["arm64"]\nchunk_size = "512K"\n')
+    r = imgtool("fetch", "-f", str(spec), env=_no_floor_override())
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == (
+        f"error: {spec}:3: invalid chunk_size '512K': parts must be at least 1 MiB "
+        "(512 KiB parts would cut a 15 GiB image into 30,720 files)")
+
+
+# --- Docker unreachable: said in words, and only after the paths given were checked ----------
+
+
+def test_docker_unreachable_is_said_in_words(tmp_path):
+    sock = f"unix://{tmp_path}/docker.sock"
+    r = imgtool("inventory", docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (5, [
+        f"error: cannot reach the Docker daemon at {sock}: the socket does not exist (dockerd is not running)",
+        "hint: start it (systemctl start docker), or point DOCKER_HOST at the daemon's socket"])
+    r = imgtool("inventory", docker_host="tcp://127.0.0.1:1")
+    assert (r.returncode, r.stderr.splitlines()) == (5, [
+        "error: cannot reach the Docker daemon at tcp://127.0.0.1:1: connection refused "
+        "(dockerd is not running or not listening there)",
+        "hint: start it (systemctl start docker), or point DOCKER_HOST at where it listens"])
+    r = imgtool("doctor", docker_host=sock)
+    docker = [line for line in r.stdout.splitlines() if line.startswith("FAIL  docker")]
+    assert docker == [f"FAIL  docker       cannot reach the Docker daemon at {sock}: the socket does not exist "
+                      "(dockerd is not running)"]
+
+
+def test_paths_are_checked_before_docker(tmp_path):
+    sock = f"unix://{tmp_path}/docker.sock"  # no daemon: a Docker error here would mean it was asked first
+    empty = tmp_path / "notabundle"
+    empty.mkdir()
+    r = imgtool("load", f"{empty}/", docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        f"error: incomplete bundle: {empty} has no bundle.json (the fetch did not finish, or bundle.json was not copied)",
+        "hint: copy bundle.json from the source medium, or run the fetch again"])
+    r = imgtool("load", str(tmp_path / "nowhere"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle directory: {tmp_path / 'nowhere'}")
+    r = imgtool("inventory", "-o", str(tmp_path / "no" / "inv.json"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        f"error: cannot write the inventory {tmp_path / 'no' / 'inv.json'}: no such directory {tmp_path / 'no'}"])
+
+
+# --- the connected side without a network ------------------------------------------------
+
+def _dead_mirrors(tmp_path):
+    """mirrors.toml whose three sources are closed loopback ports (no network at all)."""
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text('default_image = "quay.io/ascend/vllm-ascend"\n' + "".join(
+        f'[[mirrors]]\nname = "{name}"\nregistry = "quay.io"\nurl = "http://127.0.0.1:{port}"\ninsecure = true\n'
+        + ("upstream = true\n" if name == "quay" else "")
+        for name, port in (("quay", 1), ("daocloud", 2), ("nju", 3))))
+    return cfg
+
+
+def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
+    cfg = _dead_mirrors(tmp_path)
+    start = time.monotonic()
+    r = imgtool("tags", "--mirrors", str(cfg), "-q")
+    took = time.monotonic() - start
+    assert r.returncode == 4
+    assert r.stderr.splitlines() == [
+        "error: no source lists the tags of quay.io/ascend/vllm-ascend: "
+        "quay (127.0.0.1:1/ascend/vllm-ascend): 127.0.0.1:1: connection refused; "
+        "daocloud (127.0.0.1:2/ascend/vllm-ascend): 127.0.0.1:2: connection refused; "
+        "nju (127.0.0.1:3/ascend/vllm-ascend): 127.0.0.1:3: connection refused",
+        "hint: check the network or proxy (HTTPS_PROXY), or the URLs in mirrors.toml (imgtool mirrors)",
+    ]
+    # one connection attempt per source, all at once; before, each source was retried with
+    # backoff in turn: at least 3 x 1.75 s of sleeping alone
+    assert took < 4.5, took
+
+
+def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
+    cfg = _dead_mirrors(tmp_path)
+    r = imgtool("mirrors", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert r.stdout.splitlines()[1] == "probed: /v2/ only (no source lists the tags)"
+    assert [line.split()[2] for line in r.stdout.splitlines()[3:]] == ["unreachable"] * 3
+    assert r.stderr.splitlines() == [
+        "error: no source is reachable: quay: 127.0.0.1:1: connection refused; "
+        "daocloud: 127.0.0.1:2: connection refused; nju: 127.0.0.1:3: connection refused",
+        f"hint: check the network or proxy (HTTPS_PROXY), or the URLs in {cfg}",
+    ]
+    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg), "--json")
+    assert r.returncode == 4 and [s["reachable"] for s in json.loads(r.stdout)["sources"]] == [False] * 3
+
+
+def test_mirrors_without_ref_probes_the_newest_release(services, factory, mirrored, tmp_path):
+    """vllm-ascend publishes no `latest`: probing it made every healthy mirror look broken."""
+    idx = factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream", "nju"))
+    for tag in ("v0.9.1", "v0.22.1rc1-a3", "main"):
+        push_image(services.plain, ms.repo, tag, idx)
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n'
+                   f'[[mirrors]]\nname = "quay"\nregistry = "quay.io"\nurl = "http://{services.plain}"\n'
+                   'insecure = true\nupstream = true\n'
+                   f'[[mirrors]]\nname = "nju"\nregistry = "quay.io"\nurl = "http://{services.mirror}"\ninsecure = true\n')
+    r = imgtool("mirrors", "--mirrors", str(cfg))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1] == f"probed: quay.io/{ms.repo}:v0.22.1rc1 (the newest release quay lists)"
+    assert [(line.split()[0], line.split()[2]) for line in lines[3:]] == [("quay", "ok"), ("nju", "ok")]
+    # a tag nobody serves: the table says so per source, and the exit code too
+    r = imgtool("mirrors", "v9.9.9", "--mirrors", str(cfg))
+    assert r.returncode == 4
+    assert r.stderr.splitlines() == [
+        f"error: no source serves quay.io/{ms.repo}:v9.9.9: quay: v9.9.9 not found; nju: v9.9.9 not found",
+        "hint: check the tag: imgtool tags lists them"]
