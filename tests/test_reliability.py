@@ -253,8 +253,8 @@ def test_sigkill_at_a_random_point_then_rerun_fetches_the_rest_only(seed, w):
 
     With T the blob bytes of a clean fetch, B1 the bytes the proxy sent before the kill and B2
     those of the rerun, B1 + B2 - T bytes were sent twice; that must be at most 10% of B1:
-    B2 <= T - 0.9 * B1. (B1 counts bytes in flight at the kill too, so this also bounds how
-    far the partial record may lag behind the data.)
+    B2 <= T - 0.9 * B1. The kill comes once the fetch has read all B1 bytes off its sockets,
+    so this bounds how far the partial record may lag behind the data it received.
     """
     rng = random.Random(seed)
     w.proxy.add(Fault("rate", _blob_get, times=10_000, rate=RATE))
