@@ -4,21 +4,21 @@ The golden commands are what an operator pastes on an Ascend host; `imgtool run`
 against the test dockerd with a busybox image built here (no NPU needed: --allow-missing-devices).
 """
 
+import io
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 
 from imgtool import presets as P
 from imgtool.daemon import explain_run_error
 from imgtool.errors import ImgtoolError
+from tests.support.images import static_busybox
 
 DEAD_DOCKER = "unix:///nonexistent/imgtool-test-docker.sock"
 PRIVILEGED_ASKED = (
@@ -29,14 +29,19 @@ PLACEHOLDER_NOTE = ("warning: no quay.io/ascend/vllm-ascend image for preset {} 
                     "replace <version> in the command or pass --image")
 
 
-def imgtool(*args, home, docker_host=DEAD_DOCKER, extra_env=None, timeout=120):
-    """Run the real CLI in a clean environment: no user presets/mirrors unless given."""
+def imgtool(*args, home, docker_host=DEAD_DOCKER, extra_env=None, timeout=120, code=None):
+    """Run the real CLI in a clean environment: no user presets/mirrors unless given.
+
+    `code` runs the CLI through that Python source instead of `-m imgtool` (it sees the
+    arguments in sys.argv[1:]), for a host fact injected the way the in-process tests do.
+    """
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DOCKER_", "IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
     env["HOME"] = str(home)
     env["DOCKER_HOST"] = docker_host
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
+    entry = ["-c", code] if code else ["-m", "imgtool"]
+    return subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
 
@@ -383,17 +388,30 @@ def test_bad_input_is_one_line_and_exit_2(args, message, home):
     assert r.stderr.splitlines() == [message]
 
 
+# The real CLI on a host without Ascend cards, whatever this host has: fit_to_host sees no
+# /dev/davinciN (the injection the tests below use), everything else as it is.
+NO_CARDS = """
+import functools, os, re, sys
+import imgtool.presets as P
+cards = re.compile(r"/dev/davinci[0-9]+")
+P.fit_to_host = functools.partial(P.fit_to_host, exists=lambda p: not cards.fullmatch(p) and os.path.exists(p))
+from imgtool.cli import main
+main(sys.argv[1:])
+"""
+
+
 def test_no_devices_on_this_host(home):
-    # This machine (like CI) has no /dev/davinci*; `run` must refuse before talking to Docker.
-    assert not any(Path(f"/dev/davinci{n}").exists() for n in range(16))
-    r = imgtool("run", "a2", "busybox", home=home)
+    # `run` must refuse before talking to Docker (DOCKER_HOST is a dead socket here); the same
+    # on an Ascend host, where the suite must pass too.
+    r = imgtool("run", "a2", "busybox", home=home, code=NO_CARDS)
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         "error: no Ascend cards found on this host: none of /dev/davinci[0-7] exist",
         "hint: is the Ascend driver installed (npu-smi info)? --allow-missing-devices starts the container "
         "without what is absent",
     ]
-    r = imgtool("run", "a3", "busybox", "--devices", "2,3", home=home)
+    r = imgtool("run", "a3", "busybox", "--devices", "2,3", home=home, code=NO_CARDS)
+    assert r.returncode == 1
     assert r.stderr.splitlines()[0] == "error: no Ascend cards found on this host: none of /dev/davinci[2-3] exist"
 
 
@@ -579,15 +597,17 @@ BUSYBOX_APPLETS = ("sh", "df", "echo", "cat", "sleep", "tty", "env")
 @pytest.fixture(scope="session")
 def busybox_image(services, docker_cli, tmp_path_factory):
     """A tiny image: a static busybox and a few applet links, made with `docker import`."""
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    if not os.path.exists(busybox):
-        pytest.fail("busybox is not installed: apt-get install busybox-static", pytrace=False)
-    head = Path(busybox).read_bytes()[:8192]
-    if b"ld-linux" in head or b"ld-musl" in head:
-        pytest.fail(f"{busybox} is dynamically linked: apt-get install busybox-static", pytrace=False)
+    # Debian's busybox-static at /bin/busybox, never whichever busybox PATH finds (a dynamic one
+    # would not start in an image without its libraries)
+    try:
+        busybox = static_busybox()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
     tar_path = tmp_path_factory.mktemp("busybox") / "rootfs.tar"
     with tarfile.open(tar_path, "w") as tar:
-        tar.add(busybox, arcname="bin/busybox")
+        binary = tarfile.TarInfo("bin/busybox")
+        binary.size, binary.mode = len(busybox), 0o755
+        tar.addfile(binary, io.BytesIO(busybox))
         for applet in BUSYBOX_APPLETS:
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"

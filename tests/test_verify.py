@@ -7,7 +7,7 @@ import pytest
 
 from imgtool.bundle.reader import PartsStream, read_index
 from imgtool.errors import VerifyError
-from tests.support.bundles import BlobDir, imgtool, parts_of, write
+from tests.support.bundles import BlobDir, imgtool, parts_holding, parts_of, write
 
 REPO = "quay.io/ascend/vllm-ascend"
 
@@ -183,7 +183,8 @@ def test_bad_blob_inside_sound_parts(tmp_path, factory):
     assert r.returncode == 3
     lines = err_lines(r)
     assert lines[1].startswith(f"  - layer 3 of {REPO}:v1 (blob {victim.short}) is damaged: its sha256 differs "
-                               "from its digest; the bundle itself is bad: fetch it again (in parts 002-003)")
+                               f"from its digest; the bundle itself is bad: fetch it again ({parts_holding(out, victim)})")
+    assert parts_holding(out, victim).startswith("in parts ")  # 1 MiB parts: a ~1 MiB layer spans two
     # gzip's own CRC catches the flipped byte before the diff_id comparison would
     assert lines[2].startswith(f"  - layer 3 of {REPO}:v1 (blob {victim.short}) cannot be decompressed: "
                                "not valid gzip data (CRC check failed")
@@ -205,7 +206,7 @@ def test_wrong_diff_id(tmp_path, factory):
     assert r.returncode == 3
     assert err_lines(r)[1] == (f"  - layer 2 of {REPO}:v1 (blob {pulled.manifest.layers[1].digest.short}): its "
                                "uncompressed content does not match the diff_id in the image config; the bundle "
-                               "itself is bad: fetch it again (in part 001)")
+                               f"itself is bad: fetch it again ({parts_holding(out, pulled.manifest.layers[1].digest)})")
 
 
 def test_parts_stream_strict_stops_before_the_end_of_a_bad_part(template, tmp_path):

@@ -104,6 +104,32 @@ def parts_of(bundle: Path) -> List[Path]:
     return [bundle / p["name"] for p in doc["parts"]]
 
 
+def parts_holding(bundle: Path, member) -> str:
+    """Where verify and load say a member lies: "in part 001", "in parts 002-003".
+
+    `member` is a blob digest or an archive member name. Read from the bundle itself (the parts'
+    sizes in bundle.json, the member's header and data offsets in the tar), never from the
+    product's own layout code, so no test hard-codes a part boundary that moves with layer sizes.
+    """
+    doc = json.loads((bundle / "bundle.json").read_text())
+    if doc["archive"]["compression"] != "none":
+        raise ValueError(f"{bundle} is compressed: problems are named 'in the compressed archive'")
+    name = str(member)
+    if name.startswith("sha256:"):
+        name = "blobs/sha256/" + name[len("sha256:"):]
+    with tarfile.open(fileobj=io.BytesIO(canonical_tar(bundle))) as tar:
+        info = tar.getmember(name)
+    start, end = info.offset, info.offset_data + info.size
+    bounds, pos = [], 0
+    for p in doc["parts"]:
+        bounds.append((pos, pos + p["size"]))
+        pos += p["size"]
+    holding = [i for i, (a, b) in enumerate(bounds) if a < end and start < b]
+    width = max(3, len(str(len(bounds))))
+    labels = [f"{i + 1:0{width}d}" for i in holding]
+    return f"in part {labels[0]}" if len(labels) == 1 else f"in parts {labels[0]}-{labels[-1]}"
+
+
 def reassemble(bundle: Path, out: Path) -> Path:
     """cat the parts into one (decompressed) tar at `out`."""
     doc = json.loads((bundle / "bundle.json").read_text())

@@ -1,7 +1,8 @@
-"""Real-shaped random images for tests: gzip layers of real files, configs, manifests, indexes.
+"""Real-shaped random images for tests: gzip layers of generated files, configs, manifests, indexes.
 
-Everything is deterministic for a given seed (and machine: the layer contents are real files read
-from this machine), and built in memory. Typical use:
+Everything is a pure function of the seed (and $IMGTOOL_TEST_SEED, mixed into every seed): file
+names, sizes, modes and contents are drawn from `random.Random`, never read from this machine, so
+the same test builds the same bytes on every host. Built in memory. Typical use:
 
     f = ImageFactory(seed=1)
     base = [f.layer(), f.layer()]                    # shared bottom layers
@@ -11,19 +12,18 @@ from this machine), and built in memory. Typical use:
     write_docker_archive(old, tmp_path / "old.tar", "example.com/app:v1")
 """
 
-import glob
 import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import platform as _platform
 import random
-import shutil
-import subprocess
+import struct
 import sys
-import sysconfig
 import tarfile
+from array import array
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -47,9 +47,9 @@ CREATED = "2025-01-01T00:00:00Z"
 MTIME = 1735689600  # CREATED as a unix time: every tar entry gets it, for reproducible bytes
 DEFAULT_LAYER_SIZE = 1 << 20  # ~1 MiB compressed per layer: 3 layers ~ 3 MiB
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MAX_SOURCE_FILE = 8 << 20
-RUNNABLE_BINARIES = ("/bin/sh", "/bin/df", "/bin/cat", "/bin/ls", "/bin/echo", "/bin/true",
-                     "/bin/sleep", "/bin/uname")
+BUSYBOX = "/bin/busybox"  # Debian's busybox-static: one static binary, a shell and the applets below
+BUSYBOX_APPLETS = ("sh", "df", "cat", "ls", "echo", "true", "false", "sleep", "uname", "env", "test",
+                   "mkdir", "rm", "id")
 
 # arch name (as tests say it) -> (architecture, variant) as configs and indexes say it
 ARCHES = {
@@ -236,54 +236,161 @@ class Index:
 ImageOrIndex = Union[Image, Index]
 
 # ---------------------------------------------------------------------------------------------
-# where layer contents come from
+# where layer contents come from: generated from the seed, never read from this machine, so a
+# layer's bytes, sizes and part boundaries are the same on every host (issue 15)
 
-_POOLS: Dict[Tuple[str, ...], List[Tuple[str, int]]] = {}
+SEED_ENV = "IMGTOOL_TEST_SEED"
+MAX_FILE = 256 << 10  # a generated file's size is log-uniform in [MIN_FILE, MAX_FILE]
+MIN_FILE = 64
+#: share of a layer's uncompressed bytes per kind of file; with gzip -6 the mix compresses about
+#: 2.5x overall, like a layer of real files (text ~5x, binaries ~2x, packed data 1x)
+KIND_SHARE = (("text", 0.50), ("binary", 0.38), ("packed", 0.12))
+_EXTENSIONS = {
+    "text": (".py", ".txt", ".conf", ".json", ".h", ".md", ".sh", ".yaml"),
+    "binary": (".so", ".bin", ".o", ".so.1"),
+    "packed": (".gz", ".png", ".whl", ".zst"),
+}
+# every file name has an extension and no directory name a dot: a file never shares a path with a
+# directory (docker load refuses such a layer: "duplicates of file paths not supported")
+_TOPS = ("opt/app", "opt/toolkit", "srv/data", "etc", "var/cache", "home/app", "lib/ext")
+_SYLLABLES = ("ka", "to", "ri", "en", "de", "sh", "ar", "on", "il", "um", "ex", "po", "la", "ne", "st",
+              "co", "me", "ti", "ra", "vo", "in", "it", "al", "or", "ue", "py", "np", "ux")
+_SEPARATORS = (b" ", b" ", b" ", b"_", b".", b", ", b" = ", b"(", b"): ", b"/", b"-", b"\"")
+_TEXT_LINES = 8192  # distinct lines; the table holds each 8 times, so any 16-bit number picks one
+_CORPORA: Dict[str, Tuple[List[bytes], List[bytes]]] = {}
 
 
-def default_roots() -> List[str]:
-    roots = [sysconfig.get_paths()["stdlib"]]
-    roots += sorted(glob.glob("/usr/lib/python3*"))
-    multiarch = sysconfig.get_config_var("MULTIARCH")
-    if multiarch:
-        roots.append(f"/usr/lib/{multiarch}")
-    roots.append("/usr/share")
-    return [r for r in dict.fromkeys(roots) if os.path.isdir(r)]
+def suite_seed() -> str:
+    """$IMGTOOL_TEST_SEED, mixed into every factory's seed ("0" unless set): vary it to show that no
+    test depends on the particular bytes."""
+    return os.environ.get(SEED_ENV, "").strip() or "0"
 
 
-def _file_pool(roots: Sequence[str]) -> List[Tuple[str, int]]:
-    """(path, size) of regular readable files under roots, sorted: the same list every run."""
-    key = tuple(roots)
-    if key in _POOLS:
-        return _POOLS[key]
-    found: Dict[str, int] = {}
+def _corpus(seed: str) -> Tuple[List[bytes], List[bytes]]:
+    """(words, lines) that text files are drawn from: made once per suite seed."""
+    if seed not in _CORPORA:
+        rng = random.Random(f"{seed}:corpus")
+        words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((1, 2, 2, 3, 3, 4)))).encode()
+                 for _ in range(3000)]
 
-    def walk(d: str) -> None:
-        try:
-            it = os.scandir(d)
-        except OSError:
-            return
-        with it:
-            for e in it:
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        # caches and installed packages change under us; skip them
-                        if e.name not in ("__pycache__", "site-packages", "dist-packages"):
-                            walk(e.path)
-                    elif e.is_file(follow_symlinks=False):
-                        size = e.stat(follow_symlinks=False).st_size
-                        if 0 < size <= MAX_SOURCE_FILE and os.access(e.path, os.R_OK):
-                            found[e.path] = size
-                except OSError:
-                    continue
+        def line() -> bytes:
+            # Zipf-like word choice (a few words are everywhere), a few indents: compresses ~5x
+            picked = (words[min(int(rng.paretovariate(1.0)), len(words) - 1)] + rng.choice(_SEPARATORS)
+                      for _ in range(rng.randint(1, 12)))
+            return b"    " * rng.randint(0, 3) + b"".join(picked) + b"\n"
 
-    for root in roots:
-        walk(root)
-    if not found:
-        raise RuntimeError(f"no files to build layers from under {', '.join(roots)}")
-    pool = sorted(found.items())
-    _POOLS[key] = pool
-    return pool
+        _CORPORA[seed] = (words, [line() for _ in range(_TEXT_LINES)] * (65536 // _TEXT_LINES))
+    return _CORPORA[seed]
+
+
+def _text(rng: random.Random, size: int, lines: List[bytes]) -> bytes:
+    picks = array("H", rng.randbytes(2 * (size // 24 + 1)))
+    if sys.byteorder == "big":  # the same picks on every machine
+        picks.byteswap()
+    return b"".join(map(lines.__getitem__, picks))[:size]
+
+
+def _binary(rng: random.Random, size: int) -> bytes:
+    # like an executable: random code and data between runs of zeros and repeated records (~2x)
+    out, n = [], 0
+    while n < size:
+        k = rng.randint(16, 4096)
+        roll = rng.random()
+        if roll < 0.5:
+            out.append(rng.randbytes(k))
+        elif roll < 0.85:
+            out.append(bytes(k))
+        else:
+            out.append((rng.randbytes(16) * (k // 16 + 1))[:k])
+        n += k
+    return b"".join(out)[:size]
+
+
+class _Contents:
+    """Files for one layer: names, modes and bytes from `rng`, kinds in KIND_SHARE's proportions."""
+
+    def __init__(self, rng: random.Random, seed: str):
+        self.rng = rng
+        self.words, self.lines = _corpus(seed)
+        self.bytes = {kind: 0 for kind, _ in KIND_SHARE}
+        self.names: set = set()
+
+    def next_file(self, limit: int) -> Tuple[str, bytes, int]:
+        """(name, data, mode) of a file of at most max(MIN_FILE, limit) bytes."""
+        rng = self.rng
+        total = sum(self.bytes.values()) + 1
+        # the kind furthest below its share, so every layer has about the same mix (and ratio)
+        kind = max(KIND_SHARE, key=lambda ks: ks[1] * total - self.bytes[ks[0]])[0]
+        size = int(math.exp(rng.uniform(math.log(MIN_FILE), math.log(MAX_FILE))))
+        size = max(MIN_FILE, min(size, limit))
+        if kind == "text":
+            data = _text(rng, size, self.lines)
+            mode = 0o755 if rng.random() < 0.1 else 0o644
+        elif kind == "binary":
+            data = _binary(rng, size)
+            mode = 0o755 if rng.random() < 0.6 else 0o644
+        else:
+            data = rng.randbytes(size)
+            mode = 0o644
+        self.bytes[kind] += len(data)
+        name = self._name(kind)
+        return name, data, mode
+
+    def _name(self, kind: str) -> str:
+        rng, words = self.rng, self.words
+        while True:
+            parts = [rng.choice(_TOPS)] + [rng.choice(words).decode() for _ in range(rng.randint(1, 3))]
+            name = "/".join(parts) + rng.choice(_EXTENSIONS[kind])
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+
+def _elf_interpreter(data: bytes) -> Optional[bytes]:
+    """The PT_INTERP path of an ELF executable (None: statically linked); ValueError if not ELF."""
+    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
+        raise ValueError("not an ELF file")
+    end = "<" if data[5] == 1 else ">"
+    if data[4] == 2:
+        phoff, = struct.unpack_from(end + "Q", data, 32)
+        phentsize, phnum = struct.unpack_from(end + "HH", data, 54)
+    else:
+        phoff, = struct.unpack_from(end + "I", data, 28)
+        phentsize, phnum = struct.unpack_from(end + "HH", data, 42)
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        p_type, = struct.unpack_from(end + "I", data, at)
+        if p_type == 3:  # PT_INTERP
+            if data[4] == 2:
+                offset, = struct.unpack_from(end + "Q", data, at + 8)
+                size, = struct.unpack_from(end + "Q", data, at + 32)
+            else:
+                offset, = struct.unpack_from(end + "I", data, at + 4)
+                size, = struct.unpack_from(end + "I", data, at + 16)
+            return data[offset:offset + size].rstrip(b"\0")
+    return None
+
+
+def static_busybox() -> bytes:
+    """The bytes of Debian's busybox-static `/bin/busybox`; RuntimeError when absent or dynamic.
+
+    Runnable test images need a real shell; a static busybox brings one without any of this
+    machine's libraries, so the image is the same wherever the package is the same.
+    """
+    hint = "install Debian's busybox-static (apt-get install busybox-static; scripts/services.sh does)"
+    try:
+        with open(BUSYBOX, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise RuntimeError(f"a runnable test image needs {BUSYBOX} ({e.strerror}): {hint}") from None
+    try:
+        interp = _elf_interpreter(data)
+    except (ValueError, struct.error):
+        raise RuntimeError(f"{BUSYBOX} is not an ELF executable: {hint}") from None
+    if interp is not None:
+        raise RuntimeError(f"{BUSYBOX} is dynamically linked (it needs {interp.decode(errors='replace')}): "
+                           f"{hint}")
+    return data
 
 
 class _HashingWriter:
@@ -339,6 +446,18 @@ class _LayerWriter:
         self.tar.addfile(ti, io.BytesIO(data))
         self.names.append(name)
 
+    def add_symlink(self, name: str, target: str) -> None:
+        name = name.lstrip("/")
+        self._dirs_for(name)
+        ti = tarfile.TarInfo(name)
+        ti.type = tarfile.SYMTYPE
+        ti.linkname = target
+        ti.mode = 0o777
+        ti.mtime = MTIME
+        ti.uname = ti.gname = "root"
+        self.tar.addfile(ti)
+        self.names.append(name)
+
     def finish(self) -> Layer:
         self.tar.close()
         self.gz.close()
@@ -357,24 +476,27 @@ class _LayerWriter:
 
 
 class ImageFactory:
-    """Builds layers, images and indexes; the same seed gives the same bytes on this machine."""
+    """Builds layers, images and indexes; the same seed gives the same bytes on every machine.
 
-    def __init__(self, seed: Union[int, str] = 0, *, roots: Optional[Sequence[str]] = None,
-                 compresslevel: int = 6):
+    The bytes depend on `seed`, on $IMGTOOL_TEST_SEED (read when the factory is made) and on the
+    order of calls, nothing else.
+    """
+
+    def __init__(self, seed: Union[int, str] = 0, *, compresslevel: int = 6):
         self.seed = seed
-        self.roots = list(roots) if roots else default_roots()
+        self.suite_seed = suite_seed()
         self.compresslevel = compresslevel
         self._counter = 0
 
     def _rng(self, what: str) -> random.Random:
         self._counter += 1
-        return random.Random(f"{self.seed}:{what}:{self._counter}")
+        return random.Random(f"{self.suite_seed}:{self.seed}:{what}:{self._counter}")
 
     # -- layers ---------------------------------------------------------------------------------
 
     def layer(self, size: int = DEFAULT_LAYER_SIZE, *,
               files: Optional[Dict[str, bytes]] = None) -> Layer:
-        """A gzip layer of ~`size` compressed bytes of real files picked at random.
+        """A gzip layer of ~`size` compressed bytes of generated files (text, binaries, packed data).
 
         `files` (path -> bytes) are added first, verbatim: use them for layers whose content a
         test checks. Every layer also holds a small marker file naming the seed and its number,
@@ -385,31 +507,14 @@ class ImageFactory:
         w = _LayerWriter(self.compresslevel)
         for name, data in (files or {}).items():
             w.add(name, data)
-        w.add(f"etc/imgtool-test/layer-{n}", f"seed={self.seed} layer={n} "
+        w.add(f"etc/imgtool-test/layer-{n}", f"seed={self.seed} suite-seed={self.suite_seed} layer={n} "
               f"salt={rng.getrandbits(64):016x}\n".encode())
-        if size > 0:
-            pool = _file_pool(self.roots)
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-            copy = 0
-            while w.compressed_so_far < size:
-                added = len(w.names)
-                for i in order:
-                    path, _ = pool[i]
-                    try:
-                        with open(path, "rb") as fh:
-                            data = fh.read(MAX_SOURCE_FILE + 1)
-                        mode = os.stat(path).st_mode & 0o7777
-                    except OSError:
-                        continue
-                    # past one pass over the pool (huge layers), the files repeat elsewhere
-                    name = path if copy == 0 else f"/opt/imgtool-copy{copy}{path}"
-                    w.add(name, data, mode)
-                    if w.compressed_so_far >= size:
-                        break
-                if len(w.names) == added:
-                    raise RuntimeError(f"cannot read any file under {', '.join(self.roots)}")
-                copy += 1
+        contents = _Contents(rng, self.suite_seed)
+        while w.compressed_so_far < size:
+            # gzip holds back up to a few dozen KiB, so near the end files get small: the layer
+            # ends close to `size` instead of a whole large file past it
+            name, data, mode = contents.next_file(2 * (size - w.compressed_so_far))
+            w.add(name, data, mode)
         return w.finish()
 
     def layers(self, count: int, size: Union[int, Sequence[int]] = DEFAULT_LAYER_SIZE
@@ -420,23 +525,14 @@ class ImageFactory:
         return [self.layer(s) for s in sizes]
 
     def runnable_layer(self) -> Layer:
-        """A layer with /bin/sh, df, cat, ls, ... and the libraries they need (host arch only)."""
-        wanted: Dict[str, str] = {}
-        for binary in RUNNABLE_BINARIES:
-            real = shutil.which(os.path.basename(binary)) if not os.path.exists(binary) else binary
-            if not real:
-                continue
-            wanted[binary] = real
-            for lib in _needed_libraries(real):
-                wanted[lib] = lib
-        if "/bin/sh" not in wanted:
-            raise RuntimeError("no /bin/sh on this machine to build a runnable layer from")
-        files = {}
+        """A layer with a static busybox as /bin/busybox and /bin/sh, df, cat, ls, ... linked to it.
+
+        Host arch only (it is this machine's busybox-static). Raises RuntimeError without it.
+        """
         w = _LayerWriter(self.compresslevel)
-        for name in sorted(wanted):
-            with open(os.path.realpath(wanted[name]), "rb") as fh:
-                files[name] = fh.read()
-            w.add(name, files[name], 0o755)
+        w.add("bin/busybox", static_busybox(), 0o755)
+        for applet in BUSYBOX_APPLETS:
+            w.add_symlink(f"bin/{applet}", "busybox")
         self._counter += 1
         return w.finish()
 
@@ -460,7 +556,7 @@ class ImageFactory:
         """An image of `base` layers, then `layers` (a count of new layers, or Layer objects).
 
         arch: "amd64", "arm64" (variant v8), ...; media: "docker" (v2 schema2) or "oci".
-        runnable=True puts a layer with /bin/sh, df, ... on top (arch must be the host's), so
+        runnable=True puts a static busybox layer (/bin/sh, df, ...) on top (arch must be the host's), so
         `docker run IMAGE df -k /dev/shm` works. `config` entries update the config's "config"
         object (Env, Cmd, Labels, ...). Raises ValueError on unknown arch/media.
         """
@@ -568,24 +664,6 @@ class ImageFactory:
             images.append(self.image(arch, layers, arch_base, layer_size=layer_size,
                                      media=image_media or media, **image_kwargs))
         return self.index(images, media=media)
-
-
-def _needed_libraries(binary: str) -> List[str]:
-    """Absolute paths of the shared objects `binary` loads, as ldd reports them."""
-    try:
-        out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return []
-    libs = []
-    for line in out.splitlines():
-        line = line.strip()
-        if "=>" in line:
-            target = line.split("=>", 1)[1].strip().split(" (", 1)[0].strip()
-        else:
-            target = line.split(" (", 1)[0].strip()
-        if target.startswith("/"):
-            libs.append(target)
-    return libs
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,9 +28,53 @@ class Fault:
     after: int = 0  # reset/short/stall/flip: after this many body bytes
     status: int = 503
     headers: dict = field(default_factory=dict)
-    seconds: float = 0.0  # stall length, or redirect lifetime
+    seconds: float = 0.0  # stall length (0: until release()), or redirect lifetime
     rate: int = 0  # bytes/second for kind == "rate"
     used: int = 0
+    released: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def release(self) -> None:
+        """End a stall that has no `seconds` (the proxy's close() ends it too)."""
+        self.released.set()
+
+
+class Gate:
+    """Holds matching traffic until release(): new requests past the first `requests`, or body
+    bytes past `bytes` in total over all matching requests. `reached` is set once something
+    is held, so a test can act at a known point instead of after a guessed sleep."""
+
+    def __init__(self, match: Callable[[str, str], bool], requests: Optional[int] = None,
+                 bytes: Optional[int] = None):
+        self.match, self.requests, self.bytes = match, requests, bytes
+        self.lock = threading.Lock()
+        self.passed_requests = 0
+        self.passed_bytes = 0
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def _hold(self) -> None:
+        self.reached.set()
+        self.released.wait()
+
+    def request(self) -> None:
+        """Called as a matching request arrives: waits here if it is one too many."""
+        with self.lock:
+            over = self.requests is not None and self.passed_requests >= self.requests
+            self.passed_requests += 1
+        if over and not self.released.is_set():
+            self._hold()
+
+    def allowance(self, n: int) -> int:
+        """How many of the next n body bytes may go now (the rest after a hold)."""
+        if self.bytes is None or self.released.is_set():
+            return n
+        with self.lock:
+            take = max(0, min(n, self.bytes - self.passed_bytes))
+            self.passed_bytes += take
+        return take
 
 
 @dataclass
@@ -55,6 +99,7 @@ class FaultProxy:
         self.records: List[Record] = []
         self.lock = threading.Lock()
         self._expiring = {}  # token -> (deadline, real path)
+        self.gates: List[Gate] = []
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,12 +135,47 @@ class FaultProxy:
             self.faults.append(fault)
         return fault
 
+    def gate(self, match: Callable[[str, str], bool], *, requests: Optional[int] = None,
+             bytes: Optional[int] = None) -> Gate:
+        """Hold matching requests past the first `requests`, or body bytes past `bytes` (see Gate)."""
+        g = Gate(match, requests, bytes)
+        with self.lock:
+            self.gates.append(g)
+        return g
+
+    def wait_delivered(self, timeout: float = 60) -> bool:
+        """Wait until every byte the proxy sent has been read by its client (no connection of
+        the proxy has data queued in either socket, per /proc/net/tcp); False on timeout.
+
+        After a gate holds, this is the point where the client has everything B1 counts."""
+        port = f"{self.server.server_address[1]:04X}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open("/proc/net/tcp") as f:
+                rows = [line.split() for line in f.read().splitlines()[1:]]
+            queued = [r for r in rows if port in (r[1].split(":")[1], r[2].split(":")[1])
+                      and r[4] != "00000000:00000000"]
+            if not queued:
+                return True
+            time.sleep(0.01)
+        return False
+
     def clear(self) -> None:
         with self.lock:
+            for f in self.faults:
+                f.release()
+            for g in self.gates:
+                g.release()
             self.faults.clear()
             self.records.clear()
+            self.gates.clear()
 
     def close(self) -> None:
+        with self.lock:
+            for f in self.faults:
+                f.release()
+            for g in self.gates:
+                g.release()
         self.server.shutdown()
         self.server.server_close()
 
@@ -125,6 +205,10 @@ class FaultProxy:
         # Faults match the path as requested: a CDN link (/cdn/<token>) is matched as such, so a
         # fault can target the redirected download without redirecting it again.
         fault = self._take_fault(method, path)
+        with self.lock:
+            gates = [g for g in self.gates if g.match(method, path)]
+        for g in gates:
+            g.request()
         if path.startswith("/cdn/"):
             token = path.split("/")[2]
             deadline, real = self._expiring.get(token, (0, ""))
@@ -159,14 +243,14 @@ class FaultProxy:
             h.end_headers()
             if method == "HEAD":
                 return
-            self._pump(h, resp, rec, fault)
+            self._pump(h, resp, rec, fault, gates)
         except (BrokenPipeError, ConnectionResetError, socket.timeout):
             pass
         finally:
             conn.close()
             h.close_connection = True
 
-    def _pump(self, h, resp, rec: Record, fault: Optional[Fault]) -> None:
+    def _pump(self, h, resp, rec: Record, fault: Optional[Fault], gates: List[Gate]) -> None:
         sent = 0
         flipped = False
         start = time.monotonic()
@@ -199,13 +283,23 @@ class FaultProxy:
                         rec.sent = sent
                         chunk = chunk[cut:]
                     h.wfile.flush()
-                    time.sleep(fault.seconds)
+                    fault.released.wait(fault.seconds or None)
                     fault = None
             if fault and fault.kind == "rate" and fault.rate:
                 due = start + (sent + len(chunk)) / fault.rate
                 pause = due - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
+            for g in gates:
+                now = g.allowance(len(chunk))
+                if now < len(chunk):
+                    if now:
+                        h.wfile.write(chunk[:now])
+                        sent += now
+                        rec.sent = sent
+                    h.wfile.flush()
+                    g._hold()
+                    chunk = chunk[now:]
             h.wfile.write(chunk)
             sent += len(chunk)
             rec.sent = sent
