@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Collection, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 import requests
 import urllib3
@@ -37,6 +37,7 @@ STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long sti
 # requests cost 5-15 % on a link holding each connection to 20 MB/s (a request's round trip and the
 # registry's own per-request work), 16 MiB cost nothing measurable there or on loopback.
 REQUEST = 16 * 1024 * 1024
+TAIL_SECONDS = 1.0  # with no work queued, a range with longer than this to go is asked for in halves
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
 
@@ -262,13 +263,13 @@ class _Range:
 
 
 def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, stop: threading.Event,
-                  lock: threading.Lock, request: int) -> None:
+                  ask: Callable[[_Range, bool], int]) -> None:
     """Download the range into its blob's partial file, retrying and failing over; hashes at the cursor.
 
-    The range is asked for in requests of at most `request` bytes, one after the other on the same
-    (kept-alive) connection. A request is never cut short: an idle worker may take the back half of
-    the range only beyond the outstanding request (`asked`), so no byte the server was asked for is
-    thrown away, and a kill loses at most one request's bytes in flight per connection.
+    The range is asked for in bounded requests (`ask` says where each ends), one after the other on
+    the same (kept-alive) connection. A request is never cut short: an idle worker may take the back
+    half of the range only beyond the outstanding request (`asked`), so no byte the server was asked
+    for is thrown away, and a kill loses at most one request's bytes in flight per connection.
     """
     job = rng.job
     size = job.desc.size
@@ -280,16 +281,14 @@ def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, s
         try:
             with pool.sem[source.name]:
                 while rng.pos < rng.end and not stop.is_set():
-                    with lock:
-                        pos = rng.pos
-                        asked = rng.asked = min(rng.end, pos + request)
+                    pos = rng.pos
+                    asked = ask(rng, False)
                     resp = source.client.blob(source.repository, job.desc.digest, pos, None if asked == size else asked)
                     with resp:
                         skip = 0
                         if resp.status_code == 200:  # the server ignored Range: it sends the whole blob anyway,
                             skip = pos  # so skip to `pos` and keep the rest of the range from this response
-                            with lock:
-                                asked = rng.asked = rng.end
+                            asked = ask(rng, True)
                         read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
                         while rng.pos < asked and not stop.is_set():
                             chunk = read(min(READ_CHUNK, skip or asked - rng.pos), decode_content=False)
@@ -361,7 +360,7 @@ class _Scheduler:
                             self.changed.notify_all()
                 if rng is None:
                     continue
-                _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop, self.lock, self.request)
+                _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop, self._ask)
                 if not self.stop.is_set():
                     self._range_done(rng)
         except BaseException as e:
@@ -407,6 +406,19 @@ class _Scheduler:
             victim.job.pending += 1
             self.running.append(rng)
             return rng
+
+    def _ask(self, rng: _Range, whole: bool) -> int:
+        """Where the worker's next request on `rng` ends (`whole`: the rest of the range); marks it asked."""
+        with self.lock:
+            size = rng.end - rng.pos if whole else self.request
+            left = rng.seconds_left(time.monotonic())
+            if not self.queue and not whole and left is not None and left > TAIL_SECONDS:
+                # The tail, on a slow range: connections that run out of work come for it. Ask for at most
+                # half of what is left, so they can take the other half now instead of waiting for the
+                # request to end. (Not on a fast one: the extra requests cost more than they save there.)
+                size = min(size, max(self.min_steal, (rng.end - rng.pos) // 2))
+            rng.asked = min(rng.end, rng.pos + size)
+            return rng.asked
 
     def _next_turn(self) -> int:
         self.turn += 1
