@@ -9,6 +9,8 @@ One run, one image, every tool on the same bytes, alternating and repeated (medi
   verify       imgtool verify (full and --quick) vs sha256sum -c SHA256SUMS
   load         imgtool load vs docker load -i of the same archive (image removed between runs)
   constrained  the same fetches through a proxy that limits each TCP connection to --rate MB/s
+  over-download  bytes a proxy in front of the registry sent for imgtool fetch, against the blob
+               bytes: cold, and SIGKILL halfway + rerun; on loopback and on the constrained link
   memory       peak RSS of every imgtool command at two image sizes
 
 The image is built from real files of this machine (gzip layers, one holding ~45% of the bytes
@@ -31,6 +33,7 @@ import platform
 import random
 import secrets
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -366,11 +369,18 @@ def unpacked_size(meta: dict) -> int:
 
 
 class ThrottleProxy:
-    """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s."""
+    """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s (0: no limit).
+
+    It counts what it forwards: `sent`, the server->client bytes written to clients (what a registry
+    in its place would have written), and `connections`, the TCP connections accepted.
+    """
 
     def __init__(self, upstream: str, rate: float):
         self.upstream = upstream.rsplit(":", 1)
         self.rate = rate
+        self.sent = 0
+        self.connections = 0
+        self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -386,6 +396,8 @@ class ThrottleProxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
+            with self.lock:
+                self.connections += 1
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client):
@@ -394,11 +406,10 @@ class ThrottleProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
-        self._pipe(server, client, self.rate)
+        threading.Thread(target=self._pipe, args=(client, server, None, False), daemon=True).start()
+        self._pipe(server, client, self.rate, True)
 
-    @staticmethod
-    def _pipe(src, dst, rate):
+    def _pipe(self, src, dst, rate, count):
         due = time.monotonic()  # when the bytes sent so far may have left at `rate`
         try:
             while True:
@@ -406,6 +417,9 @@ class ThrottleProxy:
                 if not data:
                     break
                 dst.sendall(data)
+                if count:
+                    with self.lock:
+                        self.sent += len(data)
                 if rate:
                     # an idle (kept-alive) connection earns at most 50 ms of credit, not a burst
                     now = time.monotonic()
@@ -442,6 +456,7 @@ class Bench:
         self.skopeo = ["skopeo", "--override-arch", "arm64", "--override-os", "linux"]
         self.times: Dict[str, List[float]] = {}
         self.rss: Dict[str, List[int]] = {}
+        self.sent: Dict[str, List[Tuple[int, str]]] = {}  # over-download: (bytes the registry sent, note) per run
         self.bundle: Optional[Path] = None
 
     def ref(self, registry: Optional[str] = None) -> str:
@@ -523,6 +538,38 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         return res
 
+    def overdownload(self, rate: float, kill: bool) -> Tuple[int, str]:
+        """Bytes a counting proxy (each connection held to `rate` bytes/s, 0: none) sent for imgtool fetch
+        from a fresh cache; with `kill`, the fetch is SIGKILLed once half the blob bytes went out and the
+        same command run again on the same cache (both counted). Returns (bytes, what happened)."""
+        out, cache = self.fresh("bundle"), self.fresh("cache")
+        env = dict(self.base_env, IMGTOOL_CACHE=str(cache))
+        proxy = ThrottleProxy(self.env.registry, rate)
+        cmd = imgtool_cmd() + ["-q", "fetch", self.ref(proxy.address), "--arch", "arm64", "-o", str(out),
+                               "--no-tool", "--created", "2025-01-01T00:00:00Z"]
+        note = ""
+        try:
+            if kill:
+                half = compressed_size(self.meta) // 2
+                with open(os.devnull, "wb") as devnull:
+                    p = subprocess.Popen(cmd, env=env, stdout=devnull, stderr=devnull)
+                # Polled, not timed: the kill lands at the same byte count on any machine.
+                while proxy.sent < half and p.poll() is None:
+                    time.sleep(0.001)
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                time.sleep(0.2)  # the proxy's last writes to the dead connections
+                killed_at = proxy.sent
+                note = f"killed after {killed_at / MB:.0f} MB" if p.returncode == -signal.SIGKILL else "finished before the kill"
+                shutil.rmtree(out, ignore_errors=True)
+            run(cmd, env=env)
+            time.sleep(0.1)
+            return proxy.sent, note
+        finally:
+            proxy.close()
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+
     # -- verify / load -------------------------------------------------------------------------
 
     def archive_path(self) -> Path:
@@ -597,6 +644,15 @@ class Bench:
                            a.runs)
         finally:
             proxy.close()
+
+        log("over-download (bytes the registry sent)")
+        for r in range(a.runs):
+            for key, _ in OVER_ROWS:
+                slow, kill = key.startswith("slow"), key.endswith("kill")
+                os.sync()
+                got = self.overdownload(a.rate * MB if slow else 0, kill)
+                self.sent.setdefault(key, []).append(got)
+                log(f"  over.{key}: {100 * (got[0] / compressed_size(self.meta) - 1):+.2f}% {got[1]}")
 
     def run_small(self) -> Dict[str, int]:
         """Every imgtool command once on this (smaller) image: peak RSS only."""
@@ -673,6 +729,8 @@ ROWS = [  # key, task, tool
     ("slow.skopeo_oci", "constrained link", "`skopeo copy … oci:DIR`"),
     ("slow.docker_pull", "constrained link", "`docker pull --platform linux/arm64`"),
 ]
+OVER_ROWS = [("cold", "cold fetch, loopback"), ("slow", "cold fetch, constrained link"),
+             ("kill", "SIGKILL halfway + rerun, loopback"), ("slow_kill", "SIGKILL halfway + rerun, constrained link")]
 RSS_ROWS = [("fetch", "fetch.imgtool"), ("fetch (constrained link)", "slow.imgtool"), ("verify", "verify.imgtool"),
             ("verify --quick", "verify.imgtool_quick"), ("load", "load.imgtool"), ("export", "export.imgtool")]
 BASELINE = {"fetch": "fetch.imgtool", "verify": "verify.imgtool_quick", "load": "load.imgtool",
@@ -742,6 +800,28 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
     target("constrained link ≥ 3× faster than skopeo", ratio("slow.skopeo_oci", "slow.imgtool"), lambda v: v >= 3, "{:.1f}× faster")
     peak = max([max(v) for k, v in b.rss.items()] + list(small_rss.values()) or [0]) * 1024 / MB
     target("peak RSS ≤ 100 MB at both sizes", peak, lambda v: v <= 100, "{:.1f} MB max")
+
+    def over(keys):
+        runs = [n for k in keys for n, _ in b.sent.get(k, [])]
+        return 100 * (max(runs) / csize - 1) if runs else None
+
+    target("over-download ≤ 1 %, cold fetch (worst run)", over(["cold", "slow"]), lambda v: v <= 1.0, "{:+.2f} %")
+    target("over-download ≤ 1 %, SIGKILL + rerun (worst run)", over(["kill", "slow_kill"]), lambda v: v <= 1.0, "{:+.2f} %")
+    lines += ["", "## Over-download", "",
+              f"What the registry sent for `imgtool fetch` of the {csize / MB:.0f} MB of blobs (config and layers), counted "
+              "by a TCP proxy in front of it as the bytes it wrote to imgtool's connections (HTTP headers and "
+              "manifests included); the constrained link is the same proxy holding each connection to "
+              f"{args.rate:g} MB/s. SIGKILL + rerun: killed once the proxy had sent half the blob bytes, then the same "
+              "command again on the same cache; both runs counted.", "",
+              "| case | runs | MB sent (median) | over the blob bytes (each run) |", "|---|---:|---:|---|"]
+    for key, name in OVER_ROWS:
+        got = b.sent.get(key, [])
+        if not got:
+            lines.append(f"| {name} | 0 | skipped | |")
+            continue
+        each = ", ".join(f"{100 * (n / csize - 1):+.2f} %" + (f" ({note})" if note and not note.startswith("killed") else "")
+                         for n, note in got)
+        lines.append(f"| {name} | {len(got)} | {statistics.median(n for n, _ in got) / MB:.1f} | {each} |")
     lines += ["", "## Peak memory (RSS) of imgtool", "",
               f"Two image sizes: {compressed_size(small_meta) / MB:.0f} MB and {csize / MB:.0f} MB compressed "
               "(the big one: the maximum over the timed runs above).", "",

@@ -7,10 +7,12 @@ Mirrors are local registries standing in for quay.io (plain), DaoCloud (prefix p
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from imgtool.store import Store
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
 
+ROOT = Path(__file__).resolve().parent.parent
 DEAD = "http://127.0.0.1:1"  # nothing listens on port 1: an upstream that is down
 
 
@@ -371,18 +374,110 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
     assert_store_holds(store, image)
 
 
+def layer_bytes_sent(proxy, layers):
+    """Body bytes the proxy sent for GETs of these layers (what the registry wrote for them)."""
+    with proxy.lock:
+        return sum(r.sent for r in proxy.records if r.method == "GET" and any(l.digest in r.path for l in layers))
+
+
 def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, factory, mirrored, tmp_path):
     """One 6 MiB layer (not split up front) over connections held to 2 MB/s: the idle connections
-    take the back half of the biggest running range, again and again, instead of idling."""
+    take the back half of the biggest running range, again and again, instead of idling; and since
+    a split is never inside a request already sent, the registry sends every byte once."""
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=6 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layer.digest in p, times=1000, rate=2_000_000))
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=1 << 20)
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         starts = sorted(int(r.range[len("bytes="):].split("-")[0]) if r.range else 0 for r in gets)
-        assert len(gets) >= 4 and len(set(starts)) == len(starts), starts  # every take-over asks a new range
+        assert len(gets) >= 4 and len(set(starts)) == len(starts), starts  # every request asks new bytes
         assert starts[0] == 0 and all(0 < x < layer.size for x in starts[1:]), starts
-        assert sum(stats.per_source.values()) == layer.size  # each byte written once
+        assert any(x % (1 << 20) for x in starts), starts  # a take-over: a start off the 1 MiB request grid
+        assert sum(stats.per_source.values()) == layer.size  # each byte written once ...
+        assert layer_bytes_sent(proxy, [layer]) == layer.size  # ... and sent once
         assert_store_holds(store, image)
+
+
+def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tmp_path):
+    """Three layers, the first request held to 1 MB/s (one slow connection, as on an uneven link):
+    the others take over its back half, then each other's, and the registry still sends the blob
+    bytes at most 1 % over their size (before: every take-over threw away the bytes in flight)."""
+    idx = factory.multiarch(layers=3, layer_size=3 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    layers = idx.image("linux/arm64/v8").layers
+    total = sum(l.size for l in layers)
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        proxy.add(Fault("rate", lambda m, p: m == "GET" and layers[0].digest in p, times=1, rate=1_000_000))
+        store = Store(tmp_path / "c")
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=512 << 10,
+                                  min_steal=256 << 10)
+        first = [r for r in proxy.records if r.method == "GET" and layers[0].digest in r.path]
+        assert len(first) >= 3  # the slow range was taken over (and its pieces asked for in requests)
+        assert layer_bytes_sent(proxy, layers) <= 1.01 * total, (layer_bytes_sent(proxy, layers), total)
+        assert sum(stats.per_source.values()) == total
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
+
+
+_KILLED_PULL = """import sys
+from pathlib import Path
+from imgtool.store import Store
+from tests.test_puller import pull
+pull(Path(sys.argv[1]), "v1", "arm64", Store(Path(sys.argv[2])), jobs=4, big_blob=1 << 40, request=256 << 10)
+"""
+
+
+def test_sigkill_mid_download_then_rerun_sends_each_byte_once(services, factory, mirrored, tmp_path):
+    """A download killed with SIGKILL while every connection is mid-request keeps every byte it
+    received (the partial records survive); the rerun asks for exactly the bytes not on disk, so
+    the registry sends the blobs once in all. The kill is deterministic: every request stalls after
+    64 000 bytes, and the kill comes once the cache holds all the proxy sent."""
+    idx = factory.multiarch(layers=3, layer_size=4 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    layers = idx.image("linux/arm64/v8").layers
+    digests = [Digest.parse(l.digest) for l in layers]
+    total = sum(l.size for l in layers)
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
+        proxy.add(Fault("stall", lambda m, p: m == "GET" and any(l.digest in p for l in layers),
+                        times=10_000, after=64_000, seconds=30))
+        cache = tmp_path / "cache"
+        store = Store(cache)
+
+        def on_disk():
+            return sum(store.partial_bytes(d, l.size) for d, l in zip(digests, layers))
+
+        p = subprocess.Popen([sys.executable, "-c", _KILLED_PULL, str(cfg), str(cache)], cwd=str(ROOT),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            # every connection is stalled (one more than the layers: an idle one took a back half)
+            # and everything the proxy sent is on disk, for 0.3 s in a row
+            deadline, steady = time.monotonic() + 60, 0
+            while steady < 3 and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                stalled = [r for r in proxy.records if r.method == "GET" and r.sent >= 64_000]
+                sent = layer_bytes_sent(proxy, layers)
+                steady = steady + 1 if len(stalled) == 4 and on_disk() == sent else 0
+            b1 = layer_bytes_sent(proxy, layers)
+        finally:
+            p.kill()  # SIGKILL: no cleanup runs
+            _, err = p.communicate()
+        assert p.returncode == -signal.SIGKILL, err.decode()
+        assert steady == 3, f"never settled: {on_disk()} bytes on disk, {b1} sent"
+        assert b1 == 4 * 64_000 and on_disk() == b1  # what arrived before the kill is kept
+        assert not any(store.has(d) for d in digests)
+        proxy.clear()
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=256 << 10)
+        b2 = layer_bytes_sent(proxy, layers)
+        assert b2 == total - b1, (b1, b2, total)  # the rerun asks only for what is not on disk
+        assert b1 + b2 <= 1.01 * total
+        assert stats.resumed_bytes == b1
+        assert_store_holds(store, image)
+    finally:
+        proxy.close()
 
 
 def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, mirrored, tmp_path):
