@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.images import write_docker_archive
-from tests.support.proxy import FaultProxy, blob_path
+from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
 
 DEAD = "http://127.0.0.1:1"
@@ -52,7 +52,7 @@ def test_arm64_through_daocloud_mirror_with_upstream_down(services, factory, mir
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     bundle = tmp_path / "vllm-ascend-v0.22.1rc1-arm64"  # the default name: image, tag, arch
-    assert f"bundle: vllm-ascend-v0.22.1rc1-arm64" in r.stdout
+    assert "bundle: vllm-ascend-v0.22.1rc1-arm64" in r.stdout
     assert "source quay unreachable: 127.0.0.1:1: connection refused" in r.stderr
     assert "platform: linux/arm64" in r.stderr
     info = json.loads((bundle / "bundle.json").read_text())
