@@ -331,7 +331,7 @@ def arch_mismatch(ref: str, timeout: int = 5) -> Optional[str]:
 
     None when it fits, is not loaded, or Docker cannot be asked (run-flags works without Docker).
     """
-    from .model import Platform
+    from .model import foreign_arch_warning
 
     try:
         daemon = Daemon(connect(timeout=timeout))
@@ -346,10 +346,7 @@ def arch_mismatch(ref: str, timeout: int = 5) -> Optional[str]:
         return None
     finally:
         daemon.close()
-    if Platform.from_json({"architecture": image.architecture}).architecture == host:
-        return None
-    return (f"{ref} is for {image.platform} but this Docker host is linux/{host}: its containers will not start "
-            f"(exec format error); fetch it with --arch {host}")
+    return foreign_arch_warning(ref, image.platform, host)
 
 
 def familiar(name: str) -> str:

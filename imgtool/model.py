@@ -193,6 +193,15 @@ _HOST_RE = re.compile(
 )
 
 
+def foreign_arch_warning(ref: str, platform: str, host_arch: str) -> Optional[str]:
+    """The warning load, doctor and run-flags give for an image of another architecture than the
+    Docker host's (`host_arch` normalised, e.g. amd64), or None when it fits."""
+    if Platform.parse(platform).architecture == host_arch:
+        return None
+    return (f"{ref} is for {platform} but this Docker host is linux/{host_arch}: its containers will not start "
+            f"(exec format error); fetch it with --arch {host_arch}")
+
+
 def _looks_like_host(component: str) -> bool:
     return "." in component or ":" in component or component == "localhost" or component.startswith("[")
 

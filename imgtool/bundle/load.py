@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 from ..daemon import familiar
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, Platform, format_size
+from ..model import LAYER_COMPRESSION, Platform, foreign_arch_warning, format_size
 from ..progress import Progress
 from ..worker import Worker
 from . import layout
@@ -238,12 +238,7 @@ def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bo
 
 def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
     arch = host_arch or Platform.host().architecture
-    out = []
-    for im in index.images:
-        if im.platform.architecture != arch:
-            out.append(f"{im.ref} is for {im.platform} but this Docker host is linux/{arch}: its containers will "
-                       f"not start (exec format error); fetch it with --arch {arch}")
-    return out
+    return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch) for im in index.images) if w]
 
 
 class _Cut(Exception):
