@@ -626,7 +626,7 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
     if not result.sent:
         for w in result.warnings:
             p.warn(w)
-    rows = [(", ".join(im.tags) or im.ref, im.image_id[7:19], im.platform, format_size(im.size)) for im in result.images]
+    rows = [(", ".join(im.tags) or im.ref, im.docker_id[7:19], im.platform, format_size(im.size)) for im in result.images]
     click.echo(table(rows, ["name", "id", "platform", "size"]))
     if result.sent:
         click.echo(f"loaded {len(result.images)} image(s) from {result.dir} in {result.seconds:.1f} s "

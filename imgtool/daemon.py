@@ -11,13 +11,25 @@ from .errors import DaemonError
 
 
 def connect(timeout: int = 600):
-    """A docker-py client from the environment (DOCKER_HOST etc.); raises DaemonError."""
+    """A docker-py client from the environment (DOCKER_HOST etc.); raises DaemonError, UsageError.
+
+    DOCKER_API_VERSION pins the API version, as it does for the docker CLI (1.39 is Docker 18.09's,
+    Kylin V10's engine); by default the client speaks the daemon's own version.
+    """
+    import os
+    import re
+
     try:
         import docker
     except ImportError as e:  # pragma: no cover - only in a broken install
         raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker")
+    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
+    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
+        from .errors import UsageError
+
+        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
     try:
-        client = docker.from_env(timeout=timeout)
+        client = docker.from_env(version=version, timeout=timeout)
         client.ping()
         return client
     except Exception as e:  # DockerException, and requests/urllib3 connection errors that surface raw
@@ -96,6 +108,13 @@ class DaemonInfo:
     arch: str  # normalised: arm64, amd64
     os: str
     local: bool  # the daemon runs on this machine, so root_dir's free space can be read here
+    # Where images live: "graphdriver" (overlay2 & co: image ID = config digest) or "containerd"
+    # (the containerd image store, default of Docker 29: image ID = the manifest digest it was loaded by)
+    image_store: str = "graphdriver"
+
+    @property
+    def containerd_store(self) -> bool:
+        return self.image_store == "containerd"
 
     @property
     def version_tuple(self) -> Tuple[int, ...]:
@@ -107,7 +126,8 @@ class DaemonInfo:
 
     def to_json(self) -> dict:
         return {"host": self.host, "version": self.version, "api_version": self.api_version, "driver": self.driver,
-                "root_dir": self.root_dir, "arch": self.arch, "os": self.os, "local": self.local}
+                "image_store": self.image_store, "root_dir": self.root_dir, "arch": self.arch, "os": self.os,
+                "local": self.local}
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,8 @@ class Daemon:
             raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}")
         host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
+        status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
+        store = "containerd" if status.get("driver-type") == "io.containerd.snapshotter.v1" else "graphdriver"
         return DaemonInfo(
             host=host,
             version=str(version.get("Version") or info.get("ServerVersion") or "unknown"),
@@ -161,6 +183,7 @@ class Daemon:
             arch=arch,
             os=str(info.get("OSType") or version.get("Os") or "linux"),
             local=host.startswith("unix://"),
+            image_store=store,
         )
 
     def image_info(self, ref: str) -> Optional[ImageInfo]:
@@ -208,6 +231,17 @@ class Daemon:
             platform = "/".join(p for p in (d.get("Os"), d.get("Architecture"), d.get("Variant")) if p)
             out.append(InventoryImage(image_id, tags, platform, diff_ids))
         return out
+
+    def remove_image(self, image_id: str) -> None:
+        """Remove an image and every name it carries (docker rmi -f ID); raises DaemonError."""
+        from docker.errors import ImageNotFound, NotFound
+
+        try:
+            self.api.remove_image(image_id, force=True)
+        except (ImageNotFound, NotFound):
+            pass
+        except Exception as e:
+            raise DaemonError(f"cannot remove image {image_id[:19]}: {_short(e)}") from e
 
     def tag(self, image_id: str, name: str) -> None:
         """Tag an image `repo:tag`; raises DaemonError."""

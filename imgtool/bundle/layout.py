@@ -100,6 +100,19 @@ def oci_manifest(image: BundleImage) -> Optional[bytes]:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def oci_descriptor_digest(image: BundleImage) -> Digest:
+    """The manifest digest index.json names for the image (its OCI twin, or the registry's manifest)."""
+    twin = oci_manifest(image)
+    return Digest.of(twin) if twin else image.manifest_digest
+
+
+def docker_image_id(image: BundleImage, containerd_store: bool) -> Digest:
+    """The ID Docker gives the image once this archive is loaded: the config digest in a graphdriver
+    store, the manifest digest index.json names in the containerd image store (which imports the OCI
+    side of the archive)."""
+    return oci_descriptor_digest(image) if containerd_store else image.image_id
+
+
 def index_json(images: Sequence[BundleImage]) -> bytes:
     """OCI index.json: one entry per image, named by tag (ref.name) and full name (containerd)."""
     manifests = []
@@ -111,7 +124,7 @@ def index_json(images: Sequence[BundleImage]) -> bytes:
         twin = oci_manifest(image)
         manifests.append({
             "mediaType": OCI_MANIFEST if twin else image.manifest_media_type,
-            "digest": str(Digest.of(twin) if twin else image.manifest_digest),
+            "digest": str(oci_descriptor_digest(image)),
             "size": len(twin) if twin else image.manifest_size,
             "platform": image.platform.to_json(),
             "annotations": annotations,

@@ -43,14 +43,15 @@ _DOCKER_NAME = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-
 class LoadedImage:
     ref: str
     tags: List[str]  # every name the image now carries that we asked for
-    image_id: str
+    image_id: str  # the config digest (bundle.json's image_id): the same on every Docker
+    docker_id: str  # what this Docker calls it: image_id, or a manifest digest in the containerd image store
     platform: str
     size: int  # as Docker reports it (unpacked)
     was_present: bool
 
     def to_json(self) -> dict:
-        return {"ref": self.ref, "tags": self.tags, "image_id": self.image_id, "platform": self.platform,
-                "size": self.size, "was_present": self.was_present}
+        return {"ref": self.ref, "tags": self.tags, "image_id": self.image_id, "docker_id": self.docker_id,
+                "platform": self.platform, "size": self.size, "was_present": self.was_present}
 
 
 @dataclass
@@ -113,7 +114,8 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
     wanted = parse_tags(tags, view)
-    present = {im.ref: daemon.image_info(str(im.image_id)) for im in view.images}
+    ids = {im.ref: str(layout.docker_image_id(im, facts.containerd_store)) for im in view.images}
+    present = {im.ref: daemon.image_info(ids[im.ref]) for im in view.images}
     loaded = all(present.values())
 
     # Before Docker sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part
@@ -126,7 +128,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     report.raise_if_bad("load")
     warnings = list(report.warnings) + _arch_warnings(view, facts.arch)
     if loaded:
-        images = _tag_and_confirm(daemon, view, wanted, present)
+        images = _tag_and_confirm(daemon, view, wanted, present, ids)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings)
 
@@ -137,7 +139,12 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
         progress.warn(w)
 
     try:
-        sent = _stream(bundle_dir, index, daemon, progress, view.images)
+        try:
+            sent = _stream(bundle_dir, index, daemon, progress, view.images)
+        except BaseException:
+            if facts.containerd_store:
+                _forget_failed_load(daemon, view, ids, present)
+            raise
     except (VerifyError, _Cut) as e:
         # The upload was cut short and Docker dropped it; name every damaged part, as verify would.
         progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
@@ -145,7 +152,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded")
-    images = _tag_and_confirm(daemon, view, wanted, present)
+    images = _tag_and_confirm(daemon, view, wanted, present, ids)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings)
 
@@ -362,14 +369,25 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
     return sent[0]
 
 
-def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict) -> List[LoadedImage]:
-    """Give each image its canonical name and --tag names, then confirm by image ID; raises DaemonError."""
+def _forget_failed_load(daemon, index: BundleIndex, ids: Dict[str, str], before: dict) -> None:
+    """The containerd image store registers an image before it unpacks its layers, and keeps it when the
+    unpacking fails (a layer not matching its diff_id, a layer that is not a tar). A failed load must
+    leave nothing behind: remove what it registered of the images Docker did not hold before."""
+    for im in index.images:
+        if before.get(im.ref) is None and daemon.image_info(ids[im.ref]) is not None:
+            daemon.remove_image(ids[im.ref])
+
+
+def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict,
+                     ids: Dict[str, str]) -> List[LoadedImage]:
+    """Give each image its canonical name and --tag names, then confirm by the ID this Docker gives it
+    (`ids`, see layout.docker_image_id); raises DaemonError."""
     out = []
     for im in index.images:
-        image_id = str(im.image_id)
+        image_id = ids[im.ref]
         info = daemon.image_info(image_id)
         if info is None:
-            raise DaemonError(f"docker load finished, but {im.ref} (ID {im.image_id.short}) is not in Docker")
+            raise DaemonError(f"docker load finished, but {im.ref} (ID {image_id[7:19]}) is not in Docker")
         names = _names(im, wanted)
         for name in names:
             if familiar(name) not in {familiar(t) for t in info.tags}:
@@ -377,6 +395,6 @@ def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], b
         info = daemon.image_info(image_id)
         if info is None or info.id != image_id or not _has_tags(info, names):
             raise DaemonError(f"docker load finished, but {im.ref} does not carry the names {', '.join(names)}")
-        out.append(LoadedImage(im.ref, names, info.id, info.platform or str(im.platform), info.size,
+        out.append(LoadedImage(im.ref, names, str(im.image_id), info.id, info.platform or str(im.platform), info.size,
                                before.get(im.ref) is not None))
     return out
