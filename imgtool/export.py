@@ -1,11 +1,16 @@
 """`imgtool export`: the same bundle from images already in a local Docker daemon.
 
-`docker save` hands layers over uncompressed. Each layer is gzip-compressed on the way
-into the blob store as a series of independent gzip members of 4 MiB of input each,
-compressed in parallel (zlib releases the GIL); multi-member gzip is plain gzip to every
-reader, Docker 1.10+ included. Compression is deterministic (fixed level, mtime 0), so the
-same layer always gets the same digest and is stored once. The output is a PulledImage per
-image, so the bundle writer does the rest exactly as for `fetch`.
+`docker save` of a graphdriver store hands layers over uncompressed. Each layer is
+gzip-compressed on the way into the blob store as a series of independent gzip members of
+4 MiB of input each, compressed in parallel (zlib releases the GIL); multi-member gzip is plain
+gzip to every reader, Docker 1.10+ included. Compression is deterministic (fixed level, mtime 0),
+so the same layer always gets the same digest and is stored once.
+
+The containerd image store (Docker 29's default) saves the registry's compressed blobs instead
+(the layer members are gzip or zstd). A gzip layer is kept byte for byte (its diff_id checked
+while it is stored); a zstd layer, which Docker before 23 cannot read, is decompressed and
+gzip-compressed as above. The output is a PulledImage per image, so the bundle writer does the
+rest exactly as for `fetch`.
 """
 
 import gzip
@@ -14,6 +19,7 @@ import io
 import json
 import os
 import tarfile
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Sequence, Tuple
@@ -25,6 +31,8 @@ from .progress import Progress
 from .store import Store
 
 CHUNK = 4 * 1024 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SMALL = 1024 * 1024  # members up to this size are kept in memory until manifest.json says what they are
 MAX_MANIFEST_JSON = 16 * 1024 * 1024
 
@@ -63,6 +71,108 @@ class _ChunkReader(io.RawIOBase):
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
+
+
+class _Prepend(io.RawIOBase):
+    """`head` followed by the rest of a reader: what sniffing a member's first bytes leaves behind."""
+
+    def __init__(self, head: bytes, rest):
+        self._head, self._rest = head, rest
+
+    def readable(self):
+        return True
+
+    def read(self, n=-1):
+        head, self._head = self._head, b""
+        if n is None or n < 0:
+            return head + self._rest.read()
+        if len(head) >= n:
+            self._head = head[n:]
+            return head[:n]
+        return head + (self._rest.read(n - len(head)) or b"")
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+class _ZstdLayer:
+    """A zstd layer's decompressed bytes (read(n)); zstandard is imported only when one is met."""
+
+    def __init__(self, raw, what: str):
+        try:
+            import zstandard
+        except ImportError:
+            raise ExportError(f"{what} is zstd-compressed (the containerd image store keeps the registry's blobs) "
+                              "and the zstandard Python package is missing",
+                              hint="pip install zstandard, then export again")
+        self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK, read_across_frames=True)
+
+    def read(self, n=-1):
+        return self._r.read(CHUNK if n is None or n < 0 else n)
+
+
+def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int,
+                     bar) -> Tuple[str, Digest, int]:
+    """A saved layer of any form into the store as gzip: (diff_id, gzip digest, gzip size).
+
+    Uncompressed (graphdriver store): gzip-compressed here. gzip (containerd store): kept as it is.
+    zstd (containerd store): decompressed, then gzip-compressed here. Raises ExportError.
+    """
+    head = reader.read(4) or b""
+    whole = _Prepend(head, reader)
+    if head.startswith(GZIP_MAGIC):
+        return keep_gzip_layer(whole, what, store, bar)
+    if head == ZSTD_MAGIC:
+        return compress_layer(_ZstdLayer(whole, what), store, pool, jobs, level, bar)
+    return compress_layer(whole, store, pool, jobs, level, bar)
+
+
+def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, int]:
+    """Store a gzip layer byte for byte, decompressing it on the way for its diff_id; raises ExportError."""
+    diff = hashlib.sha256()
+    out_hash = hashlib.sha256()
+    tmp = store.temp_file("export")
+    size = 0
+    z = zlib.decompressobj(31)
+    ended = False  # the last gzip member seen is complete
+    try:
+        with open(tmp, "wb") as out:
+            while True:
+                chunk = reader.read(CHUNK)
+                if not chunk:
+                    break
+                out.write(chunk)
+                out_hash.update(chunk)
+                size += len(chunk)
+                bar.update(len(chunk))
+                while chunk:  # a multi-member gzip: a fresh decompressor for each member
+                    if ended:
+                        z = zlib.decompressobj(31)
+                    diff.update(z.decompress(chunk))
+                    ended = z.eof
+                    chunk = z.unused_data if ended else b""
+            if not ended:
+                raise ExportError(f"{what}: the gzip layer docker save gave ends early")
+            out.flush()
+            os.fsync(out.fileno())
+        digest = Digest("sha256", out_hash.hexdigest())
+        store.ingest(tmp, digest)
+        return f"sha256:{diff.hexdigest()}", digest, size
+    except zlib.error as e:
+        _unlink(tmp)
+        raise ExportError(f"{what}: docker save gave a gzip layer that cannot be decompressed ({e})") from e
+    except BaseException:
+        _unlink(tmp)
+        raise
+
+
+def _unlink(path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _compress(data: bytes, level: int) -> bytes:
@@ -136,7 +246,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
             if member.size <= SMALL:
                 small[member.name] = f.read()
                 continue
-            compressed[member.name] = compress_layer(f, store, pool, jobs, level, bar)
+            compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, level, bar)
     try:
         entries = json.loads(small["manifest.json"])
         entry = entries[0]
@@ -150,9 +260,8 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
         if member_name in compressed:
             diff_id, digest, size = compressed[member_name]
         elif member_name in small:
-            diff_id = "sha256:" + hashlib.sha256(small[member_name]).hexdigest()
-            data = _compress(small[member_name], level)
-            digest, size = store.put_bytes(data), len(data)
+            diff_id, digest, size = layer_into_store(io.BytesIO(small[member_name]), f"{name}: {member_name}", store,
+                                                     pool, jobs, level, _NoBar())
         else:
             raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
         diff_ids.append(diff_id)
