@@ -69,7 +69,7 @@ if command -v sha256sum >/dev/null 2>&1; then
 else
     echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
 fi
-{need_tool}{_base_check(index)}
+{need_tool}{_base_check(index)}{_containerd_multiarch_check(index)}
 echo "load.sh: loading {len(index.images)} image(s) into docker ..." >&2
 {pipe}
 status=$?
@@ -106,6 +106,31 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  "  sh load.sh                   needs only sh, sha256sum, cat and docker",
                  "The first two check every part and blob as they load; on any mismatch Docker keeps nothing."]
     return "\n".join(indent + line for line in lines)
+
+
+def _multiarch_refs(index: BundleIndex) -> List[str]:
+    """The tags this bundle holds for several architectures."""
+    seen: dict = {}
+    for im in index.images:
+        seen.setdefault(im.ref, []).append(im)
+    return [ref for ref, ims in seen.items() if len(ims) > 1]
+
+
+def _containerd_multiarch_check(index: BundleIndex) -> str:
+    """Docker's containerd image store gives both architectures of such a tag one name and then fails
+    to unpack the host's: refuse before docker load, and point at imgtool, which sends one platform."""
+    refs = _multiarch_refs(index)
+    if not refs:
+        return ""
+    names = ", ".join(refs).replace("'", "").replace('"', "")
+    how = f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load ."
+    return f"""
+if $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
+    echo "load.sh: error: this bundle holds {names} for several architectures, which the containerd image store of this Docker cannot take from docker load; nothing was loaded" >&2
+    echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
+    exit 5
+fi
+"""
 
 
 def _tag_multiarch(index: BundleIndex) -> str:
