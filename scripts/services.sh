@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Real services for the imgtool test suite: one private dockerd and four distribution registries
-# on loopback, all under one state dir, all started and stopped by this script only.
+# Real services for the imgtool test suite: private dockerds (one per Docker engine of the matrix)
+# and four distribution registries on loopback, all under one state dir, all started and stopped
+# by this script only.
 #
 #   scripts/services.sh up      start everything (installs the Debian packages first if missing)
 #   scripts/services.sh env     print `export IMGTOOL_TEST_...=...` lines (eval-able)
@@ -10,10 +11,16 @@
 # State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
 # to 108 bytes and dockerd/containerd put sockets a few levels below it).
 #
-# The dockerd is private and leaves the host alone: its own socket, data root, exec root, config
-# file and containerd (dockerd 20.10 starts a containerd under --exec-root when not given
-# --containerd); no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore
-# have no bridge network: tests run them with --network "$IMGTOOL_TEST_DOCKER_NETWORK" (none).
+# Engines ($IMGTOOL_TEST_ENGINES, default all three; the first is IMGTOOL_TEST_DOCKER_HOST):
+#   20.10             Debian 12's docker.io (apt), overlay2 graphdriver: Kylin-era Docker
+#   26.1              Debian 13's docker.io + containerd, unpacked with dpkg -x into a cache dir
+#                     ($IMGTOOL_DEBS_CACHE, default ~/.cache/imgtool-test/trixie), never installed
+#   26.1-containerd   the same dockerd with the containerd image store (containerd-snapshotter),
+#                     what a fresh Docker 29 uses
+# Each dockerd is private and leaves the host alone: its own socket, data root, exec root, config
+# file and containerd (dockerd starts a containerd under --exec-root when not given --containerd);
+# no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore have no bridge
+# network: tests run them with --network "$IMGTOOL_TEST_DOCKER_NETWORK" (none).
 set -euo pipefail
 
 S="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-svc}"
@@ -22,6 +29,8 @@ TOKEN_ISSUER="imgtool-test-issuer"
 TLS_USER="imgtool"
 DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
+ENGINES="${IMGTOOL_TEST_ENGINES:-20.10 26.1 26.1-containerd}"
+DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
@@ -30,7 +39,7 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_TEST_ENGINES,IMGTOOL_DEBS_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
@@ -106,7 +115,7 @@ our_shims() {
         [ -r "$p/cmdline" ] || continue
         local cmd
         cmd="$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null || true)"
-        if [[ "$cmd" == *containerd-shim* && "$cmd" == *"$S/exec/containerd/containerd.sock"* ]]; then
+        if [[ "$cmd" == *containerd-shim* && "$cmd" == *"$S/"*"containerd/containerd.sock"* ]]; then
             echo "${p#/proc/}"
         fi
     done
@@ -150,20 +159,21 @@ down() {
             case "$name" in registry-*) stop_pid "$name" "$pid" 5 ;; esac
         done <"$S/pids"
         while read -r name pid; do
-            [ "$name" = dockerd ] && stop_pid dockerd "$pid" 20
+            case "$name" in dockerd-*) stop_pid "$name" "$pid" 20 ;; esac
         done <"$S/pids"
         while read -r name pid; do
-            [ "$name" = containerd ] && stop_pid containerd "$pid" 10
+            case "$name" in containerd-*) stop_pid "$name" "$pid" 10 ;; esac
         done <"$S/pids"
     fi
-    # containers dockerd failed to stop (only if it was killed): remove them with runc directly
-    if [ -d "$S/exec/runtime-runc/moby" ] && command -v runc >/dev/null; then
-        local id
-        for id in $(runc --root "$S/exec/runtime-runc/moby" list -q 2>/dev/null); do
+    # containers a dockerd failed to stop (only if it was killed): remove them with runc directly
+    local id root
+    for root in "$S"/*/exec/runtime-runc/moby; do
+        [ -d "$root" ] && command -v runc >/dev/null || continue
+        for id in $(runc --root "$root" list -q 2>/dev/null); do
             say "removing leftover container $id"
-            runc --root "$S/exec/runtime-runc/moby" delete -f "$id" >/dev/null 2>&1 || true
+            runc --root "$root" delete -f "$id" >/dev/null 2>&1 || true
         done
-    fi
+    done
     for pid in $(our_shims); do stop_pid containerd-shim "$pid" 5; done
 
     # dockerd leaves mounts behind (netns files, overlay layers of killed containers, shm):
@@ -186,8 +196,13 @@ all_running() {
         pid_is_ours "$pid" || return 1
         n=$((n + 1))
     done <"$S/pids"
-    [ "$n" -ge 6 ] || return 1
-    curl -fsS --max-time 2 --unix-socket "$S/docker.sock" http://docker/_ping >/dev/null 2>&1
+    [ "$n" -ge $((4 + 2 * $(wc -w <<<"$ENGINES"))) ] || return 1
+    [ "$(cat "$S/engines" 2>/dev/null)" = "$ENGINES" ] || return 1
+    local engine
+    for engine in $ENGINES; do
+        curl -fsS --max-time 2 --unix-socket "$(engine_dir "$engine")/docker.sock" http://docker/_ping \
+            >/dev/null 2>&1 || return 1
+    done
 }
 
 make_certs() {
@@ -295,56 +310,123 @@ wait_registry() { # NAME HOSTPORT SCHEME EXPECTED_STATUS
     die "registry $name did not answer $url with $want within 15s (last status: $code)"
 }
 
-start_dockerd() {
-    mkdir -p "$S/docker" "$S/exec"
-    # our own (empty) config file, so /etc/docker/daemon.json of this machine is not read
-    echo '{}' >"$S/daemon.json"
-    local group=()
+# ---------------------------------------------------------------------------------------------
+# Docker engines
+
+engine_dir() { # ENGINE -> its directory under the state dir (short: sockets live below it)
+    case "$1" in
+    20.10) echo "$S/d20" ;;
+    26.1) echo "$S/d26" ;;
+    26.1-containerd) echo "$S/d26c" ;;
+    *) die "unknown engine $1 in IMGTOOL_TEST_ENGINES (known: 20.10 26.1 26.1-containerd)" ;;
+    esac
+}
+
+engine_root() { # ENGINE -> the root its binaries are unpacked in ("" = the system's)
+    case "$1" in
+    20.10) echo "" ;;
+    *) echo "$DEBS_CACHE/root" ;;
+    esac
+}
+
+# Debian 13's docker.io and containerd, downloaded with a private apt configuration whose one
+# source is the Debian mirror this machine's apt already uses (suite trixie), unpacked with
+# dpkg -x into the cache dir: nothing is installed over the system's packages.
+ensure_trixie_docker() {
+    local want="docker.io containerd" root="$DEBS_CACHE/root"
+    if [ -x "$root/usr/sbin/dockerd" ] && [ "$(cat "$DEBS_CACHE/stamp" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    local mirror
+    mirror="$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
+    [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit } $1 == "deb" { print $3; exit }' \
+        /etc/apt/sources.list 2>/dev/null)"
+    [ -n "$mirror" ] || die "cannot find this machine's Debian mirror in /etc/apt/sources.list{,.d}"
+    say "fetching Debian 13 (trixie) docker.io and containerd from $mirror into $DEBS_CACHE"
+    local apt="$DEBS_CACHE/apt"
+    rm -rf "$apt" "$root.tmp"
+    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.tmp"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$apt/sources.list"
+    local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=-"
+        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Get::List-Cleanup=0"
+        -o "APT::Sandbox::User=root")
+    apt-get -qq "${opts[@]}" update >&2 || die "apt-get update of trixie from $mirror failed"
+    (cd "$apt/debs" && apt-get -qq "${opts[@]}" download $want >&2) ||
+        die "apt-get download $want (trixie) failed"
+    local deb
+    for deb in "$apt"/debs/*.deb; do dpkg -x "$deb" "$root.tmp"; done
+    [ -x "$root.tmp/usr/sbin/dockerd" ] && [ -x "$root.tmp/usr/bin/containerd" ] ||
+        die "the trixie packages did not hold usr/sbin/dockerd and usr/bin/containerd"
+    rm -rf "$root"
+    mv "$root.tmp" "$root"
+    rm -rf "$apt/lists" "$apt/cache"
+    echo "$want" >"$DEBS_CACHE/stamp"
+}
+
+start_dockerd() { # ENGINE
+    local engine="$1" dir root
+    dir="$(engine_dir "$engine")"
+    root="$(engine_root "$engine")"
+    mkdir -p "$dir/data" "$dir/exec"
+    # our own config file, so /etc/docker/daemon.json of this machine is not read
+    if [ "$engine" = 26.1-containerd ]; then
+        echo '{"features": {"containerd-snapshotter": true}}' >"$dir/daemon.json"
+    else
+        echo '{}' >"$dir/daemon.json"
+    fi
+    local group=() path="$PATH" dockerd=dockerd
     [ -n "$OWNER" ] && group=(--group "${OWNER#*:}")
-    setsid dockerd \
-        --config-file "$S/daemon.json" \
-        --data-root "$S/docker" \
-        --exec-root "$S/exec" \
-        --pidfile "$S/dockerd.pid" \
-        --host "unix://$S/docker.sock" \
+    if [ -n "$root" ]; then
+        path="$root/usr/bin:$root/usr/sbin:$PATH"  # its own containerd and shims first
+        dockerd="$root/usr/sbin/dockerd"
+    fi
+    PATH="$path" setsid "$dockerd" \
+        --config-file "$dir/daemon.json" \
+        --data-root "$dir/data" \
+        --exec-root "$dir/exec" \
+        --pidfile "$dir/dockerd.pid" \
+        --host "unix://$dir/docker.sock" \
         "${group[@]}" \
         --bridge=none \
         --iptables=false \
         --ip-forward=false \
         --ip-masq=false \
         --shutdown-timeout 5 \
-        </dev/null >"$S/dockerd.log" 2>&1 &
-    echo "dockerd $!" >>"$S/pids"
+        </dev/null >"$dir/dockerd.log" 2>&1 &
+    echo "dockerd-$engine $!" >>"$S/pids"
 }
 
-wait_dockerd() {
-    local pid i cpid
-    pid="$(awk '$1 == "dockerd" { print $2 }' "$S/pids")"
+wait_dockerd() { # ENGINE
+    local engine="$1" dir pid i cpid
+    dir="$(engine_dir "$engine")"
+    pid="$(awk -v n="dockerd-$engine" '$1 == n { print $2 }' "$S/pids")"
     for ((i = 0; i < 600; i++)); do
-        curl -fsS --max-time 2 --unix-socket "$S/docker.sock" http://docker/_ping >/dev/null 2>&1 && break
+        curl -fsS --max-time 2 --unix-socket "$dir/docker.sock" http://docker/_ping >/dev/null 2>&1 && break
         if ! pid_is_ours "$pid"; then
-            log_tail "$S/dockerd.log"
-            die "dockerd exited during start-up"
+            log_tail "$dir/dockerd.log"
+            die "dockerd $engine exited during start-up"
         fi
         sleep 0.1
     done
     if [ "$i" -ge 600 ]; then
-        log_tail "$S/dockerd.log"
-        die "dockerd did not answer on unix://$S/docker.sock within 60s"
+        log_tail "$dir/dockerd.log"
+        die "dockerd $engine did not answer on unix://$dir/docker.sock within 60s"
     fi
-    docker -H "unix://$S/docker.sock" version --format '{{.Server.Version}}' >/dev/null 2>&1 || {
-        log_tail "$S/dockerd.log"
-        die "docker -H unix://$S/docker.sock version failed"
+    local version
+    version="$(docker -H "unix://$dir/docker.sock" version --format '{{.Server.Version}}' 2>/dev/null)" || {
+        log_tail "$dir/dockerd.log"
+        die "docker -H unix://$dir/docker.sock version failed"
     }
-    # dockerd 20.10 runs its own containerd under the exec root; record it, and make sure it is
+    case "$version" in "${engine%%-*}".*) ;; *) die "engine $engine answers as Docker $version" ;; esac
+    # each dockerd runs its own containerd under its exec root; record it, and make sure it is
     # a child of our dockerd, not somebody else's containerd.
-    cpid="$(cat "$S/exec/containerd/containerd.pid" 2>/dev/null || true)"
+    cpid="$(cat "$dir/exec/containerd/containerd.pid" 2>/dev/null || true)"
     if [ -z "$cpid" ] || ! pid_is_ours "$cpid" ||
         [ "$(awk '/^PPid:/ { print $2 }' "/proc/$cpid/status")" != "$pid" ]; then
-        log_tail "$S/dockerd.log"
-        die "dockerd is not running its own containerd under $S/exec (pid file: ${cpid:-none})"
+        log_tail "$dir/dockerd.log"
+        die "dockerd $engine is not running its own containerd under $dir/exec (pid file: ${cpid:-none})"
     fi
-    echo "containerd $cpid" >>"$S/pids"
+    echo "containerd-$engine $cpid" >>"$S/pids"
 }
 
 write_env() {
@@ -352,7 +434,8 @@ write_env() {
     {
         for v in \
             "IMGTOOL_TEST_SERVICES_DIR=$S" \
-            "IMGTOOL_TEST_DOCKER_HOST=unix://$S/docker.sock" \
+            "IMGTOOL_TEST_DOCKER_HOST=unix://$(engine_dir "${ENGINES%% *}")/docker.sock" \
+            "IMGTOOL_TEST_ENGINES=$(engine_list)" \
             "IMGTOOL_TEST_DOCKER_NETWORK=$DOCKER_NETWORK" \
             "IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:$PORT_plain" \
             "IMGTOOL_TEST_REGISTRY_MIRROR=127.0.0.1:$PORT_mirror" \
@@ -370,6 +453,12 @@ write_env() {
         done
     } >"$S/env.sh.tmp"
     mv "$S/env.sh.tmp" "$S/env.sh"
+}
+
+engine_list() { # "20.10=unix://.../docker.sock 26.1=unix://..."
+    local engine out=()
+    for engine in $ENGINES; do out+=("$engine=unix://$(engine_dir "$engine")/docker.sock"); done
+    echo "${out[*]}"
 }
 
 on_up_exit() {
@@ -390,17 +479,23 @@ up() {
         down
     fi
     ensure_packages
+    local engine
+    for engine in $ENGINES; do
+        engine_dir "$engine" >/dev/null  # dies on an unknown name
+        [ -z "$(engine_root "$engine")" ] || ensure_trixie_docker
+    done
     local t0=$SECONDS
     mkdir -p "$S"
     chmod 755 "$S"
     : >"$S/.imgtool-services"
     : >"$S/pids"
+    echo "$ENGINES" >"$S/engines"
     # if anything below fails, leave nothing running
     trap on_up_exit EXIT
 
     read -r PORT_plain PORT_mirror PORT_tls PORT_token TOKEN_PORT <<<"$(free_ports 5)"
     make_certs
-    start_dockerd
+    for engine in $ENGINES; do start_dockerd "$engine"; done
     local name
     for name in $REGISTRIES; do
         eval "write_registry_config $name \$PORT_$name"
@@ -410,13 +505,13 @@ up() {
     wait_registry mirror "127.0.0.1:$PORT_mirror" http 200
     wait_registry tls "127.0.0.1:$PORT_tls" https 401
     wait_registry token "127.0.0.1:$PORT_token" http 401
-    wait_dockerd
+    for engine in $ENGINES; do wait_dockerd "$engine"; done
     write_env
     if [ -n "$OWNER" ]; then
         chown -R "$OWNER" "$S/tls" "$S/token" "$S/env.sh"
     fi
     trap - EXIT
-    say "up in $((SECONDS - t0))s: dockerd unix://$S/docker.sock, registries plain=$PORT_plain" \
+    say "up in $((SECONDS - t0))s: dockerd $(engine_list), registries plain=$PORT_plain" \
         "mirror=$PORT_mirror tls=$PORT_tls token=$PORT_token (issuer port $TOKEN_PORT)"
 }
 

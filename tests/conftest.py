@@ -1,6 +1,9 @@
 """Fixtures over the real services started by scripts/services.sh (run everything via scripts/test.sh).
 
-services        Services (registries host:port, dockerd socket, TLS CA, token issuer settings)
+services        Services (registries host:port, dockerd socket, TLS CA, token issuer settings); in a test
+                marked @pytest.mark.engines, docker_host is the socket of the engine it runs on (the
+                test runs once per engine: 20.10, 26.1, 26.1-containerd; see scripts/services.sh)
+engine          the name of that engine (None in unmarked tests, which use the first engine)
 factory         ImageFactory seeded from the test's node id (stable per test, distinct across tests)
 uniq            a fresh repository namespace, e.g. "t3f9a0c1d", so tests never share repositories
 docker_cli      DockerCLI: docker_cli("image", "inspect", ref) against the test dockerd
@@ -28,16 +31,43 @@ from tests.support.tokenissuer import TokenIssuer
 os.environ.setdefault("IMGTOOL_TEST_MIN_CHUNK_SIZE", str(64 * 1024))
 
 
+ENGINES = ("20.10", "26.1", "26.1-containerd")  # scripts/services.sh starts each; CI runs them all
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "engines: run the test once on every Docker engine of the matrix")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("engines"):
+        metafunc.parametrize("engine", ENGINES, indirect=True)
+
+
 @pytest.fixture(scope="session")
-def services() -> Services:
+def _services() -> Services:
     # A missing service fails the tests that need it, never skips them: a green run must mean
-    # the real registries and daemon were exercised.
+    # the real registries and daemons were exercised.
     try:
         svc = Services.from_env()
         svc.check()
     except ServicesNotRunning as e:
         pytest.fail(str(e), pytrace=False)
     return svc
+
+
+@pytest.fixture
+def engine(request):
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def services(_services, engine) -> Services:
+    if engine is None:
+        return _services
+    try:
+        return _services.on(engine)
+    except ServicesNotRunning as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture
@@ -51,7 +81,7 @@ def uniq() -> str:
     return "t" + secrets.token_hex(4)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def docker_cli(services) -> DockerCLI:
     try:
         return DockerCLI(services.docker_host)
@@ -83,7 +113,8 @@ def registry(services):
 
 
 @pytest.fixture(scope="session")
-def _token_issuer_server(services):
+def _token_issuer_server(_services):
+    services = _services
     issuer = TokenIssuer(services.token_key, services.token_cert, issuer=services.token_issuer,
                          service=services.token_service, port=services.token_port)
     try:

@@ -35,6 +35,7 @@ def _env(services):
             "DOCKER_HOST": services.docker_host}
 
 
+@pytest.mark.engines
 def test_multipart_bundle_loads_with_plain_docker_load(factory, store, tmp_path, services, docker_cli,
                                                        docker_cleanup):
     image = factory.image(host_arch(), layers=3)
@@ -59,9 +60,8 @@ def test_multipart_bundle_loads_with_plain_docker_load(factory, store, tmp_path,
                          capture_output=True, text=True, env=_env(services))
     assert cat.returncode == 0, cat.stderr
     assert f"Loaded image: {REPO}:v0.22.1rc1" in cat.stdout
-    info = docker_cli.inspect_image(f"{REPO}:v0.22.1rc1")
-    assert info["Id"] == image.config_digest == str(pulled.image_id)
-    assert set(docker_cli.image_ids()) - set(before) == {image.config_digest}
+    assert docker_cli.holds(f"{REPO}:v0.22.1rc1", image) and str(pulled.image_id) == image.config_digest
+    assert set(docker_cli.image_ids()) - set(before) == {docker_cli.bundle_id(image)}
 
 
 def test_bundle_json_describes_images_archive_and_parts(factory, store, tmp_path):
@@ -142,6 +142,7 @@ def test_oci_manifest_images_are_named_by_their_own_digest(factory, store, tmp_p
     assert json.loads(r.stdout)["Digest"] == image.manifest_digest
 
 
+@pytest.mark.engines
 def test_shared_layers_are_stored_once(factory, store, tmp_path, docker_cli, docker_cleanup):
     base = factory.layers(2)
     a = factory.image(host_arch(), layers=1, base=base)
@@ -159,11 +160,12 @@ def test_shared_layers_are_stored_once(factory, store, tmp_path, docker_cli, doc
 
     docker_cleanup.image(f"{REPO}:v0.22.0", f"{REPO}:v0.22.1rc1", a.config_digest, b.config_digest)
     docker_cli("load", input=(tmp_path / "all.tar").read_bytes())
-    assert docker_cli.inspect_image(f"{REPO}:v0.22.0")["Id"] == a.config_digest
-    assert docker_cli.inspect_image(f"{REPO}:v0.22.1rc1")["Id"] == b.config_digest
+    assert docker_cli.holds(f"{REPO}:v0.22.0", a)
+    assert docker_cli.holds(f"{REPO}:v0.22.1rc1", b)
 
 
 @pytest.mark.parametrize("compress", ["gzip", "zstd"])
+@pytest.mark.engines
 def test_compressed_bundles_load(compress, factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
     out = tmp_path / "b"
@@ -176,10 +178,11 @@ def test_compressed_bundles_load(compress, factory, store, tmp_path, services, d
     # load.sh decompresses with gzip -dc / zstd -dc and pipes into docker load
     r = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=_env(services))
     assert r.returncode == 0, r.stderr
-    assert docker_cli.inspect_image(f"{REPO}:c-{compress}")["Id"] == image.config_digest
+    assert docker_cli.holds(f"{REPO}:c-{compress}", image)
 
 
 @pytest.mark.parametrize("compress", ["gzip", "zstd"])
+@pytest.mark.engines
 def test_compressed_bundles_load_with_imgtool_and_a_damaged_last_part_loads_nothing(
         compress, factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
@@ -201,9 +204,10 @@ def test_compressed_bundles_load_with_imgtool_and_a_damaged_last_part_loads_noth
     last.write_bytes(good)
     r = imgtool("load", str(out), docker_host=services.docker_host)
     assert r.returncode == 0, r.stderr
-    assert docker_cli.inspect_image(f"{REPO}:i-{compress}")["Id"] == image.config_digest
+    assert docker_cli.holds(f"{REPO}:i-{compress}", image)
 
 
+@pytest.mark.engines
 def test_load_sh_loads_and_names_damaged_parts(factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
     out = tmp_path / "b"
@@ -230,7 +234,7 @@ def test_load_sh_loads_and_names_damaged_parts(factory, store, tmp_path, service
     docker_cleanup.image(f"{REPO}:sh", image.config_digest)
     r = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=_env(services))
     assert r.returncode == 0, r.stderr
-    assert docker_cli.inspect_image(f"{REPO}:sh")["Id"] == image.config_digest
+    assert docker_cli.holds(f"{REPO}:sh", image)
 
 
 def test_bundles_are_reproducible(factory, store, tmp_path):

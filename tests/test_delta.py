@@ -78,6 +78,7 @@ def two_tags(services, factory, mirrored, tmp_path):
     return _mirrors(tmp_path, services, ms), ms, old, new
 
 
+@pytest.mark.engines
 def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_cli, docker_cleanup):
     cfg, ms, old, new = two_tags
     env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
@@ -91,7 +92,7 @@ def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_
     r = imgtool("inventory", "-o", str(inv), docker_host=services.docker_host)
     assert r.returncode == 0, r.stderr
     doc = json.loads(inv.read_text())
-    mine = [im for im in doc["images"] if im["id"] == old.config_digest]
+    mine = [im for im in doc["images"] if im["id"] in docker_cli.ids_of(old)]
     assert mine and mine[0]["tags"] == [old_ref] and mine[0]["diff_ids"] == old.diff_ids
 
     out = tmp_path / "v2-delta"
@@ -120,11 +121,11 @@ def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_
 
     loaded = imgtool("load", str(out), docker_host=services.docker_host)
     assert loaded.returncode == 0, loaded.stderr
-    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+    assert docker_cli.holds(new_ref, new)
 
     # on a Docker without v1 the delta bundle is refused before Docker sees it
     docker_cli("image", "rm", "-f", old_ref, new_ref)
-    assert docker_cli.inspect_image(new.config_digest) is None
+    assert docker_cli.find(new) is None
     before = docker_cli.image_ids()
     refused = imgtool("load", str(out), docker_host=services.docker_host)
     assert refused.returncode == 1
@@ -137,6 +138,7 @@ def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_
     assert docker_cli.image_ids() == before
 
 
+@pytest.mark.engines
 def test_delta_against_a_base_bundle_and_load_sh(services, two_tags, tmp_path, docker_cli, docker_cleanup):
     cfg, ms, old, new = two_tags
     env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
@@ -155,13 +157,14 @@ def test_delta_against_a_base_bundle_and_load_sh(services, two_tags, tmp_path, d
     assert refused.returncode == 4
     assert (f"load.sh: error: this is a delta bundle and Docker lacks {old_ref}; load that image (its bundle) first"
             in refused.stderr)
-    assert docker_cli.inspect_image(new.config_digest) is None
+    assert docker_cli.find(new) is None
     assert subprocess.run(["sh", str(tmp_path / "v1" / "load.sh")], env=sh_env, capture_output=True).returncode == 0
     loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
     assert loaded.returncode == 0, loaded.stderr
-    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+    assert docker_cli.holds(new_ref, new)
 
 
+@pytest.mark.engines
 def test_base_provided_by_several_images_any_one_will_do(services, factory, mirrored, tmp_path, docker_cli,
                                                          docker_cleanup):
     """The base layers are in an arm64 and an amd64 image: a delta for this host asks for one of them,
@@ -212,7 +215,7 @@ def test_base_provided_by_several_images_any_one_will_do(services, factory, mirr
     docker_cli("image", "rm", "-f", foreign_ref)
     loaded = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=sh_env)
     assert loaded.returncode == 0, loaded.stderr
-    assert docker_cli.inspect_image(new_ref)["Id"] == new.config_digest
+    assert docker_cli.holds(new_ref, new)
 
     # only the foreign base present: imgtool load and load.sh both load
     docker_cli("image", "rm", "-f", new_ref, native_ref)
@@ -234,4 +237,4 @@ def test_base_provided_by_several_images_any_one_will_do(services, factory, mirr
     assert refused.returncode == 4
     assert (f"load.sh: error: this is a delta bundle and Docker lacks one of {native_ref}, {foreign_ref}; load that "
             "image (its bundle) first") in refused.stderr
-    assert docker_cli.inspect_image(new.config_digest) is None
+    assert docker_cli.find(new) is None

@@ -595,8 +595,8 @@ BUSYBOX_APPLETS = ("sh", "df", "echo", "cat", "sleep", "tty", "env")
 
 
 @pytest.fixture(scope="session")
-def busybox_image(services, docker_cli, tmp_path_factory):
-    """A tiny image: a static busybox and a few applet links, made with `docker import`."""
+def busybox_rootfs(tmp_path_factory):
+    """A rootfs tar: a static busybox and a few applet links."""
     # Debian's busybox-static at /bin/busybox, never whichever busybox PATH finds (a dynamic one
     # would not start in an image without its libraries)
     try:
@@ -612,8 +612,14 @@ def busybox_image(services, docker_cli, tmp_path_factory):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type, link.linkname = tarfile.SYMTYPE, "busybox"
             tar.addfile(link)
-    ref = f"imgtool-test/presets-busybox:{os.getpid()}"
-    docker_cli("import", "--change", "ENV PATH=/bin", str(tar_path), ref)
+    return tar_path
+
+
+@pytest.fixture
+def busybox_image(busybox_rootfs, docker_cli, uniq):
+    """That rootfs as an image in the test's Docker engine, made with `docker import`."""
+    ref = f"imgtool-test/presets-busybox:{uniq}"
+    docker_cli("import", "--change", "ENV PATH=/bin", str(busybox_rootfs), ref)
     yield ref
     docker_cli("rmi", "-f", ref, check=False)
 
@@ -622,6 +628,7 @@ def run_in_docker(services, *args, home, **kw):
     return imgtool(*args, home=home, docker_host=services.docker_host, **kw)
 
 
+@pytest.mark.engines
 def test_run_gives_the_container_the_shm_size(services, busybox_image, docker_cli, uniq, home):
     name = f"imgtool-{uniq}"
     r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "--shm-size", "256m",
@@ -634,6 +641,7 @@ def test_run_gives_the_container_the_shm_size(services, busybox_image, docker_cl
     assert docker_cli("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout.strip() == ""
 
 
+@pytest.mark.engines
 def test_run_streams_output_and_exits_with_the_containers_code(services, busybox_image, docker_cli, uniq, home):
     name = f"imgtool-{uniq}"
     r = run_in_docker(services, "run", "a3", busybox_image, "--allow-missing-devices", "-q",
@@ -645,6 +653,7 @@ def test_run_streams_output_and_exits_with_the_containers_code(services, busybox
     assert docker_cli("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout.strip() == ""
 
 
+@pytest.mark.engines
 def test_run_keeps_the_container_with_no_rm(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
     name = f"imgtool-{uniq}"
     docker_cleanup.container(name)
@@ -663,6 +672,7 @@ def test_run_keeps_the_container_with_no_rm(services, busybox_image, docker_cli,
                                      f"hint: pass --name NEW_NAME, or remove the old one: docker rm -f {name}"]
 
 
+@pytest.mark.engines
 def test_run_detached(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
     name = f"imgtool-{uniq}"
     docker_cleanup.container(name)
@@ -697,6 +707,7 @@ def local_vllm(services, busybox_image, docker_cli, docker_cleanup, uniq, tmp_pa
     return default_image, {"IMGTOOL_MIRRORS": str(mirrors)}
 
 
+@pytest.mark.engines
 def test_run_flags_picks_the_newest_local_image_for_the_preset(services, local_vllm, home):
     default_image, env = local_vllm
     r = run_in_docker(services, "run-flags", "a3", "--one-line", home=home, extra_env=env)
@@ -711,6 +722,7 @@ def test_run_flags_picks_the_newest_local_image_for_the_preset(services, local_v
                                      "replace <version> in the command or pass --image"]
 
 
+@pytest.mark.engines
 def test_run_without_image_uses_the_newest_local_one(services, local_vllm, uniq, home):
     default_image, env = local_vllm
     r = run_in_docker(services, "run", "a3", "--allow-missing-devices", "-q", "--net", services.docker_network,
@@ -726,6 +738,7 @@ def test_run_without_image_uses_the_newest_local_one(services, local_vllm, uniq,
         "hint: name one: imgtool run a5 IMAGE, or load a bundle first: imgtool load DIR"]
 
 
+@pytest.mark.engines
 def test_run_is_interactive_on_a_terminal(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
     import pty
     import select
@@ -789,6 +802,7 @@ def test_950dt_is_an_alias_of_a5(home, tmp_path):
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: {f}:2: presets.a3.aliases: 'a2' already names preset a2")
 
 
+@pytest.mark.engines
 def test_run_flags_warns_about_an_image_for_another_architecture(services, factory, docker_cli, docker_cleanup,
                                                                  uniq, tmp_path, home):
     """The newest local image for the preset may be the arm64 one on an amd64 host: say so, as load does."""

@@ -46,6 +46,7 @@ def test_parse_target():
     assert e.value.message == "invalid --to 'reg.local/Bad Name': expected HOST[:PORT][/NAMESPACE], e.g. harbor.local/ascend"
 
 
+@pytest.mark.engines
 def test_push_then_docker_pull_then_push_again_sends_no_blob(services, factory, store, tmp_path, proxy, uniq,
                                                              docker_cli, docker_cleanup):
     base = factory.layers(2)
@@ -68,7 +69,7 @@ def test_push_then_docker_pull_then_push_again_sends_no_blob(services, factory, 
     ref = f"{services.plain}/{uniq}/ascend/vllm-ascend:v1"
     docker_cleanup.image(ref, image.config_digest)
     docker_cli("pull", ref)
-    assert docker_cli.inspect_image(ref)["Id"] == image.config_digest
+    assert docker_cli.holds(ref, image)
 
     proxy.clear()
     again = push_bundle(out, f"{proxy.hostport}/{uniq}", insecure=True, progress=choose(True))

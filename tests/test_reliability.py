@@ -127,7 +127,8 @@ def mirrors_toml(path: Path, repo: str, entries) -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(services, tmp_path_factory):
+def world(_services, tmp_path_factory):
+    services = _services
     factory = ImageFactory("reliability")
     idx = factory.multiarch(layers=3, layer_size=LAYER_SIZE)
     ms = publish_mirrored(services, "rel" + secrets.token_hex(4), TAG, idx, targets=("upstream", "nju"))

@@ -56,6 +56,64 @@ class DockerCLI:
     def load(self, archive_path: Union[str, os.PathLike]) -> subprocess.CompletedProcess:
         return self("load", "-i", os.fspath(archive_path))
 
+    # -- image identity, which depends on the engine's image store ----------------------------
+
+    @property
+    def containerd_store(self) -> bool:
+        """True for the containerd image store (Docker 29's default; 26.1 with containerd-snapshotter)."""
+        if self.docker_host not in _STORES:
+            out = self("info", "--format", "{{json .DriverStatus}}").stdout
+            _STORES[self.docker_host] = "io.containerd.snapshotter.v1" in out
+        return _STORES[self.docker_host]
+
+    def ids_of(self, image) -> List[str]:
+        """The IDs this Docker may give a test image (tests.support.images.Image) once loaded or pulled.
+
+        A graphdriver store: the config digest, always. The containerd store: the manifest digest it
+        was imported by: the OCI twin a bundle's index.json names for a Docker v2 manifest, or the
+        registry's manifest digest (an OCI manifest, or `docker pull`).
+        """
+        if not self.containerd_store:
+            return [image.config_digest]
+        from imgtool.bundle import layout
+
+        return list(dict.fromkeys([str(layout.oci_descriptor_digest(bundle_view(image))), image.manifest_digest]))
+
+    def bundle_id(self, image) -> str:
+        """The ID this Docker gives the test image when it is loaded from a bundle (or its archive)."""
+        return self.ids_of(image)[0]
+
+    def find(self, image) -> Optional[dict]:
+        """`docker image inspect` of the test image by the ID this Docker gives it, or None."""
+        for image_id in self.ids_of(image):
+            found = self.inspect_image(image_id)
+            if found is not None:
+                return found
+        return None
+
+    def holds(self, ref: str, image) -> bool:
+        """Docker has `ref`, and it is `image` (by ID as this store names it, and by its layers)."""
+        found = self.inspect_image(ref)
+        return (found is not None and found["Id"] in self.ids_of(image)
+                and found["RootFS"]["Layers"] == list(image.diff_ids))
+
+
+_STORES: dict = {}
+
+
+def bundle_view(image):
+    """bundle.json's view (a BundleImage) of a test image, to ask imgtool.bundle.layout about it."""
+    from imgtool.bundle.format import BundleImage, Layer
+    from imgtool.model import Digest, Platform
+
+    from .images import MEDIA_TYPES
+
+    manifest_type, _, layer_type, _ = MEDIA_TYPES[image.media]
+    layers = tuple(Layer(Digest.parse(x.digest), x.size, Digest.parse(x.diff_id), layer_type) for x in image.layers)
+    return BundleImage("example.com/test:v1", "", Platform.parse(image.platform), None,
+                       Digest.parse(image.manifest_digest), manifest_type, len(image.manifest_bytes),
+                       Digest.parse(image.config_digest), len(image.config_bytes), layers)
+
 
 class DaemonCleanup:
     """Collects images/containers a test created; removes them when the test ends."""
@@ -94,3 +152,73 @@ class DaemonCleanup:
         self.images.clear()
         self.containers.clear()
         return errors
+
+
+class DockerAPIRecorder:
+    """A TCP listener on loopback relaying to a dockerd's unix socket, recording each request line.
+
+    `DOCKER_HOST=tcp://<address>` then shows which API paths a client used (e.g. that a client
+    pinned to API 1.39 never asked for anything newer).
+    """
+
+    def __init__(self, docker_host: str):
+        import re
+        import socket
+        import threading
+
+        self.target = docker_host[len("unix://"):]
+        self.requests: List[str] = []
+        self._lock = threading.Lock()
+        self._request = re.compile(rb"(?:^|\r\n)(GET|POST|PUT|DELETE|HEAD) (/\S*) HTTP/1\.[01]\r\n")
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(16)
+        self.address = "%s:%d" % self._server.getsockname()
+        self._threads: List[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, daemon=True)
+        self._accept.start()
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            for src, dst, record in ((client, upstream, True), (upstream, client, False)):
+                t = threading.Thread(target=self._pipe, args=(src, dst, record), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _pipe(self, src, dst, record: bool) -> None:
+        import socket
+
+        tail = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if record:
+                    window = tail + data
+                    found = [m.group(2).decode("latin-1") for m in self._request.finditer(window)
+                             if m.end() > len(tail)]  # not one already counted in the previous window
+                    with self._lock:
+                        self.requests += found
+                    tail = data[-64:]  # a request line cut between two reads is found in the next window
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._server.close()

@@ -2,8 +2,8 @@
 
 import os
 import socket
-from dataclasses import dataclass
-from typing import Mapping, Optional
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional, Tuple
 
 NOT_RUNNING = (
     'test services are not running: run scripts/test.sh (or eval "$(scripts/services.sh env)")'
@@ -12,6 +12,7 @@ NOT_RUNNING = (
 ENV_VARS = (
     "IMGTOOL_TEST_SERVICES_DIR",
     "IMGTOOL_TEST_DOCKER_HOST",
+    "IMGTOOL_TEST_ENGINES",
     "IMGTOOL_TEST_DOCKER_NETWORK",
     "IMGTOOL_TEST_REGISTRY_PLAIN",
     "IMGTOOL_TEST_REGISTRY_MIRROR",
@@ -37,7 +38,8 @@ class Services:
     """Where everything is; registries are `host:port` strings."""
 
     dir: str
-    docker_host: str  # unix:///.../docker.sock
+    docker_host: str  # unix:///.../docker.sock of the engine a test runs against (the first by default)
+    engines: Tuple[Tuple[str, str], ...]  # (name, docker host) of every engine: 20.10, 26.1, 26.1-containerd
     docker_network: str  # what `docker run --network` must be (no bridge in the test daemon)
     plain: str  # HTTP, no auth: stands in for quay.io
     mirror: str  # HTTP, no auth: stands in for DaoCloud (prefix) and NJU (host swap)
@@ -63,6 +65,7 @@ class Services:
         return cls(
             dir=v("IMGTOOL_TEST_SERVICES_DIR"),
             docker_host=v("IMGTOOL_TEST_DOCKER_HOST"),
+            engines=tuple(tuple(item.split("=", 1)) for item in v("IMGTOOL_TEST_ENGINES").split()),  # type: ignore
             docker_network=v("IMGTOOL_TEST_DOCKER_NETWORK"),
             plain=v("IMGTOOL_TEST_REGISTRY_PLAIN"),
             mirror=v("IMGTOOL_TEST_REGISTRY_MIRROR"),
@@ -77,6 +80,14 @@ class Services:
             token_service=v("IMGTOOL_TEST_TOKEN_SERVICE"),
             token_issuer=v("IMGTOOL_TEST_TOKEN_ISSUER"),
         )
+
+    def on(self, engine: str) -> "Services":
+        """The same services, with `docker_host` the socket of this engine."""
+        hosts = dict(self.engines)
+        if engine not in hosts:
+            raise ServicesNotRunning(f"engine {engine} is not running (IMGTOOL_TEST_ENGINES: "
+                                     f"{', '.join(hosts) or 'none'}); scripts/test.sh starts every engine")
+        return replace(self, docker_host=hosts[engine])
 
     @property
     def docker_socket(self) -> str:
@@ -104,14 +115,15 @@ class Services:
                 socket.create_connection((host, int(port)), timeout=2).close()
             except OSError as e:
                 dead.append(f"registry {name} at {getattr(self, name)} ({e})")
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.settimeout(2)
-            s.connect(self.docker_socket)
-        except OSError as e:
-            dead.append(f"dockerd at {self.docker_host} ({e})")
-        finally:
-            s.close()
+        for engine, host in self.engines or (("docker", self.docker_host),):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.settimeout(2)
+                s.connect(host[len("unix://"):])
+            except OSError as e:
+                dead.append(f"dockerd {engine} at {host} ({e})")
+            finally:
+                s.close()
         if dead:
             raise ServicesNotRunning(
                 "test services are not answering: " + "; ".join(dead)
