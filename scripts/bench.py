@@ -144,10 +144,17 @@ def version_of(cmd: Sequence[str]) -> str:
 
 
 class Env:
-    """Where the registry and dockerd are."""
+    """Where the registry and the dockerds are (engines: name -> docker host, from IMGTOOL_TEST_ENGINES)."""
 
-    def __init__(self, registry: str, docker_host: str):
+    def __init__(self, registry: str, docker_host: str, engines: str = ""):
         self.registry, self.docker_host = registry, docker_host
+        self.engines = dict(item.split("=", 1) for item in engines.split() if "=" in item)
+
+
+# The other engines of the test matrix, whose load is measured against their own `docker load`:
+# engine name -> (row key prefix, task name). The first engine (20.10) is the "load" task itself.
+ENGINE_LOADS = {"26.1": ("load26", "load (Docker 26.1)"),
+                "26.1-containerd": ("load26c", "load (Docker 26.1, containerd store)")}
 
 
 @contextmanager
@@ -155,7 +162,7 @@ def services(args):
     names = ("IMGTOOL_TEST_REGISTRY_PLAIN", "IMGTOOL_TEST_DOCKER_HOST")
     if not args.own_services and all(os.environ.get(n) for n in names):
         log(f"using the running test services (registry {os.environ[names[0]]})")
-        yield Env(os.environ[names[0]], os.environ[names[1]])
+        yield Env(os.environ[names[0]], os.environ[names[1]], os.environ.get("IMGTOOL_TEST_ENGINES", ""))
         return
     sdir = args.services_dir
     env = dict(os.environ, IMGTOOL_SERVICES_DIR=sdir)
@@ -168,7 +175,7 @@ def services(args):
             if line.startswith("export "):
                 k, _, v = line[len("export "):].partition("=")
                 values[k] = v.strip("'\"")
-        yield Env(values[names[0]], values[names[1]])
+        yield Env(values[names[0]], values[names[1]], values.get("IMGTOOL_TEST_ENGINES", "").replace("\\ ", " "))
     finally:
         log("stopping services")
         subprocess.run(["bash", script, "down"], env=env, check=False)
@@ -503,9 +510,10 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         return res
 
-    def docker_rmi(self, registry=None) -> None:
-        run(self.docker + ["rmi", "-f", self.ref(registry)], env=self.base_env, check=False)
-        run(self.docker + ["rmi", "-f", arm(self.meta)["config"]], env=self.base_env, check=False)
+    def docker_rmi(self, registry=None, host: Optional[str] = None) -> None:
+        docker = ["docker", "-H", host] if host else self.docker
+        run(docker + ["rmi", "-f", self.ref(registry)], env=self.base_env, check=False)
+        run(docker + ["rmi", "-f", arm(self.meta)["config"]], env=self.base_env, check=False)
 
     def faq_recipe(self) -> Tuple[Result, Result]:
         self.docker_rmi()
@@ -576,15 +584,15 @@ class Bench:
         doc = json.loads((self.bundle / "bundle.json").read_text())
         return self.bundle / doc["archive"]["name"]
 
-    def imgtool_load(self) -> Result:
-        self.docker_rmi()
-        res = run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=self.base_env, rss=True)
-        return res
+    def imgtool_load(self, host: Optional[str] = None) -> Result:
+        self.docker_rmi(host=host)
+        env = dict(self.base_env, DOCKER_HOST=host) if host else self.base_env
+        return run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=env, rss=True)
 
-    def docker_load(self) -> Result:
-        self.docker_rmi()
-        res = run(self.docker + ["load", "-q", "-i", str(self.archive_path())], env=self.base_env)
-        return res
+    def docker_load(self, host: Optional[str] = None) -> Result:
+        self.docker_rmi(host=host)
+        docker = ["docker", "-H", host] if host else self.docker
+        return run(docker + ["load", "-q", "-i", str(self.archive_path())], env=self.base_env)
 
     def export(self, out: Path) -> Result:
         shutil.rmtree(out, ignore_errors=True)
@@ -634,6 +642,15 @@ class Bench:
         self.record("export.imgtool", self.export(self.tmp / "export"), rss=True)
         shutil.rmtree(self.tmp / "export", ignore_errors=True)
         self.docker_rmi()
+        for engine, (key, _) in ENGINE_LOADS.items():
+            host = self.env.engines.get(engine)
+            if host is None:
+                log(f"load on Docker {engine}: not running (IMGTOOL_TEST_ENGINES), skipped")
+                continue
+            log(f"load on Docker {engine}")
+            self.alternate([(f"{key}.imgtool", lambda h=host: self.imgtool_load(h), True),
+                            (f"{key}.docker", lambda h=host: self.docker_load(h), False)], a.runs)
+            self.docker_rmi(host=host)
 
         log(f"constrained link ({a.rate:g} MB/s per connection)")
         proxy = ThrottleProxy(self.env.registry, a.rate * MB)
@@ -724,6 +741,10 @@ ROWS = [  # key, task, tool
     ("verify.sha256sum", "verify", "`sha256sum -c SHA256SUMS`"),
     ("load.imgtool", "load", "`imgtool load` (checks while it streams)"),
     ("load.docker", "load", "`docker load -i` of the same archive"),
+    ("load26.imgtool", "load (Docker 26.1)", "`imgtool load`, Docker 26.1, overlay2"),
+    ("load26.docker", "load (Docker 26.1)", "`docker load -i`, the same Docker"),
+    ("load26c.imgtool", "load (Docker 26.1, containerd store)", "`imgtool load`, Docker 26.1, containerd image store"),
+    ("load26c.docker", "load (Docker 26.1, containerd store)", "`docker load -i`, the same Docker"),
     ("export.imgtool", "export", "`imgtool export` (docker save → gzip layers → bundle)"),
     ("slow.imgtool", "constrained link", "`imgtool fetch --arch arm64`"),
     ("slow.skopeo_oci", "constrained link", "`skopeo copy … oci:DIR`"),
@@ -734,6 +755,7 @@ OVER_ROWS = [("cold", "cold fetch, loopback"), ("slow", "cold fetch, constrained
 RSS_ROWS = [("fetch", "fetch.imgtool"), ("fetch (constrained link)", "slow.imgtool"), ("verify", "verify.imgtool"),
             ("verify --quick", "verify.imgtool_quick"), ("load", "load.imgtool"), ("export", "export.imgtool")]
 BASELINE = {"fetch": "fetch.imgtool", "verify": "verify.imgtool_quick", "load": "load.imgtool",
+            "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
             "export": "export.imgtool", "constrained link": "slow.imgtool"}
 
 
@@ -767,7 +789,7 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
             lines.append(f"| {task} | {tool} | skipped | 0 | | |")
             continue
         n = len(b.times[key])
-        size = b.bundle_size if task == "verify" else (b.archive_size if task == "load" else csize)
+        size = b.bundle_size if task == "verify" else (b.archive_size if task.startswith("load") else csize)
         rate = f"{size / MB / m:.0f}" if m > 0 else "∞"
         base = med(b, BASELINE[task])
         ratio = f"{m / base:.2f}" if base else ""
@@ -797,6 +819,9 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
     f = med(b, "verify.imgtool")
     target("verify (full), for the record", b.bundle_size / f / 1e9 if f else None, lambda v: True, "{:.2f} GB/s")
     target("load ≤ 1.05× docker load", ratio("load.imgtool", "load.docker"), lambda v: v <= 1.05, "{:.2f}×")
+    for engine, (key, _) in ENGINE_LOADS.items():
+        target(f"load ≤ 1.05× docker load, Docker {engine}", ratio(f"{key}.imgtool", f"{key}.docker"),
+               lambda v: v <= 1.05, "{:.2f}×")
     target("constrained link ≥ 3× faster than skopeo", ratio("slow.skopeo_oci", "slow.imgtool"), lambda v: v >= 3, "{:.1f}× faster")
     peak = max([max(v) for k, v in b.rss.items()] + list(small_rss.values()) or [0]) * 1024 / MB
     target("peak RSS ≤ 100 MB at both sizes", peak, lambda v: v <= 100, "{:.1f} MB max")
