@@ -409,13 +409,14 @@ def _run_spec(preset_name, kw):
 
 
 def _local_tags(repository):
-    """Tags of `repository` in the local daemon, or None when it cannot be asked."""
-    from . import daemon
-    from .errors import ImgtoolError
+    """Tags of `repository` in the local daemon, or None when it cannot be asked (run-flags needs no Docker)."""
+    from .daemon import open_daemon
+    from .errors import DaemonError
 
     try:
-        return daemon.local_tags(repository)
-    except ImgtoolError:
+        with open_daemon(timeout=5) as daemon:
+            return daemon.local_tags(repository)
+    except DaemonError:
         return None
 
 
@@ -429,9 +430,14 @@ def _warn_spec(spec, preset, default_image):
     if mismatch:
         progress().warn(mismatch)
     if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
-        from .daemon import arch_mismatch
+        from .daemon import open_daemon
+        from .errors import DaemonError
 
-        wrong_arch = arch_mismatch(spec.image)
+        try:
+            with open_daemon(timeout=5) as daemon:
+                wrong_arch = daemon.arch_warning(spec.image)
+        except DaemonError:
+            wrong_arch = None  # run-flags works without Docker
         if wrong_arch:
             progress().warn(wrong_arch)
 
@@ -508,8 +514,8 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     \b
         imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
     """
-    from . import daemon
     from . import presets as P
+    from .daemon import open_daemon
     from .errors import UsageError
 
     devices_given = P.explicit_cards(kw["devices"])
@@ -517,17 +523,18 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
     if left_out:
         progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
-    if image:
-        spec = spec.with_image(P.normalize_image(image, config.default_image))
-    else:
-        newest, placeholder = P.default_image_for(p, config.default_image, daemon.local_tags(config.default_image))
-        if placeholder:
-            raise UsageError(f"no {config.default_image} image for preset {p.name} is loaded in Docker "
-                             f"(looked for tags {', '.join(p.tag_patterns)})",
-                             hint=f"name one: imgtool run {p.name} IMAGE, or load a bundle first: imgtool load DIR")
-        spec = spec.with_image(newest)
-    _warn_spec(spec, p, config.default_image)
-    code, container = daemon.run_container(spec)
+    with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
+        if image:
+            spec = spec.with_image(P.normalize_image(image, config.default_image))
+        else:
+            newest, placeholder = P.default_image_for(p, config.default_image, daemon.local_tags(config.default_image))
+            if placeholder:
+                raise UsageError(f"no {config.default_image} image for preset {p.name} is loaded in Docker "
+                                 f"(looked for tags {', '.join(p.tag_patterns)})",
+                                 hint=f"name one: imgtool run {p.name} IMAGE, or load a bundle first: imgtool load DIR")
+            spec = spec.with_image(newest)
+        _warn_spec(spec, p, config.default_image)
+        code, container = daemon.run_container(spec)
     if spec.detach:
         click.echo(container)
     click.get_current_context().exit(code)

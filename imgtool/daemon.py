@@ -7,7 +7,7 @@ facts, load, image inspection, inventory, save, and container runs.
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from .errors import DaemonError
+from .errors import DaemonError, UsageError
 
 
 def connect(timeout: int = 600):
@@ -22,7 +22,7 @@ def connect(timeout: int = 600):
     try:
         import docker
     except ImportError as e:  # pragma: no cover - only in a broken install
-        raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker")
+        raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker") from e
     version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
     if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
         from .errors import UsageError
@@ -32,8 +32,16 @@ def connect(timeout: int = 600):
         client = docker.from_env(version=version, timeout=timeout)
         client.ping()
         return client
-    except Exception as e:  # DockerException, and requests/urllib3 connection errors that surface raw
+    except docker_errors() as e:  # DockerException, and requests/urllib3 connection errors that surface raw
         raise unreachable(e) from e
+
+
+def docker_errors() -> tuple:
+    """What docker-py and the HTTP stack under it raise: the errors this room turns into DaemonError."""
+    import requests
+    from docker.errors import DockerException
+
+    return (DockerException, requests.exceptions.RequestException, OSError)
 
 
 def docker_host() -> str:
@@ -156,8 +164,14 @@ class Daemon:
     def close(self) -> None:
         try:
             self.client.close()
-        except Exception:
+        except docker_errors():
             pass
+
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def info(self) -> DaemonInfo:
         """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
@@ -168,8 +182,8 @@ class Daemon:
         try:
             version = self.api.version()
             info = self.api.info()
-        except Exception as e:
-            raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}") from e
         host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
@@ -194,8 +208,8 @@ class Daemon:
             d = self.api.inspect_image(ref)
         except (ImageNotFound, NotFound):
             return None
-        except Exception as e:
-            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
         return ImageInfo(str(d.get("Id") or ""), tuple(d.get("RepoTags") or ()), str(d.get("Os") or ""),
                          str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
 
@@ -211,8 +225,8 @@ class Daemon:
 
         try:
             listed = self.api.images(all=True)
-        except Exception as e:
-            raise DaemonError(f"cannot list the daemon's images: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"cannot list the daemon's images: {_short(e)}") from e
         out = []
         for entry in listed:
             image_id = str(entry.get("Id") or "")
@@ -220,12 +234,12 @@ class Daemon:
                 d = self.api.inspect_image(image_id)
             except (ImageNotFound, NotFound):
                 continue
-            except Exception as e:
-                raise DaemonError(f"cannot inspect image {image_id[:19]}: {_short(e)}")
+            except docker_errors() as e:
+                raise DaemonError(f"cannot inspect image {image_id[:19]}: {_short(e)}") from e
             layers = ((d.get("RootFS") or {}).get("Layers")) or []
             try:
                 diff_ids = tuple(Digest.parse(x) for x in layers)
-            except Exception:
+            except (UsageError, TypeError, AttributeError):
                 continue  # not a sha256 layer list (very old images): nothing a bundle can build on
             tags = tuple(t for t in (d.get("RepoTags") or ()) if t != "<none>:<none>")
             platform = "/".join(p for p in (d.get("Os"), d.get("Architecture"), d.get("Variant")) if p)
@@ -240,7 +254,7 @@ class Daemon:
             self.api.remove_image(image_id, force=True)
         except (ImageNotFound, NotFound):
             pass
-        except Exception as e:
+        except docker_errors() as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {_short(e)}") from e
 
     def tag(self, image_id: str, name: str) -> None:
@@ -250,8 +264,8 @@ class Daemon:
             repo, tag = name, "latest"
         try:
             self.api.tag(image_id, repo, tag, force=True)
-        except Exception as e:
-            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {_short(e)}") from e
 
     def load_archive(self, chunks: Iterable[bytes], on_message: Optional[Callable[[dict], None]] = None
                      ) -> List[str]:
@@ -286,10 +300,10 @@ class Daemon:
             raise
         except BaseException as e:
             if "error" in failure:
-                raise failure["error"]
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise DaemonError(f"docker load failed: {_short(e)}", hint=_load_hint(str(e)))
+                raise failure["error"] from None  # the chunks' own error: its traceback is the story
+            if not isinstance(e, docker_errors()):
+                raise  # Ctrl-C, or a bug: not Docker's doing
+            raise DaemonError(f"docker load failed: {_short(e)}", hint=_load_hint(str(e))) from e
         if "error" in failure:
             raise failure["error"]
         return messages
@@ -304,23 +318,126 @@ class Daemon:
             raise UsageError(f"image {ref} is not in the local Docker", hint="check `docker images`")
         try:
             return self.api.inspect_image(ref)
-        except Exception as e:
-            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
 
     def save(self, ref: str, chunk_size: int = 4 * 1024 * 1024) -> Iterable[bytes]:
         """`docker save REF` as a stream of chunks (never held whole); raises DaemonError."""
         try:
             stream = self.api.get_image(ref, chunk_size=chunk_size)
-        except Exception as e:
-            raise DaemonError(f"docker save {ref} failed: {_short(e)}")
+        except docker_errors() as e:
+            raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
 
         def chunks():
             try:
                 yield from stream
-            except Exception as e:
-                raise DaemonError(f"docker save {ref} failed: {_short(e)}")
+            except docker_errors() as e:
+                raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
 
         return chunks()
+
+
+    def local_tags(self, repository: str) -> list:
+        """Tags of `repository` present in this daemon, sorted; raises DaemonError."""
+        from .model import familiar
+
+        try:
+            images = self.api.images(name=repository)
+        except docker_errors() as e:
+            raise DaemonError(f"cannot list images of {repository}: {_short(e)}") from e
+        wanted = familiar(repository)
+        tags = set()
+        for image in images:
+            for ref in image.get("RepoTags") or []:
+                name, _, tag = ref.rpartition(":")
+                if name and familiar(name) == wanted:
+                    tags.add(tag)
+        return sorted(tags)
+
+    def arch_warning(self, ref: str) -> Optional[str]:
+        """The warning `load` gives when the local image `ref` is for another architecture than this
+        Docker's; None when it fits or is not loaded. Raises DaemonError."""
+        from .model import foreign_arch_warning
+
+        image = self.image_info(ref)
+        if image is None or not image.architecture:
+            return None
+        return foreign_arch_warning(ref, image.platform, self.info().arch)
+
+    def run_container(self, spec) -> tuple:
+        """Start `spec` (a presets.RunSpec) and follow it: (exit code or 0 when detached, container).
+
+        The image must already be loaded: an offline host must never start a pull. Output is
+        streamed as it comes; with a terminal on both ends the session is interactive. On
+        Ctrl-C the container is stopped (and removed unless --no-rm). Raises DaemonError, or
+        UsageError when the image is not loaded.
+        """
+        import sys
+
+        from docker.errors import APIError, ImageNotFound, NotFound
+
+        from .errors import UsageError
+
+        api = self.api  # opened with no read timeout (open_daemon(None)): output may pause for hours
+        try:
+            api.inspect_image(spec.image)
+        except ImageNotFound:
+            raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
+                             hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`") from None
+        except APIError as e:
+            raise DaemonError(f"cannot inspect image {spec.image}: {_short(e)}") from e
+
+        interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
+        tty = interactive or spec.detach  # detached like `docker run -itd`: a shell CMD stays up
+        ports = {f"{p.container}/{p.proto}": ((p.host_ip, p.host) if p.host_ip else p.host) for p in spec.ports}
+        try:
+            host_config = api.create_host_config(
+                binds=[m.spec for m in spec.mounts],
+                devices=[f"{d}:{d}:rwm" for d in spec.device_paths],
+                shm_size=spec.shm_size,
+                network_mode=spec.network,
+                port_bindings=ports or None,
+                privileged=spec.privileged,
+                # foreground runs are removed by us after the exit code is read; the daemon's
+                # auto-remove could delete the container before `wait` sees it
+                auto_remove=spec.remove and spec.detach,
+            )
+            created = api.create_container(
+                spec.image, command=list(spec.command) or None, name=spec.name,
+                environment=[f"{k}={v}" for k, v in spec.env], host_config=host_config,
+                ports=[(p.container, p.proto) for p in spec.ports] or None,
+                tty=tty, stdin_open=tty, detach=spec.detach,
+            )
+        except APIError as e:
+            raise explain_run_error(_api_text(e), spec) from e
+        cid = created["Id"]
+        started = False
+        try:
+            if spec.detach:
+                _start(api, cid, spec)
+                started = True
+                return 0, spec.name or cid[:12]
+            if interactive:
+                code = _run_interactive(api, cid, spec)
+            else:
+                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+                _start(api, cid, spec)
+                with _stop_on_signals(api, cid):
+                    for out, err in stream:
+                        if out:
+                            sys.stdout.buffer.write(out)
+                            sys.stdout.buffer.flush()
+                        if err:
+                            sys.stderr.buffer.write(err)
+                            sys.stderr.buffer.flush()
+                    code = api.wait(cid).get("StatusCode", 1)
+            return int(code), spec.name or cid[:12]
+        finally:
+            if spec.remove and not (spec.detach and started):
+                try:
+                    api.remove_container(cid, force=True)
+                except (NotFound, APIError):
+                    pass
 
 
 def _load_hint(text: str) -> Optional[str]:
@@ -333,143 +450,10 @@ def _load_hint(text: str) -> Optional[str]:
     return None
 
 
-def open_daemon(timeout: Optional[int] = 3600) -> Daemon:
-    """A Daemon for DOCKER_HOST (long read timeout: a big load is quiet for minutes); raises DaemonError."""
+def open_daemon(timeout: Optional[int] = 3600) -> "Daemon":
+    """A Daemon for DOCKER_HOST (long read timeout: a big load is quiet for minutes; None: no read
+    timeout, for following a container); raises DaemonError. Use it as a context manager."""
     return Daemon(connect(timeout=timeout))
-
-
-# --- containers (imgtool run) ----------------------------------------------------
-
-
-def local_tags(repository: str, timeout: int = 5) -> list:
-    """Tags of `repository` present in the local daemon, sorted; raises DaemonError."""
-    client = connect(timeout=timeout)
-    try:
-        images = client.api.images(name=repository)
-    except Exception as e:
-        raise DaemonError(f"cannot list images of {repository}: {_short(e)}")
-    finally:
-        client.close()
-    wanted = familiar(repository)
-    tags = set()
-    for image in images:
-        for ref in image.get("RepoTags") or []:
-            name, _, tag = ref.rpartition(":")
-            if name and familiar(name) == wanted:
-                tags.add(tag)
-    return sorted(tags)
-
-
-def arch_mismatch(ref: str, timeout: int = 5) -> Optional[str]:
-    """The warning `load` gives when the local image `ref` is for another architecture than Docker's.
-
-    None when it fits, is not loaded, or Docker cannot be asked (run-flags works without Docker).
-    """
-    from .model import foreign_arch_warning
-
-    try:
-        daemon = Daemon(connect(timeout=timeout))
-    except DaemonError:
-        return None
-    try:
-        image = daemon.image_info(ref)
-        if image is None or not image.architecture:
-            return None
-        host = daemon.info().arch
-    except DaemonError:
-        return None
-    finally:
-        daemon.close()
-    return foreign_arch_warning(ref, image.platform, host)
-
-
-def familiar(name: str) -> str:
-    """Docker's short form of a name, as `docker images` shows it: docker.io/library/x:1 -> x:1."""
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
-
-
-def run_container(spec) -> tuple:
-    """Start `spec` (a presets.RunSpec) and follow it: (exit code or 0 when detached, container).
-
-    The image must already be loaded: an offline host must never start a pull. Output is
-    streamed as it comes; with a terminal on both ends the session is interactive. On
-    Ctrl-C the container is stopped (and removed unless --no-rm). Raises DaemonError, or
-    UsageError when the image is not loaded.
-    """
-    import sys
-
-    from docker.errors import APIError, ImageNotFound, NotFound
-
-    from .errors import UsageError
-
-    client = connect(timeout=None)  # output may pause for hours; no read timeout
-    api = client.api
-    try:
-        api.inspect_image(spec.image)
-    except ImageNotFound:
-        client.close()
-        raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
-                         hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`")
-    except APIError as e:
-        client.close()
-        raise DaemonError(f"cannot inspect image {spec.image}: {_short(e)}")
-
-    interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
-    tty = interactive or spec.detach  # detached like `docker run -itd`: a shell CMD stays up
-    ports = {f"{p.container}/{p.proto}": ((p.host_ip, p.host) if p.host_ip else p.host) for p in spec.ports}
-    try:
-        host_config = api.create_host_config(
-            binds=[m.spec for m in spec.mounts],
-            devices=[f"{d}:{d}:rwm" for d in spec.device_paths],
-            shm_size=spec.shm_size,
-            network_mode=spec.network,
-            port_bindings=ports or None,
-            privileged=spec.privileged,
-            # foreground runs are removed by us after the exit code is read; the daemon's
-            # auto-remove could delete the container before `wait` sees it
-            auto_remove=spec.remove and spec.detach,
-        )
-        created = api.create_container(
-            spec.image, command=list(spec.command) or None, name=spec.name,
-            environment=[f"{k}={v}" for k, v in spec.env], host_config=host_config,
-            ports=[(p.container, p.proto) for p in spec.ports] or None,
-            tty=tty, stdin_open=tty, detach=spec.detach,
-        )
-    except APIError as e:
-        client.close()
-        raise explain_run_error(_api_text(e), spec)
-    cid = created["Id"]
-    started = False
-    try:
-        if spec.detach:
-            _start(api, cid, spec)
-            started = True
-            return 0, spec.name or cid[:12]
-        if interactive:
-            code = _run_interactive(api, cid, spec)
-        else:
-            stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
-            _start(api, cid, spec)
-            with _stop_on_signals(api, cid):
-                for out, err in stream:
-                    if out:
-                        sys.stdout.buffer.write(out)
-                        sys.stdout.buffer.flush()
-                    if err:
-                        sys.stderr.buffer.write(err)
-                        sys.stderr.buffer.flush()
-                code = api.wait(cid).get("StatusCode", 1)
-        return int(code), spec.name or cid[:12]
-    finally:
-        if spec.remove and not (spec.detach and started):
-            try:
-                api.remove_container(cid, force=True)
-            except (NotFound, APIError):
-                pass
-        client.close()
 
 
 def _api_text(e) -> str:
@@ -482,7 +466,7 @@ def _start(api, cid, spec) -> None:
     try:
         api.start(cid)
     except APIError as e:
-        raise explain_run_error(_api_text(e), spec)
+        raise explain_run_error(_api_text(e), spec) from e
 
 
 def explain_run_error(text: str, spec) -> DaemonError:
@@ -528,7 +512,7 @@ class _stop_on_signals:
         if kind is KeyboardInterrupt:
             try:
                 self.api.stop(self.cid, timeout=10)
-            except Exception:
+            except docker_errors():
                 pass
         return False
 
@@ -552,7 +536,7 @@ def _run_interactive(api, cid, spec) -> int:
         try:
             cols, rows = os.get_terminal_size(out_fd)
             api.resize(cid, height=rows, width=cols)
-        except Exception:
+        except docker_errors():
             pass  # the container may already be gone
 
     resize()
@@ -579,6 +563,6 @@ def _run_interactive(api, cid, spec) -> int:
         signal.signal(signal.SIGWINCH, old_winch)
         try:
             sock.close()
-        except Exception:
+        except docker_errors():
             pass
     return api.wait(cid).get("StatusCode", 1)

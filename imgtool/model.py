@@ -193,6 +193,14 @@ _HOST_RE = re.compile(
 )
 
 
+def familiar(name: str) -> str:
+    """Docker's short form of a name, as `docker images` shows it: docker.io/library/x:1 -> x:1."""
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
 def foreign_arch_warning(ref: str, platform: str, host_arch: str) -> Optional[str]:
     """The warning load, doctor and run-flags give for an image of another architecture than the
     Docker host's (`host_arch` normalised, e.g. amd64), or None when it fits."""

@@ -54,6 +54,13 @@ def test_later_stages_never_import_earlier_ones():
     assert not any(full.endswith(("registry", "puller", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))
 
 
+def test_the_bundle_package_takes_a_daemon_never_imports_the_docker_adapter():
+    # bundle/load.py is handed a daemon.Daemon by the CLI; the Docker room stays one module
+    for p in (PKG / "bundle").glob("*.py"):
+        names = {full for _, full in imports_of(p)}
+        assert not any(n.endswith("daemon") for n in names), (p, names)
+
+
 def test_delta_chain_logic_is_pure():
     found = {top for top, _ in imports_of(PKG / "delta.py")}
     assert not (found & IO_MODULES), found & IO_MODULES

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from ..daemon import familiar
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, Platform, foreign_arch_warning, format_size
+from ..model import LAYER_COMPRESSION, Platform, familiar, foreign_arch_warning, format_size
 from ..progress import Progress
 from ..worker import Worker
 from . import layout
