@@ -5,7 +5,6 @@ cli.py formats them.
 """
 
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -154,6 +153,7 @@ class _Pulling:
     def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
         self.store, self.stats, self.error = store, PullStats(), None
         self.stop = threading.Event()
+        self.ended = False  # the download thread has returned (or raised)
         self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip, order),
                                        name="download", daemon=True)
         self.thread.start()
@@ -164,10 +164,13 @@ class _Pulling:
                      cancel=self.stop)
         except BaseException as e:  # raised in the main thread by blob_path/finish
             self.error = e
+        finally:
+            self.ended = True
+            self.store.announce()  # a writer waiting for a blob that will not come wakes up
 
     def blob_path(self, digest: Digest) -> Path:
-        while not self.store.has(digest) and self.thread.is_alive():
-            time.sleep(0.01)
+        """The blob's path once the store has it; raises the download's error if it ended without it."""
+        self.store.wait_for(digest, lambda: self.ended)
         if self.error is not None:
             raise self.error
         return self.store.blob_path(digest)

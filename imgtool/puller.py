@@ -430,6 +430,7 @@ class _Scheduler:
         try:
             if self.store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
                 unlock()
+                self.store.announce()  # whoever waits for it in this process: it is here
                 with self.stats.lock:
                     self.stats.blobs_cached += 1
                     self.stats.bytes_cached += desc.size

@@ -194,6 +194,7 @@ class Partial:
         except OSError as e:
             raise _disk_error(e, self.store.root)
         self._remove_state()
+        self.store.announce()
         return final
 
     def discard(self) -> None:
@@ -230,6 +231,7 @@ class Store:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._arrived = threading.Condition()  # notified whenever a blob is published (see wait_for)
         try:
             for sub in ("blobs/sha256", "partial/sha256", "locks"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -238,6 +240,18 @@ class Store:
 
     def blob_path(self, digest: Digest) -> Path:
         return self.root / "blobs" / digest.algorithm / digest.hex
+
+    def announce(self) -> None:
+        """Wake every `wait_for`: a blob was published, or a producer stopped (it has its own flag)."""
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def wait_for(self, digest: Digest, give_up: Callable[[], bool]) -> bool:
+        """Block until the blob is in the store or `give_up()` is true, rechecked at every `announce()`
+        (this process publishing a blob announces it); returns whether the blob is here. No polling."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: self.has(digest) or give_up())
+        return self.has(digest)
 
     def has(self, digest: Digest, size: Optional[int] = None) -> bool:
         try:
@@ -302,6 +316,7 @@ class Store:
             fsync_dir(final.parent)
         except OSError as e:
             raise _disk_error(e, self.root)
+        self.announce()
         return final
 
     def put_bytes(self, data: bytes, digest: Optional[Digest] = None) -> Digest:
@@ -316,6 +331,7 @@ class Store:
             write_atomic(final, data, 0o444)
         except OSError as e:
             raise _disk_error(e, self.root)
+        self.announce()
         return actual
 
     def read_bytes(self, digest: Digest) -> bytes:
