@@ -55,10 +55,30 @@ class NotFoundError(RegistryError):
     """The registry answered that a manifest, tag or blob does not exist."""
 
 
+class TagListingRefused(RegistryError):
+    """The registry (or mirror) does not list a repository's tags to us (401/403/404/405)."""
+
+
+class ManifestError(RegistryError):
+    """A manifest, index or config document is malformed or of an unsupported kind.
+
+    Such documents come from a registry (exit 4); where one comes from elsewhere (a local `docker
+    save`) the caller re-raises it as its own error (ExportError).
+    """
+
+
+class StoreError(ImgtoolError):
+    """The cache directory cannot be written (permissions, disk full)."""
+
+
 class DaemonError(ImgtoolError):
     """The Docker daemon is unreachable or refused an operation."""
 
     exit_code = EXIT_DOCKER
+
+
+class ExportError(DaemonError):
+    """`docker save` produced something imgtool cannot make a bundle of (exit 5: Docker's output)."""
 
 
 class Interrupted(ImgtoolError):

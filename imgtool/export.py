@@ -24,7 +24,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, Iterable, List, Sequence, Tuple
 
-from .errors import ImgtoolError, UsageError
+from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
 from .progress import Progress
@@ -35,10 +35,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SMALL = 1024 * 1024  # members up to this size are kept in memory until manifest.json says what they are
 MAX_MANIFEST_JSON = 16 * 1024 * 1024
-
-
-class ExportError(ImgtoolError):
-    """`docker save` produced something imgtool cannot make a bundle of."""
 
 
 def docker_name(name: str) -> ImageRef:
@@ -266,7 +262,10 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
             raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
         diff_ids.append(diff_id)
         layers.append(Descriptor(DOCKER_LAYER_GZIP, digest, size))
-    config = ImageConfig.parse(config_bytes)
+    try:
+        config = ImageConfig.parse(config_bytes)
+    except ManifestError as e:  # Docker's own output, not a registry's: exit 5, not 4
+        raise ExportError(f"docker save of {name} gave an image config imgtool cannot read: {e.message}") from e
     if [str(d) for d in config.diff_ids] != diff_ids or (want_diff_ids and diff_ids != want_diff_ids):
         raise ExportError(f"docker save of {name} does not match the image's layers (diff_ids differ)")
     config_digest = store.put_bytes(config_bytes)

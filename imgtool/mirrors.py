@@ -104,11 +104,8 @@ class Probe:
     digest: Optional[Digest] = None  # what the tag (or digest) resolves to there
     media_type: str = ""
     error: str = ""
+    not_found: bool = False  # reachable, and answered that it does not have the reference
     stale: bool = False  # answered with a digest that differs from the chosen one
-
-    @property
-    def has_it(self) -> bool:
-        return self.reachable and self.digest is not None and not self.stale
 
     def to_json(self) -> dict:
         return {
@@ -137,7 +134,7 @@ def _probe_one(source: Source, ref: ImageRef, timeout: float) -> Probe:
         p.digest, p.media_type = digest, ctype
         p.latency = time.monotonic() - start
     except NotFoundError:
-        p.error = f"{ref.reference} not found"
+        p.error, p.not_found = f"{ref.reference} not found", True
     except ImgtoolError as e:
         p.error = e.message
     return p
@@ -208,7 +205,7 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     probes = probe(sources, ref, timeout)
     ok = [p for p in probes if p.reachable and p.digest]
     if not ok:
-        missing = [p for p in probes if p.reachable and not p.digest and "not found" in p.error]
+        missing = [p for p in probes if p.reachable and p.not_found]
         detail = "; ".join(f"{p.source.describe()}: {p.error or 'no answer'}" for p in probes)
         if missing and len(missing) == len([p for p in probes if p.reachable]):
             raise NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")

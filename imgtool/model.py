@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
-from .errors import ImgtoolError, UsageError
+from .errors import ManifestError, UsageError
 
 # --- media types -----------------------------------------------------------
 
@@ -47,12 +47,6 @@ LAYER_COMPRESSION = {
 # JSON documents are read into memory, so their size is capped.
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_BYTES = 32 * 1024 * 1024
-
-
-class ManifestError(ImgtoolError):
-    """A manifest, index or config document is malformed or of an unsupported kind."""
-
-    exit_code = 4
 
 
 # --- digests ---------------------------------------------------------------

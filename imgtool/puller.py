@@ -16,9 +16,9 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tu
 import requests
 import urllib3
 
-from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError, VerifyError
+from .errors import ImgtoolError, ManifestError, NotFoundError, RegistryError, UsageError, VerifyError
 from .mirrors import Resolution, Source
-from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, ManifestError, Platform,
+from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, Platform,
                     PulledImage, format_size, parse_manifest)
 from .progress import Progress
 from .registry import _short as short_error

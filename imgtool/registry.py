@@ -20,7 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from .errors import NotFoundError, RegistryError, UsageError
+from .errors import NotFoundError, RegistryError, TagListingRefused, UsageError
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
 USER_AGENT = "imgtool"
@@ -304,7 +304,7 @@ class RegistryClient:
         while path:
             resp = self.request("GET", path, scope=f"repository:{repository}:pull")
             if resp.status_code in (401, 403, 404, 405):
-                raise RegistryError(f"{self.host}/{repository}: tag listing refused (HTTP {resp.status_code})")
+                raise TagListingRefused(f"{self.host}/{repository}: tag listing refused (HTTP {resp.status_code})")
             if resp.status_code != 200:
                 raise RegistryError(f"{self.host}/{repository}: tag list: {registry_error_text(resp)}")
             for tag in (resp.json().get("tags") or []):

@@ -19,15 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
-from .errors import ImgtoolError, VerifyError
+from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, write_atomic
 from .model import Digest
 
 COPY_CHUNK = 1024 * 1024
-
-
-class StoreError(ImgtoolError):
-    """The cache directory cannot be written (permissions, disk full)."""
 
 
 def _disk_error(e: OSError, where: Path) -> StoreError:

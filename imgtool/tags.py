@@ -8,7 +8,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from .errors import ImgtoolError, RegistryError
+from .errors import ImgtoolError, RegistryError, TagListingRefused
 from .mirrors import Source, reachable
 from .releases import TagInfo
 
@@ -33,7 +33,7 @@ def list_tags(sources: Sequence[Source], repository_hint: str, pattern: Optional
             names = list(source.client.tags(source.repository))
         except ImgtoolError as e:
             message = e.message
-            if "tag listing refused" in message:
+            if isinstance(e, TagListingRefused):
                 notes.append(f"{source.name}: does not list tags ({message}); skipped")
             else:
                 notes.append(f"{source.name}: {message}; skipped")
