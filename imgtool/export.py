@@ -34,7 +34,6 @@ CHUNK = 4 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SMALL = 1024 * 1024  # members up to this size are kept in memory until manifest.json says what they are
-MAX_MANIFEST_JSON = 16 * 1024 * 1024
 
 
 def docker_name(name: str) -> ImageRef:

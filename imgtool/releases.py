@@ -15,7 +15,6 @@ _RELEASE = re.compile(r"^(?P<release>v(?P<nums>[0-9]+(?:\.[0-9]+)*)"
                       r"(?:-(?P<variant>.+))?$")
 _DEV, _RC, _FINAL, _POST = -1, 0, 1, 2  # the order of a version's stages
 HARDWARE = {"": "a2", "a2": "a2", "a3": "a3", "310p": "300i-duo", "a5": "a5", "950dt": "a5"}
-OSES = {"": "ubuntu", "openeuler": "openeuler"}
 
 
 @dataclass(frozen=True)

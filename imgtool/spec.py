@@ -199,12 +199,6 @@ def _canonical(config: MirrorConfig, text: str) -> str:
     return str(config.parse_ref(text))
 
 
-def pinned_ref(config: MirrorConfig, text: str, lock: Lock) -> ImageRef:
-    """The spec reference with the lock's digest: the tag stays the bundle's name."""
-    ref = config.parse_ref(text)
-    return ref.with_digest(lock.by_name()[str(ref)].digest)
-
-
 def parse_lock(data: bytes, path: Path) -> Lock:
     """Validate bundle.lock (JSON); raises ConfigError naming the file and the entry."""
 

@@ -15,7 +15,6 @@ import json
 import os
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Tuple
 
@@ -71,7 +70,7 @@ class Partial:
                 self.done = []
                 with open(self.path, "wb") as f:
                     f.truncate(self.size)
-                self._save(force=True)
+                self._save()
             else:
                 self.done = state
             self._fd = os.open(str(self.path), os.O_RDWR)
@@ -90,7 +89,7 @@ class Partial:
         except (OSError, ValueError, TypeError, AttributeError):
             return None
 
-    def _save(self, force: bool = False) -> None:
+    def _save(self) -> None:
         """Persist the done ranges: first by temp file + rename, then by one pwrite at offset 0.
 
         The rewrite is padded with spaces to the old length (JSON ignores them), so a kill never
@@ -160,7 +159,7 @@ class Partial:
             return
         with self._lock:
             try:
-                self._save(force=True)
+                self._save()
             except OSError:
                 pass
 
@@ -255,15 +254,6 @@ class Store:
         except OSError:
             return False
         return size is None or st.st_size == size
-
-    @contextmanager
-    def lock(self, digest: Digest):
-        """Hold the per-blob lock (blocking) for the duration of the block."""
-        unlock = self.lock_blob(digest)
-        try:
-            yield
-        finally:
-            unlock()
 
     def lock_blob(self, digest: Digest) -> Callable[[], None]:
         """Take the per-blob lock (blocking: another imgtool may hold it); returns the release function."""

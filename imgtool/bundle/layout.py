@@ -188,6 +188,3 @@ def place(all_members: Sequence[Member]) -> Tuple[List[Placed], int]:
     end = offset + 2 * BLOCK
     return placed, end + (-end % RECORD)
 
-
-def tar_size(images: Sequence[BundleImage]) -> int:
-    return place(members(images))[1]

@@ -289,7 +289,7 @@ def decompressed(raw, compression: str):
 class BlobReader:
     """Random access to the blobs of an uncompressed bundle, read in place from the parts.
 
-    `read(digest)` yields the blob's bytes in chunks straight from the part files (a blob may
+    `chunks(digest)` yields the blob's bytes straight from the part files (a blob may
     span parts) and raises VerifyError at the end when its sha256 differs from the digest, so
     a consumer (push) never needs the archive reassembled or extracted on disk.
     """

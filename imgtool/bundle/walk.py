@@ -42,7 +42,6 @@ class WalkResult:
     blobs_checked: int = 0
     layers_checked: int = 0
     unpacked_size: Optional[int] = None  # sum over distinct layers, when diff_ids were checked
-    tar_bytes: int = 0
 
 
 def _unpacked(media_type: str, slots: threading.Semaphore):
@@ -129,7 +128,6 @@ class _Walk:
         missing = [p for name, p in self.expected.items() if name not in self.seen]
         for p in missing:
             self.problem(f"the archive lacks {p.member.name} ({p.member.what})", p.offset, p.end)
-        self.result.tar_bytes = self.offset
         return self.result
 
     def _members(self) -> None:
