@@ -14,13 +14,14 @@ import random
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from .errors import NotFoundError, RegistryError, TagListingRefused, UsageError
+from .errors import ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
 USER_AGENT = "imgtool"
@@ -34,26 +35,50 @@ def docker_config_path() -> str:
     return os.path.join(base, "config.json")
 
 
+class CredentialHelperError(UsageError):
+    """The credential helper `docker login` stored the secret with (credsStore/credHelpers) failed."""
+
+
 def credentials_for(host: str) -> Optional[Tuple[str, str]]:
-    """(username, password) for a registry host from the Docker config `auths`, if any."""
-    try:
-        with open(docker_config_path(), encoding="utf-8") as f:
-            auths = (json.load(f) or {}).get("auths") or {}
-    except (OSError, ValueError, AttributeError):
+    """(username, password) for a registry host as `docker login` stored them, or None.
+
+    Read with docker-py's own resolution (docker.auth): a credential helper named by `credHelpers`
+    for this host or by `credsStore` (desktop keychains, `pass`), then the `auths` entries (with
+    legacy full-URL keys). An identity token (OAuth) is not a password: None. Raises
+    CredentialHelperError when a configured helper cannot be run or fails.
+    """
+    path = docker_config_path()
+    if not os.path.isfile(path):
         return None
-    for key, entry in auths.items():
-        key_host = urlsplit(key).netloc if "://" in key else key.split("/")[0]
-        if key_host != host or not isinstance(entry, dict):
-            continue
-        if entry.get("username") and entry.get("password"):
-            return str(entry["username"]), str(entry["password"])
-        if entry.get("auth"):
-            try:
-                user, _, pw = base64.b64decode(entry["auth"]).decode("utf-8").partition(":")
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if user:
-                return user, pw
+    from docker.auth import load_config  # docker-py's credential-store support, nothing of its client
+    from docker.errors import DockerException
+
+    try:
+        with warnings.catch_warnings():  # docker-py also warns on stderr when a helper is missing
+            warnings.simplefilter("ignore")
+            entry = load_config(config_path=path).resolve_authconfig(host)
+    except DockerException as e:
+        store = None
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f) or {}
+            store = (doc.get("credHelpers") or {}).get(host) or doc.get("credsStore")
+        except (OSError, ValueError, AttributeError):
+            pass
+        helper = f"docker-credential-{store}" if store else "the credential helper"
+        why = _short(e.__cause__ if e.__cause__ is not None else e)  # the helper's words, not docker-py's wrapper
+        raise CredentialHelperError(
+            f"{helper} named in {path} cannot give the credentials for {host}: {why}",
+            hint=f"install {helper} (or run `docker login {host}` again), or remove credsStore/credHelpers "
+                 f"from {path}") from e
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None  # an unreadable config: anonymous, as before
+    if not isinstance(entry, dict):
+        return None
+    user = entry.get("Username") or entry.get("username")
+    password = entry.get("Password") or entry.get("password")
+    if user and password is not None:
+        return str(user), str(password)
     return None
 
 
@@ -118,7 +143,13 @@ class RegistryClient:
         self.verify = False if insecure else (ca_cert or True)
         self.timeout = (connect_timeout, read_timeout)
         self.retry = retry or RetryPolicy()
-        self._credentials = credentials if credentials is not None else (credentials_for(self.host) if use_docker_config else None)
+        self._credentials = credentials
+        self._credential_problem: Optional[CredentialHelperError] = None
+        if credentials is None and use_docker_config:
+            try:
+                self._credentials = credentials_for(self.host)
+            except CredentialHelperError as e:  # anonymous for now; named if the registry asks for a login
+                self._credential_problem = e
         self._tokens: Dict[str, str] = {}  # scope -> bearer token
         self._basic = False  # the registry asked for Basic auth
         self._lock = threading.Lock()
@@ -169,8 +200,8 @@ class RegistryClient:
         except requests.RequestException as e:
             raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {_short(e)}")
         if r.status_code in (401, 403):
-            raise RegistryError(f"{self.host}: the token service refused access ({registry_error_text(r)})",
-                                hint="check the credentials for this registry in ~/.docker/config.json (docker login)")
+            raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
+                                    "check the credentials for this registry in ~/.docker/config.json (docker login)")
         if r.status_code != 200:
             raise RegistryError(f"{self.host}: token request failed: {registry_error_text(r)}")
         try:
@@ -260,8 +291,8 @@ class RegistryClient:
             if resp.status_code == 404:
                 raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({registry_error_text(resp) if not head else 'HTTP 404'})")
             if resp.status_code == 401:
-                raise RegistryError(f"{self.host}/{repository}: authentication required (HTTP 401)",
-                                    hint=f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
+                raise self._auth_failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
+                                        f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
             if resp.status_code != 200:
                 detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
                 raise RegistryError(f"{self.host}/{repository}: manifest {reference}: {detail}")
@@ -324,12 +355,18 @@ class RegistryClient:
     def push_scope(repository: str) -> str:
         return f"repository:{repository}:pull,push"
 
-    def _push_failed(self, resp: requests.Response, repository: str, what: str) -> RegistryError:
+    def _auth_failed(self, message: str, hint: str) -> ImgtoolError:
+        """The registry wants credentials it did not get: when a credential helper failed, that is why."""
+        if self._credential_problem is not None:
+            return self._credential_problem
+        return RegistryError(message, hint=hint)
+
+    def _push_failed(self, resp: requests.Response, repository: str, what: str) -> ImgtoolError:
         if resp.status_code in (401, 403):
-            return RegistryError(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
-                                 f"{registry_error_text(resp)})",
-                                 hint=f"log in with `docker login {self.host}` as a user allowed to push there "
-                                      "(imgtool reads ~/.docker/config.json)")
+            return self._auth_failed(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
+                                     f"{registry_error_text(resp)})",
+                                     f"log in with `docker login {self.host}` as a user allowed to push there "
+                                     "(imgtool reads ~/.docker/config.json)")
         return RegistryError(f"{self.host}/{repository}: {what}: {registry_error_text(resp)}")
 
     def has_blob(self, repository: str, digest: Digest) -> bool:

@@ -596,3 +596,52 @@ def test_tags_follow_link_pagination_page_by_page():
         assert list(Client(looping.url, insecure=True).tags("ns/vllm-ascend", page_size=2)) == ["main"]
     finally:
         looping.close()
+
+
+HELPER = """#!/bin/sh
+# a credential helper as `docker login` uses them: `get` reads a server on stdin, prints JSON
+[ "$1" = get ] || exit 1
+read -r server
+echo "$server" >>"$0.asked"
+if [ "$server" = "{host}" ]; then
+    printf '{{"ServerURL": "%s", "Username": "{user}", "Secret": "{password}"}}\\n' "$server"
+else
+    echo "credentials not found in native keychain"
+    exit 1
+fi
+"""
+
+
+@pytest.mark.parametrize("how", ["credsStore", "credHelpers"])
+def test_credentials_from_a_credential_helper(services, factory, tmp_path, uniq, how):
+    """`docker login` with a credential helper (desktops, `pass`) leaves no secret in config.json:
+    imgtool asks the helper, as docker does."""
+    idx = factory.multiarch()
+    push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
+               verify=services.tls_ca)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend",
+                       [("site", f"https://{services.tls}", "", f'ca_cert = "{services.tls_ca}"')])
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    (home / ".docker").mkdir(parents=True)
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-imgtooltest"
+    helper.write_text(HELPER.format(host=services.tls, user=services.tls_user, password=services.tls_password))
+    helper.chmod(0o755)
+    config = {"auths": {services.tls: {}}}  # what docker login writes next to a helper: no secret
+    config.update({"credsStore": "imgtooltest"} if how == "credsStore" else
+                  {"credHelpers": {services.tls: "imgtooltest"}})
+    (home / ".docker" / "config.json").write_text(json.dumps(config))
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = imgtool("inspect", "v1", "--mirrors", str(cfg), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["digest"] == idx.manifest_digest
+    assert (bin_dir / "docker-credential-imgtooltest.asked").read_text().split() == [services.tls]
+    assert services.tls_password not in r.stdout + r.stderr
+
+    # the helper named but not installed: the registry's 401 is explained by it
+    missing = imgtool("inspect", "v1", "--mirrors", str(cfg), env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert missing.returncode == 4, missing.stderr
+    assert missing.stderr.splitlines()[0] == (
+        f"error: no source can serve quay.io/{uniq}/vllm-ascend:v1: site ({services.tls}/{uniq}/vllm-ascend): "
+        f"docker-credential-imgtooltest named in {home}/.docker/config.json cannot give the credentials for "
+        f"{services.tls}: docker-credential-imgtooltest not installed or not available in PATH")
