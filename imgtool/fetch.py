@@ -267,9 +267,9 @@ def inspect(config: MirrorConfig, text: str, mirror: str, progress: Progress, ti
 def _any_platform_of(manifest: Manifest, source: Source, store: Store) -> Platform:
     """The platform of a single-arch image, read from its config."""
     from .model import ImageConfig
-    from .puller import _fetch_small_blob
+    from .puller import fetch_small_blob
 
-    return ImageConfig.parse(_fetch_small_blob([source], manifest.config, store)).platform
+    return ImageConfig.parse(fetch_small_blob([source], manifest.config, store)).platform
 
 
 # --- mirrors report --------------------------------------------------------

@@ -21,7 +21,7 @@ from .mirrors import Resolution, Source
 from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, Platform,
                     PulledImage, format_size, parse_manifest)
 from .progress import Progress
-from .registry import _short as short_error
+from .registry import network_error_text
 from .store import Store
 
 READ_CHUNK = 256 * 1024
@@ -79,7 +79,7 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
     else:
         manifest_digest = resolution.digest
     manifest: Manifest = parsed
-    config_bytes = _fetch_small_blob(resolution.sources, manifest.config, store)
+    config_bytes = fetch_small_blob(resolution.sources, manifest.config, store)
     config = ImageConfig.parse(config_bytes)
     if index_digest is None and not config.platform.satisfies(platform):
         raise UsageError(
@@ -101,7 +101,9 @@ def platform_of(manifest: Manifest, config: ImageConfig, wanted: Platform) -> Pl
     return Platform(p.os, p.architecture, p.variant or (wanted.variant if p.architecture == wanted.architecture else None))
 
 
-def _fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) -> bytes:
+def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) -> bytes:
+    """A config (or other small blob) from the store, or from the first source that serves it, checked
+    against its digest and kept in the store; raises RegistryError, VerifyError."""
     if store.has(desc.digest, desc.size):
         return store.read_bytes(desc.digest)
     errors = []
@@ -313,7 +315,7 @@ def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, s
                 raise RegistryError(f"blob {job.desc.digest.short} is on no source: {e.message}")
         except (RegistryError,) + _NET_ERRORS as e:
             # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
-            message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {short_error(e)}"
+            message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
             attempts += 1
             fatal = attempts % 3 == 0  # three strikes on one source drop it for the run
             pool.fail(source, message, fatal=fatal)

@@ -66,7 +66,7 @@ def credentials_for(host: str) -> Optional[Tuple[str, str]]:
         except (OSError, ValueError, AttributeError):
             pass
         helper = f"docker-credential-{store}" if store else "the credential helper"
-        why = _short(e.__cause__ if e.__cause__ is not None else e)  # the helper's words, not docker-py's wrapper
+        why = network_error_text(e.__cause__ if e.__cause__ is not None else e)  # the helper's words, not docker-py's wrapper
         raise CredentialHelperError(
             f"{helper} named in {path} cannot give the credentials for {host}: {why}",
             hint=f"install {helper} (or run `docker login {host}` again), or remove credsStore/credHelpers "
@@ -198,7 +198,7 @@ class RegistryClient:
         try:
             r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
         except requests.RequestException as e:
-            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {_short(e)}")
+            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}")
         if r.status_code in (401, 403):
             raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
                                     "check the credentials for this registry in ~/.docker/config.json (docker login)")
@@ -235,12 +235,12 @@ class RegistryClient:
                 resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
                                                allow_redirects=True, verify=self.verify, data=data)
             except requests.exceptions.SSLError as e:
-                raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}",
+                raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
                                     hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network")
             except requests.RequestException as e:
                 attempt += 1
                 if attempt >= attempts:
-                    raise RegistryError(f"{self.host}: {_short(e)}")
+                    raise RegistryError(f"{self.host}: {network_error_text(e)}")
                 time.sleep(self.retry.delay(attempt - 1))
                 continue
             if resp.status_code == 401 and auth_tries < 2:
@@ -268,9 +268,9 @@ class RegistryClient:
         try:
             resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify)
         except requests.exceptions.SSLError as e:
-            raise RegistryError(f"{self.host}: TLS verification failed: {_short(e)}")
+            raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}")
         except requests.RequestException as e:
-            raise RegistryError(f"{self.host}: {_short(e)}")
+            raise RegistryError(f"{self.host}: {network_error_text(e)}")
         elapsed = time.monotonic() - start
         resp.close()
         if resp.status_code not in (200, 401):
@@ -449,7 +449,7 @@ def _read_capped(resp: requests.Response, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def _short(e: Exception, limit: int = 200) -> str:
+def network_error_text(e: Exception, limit: int = 200) -> str:
     """One readable line for a network exception (urllib3 nests long reprs)."""
     text = " ".join(str(e).split())
     if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.ReadTimeout)) or "timed out" in text:

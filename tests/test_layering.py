@@ -85,3 +85,13 @@ def test_run_presets_never_reach_the_registry_side():
     for p in (PKG / "presets").glob("*.py"):
         names = {full for _, full in imports_of(p)}
         assert not any(n.endswith(("registry", "puller", "mirrors", "tags", "fetch")) for n in names), (p, names)
+
+
+def test_no_module_uses_another_modules_private_names():
+    # `from .x import _name`: a private name used across rooms is an interface nobody declared
+    for p in modules():
+        tree = ast.parse(p.read_text(), filename=str(p))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                assert not private, (p.relative_to(PKG).as_posix(), node.module, private)
