@@ -32,6 +32,7 @@ from ..worker import Worker
 from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
+from .texts import ZSTD_REMEDY
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -217,8 +218,9 @@ def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bo
     warnings = []
     zstd = [im.ref for im in index.images if any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for x in im.layers)]
     if zstd and facts.version_tuple < (23,):
-        raise ImgtoolError(f"Docker {facts.version} cannot load zstd-compressed layers ({', '.join(zstd)}); "
-                           "that needs Docker 23.0 or later", hint="fetch an image with gzip layers, or upgrade Docker")
+        raise ImgtoolError(f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): that needs "
+                           "Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19); "
+                           "nothing was loaded", hint=ZSTD_REMEDY)
     if facts.driver == "devicemapper":
         warnings.append("storage driver devicemapper: each container is limited to dm.basesize (10 GB by default), "
                         "less than a vllm-ascend image unpacks to; raise it or move to overlay2")
