@@ -13,6 +13,7 @@ import click
 
 from . import __version__
 from . import progress as progress_mod
+from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError
 
 _STATE = {"debug": False, "quiet": False}
@@ -109,6 +110,8 @@ def cli():
 
 # --- connected side --------------------------------------------------------
 
+CHUNK_SIZE_HELP = ("Cut the archive into parts of SIZE, named for the carrier they fit (" + carriers_help() + ")."
+                   " Discs need UDF for parts over 4 GiB.")
 mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
@@ -121,6 +124,14 @@ def _size_option(value):
     from .config import parse_chunk_size
 
     return None if value is None else parse_chunk_size(value, "--chunk-size")
+
+
+def _warn_chunk_size(size) -> None:
+    from .config import chunk_size_warning
+
+    warning = chunk_size_warning(size)
+    if warning:
+        progress().warn(warning)
 
 
 def _given(name) -> bool:
@@ -181,7 +192,7 @@ def _with_spec(spec_file, created, config, opts):
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
 @mirror_option
 @mirrors_option
-@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are already gzip).")
 @click.option("--jobs", type=int, default=8, show_default=True, help="Connections at once (at most 8 to one source).")
@@ -209,6 +220,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
                         have=have, base=base, tool=tool)
     config, opts = _with_spec(spec_file, created, config, opts)
+    _warn_chunk_size(opts.chunk_size)
     try:
         result = do_fetch(config, opts, progress())
     except KeyboardInterrupt:
@@ -231,7 +243,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @cli.command()
 @click.argument("images", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
-@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are gzip-compressed anyway).")
 @click.option("--gzip-level", type=int, default=1, show_default=True, help="gzip level for the layers, 1 (fast) to 9 (small).")
@@ -257,6 +269,7 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     from .store import Store
 
     size = _size_option(chunk_size)
+    _warn_chunk_size(size)
     if output is not None:
         writer.check_output_dir(Path(output), force)
     report = progress()

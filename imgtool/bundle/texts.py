@@ -4,7 +4,7 @@ from typing import List
 
 from .. import __version__
 from ..delta import describe_requirements, requirements
-from ..model import LAYER_COMPRESSION, format_size
+from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
@@ -236,6 +236,16 @@ def readme(index: BundleIndex) -> bytes:
     verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
     tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 Python 3.9+ 均可 `python3 {TOOL_PYZ} load .`\n" \
         if has_tool(index) else ""
+    largest = max(p.size for p in index.parts)
+    if largest <= FAT32_MAX:
+        fat_en = (f"The largest part is {largest:,} bytes: it fits a USB stick formatted\n"
+                  f"  FAT32 (files up to {FAT32_MAX:,} bytes).")
+        fat_zh = f"最大的分卷为 {largest:,} 字节，可以放进 FAT32 格式的 U 盘（单个文件最大 {FAT32_MAX:,} 字节）。"
+    else:
+        fat_en = (f"The largest part is {largest:,} bytes, too big for FAT32 (files up to\n"
+                  f"  {FAT32_MAX:,} bytes): use exFAT, NTFS, ext4 or UDF, or fetch with --chunk-size fat32.")
+        fat_zh = (f"最大的分卷为 {largest:,} 字节，超过 FAT32 的单个文件上限（{FAT32_MAX:,} 字节）：\n"
+                  "  请用 exFAT、NTFS、ext4 或 UDF 格式的介质，或用 --chunk-size fat32 重新获取。")
     zstd = zstd_layer_refs(index)
     zstd_en = ("\nThis bundle HAS zstd layers (" + ", ".join(zstd) + "): load.sh refuses them on Docker before 23.0;\n"
                "upgrade Docker, or fetch the image again with gzip layers.") if zstd else \
@@ -260,8 +270,8 @@ Files
 {tool_en}  README.txt    this file
 
 Carry it
-  Copy the whole directory. Parts may travel on different media (e.g. USB sticks
-  formatted FAT32, which holds files up to 4 GiB); put them all back into one directory.
+  Copy the whole directory. Parts may travel on different media; put them all back
+  into one directory. {fat_en}
 
 Check it on the offline host
   imgtool verify DIR --expect <sha256 of bundle.json printed by `imgtool fetch`>
@@ -295,8 +305,8 @@ imgtool 离线镜像包
 {tool_zh}  README.txt    本说明
 
 拷贝
-  请拷贝整个目录。分卷可以分别用不同介质携带（例如 FAT32 格式的 U 盘，单个文件最大 4 GiB），
-  到达后放回同一个目录。
+  请拷贝整个目录。分卷可以分别用不同介质携带，到达后放回同一个目录。
+  {fat_zh}
 
 在离线主机上校验
   imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
