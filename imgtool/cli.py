@@ -195,6 +195,10 @@ def _with_spec(spec_file, created, config, opts):
 @click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are already gzip).")
+@click.option("--layers", "layers", type=click.Choice(["compat", "as-is", "plain"]), default="compat", show_default=True,
+              help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
+                   "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
+                   "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
 @click.option("--jobs", type=int, default=8, show_default=True, help="Connections at once (at most 8 to one source).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
@@ -204,8 +208,8 @@ def _with_spec(spec_file, created, config, opts):
 @tool_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, jobs, force, have, base,
-          tool, as_json):
+def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
+          have, base, tool, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -218,7 +222,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool)
+                        have=have, base=base, tool=tool, layers=layers)
     config, opts = _with_spec(spec_file, created, config, opts)
     _warn_chunk_size(opts.chunk_size)
     try:

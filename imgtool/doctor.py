@@ -51,8 +51,8 @@ def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
     if "kylin" in ids:
         return Check("os", "info", f"{name} (Kylin)",
                      "vllm-ascend FAQ 19: if Docker says `invalid tar header`, it met a zstd-compressed layer, "
-                     "which Docker reads only from 23.0 on: bring the image with gzip layers (imgtool's bundles "
-                     "say which they hold), or upgrade Docker; a wrong architecture shows only at `docker run`, "
+                     "which Docker reads only from 23.0 on: bring the image with gzip layers (imgtool fetch writes "
+                     "them by default, --layers compat), or upgrade Docker; a wrong architecture shows only at `docker run`, "
                      "as `exec format error`")
     return Check("os", "ok", name)
 

@@ -518,6 +518,10 @@ class PulledImage:
     manifest: Manifest = field(repr=False)
     config_bytes: bytes = field(repr=False)
     config: ImageConfig = field(repr=False)
+    # Set when fetch rewrote layers (transcode.py): the registry's manifest digest and what changed,
+    # as bundle.json's `upstream` records it; and each layer's unpacked size where it was learnt.
+    upstream: Optional[dict] = field(default=None, repr=False, compare=False)
+    unpacked_sizes: Tuple[Optional[int], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def image_id(self) -> Digest:

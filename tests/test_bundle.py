@@ -22,6 +22,8 @@ from tests.support.bundles import BlobDir, imgtool, parts_of, reassemble, write
 from tests.support.images import host_arch
 
 REPO = "quay.io/ascend/vllm-ascend"
+REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with imgtool fetch --layers compat (the default), "
+          "which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -402,7 +404,8 @@ def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
     out = tmp_path / "z"
     write(out, [store.pulled(image, f"{REPO}:zl")], store, chunk_size=600 * 1024)
     readme = (out / "README.txt").read_text()
-    assert f"This bundle HAS zstd layers ({REPO}:zl): load.sh refuses them on Docker before 23.0;" in readme
+    assert f"This bundle HAS zstd layers ({REPO}:zl): load.sh refuses them on Docker before 23.0;\n" \
+        "upgrade Docker, or fetch it again with --layers compat (the default)." in readme
     assert "本镜像包含 zstd 压缩层" in readme and "exec format error" in readme
     docker_cleanup.image(f"{REPO}:zl", image.config_digest)
     before = docker_cli.image_ids()
@@ -416,8 +419,7 @@ def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
     assert r.stderr.splitlines()[-2:] == [
         f"load.sh: error: this bundle has zstd-compressed layers ({REPO}:zl), which Docker {server} cannot read "
         "(it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded",
-        "load.sh: upgrade Docker to 23.0 or later, or on a connected machine write the image with gzip layers: "
-        "docker pull it, then imgtool export it",
+        "load.sh: " + REMEDY,
     ]
     assert docker_cli.image_ids() == before
     # what load.sh spares the operator: FAQ 19's own message, after the whole upload
@@ -429,8 +431,7 @@ def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
     assert r.stderr.splitlines() == [
         f"error: Docker {server} cannot read zstd-compressed layers ({REPO}:zl): that needs Docker 23.0 or later "
         "(older ones fail with `invalid tar header`, vllm-ascend FAQ 19); nothing was loaded",
-        "hint: upgrade Docker to 23.0 or later, or on a connected machine write the image with gzip layers: "
-        "docker pull it, then imgtool export it",
+        "hint: " + REMEDY,
     ]
     doctor = imgtool("doctor", str(out), docker_host=services.docker_host)
     assert f"the bundle has zstd-compressed layers; Docker {server} reads those only from 23.0" in doctor.stdout

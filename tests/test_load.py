@@ -493,4 +493,5 @@ def test_docker_s_invalid_tar_header_is_explained_as_a_zstd_layer_not_an_archite
 
     hint = _load_hint("Error processing tar file(exit status 1): archive/tar: invalid tar header")
     assert hint == ("vllm-ascend FAQ 19: this Docker read a zstd-compressed layer as a plain tar (Docker reads zstd "
-                    "only from 23.0 on); upgrade Docker, or bring the image with gzip layers")
+                    "only from 23.0 on); upgrade Docker, or bring the image with gzip layers (imgtool fetch "
+                    "--layers compat, the default)")

@@ -209,8 +209,12 @@ def _has_tags(info, names: Sequence[str]) -> bool:
 
 def need_bytes(index: BundleIndex, unpacked: Optional[int]) -> int:
     """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
-    layers = unpacked if unpacked is not None else int(index.layer_bytes * 2.5)  # typical gzip ratio
-    return index.archive.tar_size + layers
+    if unpacked is None:  # each layer's unpacked size where fetch learnt it, else the typical gzip ratio
+        seen = {x.digest: x for im in index.images for x in im.layers if not x.omitted}
+        known = sum(x.unpacked_size for x in seen.values() if x.unpacked_size is not None)
+        unknown = sum(x.size for x in seen.values() if x.unpacked_size is None)
+        unpacked = known + int(unknown * 2.5)
+    return index.archive.tar_size + unpacked
 
 
 def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:

@@ -9,8 +9,8 @@ from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
 #: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
-ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or on a connected machine write the image with gzip layers: "
-               "docker pull it, then imgtool export it")
+ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with imgtool fetch --layers compat "
+               "(the default), which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
 
 
 def load_sh(index: BundleIndex) -> bytes:
@@ -248,10 +248,10 @@ def readme(index: BundleIndex) -> bytes:
                   "  请用 exFAT、NTFS、ext4 或 UDF 格式的介质，或用 --chunk-size fat32 重新获取。")
     zstd = zstd_layer_refs(index)
     zstd_en = ("\nThis bundle HAS zstd layers (" + ", ".join(zstd) + "): load.sh refuses them on Docker before 23.0;\n"
-               "upgrade Docker, or fetch the image again with gzip layers.") if zstd else \
+               "upgrade Docker, or fetch it again with --layers compat (the default).") if zstd else \
         " This bundle has none: its layers are gzip or plain tar."
     zstd_zh = ("\n本镜像包含 zstd 压缩层（" + "、".join(zstd) + "）：Docker 低于 23.0 时 load.sh 会拒绝导入；\n"
-               "请升级 Docker，或重新获取 gzip 压缩层的镜像。") if zstd else "本镜像包没有这种层（均为 gzip 或未压缩）。"
+               "请升级 Docker，或用 --layers compat（默认）重新获取。") if zstd else "本镜像包没有这种层（均为 gzip 或未压缩）。"
     text = f"""imgtool bundle
 ==============
 
