@@ -670,6 +670,8 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
     from .push import push_bundle
 
     result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress())
+    for w in result.warnings:  # digests that differ from upstream's: said on stderr, as load's warnings are
+        progress().warn(w)
     if as_json:
         emit_json(result.to_json())
     else:

@@ -154,3 +154,22 @@ def test_a_gzip_image_is_fetched_byte_for_byte_and_transcoding_is_reproducible(s
     second, _, _ = _fetch(services, mirrored, tmp_path / "b", image, "--created", "2025-01-01T00:00:00Z")
     assert hashlib.sha256((first / "bundle.json").read_bytes()).digest() == \
         hashlib.sha256((second / "bundle.json").read_bytes()).digest()
+
+
+@pytest.mark.parametrize("engine", ["20.10"], indirect=True)
+def test_push_of_a_rewritten_bundle_pushes_its_own_manifest_and_says_the_digest_differs(
+        engine, services, factory, mirrored, tmp_path, uniq, docker_cli, docker_cleanup):
+    gzip_image = factory.image(host_arch(), layers=2)
+    image = factory.zstd_twin(gzip_image)
+    out, ref, _ = _fetch(services, mirrored, tmp_path, image)
+    mine = json.loads((out / "bundle.json").read_text())["images"][0]["manifest_digest"]
+    r = imgtool("push", str(out), "--to", f"{services.plain}/{uniq}-site", "--insecure")
+    assert r.returncode == 0, r.stderr
+    target = f"{services.plain}/{uniq}-site/{ref.split('/', 1)[1]}"
+    assert (f"warning: {target} (linux/{host_arch()}) is the manifest this bundle holds: fetch rewrote its layers "
+            f"(--layers compat), so its digest {mine[7:19]} differs from upstream's {image.manifest_digest[7:19]}; "
+            "the image ID (config) is upstream's") in r.stderr.splitlines(), r.stderr
+    # the nodes' Docker 20.10 pulls it: gzip layers, the gzip tag's image ID
+    docker_cleanup.image(target, gzip_image.config_digest)
+    docker_cli("pull", target)
+    assert docker_cli.holds(target, gzip_image)
