@@ -75,7 +75,7 @@ def _decompressed(f, compression: str, what: str):
     return f, ()
 
 
-def _store_plain(reader, store: Store) -> Tuple[str, Digest, int]:
+def _store_plain(reader, store: Store, bar) -> Tuple[str, Digest, int]:
     """An uncompressed layer into the store: its digest is its diff_id."""
     sha = hashlib.sha256()
     tmp = store.temp_file("plain")
@@ -89,6 +89,7 @@ def _store_plain(reader, store: Store) -> Tuple[str, Digest, int]:
                 out.write(chunk)
                 sha.update(chunk)
                 size += len(chunk)
+                bar.update(len(chunk))
             out.flush()
             os.fsync(out.fileno())
         digest = Digest("sha256", sha.hexdigest())
@@ -103,7 +104,7 @@ def _store_plain(reader, store: Store) -> Tuple[str, Digest, int]:
 
 
 def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool: ThreadPoolExecutor, jobs: int,
-                  what: str) -> Tuple[str, Descriptor, int]:
+                  what: str, bar=None) -> Tuple[str, Descriptor, int]:
     """One stored layer blob rewritten as `target` ("gzip" or "none"): (diff_id, new blob, unpacked size).
 
     Raises VerifyError when the blob does not decompress; UsageError without zstandard."""
@@ -112,9 +113,9 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
         counting = _Counting(reader)
         try:
             if target == "gzip":
-                diff_id, digest, size = compress_layer(counting, store, pool, jobs, GZIP_LEVEL, _NoBar())
+                diff_id, digest, size = compress_layer(counting, store, pool, jobs, GZIP_LEVEL, bar or _NoBar())
             else:
-                diff_id, digest, size = _store_plain(counting, store)
+                diff_id, digest, size = _store_plain(counting, store, bar or _NoBar())
         except damaged as e:
             raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
                               hint="the registry's blob matched its digest; report it to the image's publisher")
@@ -149,10 +150,10 @@ def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callab
                 comp = LAYER_COMPRESSION.get(old.media_type, "none")
                 what = f"layer {i + 1} of {image.ref.tagged} ({old.digest})"
                 if old.digest not in done:
+                    path = blob_path(old.digest)  # waits until the download brought it
                     with progress.bar(None, f"{'gzip' if target == 'gzip' else 'unpack'} layer {i + 1} "
-                                            f"({comp}, {format_size(old.size)})"):
-                        diff_id, new, size = rewrite_layer(blob_path(old.digest), comp, target, store, pool, jobs,
-                                                           what)
+                                            f"({comp}, {format_size(old.size)})") as bar:
+                        diff_id, new, size = rewrite_layer(path, comp, target, store, pool, jobs, what, bar)
                     want = str(image.config.diff_ids[i])
                     if diff_id != want:
                         raise VerifyError(f"{what}: its content has diff_id {diff_id}, the config says {want}",

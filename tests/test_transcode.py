@@ -173,3 +173,47 @@ def test_push_of_a_rewritten_bundle_pushes_its_own_manifest_and_says_the_digest_
     docker_cleanup.image(target, gzip_image.config_digest)
     docker_cli("pull", target)
     assert docker_cli.holds(target, gzip_image)
+
+
+def test_a_zstd_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no_bundle(
+        services, factory, mirrored, tmp_path):
+    """The registry's blob matches its digest, but its tar is not the layer the config names: the
+    rewrite is where fetch first sees the tar, so it checks the diff_id there."""
+    import dataclasses
+
+    from tests.support.images import _manifest_json, sha256_digest
+
+    gzip_image = factory.image(host_arch(), layers=2)
+    twin = factory.zstd_twin(gzip_image)
+    stranger = factory.layer(200_000).zstd()  # another tar, correctly zstd-compressed
+    layers = (twin.layers[0], stranger)
+    manifest = {**twin.manifest, "layers": [x.descriptor("oci") for x in layers]}
+    body = _manifest_json(manifest)
+    bad = dataclasses.replace(twin, layers=layers, manifest_bytes=body, manifest_digest=sha256_digest(body))
+    ms = mirrored(bad, tag=TAG, targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 3, r.stderr
+    assert (f"error: layer 2 of quay.io/{ms.repo}:{TAG} ({stranger.digest}): its content has diff_id "
+            f"{stranger.diff_id}, the config says {gzip_image.diff_ids[1]}") in r.stderr.splitlines(), r.stderr
+    assert not (out / "bundle.json").exists()
+
+
+@pytest.mark.parametrize("engine", ["26.1"], indirect=True)
+def test_the_space_check_uses_the_unpacked_sizes_fetch_learnt(engine, services, factory, mirrored, tmp_path):
+    from imgtool.model import format_size
+
+    image = factory.zstd_twin(factory.image(host_arch(), layers=2))
+    out, _, _ = _fetch(services, mirrored, tmp_path, image)
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    need = index.archive.tar_size + sum(x.uncompressed_size for x in image.layers)
+    guess = index.archive.tar_size + int(index.layer_bytes * 2.5)  # what it said before: 2.5 x the gzip bytes
+    assert format_size(guess) != format_size(need)
+    r = imgtool("doctor", str(out), docker_host=services.docker_host)
+    space = next(line for line in r.stdout.splitlines() if " space " in line)
+    assert space.endswith(f"the bundle needs about {format_size(need)}") or \
+        f"the bundle needs about {format_size(need)} while loading" in space, space
