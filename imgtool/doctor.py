@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .bundle.texts import ZSTD_REMEDY
+from .bundle.texts import ZSTD_REMEDY, zstd_layer_refs
 from .errors import ImgtoolError
-from .model import LAYER_COMPRESSION, Platform, format_size
+from .model import Platform, format_size
 
 TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
 
@@ -96,7 +96,7 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
 
     if facts is not None:
         if index is not None:
-            zstd = any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for im in index.images for x in im.layers)
+            zstd = zstd_layer_refs(index)
             if zstd and facts.version_tuple < (23,):
                 checks.append(Check("docker", "fail", f"the bundle has zstd-compressed layers; Docker {facts.version} "
                                     "reads those only from 23.0 (older ones fail with `invalid tar header`, "

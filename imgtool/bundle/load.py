@@ -26,13 +26,13 @@ from typing import Dict, List, Optional, Sequence
 from ..daemon import familiar
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, Platform, foreign_arch_warning, format_size
+from ..model import Platform, foreign_arch_warning, format_size
 from ..progress import Progress
 from ..worker import Worker
 from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
-from .texts import ZSTD_REMEDY
+from .texts import ZSTD_REMEDY, zstd_layer_refs
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -220,7 +220,7 @@ def need_bytes(index: BundleIndex, unpacked: Optional[int]) -> int:
 def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:
     """Refuse what this Docker cannot do; return warnings for what may go wrong."""
     warnings = []
-    zstd = [im.ref for im in index.images if any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for x in im.layers)]
+    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are Docker's already: never sent
     if zstd and facts.version_tuple < (23,):
         raise ImgtoolError(f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): that needs "
                            "Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19); "

@@ -120,9 +120,10 @@ def _multiarch_refs(index: BundleIndex) -> List[str]:
 
 
 def zstd_layer_refs(index: BundleIndex) -> List[str]:
-    """The images of this bundle with zstd-compressed layers, which Docker reads only from 23.0 on."""
-    return list(dict.fromkeys(im.ref for im in index.images
-                              if any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for x in im.layers)))
+    """The images of this bundle sending zstd-compressed layers to Docker, which reads them only from 23.0 on
+    (a delta bundle's omitted layers are Docker's already)."""
+    return list(dict.fromkeys(im.ref for im in index.images if any(
+        LAYER_COMPRESSION.get(x.media_type) == "zstd" and not x.omitted for x in im.layers)))
 
 
 def _zstd_layers_check(index: BundleIndex) -> str:
