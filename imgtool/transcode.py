@@ -113,7 +113,10 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
         counting = _Counting(reader)
         try:
             if target == "gzip":
-                diff_id, digest, size = compress_layer(counting, store, pool, jobs, GZIP_LEVEL, bar or _NoBar())
+                # at most `jobs` members in flight (compress_layer allows 2 per job it is given): every
+                # worker stays busy, and memory stays near the fetch's own (issue 8's 100 MB target)
+                diff_id, digest, size = compress_layer(counting, store, pool, max(1, jobs // 2), GZIP_LEVEL,
+                                                       bar or _NoBar())
             else:
                 diff_id, digest, size = _store_plain(counting, store, bar or _NoBar())
         except damaged as e:
