@@ -13,6 +13,7 @@ import click
 
 from . import __version__
 from . import progress as progress_mod
+from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError
 
 _STATE = {"debug": False, "quiet": False}
@@ -109,6 +110,8 @@ def cli():
 
 # --- connected side --------------------------------------------------------
 
+CHUNK_SIZE_HELP = ("Cut the archive into parts of SIZE, named for the carrier they fit (" + carriers_help() + ")."
+                   " Discs need UDF for parts over 4 GiB.")
 mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
@@ -121,6 +124,14 @@ def _size_option(value):
     from .config import parse_chunk_size
 
     return None if value is None else parse_chunk_size(value, "--chunk-size")
+
+
+def _warn_chunk_size(size) -> None:
+    from .config import chunk_size_warning
+
+    warning = chunk_size_warning(size)
+    if warning:
+        progress().warn(warning)
 
 
 def _given(name) -> bool:
@@ -181,9 +192,13 @@ def _with_spec(spec_file, created, config, opts):
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
 @mirror_option
 @mirrors_option
-@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are already gzip).")
+@click.option("--layers", "layers", type=click.Choice(["compat", "as-is", "plain"]), default="compat", show_default=True,
+              help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
+                   "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
+                   "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
 @click.option("--jobs", type=int, default=8, show_default=True, help="Connections at once (at most 8 to one source).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
@@ -193,8 +208,8 @@ def _with_spec(spec_file, created, config, opts):
 @tool_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, jobs, force, have, base,
-          tool, as_json):
+def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
+          have, base, tool, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -207,8 +222,9 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool)
+                        have=have, base=base, tool=tool, layers=layers)
     config, opts = _with_spec(spec_file, created, config, opts)
+    _warn_chunk_size(opts.chunk_size)
     try:
         result = do_fetch(config, opts, progress())
     except KeyboardInterrupt:
@@ -231,7 +247,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @cli.command()
 @click.argument("images", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
-@click.option("--chunk-size", metavar="SIZE", help="Cut the archive into parts of SIZE (4G, 700M, 4GiB; binary units).")
+@click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
               help="Compress the whole archive (layers are gzip-compressed anyway).")
 @click.option("--gzip-level", type=int, default=1, show_default=True, help="gzip level for the layers, 1 (fast) to 9 (small).")
@@ -257,6 +273,7 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     from .store import Store
 
     size = _size_option(chunk_size)
+    _warn_chunk_size(size)
     if output is not None:
         writer.check_output_dir(Path(output), force)
     report = progress()
@@ -660,6 +677,8 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
     from .push import push_bundle
 
     result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress())
+    for w in result.warnings:  # digests that differ from upstream's: said on stderr, as load's warnings are
+        progress().warn(w)
     if as_json:
         emit_json(result.to_json())
     else:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import ConfigError, UsageError
-from .model import ImageRef, format_size, parse_size
+from .model import CARRIERS, FAT32_MAX, ImageRef, format_size, is_size, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,11 +221,27 @@ MIN_CHUNK_SIZE = 1024 ** 2
 TYPICAL_IMAGE = 15 * 1024 ** 3  # a vllm-ascend image, for saying what a tiny chunk size would mean
 
 
+SIZE_UNITS = "K, M, G, T are binary: 4G = 4 GiB, 700MB = 700 MiB"
+
+
+def carriers_help() -> str:
+    """What --help says of SIZE: each carrier name in bytes, and how numbers are read."""
+    names = "; ".join(f"{name} = {size:,} bytes" for name, size in CARRIERS.items())
+    return f"{names}; or a number with a unit ({SIZE_UNITS})"
+
+
 def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
-    """A part size of at least 1 MiB (`4G`, `700M`); raises UsageError naming the file count it would cost.
+    """A part size: a carrier name (`fat32`, `dvd`, ...) or a size of at least 1 MiB (`700M`, binary units);
+    raises UsageError naming the file count a tiny size would cost.
 
     Tests of tiny images lower the floor with `$IMGTOOL_TEST_MIN_CHUNK_SIZE` (bytes).
     """
+    carrier = CARRIERS.get(str(text).strip().lower())
+    if carrier is not None:
+        return carrier
+    if not is_size(text):
+        raise UsageError(f"invalid {what} {text!r}: use a carrier ({', '.join(CARRIERS)}) or a number with an "
+                         f"optional unit K, M, G, T (binary), e.g. 700M")
     size = parse_size(text, what)
     floor = MIN_CHUNK_SIZE
     override = os.environ.get("IMGTOOL_TEST_MIN_CHUNK_SIZE", "").strip()
@@ -235,8 +251,16 @@ def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
         files = -(-TYPICAL_IMAGE // size)
         raise UsageError(f"invalid {what} {text!r}: parts must be at least {_size(floor)} "
                          f"({_size(size)} parts would cut a 15 GiB image into {files:,} files)",
-                         hint="use the largest file your medium takes, e.g. 4095M (FAT32), 4G, 700M")
+                         hint="use the largest file your medium takes: fat32, dvd, dvd-dl, bd25, bd50, or e.g. 700M")
     return size
+
+
+def chunk_size_warning(size: Optional[int]) -> Optional[str]:
+    """The warning for a numeric part size FAT32 cannot hold (`4G` is one byte too many)."""
+    if size is None or size <= FAT32_MAX or size in CARRIERS.values():
+        return None
+    return (f"parts of {size:,} bytes ({_size(size)}) do not fit on FAT32, which holds files up to "
+            f"{FAT32_MAX:,} bytes: for FAT32 USB sticks use --chunk-size fat32")
 
 
 def _size(n: int) -> str:

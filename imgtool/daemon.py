@@ -443,8 +443,9 @@ class Daemon:
 def _load_hint(text: str) -> Optional[str]:
     low = text.lower()
     if "invalid tar header" in low:
-        return ("vllm-ascend FAQ 19: on Kylin this means the image is for another architecture; "
-                "fetch it again with --arch arm64 (Kunpeng) and load that bundle")
+        return ("vllm-ascend FAQ 19: this Docker read a zstd-compressed layer as a plain tar (Docker reads zstd "
+                "only from 23.0 on); upgrade Docker, or bring the image with gzip layers (imgtool fetch --layers compat, the "
+                "default)")
     if "no space left" in low:
         return "free space under Docker's root dir (docker info: Docker Root Dir), then load again"
     return None

@@ -2,7 +2,8 @@
 
 Checks Docker (reachable, version), its storage driver, free space under its root dir
 (against the bundle's need when DIR is given), the architecture (against the bundle's),
-unpigz (dockerd uses it to decompress layers), and the OS (Kylin: vllm-ascend FAQ 19).
+unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
+(Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
 Reads only; never loads anything.
 """
 
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .bundle.texts import ZSTD_REMEDY, zstd_layer_refs
 from .errors import ImgtoolError
-from .model import LAYER_COMPRESSION, Platform, format_size
+from .model import Platform, format_size
 
 TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
 
@@ -48,8 +50,10 @@ def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
     ids = " ".join((rel.get("ID", ""), rel.get("ID_LIKE", ""), rel.get("NAME", ""))).lower()
     if "kylin" in ids:
         return Check("os", "info", f"{name} (Kylin)",
-                     "vllm-ascend FAQ 19: if Docker says `invalid tar header`, the image is for the wrong "
-                     "architecture: fetch it on a connected machine with --arch arm64, then load that bundle")
+                     "vllm-ascend FAQ 19: if Docker says `invalid tar header`, it met a zstd-compressed layer, "
+                     "which Docker reads only from 23.0 on: bring the image with gzip layers (imgtool fetch writes "
+                     "them by default, --layers compat), or upgrade Docker; a wrong architecture shows only at `docker run`, "
+                     "as `exec format error`")
     return Check("os", "ok", name)
 
 
@@ -92,10 +96,11 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
 
     if facts is not None:
         if index is not None:
-            zstd = any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for im in index.images for x in im.layers)
+            zstd = zstd_layer_refs(index)
             if zstd and facts.version_tuple < (23,):
-                checks.append(Check("docker", "fail", f"the bundle has zstd layers; Docker {facts.version} "
-                                    "loads those only from 23.0", "fetch an image with gzip layers, or upgrade Docker"))
+                checks.append(Check("docker", "fail", f"the bundle has zstd-compressed layers; Docker {facts.version} "
+                                    "reads those only from 23.0 (older ones fail with `invalid tar header`, "
+                                    "vllm-ascend FAQ 19)", ZSTD_REMEDY))
         checks.append(_storage_check(facts))
         checks.append(_space_check(facts, need_bytes(index, None) if index is not None else None))
 

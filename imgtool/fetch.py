@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from . import transcode
 from .config import MirrorConfig, cache_dir
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
@@ -38,6 +39,7 @@ class FetchOptions:
     lock: Optional[object] = None  # spec.Lock (bundle.lock): fetch every image by its pinned digest
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
+    layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
 
 
 @dataclass
@@ -101,6 +103,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         raise UsageError("nothing to fetch: give at least one image reference")
     if opts.jobs < 1 or opts.jobs > 64:
         raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
+    if opts.layers not in transcode.MODES:
+        raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
     have, base = read_have(opts.have, opts.base)
@@ -137,6 +141,10 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
     try:
+        if any(transcode.changes(im, opts.layers, skip) for im in images):
+            # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
+            # each as soon as its blob is downloaded; a gzip image (compat) never comes here
+            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip)
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
                                      have=have, base=base, created=opts.created, extra_files=tool,

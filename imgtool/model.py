@@ -459,6 +459,27 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 
 MAX_SIZE = 1 << 60  # 1 EiB: far beyond any image, far below float and int64 limits
 
 
+# Parts that fit their carrier. FAT32 holds files up to 4 GiB - 1 byte. A disc's size is its
+# recordable 2048-byte sectors (the smaller of the + and - formats, as growisofs reports them),
+# less 8 MiB (4096 sectors) left for the file system (UDF; ISO 9660 level 3 for files over 4 GiB)
+# and the bundle's small files (imgtool.pyz ~1 MB, bundle.json, SHA256SUMS, README.txt, load.sh).
+SECTOR = 2048
+DISC_RESERVE = 4096  # sectors
+FAT32_MAX = 4 * 1024 ** 3 - 1
+CARRIERS = {  # name -> the largest part it takes, in bytes
+    "fat32": FAT32_MAX,
+    "dvd": (2295104 - DISC_RESERVE) * SECTOR,  # single-layer DVD±R, 4.7 GB
+    "dvd-dl": (4171712 - DISC_RESERVE) * SECTOR,  # dual-layer DVD±R, 8.5 GB
+    "bd25": (12219392 - DISC_RESERVE) * SECTOR,  # BD-R, 25 GB
+    "bd50": (24438784 - DISC_RESERVE) * SECTOR,  # dual-layer BD-R, 50 GB
+}
+
+
+def is_size(text: str) -> bool:
+    """Whether `text` is spelled as a size (a number with an optional unit), whatever its value."""
+    return _SIZE_RE.match(str(text)) is not None
+
+
 def parse_size(text: str, what: str = "size") -> int:
     """Parse `4G`, `700M`, `4GiB`, `1.5g`, `1048576` (binary units) into bytes; raises UsageError."""
     m = _SIZE_RE.match(str(text))
@@ -499,6 +520,10 @@ class PulledImage:
     manifest: Manifest = field(repr=False)
     config_bytes: bytes = field(repr=False)
     config: ImageConfig = field(repr=False)
+    # Set when fetch rewrote layers (transcode.py): the registry's manifest digest and what changed,
+    # as bundle.json's `upstream` records it; and each layer's unpacked size where it was learnt.
+    upstream: Optional[dict] = field(default=None, repr=False, compare=False)
+    unpacked_sizes: Tuple[Optional[int], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def image_id(self) -> Digest:

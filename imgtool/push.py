@@ -181,6 +181,12 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
             sep = ":" if reference == tag else "@"
             result.images.append(PushedImage(im.ref, f"{host}/{repo}{sep}{reference}", str(im.manifest_digest),
                                              str(im.platform)))
+            if im.upstream is not None:  # fetch rewrote layers: the bundle holds its own manifest
+                theirs = Digest.parse(im.upstream["manifest_digest"])
+                result.warnings.append(
+                    f"{host}/{repo}{sep}{reference} ({im.platform}) is the manifest this bundle holds: fetch rewrote "
+                    f"its layers (--layers {im.upstream['layers']}), so its digest {im.manifest_digest.short} differs "
+                    f"from upstream's {theirs.short}; the image ID (config) is upstream's")
         if multi:
             media, body = build_index(images)
             got = client.put_manifest(repo, tag, body, media)
@@ -193,7 +199,8 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
                 result.warnings.append(
                     f"{host}/{repo}:{tag} is an index over the {len(images)} platforms in the bundle; its digest "
                     f"{Digest.parse(digest).short} differs from upstream's {upstream.short} (pull by tag, or by "
-                    "the platform manifest digests, which are upstream's)")
+                    "the platform manifest digests" + (")" if any(im.upstream for im in images) else
+                                                      ", which are upstream's)"))
     result.seconds = time.monotonic() - started
     return result
 

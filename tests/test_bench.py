@@ -40,7 +40,7 @@ def test_bench_quick_writes_every_row(services, tmp_path):
         assert row, f"no memory row for imgtool {name}"
         assert int(row.group(1)) > 5 and int(row.group(2)) > 5  # a real measurement of a real process
     targets = re.findall(r"^\| (.+?) \| (.+?) \| (yes|no|) \|$", text.split("## Targets")[1], re.M)
-    assert len(targets) == 13 and all(value != "skipped" for _, value, _ in targets)
+    assert len(targets) == 15 and all(value != "skipped" for _, value, _ in targets)
     # over-download: bytes the registry sent against the blob bytes, for every case
     assert "## Over-download\n" in text
     for _key, name in bench.OVER_ROWS:

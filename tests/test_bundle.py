@@ -22,6 +22,8 @@ from tests.support.bundles import BlobDir, imgtool, parts_of, reassemble, write
 from tests.support.images import host_arch
 
 REPO = "quay.io/ascend/vllm-ascend"
+REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with imgtool fetch --layers compat (the default), "
+          "which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -389,3 +391,47 @@ def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mir
         "hint: free space there, or choose another --output",
     ]
     assert not (out / "bundle.json").exists() and list(out.iterdir()) == []
+
+
+@pytest.mark.engines
+def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
+        factory, store, tmp_path, engine, services, docker_cli, docker_cleanup):
+    """vllm-ascend FAQ 19's `invalid tar header` is a zstd layer on Docker < 23 (not a wrong
+    architecture): load.sh, imgtool load and doctor say so before Docker sees a byte; 23+ loads it."""
+    gzip_image = factory.image(host_arch(), layers=2)
+    image = factory.zstd_twin(gzip_image)
+    assert image.config_digest == gzip_image.config_digest
+    out = tmp_path / "z"
+    write(out, [store.pulled(image, f"{REPO}:zl")], store, chunk_size=600 * 1024)
+    readme = (out / "README.txt").read_text()
+    assert f"This bundle HAS zstd layers ({REPO}:zl): load.sh refuses them on Docker before 23.0;\n" \
+        "upgrade Docker, or fetch it again with --layers compat (the default)." in readme
+    assert "本镜像包含 zstd 压缩层" in readme and "exec format error" in readme
+    docker_cleanup.image(f"{REPO}:zl", image.config_digest)
+    before = docker_cli.image_ids()
+    r = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=_env(services))
+    if engine != "20.10":
+        assert r.returncode == 0, r.stderr
+        assert docker_cli.holds(f"{REPO}:zl", image)
+        return
+    server = docker_cli("version", "--format", "{{.Server.Version}}").stdout.strip()
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.splitlines()[-2:] == [
+        f"load.sh: error: this bundle has zstd-compressed layers ({REPO}:zl), which Docker {server} cannot read "
+        "(it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded",
+        "load.sh: " + REMEDY,
+    ]
+    assert docker_cli.image_ids() == before
+    # what load.sh spares the operator: FAQ 19's own message, after the whole upload
+    cat = subprocess.run(f"cat {' '.join(p.name for p in parts_of(out))} | docker load", shell=True, cwd=out,
+                         capture_output=True, text=True, env=_env(services))
+    assert cat.returncode != 0 and "archive/tar: invalid tar header" in cat.stderr, cat.stderr
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        f"error: Docker {server} cannot read zstd-compressed layers ({REPO}:zl): that needs Docker 23.0 or later "
+        "(older ones fail with `invalid tar header`, vllm-ascend FAQ 19); nothing was loaded",
+        "hint: " + REMEDY,
+    ]
+    doctor = imgtool("doctor", str(out), docker_host=services.docker_host)
+    assert f"the bundle has zstd-compressed layers; Docker {server} reads those only from 23.0" in doctor.stdout

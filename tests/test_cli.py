@@ -55,7 +55,7 @@ def test_chunk_size_below_1_mib_is_refused_with_the_reason(verb):
     assert r.stderr.splitlines() == [
         "error: invalid --chunk-size '100': parts must be at least 1 MiB "
         "(100 B parts would cut a 15 GiB image into 161,061,274 files)",
-        "hint: use the largest file your medium takes, e.g. 4095M (FAT32), 4G, 700M",
+        "hint: use the largest file your medium takes: fat32, dvd, dvd-dl, bd25, bd50, or e.g. 700M",
     ]
 
 
@@ -171,3 +171,50 @@ def test_mirrors_without_ref_probes_the_newest_release(services, factory, mirror
     assert r.stderr.splitlines() == [
         f"error: no source serves quay.io/{ms.repo}:v9.9.9: quay: v9.9.9 not found; nju: v9.9.9 not found",
         "hint: check the tag: imgtool tags lists them"]
+
+
+# --- parts that fit the carrier ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, size, warns", [
+    ("fat32", 4 * 1024 ** 3 - 1, False), ("FAT32", 4 * 1024 ** 3 - 1, False),
+    ("dvd", 4_691_984_384, False), ("dvd-dl", 8_535_277_568, False),
+    ("bd25", 25_016_926_208, False), ("bd50", 50_042_241_024, False),
+    # units are binary whatever their spelling: documented in README and --help
+    ("4G", 4 * 1024 ** 3, True), ("4GB", 4 * 1024 ** 3, True), ("4GiB", 4 * 1024 ** 3, True),
+    ("4095M", 4095 * 1024 ** 2, False), ("700MB", 700 * 1024 ** 2, False),
+])
+def test_chunk_size_takes_carrier_names_and_binary_units(text, size, warns):
+    from imgtool.config import chunk_size_warning, parse_chunk_size
+
+    assert parse_chunk_size(text) == size
+    assert (chunk_size_warning(size) is not None) == warns
+
+
+def test_fetch_help_says_each_carrier_in_bytes():
+    r = imgtool("fetch", "--help")
+    text = " ".join(r.stdout.split())
+    for words in ("fat32 = 4,294,967,295 bytes", "dvd = 4,691,984,384 bytes", "dvd-dl = 8,535,277,568 bytes",
+                  "bd25 = 25,016,926,208 bytes", "bd50 = 50,042,241,024 bytes", "4G = 4 GiB, 700MB = 700 MiB"):
+        assert words in text, text
+
+
+def test_4g_parts_are_one_byte_too_many_for_fat32_and_fetch_says_so(services, factory, mirrored, tmp_path):
+    from tests.support.bundles import fetch_from_registry
+
+    out, _, _, r = fetch_from_registry(services, factory, mirrored, tmp_path, "--chunk-size", "4G")
+    assert ("warning: parts of 4,294,967,296 bytes (4 GiB) do not fit on FAT32, which holds files up to "
+            "4,294,967,295 bytes: for FAT32 USB sticks use --chunk-size fat32") in r.stderr.splitlines()
+    assert (out / "bundle.json").exists()
+
+
+def test_fat32_parts_fit_and_readme_says_so(services, factory, mirrored, tmp_path):
+    from tests.support.bundles import fetch_from_registry
+
+    out, _, _, r = fetch_from_registry(services, factory, mirrored, tmp_path, "--chunk-size", "fat32")
+    assert "warning" not in r.stderr
+    doc = json.loads((out / "bundle.json").read_text())
+    largest = max(p["size"] for p in doc["parts"])
+    readme = (out / "README.txt").read_text()
+    assert f"The largest part is {largest:,} bytes: it fits a USB stick formatted\n  FAT32" in readme
+    assert f"最大的分卷为 {largest:,} 字节，可以放进 FAT32 格式的 U 盘" in readme

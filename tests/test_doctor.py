@@ -78,8 +78,9 @@ def test_kylin_gets_the_faq_19_advice(tmp_path):
                    'PRETTY_NAME="Kylin Linux Advanced Server V10 (Sword)"\n')
     check = os_check(rel)
     assert (check.status, check.detail) == ("info", "Kylin Linux Advanced Server V10 (Sword) (Kylin)")
-    assert check.advice.startswith("vllm-ascend FAQ 19: if Docker says `invalid tar header`, the image is for the "
-                                   "wrong architecture: fetch it on a connected machine with --arch arm64")
+    assert check.advice.startswith("vllm-ascend FAQ 19: if Docker says `invalid tar header`, it met a "
+                                   "zstd-compressed layer, which Docker reads only from 23.0 on")
+    assert check.advice.endswith("a wrong architecture shows only at `docker run`, as `exec format error`")
     rel.write_text('PRETTY_NAME="Ubuntu 22.04.4 LTS"\nID=ubuntu\n')
     assert os_check(rel).status == "ok"
 

@@ -147,7 +147,7 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
 
 
 @pytest.mark.parametrize("args,line", [
-    (["--chunk-size", "4X"], "error: invalid --chunk-size '4X': use a number with an optional unit K, M, G, T (binary), e.g. 4G or 700M"),
+    (["--chunk-size", "4X"], "error: invalid --chunk-size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a number with an optional unit K, M, G, T (binary), e.g. 700M"),
     (["--chunk-size", "0"], "error: invalid --chunk-size '0': must be greater than zero"),
     (["--arch", "sparc"], "error: unknown architecture 'sparc' in 'sparc'"),
     (["--arch", "arm64", "--platform", "linux/arm64"], "error: --arch and --platform cannot be used together"),

@@ -486,3 +486,12 @@ def test_the_verbs_speak_docker_18_09s_api(factory, store, tmp_path, services, d
     bad = imgtool("load", str(out), env={**env, "DOCKER_API_VERSION": "latest"})
     assert (bad.returncode, bad.stderr.splitlines()[0]) == (
         2, "error: invalid DOCKER_API_VERSION 'latest': give an API version such as 1.39 (Docker 18.09)")
+
+
+def test_docker_s_invalid_tar_header_is_explained_as_a_zstd_layer_not_an_architecture():
+    from imgtool.daemon import _load_hint
+
+    hint = _load_hint("Error processing tar file(exit status 1): archive/tar: invalid tar header")
+    assert hint == ("vllm-ascend FAQ 19: this Docker read a zstd-compressed layer as a plain tar (Docker reads zstd "
+                    "only from 23.0 on); upgrade Docker, or bring the image with gzip layers (imgtool fetch "
+                    "--layers compat, the default)")

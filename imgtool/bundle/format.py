@@ -54,10 +54,13 @@ class Layer:
     omitted: bool = False
     chain_id: Optional[Digest] = None
     provided_by: Tuple[str, ...] = ()
+    unpacked_size: Optional[int] = None  # the layer's tar in bytes, where fetch learnt it (rewritten layers)
 
     def to_json(self) -> dict:
         out = {"digest": str(self.digest), "size": self.size, "diff_id": str(self.diff_id),
                "media_type": self.media_type}
+        if self.unpacked_size is not None:
+            out["unpacked_size"] = self.unpacked_size
         if self.omitted:
             out.update({"omitted": True, "chain_id": str(self.chain_id), "provided_by": list(self.provided_by)})
         return out
@@ -77,6 +80,9 @@ class BundleImage:
     image_id: Digest  # the config digest: what `docker images` shows as IMAGE ID
     config_size: int
     layers: Tuple[Layer, ...]
+    # fetch rewrote layers (--layers compat|plain): {"manifest_digest": the registry's, "manifest_size",
+    # "layers": the mode, "changed": [{"index", "digest", "size", "media_type"} of each upstream layer]}
+    upstream: Optional[dict] = None
 
     @property
     def image_ref(self) -> ImageRef:
@@ -109,6 +115,7 @@ class BundleImage:
             "image_id": str(self.image_id),
             "config_size": self.config_size,
             "layers": [layer.to_json() for layer in self.layers],
+            **({"upstream": self.upstream} if self.upstream is not None else {}),
         }
 
 
@@ -332,7 +339,8 @@ def _image(x, i: int, version: int = 1) -> BundleImage:
             raise _bad(f"`{lw}provided_by` is not a list of names")
         layers.append(Layer(_digest(layer, "digest", lw), _size(layer, "size", lw),
                             _digest(layer, "diff_id", lw), lmedia, omitted,
-                            _digest(layer, "chain_id", lw) if omitted else None, tuple(provided) if omitted else ()))
+                            _digest(layer, "chain_id", lw) if omitted else None, tuple(provided) if omitted else (),
+                            _size(layer, "unpacked_size", lw) if "unpacked_size" in layer else None))
     if any(layer.omitted for layer in layers):
         for j, (layer, chain) in enumerate(zip(layers, chain_ids([x.diff_id for x in layers]))):
             if layer.omitted and layer.chain_id != chain:
@@ -349,7 +357,19 @@ def _image(x, i: int, version: int = 1) -> BundleImage:
         image_id=_digest(x, "image_id", where),
         config_size=_size(x, "config_size", where),
         layers=tuple(layers),
+        upstream=_upstream(x.get("upstream"), where),
     )
+
+
+def _upstream(x, where: str) -> Optional[dict]:
+    """bundle.json's record of rewritten layers: checked for the fields push and describe read."""
+    if x is None:
+        return None
+    if not isinstance(x, dict):
+        raise _bad(f"`{where}upstream` is not an object")
+    _digest(x, "manifest_digest", where + "upstream.")
+    _str(x, "layers", where + "upstream.")
+    return x
 
 
 def _archive(x) -> Archive:

@@ -25,12 +25,13 @@ from typing import Dict, List, Optional, Sequence
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, Platform, familiar, foreign_arch_warning, format_size
+from ..model import Platform, familiar, foreign_arch_warning, format_size
 from ..progress import Progress
 from ..worker import Worker
 from . import layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
+from .texts import ZSTD_REMEDY, zstd_layer_refs
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -207,17 +208,22 @@ def _has_tags(info, names: Sequence[str]) -> bool:
 
 def need_bytes(index: BundleIndex, unpacked: Optional[int]) -> int:
     """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
-    layers = unpacked if unpacked is not None else int(index.layer_bytes * 2.5)  # typical gzip ratio
-    return index.archive.tar_size + layers
+    if unpacked is None:  # each layer's unpacked size where fetch learnt it, else the typical gzip ratio
+        seen = {x.digest: x for im in index.images for x in im.layers if not x.omitted}
+        known = sum(x.unpacked_size for x in seen.values() if x.unpacked_size is not None)
+        unknown = sum(x.size for x in seen.values() if x.unpacked_size is None)
+        unpacked = known + int(unknown * 2.5)
+    return index.archive.tar_size + unpacked
 
 
 def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:
     """Refuse what this Docker cannot do; return warnings for what may go wrong."""
     warnings = []
-    zstd = [im.ref for im in index.images if any(LAYER_COMPRESSION.get(x.media_type) == "zstd" for x in im.layers)]
+    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are Docker's already: never sent
     if zstd and facts.version_tuple < (23,):
-        raise ImgtoolError(f"Docker {facts.version} cannot load zstd-compressed layers ({', '.join(zstd)}); "
-                           "that needs Docker 23.0 or later", hint="fetch an image with gzip layers, or upgrade Docker")
+        raise ImgtoolError(f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): that needs "
+                           "Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19); "
+                           "nothing was loaded", hint=ZSTD_REMEDY)
     if facts.driver == "devicemapper":
         warnings.append("storage driver devicemapper: each container is limited to dm.basesize (10 GB by default), "
                         "less than a vllm-ascend image unpacks to; raise it or move to overlay2")

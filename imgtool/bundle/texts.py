@@ -4,10 +4,13 @@ from typing import List
 
 from .. import __version__
 from ..delta import describe_requirements, requirements
-from ..model import format_size
+from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
+#: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
+ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with imgtool fetch --layers compat "
+               "(the default), which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
 
 
 def load_sh(index: BundleIndex) -> bytes:
@@ -69,7 +72,7 @@ if command -v sha256sum >/dev/null 2>&1; then
 else
     echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
 fi
-{need_tool}{_base_check(index)}{_containerd_multiarch_check(index)}
+{need_tool}{_zstd_layers_check(index)}{_base_check(index)}{_containerd_multiarch_check(index)}
 echo "load.sh: loading {len(index.images)} image(s) into docker ..." >&2
 {pipe}
 status=$?
@@ -114,6 +117,35 @@ def _multiarch_refs(index: BundleIndex) -> List[str]:
     for im in index.images:
         seen.setdefault(im.ref, []).append(im)
     return [ref for ref, ims in seen.items() if len(ims) > 1]
+
+
+def zstd_layer_refs(index: BundleIndex) -> List[str]:
+    """The images of this bundle sending zstd-compressed layers to Docker, which reads them only from 23.0 on
+    (a delta bundle's omitted layers are Docker's already)."""
+    return list(dict.fromkeys(im.ref for im in index.images if any(
+        LAYER_COMPRESSION.get(x.media_type) == "zstd" and not x.omitted for x in im.layers)))
+
+
+def _zstd_layers_check(index: BundleIndex) -> str:
+    """Docker before 23.0 reads a zstd layer as a plain tar and fails with FAQ 19's `invalid tar header`
+    after the upload: refuse before docker load, saying why and what to do."""
+    refs = zstd_layer_refs(index)
+    if not refs:
+        return ""
+    names = ", ".join(refs).replace("'", "").replace('"', "")
+    return f"""
+# zstd-compressed layers: Docker reads them only from 23.0 on; an older one fails with
+# "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload.
+server=$($DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
+case "${{server%%.*}}" in
+    ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
+    *) if [ "${{server%%.*}}" -lt 23 ]; then
+        echo "load.sh: error: this bundle has zstd-compressed layers ({names}), which Docker $server cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded" >&2
+        echo "load.sh: {ZSTD_REMEDY}" >&2
+        exit 5
+    fi ;;
+esac
+"""
 
 
 def _containerd_multiarch_check(index: BundleIndex) -> str:
@@ -205,6 +237,22 @@ def readme(index: BundleIndex) -> bytes:
     verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
     tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 Python 3.9+ 均可 `python3 {TOOL_PYZ} load .`\n" \
         if has_tool(index) else ""
+    largest = max(p.size for p in index.parts)
+    if largest <= FAT32_MAX:
+        fat_en = (f"The largest part is {largest:,} bytes: it fits a USB stick formatted\n"
+                  f"  FAT32 (files up to {FAT32_MAX:,} bytes).")
+        fat_zh = f"最大的分卷为 {largest:,} 字节，可以放进 FAT32 格式的 U 盘（单个文件最大 {FAT32_MAX:,} 字节）。"
+    else:
+        fat_en = (f"The largest part is {largest:,} bytes, too big for FAT32 (files up to\n"
+                  f"  {FAT32_MAX:,} bytes): use exFAT, NTFS, ext4 or UDF, or fetch with --chunk-size fat32.")
+        fat_zh = (f"最大的分卷为 {largest:,} 字节，超过 FAT32 的单个文件上限（{FAT32_MAX:,} 字节）：\n"
+                  "  请用 exFAT、NTFS、ext4 或 UDF 格式的介质，或用 --chunk-size fat32 重新获取。")
+    zstd = zstd_layer_refs(index)
+    zstd_en = ("\nThis bundle HAS zstd layers (" + ", ".join(zstd) + "): load.sh refuses them on Docker before 23.0;\n"
+               "upgrade Docker, or fetch it again with --layers compat (the default).") if zstd else \
+        " This bundle has none: its layers are gzip or plain tar."
+    zstd_zh = ("\n本镜像包含 zstd 压缩层（" + "、".join(zstd) + "）：Docker 低于 23.0 时 load.sh 会拒绝导入；\n"
+               "请升级 Docker，或用 --layers compat（默认）重新获取。") if zstd else "本镜像包没有这种层（均为 gzip 或未压缩）。"
     text = f"""imgtool bundle
 ==============
 
@@ -223,8 +271,8 @@ Files
 {tool_en}  README.txt    this file
 
 Carry it
-  Copy the whole directory. Parts may travel on different media (e.g. USB sticks
-  formatted FAT32, which holds files up to 4 GiB); put them all back into one directory.
+  Copy the whole directory. Parts may travel on different media; put them all back
+  into one directory. {fat_en}
 
 Check it on the offline host
   imgtool verify DIR --expect <sha256 of bundle.json printed by `imgtool fetch`>
@@ -235,8 +283,10 @@ Load it
 {_ways(index, "en", "  ")}
   or by hand: cat <parts in order>{unpack} | docker load
 
-If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), the image
-was built for another architecture: fetch it again with `--arch arm64` (Kunpeng hosts).
+If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), it met a
+zstd-compressed layer, which Docker reads only from 23.0 on (Kylin V10 ships 18.09).{zstd_en}
+An image of another architecture loads fine and fails only at `docker run` with
+"exec format error": fetch it again with `--arch arm64` (Kunpeng hosts).
 `imgtool doctor DIR` checks Docker, free space and architecture on the offline host.
 
 
@@ -256,8 +306,8 @@ imgtool 离线镜像包
 {tool_zh}  README.txt    本说明
 
 拷贝
-  请拷贝整个目录。分卷可以分别用不同介质携带（例如 FAT32 格式的 U 盘，单个文件最大 4 GiB），
-  到达后放回同一个目录。
+  请拷贝整个目录。分卷可以分别用不同介质携带，到达后放回同一个目录。
+  {fat_zh}
 
 在离线主机上校验
   imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
@@ -268,8 +318,10 @@ imgtool 离线镜像包
 {_ways(index, "zh", "  ")}
   或手动：cat <按顺序列出的分卷>{unpack} | docker load
 
-如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明镜像架构
-不对：请在联网机器上用 `--arch arm64`（鲲鹏主机）重新获取。
+如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明它遇到了
+zstd 压缩的镜像层：Docker 23.0 起才能读取（麒麟 V10 自带 18.09）。{zstd_zh}
+架构不对的镜像可以正常导入，只在 `docker run` 时报 "exec format error"：请在联网机器上用
+`--arch arm64`（鲲鹏主机）重新获取。
 `imgtool doctor 目录` 可检查离线主机上的 Docker、磁盘空间和架构。
 """
     return text.encode()

@@ -199,8 +199,9 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
         if len(im.config.diff_ids) != len(im.manifest.layers):
             raise ImgtoolError(f"{ref}: the config lists {len(im.config.diff_ids)} diff_ids for "
                                f"{len(im.manifest.layers)} layers")
-        layers = [Layer(d.digest, d.size, diff, d.media_type)
-                  for d, diff in zip(im.manifest.layers, im.config.diff_ids)]
+        unpacked = list(im.unpacked_sizes) + [None] * (len(im.manifest.layers) - len(im.unpacked_sizes))
+        layers = [Layer(d.digest, d.size, diff, d.media_type, unpacked_size=u)
+                  for d, diff, u in zip(im.manifest.layers, im.config.diff_ids, unpacked)]
         for o in plan_omissions(im.config.diff_ids, have, im.platform.architecture):
             layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
                                                   provided_by=o.provided_by)
@@ -209,7 +210,7 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
             raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
         out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
                                im.manifest.media_type, len(im.manifest_bytes), im.image_id,
-                               len(im.config_bytes), layers))
+                               len(im.config_bytes), layers, im.upstream))
     return out
 
 

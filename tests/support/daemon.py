@@ -109,7 +109,8 @@ def bundle_view(image):
     from .images import MEDIA_TYPES
 
     manifest_type, _, layer_type, _ = MEDIA_TYPES[image.media]
-    layers = tuple(Layer(Digest.parse(x.digest), x.size, Digest.parse(x.diff_id), layer_type) for x in image.layers)
+    layers = tuple(Layer(Digest.parse(x.digest), x.size, Digest.parse(x.diff_id), x.media_type or layer_type)
+                   for x in image.layers)
     return BundleImage("example.com/test:v1", "", Platform.parse(image.platform), None,
                        Digest.parse(image.manifest_digest), manifest_type, len(image.manifest_bytes),
                        Digest.parse(image.config_digest), len(image.config_bytes), layers)

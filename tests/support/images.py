@@ -35,6 +35,7 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
+OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 MEDIA_TYPES = {  # media= value -> (manifest, config, layer, index)
     "docker": (DOCKER_MANIFEST, DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST_LIST),
@@ -85,7 +86,7 @@ def _config_json(obj) -> bytes:
 
 @dataclass(frozen=True)
 class Layer:
-    """One gzip layer blob; `diff_id` is the sha256 of its uncompressed tar."""
+    """One layer blob (gzip unless `media_type` says zstd); `diff_id` is the sha256 of its uncompressed tar."""
 
     blob: bytes = field(repr=False)
     digest: str
@@ -93,12 +94,25 @@ class Layer:
     diff_id: str
     uncompressed_size: int
     files: Tuple[str, ...] = field(repr=False, default=())
+    media_type: Optional[str] = None  # None: the gzip layer type of the manifest's media
 
     def descriptor(self, media: str = "docker") -> dict:
-        return {"mediaType": MEDIA_TYPES[media][2], "size": self.size, "digest": self.digest}
+        return {"mediaType": self.media_type or MEDIA_TYPES[media][2], "size": self.size, "digest": self.digest}
 
     def tar_bytes(self) -> bytes:
+        if self.media_type == OCI_LAYER_ZSTD:
+            import zstandard
+
+            return zstandard.ZstdDecompressor().decompress(self.blob, max_output_size=self.uncompressed_size)
         return gzip.decompress(self.blob)
+
+    def zstd(self) -> "Layer":
+        """The same tar, zstd-compressed as a registry serving zstd images holds it (same diff_id)."""
+        import zstandard
+
+        blob = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(self.tar_bytes())
+        return Layer(blob=blob, digest=sha256_digest(blob), size=len(blob), diff_id=self.diff_id,
+                     uncompressed_size=self.uncompressed_size, files=self.files, media_type=OCI_LAYER_ZSTD)
 
 
 @dataclass(frozen=True)
@@ -664,6 +678,22 @@ class ImageFactory:
             images.append(self.image(arch, layers, arch_base, layer_size=layer_size,
                                      media=image_media or media, **image_kwargs))
         return self.index(images, media=media)
+
+    @staticmethod
+    def zstd_twin(image: Image) -> Image:
+        """`image` as a builder that switched to zstd publishes it: the same config (so the same image
+        ID) and files, every layer zstd-compressed, in an OCI manifest (Docker v2 has no zstd type)."""
+        layers = tuple(layer.zstd() for layer in image.layers)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "size": len(image.config_bytes), "digest": image.config_digest},
+            "layers": [layer.descriptor("oci") for layer in layers],
+        }
+        manifest_bytes = _manifest_json(manifest)
+        return Image(os=image.os, architecture=image.architecture, variant=image.variant, media="oci",
+                     layers=layers, config_bytes=image.config_bytes, config_digest=image.config_digest,
+                     manifest_bytes=manifest_bytes, manifest_digest=sha256_digest(manifest_bytes))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,205 @@
+"""Layers every supported Docker can load: `fetch --layers compat|as-is|plain`.
+
+Docker before 23.0 (Kylin V10's 18.09, the 19.03/20.10 of many hosts) reads a zstd-compressed
+layer as a plain tar and fails with `archive/tar: invalid tar header` (vllm-ascend FAQ 19). So by
+default (`compat`) fetch rewrites such layers as gzip on the connected side: the registry's blob
+(already checked against its digest) is decompressed as a stream and gzip-compressed in
+independent 4 MiB members in parallel, as `export` does, while its diff_id is checked against the
+config. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
+gzip blobs, and bundle.json keeps the upstream manifest digest and what changed (`upstream`).
+`plain` writes every layer uncompressed, as `docker save` does; `as-is` keeps the registry's bytes.
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
+
+from .errors import ImgtoolError, UsageError, VerifyError
+from .export import CHUNK, compress_layer
+from .model import (DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, LAYER_COMPRESSION, OCI_LAYER, OCI_LAYER_GZIP,
+                    Descriptor, Digest, Manifest, PulledImage, format_size)
+from .progress import Progress
+from .store import Store
+
+MODES = ("compat", "as-is", "plain")
+GZIP_LEVEL = 1  # as export's default: the layer is read once more by Docker, size matters less than time
+# media type of the rewritten layer, by manifest type and target compression
+_TARGET_TYPE = {(DOCKER_MANIFEST, "gzip"): DOCKER_LAYER_GZIP, (DOCKER_MANIFEST, "none"): DOCKER_LAYER}
+
+
+def changes(image: PulledImage, mode: str, skip: Collection[Digest] = ()) -> List[int]:
+    """Indexes of the layers `mode` rewrites (none for `as-is`; layers in `skip` are left out of the bundle)."""
+    if mode not in MODES:
+        raise UsageError(f"invalid --layers {mode!r}: use one of {', '.join(MODES)}")
+    out = []
+    for i, d in enumerate(image.manifest.layers):
+        comp = LAYER_COMPRESSION.get(d.media_type)
+        if d.digest in skip or mode == "as-is":
+            continue
+        if (mode == "compat" and comp == "zstd") or (mode == "plain" and comp != "none"):
+            out.append(i)
+    return out
+
+
+class _Counting:
+    """read(n) over a reader, counting the bytes (the layer's unpacked size)."""
+
+    def __init__(self, reader):
+        self.reader, self.count = reader, 0
+
+    def read(self, n=-1):
+        data = self.reader.read(CHUNK if n is None or n < 0 else n)
+        self.count += len(data)
+        return data
+
+
+def _decompressed(f, compression: str, what: str):
+    """(reader of the layer's tar, the exceptions a damaged stream raises)."""
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=f, mode="rb"), (EOFError, gzip.BadGzipFile, zlib.error)
+    if compression == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise UsageError(f"{what} is zstd-compressed and the zstandard Python package is missing, so it "
+                             "cannot be rewritten for Docker before 23.0",
+                             hint="pip install zstandard, or fetch with --layers as-is for Docker 23+ only")
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True)
+        return reader, (zstandard.ZstdError,)
+    return f, ()
+
+
+def _store_plain(reader, store: Store, bar) -> Tuple[str, Digest, int]:
+    """An uncompressed layer into the store: its digest is its diff_id."""
+    sha = hashlib.sha256()
+    tmp = store.temp_file("plain")
+    size = 0
+    try:
+        with open(tmp, "wb") as out:
+            while True:
+                chunk = reader.read(CHUNK)
+                if not chunk:
+                    break
+                out.write(chunk)
+                sha.update(chunk)
+                size += len(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        digest = Digest("sha256", sha.hexdigest())
+        store.ingest(tmp, digest)
+        return str(digest), digest, size
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool: ThreadPoolExecutor, jobs: int,
+                  what: str, bar=None) -> Tuple[str, Descriptor, int]:
+    """One stored layer blob rewritten as `target` ("gzip" or "none"): (diff_id, new blob, unpacked size).
+
+    Raises VerifyError when the blob does not decompress; UsageError without zstandard."""
+    with open(path, "rb") as f:
+        reader, damaged = _decompressed(f, compression, what)
+        counting = _Counting(reader)
+        try:
+            if target == "gzip":
+                # at most `jobs` members in flight (compress_layer allows 2 per job it is given): every
+                # worker stays busy, and memory stays near the fetch's own (issue 8's 100 MB target)
+                diff_id, digest, size = compress_layer(counting, store, pool, max(1, jobs // 2), GZIP_LEVEL,
+                                                       bar or _NoBar())
+            else:
+                diff_id, digest, size = _store_plain(counting, store, bar or _NoBar())
+        except damaged as e:
+            raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
+                              hint="the registry's blob matched its digest; report it to the image's publisher")
+    return diff_id, Descriptor("", digest, size), counting.count
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
+                     progress: Progress, skip: Collection[Digest] = (), jobs: int = 0) -> List[PulledImage]:
+    """Each image with the layers `mode` rewrites rewritten, a new manifest, and `upstream` recorded.
+
+    Images with nothing to rewrite come back unchanged. `blob_path` waits for a blob to be downloaded.
+    Raises VerifyError when a rewritten layer's diff_id differs from the config's."""
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    done: Dict[Digest, Tuple[Descriptor, int]] = {}  # a layer shared by images is rewritten once
+    out: List[PulledImage] = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for image in images:
+            which = changes(image, mode, skip)
+            if not which:
+                out.append(image)
+                continue
+            target = "gzip" if mode == "compat" else "none"
+            layers = list(image.manifest.layers)
+            unpacked: List[Optional[int]] = [None] * len(layers)
+            for i in which:
+                old = layers[i]
+                comp = LAYER_COMPRESSION.get(old.media_type, "none")
+                what = f"layer {i + 1} of {image.ref.tagged} ({old.digest})"
+                if old.digest not in done:
+                    path = blob_path(old.digest)  # waits until the download brought it
+                    with progress.bar(None, f"{'gzip' if target == 'gzip' else 'unpack'} layer {i + 1} "
+                                            f"({comp}, {format_size(old.size)})") as bar:
+                        diff_id, new, size = rewrite_layer(path, comp, target, store, pool, jobs, what, bar)
+                    want = str(image.config.diff_ids[i])
+                    if diff_id != want:
+                        raise VerifyError(f"{what}: its content has diff_id {diff_id}, the config says {want}",
+                                          hint="the registry serves a layer that does not belong to this image")
+                    done[old.digest] = (new, size)
+                new, size = done[old.digest]
+                media = _TARGET_TYPE.get((image.manifest.media_type, target)) or \
+                    (OCI_LAYER_GZIP if target == "gzip" else OCI_LAYER)
+                layers[i] = Descriptor(media, new.digest, new.size)
+                unpacked[i] = size
+            out.append(_rewritten(image, layers, which, unpacked, mode, store))
+            progress.note(f"{image.ref.tagged} ({image.platform}): {len(which)} of {len(layers)} layers rewritten "
+                          f"{'as gzip' if target == 'gzip' else 'uncompressed'} (--layers {mode}); the image ID "
+                          f"is unchanged, its manifest digest is now {out[-1].manifest_digest}")
+    return out
+
+
+def _rewritten(image: PulledImage, layers: List[Descriptor], which: List[int], unpacked: List[Optional[int]],
+               mode: str, store: Store) -> PulledImage:
+    """The image with a manifest naming `layers`: upstream's manifest with only the layers replaced."""
+    try:
+        doc = json.loads(image.manifest_bytes)
+    except ValueError as e:  # it was parsed once already: cannot happen for a pulled image
+        raise ImgtoolError(f"{image.ref.tagged}: manifest is not JSON ({e})")
+    old_layers = doc.get("layers") or []
+    new_layers = []
+    for i, d in enumerate(layers):
+        entry = dict(old_layers[i]) if i < len(old_layers) and isinstance(old_layers[i], dict) else {}
+        if i in which:
+            # annotations of zstd:chunked (its table of contents) describe the old bytes: dropped
+            entry = {"mediaType": d.media_type, "digest": str(d.digest), "size": d.size}
+        new_layers.append(entry)
+    doc["layers"] = new_layers
+    manifest_bytes = json.dumps(doc, indent=3).encode()
+    digest = store.put_bytes(manifest_bytes)
+    manifest = Manifest(image.manifest.media_type, image.manifest.config, tuple(layers))
+    upstream = {
+        "manifest_digest": str(image.manifest_digest),
+        "manifest_size": len(image.manifest_bytes),
+        "layers": mode,
+        "changed": [{"index": i, "digest": str(image.manifest.layers[i].digest),
+                     "size": image.manifest.layers[i].size, "media_type": image.manifest.layers[i].media_type}
+                    for i in which],
+    }
+    return replace(image, manifest_digest=digest, manifest_bytes=manifest_bytes, manifest=manifest,
+                   upstream=upstream, unpacked_sizes=tuple(unpacked))
