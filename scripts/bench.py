@@ -735,7 +735,7 @@ class Bench:
         for engine, (key, _) in ENGINE_LOADS.items():
             host = self.env.engines.get(engine)
             if host is None:
-                log(f"load on Docker {engine}: not running (IMGTOOL_TEST_ENGINES), skipped")
+                log(f"load on Docker {engine}: not running (see IMGTOOL_TEST_ENGINES), skipped")
                 continue
             log(f"load on Docker {engine}")
             self.alternate([(f"{key}.imgtool", lambda h=host: self.imgtool_load(h), True),

@@ -11,7 +11,8 @@
 # State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
 # to 108 bytes and dockerd/containerd put sockets a few levels below it).
 #
-# Engines ($IMGTOOL_TEST_ENGINES, default all three; the first is IMGTOOL_TEST_DOCKER_HOST):
+# Engines ($IMGTOOL_SERVICES_ENGINES, default all three; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
+# prints them as IMGTOOL_TEST_ENGINES="NAME=unix://... ..."):
 #   20.10             Debian 12's docker.io (apt), overlay2 graphdriver: Kylin-era Docker
 #   26.1              Debian 13's docker.io + containerd, unpacked with dpkg -x into a cache dir
 #                     ($IMGTOOL_DEBS_CACHE, default ~/.cache/imgtool-test/trixie), never installed
@@ -29,7 +30,8 @@ TOKEN_ISSUER="imgtool-test-issuer"
 TLS_USER="imgtool"
 DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
-ENGINES="${IMGTOOL_TEST_ENGINES:-20.10 26.1 26.1-containerd}"
+# (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
+ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 
 say() { printf 'services: %s\n' "$*" >&2; }
@@ -39,7 +41,7 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_TEST_ENGINES,IMGTOOL_DEBS_CACHE \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_ENGINES,IMGTOOL_DEBS_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
@@ -318,7 +320,7 @@ engine_dir() { # ENGINE -> its directory under the state dir (short: sockets liv
     20.10) echo "$S/d20" ;;
     26.1) echo "$S/d26" ;;
     26.1-containerd) echo "$S/d26c" ;;
-    *) die "unknown engine $1 in IMGTOOL_TEST_ENGINES (known: 20.10 26.1 26.1-containerd)" ;;
+    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd)" ;;
     esac
 }
 
