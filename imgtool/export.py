@@ -127,20 +127,15 @@ def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, 
 def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, int]:
     """Store a gzip layer byte for byte, decompressing it on the way for its diff_id; raises ExportError."""
     diff = hashlib.sha256()
-    out_hash = hashlib.sha256()
-    tmp = store.temp_file("export")
-    size = 0
     z = zlib.decompressobj(31)
     ended = False  # the last gzip member seen is complete
     try:
-        with open(tmp, "wb") as out:
+        with store.new_blob("export") as blob:
             while True:
                 chunk = reader.read(CHUNK)
                 if not chunk:
                     break
-                out.write(chunk)
-                out_hash.update(chunk)
-                size += len(chunk)
+                blob.write(chunk)
                 bar.update(len(chunk))
                 while chunk:  # a multi-member gzip: a fresh decompressor for each member
                     if ended:
@@ -150,24 +145,10 @@ def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, 
                     chunk = z.unused_data if ended else b""
             if not ended:
                 raise ExportError(f"{what}: the gzip layer docker save gave ends early")
-            out.flush()
-            os.fsync(out.fileno())
-        digest = Digest("sha256", out_hash.hexdigest())
-        store.ingest(tmp, digest)
-        return f"sha256:{diff.hexdigest()}", digest, size
+            digest = blob.publish()
     except zlib.error as e:
-        _unlink(tmp)
         raise ExportError(f"{what}: docker save gave a gzip layer that cannot be decompressed ({e})") from e
-    except BaseException:
-        _unlink(tmp)
-        raise
-
-
-def _unlink(path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
+    return f"sha256:{diff.hexdigest()}", digest, blob.size
 
 
 def _compress(data: bytes, level: int) -> bytes:
@@ -177,45 +158,25 @@ def _compress(data: bytes, level: int) -> bytes:
 def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int, bar) -> Tuple[str, Digest, int]:
     """gzip a layer stream into the store; returns (diff_id, gzip digest, gzip size)."""
     diff = hashlib.sha256()
-    out_hash = hashlib.sha256()
-    tmp = store.temp_file("export")
-    size = 0
-    pending = deque()
-    try:
-        with open(tmp, "wb") as out:
-            def drain(limit):
-                nonlocal size
-                while len(pending) > limit:
-                    data = pending.popleft().result()
-                    out.write(data)
-                    out_hash.update(data)
-                    size += len(data)
+    pending: deque = deque()
+    with store.new_blob("export") as blob:
+        def drain(limit):
+            while len(pending) > limit:
+                blob.write(pending.popleft().result())
 
-            while True:
-                chunk = reader.read(CHUNK)
-                if not chunk:
-                    break
-                diff.update(chunk)
-                bar.update(len(chunk))
-                pending.append(pool.submit(_compress, chunk, level))
-                drain(jobs * 2)  # bounded: memory does not grow with the layer
-            drain(0)
-            if size == 0:  # an empty stream still needs to be a valid gzip file
-                data = _compress(b"", level)
-                out.write(data)
-                out_hash.update(data)
-                size = len(data)
-            out.flush()
-            os.fsync(out.fileno())
-        digest = Digest("sha256", out_hash.hexdigest())
-        store.ingest(tmp, digest)
-        return f"sha256:{diff.hexdigest()}", digest, size
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+        while True:
+            chunk = reader.read(CHUNK)
+            if not chunk:
+                break
+            diff.update(chunk)
+            bar.update(len(chunk))
+            pending.append(pool.submit(_compress, chunk, level))
+            drain(jobs * 2)  # bounded: memory does not grow with the layer
+        drain(0)
+        if blob.size == 0:  # an empty stream still needs to be a valid gzip file
+            blob.write(_compress(b"", level))
+        digest = blob.publish()
+    return f"sha256:{diff.hexdigest()}", digest, blob.size
 
 
 def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int,

@@ -11,12 +11,14 @@ A per-blob `flock` keeps two imgtool processes from downloading the same blob at
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, write_atomic
@@ -286,6 +288,16 @@ class Store:
         state = Partial._load_state(p)
         return sum(b - a for a, b in state) if state else 0
 
+    @contextmanager
+    def new_blob(self, label: str) -> Iterator["BlobWriter"]:
+        """A blob produced here (export, a rewritten layer): write() it, then publish() it under the sha256
+        of what was written; a block left by an exception (or without publish) removes the temp file."""
+        writer = BlobWriter(self, self.temp_file(label))
+        try:
+            yield writer
+        finally:
+            writer.discard()
+
     def temp_file(self, label: str) -> Path:
         """A fresh path under partial/ for a blob being produced locally (see `ingest`)."""
         return self.root / "partial" / f"{label}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp"
@@ -322,3 +334,49 @@ class Store:
 
     def read_bytes(self, digest: Digest) -> bytes:
         return self.blob_path(digest).read_bytes()
+
+
+class BlobWriter:
+    """Bytes written to a temp file under partial/, hashed on the way; publish() fsyncs and ingests them."""
+
+    def __init__(self, store: Store, path: Path):
+        self.store, self.path = store, path
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.digest: Optional[Digest] = None
+        try:
+            self._f: Optional[BinaryIO] = open(path, "wb")
+        except OSError as e:
+            raise _disk_error(e, store.root) from e
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._f.write(data)  # type: ignore[union-attr]
+        except OSError as e:
+            raise _disk_error(e, self.store.root) from e
+        self.sha.update(data)
+        self.size += len(data)
+
+    def publish(self) -> Digest:
+        """fsync, then put the file into the store under its sha256; returns that digest."""
+        try:
+            self._f.flush()  # type: ignore[union-attr]
+            os.fsync(self._f.fileno())  # type: ignore[union-attr]
+            self._f.close()  # type: ignore[union-attr]
+        except OSError as e:
+            raise _disk_error(e, self.store.root) from e
+        self._f = None
+        self.digest = Digest("sha256", self.sha.hexdigest())
+        self.store.ingest(self.path, self.digest)
+        return self.digest
+
+    def discard(self) -> None:
+        """Close and remove the temp file unless it was published (idempotent)."""
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if self.digest is None:
+            try:
+                self.path.unlink()
+            except OSError:
+                pass

@@ -11,7 +11,6 @@ gzip blobs, and bundle.json keeps the upstream manifest digest and what changed 
 """
 
 import gzip
-import hashlib
 import json
 import os
 import zlib
@@ -77,30 +76,15 @@ def _decompressed(f, compression: str, what: str):
 
 def _store_plain(reader, store: Store, bar) -> Tuple[str, Digest, int]:
     """An uncompressed layer into the store: its digest is its diff_id."""
-    sha = hashlib.sha256()
-    tmp = store.temp_file("plain")
-    size = 0
-    try:
-        with open(tmp, "wb") as out:
-            while True:
-                chunk = reader.read(CHUNK)
-                if not chunk:
-                    break
-                out.write(chunk)
-                sha.update(chunk)
-                size += len(chunk)
-                bar.update(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        digest = Digest("sha256", sha.hexdigest())
-        store.ingest(tmp, digest)
-        return str(digest), digest, size
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+    with store.new_blob("plain") as blob:
+        while True:
+            chunk = reader.read(CHUNK)
+            if not chunk:
+                break
+            blob.write(chunk)
+            bar.update(len(chunk))
+        digest = blob.publish()
+    return str(digest), digest, blob.size
 
 
 def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool: ThreadPoolExecutor, jobs: int,
