@@ -75,13 +75,13 @@ def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
     try:
         text = _read_text(path)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found")
+        raise ConfigError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}")
+        raise ConfigError(f"{path}: cannot read: {e}") from e
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}")
+        raise ConfigError(f"{path}: invalid TOML: {e}") from e
 
 
 def key_line(text: str, key: str, table: Optional[str] = None, nth: int = 0) -> Optional[int]:
@@ -122,11 +122,12 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
             raise ConfigError(f"{_where(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
     default_image = data.get("default_image")
     if not isinstance(default_image, str):
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: default_image must be a string like \"quay.io/ascend/vllm-ascend\"")
+        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: default_image must be a string like "
+                          "\"quay.io/ascend/vllm-ascend\"")
     try:
         ImageRef.parse("latest", default_image)
     except UsageError as e:
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: {e.message}")
+        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: {e.message}") from e
     entries = data.get("mirrors", [])
     if not isinstance(entries, list):
         raise ConfigError(f"{_where(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")

@@ -81,7 +81,7 @@ class Inventory:
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise bad(f"not valid JSON ({e})")
+            raise bad(f"not valid JSON ({e})") from e
         if not isinstance(obj, dict) or obj.get("format") != INVENTORY_FORMAT:
             raise bad(f"format is not {INVENTORY_FORMAT!r}")
         version = obj.get("version")
@@ -95,7 +95,7 @@ class Inventory:
             try:
                 diffs = tuple(Digest.parse(d) for d in x["diff_ids"])
             except (UsageError, TypeError, AttributeError):
-                raise bad(f"images[{i}].diff_ids holds something that is not a digest")
+                raise bad(f"images[{i}].diff_ids holds something that is not a digest") from None
             tags = tuple(t for t in (x.get("tags") or []) if isinstance(t, str))
             images.append(InventoryImage(x["id"], tags, str(x.get("platform") or ""), diffs))
         daemon = obj.get("daemon") if isinstance(obj.get("daemon"), dict) else {}

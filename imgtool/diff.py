@@ -56,9 +56,9 @@ def read_side(path: str) -> Side:
     try:
         data = p.read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"no such bundle or inventory: {path}")
+        raise UsageError(f"no such bundle or inventory: {path}") from None
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror or e}")
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
     try:
         kind = json.loads(data).get("format")
     except (ValueError, UnicodeDecodeError, AttributeError):

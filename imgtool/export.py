@@ -101,7 +101,7 @@ class _ZstdLayer:
         except ImportError:
             raise ExportError(f"{what} is zstd-compressed (the containerd image store keeps the registry's blobs) "
                               "and the zstandard Python package is missing",
-                              hint="pip install zstandard, then export again")
+                              hint="pip install zstandard, then export again") from None
         self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK, read_across_frames=True)
 
     def read(self, n=-1):
@@ -209,7 +209,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
         config_bytes = small[entry["Config"]]
         layer_names = list(entry["Layers"])
     except (KeyError, IndexError, ValueError, TypeError) as e:
-        raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})")
+        raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})") from e
     layers: List[Descriptor] = []
     diff_ids: List[str] = []
     for member_name in layer_names:

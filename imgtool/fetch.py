@@ -207,7 +207,7 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
             data = path.read_bytes()
         except OSError as e:
             raise UsageError(f"cannot read the inventory {path}: {e.strerror or e}",
-                             hint="write it on the offline host with `imgtool inventory -o FILE`")
+                             hint="write it on the offline host with `imgtool inventory -o FILE`") from e
         have = have_from_inventory(Inventory.from_bytes(data, str(path)), f"inventory {path.name}")
         described.append(("inventory", path.name))
     if base is not None:

@@ -239,7 +239,7 @@ class ImageRef:
             try:
                 digest = Digest.parse(dig)
             except UsageError:
-                raise UsageError(f"invalid digest in image reference {original!r}", hint="expected @sha256:<64 hex digits>")
+                raise UsageError(f"invalid digest in image reference {original!r}", hint="expected @sha256:<64 hex digits>") from None
             if not text:
                 raise bad
         default = _split_name(default_image)
@@ -328,7 +328,7 @@ class Descriptor:
         try:
             digest = Digest.parse(str(obj.get("digest", "")))
         except UsageError:
-            raise ManifestError(f"malformed {where}: bad digest {obj.get('digest')!r}")
+            raise ManifestError(f"malformed {where}: bad digest {obj.get('digest')!r}") from None
         size = obj.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ManifestError(f"malformed {where}: bad size {size!r}")
@@ -400,7 +400,7 @@ def parse_manifest(data: bytes, content_type: Optional[str] = None) -> Union[Man
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"manifest is not valid JSON: {e}")
+        raise ManifestError(f"manifest is not valid JSON: {e}") from e
     if not isinstance(obj, dict):
         raise ManifestError("manifest is not a JSON object")
     ctype = (content_type or "").split(";")[0].strip()
@@ -448,7 +448,7 @@ class ImageConfig:
             rootfs = obj.get("rootfs") or {}
             diff_ids = tuple(Digest.parse(d) for d in rootfs.get("diff_ids") or [])
         except (ValueError, UnicodeDecodeError, AttributeError, UsageError) as e:
-            raise ManifestError(f"malformed image config: {e}")
+            raise ManifestError(f"malformed image config: {e}") from e
         return cls(Platform.from_json(obj), diff_ids)
 
 

@@ -69,7 +69,7 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
         try:
             entry = parsed.select(platform)
         except UsageError as e:
-            raise UsageError(f"{ref.tagged}: {e.message}", hint="choose one with --arch or --platform")
+            raise UsageError(f"{ref.tagged}: {e.message}", hint="choose one with --arch or --platform") from e
         data, ctype, source = _manifest_from([source] + [s for s in resolution.sources if s is not source],
                                              entry.digest, f"{entry.platform} manifest")
         parsed = parse_manifest(data, ctype)
@@ -164,7 +164,8 @@ class _SourcePool:
         if not live:
             detail = "; ".join(f"{s.describe()}: {self.last_error.get(s.name) or self.dead.get(s.name) or 'failed'}"
                                for s in self.sources)
-            raise RegistryError(f"every source failed: {detail}", hint="check the network, or retry later: finished layers are kept in the cache")
+            raise RegistryError(f"every source failed: {detail}",
+                                hint="check the network, or retry later: finished layers are kept in the cache")
         return live[preferred % len(live)]
 
     def fail(self, source: Source, error: str, fatal: bool) -> None:
@@ -312,7 +313,7 @@ def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, s
             tried.add(source.name)
             pool.fail(source, e.message, fatal=False)
             if len(tried) >= len(pool.sources):
-                raise RegistryError(f"blob {job.desc.digest.short} is on no source: {e.message}")
+                raise RegistryError(f"blob {job.desc.digest.short} is on no source: {e.message}") from e
         except (RegistryError,) + _NET_ERRORS as e:
             # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
             message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
@@ -481,7 +482,7 @@ class _Scheduler:
                 self.progress.warn(f"{e.message}; downloading it again")
                 if job.attempt + 1 >= BLOB_ATTEMPTS:
                     raise VerifyError(f"blob {desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
-                                      hint="a proxy or mirror is damaging data; try another with --mirror NAME")
+                                      hint="a proxy or mirror is damaging data; try another with --mirror NAME") from e
                 with self.lock:
                     self.queue.appendleft(("blob", desc, job.pool, job.attempt + 1, job.index))
                 return

@@ -104,7 +104,7 @@ def _client(host: str, insecure: bool, ca_cert: Optional[str]) -> Tuple[Registry
     except RegistryError as e:
         if not insecure:
             raise RegistryError(f"cannot reach the registry {host} over HTTPS: {e.message}",
-                                hint="give its CA with --ca-cert FILE, or --insecure for a plain-HTTP registry")
+                                hint="give its CA with --ca-cert FILE, or --insecure for a plain-HTTP registry") from e
     client = RegistryClient(f"http://{host}", insecure=True)
     client.ping()
     return client, "http"
@@ -168,7 +168,7 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     groups: Dict[Tuple[str, str], List[BundleImage]] = {}
     for im, repo in plan:
         groups.setdefault((repo, im.ref), []).append(im)
-    for (repo, ref), images in groups.items():
+    for (repo, _ref), images in groups.items():
         tag = images[0].image_ref.tag
         multi = len(images) > 1 and tag is not None
         for im in images:

@@ -198,7 +198,7 @@ class RegistryClient:
         try:
             r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
         except requests.RequestException as e:
-            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}")
+            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}") from e
         if r.status_code in (401, 403):
             raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
                                     "check the credentials for this registry in ~/.docker/config.json (docker login)")
@@ -236,11 +236,11 @@ class RegistryClient:
                                                allow_redirects=True, verify=self.verify, data=data)
             except requests.exceptions.SSLError as e:
                 raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
-                                    hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network")
+                                    hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network") from e
             except requests.RequestException as e:
                 attempt += 1
                 if attempt >= attempts:
-                    raise RegistryError(f"{self.host}: {network_error_text(e)}")
+                    raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
                 time.sleep(self.retry.delay(attempt - 1))
                 continue
             if resp.status_code == 401 and auth_tries < 2:
@@ -268,9 +268,9 @@ class RegistryClient:
         try:
             resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify)
         except requests.exceptions.SSLError as e:
-            raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}")
+            raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}") from e
         except requests.RequestException as e:
-            raise RegistryError(f"{self.host}: {network_error_text(e)}")
+            raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
         elapsed = time.monotonic() - start
         resp.close()
         if resp.status_code not in (200, 401):
@@ -289,7 +289,8 @@ class RegistryClient:
                             headers={"Accept": ACCEPT_MANIFESTS}, stream=True, timeout=timeout)
         with resp:
             if resp.status_code == 404:
-                raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({registry_error_text(resp) if not head else 'HTTP 404'})")
+                said = registry_error_text(resp) if not head else "HTTP 404"
+                raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({said})")
             if resp.status_code == 401:
                 raise self._auth_failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
                                         f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")

@@ -57,7 +57,7 @@ def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     def fail(key: Optional[str], problem: str):
         raise ConfigError(f"{_where(path, key_line(text, key) if key else None)}: {problem}")
 
-    for key, value in data.items():
+    for key in data:
         if key not in _SPEC_KEYS:
             fail(key, f"unknown key {key!r} (expected {', '.join(_SPEC_KEYS)})")
     images = data.get("images")
@@ -210,7 +210,7 @@ def parse_lock(data: bytes, path: Path) -> Lock:
     try:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"not valid JSON ({e})")
+        raise bad(f"not valid JSON ({e})") from e
     if not isinstance(obj, dict):
         raise bad("not a JSON object")
     version = obj.get("lock_version")
@@ -236,7 +236,7 @@ def parse_lock(data: bytes, path: Path) -> Lock:
             pairs = tuple((str(Platform.parse(p)), Digest.parse(d if isinstance(d, str) else ""))
                           for p, d in manifests.items())
         except UsageError as e:
-            raise bad(f"{where}: {e.message}")
+            raise bad(f"{where}: {e.message}") from e
         out.append(LockedImage(x["ref"], x["name"], digest, pairs, str(x.get("source") or "")))
     return Lock(path, tuple(str(Platform.parse(p)) for p in platforms), tuple(out))
 
@@ -248,7 +248,7 @@ def read_lock(path: Path) -> Optional[Lock]:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}")
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
     return parse_lock(data, Path(path))
 
 
@@ -257,7 +257,7 @@ def write_lock(lock: Lock) -> None:
     try:
         write_atomic(lock.path, lock.to_bytes())
     except OSError as e:
-        raise UsageError(f"cannot write {lock.path}: {e.strerror or e}")
+        raise UsageError(f"cannot write {lock.path}: {e.strerror or e}") from e
 
 
 @dataclass

@@ -77,7 +77,7 @@ class Partial:
                 self.done = state
             self._fd = os.open(str(self.path), os.O_RDWR)
         except OSError as e:
-            raise _disk_error(e, self.store.root)
+            raise _disk_error(e, self.store.root) from e
 
     def _load_state(self) -> Optional[List[Tuple[int, int]]]:
         try:
@@ -144,7 +144,7 @@ class Partial:
                 self.done = merge_ranges(self.done + [(start, end)])
                 self._save()
         except OSError as e:
-            raise _disk_error(e, self.store.root)
+            raise _disk_error(e, self.store.root) from e
 
     def read_range(self, start: int, end: int) -> Iterator[bytes]:
         pos = start
@@ -189,7 +189,7 @@ class Partial:
             os.replace(self.path, final)
             fsync_dir(final.parent)
         except OSError as e:
-            raise _disk_error(e, self.store.root)
+            raise _disk_error(e, self.store.root) from e
         self._remove_state()
         self.store.announce()
         return final
@@ -233,7 +233,7 @@ class Store:
             for sub in ("blobs/sha256", "partial/sha256", "locks"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise _disk_error(e, self.root)
+            raise _disk_error(e, self.root) from e
 
     def blob_path(self, digest: Digest) -> Path:
         return self.root / "blobs" / digest.algorithm / digest.hex
@@ -263,7 +263,7 @@ class Store:
         try:
             fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise _disk_error(e, self.root)
+            raise _disk_error(e, self.root) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
@@ -313,7 +313,7 @@ class Store:
             os.replace(path, final)
             fsync_dir(final.parent)
         except OSError as e:
-            raise _disk_error(e, self.root)
+            raise _disk_error(e, self.root) from e
         self.announce()
         return final
 
@@ -328,7 +328,7 @@ class Store:
         try:
             write_atomic(final, data, 0o444)
         except OSError as e:
-            raise _disk_error(e, self.root)
+            raise _disk_error(e, self.root) from e
         self.announce()
         return actual
 

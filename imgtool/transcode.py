@@ -68,7 +68,7 @@ def _decompressed(f, compression: str, what: str):
         except ImportError:
             raise UsageError(f"{what} is zstd-compressed and the zstandard Python package is missing, so it "
                              "cannot be rewritten for Docker before 23.0",
-                             hint="pip install zstandard, or fetch with --layers as-is for Docker 23+ only")
+                             hint="pip install zstandard, or fetch with --layers as-is for Docker 23+ only") from None
         reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True)
         return reader, (zstandard.ZstdError,)
     return f, ()
@@ -105,7 +105,7 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
                 diff_id, digest, size = _store_plain(counting, store, bar or _NoBar())
         except damaged as e:
             raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
-                              hint="the registry's blob matched its digest; report it to the image's publisher")
+                              hint="the registry's blob matched its digest; report it to the image's publisher") from e
     return diff_id, Descriptor("", digest, size), counting.count
 
 
@@ -164,7 +164,7 @@ def _rewritten(image: PulledImage, layers: List[Descriptor], which: List[int], u
     try:
         doc = json.loads(image.manifest_bytes)
     except ValueError as e:  # it was parsed once already: cannot happen for a pulled image
-        raise ImgtoolError(f"{image.ref.tagged}: manifest is not JSON ({e})")
+        raise ImgtoolError(f"{image.ref.tagged}: manifest is not JSON ({e})") from e
     old_layers = doc.get("layers") or []
     new_layers = []
     for i, d in enumerate(layers):

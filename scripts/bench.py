@@ -721,7 +721,8 @@ class Bench:
 
         log("verify")
         self.alternate([("verify.imgtool", lambda: run(imgtool_cmd() + ["-q", "verify", str(self.bundle)], rss=True), True),
-                        ("verify.imgtool_quick", lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
+                        ("verify.imgtool_quick",
+                         lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
                         ("verify.sha256sum", lambda: run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=self.bundle), False)],
                        a.runs)
 
@@ -753,7 +754,7 @@ class Bench:
             proxy.close()
 
         log("over-download (bytes the registry sent)")
-        for r in range(a.runs):
+        for _ in range(a.runs):
             for key, _ in OVER_ROWS:
                 slow, kill = key.startswith("slow"), key.endswith("kill")
                 os.sync()
@@ -809,7 +810,8 @@ def machine() -> List[Tuple[str, str]]:
         disk = " ".join(src)
     except OSError:
         pass
-    server = version_of(["bash", "-c", f"docker -H {os.environ.get('DOCKER_HOST', '')} version --format '{{{{.Server.Version}}}}' 2>/dev/null"])
+    host = os.environ.get("DOCKER_HOST", "")
+    server = version_of(["bash", "-c", f"docker -H {host} version --format '{{{{.Server.Version}}}}' 2>/dev/null"])
     return [("CPU", f"{cpu}, {os.cpu_count()} cores"), ("RAM", mem), ("disk (/tmp)", disk),
             ("kernel", platform.release()), ("Python", platform.python_version()),
             ("Docker", f"daemon {server}, client {version_of(['docker', '--version'])}"),
@@ -917,8 +919,8 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
         target(f"load ≤ 1.05× docker load, Docker {engine}", ratio(f"{key}.imgtool", f"{key}.docker"),
                lambda v: v <= 1.05, "{:.2f}×")
     extra = (med(b, "zstd.compat") or 0) - (med(b, "zstd.asis") or 0)
-    target("zstd → gzip rewrite, for the record: MB/s of layer (unpacked)", (usize / extra / MB if extra > 0 else float("inf")) if med(b, "zstd.compat") else None,
-           lambda v: True, "{:.0f} MB/s")
+    rewrite = (usize / extra / MB if extra > 0 else float("inf")) if med(b, "zstd.compat") else None
+    target("zstd → gzip rewrite, for the record: MB/s of layer (unpacked)", rewrite, lambda v: True, "{:.0f} MB/s")
     cores = [c / t for c, t in zip(b.cpu.get("zstd.compat", []), b.times.get("zstd.compat", [])) if t > 0]
     target("fetch of the zstd image with the rewrite, for the record: cores used (CPU s / wall s)",
            statistics.median(cores) if cores else None, lambda v: True, "{:.2f}")

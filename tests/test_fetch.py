@@ -111,7 +111,7 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
     ms = mirrored(idx, tag="v1", targets=("upstream",))
     proxy = FaultProxy(services.plain)
     try:
-        layers = {l.digest.split(":")[1] for l in idx.image("amd64").layers}
+        layers = {lay.digest.split(":")[1] for lay in idx.image("amd64").layers}
         # one connection: two layer downloads go through, the third is held at the proxy, so
         # the kill lands between layers however fast or slow this machine is
         gate = proxy.gate(lambda m, p: m == "GET" and blob_path(p) and p.rsplit(":", 1)[1] in layers, requests=2)
@@ -147,7 +147,8 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
 
 
 @pytest.mark.parametrize("args,line", [
-    (["--chunk-size", "4X"], "error: invalid --chunk-size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a number with an optional unit K, M, G, T (binary), e.g. 700M"),
+    (["--chunk-size", "4X"], "error: invalid --chunk-size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a "
+                             "number with an optional unit K, M, G, T (binary), e.g. 700M"),
     (["--chunk-size", "0"], "error: invalid --chunk-size '0': must be greater than zero"),
     (["--arch", "sparc"], "error: unknown architecture 'sparc' in 'sparc'"),
     (["--arch", "arm64", "--platform", "linux/arm64"], "error: --arch and --platform cannot be used together"),
@@ -163,7 +164,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, line):
 
 def test_unknown_compression_and_existing_output(tmp_path):
     r = imgtool("fetch", "v1", "--compress", "lz4")
-    assert r.returncode == 2 and r.stderr.splitlines()[0] == "error: invalid value for '--compress': 'lz4' is not one of 'none', 'gzip', 'zstd'"
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == "error: invalid value for '--compress': 'lz4' is not one of 'none', 'gzip', 'zstd'"
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("x")
@@ -204,7 +206,7 @@ def test_unwritable_output_is_one_error(services, factory, mirrored, tmp_path):
     finally:
         subprocess.run(["umount", str(locked)], check=True)
     assert r.returncode == 1, r.stderr
-    assert len([l for l in r.stderr.splitlines() if l.startswith("error:")]) == 1
+    assert len([lay for lay in r.stderr.splitlines() if lay.startswith("error:")]) == 1
     assert "Read-only file system" in r.stderr or "read-only" in r.stderr.lower()
     assert not (locked / "b" / "bundle.json").exists()
 
@@ -224,14 +226,14 @@ def test_export_round_trips_through_a_daemon_without_the_image(services, factory
     assert r.returncode == 0, r.stderr
     info = json.loads((out / "bundle.json").read_text())
     layers = info["images"][0]["layers"]
-    assert [l["diff_id"] for l in layers] == image.diff_ids
-    assert all(l["media_type"] == "application/vnd.docker.image.rootfs.diff.tar.gzip" for l in layers)
+    assert [lay["diff_id"] for lay in layers] == image.diff_ids
+    assert all(lay["media_type"] == "application/vnd.docker.image.rootfs.diff.tar.gzip" for lay in layers)
     assert info["images"][0]["image_id"] == image.config_digest
     # a second export gives the same layer digests (deterministic gzip)
     again = imgtool("export", ref, "-o", str(tmp_path / "again"), "--json", env=env)
     assert again.returncode == 0, again.stderr
-    assert [l["digest"] for l in json.loads((tmp_path / "again" / "bundle.json").read_text())["images"][0]["layers"]] == \
-        [l["digest"] for l in layers]
+    assert [lay["digest"] for lay in json.loads((tmp_path / "again" / "bundle.json").read_text())["images"][0]["layers"]] == \
+        [lay["digest"] for lay in layers]
     docker_cli("image", "rm", ref)
     assert docker_cli.find(image) is None
     loaded = imgtool("load", str(out), env=env)

@@ -127,7 +127,7 @@ def test_inspect_table_and_json(services, factory, mirrored, tmp_path):
     plats = {p["platform"]: p for p in out["platforms"]}
     arm = idx.image("linux/arm64/v8")
     assert plats["linux/arm64/v8"]["layers"] == len(arm.layers)
-    assert plats["linux/arm64/v8"]["compressed_size"] == arm.config_size + sum(l.size for l in arm.layers)
+    assert plats["linux/arm64/v8"]["compressed_size"] == arm.config_size + sum(lay.size for lay in arm.layers)
     text = imgtool("inspect", "v0.22.1rc1-a3", "--mirrors", str(cfg)).stdout
     assert f"quay.io/{ms.repo}:v0.22.1rc1-a3" in text and "linux/amd64" in text and "linux/arm64/v8" in text
 
@@ -276,7 +276,9 @@ def test_basic_auth_over_tls(services, factory, tmp_path, uniq, monkeypatch):
     monkeypatch.delenv("DOCKER_CONFIG", raising=False)
     # no credentials: the registry's 401 is reported, not a traceback
     r = imgtool("inspect", "v1", "--mirrors", str(cfg), env={"HOME": str(home)})
-    assert r.returncode == 4 and f"site ({services.tls}/{uniq}/vllm-ascend): {services.tls}/{uniq}/vllm-ascend: authentication required (HTTP 401)" in r.stderr
+    assert r.returncode == 4
+    assert (f"site ({services.tls}/{uniq}/vllm-ascend): {services.tls}/{uniq}/vllm-ascend: authentication required "
+            "(HTTP 401)") in r.stderr
     _docker_config(home, services.tls, services.tls_user, services.tls_password)
     r = imgtool("inspect", "v1", "--mirrors", str(cfg), "--json", env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
@@ -377,7 +379,7 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
 def layer_bytes_sent(proxy, layers):
     """Body bytes the proxy sent for GETs of these layers (what the registry wrote for them)."""
     with proxy.lock:
-        return sum(r.sent for r in proxy.records if r.method == "GET" and any(l.digest in r.path for l in layers))
+        return sum(r.sent for r in proxy.records if r.method == "GET" and any(lay.digest in r.path for lay in layers))
 
 
 def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, factory, mirrored, tmp_path):
@@ -404,7 +406,7 @@ def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tm
     idx = factory.multiarch(layers=3, layer_size=3 << 20)
     ms = mirrored(idx, tag="v1", targets=("upstream",))
     layers = idx.image("linux/arm64/v8").layers
-    total = sum(l.size for l in layers)
+    total = sum(lay.size for lay in layers)
     proxy = FaultProxy(services.plain)
     try:
         cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
@@ -437,18 +439,18 @@ def test_sigkill_mid_download_then_rerun_sends_each_byte_once(services, factory,
     idx = factory.multiarch(layers=3, layer_size=4 << 20)
     ms = mirrored(idx, tag="v1", targets=("upstream",))
     layers = idx.image("linux/arm64/v8").layers
-    digests = [Digest.parse(l.digest) for l in layers]
-    total = sum(l.size for l in layers)
+    digests = [Digest.parse(lay.digest) for lay in layers]
+    total = sum(lay.size for lay in layers)
     proxy = FaultProxy(services.plain)
     try:
         cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
-        proxy.add(Fault("stall", lambda m, p: m == "GET" and any(l.digest in p for l in layers),
+        proxy.add(Fault("stall", lambda m, p: m == "GET" and any(lay.digest in p for lay in layers),
                         times=10_000, after=64_000, seconds=30))
         cache = tmp_path / "cache"
         store = Store(cache)
 
         def on_disk():
-            return sum(store.partial_bytes(d, l.size) for d, l in zip(digests, layers))
+            return sum(store.partial_bytes(d, lay.size) for d, lay in zip(digests, layers))
 
         p = subprocess.Popen([sys.executable, "-c", _KILLED_PULL, str(cfg), str(cache)], cwd=str(ROOT),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -194,7 +194,8 @@ def test_a_pinned_digest_gone_from_the_registry_says_to_update_the_lock(services
 
 @pytest.mark.parametrize("body, where, problem", [
     ('images = ["v1"]\narch = ["arm64"]\nchunk_size = "4X"\n', 3,
-     "invalid chunk_size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a number with an optional unit K, M, G, T (binary), e.g. 700M"),
+     "invalid chunk_size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a number with an optional unit "
+     "K, M, G, T (binary), e.g. 700M"),
     ('images = ["v1"]\narch = "arm64"\ncompres = "gzip"\n', 3,
      "unknown key 'compres' (expected images, arch, platforms, output, chunk_size, compress, mirrors, mirror)"),
     ('# spec\nimages = ["v1", "v1"]\narch = ["arm64"]\n', 2, "image 'v1' is listed twice"),

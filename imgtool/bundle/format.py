@@ -208,7 +208,7 @@ class BundleIndex:
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise _bad(f"not valid JSON ({e})")
+            raise _bad(f"not valid JSON ({e})") from e
         if not isinstance(obj, dict):
             raise _bad("not a JSON object")
         if obj.get("format") != FORMAT_NAME:
@@ -292,7 +292,7 @@ def _digest(obj: dict, key: str, where: str, optional: bool = False) -> Optional
     try:
         d = Digest.parse(v if isinstance(v, str) else "")
     except UsageError:
-        raise _bad(f"`{where}{key}` is not a digest: {v!r}")
+        raise _bad(f"`{where}{key}` is not a digest: {v!r}") from None
     if d.algorithm != "sha256":
         raise _bad(f"`{where}{key}`: only sha256 digests are supported")
     return d
@@ -313,13 +313,13 @@ def _image(x, i: int, version: int = 1) -> BundleImage:
     try:
         parsed = ImageRef.parse(ref)
     except UsageError:
-        raise _bad(f"`{where}ref` is not an image reference: {ref!r}")
+        raise _bad(f"`{where}ref` is not an image reference: {ref!r}") from None
     if str(parsed) != ref and parsed.tagged != ref:
         raise _bad(f"`{where}ref` is not a canonical image reference: {ref!r}")
     try:
         platform = Platform.parse(_str(x, "platform", where))
     except UsageError:
-        raise _bad(f"`{where}platform` is not a platform: {x.get('platform')!r}")
+        raise _bad(f"`{where}platform` is not a platform: {x.get('platform')!r}") from None
     media = _str(x, "manifest_media_type", where)
     if media not in MANIFEST_TYPES:
         raise _bad(f"`{where}manifest_media_type` is not an image manifest type: {media!r}")

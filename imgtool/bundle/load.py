@@ -151,7 +151,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
         deep_check(bundle_dir, index, report, progress, jobs, diff_ids=False)
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
-                          "(is something changing the bundle?); nothing was loaded")
+                          "(is something changing the bundle?); nothing was loaded") from e
     images = _tag_and_confirm(daemon, view, wanted, present, ids)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings)
@@ -291,7 +291,7 @@ def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hash
             try:
                 data = read(min(n, READ_SIZE))
             except DecodeError as e:
-                raise _Cut(f"the archive cannot be decompressed: {e}")
+                raise _Cut(f"the archive cannot be decompressed: {e}") from e
             if not data:
                 raise _Cut("the archive ends early")
             n -= len(data)

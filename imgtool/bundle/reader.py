@@ -56,9 +56,9 @@ def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
     except FileNotFoundError:
         raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (the fetch did not finish, "
                           "or bundle.json was not copied)",
-                          hint="copy bundle.json from the source medium, or run the fetch again")
+                          hint="copy bundle.json from the source medium, or run the fetch again") from None
     except OSError as e:
-        raise VerifyError(f"cannot read {path}: {e.strerror or e}")
+        raise VerifyError(f"cannot read {path}: {e.strerror or e}") from e
     return BundleIndex.from_bytes(data), data
 
 
@@ -143,7 +143,7 @@ class PartsStream:
         try:
             self.f = open(self.dir / part.name, "rb", buffering=0)
         except FileNotFoundError:
-            raise VerifyError(part_problem(self.index, self.i, "is missing").message)
+            raise VerifyError(part_problem(self.index, self.i, "is missing").message) from None
         size = os.fstat(self.f.fileno()).st_size
         if size != part.size:
             self.f.close()
@@ -243,7 +243,7 @@ class _ZstdReader:
         except ImportError:
             raise VerifyError("this bundle is zstd-compressed and the zstandard Python package is missing",
                               hint="install it (pip install zstandard, or the system's python3-zstandard package), "
-                                   "or run `sh load.sh` on a host with the zstd command")
+                                   "or run `sh load.sh` on a host with the zstd command") from None
         self.r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_SIZE, read_across_frames=True)
         self.error = zstandard.ZstdError
 
@@ -251,7 +251,7 @@ class _ZstdReader:
         try:
             return self.r.read(n)
         except self.error as e:
-            raise DecodeError(f"not valid zstd data ({e})")
+            raise DecodeError(f"not valid zstd data ({e})") from e
 
 
 class _GzipReader:
@@ -262,7 +262,7 @@ class _GzipReader:
         try:
             return self.r.read(n)
         except (OSError, EOFError, zlib.error) as e:
-            raise DecodeError(f"not valid gzip data ({e})")
+            raise DecodeError(f"not valid gzip data ({e})") from e
 
 
 class _RawReader:
@@ -323,7 +323,7 @@ class BlobReader:
             try:
                 f = open(self.dir / part.name, "rb")
             except OSError as e:
-                raise VerifyError(part_problem(self.index, i, f"cannot be read ({e.strerror})").message)
+                raise VerifyError(part_problem(self.index, i, f"cannot be read ({e.strerror})").message) from e
             with f:
                 f.seek(pos - part_start)
                 stop = min(end, part_start + part.size)

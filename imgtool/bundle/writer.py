@@ -249,7 +249,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
         if force or is_unfinished_bundle(out_dir):
             warnings += _clear_old_bundle(out_dir)
     except OSError as e:
-        raise _os_error(e, out_dir, "create")
+        raise _os_error(e, out_dir, "create") from e
     # a part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle"
     base = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)) or "bundle"
     archive_name = base + ARCHIVE_SUFFIX[compress]
@@ -326,7 +326,7 @@ def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = Tru
         f = open(path, "rb", buffering=0)
     except OSError as e:
         raise ImgtoolError(f"cannot read blob {member.digest} ({member.what}) from the cache: {e.strerror}: {path}",
-                           hint="fetch again: the puller puts missing blobs back into the cache")
+                           hint="fetch again: the puller puts missing blobs back into the cache") from e
     with f:
         actual = os.fstat(f.fileno()).st_size
         if actual != member.size:
@@ -474,7 +474,7 @@ class _Zstd(_Plain):
             import zstandard  # only when asked for: the offline side may lack it
         except ImportError:
             raise UsageError("--compress zstd needs the zstandard Python package",
-                             hint="pip install zstandard, or use --compress gzip")
+                             hint="pip install zstandard, or use --compress gzip") from None
 
         cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
         self.w = cctx.stream_writer(sink, size=size, closefd=False, write_size=COPY_BUFFER)

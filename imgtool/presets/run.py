@@ -119,7 +119,7 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         try:
             cards = parse_cards(options.devices)
         except UsageError:
-            raise UsageError(f"invalid --devices {options.devices!r}: expected card numbers like 0,1 or 0-7, or all")
+            raise UsageError(f"invalid --devices {options.devices!r}: expected card numbers like 0,1 or 0-7, or all") from None
         outside = [c for c in cards if c not in preset.cards]
         if outside:
             raise UsageError(f"invalid --devices {options.devices!r}: card {outside[0]} is outside preset "
