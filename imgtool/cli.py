@@ -13,7 +13,7 @@ import click
 
 from . import __version__
 from . import progress as progress_mod
-from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError
+from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 
 _STATE = {"debug": False, "quiet": False}
 
@@ -62,6 +62,12 @@ class _UsageError(click.UsageError):
         self.hint = hint
 
 
+# Verbs whose libraries (requests 2.32, urllib3 2, docker 7) need Python 3.9+. imgtool.pyz runs the
+# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker over the stdlib there).
+NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "push", "self-bundle", "tags")
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, diff"
+
+
 class _Verbs(click.Group):
     """The verbs; a mistyped one is named with the closest real one (difflib)."""
 
@@ -75,6 +81,10 @@ class _Verbs(click.Group):
             raise _UsageError(f"unknown command {name!r}", ctx, hint)
         resolved = super().resolve_command(ctx, args)
         _STATE["verb"] = f"{ctx.command_path} {resolved[0]}"  # errors click raises without a context
+        if resolved[0] in NEEDS_PY39 and sys.version_info < (3, 9):
+            raise UsageError(f"imgtool {resolved[0]} needs Python 3.9 or newer; this is Python "
+                             f"{sys.version_info[0]}.{sys.version_info[1]}",
+                             hint=f"run it on a host with python3 3.9+; here imgtool can {OFFLINE_VERBS}")
         return resolved
 
 
