@@ -122,7 +122,7 @@ def cli():
 mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
-                           help="Put imgtool.pyz (imgtool for any python3 3.9+, no install) into the bundle.")
+                           help="Put imgtool.pyz (imgtool for any python3 3.7+, no install) into the bundle.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -844,7 +844,7 @@ def self_bundle(output, as_json):
     """Build imgtool.pyz: imgtool and its pure-Python dependencies in one file (`python3 imgtool.pyz ...`).
 
     The same file `fetch` puts into every bundle, built from the installed packages (no
-    network); carry it once to hosts that have python3 3.9+ but cannot pip install.
+    network); carry it once to hosts that have python3 (3.7+ offline, 3.9+ for fetch) but cannot pip install.
     """
     from .selfbundle import build
 

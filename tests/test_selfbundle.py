@@ -249,6 +249,8 @@ def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, servic
     python = old_python(version)
     out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
     docker_cleanup.image(ref, image.config_digest)
+    assert "python3 imgtool.pyz load .   any python3 3.7+, nothing to install" in (out / "README.txt").read_text()
+    assert "任何 python3 3.7+，无需安装" in run_clean(["sh"], "load.sh", "--help", cwd=out).stdout
     ok = run_clean(python, "imgtool.pyz", "verify", ".", cwd=out)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("ok: .: 1 image(s); ")
