@@ -32,8 +32,8 @@ def connect(timeout: Optional[int] = 600, transport: Optional[str] = None):
             client.ping()
             return client
         except daemon_http.BadHost as e:
-            raise UsageError(str(e), hint="use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock") \
-                from e
+            hint = "use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock"
+            raise UsageError(str(e), hint=hint) from e
         except daemon_http.ERRORS as e:
             raise unreachable(e) from e
     try:
@@ -400,19 +400,13 @@ class Daemon:
         """
         import sys
 
-        from . import daemon_http
-
-        if isinstance(self.client, daemon_http.Client):
-            raise DaemonError(f"imgtool run needs Python 3.9+ (this is Python {sys.version_info[0]}.{sys.version_info[1]})",
-                              hint="print the flags with `run-flags` and start it with docker run, or use a newer python3")
-        from docker.errors import APIError, ImageNotFound, NotFound
-
         from .errors import UsageError
 
         api = self.api  # opened with no read timeout (open_daemon(None)): output may pause for hours
+        APIError = self.api_error  # noqa: N806 - the transport's class, docker-py's or daemon_http's
         try:
             api.inspect_image(spec.image)
-        except ImageNotFound:
+        except self.not_found:
             raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
                              hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`") from None
         except APIError as e:
@@ -445,15 +439,15 @@ class Daemon:
         started = False
         try:
             if spec.detach:
-                _start(api, cid, spec)
+                _start(api, cid, spec, APIError)
                 started = True
                 return 0, spec.name or cid[:12]
             if interactive:
-                code = _run_interactive(api, cid, spec)
+                code = _run_interactive(api, cid, spec, self.errors, APIError)
             else:
                 stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
-                _start(api, cid, spec)
-                with _stop_on_signals(api, cid):
+                _start(api, cid, spec, APIError)
+                with _stop_on_signals(api, cid, self.errors):
                     for out, err in stream:
                         if out:
                             sys.stdout.buffer.write(out)
@@ -467,7 +461,7 @@ class Daemon:
             if spec.remove and not (spec.detach and started):
                 try:
                     api.remove_container(cid, force=True)
-                except (NotFound, APIError):
+                except (*self.not_found, APIError):
                     pass
 
 
@@ -491,9 +485,7 @@ def _api_text(e) -> str:
     return " ".join(str(getattr(e, "explanation", None) or e).split())
 
 
-def _start(api, cid, spec) -> None:
-    from docker.errors import APIError
-
+def _start(api, cid, spec, APIError) -> None:  # noqa: N803 - the transport's error class
     try:
         api.start(cid)
     except APIError as e:
@@ -520,8 +512,8 @@ def explain_run_error(text: str, spec) -> DaemonError:
 class _stop_on_signals:
     """Ctrl-C or SIGTERM while following a container: stop it (10 s grace), then re-raise."""
 
-    def __init__(self, api, cid):
-        self.api, self.cid = api, cid
+    def __init__(self, api, cid, errors: tuple):
+        self.api, self.cid, self.errors = api, cid, errors
         self.old = None
 
     def __enter__(self):
@@ -543,12 +535,12 @@ class _stop_on_signals:
         if kind is KeyboardInterrupt:
             try:
                 self.api.stop(self.cid, timeout=10)
-            except docker_errors():
+            except self.errors:
                 pass
         return False
 
 
-def _run_interactive(api, cid, spec) -> int:
+def _run_interactive(api, cid, spec, errors: tuple, APIError) -> int:  # noqa: N803
     """`docker run -it`: the terminal in raw mode, bytes pumped both ways, resized with the window."""
     import os
     import select
@@ -560,14 +552,14 @@ def _run_interactive(api, cid, spec) -> int:
     sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
     raw = getattr(sock, "_sock", sock)
     raw.settimeout(None)
-    _start(api, cid, spec)
+    _start(api, cid, spec, APIError)
     in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
 
     def resize(*_):
         try:
             cols, rows = os.get_terminal_size(out_fd)
             api.resize(cid, height=rows, width=cols)
-        except docker_errors():
+        except errors:
             pass  # the container may already be gone
 
     resize()
@@ -594,6 +586,6 @@ def _run_interactive(api, cid, spec) -> int:
         signal.signal(signal.SIGWINCH, old_winch)
         try:
             sock.close()
-        except docker_errors():
+        except errors:
             pass
     return api.wait(cid).get("StatusCode", 1)

@@ -193,6 +193,129 @@ class Client:
         return chunks()
 
 
+    # --- containers (imgtool run) ---------------------------------------------------
+
+    @staticmethod
+    def create_host_config(binds=None, devices=None, shm_size=None, network_mode=None, port_bindings=None,
+                           privileged=False, auto_remove=False) -> dict:
+        """The HostConfig of POST /containers/create, from docker-py's keyword arguments."""
+        config = {"Binds": list(binds or []), "Privileged": bool(privileged), "AutoRemove": bool(auto_remove)}
+        if devices:
+            config["Devices"] = []
+            for device in devices:
+                host, _, rest = device.partition(":")
+                inside, _, perms = rest.partition(":")
+                config["Devices"].append({"PathOnHost": host, "PathInContainer": inside or host,
+                                          "CgroupPermissions": perms or "rwm"})
+        if shm_size is not None:
+            config["ShmSize"] = int(shm_size)
+        if network_mode:
+            config["NetworkMode"] = network_mode
+        if port_bindings:
+            config["PortBindings"] = {}
+            for port, target in port_bindings.items():
+                host_ip, host_port = target if isinstance(target, tuple) else ("", target)
+                config["PortBindings"][port] = [{"HostIp": host_ip, "HostPort": str(host_port)}]
+        return config
+
+    def create_container(self, image: str, command=None, name: Optional[str] = None, environment=None,
+                         host_config: Optional[dict] = None, ports=None, tty: bool = False, stdin_open: bool = False,
+                         detach: bool = False) -> dict:
+        body = {"Image": image, "Cmd": command, "Env": list(environment or []), "HostConfig": host_config or {},
+                "Tty": tty, "OpenStdin": stdin_open, "StdinOnce": stdin_open and not detach,
+                "AttachStdin": stdin_open and not detach, "AttachStdout": not detach, "AttachStderr": not detach}
+        if ports:
+            body["ExposedPorts"] = {f"{port}/{proto}": {} for port, proto in ports}
+        params = {"name": name} if name else None
+        return self._json("POST", "/containers/create", params, body)
+
+    def start(self, container: str) -> None:
+        self._request("POST", f"/containers/{container}/start")
+
+    def wait(self, container: str) -> dict:
+        conn, resp = self._send("POST", f"/containers/{container}/wait", timeout=None)
+        try:
+            return json.loads(resp.read(MAX_JSON).decode("utf-8"))
+        finally:
+            conn.close()
+
+    def stop(self, container: str, timeout: int = 10) -> None:
+        conn, resp = self._send("POST", f"/containers/{container}/stop", {"t": str(timeout)}, timeout=timeout + 60)
+        try:
+            resp.read()
+        finally:
+            conn.close()
+
+    def remove_container(self, container: str, force: bool = False) -> None:
+        self._request("DELETE", f"/containers/{container}", {"force": "1" if force else "0", "v": "0"})
+
+    def resize(self, container: str, height: int, width: int) -> None:
+        self._request("POST", f"/containers/{container}/resize", {"h": str(height), "w": str(width)})
+
+    def attach(self, container: str, stdout: bool = True, stderr: bool = True, stream: bool = True,
+               logs: bool = False, demux: bool = True) -> Iterator[tuple]:
+        """The container's output as (stdout bytes or None, stderr bytes or None), from the
+        multiplexed stream of a container without a TTY."""
+        params = {"stdout": int(stdout), "stderr": int(stderr), "stream": int(stream), "logs": int(logs)}
+        # no Upgrade header: http.client would take a 101 answer as bodiless; a 200 is read to EOF
+        conn, resp = self._send("POST", f"/containers/{container}/attach", {k: str(v) for k, v in params.items()},
+                                timeout=None)
+
+        def frames():
+            try:
+                while True:
+                    head = _read_exact(resp, 8)
+                    if len(head) < 8:
+                        return
+                    size = int.from_bytes(head[4:8], "big")
+                    data = _read_exact(resp, size)
+                    yield (data, None) if head[0] != 2 else (None, data)
+            finally:
+                conn.close()
+
+        return frames()
+
+    def attach_socket(self, container: str, params: Optional[dict] = None) -> socket.socket:
+        """A raw socket to the container's terminal (POST .../attach with an upgrade to tcp)."""
+        conn = self._connection(None)
+        conn.connect()
+        sock = conn.sock
+        query = urlencode({k: str(v) for k, v in (params or {}).items()})
+        request = (f"POST {self._path(f'/containers/{container}/attach')}?{query} HTTP/1.1\r\nHost: docker\r\n"
+                   "Connection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n")
+        sock.sendall(request.encode("ascii"))
+        head = b""
+        while b"\r\n\r\n" not in head:
+            byte = sock.recv(1)
+            if not byte:
+                sock.close()
+                raise http.client.RemoteDisconnected("Docker closed the attach connection")
+            head += byte
+        status = int(head.split(b" ", 2)[1])
+        if status not in (101, 200):
+            sock.close()
+            raise APIError(status, head.decode("latin-1").splitlines()[0])
+        return sock
+
+    def _json(self, method: str, path: str, params: Optional[dict], body: dict):
+        conn, resp = self._send(method, path, params, body=json.dumps(body).encode(),
+                                headers={"Content-Type": "application/json"})
+        try:
+            return json.loads(resp.read(MAX_JSON).decode("utf-8"))
+        finally:
+            conn.close()
+
+
+def _read_exact(resp, size: int) -> bytes:
+    out = b""
+    while len(out) < size:
+        chunk = resp.read(size - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def _json_stream(resp) -> Iterator[dict]:
     """The JSON values of a streamed answer (concatenated, usually one per line)."""
     decoder = json.JSONDecoder()

@@ -34,7 +34,7 @@ ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
 # Compiled, and imported only where needed: left out of the pyz on purpose.
 LAZY = ("zstandard",)
 MIN_PYTHON = (3, 9)
-# The offline verbs (verify, load, doctor, inventory, presets, run-flags, diff) run on 3.7 too:
+# The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) run on 3.7 too:
 # Kylin V10's system python3. cli.py refuses the others below 3.9; daemon.py speaks to Docker
 # over the standard library there.
 OFFLINE_MIN_PYTHON = (3, 7)

@@ -324,7 +324,7 @@ def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
         assert r.stderr.splitlines() == [
             f"error: imgtool {verb} needs Python 3.9 or newer; this is Python {version}",
             "hint: run it on a host with python3 3.9+; here imgtool can verify, load, doctor, inventory, presets, "
-            "run-flags, diff"]
+            "run-flags, run, diff"]
 
 
 def test_a_python_older_than_3_7_is_told_what_to_do(tmp_path):
@@ -335,3 +335,33 @@ def test_a_python_older_than_3_7_is_told_what_to_do(tmp_path):
     assert r.returncode == 1
     assert r.stderr.splitlines() == ["error: imgtool.pyz needs Python 3.7 or newer; this is Python 3.6",
                                      "hint: run it with a newer python3, or load the bundle with: sh load.sh"]
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_run_on_kylins_python_streams_output_and_exits_with_the_containers_code(version, services, docker_cli,
+                                                                               docker_cleanup, uniq, tmp_path):
+    import io
+    import tarfile
+
+    from tests.support.images import static_busybox
+
+    python = old_python(version)
+    rootfs = tmp_path / "rootfs.tar"
+    busybox = static_busybox()
+    with tarfile.open(rootfs, "w") as tar:
+        binary = tarfile.TarInfo("bin/busybox")
+        binary.size, binary.mode = len(busybox), 0o755
+        tar.addfile(binary, io.BytesIO(busybox))
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        tar.addfile(link)
+    ref = f"imgtool-test/kylin-busybox:{uniq}"
+    docker_cli("import", "--change", "ENV PATH=/bin", str(rootfs), ref)
+    docker_cleanup.image(ref)
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    r = run_clean(python, "imgtool.pyz", "run", "a3", ref, "--allow-missing-devices", "-q", "--net",
+                  services.docker_network, "--name", f"imgtool-{uniq}", "--",
+                  "sh", "-c", "echo out; echo err >&2; exit 7", cwd=tmp_path, docker_host=services.docker_host)
+    assert (r.returncode, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert docker_cli("ps", "-a", "-q", "--filter", f"name=^imgtool-{uniq}$").stdout.strip() == ""  # --rm
