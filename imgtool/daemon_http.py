@@ -103,7 +103,7 @@ class Client:
                              encode_chunked=True)
             resp = conn.getresponse()
             if resp.status >= 400:
-                raw = resp.read(MAX_JSON)
+                raw = _read_capped(resp, path)
                 try:
                     text = str(json.loads(raw.decode("utf-8", "replace")).get("message") or "")
                 except (ValueError, AttributeError):
@@ -118,11 +118,9 @@ class Client:
     def _request(self, method: str, path: str, params: Optional[dict] = None, versioned: bool = True):
         conn, resp = self._send(method, path, params, versioned=versioned)
         try:
-            raw = resp.read(MAX_JSON + 1)
+            raw = _read_capped(resp, path)
         finally:
             conn.close()
-        if len(raw) > MAX_JSON:
-            raise ValueError(f"Docker's answer to {path} is larger than {MAX_JSON} bytes")
         return json.loads(raw.decode("utf-8")) if raw.strip() else None
 
     @staticmethod
@@ -235,7 +233,7 @@ class Client:
     def wait(self, container: str) -> dict:
         conn, resp = self._send("POST", f"/containers/{container}/wait", timeout=None)
         try:
-            return json.loads(resp.read(MAX_JSON).decode("utf-8"))
+            return json.loads(_read_capped(resp, "/wait").decode("utf-8"))
         finally:
             conn.close()
 
@@ -301,9 +299,23 @@ class Client:
         conn, resp = self._send(method, path, params, body=json.dumps(body).encode(),
                                 headers={"Content-Type": "application/json"})
         try:
-            return json.loads(resp.read(MAX_JSON).decode("utf-8"))
+            return json.loads(_read_capped(resp, path).decode("utf-8"))
         finally:
             conn.close()
+
+
+def _read_capped(resp, path: str) -> bytes:
+    """The whole answer, refused beyond MAX_JSON (read in pieces: http.client's read(n)
+    allocates n bytes up front)."""
+    pieces, size = [], 0
+    while True:
+        piece = resp.read(65536)
+        if not piece:
+            return b"".join(pieces)
+        size += len(piece)
+        if size > MAX_JSON:
+            raise ValueError(f"Docker's answer to {path} is larger than {MAX_JSON} bytes")
+        pieces.append(piece)
 
 
 def _read_exact(resp, size: int) -> bytes:
