@@ -445,7 +445,9 @@ class Daemon:
             if interactive:
                 code = _run_interactive(api, cid, spec, self.errors, APIError)
             else:
-                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+                # logs=False: dockerd subscribes to the streams before it answers the attach, so
+                # nothing is missed; a log replay on top could send early output twice
+                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
                 _start(api, cid, spec, APIError)
                 with _stop_on_signals(api, cid, self.errors):
                     for out, err in stream:
@@ -549,7 +551,7 @@ def _run_interactive(api, cid, spec, errors: tuple, APIError) -> int:  # noqa: N
     import termios
     import tty
 
-    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
+    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 0})
     raw = getattr(sock, "_sock", sock)
     raw.settimeout(None)
     _start(api, cid, spec, APIError)
