@@ -14,7 +14,7 @@ import click
 from . import __version__
 from . import progress as progress_mod
 from .config import carriers_help
-from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError
+from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 
 _STATE = {"debug": False, "quiet": False}
 
@@ -63,6 +63,12 @@ class _UsageError(click.UsageError):
         self.hint = hint
 
 
+# Verbs whose libraries (requests 2.32, urllib3 2, docker 7) need Python 3.9+. imgtool.pyz runs the
+# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker over the stdlib there).
+NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "push", "self-bundle", "tags")
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff"
+
+
 class _Verbs(click.Group):
     """The verbs; a mistyped one is named with the closest real one (difflib)."""
 
@@ -76,6 +82,10 @@ class _Verbs(click.Group):
             raise _UsageError(f"unknown command {name!r}", ctx, hint)
         resolved = super().resolve_command(ctx, args)
         _STATE["verb"] = f"{ctx.command_path} {resolved[0]}"  # errors click raises without a context
+        if resolved[0] in NEEDS_PY39 and sys.version_info < (3, 9):
+            raise UsageError(f"imgtool {resolved[0]} needs Python 3.9 or newer; this is Python "
+                             f"{sys.version_info[0]}.{sys.version_info[1]}",
+                             hint=f"run it on a host with python3 3.9+; here imgtool can {OFFLINE_VERBS}")
         return resolved
 
 
@@ -115,7 +125,7 @@ CHUNK_SIZE_HELP = ("Cut the archive into parts of SIZE, named for the carrier th
 mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
-                           help="Put imgtool.pyz (imgtool for any python3 3.9+, no install) into the bundle.")
+                           help="Put imgtool.pyz (imgtool for any python3 3.7+, no install) into the bundle.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -853,7 +863,7 @@ def self_bundle(output, as_json):
     """Build imgtool.pyz: imgtool and its pure-Python dependencies in one file (`python3 imgtool.pyz ...`).
 
     The same file `fetch` puts into every bundle, built from the installed packages (no
-    network); carry it once to hosts that have python3 3.9+ but cannot pip install.
+    network); carry it once to hosts that have python3 (3.7+ offline, 3.9+ for fetch) but cannot pip install.
     """
     from .selfbundle import build
 

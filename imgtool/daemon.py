@@ -10,30 +10,49 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from .errors import DaemonError, UsageError
 
 
-def connect(timeout: int = 600):
-    """A docker-py client from the environment (DOCKER_HOST etc.); raises DaemonError, UsageError.
+def connect(timeout: Optional[int] = 600, transport: Optional[str] = None):
+    """A client for DOCKER_HOST (DOCKER_API_VERSION pins the API version); raises DaemonError, UsageError.
 
     DOCKER_API_VERSION pins the API version, as it does for the docker CLI (1.39 is Docker 18.09's,
-    Kylin V10's engine); by default the client speaks the daemon's own version.
+    Kylin V10's engine); by default the client speaks the daemon's own version. `transport` is
+    "docker-py" or "http" (daemon_http's stdlib client); by default docker-py where it runs
+    (Python 3.9+, the floor of its requests/urllib3) and the stdlib client on older Pythons.
     """
     import os
     import re
 
+    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
+    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
+        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
+    if (transport or default_transport()) == "http":
+        from . import daemon_http
+
+        try:
+            client = daemon_http.Client(version=version, timeout=timeout)
+            client.ping()
+            return client
+        except daemon_http.BadHost as e:
+            hint = "use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock"
+            raise UsageError(str(e), hint=hint) from e
+        except daemon_http.ERRORS as e:
+            raise unreachable(e) from e
     try:
         import docker
     except ImportError as e:  # pragma: no cover - only in a broken install
         raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker") from e
-    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
-    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
-        from .errors import UsageError
-
-        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
     try:
         client = docker.from_env(version=version, timeout=timeout)
         client.ping()
         return client
     except docker_errors() as e:  # DockerException, and requests/urllib3 connection errors that surface raw
         raise unreachable(e) from e
+
+
+def default_transport() -> str:
+    """"docker-py" where docker 7 and requests 2.32 run (Python 3.9+), else "http" (stdlib only)."""
+    import sys
+
+    return "docker-py" if sys.version_info >= (3, 9) else "http"
 
 
 def docker_errors() -> tuple:
@@ -158,13 +177,26 @@ class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
     def __init__(self, client):
+        from . import daemon_http
+
         self.client = client
-        self.api = client.api
+        if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
+            self.api = client
+            self.errors = daemon_http.ERRORS
+            self.not_found: tuple = (daemon_http.NotFound,)
+            self.api_error: type = daemon_http.APIError
+        else:
+            from docker.errors import APIError, NotFound  # ImageNotFound is a NotFound
+
+            self.api = client.api
+            self.errors = docker_errors()
+            self.not_found = (NotFound,)
+            self.api_error = APIError
 
     def close(self) -> None:
         try:
             self.client.close()
-        except docker_errors():
+        except self.errors:
             pass
 
     def __enter__(self) -> "Daemon":
@@ -182,7 +214,7 @@ class Daemon:
         try:
             version = self.api.version()
             info = self.api.info()
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}") from e
         host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
@@ -202,13 +234,11 @@ class Daemon:
 
     def image_info(self, ref: str) -> Optional[ImageInfo]:
         """The image with this ID or name, or None when the daemon does not have it; raises DaemonError."""
-        from docker.errors import ImageNotFound, NotFound
-
         try:
             d = self.api.inspect_image(ref)
-        except (ImageNotFound, NotFound):
+        except self.not_found:
             return None
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
         return ImageInfo(str(d.get("Id") or ""), tuple(d.get("RepoTags") or ()), str(d.get("Os") or ""),
                          str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
@@ -218,23 +248,21 @@ class Daemon:
 
         Raises DaemonError. An image removed while this runs is skipped.
         """
-        from docker.errors import ImageNotFound, NotFound
-
         from .delta import InventoryImage
         from .model import Digest
 
         try:
             listed = self.api.images(all=True)
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot list the daemon's images: {_short(e)}") from e
         out = []
         for entry in listed:
             image_id = str(entry.get("Id") or "")
             try:
                 d = self.api.inspect_image(image_id)
-            except (ImageNotFound, NotFound):
+            except self.not_found:
                 continue
-            except docker_errors() as e:
+            except self.errors as e:
                 raise DaemonError(f"cannot inspect image {image_id[:19]}: {_short(e)}") from e
             layers = ((d.get("RootFS") or {}).get("Layers")) or []
             try:
@@ -248,13 +276,11 @@ class Daemon:
 
     def remove_image(self, image_id: str) -> None:
         """Remove an image and every name it carries (docker rmi -f ID); raises DaemonError."""
-        from docker.errors import ImageNotFound, NotFound
-
         try:
             self.api.remove_image(image_id, force=True)
-        except (ImageNotFound, NotFound):
+        except self.not_found:
             pass
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {_short(e)}") from e
 
     def tag(self, image_id: str, name: str) -> None:
@@ -264,7 +290,7 @@ class Daemon:
             repo, tag = name, "latest"
         try:
             self.api.tag(image_id, repo, tag, force=True)
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {_short(e)}") from e
 
     def load_archive(self, chunks: Iterable[bytes], on_message: Optional[Callable[[dict], None]] = None
@@ -301,7 +327,7 @@ class Daemon:
         except BaseException as e:
             if "error" in failure:
                 raise failure["error"] from None  # the chunks' own error: its traceback is the story
-            if not isinstance(e, docker_errors()):
+            if not isinstance(e, self.errors):
                 raise  # Ctrl-C, or a bug: not Docker's doing
             raise DaemonError(f"docker load failed: {_short(e)}", hint=_load_hint(str(e))) from e
         if "error" in failure:
@@ -318,20 +344,20 @@ class Daemon:
             raise UsageError(f"image {ref} is not in the local Docker", hint="check `docker images`")
         try:
             return self.api.inspect_image(ref)
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
 
     def save(self, ref: str, chunk_size: int = 4 * 1024 * 1024) -> Iterable[bytes]:
         """`docker save REF` as a stream of chunks (never held whole); raises DaemonError."""
         try:
             stream = self.api.get_image(ref, chunk_size=chunk_size)
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
 
         def chunks():
             try:
                 yield from stream
-            except docker_errors() as e:
+            except self.errors as e:
                 raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
 
         return chunks()
@@ -343,7 +369,7 @@ class Daemon:
 
         try:
             images = self.api.images(name=repository)
-        except docker_errors() as e:
+        except self.errors as e:
             raise DaemonError(f"cannot list images of {repository}: {_short(e)}") from e
         wanted = familiar(repository)
         tags = set()
@@ -374,14 +400,13 @@ class Daemon:
         """
         import sys
 
-        from docker.errors import APIError, ImageNotFound, NotFound
-
         from .errors import UsageError
 
         api = self.api  # opened with no read timeout (open_daemon(None)): output may pause for hours
+        APIError = self.api_error  # noqa: N806 - the transport's class, docker-py's or daemon_http's
         try:
             api.inspect_image(spec.image)
-        except ImageNotFound:
+        except self.not_found:
             raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
                              hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`") from None
         except APIError as e:
@@ -414,15 +439,17 @@ class Daemon:
         started = False
         try:
             if spec.detach:
-                _start(api, cid, spec)
+                _start(api, cid, spec, APIError)
                 started = True
                 return 0, spec.name or cid[:12]
             if interactive:
-                code = _run_interactive(api, cid, spec)
+                code = _run_interactive(api, cid, spec, self.errors, APIError)
             else:
-                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=True, demux=True)
-                _start(api, cid, spec)
-                with _stop_on_signals(api, cid):
+                # logs=False: dockerd subscribes to the streams before it answers the attach, so
+                # nothing is missed; a log replay on top could send early output twice
+                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+                _start(api, cid, spec, APIError)
+                with _stop_on_signals(api, cid, self.errors):
                     for out, err in stream:
                         if out:
                             sys.stdout.buffer.write(out)
@@ -436,7 +463,7 @@ class Daemon:
             if spec.remove and not (spec.detach and started):
                 try:
                     api.remove_container(cid, force=True)
-                except (NotFound, APIError):
+                except (*self.not_found, APIError):
                     pass
 
 
@@ -461,9 +488,7 @@ def _api_text(e) -> str:
     return " ".join(str(getattr(e, "explanation", None) or e).split())
 
 
-def _start(api, cid, spec) -> None:
-    from docker.errors import APIError
-
+def _start(api, cid, spec, APIError) -> None:  # noqa: N803 - the transport's error class
     try:
         api.start(cid)
     except APIError as e:
@@ -490,8 +515,8 @@ def explain_run_error(text: str, spec) -> DaemonError:
 class _stop_on_signals:
     """Ctrl-C or SIGTERM while following a container: stop it (10 s grace), then re-raise."""
 
-    def __init__(self, api, cid):
-        self.api, self.cid = api, cid
+    def __init__(self, api, cid, errors: tuple):
+        self.api, self.cid, self.errors = api, cid, errors
         self.old = None
 
     def __enter__(self):
@@ -513,12 +538,12 @@ class _stop_on_signals:
         if kind is KeyboardInterrupt:
             try:
                 self.api.stop(self.cid, timeout=10)
-            except docker_errors():
+            except self.errors:
                 pass
         return False
 
 
-def _run_interactive(api, cid, spec) -> int:
+def _run_interactive(api, cid, spec, errors: tuple, APIError) -> int:  # noqa: N803
     """`docker run -it`: the terminal in raw mode, bytes pumped both ways, resized with the window."""
     import os
     import select
@@ -527,17 +552,17 @@ def _run_interactive(api, cid, spec) -> int:
     import termios
     import tty
 
-    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 1})
+    sock = api.attach_socket(cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": 0})
     raw = getattr(sock, "_sock", sock)
     raw.settimeout(None)
-    _start(api, cid, spec)
+    _start(api, cid, spec, APIError)
     in_fd, out_fd = sys.stdin.fileno(), sys.stdout.fileno()
 
     def resize(*_):
         try:
             cols, rows = os.get_terminal_size(out_fd)
             api.resize(cid, height=rows, width=cols)
-        except docker_errors():
+        except errors:
             pass  # the container may already be gone
 
     resize()
@@ -564,6 +589,6 @@ def _run_interactive(api, cid, spec) -> int:
         signal.signal(signal.SIGWINCH, old_winch)
         try:
             sock.close()
-        except docker_errors():
+        except errors:
             pass
     return api.wait(cid).get("StatusCode", 1)

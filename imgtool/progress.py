@@ -121,6 +121,15 @@ def choose(quiet: bool) -> Progress:
     """The progress mode for this run: quiet, tqdm on a TTY, plain lines otherwise."""
     if quiet:
         return Progress()
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and _tqdm_runs():
         return TtyProgress()
     return PlainProgress()
+
+
+def _tqdm_runs() -> bool:
+    """tqdm 4.70 needs Python 3.8+: imgtool.pyz on Kylin's 3.7 prints plain lines instead of bars."""
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return False
+    return True

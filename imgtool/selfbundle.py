@@ -1,7 +1,8 @@
 """imgtool.pyz: imgtool and its pure-Python dependencies in one zipapp, carried in every bundle.
 
 An offline host has no package index, so the bundle brings the tool that reads it:
-`python3 imgtool.pyz load .` works with any CPython 3.9+ on any architecture.
+`python3 imgtool.pyz load .` works with any CPython 3.7+ on any architecture (fetch and the other
+connected verbs need 3.9+).
 
 The pyz is built from what is installed in the running environment (importlib.metadata: each
 distribution's file list), so building needs no network. Compiled extension files (.so/.pyd)
@@ -33,7 +34,11 @@ ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
 # Compiled, and imported only where needed: left out of the pyz on purpose.
 LAZY = ("zstandard",)
 MIN_PYTHON = (3, 9)
-BUILD_FORMAT = 1  # bump when what goes into the pyz changes: part of the cache key
+# The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) run on 3.7 too:
+# Kylin V10's system python3. cli.py refuses the others below 3.9; daemon.py speaks to Docker
+# over the standard library there.
+OFFLINE_MIN_PYTHON = (3, 7)
+BUILD_FORMAT = 2  # bump when what goes into the pyz changes: part of the cache key
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 ZIP_LEVEL = 9
 SHEBANG = b"#!/usr/bin/env python3\n"
@@ -177,8 +182,8 @@ def _write(out: Path, packages: List[Package], notes: List[str]) -> ToolBuild:
                 entries[arcname] = src.read_bytes()
             except OSError as e:
                 raise ImgtoolError(f"cannot build {TOOL_NAME}: cannot read {src} ({pkg.name}): {e.strerror}")
-    entries["__main__.py"] = _MAIN.format(version=__version__, min_python=min_python,
-                                          min_text="%d.%d" % min_python).encode()
+    gate = OFFLINE_MIN_PYTHON if min_python <= MIN_PYTHON else min_python
+    entries["__main__.py"] = _MAIN.format(version=__version__, min_python=gate, min_text="%d.%d" % gate).encode()
     manifest = {"imgtool_version": __version__, "requires_python": ">=%d.%d" % min_python,
                 "packages": _versions(packages), "left_out": list(LAZY)}
     entries["imgtool-pyz.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()

@@ -48,6 +48,20 @@ def test_only_daemon_imports_docker():
     assert users.get("registry.py", set()) <= {"docker.auth", "docker.errors"}, users
 
 
+def test_the_stdlib_docker_client_is_reached_only_through_daemon_py():
+    # daemon_http.py is the Docker room's second transport (Python 3.7/3.8), not a second room
+    def names(p):  # every module and every `from . import x` name p imports
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                yield from [node.module or ""] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(n.endswith("daemon_http") for n in names(p))}
+    assert users == {"daemon.py"}, users
+    assert not {top for top, _ in imports_of(PKG / "daemon_http.py")} & {"docker", "requests", "urllib3", "."}
+
+
 def test_only_progress_imports_tqdm():
     users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "tqdm" for t, _ in imports_of(p))}
     assert users <= {"progress.py"}, users

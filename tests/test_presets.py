@@ -624,15 +624,28 @@ def busybox_image(busybox_rootfs, docker_cli, uniq):
     docker_cli("rmi", "-f", ref, check=False)
 
 
-def run_in_docker(services, *args, home, **kw):
-    return imgtool(*args, home=home, docker_host=services.docker_host, **kw)
+# The Docker room's two transports: docker-py (Python 3.9+) and the stdlib client imgtool.pyz
+# uses on Kylin's python3 3.7 (daemon_http.py); `imgtool run` must behave the same through both.
+TRANSPORTS = {"docker-py": None, "http": """
+import sys
+import imgtool.daemon as D
+D.default_transport = lambda: "http"
+from imgtool.cli import main
+main(sys.argv[1:])
+"""}
+
+
+def run_in_docker(services, *args, home, transport="docker-py", **kw):
+    return imgtool(*args, home=home, docker_host=services.docker_host, code=TRANSPORTS[transport], **kw)
 
 
 @pytest.mark.engines
-def test_run_gives_the_container_the_shm_size(services, busybox_image, docker_cli, uniq, home):
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_gives_the_container_the_shm_size(transport, services, busybox_image, docker_cli, uniq, home):
     name = f"imgtool-{uniq}"
     r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "--shm-size", "256m",
-                      "--net", services.docker_network, "--name", name, "--", "df", "-k", "/dev/shm", home=home)
+                      "--net", services.docker_network, "--name", name, "--", "df", "-k", "/dev/shm",
+                      home=home, transport=transport)
     assert r.returncode == 0, r.stderr
     shm = [ln.split() for ln in r.stdout.splitlines() if ln.endswith("/dev/shm")]
     assert len(shm) == 1 and shm[0][1] == str(256 * 1024), r.stdout  # 1K-blocks
@@ -642,11 +655,14 @@ def test_run_gives_the_container_the_shm_size(services, busybox_image, docker_cl
 
 
 @pytest.mark.engines
-def test_run_streams_output_and_exits_with_the_containers_code(services, busybox_image, docker_cli, uniq, home):
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_streams_output_and_exits_with_the_containers_code(transport, services, busybox_image, docker_cli, uniq,
+                                                               home):
     name = f"imgtool-{uniq}"
     r = run_in_docker(services, "run", "a3", busybox_image, "--allow-missing-devices", "-q",
                       "--net", services.docker_network, "--name", name, "--env-preset", "deterministic",
-                      "--", "sh", "-c", "echo out; echo err >&2; echo $HCCL_DETERMINISTIC; exit 7", home=home)
+                      "--", "sh", "-c", "echo out; echo err >&2; echo $HCCL_DETERMINISTIC; exit 7",
+                      home=home, transport=transport)
     assert r.returncode == 7
     assert r.stdout == "out\ntrue\n"
     assert r.stderr == "err\n"
@@ -654,11 +670,14 @@ def test_run_streams_output_and_exits_with_the_containers_code(services, busybox
 
 
 @pytest.mark.engines
-def test_run_keeps_the_container_with_no_rm(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_keeps_the_container_with_no_rm(transport, services, busybox_image, docker_cli, docker_cleanup, uniq,
+                                            home):
     name = f"imgtool-{uniq}"
     docker_cleanup.container(name)
     r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "-q", "--no-rm",
-                      "--net", services.docker_network, "--name", name, "--", "sh", "-c", "exit 0", home=home)
+                      "--net", services.docker_network, "--name", name, "--", "sh", "-c", "exit 0",
+                      home=home, transport=transport)
     assert r.returncode == 0, r.stderr
     state = json.loads(docker_cli("inspect", name).stdout)[0]
     assert state["HostConfig"]["ShmSize"] == 1 << 30
@@ -666,18 +685,21 @@ def test_run_keeps_the_container_with_no_rm(services, busybox_image, docker_cli,
     assert state["HostConfig"]["Binds"] == ["/root/.cache:/root/.cache"]
     # the name is taken now: a clear error, not a traceback
     r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "-q",
-                      "--net", services.docker_network, "--name", name, "--", "true", home=home)
+                      "--net", services.docker_network, "--name", name, "--", "true",
+                      home=home, transport=transport)
     assert r.returncode == 5
     assert r.stderr.splitlines() == [f"error: a container named {name} already exists",
                                      f"hint: pass --name NEW_NAME, or remove the old one: docker rm -f {name}"]
 
 
 @pytest.mark.engines
-def test_run_detached(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_detached(transport, services, busybox_image, docker_cli, docker_cleanup, uniq, home):
     name = f"imgtool-{uniq}"
     docker_cleanup.container(name)
     r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "-q", "-d",
-                      "--net", services.docker_network, "--name", name, "--", "sleep", "30", home=home)
+                      "--net", services.docker_network, "--name", name, "--", "sleep", "30",
+                      home=home, transport=transport)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"{name}\n"
     state = json.loads(docker_cli("inspect", name).stdout)[0]
@@ -685,9 +707,11 @@ def test_run_detached(services, busybox_image, docker_cli, docker_cleanup, uniq,
     assert state["HostConfig"]["AutoRemove"] is True
 
 
-def test_run_refuses_an_image_that_is_not_loaded(services, uniq, home):
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_refuses_an_image_that_is_not_loaded(transport, services, uniq, home):
     r = run_in_docker(services, "run", "a2", f"imgtool-test/{uniq}:v1", "--allow-missing-devices", "-q",
-                      "--net", services.docker_network, home=home)
+                      "--net", services.docker_network,
+                      home=home, transport=transport)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
         f"error: image imgtool-test/{uniq}:v1 is not loaded in this Docker daemon",

@@ -19,7 +19,7 @@ import pytest
 
 from imgtool import __version__, selfbundle
 from imgtool.errors import ImgtoolError
-from tests.support.bundles import fetch_from_registry, imgtool
+from tests.support.bundles import fetch_from_registry, imgtool, parts_of
 from tests.support.images import host_arch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,3 +217,151 @@ def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
     assert r.stderr.splitlines() == [
         "error: imgtool.pyz needs Python 3.99 or newer; this is Python %d.%d" % sys.version_info[:2],
         "hint: run it with a newer python3, or load the bundle with: sh load.sh"]
+
+
+# --- Kylin's own python3: the offline verbs on 3.7 and 3.8 ----------------------------------
+
+OLD_PYTHONS = ("3.7", "3.8")  # Kylin V10 / openEuler 20.03 ship 3.7; Ubuntu 20.04 ships 3.8
+
+
+def old_python(version):
+    """pyenv's python3.X, run isolated (-I): that Python's standard library and nothing else."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip() or \
+        "/root/.pyenv"
+    found = sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"))
+    assert found, f"python{version} is not under {root}/versions: the Kylin test needs it (never a skip)"
+    return [str(found[-1]), "-I"]
+
+
+def run_clean(python, *args, cwd, docker_host=None):
+    """`env -i`: no site-packages, no proxies, no PYTHON* variables; Docker at docker_host only."""
+    env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={cwd}", "LANG=C.UTF-8",
+           "IMGTOOL_CACHE=/nonexistent/imgtool-cache"]
+    if docker_host:
+        env.append(f"DOCKER_HOST={docker_host}")
+    return subprocess.run([*env, *python, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, services, engine, factory, mirrored,
+                                                                  tmp_path, docker_cli, docker_cleanup):
+    python = old_python(version)
+    out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    docker_cleanup.image(ref, image.config_digest)
+    assert "python3 imgtool.pyz load .   any python3 3.7+, nothing to install" in (out / "README.txt").read_text()
+    assert "任何 python3 3.7+，无需安装" in run_clean(["sh"], "load.sh", "--help", cwd=out).stdout
+    ok = run_clean(python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: .: 1 image(s); ")
+
+    doctor = run_clean(python, "imgtool.pyz", "doctor", ".", cwd=out, docker_host=services.docker_host)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert f"OK    docker       Docker {engine.split('-')[0]}." in doctor.stdout
+    assert f"OK    arch         linux/{host_arch()}, as the bundle's images" in doctor.stdout.splitlines()
+
+    loaded = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, docker_host=services.docker_host)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "loaded 1 image(s) from . in " in loaded.stdout
+    assert docker_cli.holds(ref, image)
+
+    inv = run_clean(python, "imgtool.pyz", "inventory", "-o", "inventory.json", cwd=out,
+                    docker_host=services.docker_host)
+    assert inv.returncode == 0, inv.stderr
+    held = json.loads((out / "inventory.json").read_text())
+    assert any(ref in i.get("tags", ()) for i in held["images"]), held
+    # the same inventory 3.11's imgtool writes (delta bundles are planned from it)
+    mine = imgtool("inventory", "-o", str(tmp_path / "inv311.json"), docker_host=services.docker_host)
+    assert mine.returncode == 0, mine.stderr
+    assert held["images"] == json.loads((tmp_path / "inv311.json").read_text())["images"]
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_a_damaged_bundle_fails_on_kylins_python_and_loads_nothing(version, services, factory, mirrored, tmp_path,
+                                                                     docker_cli, docker_cleanup):
+    python = old_python(version)
+    out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    docker_cleanup.image(ref, image.config_digest)
+    part = parts_of(out)[-1]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 1
+    part.write_bytes(bytes(data))
+    bad = run_clean(python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert bad.returncode == 3, bad.stderr
+    name = part.name
+    damaged = (f"  - part {name[-3:]} ({name}) is damaged: its sha256 differs from bundle.json; "
+               f"re-copy part {name[-3:]} from the source medium")
+    assert bad.stderr.splitlines()[-2:] == ["error: bundle failed verification: .: 1 problem", damaged]
+    refused = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, docker_host=services.docker_host)
+    assert refused.returncode == 3, refused.stderr
+    assert damaged in refused.stderr.splitlines()
+    assert not docker_cli.holds(ref, image) and docker_cli.find(image) is None
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_run_flags_and_presets_on_kylins_python_print_what_3_11_prints(version, services, factory, mirrored, tmp_path):
+    python = old_python(version)
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    dead = f"unix://{tmp_path}/no-docker.sock"  # no local image to ask for: the placeholder tag, as in the golden
+    for args in (("run-flags", "a2"), ("run-flags", "a3"), ("run-flags", "a3", "--image", "v0.11.0rc1-a3", "--json"),
+                 ("presets",)):
+        old = run_clean(python, "imgtool.pyz", *args, cwd=out, docker_host=dead)
+        new = run_clean([sys.executable, "-I"], "imgtool.pyz", *args, cwd=out, docker_host=dead)
+        assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+        assert (old.stdout, old.stderr) == (new.stdout, new.stderr)
+    assert old.stdout.startswith("--env-preset") or "a2" in old.stdout
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
+    python = old_python(version)
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    for verb in ("fetch", "lock", "tags", "inspect", "mirrors", "export", "push"):
+        r = run_clean(python, "imgtool.pyz", verb, "x", cwd=tmp_path)
+        assert r.returncode == 2, (verb, r.stderr)
+        assert r.stderr.splitlines() == [
+            f"error: imgtool {verb} needs Python 3.9 or newer; this is Python {version}",
+            "hint: run it on a host with python3 3.9+; here imgtool can verify, load, doctor, inventory, presets, "
+            "run-flags, run, diff"]
+
+
+def test_a_python_older_than_3_7_is_told_what_to_do(tmp_path):
+    python = old_python("3.6")  # CentOS 7: no dataclasses; load.sh is the way there
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    r = run_clean(python, "imgtool.pyz", "verify", ".", cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == ["error: imgtool.pyz needs Python 3.7 or newer; this is Python 3.6",
+                                     "hint: run it with a newer python3, or load the bundle with: sh load.sh"]
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_run_on_kylins_python_streams_output_and_exits_with_the_containers_code(version, services, docker_cli,
+                                                                               docker_cleanup, uniq, tmp_path):
+    import io
+    import tarfile
+
+    from tests.support.images import static_busybox
+
+    python = old_python(version)
+    rootfs = tmp_path / "rootfs.tar"
+    busybox = static_busybox()
+    with tarfile.open(rootfs, "w") as tar:
+        binary = tarfile.TarInfo("bin/busybox")
+        binary.size, binary.mode = len(busybox), 0o755
+        tar.addfile(binary, io.BytesIO(busybox))
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        tar.addfile(link)
+    ref = f"imgtool-test/kylin-busybox:{uniq}"
+    docker_cli("import", "--change", "ENV PATH=/bin", str(rootfs), ref)
+    docker_cleanup.image(ref)
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    r = run_clean(python, "imgtool.pyz", "run", "a3", ref, "--allow-missing-devices", "-q", "--net",
+                  services.docker_network, "--name", f"imgtool-{uniq}", "--",
+                  "sh", "-c", "echo out; echo err >&2; exit 7", cwd=tmp_path, docker_host=services.docker_host)
+    assert (r.returncode, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert docker_cli("ps", "-a", "-q", "--filter", f"name=^imgtool-{uniq}$").stdout.strip() == ""  # --rm

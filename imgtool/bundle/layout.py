@@ -7,15 +7,15 @@ against it member by member: nothing in the archive is trusted unless bundle.jso
 """
 
 import json
-import tarfile
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, OCI_CONFIG, OCI_INDEX,
                      OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
 from .format import BundleImage
+from .ustar import BLOCK
+from .ustar import header as _ustar_header
 
-BLOCK = 512
 RECORD = 20 * BLOCK  # tar pads the end to whole records, like GNU tar and tarfile
 OCI_LAYOUT_BYTES = b'{"imageLayoutVersion":"1.0.0"}'
 OCI_REF_NAME = "org.opencontainers.image.ref.name"
@@ -162,15 +162,10 @@ def header(name: str, size: int) -> bytes:
     """A fixed-metadata tar header: mode 0644, uid/gid 0, no user names, mtime 0.
 
     ustar, with a pax `size` record only for members of 8 GiB and more (which ustar cannot hold).
+    The bytes come from imgtool (ustar.py), not from the running `tarfile`: a bundle verifies the
+    same on every Python.
     """
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = 0o644
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    return _ustar_header(name, size)
 
 
 def padding(size: int) -> int:

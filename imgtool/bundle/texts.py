@@ -93,7 +93,7 @@ def has_tool(index: BundleIndex) -> bool:
 def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
     """The three ways to load, run in the bundle directory (load.sh --help, README.txt)."""
     if lang == "zh":
-        pyz = f"任何 Python 3.9+，无需安装（本目录中的 {TOOL_PYZ}）" if has_tool(index) else \
+        pyz = f"任何 python3 3.7+，无需安装（本目录中的 {TOOL_PYZ}）" if has_tool(index) else \
             "本镜像包未附带（打包时用了 --no-tool）；`imgtool self-bundle` 可单独生成"
         lines = ["三种导入方式（在本目录中执行）：",
                  "  imgtool load .               已安装 imgtool 时",
@@ -101,7 +101,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
                  "前两种会边导入边校验每个分卷和 blob，任何一项不符时 Docker 不保留任何内容。"]
     else:
-        pyz = f"any python3 3.9+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
+        pyz = f"any python3 3.7+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
             "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
         lines = ["Three ways to load it (run them in this directory):",
                  "  imgtool load .               with imgtool installed",
@@ -231,11 +231,11 @@ def readme(index: BundleIndex) -> bytes:
     comp = index.archive.compression
     unpack = {"none": "", "gzip": " | gzip -dc", "zstd": " | zstd -dc"}[comp]
     size = format_size(next((f.size for f in index.files if f.name == TOOL_PYZ), 0))
-    tool_en = f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any Python 3.9+\n" \
+    tool_en = f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any python3 3.7+\n" \
         if has_tool(index) else ""
     verify_en = f"python3 {TOOL_PYZ} verify .   (or: " if has_tool(index) else ""
     verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
-    tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 Python 3.9+ 均可 `python3 {TOOL_PYZ} load .`\n" \
+    tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 python3 3.7+ 均可 `python3 {TOOL_PYZ} load .`\n" \
         if has_tool(index) else ""
     largest = max(p.size for p in index.parts)
     if largest <= FAT32_MAX:
