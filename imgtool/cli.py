@@ -729,7 +729,7 @@ def inventory(output):
         try:
             write_atomic(Path(output), data, 0o644)
         except OSError as e:
-            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}")
+            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}") from e
         progress().note(f"inventory: {len(images)} images, "
                         f"{len({d for im in images for d in im.diff_ids})} distinct layers -> {output}")
     else:

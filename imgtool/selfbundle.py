@@ -107,7 +107,7 @@ def collect() -> Tuple[List[Package], List[str]]:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} (needed by {wanted_by}) is not installed here",
-                               hint=f"pip install {name}, or pass --no-tool")
+                               hint=f"pip install {name}, or pass --no-tool") from None
         packages[key] = pkg = _package(dist, notes)
         for req in dist.requires or ():
             req_name, marker = _requirement(req)
@@ -147,7 +147,7 @@ def _copy(src: Path, out: Path) -> ToolBuild:
             manifest = json.loads(z.read("imgtool-pyz.json"))
         low = tuple(int(x) for x in manifest["requires_python"].lstrip(">=").split(".")[:2])
     except (KeyError, ValueError, zipfile.BadZipFile) as e:
-        raise ImgtoolError(f"cannot read {src} as {TOOL_NAME}: {e}")
+        raise ImgtoolError(f"cannot read {src} as {TOOL_NAME}: {e}") from e
     if out.resolve() != src.resolve():
         _write_file(out, data)
     return ToolBuild(out, len(data), hashlib.sha256(data).hexdigest(), manifest["imgtool_version"],
@@ -169,7 +169,7 @@ def cached_tool(cache_root: Path) -> ToolBuild:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ImgtoolError(f"cannot create {path.parent} for {TOOL_NAME}: {e.strerror}",
-                           hint="point IMGTOOL_CACHE somewhere writable, or pass --no-tool")
+                           hint="point IMGTOOL_CACHE somewhere writable, or pass --no-tool") from e
     return _write(path, packages, notes)
 
 
@@ -181,7 +181,7 @@ def _write(out: Path, packages: List[Package], notes: List[str]) -> ToolBuild:
             try:
                 entries[arcname] = src.read_bytes()
             except OSError as e:
-                raise ImgtoolError(f"cannot build {TOOL_NAME}: cannot read {src} ({pkg.name}): {e.strerror}")
+                raise ImgtoolError(f"cannot build {TOOL_NAME}: cannot read {src} ({pkg.name}): {e.strerror}") from e
     gate = OFFLINE_MIN_PYTHON if min_python <= MIN_PYTHON else min_python
     entries["__main__.py"] = _MAIN.format(version=__version__, min_python=gate, min_text="%d.%d" % gate).encode()
     manifest = {"imgtool_version": __version__, "requires_python": ">=%d.%d" % min_python,
@@ -207,7 +207,7 @@ def _write_file(out: Path, data: bytes) -> None:
     try:
         write_atomic(out, data, 0o755)
     except OSError as e:
-        raise ImgtoolError(f"cannot write {out}: {e.strerror}")
+        raise ImgtoolError(f"cannot write {out}: {e.strerror}") from e
 
 
 def _own_files() -> Dict[str, Path]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command of the project: venv, real services up, pytest, services down (always).
+# The test command of the project: venv, ruff, real services up, pytest, services down (always).
 #
 #   scripts/test.sh                 # = python -m pytest -q tests
 #   scripts/test.sh -k registry -x  # any pytest arguments
@@ -29,6 +29,9 @@ if [ "${IMGTOOL_REINSTALL:-0}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
     fi
     echo "$want" >"$stamp"
 fi
+
+# The house's habits, checked before anything starts (rules in pyproject.toml [tool.ruff]).
+"$VENV/bin/python" -m ruff check imgtool tests scripts
 
 # shellcheck disable=SC2317  # called by the EXIT trap
 services_down() {
