@@ -7,29 +7,13 @@ unpigz (dockerd uses it to decompress layers), zstd layers against Docker's vers
 Reads only; never loads anything.
 """
 
-import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .bundle.texts import ZSTD_REMEDY, zstd_layer_refs
+from .bundle.hostcheck import Check, space_check, storage_check, zstd_check
 from .errors import ImgtoolError
 from .model import Platform, format_size
-
-TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | info | warn | fail
-    detail: str
-    advice: str = ""
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "advice": self.advice}
-
 
 def read_os_release(path: Path = Path("/etc/os-release")) -> Dict[str, str]:
     out: Dict[str, str] = {}
@@ -59,7 +43,6 @@ def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
 
 def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/os-release")) -> List[Check]:
     """Every check, in order; never raises for a failed check (it becomes a `fail` line)."""
-    from .bundle.load import need_bytes
     from .bundle.reader import read_index, stat_parts
 
     checks: List[Check] = []
@@ -95,14 +78,11 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
                             "of the docker group"))
 
     if facts is not None:
-        if index is not None:
-            zstd = zstd_layer_refs(index)
-            if zstd and facts.version_tuple < (23,):
-                checks.append(Check("docker", "fail", f"the bundle has zstd-compressed layers; Docker {facts.version} "
-                                    "reads those only from 23.0 (older ones fail with `invalid tar header`, "
-                                    "vllm-ascend FAQ 19)", ZSTD_REMEDY))
-        checks.append(_storage_check(facts))
-        checks.append(_space_check(facts, need_bytes(index, None) if index is not None else None))
+        zstd = zstd_check(index, facts) if index is not None else None
+        if zstd is not None:
+            checks.append(zstd)
+        checks.append(storage_check(facts))
+        checks.append(space_check(facts, index))
 
     host_arch = facts.arch if facts is not None else Platform.host().architecture
     if index is not None:
@@ -128,34 +108,3 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
     return checks
 
 
-def _storage_check(facts) -> Check:
-    if facts.containerd_store:
-        return Check("storage", "ok", f"the containerd image store ({facts.driver} snapshotter) under "
-                     f"{facts.root_dir}: image IDs are manifest digests; imgtool confirms loads by them")
-    where = f"{facts.driver} under {facts.root_dir} (graphdriver image store)"
-    if facts.driver == "devicemapper":
-        return Check("storage", "warn", where, "devicemapper limits each container to dm.basesize (10 GB by "
-                     "default), less than a vllm-ascend image: raise dm.basesize or move to overlay2")
-    if facts.driver == "vfs":
-        return Check("storage", "warn", where, "vfs copies every layer in full: expect several times the "
-                     "unpacked size on disk; overlay2 is the usual choice")
-    return Check("storage", "ok", where)
-
-
-def _space_check(facts, need: Optional[int]) -> Check:
-    root = facts.root_dir
-    if not facts.local or not root or not os.path.isdir(root):
-        return Check("space", "info", f"cannot read free space under {root or 'the Docker root dir'} from here "
-                     f"(daemon at {facts.host})")
-    st = os.statvfs(root)
-    free = st.f_bavail * st.f_frsize
-    if need is not None:
-        if free < need:
-            return Check("space", "fail", f"{format_size(free)} free under {root}; the bundle needs about "
-                         f"{format_size(need)} while loading",
-                         "free space there (docker image prune, docker system df), or move Docker's data-root")
-        return Check("space", "ok", f"{format_size(free)} free under {root}; the bundle needs about {format_size(need)}")
-    if free < TYPICAL_NEED:
-        return Check("space", "warn", f"{format_size(free)} free under {root}",
-                     f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
-    return Check("space", "ok", f"{format_size(free)} free under {root}")

@@ -434,4 +434,5 @@ def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
         "hint: " + REMEDY,
     ]
     doctor = imgtool("doctor", str(out), docker_host=services.docker_host)
-    assert f"the bundle has zstd-compressed layers; Docker {server} reads those only from 23.0" in doctor.stdout
+    assert f"Docker {server} cannot read zstd-compressed layers ({REPO}:zl): that needs Docker 23.0 or later" \
+        in doctor.stdout  # the same words as load's refusal (bundle/hostcheck.py)

@@ -408,9 +408,10 @@ def test_free_space_is_checked_against_the_unpacked_size(tmp_path, factory, stor
         facts = DaemonInfo("unix:///x.sock", "20.10.24", "1.41", "overlay2", str(mnt), "arm64", "linux", True)
         with pytest.raises(ImgtoolError) as e:
             _compatibility(index, facts, 8 << 20, force=False)
-        assert e.value.message.startswith(f"not enough space for Docker under {mnt}: the load needs about ")
+        assert e.value.message.startswith(f"not enough space for Docker under {mnt}: the bundle needs about ")
         assert "unpacked), 4.0 MiB is free" in e.value.message
-        assert e.value.hint == "free space there (e.g. docker image prune), or pass --force to try anyway"
+        assert e.value.hint == ("free space there (docker image prune, docker system df), or move Docker's data-root; "
+                                "or pass --force to try anyway")
         assert _compatibility(index, facts, 8 << 20, force=True)[0].endswith("(--force: trying anyway)")
         remote = DaemonInfo("tcp://10.0.0.9:2375", "20.10.24", "1.41", "overlay2", "/var/lib/docker", "arm64",
                             "linux", False)

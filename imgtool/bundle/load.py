@@ -25,13 +25,12 @@ from typing import Dict, List, Optional, Sequence
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import Platform, familiar, foreign_arch_warning, format_size
+from ..model import Platform, familiar, foreign_arch_warning
 from ..progress import Progress
 from ..worker import Worker
-from . import layout
+from . import hostcheck, layout
 from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
-from .texts import ZSTD_REMEDY, zstd_layer_refs
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -206,45 +205,22 @@ def _has_tags(info, names: Sequence[str]) -> bool:
     return all(familiar(n) in have for n in names)
 
 
-def need_bytes(index: BundleIndex, unpacked: Optional[int]) -> int:
-    """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
-    if unpacked is None:  # each layer's unpacked size where fetch learnt it, else the typical gzip ratio
-        seen = {x.digest: x for im in index.images for x in im.layers if not x.omitted}
-        known = sum(x.unpacked_size for x in seen.values() if x.unpacked_size is not None)
-        unknown = sum(x.size for x in seen.values() if x.unpacked_size is None)
-        unpacked = known + int(unknown * 2.5)
-    return index.archive.tar_size + unpacked
-
-
 def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:
-    """Refuse what this Docker cannot do; return warnings for what may go wrong."""
+    """Refuse what this Docker cannot take (the checks doctor lists: hostcheck); return the warnings."""
+    zstd = hostcheck.zstd_check(index, facts)
+    if zstd is not None:
+        raise ImgtoolError(f"{zstd.detail}; nothing was loaded", hint=zstd.advice)
     warnings = []
-    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are Docker's already: never sent
-    if zstd and facts.version_tuple < (23,):
-        raise ImgtoolError(f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): that needs "
-                           "Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19); "
-                           "nothing was loaded", hint=ZSTD_REMEDY)
-    if facts.driver == "devicemapper":
-        warnings.append("storage driver devicemapper: each container is limited to dm.basesize (10 GB by default), "
-                        "less than a vllm-ascend image unpacks to; raise it or move to overlay2")
-    elif facts.driver == "vfs":
-        warnings.append("storage driver vfs copies every layer in full: expect several times the unpacked size on disk")
-    need = need_bytes(index, unpacked)
-    how = (f"{format_size(index.archive.tar_size)} for the upload while loading + "
-           f"{format_size(need - index.archive.tar_size)} unpacked")
-    root = facts.root_dir
-    if not facts.local or not root or not os.path.isdir(root):
-        warnings.append(f"cannot check free space under {root or 'the Docker root dir'} from here "
-                        f"(daemon at {facts.host}); the load needs about {format_size(need)} ({how})")
-        return warnings
-    st = os.statvfs(root)
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        message = (f"not enough space for Docker under {root}: the load needs about {format_size(need)} ({how}), "
-                   f"{format_size(free)} is free")
-        if not force:
-            raise ImgtoolError(message, hint="free space there (e.g. docker image prune), or pass --force to try anyway")
-        warnings.append(message + " (--force: trying anyway)")
+    storage = hostcheck.storage_check(facts)
+    if storage.status == "warn":
+        warnings.append(f"storage: {storage.detail}: {storage.advice}")
+    space = hostcheck.space_check(facts, index, unpacked)
+    if space.status == "fail" and not force:
+        raise ImgtoolError(space.detail, hint=f"{space.advice}; or pass --force to try anyway")
+    if space.status == "fail":
+        warnings.append(space.detail + " (--force: trying anyway)")
+    elif space.status == "info":
+        warnings.append(space.detail)
     return warnings
 
 

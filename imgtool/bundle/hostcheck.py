@@ -1,0 +1,88 @@
+"""Can this Docker host take this bundle? The checks `load` refuses or warns on and `doctor` lists.
+
+One set of words and thresholds for both: zstd layers against Docker's version, the storage driver,
+and free space under Docker's root against what the load needs (the upload Docker unpacks under
+<root>/tmp plus the unpacked layers). `facts` is a daemon.DaemonInfo: this module asks Docker
+nothing itself, it only reads the statvfs of a local root dir.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from ..model import format_size
+from .format import BundleIndex
+from .texts import ZSTD_REMEDY, zstd_layer_refs
+
+TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
+FREE_SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | info | warn | fail
+    detail: str
+    advice: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "advice": self.advice}
+
+
+def need_bytes(index: BundleIndex, unpacked: Optional[int] = None) -> int:
+    """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
+    if unpacked is None:  # each layer's unpacked size where fetch learnt it, else the typical gzip ratio
+        seen = {x.digest: x for im in index.images for x in im.layers if not x.omitted}
+        known = sum(x.unpacked_size for x in seen.values() if x.unpacked_size is not None)
+        unknown = sum(x.size for x in seen.values() if x.unpacked_size is None)
+        unpacked = known + int(unknown * 2.5)
+    return index.archive.tar_size + unpacked
+
+
+def zstd_check(index: BundleIndex, facts) -> Optional[Check]:
+    """A fail when the bundle has zstd layers and Docker is older than 23.0; else None."""
+    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are Docker's already: never sent
+    if not zstd or facts.version_tuple >= (23,):
+        return None
+    return Check("docker", "fail", f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): "
+                 "that needs Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)",
+                 ZSTD_REMEDY)
+
+
+def storage_check(facts) -> Check:
+    """The image store and storage driver: a warn for devicemapper and vfs."""
+    if facts.containerd_store:
+        return Check("storage", "ok", f"the containerd image store ({facts.driver} snapshotter) under "
+                     f"{facts.root_dir}: image IDs are manifest digests; imgtool confirms loads by them")
+    where = f"{facts.driver} under {facts.root_dir} (graphdriver image store)"
+    if facts.driver == "devicemapper":
+        return Check("storage", "warn", where, "devicemapper limits each container to dm.basesize (10 GB by "
+                     "default), less than a vllm-ascend image: raise dm.basesize or move to overlay2")
+    if facts.driver == "vfs":
+        return Check("storage", "warn", where, "vfs copies every layer in full: expect several times the "
+                     "unpacked size on disk; overlay2 is the usual choice")
+    return Check("storage", "ok", where)
+
+
+def space_check(facts, index: Optional[BundleIndex], unpacked: Optional[int] = None) -> Check:
+    """Free space under Docker's root against what loading `index` needs (a typical image without one)."""
+    root = facts.root_dir
+    need = need_bytes(index, unpacked) if index is not None else None
+    how = ""
+    if index is not None and need is not None:
+        how = (f"the bundle needs about {format_size(need)} ({format_size(index.archive.tar_size)} for the upload "
+               f"while loading + {format_size(need - index.archive.tar_size)} unpacked)")
+    if not facts.local or not root or not os.path.isdir(root):
+        return Check("space", "info", f"cannot check free space under {root or 'the Docker root dir'} from here "
+                     f"(daemon at {facts.host})" + (f"; {how}" if how else ""))
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    if need is not None:
+        if free < need:
+            return Check("space", "fail", f"not enough space for Docker under {root}: {how}, "
+                         f"{format_size(free)} is free", FREE_SPACE_ADVICE)
+        return Check("space", "ok", f"{format_size(free)} free under {root}; {how}")
+    if free < TYPICAL_NEED:
+        return Check("space", "warn", f"{format_size(free)} free under {root}",
+                     f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
+    return Check("space", "ok", f"{format_size(free)} free under {root}")
