@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
-from .progress import Progress
+from .progress import Bar, Progress
 from .store import Store
 
 CHUNK = 4 * 1024 * 1024
@@ -86,10 +86,6 @@ class _Prepend(io.RawIOBase):
             return head[:n]
         return head + (self._rest.read(n - len(head)) or b"")
 
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 class _ZstdLayer:
@@ -217,7 +213,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
             diff_id, digest, size = compressed[member_name]
         elif member_name in small:
             diff_id, digest, size = layer_into_store(io.BytesIO(small[member_name]), f"{name}: {member_name}", store,
-                                                     pool, jobs, level, _NoBar())
+                                                     pool, jobs, level, Bar())
         else:
             raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
         diff_ids.append(diff_id)

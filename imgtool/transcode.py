@@ -23,7 +23,7 @@ from .errors import ImgtoolError, UsageError, VerifyError
 from .export import CHUNK, compress_layer
 from .model import (DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, LAYER_COMPRESSION, OCI_LAYER, OCI_LAYER_GZIP,
                     Descriptor, Digest, Manifest, PulledImage, format_size)
-from .progress import Progress
+from .progress import Bar, Progress
 from .store import Store
 
 MODES = ("compat", "as-is", "plain")
@@ -100,18 +100,14 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
                 # at most `jobs` members in flight (compress_layer allows 2 per job it is given): every
                 # worker stays busy, and memory stays near the fetch's own (issue 8's 100 MB target)
                 diff_id, digest, size = compress_layer(counting, store, pool, max(1, jobs // 2), GZIP_LEVEL,
-                                                       bar or _NoBar())
+                                                       bar or Bar())
             else:
-                diff_id, digest, size = _store_plain(counting, store, bar or _NoBar())
+                diff_id, digest, size = _store_plain(counting, store, bar or Bar())
         except damaged as e:
             raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
                               hint="the registry's blob matched its digest; report it to the image's publisher") from e
     return diff_id, Descriptor("", digest, size), counting.count
 
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
 
 
 def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
