@@ -151,44 +151,9 @@ def _given(name) -> bool:
     return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
 
 
-def _with_spec(spec_file, created, config, opts):
-    """fetch -f SPEC: the spec's values under the options given on the command line, plus its lock."""
-    import dataclasses
-    import os
-
-    from .config import load_mirrors
-    from .errors import ConfigError, UsageError
-    from .spec import load_spec, parse_created, read_lock
-
-    stamp = parse_created(created, os.environ.get("SOURCE_DATE_EPOCH"))
-    if not spec_file:
-        return config, dataclasses.replace(opts, created=stamp)
-    if opts.refs:
-        raise UsageError("give image references or -f SPEC, not both")
-    if _given("arch") or _given("platform_"):
-        raise UsageError("--arch/--platform cannot be used with -f: the spec's platforms decide",
-                         hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
-    spec = load_spec(spec_file)
-    if spec.mirrors and not _given("mirrors_file"):
-        config = load_mirrors(spec.mirrors)
-    changes = {"refs": spec.images, "platforms": spec.platforms, "created": stamp}
-    for key, option in (("output", "output"), ("mirror", "mirror"), ("chunk_size", "chunk_size"),
-                        ("compress", "compress")):
-        if not _given(option):
-            changes[key] = getattr(spec, key)
-    lock = read_lock(spec.lock_path)
-    report = progress()
-    if lock is None:
-        report.note(f"no {spec.lock_path.name} beside {spec.path}: tags are resolved now "
-                    f"(imgtool lock -f {spec.path} pins them)")
-    else:
-        why = lock.mismatch(spec, config)
-        if why:
-            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
-                              hint=f"run imgtool lock --update -f {spec.path}")
-        report.note(f"using {spec.lock_path}: {len(lock.images)} image(s) pinned by digest")
-        changes["lock"] = lock
-    return config, dataclasses.replace(opts, **changes)
+# fetch -f SPEC: what the spec decides unless given on the command line (lock.spec_fetch_options' names)
+_SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", "mirrors_file"), ("output", "output"),
+                 ("mirror", "mirror"), ("chunk_size", "chunk_size"), ("compress", "compress"))
 
 
 @cli.command()
@@ -226,14 +191,21 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
     a bundle.toml naming images and platforms, pinned by `imgtool lock`.
     """
+    import os
+
     from .config import load_mirrors
     from .fetch import FetchOptions, fetch as do_fetch, parse_platforms
+    from .lock import spec_fetch_options
+    from .spec import parse_created
 
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool, layers=layers)
-    config, opts = _with_spec(spec_file, created, config, opts)
+                        have=have, base=base, tool=tool, layers=layers,
+                        created=parse_created(created, os.environ.get("SOURCE_DATE_EPOCH")))
+    if spec_file:
+        given = {field for field, option in _SPEC_OPTIONS if _given(option)}
+        config, opts = spec_fetch_options(spec_file, opts, config, given, progress())
     _warn_chunk_size(opts.chunk_size)
     try:
         result = do_fetch(config, opts, progress())
@@ -803,36 +775,21 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
-    from .config import load_mirrors
-    from .errors import ConfigError
-    from .fetch import lock_images
-    from .spec import compare_locks, load_spec, read_lock, write_lock
+    from .lock import lock_spec
 
-    spec = load_spec(spec_file)
-    config = load_mirrors(mirrors_file or spec.mirrors)
-    old = read_lock(spec.lock_path)
-    if old is not None and not update:
-        why = old.mismatch(spec, config)
-        if why:
-            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
-                              hint=f"run imgtool lock --update -f {spec.path}")
-        if as_json:
-            emit_json({"lock": str(spec.lock_path), "written": False, "changes": []})
-        else:
-            click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(old.images)} image(s) x "
-                       f"{len(old.platforms)} platform(s) pinned); --update re-resolves the tags")
-        return
-    new = lock_images(config, spec, mirror if _given("mirror") else spec.mirror, progress())
-    changes = compare_locks(old, new)
-    write_lock(new)
+    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, progress())
+    spec, lock = result.spec, result.lock
     if as_json:
-        emit_json({"lock": str(spec.lock_path), "written": True, "changes": [c.to_json() for c in changes]})
-        return
-    for c in changes:
-        click.echo(c.describe())
-    moved = sum(1 for c in changes if c.kind != "unchanged")
-    click.echo(f"wrote {spec.lock_path}: {len(new.images)} image(s) x {len(new.platforms)} platform(s)"
-               + (f", {moved} change(s)" if old is not None else ""))
+        emit_json(result.to_json())
+    elif not result.written:
+        click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(lock.images)} image(s) x "
+                   f"{len(lock.platforms)} platform(s) pinned); --update re-resolves the tags")
+    else:
+        for c in result.changes:
+            click.echo(c.describe())
+        moved = sum(1 for c in result.changes if c.kind != "unchanged")
+        click.echo(f"wrote {spec.lock_path}: {len(lock.images)} image(s) x {len(lock.platforms)} platform(s)"
+                   + (f", {moved} change(s)" if result.old is not None else ""))
 
 
 @cli.command("diff")
