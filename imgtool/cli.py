@@ -245,34 +245,16 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     uncompressed from `docker save` and are gzip-compressed in parallel, so the bundle still
     loads on old Docker.
     """
-    from pathlib import Path
+    from .export import ExportOptions, export as do_export
 
-    from .bundle import writer
-    from .config import cache_dir
-    from .daemon import open_daemon
-    from .export import export_images
-    from .selfbundle import bundle_tool
-    from .store import Store
-
-    size = _size_option(chunk_size)
-    _warn_chunk_size(size)
-    if output is not None:
-        writer.check_output_dir(Path(output), force)
-    report = progress()
-    daemon = open_daemon()
-    try:
-        store = Store(cache_dir())
-        pulled = export_images(images, daemon, store, report, jobs=jobs, level=gzip_level)
-    finally:
-        daemon.close()
-    out = Path(output) if output else Path(writer.default_bundle_name(pulled))
-    writer.check_output_dir(out, force)
-    result = writer.write_bundle(out, pulled, store.blob_path, chunk_size=size, compress=compress, force=force,
-                                 progress=report, extra_files=bundle_tool(report) if tool else {})
+    opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
+                         gzip_level=gzip_level, jobs=jobs, force=force, tool=tool)
+    _warn_chunk_size(opts.chunk_size)
+    result = do_export(opts, progress())
     if as_json:
-        emit_json(result.summary(pulled))
+        emit_json(result.bundle.summary(result.images))
     else:
-        click.echo(result.describe(pulled))
+        click.echo(result.bundle.describe(result.images))
 
 
 @cli.command()
