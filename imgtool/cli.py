@@ -659,35 +659,14 @@ def inventory(output):
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
     layer this Docker already has (a delta bundle).
     """
-    from pathlib import Path
+    from .inventory import take_inventory
 
-    from .fsutil import write_atomic
-    from .daemon import open_daemon
-    from .delta import Inventory
-    from .errors import UsageError
-
-    if output and not Path(output).absolute().parent.is_dir():  # a bad path is named before Docker is asked
-        raise UsageError(f"cannot write the inventory {output}: no such directory {Path(output).absolute().parent}")
-    daemon = open_daemon(timeout=120)
-    try:
-        facts = daemon.info()
-        images = daemon.inventory()
-    finally:
-        daemon.close()
-    import time
-
-    inv = Inventory(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
-    data = inv.to_bytes()
-    if output:
-        try:
-            write_atomic(Path(output), data, 0o644)
-        except OSError as e:
-            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}") from e
-        progress().note(f"inventory: {len(images)} images, "
-                        f"{len({d for im in images for d in im.diff_ids})} distinct layers -> {output}")
+    result = take_inventory(output)
+    if result.path is None:
+        click.echo(result.data.decode(), nl=False)
     else:
-        click.echo(data.decode(), nl=False)
+        progress().note(f"inventory: {len(result.inventory.images)} images, "
+                        f"{result.layers} distinct layers -> {output}")
 
 
 @cli.command()
