@@ -151,6 +151,17 @@ def _given(name) -> bool:
     return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
 
 
+def _fetch_interrupted():
+    """Ctrl-C during fetch: what is kept, and that running it again resumes."""
+    from .config import cache_dir
+    from .errors import Interrupted
+
+    return Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
+                       f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
+                       hint="run the same command again to resume: it downloads only what is missing "
+                            "and finishes the bundle")
+
+
 # fetch -f SPEC: what the spec decides unless given on the command line (lock.spec_fetch_options' names)
 _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", "mirrors_file"), ("output", "output"),
                  ("mirror", "mirror"), ("chunk_size", "chunk_size"), ("compress", "compress"))
@@ -210,13 +221,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     try:
         result = do_fetch(config, opts, progress())
     except KeyboardInterrupt:
-        from .config import cache_dir
-        from .errors import Interrupted
-
-        raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
-                          f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
-                          hint="run the same command again to resume: it downloads only what is missing "
-                               "and finishes the bundle") from None
+        raise _fetch_interrupted() from None
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
