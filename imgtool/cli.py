@@ -151,44 +151,20 @@ def _given(name) -> bool:
     return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
 
 
-def _with_spec(spec_file, created, config, opts):
-    """fetch -f SPEC: the spec's values under the options given on the command line, plus its lock."""
-    import dataclasses
-    import os
+def _fetch_interrupted():
+    """Ctrl-C during fetch: what is kept, and that running it again resumes."""
+    from .config import cache_dir
+    from .errors import Interrupted
 
-    from .config import load_mirrors
-    from .errors import ConfigError, UsageError
-    from .spec import load_spec, parse_created, read_lock
+    return Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
+                       f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
+                       hint="run the same command again to resume: it downloads only what is missing "
+                            "and finishes the bundle")
 
-    stamp = parse_created(created, os.environ.get("SOURCE_DATE_EPOCH"))
-    if not spec_file:
-        return config, dataclasses.replace(opts, created=stamp)
-    if opts.refs:
-        raise UsageError("give image references or -f SPEC, not both")
-    if _given("arch") or _given("platform_"):
-        raise UsageError("--arch/--platform cannot be used with -f: the spec's platforms decide",
-                         hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
-    spec = load_spec(spec_file)
-    if spec.mirrors and not _given("mirrors_file"):
-        config = load_mirrors(spec.mirrors)
-    changes = {"refs": spec.images, "platforms": spec.platforms, "created": stamp}
-    for key, option in (("output", "output"), ("mirror", "mirror"), ("chunk_size", "chunk_size"),
-                        ("compress", "compress")):
-        if not _given(option):
-            changes[key] = getattr(spec, key)
-    lock = read_lock(spec.lock_path)
-    report = progress()
-    if lock is None:
-        report.note(f"no {spec.lock_path.name} beside {spec.path}: tags are resolved now "
-                    f"(imgtool lock -f {spec.path} pins them)")
-    else:
-        why = lock.mismatch(spec, config)
-        if why:
-            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
-                              hint=f"run imgtool lock --update -f {spec.path}")
-        report.note(f"using {spec.lock_path}: {len(lock.images)} image(s) pinned by digest")
-        changes["lock"] = lock
-    return config, dataclasses.replace(opts, **changes)
+
+# fetch -f SPEC: what the spec decides unless given on the command line (lock.spec_fetch_options' names)
+_SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", "mirrors_file"), ("output", "output"),
+                 ("mirror", "mirror"), ("chunk_size", "chunk_size"), ("compress", "compress"))
 
 
 @cli.command()
@@ -226,25 +202,26 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
     a bundle.toml naming images and platforms, pinned by `imgtool lock`.
     """
+    import os
+
     from .config import load_mirrors
     from .fetch import FetchOptions, fetch as do_fetch, parse_platforms
+    from .lock import spec_fetch_options
+    from .spec import parse_created
 
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool, layers=layers)
-    config, opts = _with_spec(spec_file, created, config, opts)
+                        have=have, base=base, tool=tool, layers=layers,
+                        created=parse_created(created, os.environ.get("SOURCE_DATE_EPOCH")))
+    if spec_file:
+        given = {field for field, option in _SPEC_OPTIONS if _given(option)}
+        config, opts = spec_fetch_options(spec_file, opts, config, given, progress())
     _warn_chunk_size(opts.chunk_size)
     try:
         result = do_fetch(config, opts, progress())
     except KeyboardInterrupt:
-        from .config import cache_dir
-        from .errors import Interrupted
-
-        raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
-                          f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
-                          hint="run the same command again to resume: it downloads only what is missing "
-                               "and finishes the bundle") from None
+        raise _fetch_interrupted() from None
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
@@ -273,34 +250,16 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     uncompressed from `docker save` and are gzip-compressed in parallel, so the bundle still
     loads on old Docker.
     """
-    from pathlib import Path
+    from .export import ExportOptions, export as do_export
 
-    from .bundle import writer
-    from .config import cache_dir
-    from .daemon import open_daemon
-    from .export import export_images
-    from .selfbundle import bundle_tool
-    from .store import Store
-
-    size = _size_option(chunk_size)
-    _warn_chunk_size(size)
-    if output is not None:
-        writer.check_output_dir(Path(output), force)
-    report = progress()
-    daemon = open_daemon()
-    try:
-        store = Store(cache_dir())
-        pulled = export_images(images, daemon, store, report, jobs=jobs, level=gzip_level)
-    finally:
-        daemon.close()
-    out = Path(output) if output else Path(writer.default_bundle_name(pulled))
-    writer.check_output_dir(out, force)
-    result = writer.write_bundle(out, pulled, store.blob_path, chunk_size=size, compress=compress, force=force,
-                                 progress=report, extra_files=bundle_tool(report) if tool else {})
+    opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
+                         gzip_level=gzip_level, jobs=jobs, force=force, tool=tool)
+    _warn_chunk_size(opts.chunk_size)
+    result = do_export(opts, progress())
     if as_json:
-        emit_json(result.summary(pulled))
+        emit_json(result.bundle.summary(result.images))
     else:
-        click.echo(result.describe(pulled))
+        click.echo(result.bundle.describe(result.images))
 
 
 @cli.command()
@@ -705,35 +664,14 @@ def inventory(output):
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
     layer this Docker already has (a delta bundle).
     """
-    from pathlib import Path
+    from .inventory import take_inventory
 
-    from .fsutil import write_atomic
-    from .daemon import open_daemon
-    from .delta import Inventory
-    from .errors import UsageError
-
-    if output and not Path(output).absolute().parent.is_dir():  # a bad path is named before Docker is asked
-        raise UsageError(f"cannot write the inventory {output}: no such directory {Path(output).absolute().parent}")
-    daemon = open_daemon(timeout=120)
-    try:
-        facts = daemon.info()
-        images = daemon.inventory()
-    finally:
-        daemon.close()
-    import time
-
-    inv = Inventory(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
-    data = inv.to_bytes()
-    if output:
-        try:
-            write_atomic(Path(output), data, 0o644)
-        except OSError as e:
-            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}") from e
-        progress().note(f"inventory: {len(images)} images, "
-                        f"{len({d for im in images for d in im.diff_ids})} distinct layers -> {output}")
+    result = take_inventory(output)
+    if result.path is None:
+        click.echo(result.data.decode(), nl=False)
     else:
-        click.echo(data.decode(), nl=False)
+        progress().note(f"inventory: {len(result.inventory.images)} images, "
+                        f"{result.layers} distinct layers -> {output}")
 
 
 @cli.command()
@@ -803,36 +741,21 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
-    from .config import load_mirrors
-    from .errors import ConfigError
-    from .fetch import lock_images
-    from .spec import compare_locks, load_spec, read_lock, write_lock
+    from .lock import lock_spec
 
-    spec = load_spec(spec_file)
-    config = load_mirrors(mirrors_file or spec.mirrors)
-    old = read_lock(spec.lock_path)
-    if old is not None and not update:
-        why = old.mismatch(spec, config)
-        if why:
-            raise ConfigError(f"{spec.lock_path} does not match {spec.path}: {why}",
-                              hint=f"run imgtool lock --update -f {spec.path}")
-        if as_json:
-            emit_json({"lock": str(spec.lock_path), "written": False, "changes": []})
-        else:
-            click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(old.images)} image(s) x "
-                       f"{len(old.platforms)} platform(s) pinned); --update re-resolves the tags")
-        return
-    new = lock_images(config, spec, mirror if _given("mirror") else spec.mirror, progress())
-    changes = compare_locks(old, new)
-    write_lock(new)
+    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, progress())
+    spec, lock = result.spec, result.lock
     if as_json:
-        emit_json({"lock": str(spec.lock_path), "written": True, "changes": [c.to_json() for c in changes]})
-        return
-    for c in changes:
-        click.echo(c.describe())
-    moved = sum(1 for c in changes if c.kind != "unchanged")
-    click.echo(f"wrote {spec.lock_path}: {len(new.images)} image(s) x {len(new.platforms)} platform(s)"
-               + (f", {moved} change(s)" if old is not None else ""))
+        emit_json(result.to_json())
+    elif not result.written:
+        click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(lock.images)} image(s) x "
+                   f"{len(lock.platforms)} platform(s) pinned); --update re-resolves the tags")
+    else:
+        for c in result.changes:
+            click.echo(c.describe())
+        moved = sum(1 for c in result.changes if c.kind != "unchanged")
+        click.echo(f"wrote {spec.lock_path}: {len(lock.images)} image(s) x {len(lock.platforms)} platform(s)"
+                   + (f", {moved} change(s)" if result.old is not None else ""))
 
 
 @cli.command("diff")

@@ -10,7 +10,7 @@ The containerd image store (Docker 29's default) saves the registry's compressed
 (the layer members are gzip or zstd). A gzip layer is kept byte for byte (its diff_id checked
 while it is stored); a zstd layer, which Docker before 23 cannot read, is decompressed and
 gzip-compressed as above. The output is a PulledImage per image, so the bundle writer does the
-rest exactly as for `fetch`.
+rest exactly as for `fetch`: `export` is the verb's core function, as `fetch.fetch` is fetch's.
 """
 
 import gzip
@@ -22,13 +22,21 @@ import tarfile
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Iterable, List, Sequence, Tuple
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .config import cache_dir
+from .daemon import open_daemon
 from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
 from .progress import Bar, Progress
+from .selfbundle import bundle_tool
 from .store import Store
+
+if TYPE_CHECKING:
+    from .bundle.writer import BundleResult
 
 CHUNK = 4 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
@@ -251,3 +259,46 @@ def export_images(names: Sequence[str], daemon, store: Store, progress: Progress
             if all(image.image_id != o.image_id or image.ref != o.ref for o in out):
                 out.append(image)
     return out
+
+
+@dataclass
+class ExportOptions:
+    """Everything `imgtool export` was asked to do."""
+
+    names: Sequence[str]  # as `docker images` shows them, or IDs of tagged images
+    output: Optional[Path] = None  # None: named from image, tag and arch
+    chunk_size: Optional[int] = None
+    compress: str = "none"
+    gzip_level: int = 1
+    jobs: int = 0  # compression threads; 0: the CPU count
+    force: bool = False
+    tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
+
+
+@dataclass
+class ExportResult:
+    images: List[PulledImage]
+    bundle: "BundleResult"
+
+
+def export(opts: ExportOptions, progress: Progress) -> ExportResult:
+    """Save images from the local Docker (DOCKER_HOST) into the cache and write a bundle of them.
+
+    Raises UsageError (a bad output directory before Docker is asked), DaemonError, ExportError.
+    """
+    from .bundle import writer
+
+    if opts.output is not None:
+        writer.check_output_dir(Path(opts.output), opts.force)
+    daemon = open_daemon()
+    try:
+        store = Store(cache_dir())
+        images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, level=opts.gzip_level)
+    finally:
+        daemon.close()
+    out = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
+    writer.check_output_dir(out, opts.force)
+    result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
+                                 force=opts.force, progress=progress,
+                                 extra_files=bundle_tool(progress) if opts.tool else {})
+    return ExportResult(images, result)

@@ -332,33 +332,3 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
     ref = dataclasses.replace(base, tag=tag)
     return MirrorReport(ref, f"the newest release {listed.source.name} lists", probe(sources, ref, timeout))
 
-
-# --- lock: a bundle spec's tags pinned to digests ----------------------------------------
-
-
-def lock_images(config: MirrorConfig, spec, mirror: str, progress: Progress, timeout: float = 5.0):
-    """Resolve every image of a bundle spec (spec.Spec) to its index and platform manifest digests.
-
-    Returns a spec.Lock (not written). Raises UsageError, ConfigError, RegistryError.
-    """
-    from .errors import ConfigError
-    from .spec import lock_from
-
-    names = {}
-    for text in spec.images:
-        name = str(config.parse_ref(text))
-        if name in names:
-            raise ConfigError(f"{spec.path}: images {names[name]!r} and {text!r} are the same image ({name})")
-        names[name] = text
-    store = Store(cache_dir())
-    resolved = []
-    for text in spec.images:
-        res = resolve_refs(config, [text], mirror, progress, timeout)[0]
-        manifests = []
-        source = ""
-        for platform in spec.platforms:
-            image = resolve_image(res, platform, store)
-            manifests.append((platform, image.manifest_digest))
-            source = source or image.source
-        resolved.append((text, res.digest, manifests, source))
-    return lock_from(spec, config, resolved)

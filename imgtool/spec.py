@@ -194,6 +194,13 @@ class Lock:
             why.append(f"platforms {', '.join(plats)} in the spec, {', '.join(self.platforms)} in the lock")
         return "; ".join(why) or None
 
+    def require_fit(self, spec: Spec, config: MirrorConfig) -> None:
+        """Refuse a lock that no longer fits `spec` (the one rule of `fetch -f` and `lock`); raises ConfigError."""
+        why = self.mismatch(spec, config)
+        if why:
+            raise ConfigError(f"{self.path} does not match {spec.path}: {why}",
+                              hint=f"run imgtool lock --update -f {spec.path}")
+
 
 def _canonical(config: MirrorConfig, text: str) -> str:
     return str(config.parse_ref(text))

@@ -1,0 +1,53 @@
+"""`imgtool inventory`: what this Docker holds, as the document delta.py defines, written atomically.
+
+The verb's core function; cli.py prints. Runs on the offline side, so from imgtool.pyz on
+Python 3.7/3.8 too (no newer syntax or stdlib here).
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .daemon import open_daemon
+from .delta import Inventory
+from .errors import ImgtoolError, UsageError
+from .fsutil import write_atomic
+
+
+@dataclass
+class InventoryResult:
+    inventory: Inventory
+    data: bytes  # the document, as written to `path` or to be printed
+    path: Optional[Path] = None  # where it was written; None: nowhere (standard output is the caller's)
+
+    @property
+    def layers(self) -> int:
+        """Distinct layers (diff_ids) over all images."""
+        return len({d for im in self.inventory.images for d in im.diff_ids})
+
+
+def take_inventory(output: Optional[str] = None) -> InventoryResult:
+    """Ask DOCKER_HOST for its images and their layers; with `output`, write the document there.
+
+    Raises UsageError (no such directory for `output`, named before Docker is asked), DaemonError,
+    ImgtoolError (cannot write `output`).
+    """
+    path = Path(output) if output else None
+    if path is not None and not path.absolute().parent.is_dir():
+        raise UsageError(f"cannot write the inventory {output}: no such directory {path.absolute().parent}")
+    daemon = open_daemon(timeout=120)
+    try:
+        facts = daemon.info()
+        images = daemon.inventory()
+    finally:
+        daemon.close()
+    inv = Inventory(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
+    data = inv.to_bytes()
+    if path is not None:
+        try:
+            write_atomic(path, data, 0o644)
+        except OSError as e:
+            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}") from e
+    return InventoryResult(inv, data, path)
