@@ -14,12 +14,12 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .config import MirrorConfig, key_line, parse_chunk_size, read_toml
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
-from .model import Digest, ImageRef, Platform
+from .model import Digest, ImageRef, Platform, PulledImage
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
@@ -54,7 +54,7 @@ def _where(path: Path, line: Optional[int]) -> str:
 def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
 
-    def fail(key: Optional[str], problem: str):
+    def fail(key: Optional[str], problem: str) -> NoReturn:
         raise ConfigError(f"{_where(path, key_line(text, key) if key else None)}: {problem}")
 
     for key in data:
@@ -165,8 +165,8 @@ class Lock:
     def by_name(self) -> Dict[str, LockedImage]:
         return {im.name: im for im in self.images}
 
-    def check(self, image, platform: Platform) -> None:
-        """A pulled image (model.PulledImage) must be the platform manifest the lock pins; raises ConfigError."""
+    def check(self, image: PulledImage, platform: Platform) -> None:
+        """A pulled image must be the platform manifest the lock pins; raises ConfigError."""
         ref, names = image.ref, self.by_name()
         name = str(ref) if str(ref) in names or not ref.tag else str(ref.with_digest(None))
         locked = names.get(name)
@@ -271,14 +271,15 @@ class LockChange:
     platforms: List[str] = field(default_factory=list)  # platforms whose manifest moved
 
     def describe(self) -> str:
+        old, new = (d.short if d else "-" for d in (self.old, self.new))  # "removed" has no new, "added" no old
         if self.kind == "moved":
             detail = f" ({', '.join(self.platforms)} changed)" if self.platforms else ""
-            return f"moved      {self.name}: {self.old.short} -> {self.new.short}{detail}"
+            return f"moved      {self.name}: {old} -> {new}{detail}"
         if self.kind == "added":
-            return f"added      {self.name}: {self.new.short}"
+            return f"added      {self.name}: {new}"
         if self.kind == "removed":
-            return f"removed    {self.name}: was {self.old.short}"
-        return f"unchanged  {self.name}: {self.new.short}"
+            return f"removed    {self.name}: was {old}"
+        return f"unchanged  {self.name}: {new}"
 
     def to_json(self) -> dict:
         return {"name": self.name, "change": self.kind, "old": str(self.old) if self.old else None,
