@@ -5,7 +5,7 @@ facts, load, image inspection, inventory, save, and container runs.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 from .errors import DaemonError, UsageError
 
@@ -55,7 +55,7 @@ def default_transport() -> str:
     return "docker-py" if sys.version_info >= (3, 9) else "http"
 
 
-def docker_errors() -> tuple:
+def docker_errors() -> Tuple[Type[BaseException], ...]:
     """What docker-py and the HTTP stack under it raise: the errors this room turns into DaemonError."""
     import requests
     from docker.errors import DockerException
@@ -99,7 +99,7 @@ def unreachable(e: BaseException) -> DaemonError:
     return DaemonError(f"{where}: {_short(e)}", hint=f"is dockerd running? {start}, and check DOCKER_HOST")
 
 
-def _os_error(e: BaseException, depth: int = 0) -> Optional[OSError]:
+def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
     """The OSError at the bottom of requests/urllib3 wrapping (cause, context, args), if any."""
     if depth > 8 or e is None:
         return None
@@ -114,8 +114,8 @@ def _os_error(e: BaseException, depth: int = 0) -> Optional[OSError]:
     return None
 
 
-def _short(e: Exception, limit: int = 300) -> str:
-    """One line of an exception's text, without secrets or newlines."""
+def _short(e: object, limit: int = 300) -> str:
+    """One line of an exception's (or a message's) text, without secrets or newlines."""
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -182,9 +182,9 @@ class Daemon:
         self.client = client
         if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
             self.api = client
-            self.errors = daemon_http.ERRORS
-            self.not_found: tuple = (daemon_http.NotFound,)
-            self.api_error: type = daemon_http.APIError
+            self.errors: Tuple[Type[BaseException], ...] = daemon_http.ERRORS
+            self.not_found: Tuple[Type[BaseException], ...] = (daemon_http.NotFound,)
+            self.api_error: Type[BaseException] = daemon_http.APIError
         else:
             from docker.errors import APIError, NotFound  # ImageNotFound is a NotFound
 
@@ -517,7 +517,7 @@ class _stop_on_signals:
 
     def __init__(self, api, cid, errors: tuple):
         self.api, self.cid, self.errors = api, cid, errors
-        self.old = None
+        self.old: Any = None  # the SIGTERM handler to put back, as signal.signal returned it
 
     def __enter__(self):
         import signal

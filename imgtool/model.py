@@ -282,7 +282,7 @@ class ImageRef:
         """What to ask the registry for: the digest when pinned, else the tag."""
         return str(self.digest) if self.digest else str(self.tag)
 
-    def with_digest(self, digest: Digest) -> "ImageRef":
+    def with_digest(self, digest: Optional[Digest]) -> "ImageRef":
         return ImageRef(self.registry, self.repository, self.tag, digest)
 
     @property
@@ -321,7 +321,7 @@ class Descriptor:
     annotations: Dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def from_json(cls, obj: dict, where: str = "descriptor") -> "Descriptor":
+    def from_json(cls, obj: object, where: str = "descriptor") -> "Descriptor":
         """Validate and build from a JSON object; raises ManifestError."""
         if not isinstance(obj, dict):
             raise ManifestError(f"malformed {where}: not an object")
