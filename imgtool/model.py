@@ -497,11 +497,11 @@ def parse_size(text: str, what: str = "size") -> int:
 def format_size(n: int) -> str:
     """Human-readable binary size: 1.5 GiB."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"
+    return f"{value:.1f} TiB"
 
 
 # --- a resolved image, ready to be written into a bundle -------------------
