@@ -179,12 +179,21 @@ class Platform:
 
 # --- references ------------------------------------------------------------
 
+# The grammar of image names (distribution's reference grammar), written once: ImageRef parses
+# with it, and load's --tag NAME is checked against it (is_docker_name).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:localhost|{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
 _PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_HOST_RE = re.compile(
-    r"^(?:localhost|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?$"
-)
+_TAG_RE = re.compile(rf"^{_TAG}$")
+_HOST_RE = re.compile(rf"^{_HOST}$")
+_DOCKER_NAME_RE = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?$")
+
+
+def is_docker_name(name: str) -> bool:
+    """Whether `name` is a name `docker tag` takes: [HOST[:PORT]/]PATH[:TAG] (no digest)."""
+    return _DOCKER_NAME_RE.match(name) is not None
 
 
 def familiar(name: str) -> str:

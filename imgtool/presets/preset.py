@@ -11,7 +11,9 @@ from typing import Any, Iterable, List, Optional, Set, Tuple
 from ..errors import UsageError
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-NETWORK_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]*|container:[A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # what Docker takes as a container or network name
+CONTAINER_NAME_RE = re.compile(rf"^{_NAME}$")
+NETWORK_RE = re.compile(rf"^(?:{_NAME}|container:{_NAME})$")
 _PORT_RE = re.compile(r"^(?:(?P<ip>[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
                       r"(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?P<proto>tcp|udp|sctp))?$")
 
