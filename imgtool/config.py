@@ -107,7 +107,8 @@ def key_line(text: str, key: Optional[str], table: Optional[str] = None, nth: in
     return (start + 1) if table is not None else None
 
 
-def _where(path: Path, line: Optional[int]) -> str:
+def file_line(path: Path, line: Optional[int]) -> str:
+    """Where a problem is, as messages name it: `path:line`, or the path alone when the line is unknown."""
     return f"{path}:{line}" if line else str(path)
 
 
@@ -121,18 +122,18 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
     """Validate a loaded mirrors.toml; raises ConfigError naming file, line and key."""
     for key in data:
         if key not in ("default_image", "mirrors"):
-            raise ConfigError(f"{_where(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
+            raise ConfigError(f"{file_line(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
     default_image = data.get("default_image")
     if not isinstance(default_image, str):
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: default_image must be a string like "
+        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: default_image must be a string like "
                           "\"quay.io/ascend/vllm-ascend\"")
     try:
         ImageRef.parse("latest", default_image)
     except UsageError as e:
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: {e.message}") from e
+        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: {e.message}") from e
     entries = data.get("mirrors", [])
     if not isinstance(entries, list):
-        raise ConfigError(f"{_where(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
+        raise ConfigError(f"{file_line(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
     mirrors: List[Mirror] = []
     seen: Dict[str, int] = {}
     for i, entry in enumerate(entries):
@@ -141,7 +142,7 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
             raise ConfigError(f"{path}: {label} must be a table")
 
         def fail(key: Optional[str], problem: str, _i: int = i, _label: str = label) -> NoReturn:
-            raise ConfigError(f"{_where(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
+            raise ConfigError(f"{file_line(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
 
         for key, value in entry.items():
             if key not in _MIRROR_KEYS:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import platform as _platform
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -459,6 +460,16 @@ class ImageConfig:
         except (ValueError, UnicodeDecodeError, AttributeError, UsageError) as e:
             raise ManifestError(f"malformed image config: {e}") from e
         return cls(Platform.from_json(obj), diff_ids)
+
+
+# --- times -----------------------------------------------------------------
+
+UTC_TIME = "%Y-%m-%dT%H:%M:%SZ"  # how bundle.json (`created`) and inventories write times: RFC 3339, UTC
+
+
+def utc_time(seconds: float) -> str:
+    """Seconds since the epoch as those files write a time: 2025-06-01T08:00:00Z."""
+    return time.strftime(UTC_TIME, time.gmtime(seconds))
 
 
 # --- sizes -----------------------------------------------------------------

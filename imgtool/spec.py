@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from .config import MirrorConfig, key_line, parse_chunk_size, read_toml
+from .bundle.format import COMPRESSIONS
+from .config import MirrorConfig, file_line, key_line, parse_chunk_size, read_toml
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
-from .model import Digest, ImageRef, Platform, PulledImage
+from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, utc_time
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
-COMPRESSIONS = ("none", "gzip", "zstd")
 MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 _SPEC_KEYS = ("images", "arch", "platforms", "output", "chunk_size", "compress", "mirrors", "mirror")
@@ -47,15 +47,11 @@ class Spec:
         return self.path.with_name(LOCK_NAME)
 
 
-def _where(path: Path, line: Optional[int]) -> str:
-    return f"{path}:{line}" if line else str(path)
-
-
 def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
 
     def fail(key: Optional[str], problem: str) -> NoReturn:
-        raise ConfigError(f"{_where(path, key_line(text, key) if key else None)}: {problem}")
+        raise ConfigError(f"{file_line(path, key_line(text, key) if key else None)}: {problem}")
 
     for key in data:
         if key not in _SPEC_KEYS:
@@ -320,15 +316,15 @@ def parse_created(option: Optional[str], env: Optional[str] = None) -> Optional[
     else:
         return None
     if re.fullmatch(r"[0-9]{1,12}", text):
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(text)))
+        return utc_time(int(text))
     m = re.fullmatch(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})Z", text)
     if m:
         try:
-            secs = calendar.timegm(time.strptime(f"{m.group(1)}T{m.group(2)}", "%Y-%m-%dT%H:%M:%S"))
+            secs = calendar.timegm(time.strptime(f"{m.group(1)}T{m.group(2)}Z", UTC_TIME))
         except ValueError:
             m = None
         else:
-            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(secs))
+            return utc_time(secs)
     raise UsageError(f"invalid {what} {text!r}: use UTC like 2025-06-01T08:00:00Z, or unix seconds")
 
 
