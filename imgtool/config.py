@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 from .errors import ConfigError, UsageError
 from .model import CARRIERS, FAT32_MAX, ImageRef, format_size, is_size, parse_size
@@ -84,8 +84,8 @@ def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
         raise ConfigError(f"{path}: invalid TOML: {e}") from e
 
 
-def key_line(text: str, key: str, table: Optional[str] = None, nth: int = 0) -> Optional[int]:
-    """Best-effort line number of `key` inside the `nth` `[[table]]` (or top level)."""
+def key_line(text: str, key: Optional[str], table: Optional[str] = None, nth: int = 0) -> Optional[int]:
+    """Best-effort line number of `key` inside the `nth` `[[table]]` (or top level); no key: the table's header."""
     lines = text.splitlines()
     start, end = 0, len(lines)
     if table is not None:
@@ -96,6 +96,8 @@ def key_line(text: str, key: str, table: Optional[str] = None, nth: int = 0) -> 
         end = next((i for i, ln in enumerate(lines) if i > start and re.match(r"^\s*\[", ln)), len(lines))
         if key is None:
             return start + 1
+    if key is None:
+        return None
     pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=")
     for i in range(start, end):
         if table is None and re.match(r"^\s*\[", lines[i]):
@@ -105,7 +107,8 @@ def key_line(text: str, key: str, table: Optional[str] = None, nth: int = 0) -> 
     return (start + 1) if table is not None else None
 
 
-def _where(path: Path, line: Optional[int]) -> str:
+def file_line(path: Path, line: Optional[int]) -> str:
+    """Where a problem is, as messages name it: `path:line`, or the path alone when the line is unknown."""
     return f"{path}:{line}" if line else str(path)
 
 
@@ -119,18 +122,18 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
     """Validate a loaded mirrors.toml; raises ConfigError naming file, line and key."""
     for key in data:
         if key not in ("default_image", "mirrors"):
-            raise ConfigError(f"{_where(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
+            raise ConfigError(f"{file_line(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
     default_image = data.get("default_image")
     if not isinstance(default_image, str):
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: default_image must be a string like "
+        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: default_image must be a string like "
                           "\"quay.io/ascend/vllm-ascend\"")
     try:
         ImageRef.parse("latest", default_image)
     except UsageError as e:
-        raise ConfigError(f"{_where(path, key_line(text, 'default_image'))}: {e.message}") from e
+        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: {e.message}") from e
     entries = data.get("mirrors", [])
     if not isinstance(entries, list):
-        raise ConfigError(f"{_where(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
+        raise ConfigError(f"{file_line(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
     mirrors: List[Mirror] = []
     seen: Dict[str, int] = {}
     for i, entry in enumerate(entries):
@@ -138,8 +141,8 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
         if not isinstance(entry, dict):
             raise ConfigError(f"{path}: {label} must be a table")
 
-        def fail(key, problem, _i=i, _label=label):
-            raise ConfigError(f"{_where(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
+        def fail(key: Optional[str], problem: str, _i: int = i, _label: str = label) -> NoReturn:
+            raise ConfigError(f"{file_line(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
 
         for key, value in entry.items():
             if key not in _MIRROR_KEYS:

@@ -5,9 +5,9 @@ facts, load, image inspection, inventory, save, and container runs.
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
-from .errors import DaemonError, UsageError
+from .errors import DaemonError, UsageError, one_line
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None):
@@ -55,7 +55,7 @@ def default_transport() -> str:
     return "docker-py" if sys.version_info >= (3, 9) else "http"
 
 
-def docker_errors() -> tuple:
+def docker_errors() -> Tuple[Type[BaseException], ...]:
     """What docker-py and the HTTP stack under it raise: the errors this room turns into DaemonError."""
     import requests
     from docker.errors import DockerException
@@ -96,10 +96,10 @@ def unreachable(e: BaseException) -> DaemonError:
     if cause is not None and cause.strerror:
         return DaemonError(f"{where}: {cause.strerror.lower()}",
                            hint=f"is dockerd running? {start}, and check DOCKER_HOST")
-    return DaemonError(f"{where}: {_short(e)}", hint=f"is dockerd running? {start}, and check DOCKER_HOST")
+    return DaemonError(f"{where}: {one_line(e)}", hint=f"is dockerd running? {start}, and check DOCKER_HOST")
 
 
-def _os_error(e: BaseException, depth: int = 0) -> Optional[OSError]:
+def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
     """The OSError at the bottom of requests/urllib3 wrapping (cause, context, args), if any."""
     if depth > 8 or e is None:
         return None
@@ -114,10 +114,8 @@ def _os_error(e: BaseException, depth: int = 0) -> Optional[OSError]:
     return None
 
 
-def _short(e: Exception, limit: int = 300) -> str:
-    """One line of an exception's text, without secrets or newlines."""
-    text = " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+# run_container's name for errors.one_line until its split (issue 19 item 3) lands; removed at merge
+_short = one_line
 
 
 # --- images: facts, inspect, tag, load (imgtool load / doctor) -------------------
@@ -182,9 +180,9 @@ class Daemon:
         self.client = client
         if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
             self.api = client
-            self.errors = daemon_http.ERRORS
-            self.not_found: tuple = (daemon_http.NotFound,)
-            self.api_error: type = daemon_http.APIError
+            self.errors: Tuple[Type[BaseException], ...] = daemon_http.ERRORS
+            self.not_found: Tuple[Type[BaseException], ...] = (daemon_http.NotFound,)
+            self.api_error: Type[BaseException] = daemon_http.APIError
         else:
             from docker.errors import APIError, NotFound  # ImageNotFound is a NotFound
 
@@ -215,7 +213,7 @@ class Daemon:
             version = self.api.version()
             info = self.api.info()
         except self.errors as e:
-            raise DaemonError(f"cannot read the Docker daemon's version and info: {_short(e)}") from e
+            raise DaemonError(f"cannot read the Docker daemon's version and info: {one_line(e)}") from e
         host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
@@ -239,7 +237,7 @@ class Daemon:
         except self.not_found:
             return None
         except self.errors as e:
-            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
+            raise DaemonError(f"cannot inspect image {ref}: {one_line(e)}") from e
         return ImageInfo(str(d.get("Id") or ""), tuple(d.get("RepoTags") or ()), str(d.get("Os") or ""),
                          str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
 
@@ -254,7 +252,7 @@ class Daemon:
         try:
             listed = self.api.images(all=True)
         except self.errors as e:
-            raise DaemonError(f"cannot list the daemon's images: {_short(e)}") from e
+            raise DaemonError(f"cannot list the daemon's images: {one_line(e)}") from e
         out = []
         for entry in listed:
             image_id = str(entry.get("Id") or "")
@@ -263,7 +261,7 @@ class Daemon:
             except self.not_found:
                 continue
             except self.errors as e:
-                raise DaemonError(f"cannot inspect image {image_id[:19]}: {_short(e)}") from e
+                raise DaemonError(f"cannot inspect image {image_id[:19]}: {one_line(e)}") from e
             layers = ((d.get("RootFS") or {}).get("Layers")) or []
             try:
                 diff_ids = tuple(Digest.parse(x) for x in layers)
@@ -281,7 +279,7 @@ class Daemon:
         except self.not_found:
             pass
         except self.errors as e:
-            raise DaemonError(f"cannot remove image {image_id[:19]}: {_short(e)}") from e
+            raise DaemonError(f"cannot remove image {image_id[:19]}: {one_line(e)}") from e
 
     def tag(self, image_id: str, name: str) -> None:
         """Tag an image `repo:tag`; raises DaemonError."""
@@ -291,7 +289,7 @@ class Daemon:
         try:
             self.api.tag(image_id, repo, tag, force=True)
         except self.errors as e:
-            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {_short(e)}") from e
+            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {one_line(e)}") from e
 
     def load_archive(self, chunks: Iterable[bytes], on_message: Optional[Callable[[dict], None]] = None
                      ) -> List[str]:
@@ -316,7 +314,7 @@ class Daemon:
                     continue
                 if msg.get("errorDetail") or msg.get("error"):
                     text = (msg.get("errorDetail") or {}).get("message") or msg.get("error") or "unknown error"
-                    raise DaemonError(f"docker load failed: {_short(text)}", hint=_load_hint(str(text)))
+                    raise DaemonError(f"docker load failed: {one_line(text)}", hint=_load_hint(str(text)))
                 if on_message is not None:
                     on_message(msg)
                 text = str(msg.get("stream") or "").strip()
@@ -329,7 +327,7 @@ class Daemon:
                 raise failure["error"] from None  # the chunks' own error: its traceback is the story
             if not isinstance(e, self.errors):
                 raise  # Ctrl-C, or a bug: not Docker's doing
-            raise DaemonError(f"docker load failed: {_short(e)}", hint=_load_hint(str(e))) from e
+            raise DaemonError(f"docker load failed: {one_line(e)}", hint=_load_hint(str(e))) from e
         if "error" in failure:
             raise failure["error"]
         return messages
@@ -345,20 +343,20 @@ class Daemon:
         try:
             return self.api.inspect_image(ref)
         except self.errors as e:
-            raise DaemonError(f"cannot inspect image {ref}: {_short(e)}") from e
+            raise DaemonError(f"cannot inspect image {ref}: {one_line(e)}") from e
 
     def save(self, ref: str, chunk_size: int = 4 * 1024 * 1024) -> Iterable[bytes]:
         """`docker save REF` as a stream of chunks (never held whole); raises DaemonError."""
         try:
             stream = self.api.get_image(ref, chunk_size=chunk_size)
         except self.errors as e:
-            raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
+            raise DaemonError(f"docker save {ref} failed: {one_line(e)}") from e
 
         def chunks():
             try:
                 yield from stream
             except self.errors as e:
-                raise DaemonError(f"docker save {ref} failed: {_short(e)}") from e
+                raise DaemonError(f"docker save {ref} failed: {one_line(e)}") from e
 
         return chunks()
 
@@ -370,7 +368,7 @@ class Daemon:
         try:
             images = self.api.images(name=repository)
         except self.errors as e:
-            raise DaemonError(f"cannot list images of {repository}: {_short(e)}") from e
+            raise DaemonError(f"cannot list images of {repository}: {one_line(e)}") from e
         wanted = familiar(repository)
         tags = set()
         for image in images:
@@ -517,7 +515,7 @@ class _stop_on_signals:
 
     def __init__(self, api, cid, errors: tuple):
         self.api, self.cid, self.errors = api, cid, errors
-        self.old = None
+        self.old: Any = None  # the SIGTERM handler to put back, as signal.signal returned it
 
     def __enter__(self):
         import signal

@@ -11,7 +11,7 @@ import http.client
 import json
 import os
 import socket
-from typing import Iterable, Iterator, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 from urllib.parse import quote, urlencode
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -60,6 +60,7 @@ class Client:
     def __init__(self, host: Optional[str] = None, version: str = "auto", timeout: Optional[float] = 600):
         self.host = host or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
         self.timeout = timeout
+        self._unix: Optional[str]  # the socket's path, or None for tcp://
         if self.host.startswith("unix://"):
             self._unix = self.host[len("unix://"):]
         elif self.host.startswith("tcp://") and not os.environ.get("DOCKER_TLS_VERIFY"):
@@ -197,7 +198,7 @@ class Client:
     def create_host_config(binds=None, devices=None, shm_size=None, network_mode=None, port_bindings=None,
                            privileged=False, auto_remove=False) -> dict:
         """The HostConfig of POST /containers/create, from docker-py's keyword arguments."""
-        config = {"Binds": list(binds or []), "Privileged": bool(privileged), "AutoRemove": bool(auto_remove)}
+        config: Dict[str, Any] = {"Binds": list(binds or []), "Privileged": bool(privileged), "AutoRemove": bool(auto_remove)}
         if devices:
             config["Devices"] = []
             for device in devices:
@@ -307,7 +308,8 @@ class Client:
 def _read_capped(resp, path: str) -> bytes:
     """The whole answer, refused beyond MAX_JSON (read in pieces: http.client's read(n)
     allocates n bytes up front)."""
-    pieces, size = [], 0
+    pieces: List[bytes] = []
+    size = 0
     while True:
         piece = resp.read(65536)
         if not piece:

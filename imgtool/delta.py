@@ -98,7 +98,9 @@ class Inventory:
                 raise bad(f"images[{i}].diff_ids holds something that is not a digest") from None
             tags = tuple(t for t in (x.get("tags") or []) if isinstance(t, str))
             images.append(InventoryImage(x["id"], tags, str(x.get("platform") or ""), diffs))
-        daemon = obj.get("daemon") if isinstance(obj.get("daemon"), dict) else {}
+        daemon = obj.get("daemon")
+        if not isinstance(daemon, dict):
+            daemon = {}
         return cls(str(obj.get("created") or ""), daemon, tuple(images))
 
 

@@ -159,10 +159,10 @@ class Diff:
         c = t["layers"]
         out.append(f"layers: {c['shared']} shared ({size(t['shared_bytes'])}), {c['added']} added "
                    f"({size(t['added_bytes'])}), {c['removed']} removed ({size(t['removed_bytes'])})")
-        for r in sorted(self.layers, key=lambda r: ("shared", "added", "removed").index(r.status)):
-            shown = r.layer.digest.short if r.layer.digest else "diff " + r.layer.diff_id.short
-            names = ", ".join(r.images[:3]) + (f" +{len(r.images) - 3} more" if len(r.images) > 3 else "")
-            out.append(f"  {r.status:<7}  {shown:<17}  {size(r.layer.size):>10}  {names}")
+        for lr in sorted(self.layers, key=lambda lr: ("shared", "added", "removed").index(lr.status)):
+            shown = lr.layer.digest.short if lr.layer.digest else "diff " + lr.layer.diff_id.short
+            names = ", ".join(lr.images[:3]) + (f" +{len(lr.images) - 3} more" if len(lr.images) > 3 else "")
+            out.append(f"  {lr.status:<7}  {shown:<17}  {size(lr.layer.size):>10}  {names}")
         if t["new_bytes"] is not None and t["added_bytes"] is not None and t["new_bytes"]:
             saved = t["new_bytes"] - t["added_bytes"]
             out.append(f"delta: a bundle of new against old (imgtool fetch --base OLD) carries "

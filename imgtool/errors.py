@@ -11,6 +11,13 @@ EXIT_DOCKER = 5
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
 
+def one_line(what: object, limit: int = 300) -> str:
+    """An exception's (or a daemon's, a server's) text as one line of a message: whitespace and
+    newlines collapsed, cut to `limit` characters with `...`."""
+    text = " ".join(str(what).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ImgtoolError(Exception):
     """A failure the user should see as one line (plus an optional hint)."""
 

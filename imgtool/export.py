@@ -200,9 +200,9 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     with progress.bar(total or None, f"export {ref.tagged}") as bar:
         tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), CHUNK), mode="r|")
         for member in tar:
-            if not member.isfile():
+            f = tar.extractfile(member) if member.isfile() else None  # None for anything but a file
+            if f is None:
                 continue
-            f = tar.extractfile(member)
             if member.size <= SMALL:
                 small[member.name] = f.read()
                 continue

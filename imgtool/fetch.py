@@ -7,7 +7,7 @@ cli.py formats them.
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from . import transcode
 from .config import MirrorConfig, cache_dir
@@ -19,6 +19,10 @@ from .progress import Progress
 from .puller import PullStats, download, resolve_image
 from .selfbundle import bundle_tool
 from .store import Store
+
+if TYPE_CHECKING:  # imported where used: spec and the writer are needed only by some verbs
+    from .bundle.writer import BundleResult
+    from .spec import Lock
 
 
 @dataclass
@@ -36,7 +40,7 @@ class FetchOptions:
     probe_timeout: float = 5.0
     have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)
     base: Optional[Path] = None  # an earlier bundle, assumed loaded on the offline side
-    lock: Optional[object] = None  # spec.Lock (bundle.lock): fetch every image by its pinned digest
+    lock: Optional["Lock"] = None  # bundle.lock: fetch every image by its pinned digest
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
@@ -46,7 +50,7 @@ class FetchOptions:
 class FetchResult:
     images: List[PulledImage]
     stats: PullStats
-    bundle: object  # bundle.writer.BundleResult
+    bundle: "BundleResult"
 
 
 def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platform]:
@@ -159,7 +163,8 @@ class _Pulling:
     """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
 
     def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
-        self.store, self.stats, self.error = store, PullStats(), None
+        self.store, self.stats = store, PullStats()
+        self.error: Optional[BaseException] = None
         self.stop = threading.Event()
         self.ended = False  # the download thread has returned (or raised)
         self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip, order),
@@ -215,7 +220,10 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
         from_bundle = Have(f"base bundle {Path(base).name}")
         for im in index.images:
             from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
-        have = from_bundle if have is None else (have.merge(from_bundle) or have)
+        if have is None:
+            have = from_bundle
+        else:
+            have.merge(from_bundle)
         described.append(("bundle", Path(base).name))
     if have is None:
         return None, None
@@ -313,7 +321,7 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
     """
     import dataclasses
 
-    from .tags import list_tags
+    from .tags import TagList, list_tags
 
     if text:
         ref = config.parse_ref(text)
@@ -321,11 +329,11 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
     base = config.parse_ref("latest")
     sources = sources_for(base, config)
     try:
-        listed = list_tags(sources, base.name)
+        listed: Optional[TagList] = list_tags(sources, base.name)
     except ImgtoolError:
         listed = None
     releases = [t for t in (listed.tags if listed else []) if t.release and not t.is_dev_build]
-    if not releases:
+    if listed is None or not releases:
         return MirrorReport(None, "no source lists the tags", ping_probes(sources, timeout))
     newest = [t for t in releases if t.release == releases[0].release]
     tag = next((t for t in newest if not t.variant), newest[0]).tag

@@ -212,23 +212,24 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
         raise RegistryError(f"no source can serve {ref}: {detail}",
                             hint="check the network or proxy, or force a source with --mirror NAME")
     notes, warnings = [], []
+    answers = [(p, p.digest) for p in ok if p.digest]  # (probe, what it served): each of ok
     if ref.digest:
         chosen = ref.digest
     else:
-        upstream = [p for p in ok if p.source.is_upstream]
+        upstream = [digest for p, digest in answers if p.source.is_upstream]
         if upstream:
-            chosen = upstream[0].digest
+            chosen = upstream[0]
         else:
             # Upstream unreachable: the digest most sources agree on, ties to the fastest.
             counts: Dict[Digest, int] = {}
-            for p in ok:
-                counts[p.digest] = counts.get(p.digest, 0) + 1
-            fastest = sorted(ok, key=lambda p: p.latency or 0)
-            chosen = max(fastest, key=lambda p: counts[p.digest]).digest
-    for p in ok:
-        if p.digest != chosen:
+            for _, digest in answers:
+                counts[digest] = counts.get(digest, 0) + 1
+            fastest = sorted(answers, key=lambda a: a[0].latency or 0)
+            chosen = max(fastest, key=lambda a: counts[a[1]])[1]
+    for p, digest in answers:
+        if digest != chosen:
             p.stale = True
-            warnings.append(f"mirror {p.source.name} serves {p.digest.short} for {ref.reference}, not {chosen.short} "
+            warnings.append(f"mirror {p.source.name} serves {digest.short} for {ref.reference}, not {chosen.short} "
                          f"(a stale cache?): not used for this image")
     for p in probes:
         if not p.reachable:

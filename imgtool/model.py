@@ -8,6 +8,7 @@ import hashlib
 import json
 import platform as _platform
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -179,12 +180,21 @@ class Platform:
 
 # --- references ------------------------------------------------------------
 
+# The grammar of image names (distribution's reference grammar), written once: ImageRef parses
+# with it, and load's --tag NAME is checked against it (is_docker_name).
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:localhost|{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
 _PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_HOST_RE = re.compile(
-    r"^(?:localhost|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?$"
-)
+_TAG_RE = re.compile(rf"^{_TAG}$")
+_HOST_RE = re.compile(rf"^{_HOST}$")
+_DOCKER_NAME_RE = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?$")
+
+
+def is_docker_name(name: str) -> bool:
+    """Whether `name` is a name `docker tag` takes: [HOST[:PORT]/]PATH[:TAG] (no digest)."""
+    return _DOCKER_NAME_RE.match(name) is not None
 
 
 def familiar(name: str) -> str:
@@ -282,7 +292,7 @@ class ImageRef:
         """What to ask the registry for: the digest when pinned, else the tag."""
         return str(self.digest) if self.digest else str(self.tag)
 
-    def with_digest(self, digest: Digest) -> "ImageRef":
+    def with_digest(self, digest: Optional[Digest]) -> "ImageRef":
         return ImageRef(self.registry, self.repository, self.tag, digest)
 
     @property
@@ -321,7 +331,7 @@ class Descriptor:
     annotations: Dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def from_json(cls, obj: dict, where: str = "descriptor") -> "Descriptor":
+    def from_json(cls, obj: object, where: str = "descriptor") -> "Descriptor":
         """Validate and build from a JSON object; raises ManifestError."""
         if not isinstance(obj, dict):
             raise ManifestError(f"malformed {where}: not an object")
@@ -452,6 +462,16 @@ class ImageConfig:
         return cls(Platform.from_json(obj), diff_ids)
 
 
+# --- times -----------------------------------------------------------------
+
+UTC_TIME = "%Y-%m-%dT%H:%M:%SZ"  # how bundle.json (`created`) and inventories write times: RFC 3339, UTC
+
+
+def utc_time(seconds: float) -> str:
+    """Seconds since the epoch as those files write a time: 2025-06-01T08:00:00Z."""
+    return time.strftime(UTC_TIME, time.gmtime(seconds))
+
+
 # --- sizes -----------------------------------------------------------------
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
@@ -497,11 +517,11 @@ def parse_size(text: str, what: str = "size") -> int:
 def format_size(n: int) -> str:
     """Human-readable binary size: 1.5 GiB."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} B"
+    return f"{value:.1f} TiB"
 
 
 # --- a resolved image, ready to be written into a bundle -------------------

@@ -14,16 +14,16 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from .config import MirrorConfig, key_line, parse_chunk_size, read_toml
+from .bundle.format import COMPRESSIONS
+from .config import MirrorConfig, file_line, key_line, parse_chunk_size, read_toml
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
-from .model import Digest, ImageRef, Platform
+from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, utc_time
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
-COMPRESSIONS = ("none", "gzip", "zstd")
 MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 _SPEC_KEYS = ("images", "arch", "platforms", "output", "chunk_size", "compress", "mirrors", "mirror")
@@ -47,15 +47,11 @@ class Spec:
         return self.path.with_name(LOCK_NAME)
 
 
-def _where(path: Path, line: Optional[int]) -> str:
-    return f"{path}:{line}" if line else str(path)
-
-
 def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
 
-    def fail(key: Optional[str], problem: str):
-        raise ConfigError(f"{_where(path, key_line(text, key) if key else None)}: {problem}")
+    def fail(key: Optional[str], problem: str) -> NoReturn:
+        raise ConfigError(f"{file_line(path, key_line(text, key) if key else None)}: {problem}")
 
     for key in data:
         if key not in _SPEC_KEYS:
@@ -165,8 +161,8 @@ class Lock:
     def by_name(self) -> Dict[str, LockedImage]:
         return {im.name: im for im in self.images}
 
-    def check(self, image, platform: Platform) -> None:
-        """A pulled image (model.PulledImage) must be the platform manifest the lock pins; raises ConfigError."""
+    def check(self, image: PulledImage, platform: Platform) -> None:
+        """A pulled image must be the platform manifest the lock pins; raises ConfigError."""
         ref, names = image.ref, self.by_name()
         name = str(ref) if str(ref) in names or not ref.tag else str(ref.with_digest(None))
         locked = names.get(name)
@@ -278,14 +274,15 @@ class LockChange:
     platforms: List[str] = field(default_factory=list)  # platforms whose manifest moved
 
     def describe(self) -> str:
+        old, new = (d.short if d else "-" for d in (self.old, self.new))  # "removed" has no new, "added" no old
         if self.kind == "moved":
             detail = f" ({', '.join(self.platforms)} changed)" if self.platforms else ""
-            return f"moved      {self.name}: {self.old.short} -> {self.new.short}{detail}"
+            return f"moved      {self.name}: {old} -> {new}{detail}"
         if self.kind == "added":
-            return f"added      {self.name}: {self.new.short}"
+            return f"added      {self.name}: {new}"
         if self.kind == "removed":
-            return f"removed    {self.name}: was {self.old.short}"
-        return f"unchanged  {self.name}: {self.new.short}"
+            return f"removed    {self.name}: was {old}"
+        return f"unchanged  {self.name}: {new}"
 
     def to_json(self) -> dict:
         return {"name": self.name, "change": self.kind, "old": str(self.old) if self.old else None,
@@ -326,15 +323,15 @@ def parse_created(option: Optional[str], env: Optional[str] = None) -> Optional[
     else:
         return None
     if re.fullmatch(r"[0-9]{1,12}", text):
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(text)))
+        return utc_time(int(text))
     m = re.fullmatch(r"([0-9]{4}-[0-9]{2}-[0-9]{2})[T ]([0-9]{2}:[0-9]{2}:[0-9]{2})Z", text)
     if m:
         try:
-            secs = calendar.timegm(time.strptime(f"{m.group(1)}T{m.group(2)}", "%Y-%m-%dT%H:%M:%S"))
+            secs = calendar.timegm(time.strptime(f"{m.group(1)}T{m.group(2)}Z", UTC_TIME))
         except ValueError:
             m = None
         else:
-            return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(secs))
+            return utc_time(secs)
     raise UsageError(f"invalid {what} {text!r}: use UTC like 2025-06-01T08:00:00Z, or unix seconds")
 
 

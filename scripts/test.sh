@@ -30,8 +30,9 @@ if [ "${IMGTOOL_REINSTALL:-0}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
     echo "$want" >"$stamp"
 fi
 
-# The house's habits, checked before anything starts (rules in pyproject.toml [tool.ruff]).
+# The house's habits, checked before anything starts (rules in pyproject.toml [tool.ruff], [tool.mypy]).
 "$VENV/bin/python" -m ruff check imgtool tests scripts
+"$VENV/bin/python" -m mypy
 
 # shellcheck disable=SC2317  # called by the EXIT trap
 services_down() {

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from imgtool.errors import UsageError
 from imgtool.model import (DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, Digest, ImageConfig, ImageRef, Index, Manifest,
-                           ManifestError, Platform, parse_manifest, parse_size)
+                           ManifestError, Platform, format_size, is_docker_name, parse_manifest, parse_size)
 
 D = "sha256:" + "a" * 64
 
@@ -89,6 +89,21 @@ def test_sizes(text, value):
 def test_bad_sizes(text):
     with pytest.raises(UsageError):
         parse_size(text, "--chunk-size")
+
+
+@pytest.mark.parametrize("name,ok", [("vllm-ascend:prod", True), ("quay.io/ascend/vllm-ascend:v0.9.1", True),
+                                     ("localhost:5000/team/app", True), ("[::1]:5000/app:1", True),
+                                     ("Bad Name", False), ("UPPER:tag", False), ("app:", False), ("app@sha256:" + "a" * 64, False)])
+def test_docker_names_follow_the_reference_grammar(name, ok):
+    # `load --tag NAME` and ImageRef read names by the same rules
+    assert is_docker_name(name) is ok
+
+
+@pytest.mark.parametrize("n,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (3 << 29, "1.5 GiB"),
+                                    (1023 << 40, "1023.0 TiB"), (5 << 50, "5120.0 TiB")])
+def test_sizes_as_messages_show_them(n, text):
+    # TiB is the largest unit: a bundle's sizes never pass it, and a PiB figure would read as a typo
+    assert format_size(n) == text
 
 
 def test_bad_size_message():

@@ -174,10 +174,11 @@ class BundleIndex:
 
     def omitted_chains(self) -> List[Tuple[Digest, Tuple[str, ...]]]:
         """(chain ID, image names providing it) for every omitted layer, each chain once, in order."""
-        out, seen = [], set()
+        out: List[Tuple[Digest, Tuple[str, ...]]] = []
+        seen = set()
         for image in self.images:
             for layer in image.layers:
-                if layer.omitted and layer.chain_id not in seen:
+                if layer.omitted and layer.chain_id is not None and layer.chain_id not in seen:  # omitted: has one
                     seen.add(layer.chain_id)
                     out.append((layer.chain_id, layer.provided_by))
         return out
@@ -215,7 +216,7 @@ class BundleIndex:
             raise VerifyError(f"not an imgtool bundle: bundle.json has format {obj.get('format')!r}, "
                               f"expected {FORMAT_NAME!r}")
         version = obj.get("version")
-        if not _is_int(version) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise _bad(f"bad version {version!r}")
         if version > FORMAT_VERSION:
             raise VerifyError(f"bundle format version {version} is newer than this imgtool understands "
@@ -258,10 +259,6 @@ def _bad(why: str) -> VerifyError:
                        hint="copy bundle.json again from the source medium, or fetch the bundle again")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _list(obj: dict, key: str, required: bool = True) -> list:
     v = obj.get(key)
     if v is None and not required:
@@ -280,15 +277,17 @@ def _str(obj: dict, key: str, where: str = "") -> str:
 
 def _size(obj: dict, key: str, where: str) -> int:
     v = obj.get(key)
-    if not _is_int(v) or v < 0:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise _bad(f"`{where}{key}` is not a size: {v!r}")
     return v
 
 
-def _digest(obj: dict, key: str, where: str, optional: bool = False) -> Optional[Digest]:
+def _optional_digest(obj: dict, key: str, where: str) -> Optional[Digest]:
+    return None if obj.get(key) is None else _digest(obj, key, where)
+
+
+def _digest(obj: dict, key: str, where: str) -> Digest:
     v = obj.get(key)
-    if v is None and optional:
-        return None
     try:
         d = Digest.parse(v if isinstance(v, str) else "")
     except UsageError:
@@ -350,7 +349,7 @@ def _image(x, i: int, version: int = 1) -> BundleImage:
         ref=ref,
         source=source if isinstance(source, str) else "",
         platform=platform,
-        index_digest=_digest(x, "index_digest", where, optional=True),
+        index_digest=_optional_digest(x, "index_digest", where),
         manifest_digest=_digest(x, "manifest_digest", where),
         manifest_media_type=media,
         manifest_size=_size(x, "manifest_size", where),

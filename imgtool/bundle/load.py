@@ -17,7 +17,6 @@ not talk to Docker by itself.
 import dataclasses
 import hashlib
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import Platform, familiar, foreign_arch_warning
+from ..model import Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
 from ..worker import Worker
 from . import hostcheck, layout
@@ -33,9 +32,6 @@ from .format import BundleImage, BundleIndex
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?)"
-_DOCKER_NAME = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?$")
 
 
 @dataclass
@@ -84,7 +80,7 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
         name = name.strip()
         if ":" not in name.rsplit("/", 1)[-1]:
             name += ":latest"
-        if not _DOCKER_NAME.match(name):
+        if not is_docker_name(name):
             raise UsageError(f"invalid --tag {value!r}: expected NAME[:TAG], e.g. vllm-ascend:prod")
         matches = [im for im in index.images if source in (im.ref, im.image_ref.tag, im.repo_tag)]
         if len(matches) != 1:

@@ -155,6 +155,7 @@ class PartsStream:
         self.hasher = Worker(sha256_of, "part-sha256")
 
     def _end_part(self) -> None:
+        assert self.f is not None and self.hasher is not None  # a part is open: read() checked
         if self.f.read(1):
             raise VerifyError(part_problem(self.index, self.i, "grew while being read").message)
         hasher, self.hasher = self.hasher, None
@@ -170,6 +171,7 @@ class PartsStream:
             self._end_part()
         if self.f is None:
             return b""
+        assert self.hasher is not None  # started with the part's file
         if n is None or n < 0:
             n = READ_SIZE
         data = self.f.read(min(n, self.left, 8 * READ_SIZE))

@@ -1,11 +1,11 @@
 """The two files of a bundle meant for people and plain shells: load.sh and README.txt."""
 
-from typing import List
+from typing import Dict, List
 
 from .. import __version__
 from ..delta import describe_requirements, requirements
 from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
-from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleIndex
+from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleImage, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
 #: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
@@ -167,7 +167,7 @@ fi
 
 def _tag_multiarch(index: BundleIndex) -> str:
     """A tag held for several architectures has no RepoTags in manifest.json: name the daemon's one here."""
-    by_ref = {}
+    by_ref: Dict[str, List[BundleImage]] = {}
     for im in index.images:
         by_ref.setdefault(im.ref, []).append(im)
     multi = {ref: ims for ref, ims in by_ref.items() if len(ims) > 1 and ims[0].repo_tag}

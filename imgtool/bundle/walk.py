@@ -153,7 +153,7 @@ class _Walk:
                                  f"at byte {start}", start)
                     return
                 body = self.read_exact(info.size + layout.padding(info.size))
-                pax = _parse_pax(body[:info.size])
+                parsed = _parse_pax(body[:info.size])
                 block = self.read_exact(layout.BLOCK)
                 raw += body + block
                 try:
@@ -161,9 +161,10 @@ class _Walk:
                 except tarfile.HeaderError:
                     self.problem(f"the archive is damaged: no valid tar header at byte {start}", start)
                     return
-                if pax is None or info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
+                if parsed is None or info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE):
                     self.problem(f"the archive has a malformed pax header at byte {start}", start)
                     return
+                pax = parsed
             name = pax.get("path", info.name)
             linkname = pax.get("linkpath", info.linkname)
             try:

@@ -7,7 +7,7 @@ bad values); the values themselves are checked by the parsers in `preset.py`.
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 from ..config import find_user_file, key_line, read_toml
 from ..errors import ConfigError, UsageError
@@ -272,7 +272,7 @@ def _env_pairs(values: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
 
 
 def _make_multi_node(table: _Resolved, builtin: _Layer) -> MultiNode:
-    def fail(key, problem):
+    def fail(key: str, problem: str) -> NoReturn:
         layer = table[key][1] if key in table else builtin
         raise ConfigError(f"{layer.where('multi_node', key)}: multi_node.{key}: {problem}")
 
@@ -295,7 +295,7 @@ def _make_multi_node(table: _Resolved, builtin: _Layer) -> MultiNode:
 def _make_env_preset(name: str, table: _Resolved) -> EnvPreset:
     label = f"env_presets.{name}"
 
-    def fail(key, problem):
+    def fail(key: str, problem: str) -> NoReturn:
         origin = table.get(key) or next(iter(table.values()))
         raise ConfigError(f"{origin[1].where(label, key if key in table else None)}: {label}.{key}: {problem}")
 

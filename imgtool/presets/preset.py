@@ -6,12 +6,14 @@ run (`run.py`, which combines them with what the user asked for).
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Set, Tuple
 
 from ..errors import UsageError
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-NETWORK_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9_.-]*|container:[A-Za-z0-9][A-Za-z0-9_.-]*)$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # what Docker takes as a container or network name
+CONTAINER_NAME_RE = re.compile(rf"^{_NAME}$")
+NETWORK_RE = re.compile(rf"^(?:{_NAME}|container:{_NAME})$")
 _PORT_RE = re.compile(r"^(?:(?P<ip>[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
                       r"(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?P<proto>tcp|udp|sctp))?$")
 
@@ -51,11 +53,7 @@ class Port:
     def parse(cls, text: str, what: str = "port") -> "Port":
         """Parse `8000:8000`, `127.0.0.1:8080:8000`, `8000/udp`; raises UsageError."""
         m = _PORT_RE.match(str(text).strip())
-        ok = bool(m)
-        if m:
-            numbers = [int(x) for x in (m.group("host"), m.group("container")) if x]
-            ok = all(1 <= n <= 65535 for n in numbers)
-        if not ok:
+        if m is None or not all(1 <= int(x) <= 65535 for x in (m.group("host"), m.group("container")) if x):
             raise UsageError(f"invalid {what} {text!r}: expected [IP:]HOST:CONTAINER[/tcp|udp], e.g. 8000:8000")
         return cls(int(m.group("container")), int(m.group("host")) if m.group("host") else None,
                    m.group("ip"), m.group("proto") or "tcp")
@@ -183,7 +181,7 @@ def parse_cards(text: Any) -> Tuple[int, ...]:
     """Parse `0-7`, `0,1`, `0-3,8` (or an int) into sorted card numbers; raises UsageError."""
     raw = str(text).strip()
     bad = UsageError(f"invalid card list {raw!r}: expected numbers and ranges like 0,1 or 0-7")
-    cards = set()
+    cards: Set[int] = set()
     for part in raw.split(","):
         m = re.match(r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$", part)
         if not m:
@@ -242,9 +240,9 @@ def parse_mount(value: Any, what: str = "mount") -> Mount:
     else:
         raise UsageError(f"invalid {what} {value!r}: expected \"/HOST:/CONTAINER\" "
                          "or a table {{ host = ..., container = ... }}")
-    for p in (host, container):
-        if not isinstance(p, str) or not p.startswith("/") or any(c.isspace() for c in p):
-            raise UsageError(f"invalid {what} {value!r}: host and container paths must be absolute, without spaces")
+    if not isinstance(host, str) or not isinstance(container, str) or \
+            not all(p.startswith("/") and not any(c.isspace() for c in p) for p in (host, container)):
+        raise UsageError(f"invalid {what} {value!r}: host and container paths must be absolute, without spaces")
     return Mount(host, container, readonly, create)
 
 

@@ -6,7 +6,6 @@ here can be tested without an NPU.
 """
 
 import os
-import re
 import shlex
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -14,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import ImgtoolError, UsageError
 from ..model import ImageRef, parse_size
 from ..releases import TagInfo, pick_tag
-from .preset import (NETWORK_RE, Mount, Port, Preset, PresetSet, docker_size, format_cards, parse_cards, parse_env,
+from .preset import (CONTAINER_NAME_RE, NETWORK_RE, Mount, Port, Preset, PresetSet, docker_size, format_cards, parse_cards, parse_env,
                      parse_mount)
 
 CARD_DEVICE = "/dev/davinci{}"
@@ -26,8 +25,6 @@ PRIVILEGED_EFFECT = (
     "it gives the container every host device and all kernel capabilities and turns off its "
     "seccomp/AppArmor confinement; use it only with an image you trust (vllm-ascend FAQ 20)"
 )
-
-_CONTAINER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -158,7 +155,7 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         ports = tuple(Port.parse(p, "--publish") for p in options.publish)
     if network in ("host", "none") or network.startswith("container:"):
         ports = ()  # Docker discards published ports on these networks anyway
-    if options.name is not None and not _CONTAINER_NAME_RE.match(options.name):
+    if options.name is not None and not CONTAINER_NAME_RE.match(options.name):
         raise UsageError(f"invalid --name {options.name!r}: "
                          "letters, digits, '_', '.', '-', starting with a letter or digit")
 
