@@ -126,6 +126,9 @@ mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
                            help="Put imgtool.pyz (imgtool for any python3 3.7+, no install) into the bundle.")
+sign_key_option = click.option("--sign-key", metavar="KEY",
+                               help="Sign bundle.json once the bundle is complete (bundle.json.sig): an SSH private key, "
+                                    "or the .pub of a key in ssh-agent.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -191,6 +194,17 @@ def _with_spec(spec_file, created, config, opts):
     return config, dataclasses.replace(opts, **changes)
 
 
+def _bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
+    """fetch/export's report: the bundle's, then who signed it (bundle.signature.Signed, or None)."""
+    if as_json:
+        summary["signature"] = {"path": str(signed.path), "signer": signed.signer} if signed else None
+        emit_json(summary)
+        return
+    click.echo(describe())
+    if signed:
+        click.echo(f"signed: {signed.path} by {signed.signer}")
+
+
 @cli.command()
 @click.argument("refs", nargs=-1)
 @click.option("-f", "--file", "spec_file", metavar="SPEC",
@@ -216,10 +230,11 @@ def _with_spec(spec_file, created, config, opts):
 @click.option("--base", type=click.Path(file_okay=False), metavar="DIR",
               help="Delta: leave out layers of this earlier bundle (assumed loaded on the offline side).")
 @tool_option
+@sign_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
-          have, base, tool, as_json):
+          have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -232,7 +247,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool, layers=layers)
+                        have=have, base=base, tool=tool, layers=layers, sign_key=sign_key)
     config, opts = _with_spec(spec_file, created, config, opts)
     _warn_chunk_size(opts.chunk_size)
     try:
@@ -248,10 +263,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
-    if as_json:
-        emit_json(summary)
-    else:
-        click.echo(result.bundle.describe(result.images, result.stats))
+    _bundle_report(summary, lambda: result.bundle.describe(result.images, result.stats), result.signed, as_json)
 
 
 @cli.command()
@@ -264,9 +276,10 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @click.option("--jobs", type=int, default=0, help="Compression threads (default: the CPU count).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @tool_option
+@sign_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, as_json):
+def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, sign_key, as_json):
     """Write a bundle from images already in the local Docker (for users who pulled with docker).
 
     IMAGES are names as `docker images` shows them (or IDs of tagged images). Layers arrive
@@ -275,7 +288,7 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     """
     from pathlib import Path
 
-    from .bundle import writer
+    from .bundle import signature, writer
     from .config import cache_dir
     from .daemon import open_daemon
     from .export import export_images
@@ -286,6 +299,8 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     _warn_chunk_size(size)
     if output is not None:
         writer.check_output_dir(Path(output), force)
+    if sign_key:
+        signature.check_key(sign_key)
     report = progress()
     daemon = open_daemon()
     try:
@@ -297,10 +312,8 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     writer.check_output_dir(out, force)
     result = writer.write_bundle(out, pulled, store.blob_path, chunk_size=size, compress=compress, force=force,
                                  progress=report, extra_files=bundle_tool(report) if tool else {})
-    if as_json:
-        emit_json(result.summary(pulled))
-    else:
-        click.echo(result.describe(pulled))
+    signed = signature.sign_written(out, sign_key) if sign_key else None
+    _bundle_report(result.summary(pulled), lambda: result.describe(pulled), signed, as_json)
 
 
 @cli.command()
@@ -570,6 +583,12 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
 # --- offline side: verify, load, doctor --------------------------------------------
 
 
+signers_option = click.option(
+    "--signers", metavar="FILE",
+    help="Only a bundle signed by a key in FILE (OpenSSH allowed_signers) passes (default: $IMGTOOL_SIGNERS, "
+         "~/.config/imgtool/allowed_signers, /etc/imgtool/allowed_signers; none: a signature is checked and reported).")
+
+
 def _bundle_usage(bundle_dir, expect) -> None:
     """Bad input is exit 2 before any reading or Docker: --expect's form, DIR's existence."""
     from .bundle.format import parse_expect
@@ -585,9 +604,10 @@ def _bundle_usage(bundle_dir, expect) -> None:
 @click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed (publish it).")
 @click.option("--quick", is_flag=True, help="Check parts only (sizes, sha256), not every blob and diff_id inside.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=None, help="Threads for hashing (default: CPU count).")
+@signers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @common
-def verify(bundle_dir, expect, quick, jobs, as_json):
+def verify(bundle_dir, expect, quick, jobs, signers, as_json):
     """Check a bundle directory: bundle.json, every part, and every blob inside.
 
     Exit 0 when the bundle is sound, 3 when not (each problem is named, with what to do).
@@ -597,7 +617,7 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 
     _bundle_usage(bundle_dir, expect)
     p = progress()
-    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs)
+    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs, signers=signers)
     for w in report.warnings:
         p.warn(w)
     if as_json:
@@ -618,6 +638,8 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
         click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")
+        if report.signature.state != "unsigned" or report.signature.policy:
+            click.echo(f"signature: {report.signature.message}")
     report.raise_if_bad()
 
 
@@ -632,9 +654,10 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 @click.option("--quick", is_flag=True,
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
+@signers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def load(bundle_dir, tags, expect, force, arch, quick, as_json):
+def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
     """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
 
     Docker never receives a byte before every part and blob checked out (it checks each
@@ -651,7 +674,7 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
     daemon = open_daemon()
     try:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch)
+                             arch=arch, signers=signers)
     finally:
         daemon.close()
     if as_json:
@@ -667,6 +690,8 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
                    f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
     else:
         click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
+    if result.signature.state != "unsigned" or result.signature.policy:
+        click.echo(f"signature: {result.signature.message}")
 
 
 @cli.command()
@@ -693,6 +718,29 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
         emit_json(result.to_json())
     else:
         click.echo(result.describe())
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--key", required=True, metavar="KEY",
+              help="An SSH private key, or the .pub of a key that ssh-agent holds (ssh-add -l lists them).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def sign(bundle_dir, key, as_json):
+    """Sign a bundle: DIR/bundle.json.sig, an SSH signature (ssh-keygen -Y sign) over bundle.json.
+
+    bundle.json pins every part's size and sha256, so this signs the whole bundle. Offline
+    sites that list your public key in an allowed_signers file then load only bundles you signed.
+    Signing again (another key) replaces the signature.
+    """
+    from .bundle.signature import sign_bundle
+
+    _bundle_usage(bundle_dir, None)
+    signed = sign_bundle(bundle_dir, key)
+    if as_json:
+        emit_json({"dir": bundle_dir, "signature": str(signed.path), "signer": signed.signer})
+    else:
+        click.echo(f"signed: {signed.path} by {signed.signer}")
 
 
 @cli.command()
