@@ -472,3 +472,44 @@ def test_signature_error_carries_reason_and_signer(bundle, keys, tmp_path):
         enforce(out, (out / "bundle.json").read_bytes(), str(signers), env={"HOME": str(tmp_path)})
     assert (e.value.reason, e.value.signer, e.value.exit_code) == \
         ("unknown-signer", keys.fingerprint(keys.release), 3)
+
+
+def test_fetch_from_a_spec_and_export_sign_too(services, factory, mirrored, keys, tmp_path, docker_cli, docker_cleanup):
+    from tests.support.images import write_docker_archive
+
+    who = keys.fingerprint(keys.release)
+    signers = keys.signers(keys.line("release@example.com", keys.release), name="spec-export")
+    idx = factory.multiarch(media="oci", layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    root = tmp_path / "release"
+    root.mkdir()
+    (root / "mirrors.toml").write_text(
+        f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+        f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    (root / "bundle.toml").write_text(f'images = ["v1"]\narch = ["{host_arch()}"]\nmirrors = "mirrors.toml"\n')
+    env = env_for(tmp_path, IMGTOOL_CACHE=str(tmp_path / "cache"))
+    spec_out = tmp_path / "from-spec"
+    r = imgtool("fetch", "-f", str(root / "bundle.toml"), "-o", str(spec_out), "--no-tool",
+                "--sign-key", str(keys.release), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["signature"] == {"path": str(spec_out / "bundle.json.sig"), "signer": who}
+    assert imgtool("verify", str(spec_out), "--signers", str(signers), env=env).returncode == 0
+
+    image = factory.image(host_arch(), layers=1)
+    ref = f"quay.io/{tmp_path.name.lower()[:20]}x/vllm-ascend:signed"
+    write_docker_archive(image, tmp_path / "in.tar", ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", tmp_path / "in.tar")
+    # a key that is not there fails before Docker is asked for the image
+    nokey = imgtool("export", ref, "-o", str(tmp_path / "nokey"), "--sign-key", str(tmp_path / "nokey.key"),
+                    env=env, docker_host=services.docker_host)
+    assert nokey.returncode == 2 and err_lines(nokey)[0] == f"error: --sign-key {tmp_path / 'nokey.key'}: no such file"
+    assert not (tmp_path / "nokey").exists()
+    exported = tmp_path / "exported"
+    r = imgtool("export", ref, "-o", str(exported), "--no-tool", "--sign-key", str(keys.release), env=env,
+                docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"signed: {exported}/bundle.json.sig by {who}"
+    ok = imgtool("verify", str(exported), "--signers", str(signers), env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"
