@@ -126,6 +126,9 @@ mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
                               help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
                            help="Put imgtool.pyz (imgtool for any python3 3.7+, no install) into the bundle.")
+sign_key_option = click.option("--sign-key", metavar="KEY",
+                               help="Sign bundle.json once the bundle is complete (bundle.json.sig): an SSH private key, "
+                                    "or the .pub of a key in ssh-agent.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -167,6 +170,17 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
                  ("mirror", "mirror"), ("chunk_size", "chunk_size"), ("compress", "compress"))
 
 
+def _bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
+    """fetch/export's report: the bundle's, then who signed it (bundle.signature.Signed, or None)."""
+    if as_json:
+        summary["signature"] = {"path": str(signed.path), "signer": signed.signer} if signed else None
+        emit_json(summary)
+        return
+    click.echo(describe())
+    if signed:
+        click.echo(f"signed: {signed.path} by {signed.signer}")
+
+
 @cli.command()
 @click.argument("refs", nargs=-1)
 @click.option("-f", "--file", "spec_file", metavar="SPEC",
@@ -192,10 +206,11 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
 @click.option("--base", type=click.Path(file_okay=False), metavar="DIR",
               help="Delta: leave out layers of this earlier bundle (assumed loaded on the offline side).")
 @tool_option
+@sign_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
-          have, base, tool, as_json):
+          have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -212,7 +227,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     config = load_mirrors(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool, layers=layers,
+                        have=have, base=base, tool=tool, layers=layers, sign_key=sign_key,
                         created=parse_created(created, os.environ.get("SOURCE_DATE_EPOCH")))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if _given(option)}
@@ -225,10 +240,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
-    if as_json:
-        emit_json(summary)
-    else:
-        click.echo(result.bundle.describe(result.images, result.stats))
+    _bundle_report(summary, lambda: result.bundle.describe(result.images, result.stats), result.signed, as_json)
 
 
 @cli.command()
@@ -241,9 +253,10 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @click.option("--jobs", type=int, default=0, help="Compression threads (default: the CPU count).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @tool_option
+@sign_key_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, as_json):
+def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, sign_key, as_json):
     """Write a bundle from images already in the local Docker (for users who pulled with docker).
 
     IMAGES are names as `docker images` shows them (or IDs of tagged images). Layers arrive
@@ -253,13 +266,11 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     from .export import ExportOptions, export as do_export
 
     opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
-                         gzip_level=gzip_level, jobs=jobs, force=force, tool=tool)
+                         gzip_level=gzip_level, jobs=jobs, force=force, tool=tool, sign_key=sign_key)
     _warn_chunk_size(opts.chunk_size)
     result = do_export(opts, progress())
-    if as_json:
-        emit_json(result.bundle.summary(result.images))
-    else:
-        click.echo(result.bundle.describe(result.images))
+    _bundle_report(result.bundle.summary(result.images), lambda: result.bundle.describe(result.images), result.signed,
+                   as_json)
 
 
 @cli.command()
@@ -529,6 +540,12 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
 # --- offline side: verify, load, doctor --------------------------------------------
 
 
+signers_option = click.option(
+    "--signers", metavar="FILE",
+    help="Only a bundle signed by a key in FILE (OpenSSH allowed_signers) passes (default: $IMGTOOL_SIGNERS, "
+         "~/.config/imgtool/allowed_signers, /etc/imgtool/allowed_signers; none: a signature is checked and reported).")
+
+
 def _bundle_usage(bundle_dir, expect) -> None:
     """Bad input is exit 2 before any reading or Docker: --expect's form, DIR's existence."""
     from .bundle.format import parse_expect
@@ -544,9 +561,10 @@ def _bundle_usage(bundle_dir, expect) -> None:
 @click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed (publish it).")
 @click.option("--quick", is_flag=True, help="Check parts only (sizes, sha256), not every blob and diff_id inside.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=None, help="Threads for hashing (default: CPU count).")
+@signers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @common
-def verify(bundle_dir, expect, quick, jobs, as_json):
+def verify(bundle_dir, expect, quick, jobs, signers, as_json):
     """Check a bundle directory: bundle.json, every part, and every blob inside.
 
     Exit 0 when the bundle is sound, 3 when not (each problem is named, with what to do).
@@ -556,7 +574,7 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 
     _bundle_usage(bundle_dir, expect)
     p = progress()
-    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs)
+    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs, signers=signers)
     for w in report.warnings:
         p.warn(w)
     if as_json:
@@ -577,6 +595,8 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
         click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")
+        if report.signature.state != "unsigned" or report.signature.policy:
+            click.echo(f"signature: {report.signature.message}")
     report.raise_if_bad()
 
 
@@ -591,9 +611,10 @@ def verify(bundle_dir, expect, quick, jobs, as_json):
 @click.option("--quick", is_flag=True,
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
+@signers_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @common
-def load(bundle_dir, tags, expect, force, arch, quick, as_json):
+def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
     """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
 
     Docker never receives a byte before every part and blob checked out (it checks each
@@ -610,7 +631,7 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
     daemon = open_daemon()
     try:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch)
+                             arch=arch, signers=signers)
     finally:
         daemon.close()
     if as_json:
@@ -626,6 +647,8 @@ def load(bundle_dir, tags, expect, force, arch, quick, as_json):
                    f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
     else:
         click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
+    if result.signature.state != "unsigned" or result.signature.policy:
+        click.echo(f"signature: {result.signature.message}")
 
 
 @cli.command()
@@ -652,6 +675,29 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
         emit_json(result.to_json())
     else:
         click.echo(result.describe())
+
+
+@cli.command()
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--key", required=True, metavar="KEY",
+              help="An SSH private key, or the .pub of a key that ssh-agent holds (ssh-add -l lists them).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@common
+def sign(bundle_dir, key, as_json):
+    """Sign a bundle: DIR/bundle.json.sig, an SSH signature (ssh-keygen -Y sign) over bundle.json.
+
+    bundle.json pins every part's size and sha256, so this signs the whole bundle. Offline
+    sites that list your public key in an allowed_signers file then load only bundles you signed.
+    Signing again (another key) replaces the signature.
+    """
+    from .bundle.signature import sign_bundle
+
+    _bundle_usage(bundle_dir, None)
+    signed = sign_bundle(bundle_dir, key)
+    if as_json:
+        emit_json({"dir": bundle_dir, "signature": str(signed.path), "signer": signed.signer})
+    else:
+        click.echo(f"signed: {signed.path} by {signed.signer}")
 
 
 @cli.command()

@@ -52,6 +52,19 @@ class VerifyError(ImgtoolError):
         self.problems = list(problems)
 
 
+class SignatureError(VerifyError):
+    """A bundle's signature refused (policy or a bad signature): `reason` says which, `signer` who signed.
+
+    reason is one of trust.REASONS: unsigned, malformed, namespace, bad, unknown-signer,
+    not-allowed, no-ssh-keygen.
+    """
+
+    def __init__(self, message: str, hint: Optional[str] = None, *, reason: str, signer: Optional[str] = None):
+        super().__init__(message, hint)
+        self.reason = reason
+        self.signer = signer
+
+
 class RegistryError(ImgtoolError):
     """A registry or network failure (after retries and every source)."""
 
@@ -86,6 +99,14 @@ class DaemonError(ImgtoolError):
 
 class ExportError(DaemonError):
     """`docker save` produced something imgtool cannot make a bundle of (exit 5: Docker's output)."""
+
+
+class SshKeygenError(ImgtoolError):
+    """ssh-keygen could not be run, timed out, or could not sign."""
+
+
+class SshKeygenMissing(SshKeygenError):
+    """No ssh-keygen on PATH (OpenSSH's client tools are not installed)."""
 
 
 class Interrupted(ImgtoolError):

@@ -36,6 +36,7 @@ from .selfbundle import bundle_tool
 from .store import Store
 
 if TYPE_CHECKING:
+    from .bundle.signature import Signed
     from .bundle.writer import BundleResult
 
 CHUNK = 4 * 1024 * 1024
@@ -273,12 +274,14 @@ class ExportOptions:
     jobs: int = 0  # compression threads; 0: the CPU count
     force: bool = False
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
+    sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
 
 @dataclass
 class ExportResult:
     images: List[PulledImage]
     bundle: "BundleResult"
+    signed: Optional["Signed"] = None  # with sign_key
 
 
 def export(opts: ExportOptions, progress: Progress) -> ExportResult:
@@ -286,10 +289,12 @@ def export(opts: ExportOptions, progress: Progress) -> ExportResult:
 
     Raises UsageError (a bad output directory before Docker is asked), DaemonError, ExportError.
     """
-    from .bundle import writer
+    from .bundle import signature, writer
 
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
+    if opts.sign_key:
+        signature.check_key(opts.sign_key)
     daemon = open_daemon()
     try:
         store = Store(cache_dir())
@@ -301,4 +306,5 @@ def export(opts: ExportOptions, progress: Progress) -> ExportResult:
     result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
                                  force=opts.force, progress=progress,
                                  extra_files=bundle_tool(progress) if opts.tool else {})
-    return ExportResult(images, result)
+    signed = signature.sign_written(out, opts.sign_key) if opts.sign_key else None
+    return ExportResult(images, result, signed)

@@ -21,6 +21,7 @@ from .selfbundle import bundle_tool
 from .store import Store
 
 if TYPE_CHECKING:  # imported where used: spec and the writer are needed only by some verbs
+    from .bundle.signature import Signed
     from .bundle.writer import BundleResult
     from .spec import Lock
 
@@ -44,6 +45,7 @@ class FetchOptions:
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
+    sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class FetchResult:
     images: List[PulledImage]
     stats: PullStats
     bundle: "BundleResult"
+    signed: Optional["Signed"] = None  # with sign_key
 
 
 def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platform]:
@@ -101,7 +104,7 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
 
 def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> FetchResult:
     """Resolve, pull into the cache, and write a bundle. Raises ImgtoolError subclasses."""
-    from .bundle import writer
+    from .bundle import signature, writer
 
     if not opts.refs:
         raise UsageError("nothing to fetch: give at least one image reference")
@@ -111,6 +114,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
+    if opts.sign_key:
+        signature.check_key(opts.sign_key)
     have, base = read_have(opts.have, opts.base)
     for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror)
@@ -156,7 +161,9 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     except BaseException:
         pull.cancel()  # finished layers and partial ones stay in the cache for the next run
         raise
-    return FetchResult(images, pull.finish(), result)
+    stats = pull.finish()
+    signed = signature.sign_written(output, opts.sign_key) if opts.sign_key else None
+    return FetchResult(images, stats, result, signed)
 
 
 class _Pulling:

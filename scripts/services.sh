@@ -72,6 +72,7 @@ apache2-utils htpasswd
 curl curl
 ca-certificates -
 busybox-static -
+openssh-client ssh-keygen
 EOF
     [ "${#missing[@]}" -eq 0 ] && return 0
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)

@@ -109,3 +109,19 @@ def test_no_module_uses_another_modules_private_names():
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 assert not private, (p.relative_to(PKG).as_posix(), node.module, private)
+
+
+def test_only_sshsig_runs_programs():
+    # ssh-keygen is an outside system: one adapter runs it, the rest receive its findings
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "subprocess" for t, _ in imports_of(p))}
+    assert users <= {"sshsig.py"}, users
+    third_party = {top for top, _ in imports_of(PKG / "sshsig.py")} & {"requests", "urllib3", "docker", "click", "tqdm",
+                                                                     "zstandard", "cryptography"}
+    assert not third_party, third_party  # imgtool.pyz checks signatures on Kylin's bare python3 3.7
+    assert {full for top, full in imports_of(PKG / "sshsig.py") if top == "."} <= {".errors"}
+
+
+def test_the_signature_policy_is_pure():
+    found = {top for top, _ in imports_of(PKG / "trust.py")}
+    assert not (found & IO_MODULES), found & IO_MODULES
+    assert {full for top, full in imports_of(PKG / "trust.py") if top == "."} <= {".errors", ".bundle.format"}

@@ -21,6 +21,7 @@ FULL_VERSION = 1  # what a bundle without omitted layers is written as, so older
 
 BUNDLE_JSON = "bundle.json"
 SHA256SUMS = "SHA256SUMS"
+SIGNATURE = "bundle.json.sig"  # SSH signature over bundle.json's bytes (imgtool sign); in neither file list
 LOAD_SH = "load.sh"
 README_TXT = "README.txt"
 TOOL_PYZ = "imgtool.pyz"  # imgtool and its pure-Python dependencies (selfbundle.py); optional
@@ -33,7 +34,7 @@ MAX_BUNDLE_JSON = 16 * 1024 * 1024
 # File names a bundle may use for its parts and files: plain names inside the directory.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-RESERVED_NAMES = (BUNDLE_JSON, SHA256SUMS)
+RESERVED_NAMES = (BUNDLE_JSON, SHA256SUMS, SIGNATURE)
 
 
 def safe_name(name: str) -> bool:

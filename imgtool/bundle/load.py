@@ -29,6 +29,8 @@ from ..progress import Progress
 from ..worker import Worker
 from . import hostcheck, layout
 from .format import BundleImage, BundleIndex
+from ..trust import Verdict
+from .signature import enforce
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
@@ -59,11 +61,13 @@ class LoadResult:
     bytes_sent: int = 0
     seconds: float = 0.0
     warnings: List[str] = field(default_factory=list)
+    signature: Optional[Verdict] = None  # bundle.json.sig under the site's policy
 
     def to_json(self) -> dict:
         return {"dir": str(self.dir), "sent": self.sent, "images": [im.to_json() for im in self.images],
                 "daemon": self.daemon, "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
-                "seconds": round(self.seconds, 3), "warnings": self.warnings}
+                "seconds": round(self.seconds, 3), "warnings": self.warnings,
+                "signature": self.signature.to_json() if self.signature else None}
 
 
 def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]]:
@@ -93,18 +97,20 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 
 def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
                 force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None) -> LoadResult:
+                arch: Optional[str] = None, signers: Optional[str] = None) -> LoadResult:
     """Check the bundle, stream it into Docker checking it on the way; tag and confirm by image ID.
 
     When Docker already holds every image, nothing is sent, but the bundle is checked all the same
     (every part and blob; with quick, every part present at its size) before a tag is added.
-    Raises UsageError, VerifyError (nothing was loaded or tagged), ImgtoolError (not enough space,
+    Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
+    asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
     incompatible Docker, a delta bundle's base missing), DaemonError.
     """
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
+    verdict = enforce(bundle_dir, raw, signers, doing="load")
     facts = daemon.info()
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
@@ -116,7 +122,9 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     # Before Docker sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part
     # there at its size. When something is wrong, or nothing will be streamed (and so checked on
     # the way), check the whole bundle as verify does, so every problem is named at once.
-    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), signature=verdict)
+    if verdict.warning:
+        report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
     if report.problems or stat_parts(bundle_dir, index) or (loaded and not quick):
         check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
@@ -125,7 +133,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     if loaded:
         images = _tag_and_confirm(daemon, view, wanted, present, ids)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=warnings)
+                          warnings=warnings, signature=verdict)
 
     if view.is_delta:
         check_base(bundle_dir, view, daemon)
@@ -149,7 +157,7 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
                           "(is something changing the bundle?); nothing was loaded") from e
     images = _tag_and_confirm(daemon, view, wanted, present, ids)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
-                      time.monotonic() - started, warnings)
+                      time.monotonic() - started, warnings, verdict)
 
 
 def select_images(index: BundleIndex, arch: str, explicit: bool) -> List[BundleImage]:

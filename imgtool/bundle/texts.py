@@ -5,7 +5,8 @@ from typing import Dict, List
 from .. import __version__
 from ..delta import describe_requirements, requirements
 from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
-from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, TOOL_PYZ, BundleImage, BundleIndex
+from ..sshsig import NAMESPACE
+from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
 #: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
@@ -40,11 +41,18 @@ usage: sh load.sh [--help]
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part), then streams the parts in order into `docker load`.
 Set DOCKER to run docker another way, e.g.  DOCKER="sudo docker" sh load.sh
+Signed bundles: with IMGTOOL_SIGNERS=FILE (an OpenSSH allowed_signers file), it
+first checks bundle.json.sig with `ssh-keygen -Y verify` and every file against
+the signed bundle.json, and refuses (exit 3) an unsigned bundle, a bad signature,
+or a key not listed in FILE:  IMGTOOL_SIGNERS=/etc/imgtool/allowed_signers sh load.sh
 
 {_ways(index, "en")}
 
 用法: sh load.sh
 先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入 docker load。
+签名的镜像包：设置 IMGTOOL_SIGNERS=文件（OpenSSH allowed_signers 格式）时，先用 `ssh-keygen -Y verify`
+校验 bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名、签名无效或签名密钥不在该文件中时
+拒绝导入（退出码 3）：IMGTOOL_SIGNERS=/etc/imgtool/allowed_signers sh load.sh
 
 {_ways(index, "zh")}
 EOF
@@ -57,9 +65,11 @@ case "${{1:-}}" in
 esac
 
 here=$(dirname "$0")
+signers=${{IMGTOOL_SIGNERS:-}}
+case "$signers" in ''|/*) ;; *) signers="$(pwd)/$signers" ;; esac
 cd "$here" || exit 1
 DOCKER=${{DOCKER:-docker}}
-
+{_signature_check()}
 if command -v sha256sum >/dev/null 2>&1; then
     echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
     bad=$(sha256sum -c {SHA256SUMS} 2>/dev/null | grep -v ': OK$')
@@ -83,6 +93,69 @@ fi
 {_tag_multiarch(index)}echo "load.sh: done" >&2
 """
     return text.encode()
+
+
+_SIGNATURE_CHECK = r"""
+# Signed bundles: with IMGTOOL_SIGNERS=FILE (OpenSSH allowed_signers), bundle.json must carry a good
+# signature by a key listed there, and every file must match the signed bundle.json (SHA256SUMS is
+# not signed, so it is not trusted for this).
+if [ -n "$signers" ]; then
+    refuse() {
+        echo "load.sh: error: $1; nothing was loaded" >&2
+        [ -z "${2:-}" ] || echo "load.sh: $2" >&2
+        exit 3
+    }
+    [ -r "$signers" ] || refuse "IMGTOOL_SIGNERS=$signers cannot be read"
+    command -v ssh-keygen >/dev/null 2>&1 || \
+        refuse "cannot check @SIG@: ssh-keygen not found, and $signers requires a signature" \
+            "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen"
+    [ -f @SIG@ ] || refuse "not signed (no @SIG@), and $signers requires a signature by a key it lists" \
+        "sign it where it was made: imgtool sign DIR --key KEY"
+    signer=""
+    set -f
+    while IFS= read -r line || [ -n "$line" ]; do
+        line=${line#"${line%%[! 	]*}"}
+        case "$line" in ''|'#'*) continue ;; esac
+        names=$(printf '%s\n' "${line%%[ 	]*}" | tr -d '"')
+        old_ifs=$IFS
+        IFS=,
+        for name in $names; do
+            case "$name" in ''|'!'*) continue ;; esac
+            if ssh-keygen -Y verify -f "$signers" -I "$name" -n @NS@ -s @SIG@ <@JSON@ >/dev/null 2>&1; then
+                signer=$name
+                break
+            fi
+        done
+        IFS=$old_ifs
+        [ -z "$signer" ] || break
+    done <"$signers"
+    set +f
+    if [ -z "$signer" ]; then
+        if found=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>/dev/null); then
+            refuse "signed by a key not in $signers: $(printf '%s\n' "$found" | sed 's/.* with //')" \
+                "if that key is your release engineer's, add its public key to $signers"
+        fi
+        why=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>&1 >/dev/null | tr -d '\r' | tail -n 1)
+        refuse "bad signature: @SIG@ does not match @JSON@ or is not an imgtool bundle signature (ssh-keygen: $why)" \
+            "copy @JSON@ and @SIG@ again from the source medium"
+    fi
+    echo "load.sh: @JSON@ is signed by $signer ($signers)" >&2
+    command -v sha256sum >/dev/null 2>&1 || refuse "sha256sum not found: cannot check the files against the signed @JSON@"
+    sums=$(awk '/^  "(parts|files)": \[/ { s = 1; next } /^  []]/ { s = 0 }
+        s && /"name": "/ { n = $2; gsub(/[",]/, "", n) }
+        s && /"sha256": "/ { h = $2; gsub(/[",]/, "", h); print h "  " n }' @JSON@)
+    bad=$(printf '%s\n' "$sums" | sha256sum -c - 2>/dev/null | grep -v ': OK$')
+    if [ -n "$bad" ] || [ -z "$sums" ]; then
+        echo "load.sh: error: these files do not match the signed @JSON@:" >&2
+        printf '%s\n' "${bad:-    (no files listed)}" | sed 's/^/    /' >&2
+        refuse "the bundle was changed after it was signed" "re-copy them from the source medium, then run load.sh again"
+    fi
+fi
+"""
+
+
+def _signature_check() -> str:
+    return _SIGNATURE_CHECK.replace("@SIG@", SIGNATURE).replace("@JSON@", BUNDLE_JSON).replace("@NS@", NAMESPACE)
 
 
 def has_tool(index: BundleIndex) -> bool:
@@ -279,6 +352,12 @@ Check it on the offline host
   or, without imgtool:  cd DIR && {verify_en}sha256sum -c {SHA256SUMS}{")" if verify_en else ""}
   A damaged or missing part is named: copy that part again from the source medium.
 
+Signed bundles
+  {SIGNATURE}, when present, is an SSH signature over {BUNDLE_JSON} (imgtool sign). A host
+  with an allowed_signers file (--signers FILE, $IMGTOOL_SIGNERS, ~/.config/imgtool/allowed_signers
+  or /etc/imgtool/allowed_signers) loads only bundles signed by a key listed there; `sh load.sh`
+  checks it when run as  IMGTOOL_SIGNERS=FILE sh load.sh  (it needs ssh-keygen).
+
 Load it
 {_ways(index, "en", "  ")}
   or by hand: cat <parts in order>{unpack} | docker load
@@ -313,6 +392,12 @@ imgtool 离线镜像包
   imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
   没有 imgtool 时：cd 目录 && {verify_zh}sha256sum -c {SHA256SUMS}{"）" if verify_zh else ""}
   损坏或缺失的分卷会被指出：请从源介质重新拷贝该分卷。
+
+签名的镜像包
+  如有 {SIGNATURE}，它是对 {BUNDLE_JSON} 的 SSH 签名（imgtool sign）。配置了 allowed_signers 文件
+  （--signers 文件、$IMGTOOL_SIGNERS、~/.config/imgtool/allowed_signers 或 /etc/imgtool/allowed_signers）
+  的主机只导入由其中所列密钥签名的镜像包；用  IMGTOOL_SIGNERS=文件 sh load.sh  运行时 load.sh
+  也会校验（需要 ssh-keygen）。
 
 导入
 {_ways(index, "zh", "  ")}

@@ -15,7 +15,9 @@ from typing import Dict, List, Optional
 
 from ..errors import VerifyError
 from ..progress import Progress
-from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, TOOL_PYZ, BundleIndex, parse_expect
+from ..trust import Verdict
+from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
+from .signature import enforce
 from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
                      stat_parts)
 from .walk import walk_archive
@@ -36,6 +38,7 @@ class VerifyReport:
     bytes_read: int = 0
     seconds: float = 0.0
     skipped: Optional[str] = None  # why the archive walk did not run
+    signature: Optional[Verdict] = None  # bundle.json.sig under the site's policy (signature.enforce)
 
     @property
     def ok(self) -> bool:
@@ -69,17 +72,22 @@ class VerifyReport:
             "omitted": [{"chain_id": str(c), "provided_by": list(n)} for c, n in self.index.omitted_chains()],
             "problems": [p.to_json() for p in self.problems],
             "warnings": list(self.warnings),
+            "signature": self.signature.to_json() if self.signature else None,
         }
 
 
 def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool = False,
-                  progress: Progress, jobs: Optional[int] = None) -> VerifyReport:
+                  progress: Progress, jobs: Optional[int] = None, signers: Optional[str] = None) -> VerifyReport:
     """Check a bundle directory and report every problem; raises UsageError/VerifyError only when
-    there is no readable bundle.json (call `raise_if_bad()` on the result to fail on problems)."""
+    there is no readable bundle.json, SignatureError when the signature policy refuses it, before
+    any part is read (call `raise_if_bad()` on the result to fail on problems)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, raw = read_index(bundle_dir)
-    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick)
+    verdict = enforce(bundle_dir, raw, signers)
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick, signature=verdict)
+    if verdict.warning:
+        report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
     check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
     report.seconds = time.monotonic() - started
@@ -128,7 +136,7 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
                 report.problems.append(Problem(message + f"; copy {f.name} again from the source medium"))
             else:
                 report.warnings.append(message)
-    known = {BUNDLE_JSON, SHA256SUMS, LOAD_SH, README_TXT} | {p.name for p in index.parts} | \
+    known = {BUNDLE_JSON, SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT} | {p.name for p in index.parts} | \
         {f.name for f in index.files}
     try:
         stray = sorted(entry.name for entry in os.scandir(bundle_dir) if entry.name not in known)

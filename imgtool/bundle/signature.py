@@ -1,0 +1,105 @@
+"""Signed bundles: bundle.json.sig, an SSH signature over bundle.json's bytes, made and checked.
+
+bundle.json pins the size and sha256 of every part and file, so signing it signs the bundle.
+Signing runs after the bundle is complete (bundle.json written last); the signature is written
+atomically beside it, so a bundle is complete-and-unsigned for a moment, never signed-and-half-
+written. `verify` and `load` call `enforce` first, before any part is read or Docker is asked.
+"""
+
+import os
+from pathlib import Path
+from typing import Mapping, NamedTuple, Optional
+
+from .. import sshsig, trust
+from ..errors import ImgtoolError, SignatureError, SshKeygenMissing, UsageError
+from ..fsutil import fsync_dir, write_atomic
+from .format import BUNDLE_JSON, SIGNATURE
+from .reader import read_index
+
+
+class Signed(NamedTuple):
+    path: Path  # bundle.json.sig
+    signer: str  # "ED25519 key SHA256:..."
+
+
+def check_key(key: str) -> None:
+    """Before a long fetch or export: the key file is there and so is ssh-keygen; raises UsageError,
+    SshKeygenMissing."""
+    if not Path(key).is_file():
+        raise UsageError(f"--sign-key {key}: no such file",
+                         hint="a private key (e.g. ~/.ssh/id_ed25519), or its .pub when ssh-agent holds the key")
+    sshsig.ssh_keygen()
+
+
+def sign_bundle(bundle_dir: Path, key: str) -> Signed:
+    """Sign DIR/bundle.json with `key`, writing DIR/bundle.json.sig atomically (replacing an older one).
+
+    Raises UsageError (not a bundle, no key), VerifyError (unreadable bundle.json), SshKeygenError.
+    """
+    bundle_dir = Path(bundle_dir)
+    _, raw = read_index(bundle_dir)
+    signature = sshsig.sign(raw, Path(key))
+    if (bundle_dir / BUNDLE_JSON).read_bytes() != raw:
+        raise UsageError(f"{bundle_dir / BUNDLE_JSON} changed while it was being signed; nothing was written",
+                         hint="sign it again once nothing else writes the bundle")
+    write_atomic(bundle_dir / SIGNATURE, signature, 0o644)
+    fsync_dir(bundle_dir)
+    return Signed(bundle_dir / SIGNATURE, sshsig.parse_signature(signature).key_name)
+
+
+def sign_written(bundle_dir: Path, key: str) -> Signed:
+    """sign_bundle for fetch and export, right after the writer finished: a failure says the bundle is
+    complete but unsigned, and how to sign it; raises what sign_bundle raises."""
+    try:
+        return sign_bundle(bundle_dir, key)
+    except ImgtoolError as e:
+        e.message = f"the bundle {bundle_dir} is complete but not signed: {e.message}"
+        e.hint = f"{e.hint + '; then ' if e.hint else ''}sign it: imgtool sign {bundle_dir} --key {key}"
+        raise
+
+
+def examine(bundle_dir: Path, raw: bytes, policy: Optional[trust.Policy]) -> trust.Finding:
+    """What bundle.json.sig says about `raw` (bundle.json's bytes), asking ssh-keygen; raises
+    SshKeygenError (it timed out or could not run), UsageError (the policy file is unreadable)."""
+    path = Path(bundle_dir) / SIGNATURE
+    try:
+        data = sshsig.read_signature(path)
+        if data is None:
+            return trust.Finding(trust.UNSIGNED)
+        envelope = sshsig.parse_signature(data)
+    except sshsig.BadEnvelope as e:
+        return trust.Finding(trust.MALFORMED, detail=str(e))
+    signer = envelope.key_name
+    if envelope.namespace != sshsig.NAMESPACE:
+        return trust.Finding(trust.NAMESPACE, signer, namespace=envelope.namespace)
+    try:
+        if not sshsig.valid(raw, path, envelope):
+            return trust.Finding(trust.BAD, signer)
+        if policy is None:
+            return trust.Finding(trust.VALID, signer)
+        try:
+            text = policy.path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise UsageError(f"cannot read {policy}: {e.strerror}") from e
+        listed = trust.principals_for(text, envelope.public_key)
+        for principal in listed or trust.all_principals(text):
+            if sshsig.verifies(raw, path, policy.path, principal):
+                return trust.Finding(trust.TRUSTED, signer, principal=principal)
+    except SshKeygenMissing:
+        return trust.Finding(trust.NO_SSH_KEYGEN, signer)
+    return trust.Finding(trust.NOT_ALLOWED if listed else trust.UNKNOWN_SIGNER, signer)
+
+
+def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doing: str = "verify",
+            env: Optional[Mapping[str, str]] = None) -> trust.Verdict:
+    """The site's policy applied to this bundle: the verdict to report, or SignatureError (exit 3)
+    naming the reason and the signer. Raises UsageError (a policy named but missing), SshKeygenError."""
+    home = os.path.expanduser("~") if env is None else env.get("HOME")
+    policy = trust.find_policy(signers, os.environ if env is None else env, home)
+    verdict = trust.judge(policy, examine(bundle_dir, raw, policy))
+    if verdict.refuse:
+        head = f"refusing to load {bundle_dir}" if doing == "load" else f"bundle failed verification: {bundle_dir}"
+        tail = "; nothing was loaded" if doing == "load" else ""
+        raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state,
+                             signer=verdict.signer)
+    return verdict
