@@ -85,6 +85,9 @@ def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tupl
             return registry_http.docker_credentials(path, host)
 
         helper_failed: tuple = (registry_http.HelperError,)
+
+        def words(e):
+            return e
     else:
         from docker.auth import load_config  # docker-py's credential-store support, nothing of its client
         from docker.errors import DockerException
@@ -93,6 +96,9 @@ def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tupl
             return load_config(config_path=path).resolve_authconfig(host)
 
         helper_failed = (DockerException,)
+
+        def words(e):  # the helper's words (docker's StoreError), not docker-py's wrapper
+            return e.__cause__ if e.__cause__ is not None else e
     try:
         with warnings.catch_warnings():  # docker-py also warns on stderr when a helper is missing
             warnings.simplefilter("ignore")
@@ -106,7 +112,7 @@ def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tupl
         except (OSError, ValueError, AttributeError):
             pass
         helper = f"docker-credential-{store}" if store else "the credential helper"
-        why = network_error_text(e.__cause__ if e.__cause__ is not None else e)  # the helper's words, not docker-py's wrapper
+        why = network_error_text(words(e))
         raise CredentialHelperError(
             f"{helper} named in {path} cannot give the credentials for {host}: {why}",
             hint=f"install {helper} (or run `docker login {host}` again), or remove credsStore/credHelpers "
