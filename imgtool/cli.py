@@ -64,9 +64,10 @@ class _UsageError(click.UsageError):
 
 
 # Verbs whose libraries (requests 2.32, urllib3 2, docker 7) need Python 3.9+. imgtool.pyz runs the
-# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker over the stdlib there).
-NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "push", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff"
+# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
+# site registry over the stdlib there).
+NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push"
 
 
 class _Verbs(click.Group):

@@ -318,13 +318,13 @@ def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
     python = old_python(version)
     pyz = tmp_path / "imgtool.pyz"
     assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
-    for verb in ("fetch", "lock", "tags", "inspect", "mirrors", "export", "push"):
+    for verb in ("fetch", "lock", "tags", "inspect", "mirrors", "export", "self-bundle"):
         r = run_clean(python, "imgtool.pyz", verb, "x", cwd=tmp_path)
         assert r.returncode == 2, (verb, r.stderr)
         assert r.stderr.splitlines() == [
             f"error: imgtool {verb} needs Python 3.9 or newer; this is Python {version}",
             "hint: run it on a host with python3 3.9+; here imgtool can verify, load, doctor, inventory, presets, "
-            "run-flags, run, diff"]
+            "run-flags, run, diff, push"]
 
 
 def test_a_python_older_than_3_7_is_told_what_to_do(tmp_path):

@@ -231,11 +231,13 @@ def readme(index: BundleIndex) -> bytes:
     comp = index.archive.compression
     unpack = {"none": "", "gzip": " | gzip -dc", "zstd": " | zstd -dc"}[comp]
     size = format_size(next((f.size for f in index.files if f.name == TOOL_PYZ), 0))
-    tool_en = f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any python3 3.7+\n" \
+    tool_en = (f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any python3 3.7+\n"
+               "                (verify, doctor, run-flags, run and push to a site registry too; fetch needs 3.9+)\n") \
         if has_tool(index) else ""
     verify_en = f"python3 {TOOL_PYZ} verify .   (or: " if has_tool(index) else ""
     verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
-    tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 python3 3.7+ 均可 `python3 {TOOL_PYZ} load .`\n" \
+    tool_zh = (f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 python3 3.7+ 均可 `python3 {TOOL_PYZ} load .`\n"
+               "                （verify、doctor、run-flags、run 以及 push 到站内仓库同样可用；fetch 需要 3.9+）\n") \
         if has_tool(index) else ""
     largest = max(p.size for p in index.parts)
     if largest <= FAT32_MAX:
