@@ -158,7 +158,10 @@ def test_builds_are_byte_identical_and_cached(tmp_path, monkeypatch):
                 "certifi/cacert.pem"} <= set(names)
         assert not [n for n in names if re.search(r"\.(so|pyd|pyc)$|__pycache__|/RECORD$|^zstandard/", n)]
         manifest = json.loads(z.read("imgtool-pyz.json"))
-    assert manifest["imgtool_version"] == __version__ and manifest["requires_python"] == ">=3.9"
+    assert manifest["imgtool_version"] == __version__
+    # it starts on Kylin's 3.7 (offline verbs and push); every verb needs 3.9
+    assert (manifest["requires_python"], manifest["requires_python_every_verb"]) == (">=3.7", ">=3.9")
+    assert a.to_json()["requires_python"] == ">=3.7" and a.warnings == []
     assert manifest["packages"] == a.packages and manifest["left_out"] == ["zstandard"]
     assert (tmp_path / "a.pyz").read_bytes().startswith(b"#!/usr/bin/env python3\n")
 
@@ -173,13 +176,28 @@ def test_version_of_the_pyz_and_the_self_bundle_verb(tmp_path, bare_python):
     r = imgtool("self-bundle", "-o", str(tmp_path / "tool.pyz"))
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert first.startswith(f"wrote {tmp_path / 'tool.pyz'}: imgtool {__version__} for Python 3.9+, ")
+    assert first.startswith(f"wrote {tmp_path / 'tool.pyz'}: imgtool {__version__} for Python 3.7+ (offline verbs "
+                            "and push; every verb on 3.9+), ")
     v = run_bare(bare_python, str(tmp_path / "tool.pyz"), "--version", cwd=tmp_path)
     assert (v.returncode, v.stdout, v.stderr) == (0, f"imgtool {__version__}\n", "")
     # reads its built-in mirrors.toml and presets from inside the zip
     flags = run_bare(bare_python, str(tmp_path / "tool.pyz"), "run-flags", "a2", "--image", "v1", cwd=tmp_path)
     assert flags.returncode == 0, flags.stderr
     assert "quay.io/ascend/vllm-ascend:v1" in flags.stdout
+
+
+def test_requirements_for_an_extra_are_left_out_by_the_marker_variable_not_by_words():
+    parse = selfbundle.Requirement.parse
+    assert parse('PySocks!=1.5.7,>=1.5.6; extra == "socks"') == selfbundle.Requirement("PySocks", frozenset({"extra"}))
+    assert parse('PySocks; extra == "socks"').for_extra
+    assert parse("urllib3<3,>=1.21.1") == selfbundle.Requirement("urllib3", frozenset())
+    # a dependency for older Pythons goes in (the pyz runs on them), flagged conditional only
+    tomli = parse('tomli>=1.1.0; python_version < "3.11"')
+    assert (tomli.name, tomli.for_extra, tomli.conditional) == ("tomli", False, True)
+    # "extra" inside a string or a longer name is not the extra variable
+    odd = parse("""colorama; platform_system == 'extra' and sys_platform != "win32" or python_full_version>'3'""")
+    assert odd.variables == frozenset({"platform_system", "sys_platform", "python_full_version"})
+    assert not odd.for_extra
 
 
 def test_compiled_only_packages_are_refused():
@@ -209,9 +227,11 @@ def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
     packages, notes = selfbundle.collect()
     packages[1] = selfbundle.Package(packages[1].name, packages[1].version, ">=3.99", packages[1].files)
     tool = selfbundle._write(tmp_path / "new.pyz", packages, notes)
-    assert tool.min_python == (3, 99)
-    assert f"imgtool.pyz needs Python 3.99+ because of {packages[1].name} {packages[1].version}; install " \
-           "imgtool's pinned dependencies (pip install .) for a pyz that runs on Python 3.9" in tool.notes
+    assert tool.min_python == tool.start_python == (3, 99)
+    assert tool.python_text() == "Python 3.99+"
+    assert tool.warnings == [f"imgtool.pyz needs Python 3.99+ because of {packages[1].name} {packages[1].version}; "
+                             "install imgtool's pinned dependencies (pip install .) for a pyz that runs on Python 3.9"]
+    assert not [n for n in tool.notes if n in tool.warnings]
     r = subprocess.run([sys.executable, "-I", str(tool.path), "--version"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.splitlines() == [
