@@ -16,8 +16,9 @@ import shutil
 import socket
 import ssl
 import subprocess
+import urllib.request
 from typing import Dict, Iterator, List, Optional, Tuple, Union
-from urllib.parse import urlencode, urljoin, urlsplit
+from urllib.parse import SplitResult, unquote, urlencode, urljoin, urlsplit
 
 MAX_REDIRECTS = 10
 INDEX_NAME = "docker.io"
@@ -116,10 +117,29 @@ def tls_context(verify: Union[bool, str]) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
 
 
-def _timeouts(timeout) -> Tuple[float, float]:
+def _timeouts(timeout) -> Tuple[Optional[float], Optional[float]]:
     if isinstance(timeout, (tuple, list)):
-        return float(timeout[0]), float(timeout[1])
-    return float(timeout), float(timeout)
+        return timeout[0], timeout[1]
+    return timeout, timeout
+
+
+def proxy_for(url: SplitResult) -> Optional[SplitResult]:
+    """The proxy requests would use for `url`: $https_proxy / $http_proxy / $all_proxy unless
+    $no_proxy names the host (requests' reading of the environment, CIDR entries aside)."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or urllib.request.proxy_bypass_environment(url.netloc, proxies):  # type: ignore[attr-defined]
+        return None
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    return urlsplit(proxy if "://" in proxy else "http://" + proxy)
+
+
+def _proxy_auth(proxy: SplitResult) -> Dict[str, str]:
+    if proxy.username is None:
+        return {}
+    raw = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode("utf-8")
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(raw).decode("ascii")}
 
 
 class Response:
@@ -224,24 +244,34 @@ class Session:
                 hdrs.pop("Content-Type", None)
             url = target
 
-    def _connection(self, split, timeouts: Tuple[float, float], verify) -> Tuple[tuple, http.client.HTTPConnection]:
-        key = (split.scheme, split.netloc, verify if isinstance(verify, str) else bool(verify), timeouts)
+    def _connection(self, split: SplitResult, proxy: Optional[SplitResult], timeouts, verify
+                    ) -> http.client.HTTPConnection:
+        """The kept connection to the endpoint (through a proxy: to the proxy; https: a CONNECT tunnel)."""
+        key = (split.scheme, split.netloc, proxy, verify if isinstance(verify, str) else bool(verify), timeouts)
         conn = self._conns.get(key)
-        if conn is None:
-            if split.scheme == "https":
-                conn = _HTTPSConnection(split.hostname or "", split.port, timeouts, tls_context(verify))
-            elif split.scheme == "http":
-                conn = _HTTPConnection(split.hostname or "", split.port, timeouts)
-            else:
-                raise RequestException(f"cannot speak {split.scheme!r} (http and https only)")
-            self._conns[key] = conn
-        return key, conn
+        if conn is not None:
+            return conn
+        host, port = (proxy.hostname, proxy.port) if proxy else (split.hostname, split.port)
+        if split.scheme == "https":
+            conn = _HTTPSConnection(host or "", port, timeouts, tls_context(verify))
+            if proxy:
+                conn.set_tunnel(split.hostname or "", split.port or 443, headers=_proxy_auth(proxy))
+        elif split.scheme == "http":
+            conn = _HTTPConnection(host or "", port, timeouts)
+        else:
+            raise RequestException(f"cannot speak {split.scheme!r} (http and https only)")
+        self._conns[key] = conn
+        return conn
 
-    def _send(self, method: str, url: str, headers: dict, data: Optional[bytes], timeouts: Tuple[float, float],
-              verify, stream: bool) -> Response:
+    def _send(self, method: str, url: str, headers: dict, data: Optional[bytes], timeouts, verify,
+              stream: bool) -> Response:
         split = urlsplit(url)
         target = (split.path or "/") + ("?" + split.query if split.query else "")
-        key, conn = self._connection(split, timeouts, verify)
+        proxy = proxy_for(split)
+        if proxy and split.scheme == "http":  # a plain-HTTP request goes to the proxy whole
+            target = url
+            headers = dict(headers, **_proxy_auth(proxy))
+        conn = self._connection(split, proxy, timeouts, verify)
         for fresh in (conn.sock is None, True):
             connecting = conn.sock is None
             try:

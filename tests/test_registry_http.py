@@ -9,6 +9,10 @@ under pyenv's 3.7 and 3.8.
 import base64
 import json
 import re
+import selectors
+import socket
+import socketserver
+import threading
 
 from imgtool import registry
 from imgtool.errors import ImgtoolError
@@ -165,6 +169,94 @@ def test_push_sends_the_same_requests_through_both_transports(services, factory,
             a = c.get_manifest(f"{uniq}/requests/ascend/{name}", image.manifest_digest)
             b = c.get_manifest(f"{uniq}/http/ascend/{name}", image.manifest_digest)
             assert a.body == b.body == image.manifest_bytes
+
+
+class ConnectProxy:
+    """A forward proxy that only tunnels (CONNECT host:port), as site proxies do for https; records targets."""
+
+    def __init__(self):
+        self.targets = []
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                head = self.request.makefile("rb")
+                method, target, _ = head.readline().decode("latin-1").split(" ", 2)
+                while head.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                proxy.targets.append((method, target))
+                if method != "CONNECT":
+                    self.request.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                    return
+                host, port = target.rsplit(":", 1)
+                with socket.create_connection((host, int(port)), timeout=10) as upstream:
+                    self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    _relay(self.request, upstream)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # a tunnel ends when either side closes, or after 5 s idle
+        self.thread = threading.Thread(target=self.server.serve_forever)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return "http://127.0.0.1:%d" % self.server.server_address[1]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(a, selectors.EVENT_READ, b)
+        sel.register(b, selectors.EVENT_READ, a)
+        while True:
+            ready = sel.select(timeout=5)
+            if not ready:
+                return
+            for key, _ in ready:
+                data = key.fileobj.recv(65536)
+                if not data:
+                    return
+                key.data.sendall(data)
+
+
+def test_proxies_from_the_environment_are_used_as_requests_uses_them(services, factory, uniq, monkeypatch):
+    """$http_proxy (the whole request to the proxy), $https_proxy (a CONNECT tunnel), $no_proxy."""
+    idx = factory.multiarch(layers=1)
+    repo = f"{uniq}/vllm-ascend"
+    with PushClient.for_service(services, "plain") as c:
+        c.push(repo, "v1", idx)
+    with PushClient.for_service(services, "tls", auth=services.tls_auth) as c:
+        c.push(repo, "v1", idx)
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    forward, tunnel = FaultProxy(services.plain), ConnectProxy()
+    monkeypatch.setenv("http_proxy", forward.url)
+    monkeypatch.setenv("https_proxy", tunnel.url)
+    login = (services.tls_user, services.tls_password)
+
+    def ask(t):
+        forward.clear()
+        del tunnel.targets[:]
+        plain = RegistryClient(f"http://{services.plain}", transport=t, use_docker_config=False)
+        tls = RegistryClient(f"https://{services.tls}", transport=t, ca_cert=services.tls_ca, credentials=login)
+        return (plain.manifest(repo, "v1")[2], tls.manifest(repo, "v1")[2],
+                [(r.method, r.path) for r in forward.records], sorted(set(tunnel.targets)))
+    try:
+        via = [ask(t) for t in TRANSPORTS]
+        assert via[0] == via[1] == (Digest.parse(idx.manifest_digest), Digest.parse(idx.manifest_digest),
+                                    [("GET", f"http://{services.plain}/v2/{repo}/manifests/v1")],
+                                    [("CONNECT", services.tls)])
+        monkeypatch.setenv("no_proxy", "127.0.0.1")
+        direct = [ask(t) for t in TRANSPORTS]
+        assert direct[0] == direct[1] and direct[1][2:] == ([], [])
+    finally:
+        forward.close()
+        tunnel.close()
 
 
 def _config(home, doc):
