@@ -72,6 +72,10 @@ def test_bundle_pyz_verifies_and_loads_with_a_bare_python(services, factory, mir
     for text in ((out / "README.txt").read_text(), run_bare(["sh"], "load.sh", "--help", cwd=out).stdout):
         assert "imgtool load ." in text and "python3 imgtool.pyz load ." in text and "sh load.sh" in text
         assert "--no-tool" not in text
+        # which Python the pyz needs, push included (issue 18)
+        assert "On python3 3.7+ imgtool.pyz also verifies, prints run flags, runs, and pushes to a site " \
+               "registry; fetch needs 3.9+." in text
+        assert "python3 3.7+ 上 imgtool.pyz 还可 verify、run-flags、run，以及 push 到站内镜像仓库；fetch 需要 3.9+。" in text
 
     ok = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
     assert ok.returncode == 0, ok.stderr

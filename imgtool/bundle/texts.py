@@ -100,6 +100,8 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
                  "前两种会边导入边校验每个分卷和 blob，任何一项不符时 Docker 不保留任何内容。"]
+        if has_tool(index):
+            lines.append(f"python3 3.7+ 上 {TOOL_PYZ} 还可 verify、run-flags、run，以及 push 到站内镜像仓库；fetch 需要 3.9+。")
     else:
         pyz = f"any python3 3.7+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
             "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
@@ -108,6 +110,9 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   needs only sh, sha256sum, cat and docker",
                  "The first two check every part and blob as they load; on any mismatch Docker keeps nothing."]
+        if has_tool(index):
+            lines.append(f"On python3 3.7+ {TOOL_PYZ} also verifies, prints run flags, runs, and pushes to a site "
+                         "registry; fetch needs 3.9+.")
     return "\n".join(indent + line for line in lines)
 
 
