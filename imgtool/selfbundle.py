@@ -165,13 +165,13 @@ def _copy(src: Path, out: Path) -> ToolBuild:
             manifest = json.loads(z.read("imgtool-pyz.json"))
         # pyz files written before the key existed said the every-verb floor in requires_python
         every = manifest.get("requires_python_every_verb") or manifest["requires_python"]
-        low = tuple(int(x) for x in every.lstrip(">=").split(".")[:2])
+        major, minor = (int(x) for x in every.lstrip(">=").split(".")[:2])
     except (KeyError, ValueError, zipfile.BadZipFile) as e:
         raise ImgtoolError(f"cannot read {src} as {TOOL_NAME}: {e}") from e
     if out.resolve() != src.resolve():
         _write_file(out, data)
     return ToolBuild(out, len(data), hashlib.sha256(data).hexdigest(), manifest["imgtool_version"],
-                     dict(manifest["packages"]), low, cached=True)
+                     dict(manifest["packages"]), (major, minor), cached=True)
 
 
 def cached_tool(cache_root: Path) -> ToolBuild:

@@ -145,6 +145,8 @@ def test_the_pyz_fetches_too_and_copies_itself(services, factory, mirrored, tmp_
     assert not (tmp_path / "home" / "z" / "bundle.json").exists()
     again = run_bare(bare_python, str(tool), "self-bundle", "-o", "copy.pyz", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+    assert ": imgtool %s for Python 3.7+ (offline verbs and push; every verb on 3.9+), " % __version__ \
+        in again.stdout  # read back from the copied pyz's imgtool-pyz.json
     assert (tmp_path / "copy.pyz").read_bytes() == tool.read_bytes()
 
 
