@@ -108,12 +108,15 @@ class _HTTPSConnection(http.client.HTTPSConnection):
 
 
 def tls_context(verify: Union[bool, str]) -> ssl.SSLContext:
-    """verify=True: the system's CAs; a path: only that CA file (as requests' verify=PATH); False: no checks."""
+    """verify=True: $REQUESTS_CA_BUNDLE or $CURL_CA_BUNDLE as requests reads them, else the system's CAs
+    (requests has certifi's); a path: only that CA file (as requests' verify=PATH); False: no checks."""
     if verify is False:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         return ctx
+    if verify is True:
+        verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
     return ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
 
 

@@ -81,7 +81,7 @@ def test_reads_and_errors_are_the_same_through_both_transports(services, factory
         "RegistryError", "127.0.0.1:1: connection refused", None, 4)
 
 
-def test_tls_and_basic_auth_are_the_same_through_both_transports(services, factory, uniq):
+def test_tls_and_basic_auth_are_the_same_through_both_transports(services, factory, uniq, monkeypatch):
     idx = factory.multiarch(layers=1)
     repo = f"{uniq}/vllm-ascend"
     with PushClient.for_service(services, "tls", auth=services.tls_auth) as c:
@@ -99,6 +99,9 @@ def test_tls_and_basic_auth_are_the_same_through_both_transports(services, facto
         "RegistryError", f"{services.tls}: TLS verification failed: certificate verify failed: unable to get local "
         "issuer certificate",
         "set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network", 4)
+    with monkeypatch.context() as env:  # requests' own variable for a site CA: honoured on both
+        env.setenv("REQUESTS_CA_BUNDLE", services.tls_ca)
+        assert same(lambda t: read(t, credentials=login)) == ("ok", Digest.parse(idx.manifest_digest))
     assert same(lambda t: read(t, ca_cert=services.tls_ca, credentials=(services.tls_user, "wrong"))) == (
         "RegistryError", f"{services.tls}/{repo}: authentication required (HTTP 401)",
         f"log in with `docker login {services.tls}` (imgtool reads ~/.docker/config.json)", 4)
