@@ -64,9 +64,10 @@ class _UsageError(click.UsageError):
 
 
 # Verbs whose libraries (requests 2.32, urllib3 2, docker 7) need Python 3.9+. imgtool.pyz runs the
-# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker over the stdlib there).
-NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "push", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff"
+# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
+# site registry over the stdlib there).
+NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push"
 
 
 class _Verbs(click.Group):
@@ -832,18 +833,21 @@ def self_bundle(output, as_json):
     """Build imgtool.pyz: imgtool and its pure-Python dependencies in one file (`python3 imgtool.pyz ...`).
 
     The same file `fetch` puts into every bundle, built from the installed packages (no
-    network); carry it once to hosts that have python3 (3.7+ offline, 3.9+ for fetch) but cannot pip install.
+    network); carry it once to hosts that have python3 (3.7+ offline and for push, 3.9+ for fetch) but cannot
+    pip install.
     """
     from .selfbundle import build
 
     tool = build(output)
     report = progress()
+    for warning in tool.warnings:
+        report.warn(warning)
     for note in tool.notes:
-        report.warn(note) if "needs Python" in note else report.note(note)
+        report.note(note)
     if as_json:
         emit_json(tool.to_json())
         return
-    click.echo(f"wrote {tool.path}: imgtool {tool.version} for Python {tool.min_python[0]}.{tool.min_python[1]}+, "
+    click.echo(f"wrote {tool.path}: imgtool {tool.version} for {tool.python_text()}, "
                f"{tool.size // 1024} KiB, sha256 {tool.sha256}")
     click.echo("  " + ", ".join(f"{k} {v}" for k, v in tool.packages.items() if k != "imgtool"))
     click.echo(f"run it: python3 {tool.path} load BUNDLE_DIR")

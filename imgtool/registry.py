@@ -12,21 +12,48 @@ import json
 import os
 import random
 import re
+import socket
+import sys
 import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
-
-import requests
 
 from .errors import ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
+if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
+    import requests
+
 USER_AGENT = "imgtool"
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER = 60.0
+
+
+TRANSPORTS = ("requests", "http")
+
+
+def default_transport() -> str:
+    """"requests" where requests 2.32 and urllib3 2 run (Python 3.9+), else "http" (registry_http, stdlib only)."""
+    return "requests" if sys.version_info >= (3, 9) else "http"
+
+
+class _Net:
+    """One transport's session factory and exception types: requests, or registry_http's stdlib twin of it."""
+
+    def __init__(self, name: str):
+        if name not in TRANSPORTS:
+            raise UsageError(f"unknown registry transport {name!r}: one of {', '.join(TRANSPORTS)}")
+        self.name = name
+        if name == "http":
+            from . import registry_http as lib
+        else:
+            import requests as lib  # type: ignore[no-redef]
+        self.lib = lib
+        self.error = lib.RequestException
+        self.tls_error = lib.exceptions.SSLError
 
 
 def docker_config_path() -> str:
@@ -39,10 +66,11 @@ class CredentialHelperError(UsageError):
     """The credential helper `docker login` stored the secret with (credsStore/credHelpers) failed."""
 
 
-def credentials_for(host: str) -> Optional[Tuple[str, str]]:
+def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tuple[str, str]]:
     """(username, password) for a registry host as `docker login` stored them, or None.
 
-    Read with docker-py's own resolution (docker.auth): a credential helper named by `credHelpers`
+    Read with docker-py's own resolution (docker.auth) on the requests transport, and with its stdlib
+    twin (registry_http.docker_credentials) on the http one: a credential helper named by `credHelpers`
     for this host or by `credsStore` (desktop keychains, `pass`), then the `auths` entries (with
     legacy full-URL keys). An identity token (OAuth) is not a password: None. Raises
     CredentialHelperError when a configured helper cannot be run or fails.
@@ -50,14 +78,32 @@ def credentials_for(host: str) -> Optional[Tuple[str, str]]:
     path = docker_config_path()
     if not os.path.isfile(path):
         return None
-    from docker.auth import load_config  # docker-py's credential-store support, nothing of its client
-    from docker.errors import DockerException
+    if (transport or default_transport()) == "http":
+        from . import registry_http
 
+        def resolve():
+            return registry_http.docker_credentials(path, host)
+
+        helper_failed: tuple = (registry_http.HelperError,)
+
+        def words(e):
+            return e
+    else:
+        from docker.auth import load_config  # docker-py's credential-store support, nothing of its client
+        from docker.errors import DockerException
+
+        def resolve():
+            return load_config(config_path=path).resolve_authconfig(host)
+
+        helper_failed = (DockerException,)
+
+        def words(e):  # the helper's words (docker's StoreError), not docker-py's wrapper
+            return e.__cause__ if e.__cause__ is not None else e
     try:
         with warnings.catch_warnings():  # docker-py also warns on stderr when a helper is missing
             warnings.simplefilter("ignore")
-            entry = load_config(config_path=path).resolve_authconfig(host)
-    except DockerException as e:
+            entry = resolve()
+    except helper_failed as e:
         store = None
         try:
             with open(path, encoding="utf-8") as f:
@@ -66,7 +112,7 @@ def credentials_for(host: str) -> Optional[Tuple[str, str]]:
         except (OSError, ValueError, AttributeError):
             pass
         helper = f"docker-credential-{store}" if store else "the credential helper"
-        why = network_error_text(e.__cause__ if e.__cause__ is not None else e)  # the helper's words, not docker-py's wrapper
+        why = network_error_text(words(e))
         raise CredentialHelperError(
             f"{helper} named in {path} cannot give the credentials for {host}: {why}",
             hint=f"install {helper} (or run `docker login {host}` again), or remove credsStore/credHelpers "
@@ -92,7 +138,7 @@ def parse_challenge(header: str) -> Tuple[str, Dict[str, str]]:
     return scheme.lower(), params
 
 
-def registry_error_text(resp: requests.Response) -> str:
+def registry_error_text(resp: "requests.Response") -> str:
     """The distribution error message of a response, or its status line."""
     try:
         errors = resp.json().get("errors") or []
@@ -104,7 +150,7 @@ def registry_error_text(resp: requests.Response) -> str:
     return f"HTTP {resp.status_code} {resp.reason or ''}".strip()
 
 
-def _retry_after(resp: requests.Response) -> Optional[float]:
+def _retry_after(resp: "requests.Response") -> Optional[float]:
     value = resp.headers.get("Retry-After")
     if not value:
         return None
@@ -129,16 +175,22 @@ class RetryPolicy:
 
 
 class RegistryClient:
-    """Talks to one registry endpoint; thread-safe (one requests.Session per thread)."""
+    """Talks to one registry endpoint; thread-safe (one session per thread).
+
+    `transport` is "requests" or "http" (registry_http's stdlib client, for Python 3.7/3.8); by
+    default requests where it runs (default_transport). Both give the same answers and errors.
+    """
 
     def __init__(self, base_url: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
                  connect_timeout: float = 10.0, read_timeout: float = 60.0, retry: Optional[RetryPolicy] = None,
-                 credentials: Optional[Tuple[str, str]] = None, use_docker_config: bool = True):
+                 credentials: Optional[Tuple[str, str]] = None, use_docker_config: bool = True,
+                 transport: Optional[str] = None):
         self.base_url = base_url.rstrip("/")
         split = urlsplit(self.base_url)
         if split.scheme not in ("http", "https") or not split.netloc:
             raise UsageError(f"invalid registry URL {base_url!r}")
         self.host = split.netloc
+        self._net = _Net(transport or default_transport())
         # Passed on every call: a Session's own `verify` loses to $REQUESTS_CA_BUNDLE.
         self.verify = False if insecure else (ca_cert or True)
         self.timeout = (connect_timeout, read_timeout)
@@ -147,7 +199,7 @@ class RegistryClient:
         self._credential_problem: Optional[CredentialHelperError] = None
         if credentials is None and use_docker_config:
             try:
-                self._credentials = credentials_for(self.host)
+                self._credentials = credentials_for(self.host, self._net.name)
             except CredentialHelperError as e:  # anonymous for now; named if the registry asks for a login
                 self._credential_problem = e
         self._tokens: Dict[str, str] = {}  # scope -> bearer token
@@ -157,14 +209,15 @@ class RegistryClient:
 
     # -- plumbing --------------------------------------------------------
 
-    def _session(self) -> requests.Session:
+    def _session(self) -> "requests.Session":
         s = getattr(self._local, "session", None)
         if s is None:
-            s = requests.Session()
+            s = self._net.lib.Session()
             s.headers["User-Agent"] = USER_AGENT
-            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
-            s.mount("http://", adapter)
-            s.mount("https://", adapter)
+            if self._net.name == "requests":
+                adapter = self._net.lib.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+                s.mount("http://", adapter)
+                s.mount("https://", adapter)
             self._local.session = s
         return s
 
@@ -178,7 +231,7 @@ class RegistryClient:
             return {"Authorization": f"Basic {raw}"}
         return {}
 
-    def _authenticate(self, resp: requests.Response, scope: Optional[str]) -> bool:
+    def _authenticate(self, resp: "requests.Response", scope: Optional[str]) -> bool:
         """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
         scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
         if scheme == "basic":
@@ -197,7 +250,7 @@ class RegistryClient:
         auth = self._credentials if self._credentials else None
         try:
             r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
-        except requests.RequestException as e:
+        except self._net.error as e:
             raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}") from e
         if r.status_code in (401, 403):
             raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
@@ -217,7 +270,7 @@ class RegistryClient:
 
     def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
                 stream: bool = False, timeout=None, retry: bool = True, data: Optional[bytes] = None
-                ) -> requests.Response:
+                ) -> "requests.Response":
         """Send a request with auth and retries; returns the final response (any status).
 
         `data` (bytes, so a retry can send it again) is the request body.
@@ -234,10 +287,10 @@ class RegistryClient:
             try:
                 resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
                                                allow_redirects=True, verify=self.verify, data=data)
-            except requests.exceptions.SSLError as e:
+            except self._net.tls_error as e:
                 raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
                                     hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network") from e
-            except requests.RequestException as e:
+            except self._net.error as e:
                 attempt += 1
                 if attempt >= attempts:
                     raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
@@ -267,9 +320,9 @@ class RegistryClient:
         start = time.monotonic()
         try:
             resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify)
-        except requests.exceptions.SSLError as e:
+        except self._net.tls_error as e:
             raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}") from e
-        except requests.RequestException as e:
+        except self._net.error as e:
             raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
         elapsed = time.monotonic() - start
         resp.close()
@@ -310,7 +363,7 @@ class RegistryClient:
         return data, ctype, actual
 
     def blob(self, repository: str, digest: Digest, start: int = 0, end: Optional[int] = None,
-             timeout=None) -> requests.Response:
+             timeout=None) -> "requests.Response":
         """Open a raw (not content-decoded) blob stream for bytes [start, end).
 
         The response is 206 for a satisfied range or 200 for the whole blob; the caller
@@ -362,7 +415,7 @@ class RegistryClient:
             return self._credential_problem
         return RegistryError(message, hint=hint)
 
-    def _push_failed(self, resp: requests.Response, repository: str, what: str) -> ImgtoolError:
+    def _push_failed(self, resp: "requests.Response", repository: str, what: str) -> ImgtoolError:
         if resp.status_code in (401, 403):
             return self._auth_failed(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
                                      f"{registry_error_text(resp)})",
@@ -440,7 +493,7 @@ def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
         return None
 
 
-def _read_capped(resp: requests.Response, limit: int, what: str) -> bytes:
+def _read_capped(resp: "requests.Response", limit: int, what: str) -> bytes:
     chunks, total = [], 0
     for chunk in resp.iter_content(65536):
         total += len(chunk)
@@ -453,8 +506,11 @@ def _read_capped(resp: requests.Response, limit: int, what: str) -> bytes:
 def network_error_text(e: Exception, limit: int = 200) -> str:
     """One readable line for a network exception (urllib3 nests long reprs)."""
     text = " ".join(str(e).split())
-    if isinstance(e, (requests.exceptions.ConnectTimeout, requests.exceptions.ReadTimeout)) or "timed out" in text:
+    if isinstance(e, _timeouts()) or "timed out" in text:
         return "timed out"
+    m = re.search(r"\[SSL: \w+\] ([^'\"]+?) \(_ssl\.c:\d+\)", text)  # OpenSSL's words, not urllib3's wrapping
+    if m:
+        return m.group(1)
     m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
     if m:
         return m.group(1).strip().rstrip(".").lower()
@@ -464,3 +520,13 @@ def network_error_text(e: Exception, limit: int = 200) -> str:
         if needle in text:
             return said
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _timeouts() -> tuple:
+    """The timeout exceptions of the transports loaded (one of requests' cannot exist unless requests is)."""
+    found = [socket.timeout]
+    for name in ("requests", "imgtool.registry_http"):
+        lib = sys.modules.get(name)
+        if lib is not None:
+            found += [lib.exceptions.ConnectTimeout, lib.exceptions.ReadTimeout]
+    return tuple(found)

@@ -1,8 +1,8 @@
 """imgtool.pyz: imgtool and its pure-Python dependencies in one zipapp, carried in every bundle.
 
 An offline host has no package index, so the bundle brings the tool that reads it:
-`python3 imgtool.pyz load .` works with any CPython 3.7+ on any architecture (fetch and the other
-connected verbs need 3.9+).
+`python3 imgtool.pyz load .` (and the other offline verbs, and push) works with any CPython 3.7+ on
+any architecture; fetch and the other connected verbs need 3.9+.
 
 The pyz is built from what is installed in the running environment (importlib.metadata: each
 distribution's file list), so building needs no network. Compiled extension files (.so/.pyd)
@@ -21,7 +21,7 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from . import __version__
 from .bundle.format import TOOL_PYZ as TOOL_NAME
@@ -34,9 +34,9 @@ ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
 # Compiled, and imported only where needed: left out of the pyz on purpose.
 LAZY = ("zstandard",)
 MIN_PYTHON = (3, 9)
-# The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) run on 3.7 too:
-# Kylin V10's system python3. cli.py refuses the others below 3.9; daemon.py speaks to Docker
-# over the standard library there.
+# The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) and push run on
+# 3.7 too: Kylin V10's system python3. cli.py refuses the others below 3.9; daemon.py and registry.py
+# speak to Docker and to registries over the standard library there.
 OFFLINE_MIN_PYTHON = (3, 7)
 BUILD_FORMAT = 2  # bump when what goes into the pyz changes: part of the cache key
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
@@ -79,14 +79,33 @@ class ToolBuild:
     sha256: str
     version: str
     packages: Dict[str, str]  # distribution -> version
-    min_python: Tuple[int, int]
+    min_python: Tuple[int, int]  # every verb runs from here on
     cached: bool = False
-    notes: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # what went in how (pure-Python fallbacks)
+    warnings: List[str] = field(default_factory=list)  # a packed package raises the Python the pyz needs
+
+    @property
+    def start_python(self) -> Tuple[int, int]:
+        """The oldest Python the pyz starts on (the offline verbs and push; see _gate)."""
+        return _gate(self.min_python)
+
+    def python_text(self) -> str:
+        """Which Python runs what, in a few words: "Python 3.7+ (offline verbs and push; every verb on 3.9+)"."""
+        low, every = self.start_python, self.min_python
+        if low == every:
+            return "Python %d.%d+" % every
+        return "Python %d.%d+ (offline verbs and push; every verb on %d.%d+)" % (low + every)
 
     def to_json(self) -> dict:
         return {"path": str(self.path), "size": self.size, "sha256": self.sha256, "imgtool_version": self.version,
-                "requires_python": ">=%d.%d" % self.min_python, "packages": dict(self.packages),
+                "requires_python": ">=%d.%d" % self.start_python,
+                "requires_python_every_verb": ">=%d.%d" % self.min_python, "packages": dict(self.packages),
                 "cached": self.cached}
+
+
+def _gate(min_python: Tuple[int, int]) -> Tuple[int, int]:
+    """The oldest Python the pyz lets in: 3.7 while its packages allow imgtool's own floor, else theirs."""
+    return OFFLINE_MIN_PYTHON if min_python <= MIN_PYTHON else min_python
 
 
 def collect() -> Tuple[List[Package], List[str]]:
@@ -109,16 +128,15 @@ def collect() -> Tuple[List[Package], List[str]]:
             raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} (needed by {wanted_by}) is not installed here",
                                hint=f"pip install {name}, or pass --no-tool") from None
         packages[key] = pkg = _package(dist, notes)
-        for req in dist.requires or ():
-            req_name, marker = _requirement(req)
-            if "extra" in marker or _norm(req_name) in packages:
+        for req in map(Requirement.parse, dist.requires or ()):
+            if req.for_extra or _norm(req.name) in packages:
                 continue
             try:
-                metadata.distribution(req_name)
+                metadata.distribution(req.name)
             except metadata.PackageNotFoundError:
-                if marker:  # e.g. colorama on Windows only: not for this kind of host
+                if req.conditional:  # e.g. colorama on Windows only: not for this kind of host
                     continue
-            todo.append((req_name, pkg.name))
+            todo.append((req.name, pkg.name))
     return [own] + [packages[k] for k in sorted(packages)], notes
 
 
@@ -145,13 +163,15 @@ def _copy(src: Path, out: Path) -> ToolBuild:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             manifest = json.loads(z.read("imgtool-pyz.json"))
-        low = tuple(int(x) for x in manifest["requires_python"].lstrip(">=").split(".")[:2])
+        # pyz files written before the key existed said the every-verb floor in requires_python
+        every = manifest.get("requires_python_every_verb") or manifest["requires_python"]
+        major, minor = (int(x) for x in every.lstrip(">=").split(".")[:2])
     except (KeyError, ValueError, zipfile.BadZipFile) as e:
         raise ImgtoolError(f"cannot read {src} as {TOOL_NAME}: {e}") from e
     if out.resolve() != src.resolve():
         _write_file(out, data)
     return ToolBuild(out, len(data), hashlib.sha256(data).hexdigest(), manifest["imgtool_version"],
-                     dict(manifest["packages"]), low, cached=True)
+                     dict(manifest["packages"]), (major, minor), cached=True)
 
 
 def cached_tool(cache_root: Path) -> ToolBuild:
@@ -164,7 +184,7 @@ def cached_tool(cache_root: Path) -> ToolBuild:
     if path.is_file():
         data = path.read_bytes()
         return ToolBuild(path, len(data), hashlib.sha256(data).hexdigest(), __version__, _versions(packages),
-                         _min_python(packages), cached=True, notes=notes + _python_notes(packages))
+                         _min_python(packages), cached=True, notes=notes, warnings=_python_warnings(packages))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -182,9 +202,10 @@ def _write(out: Path, packages: List[Package], notes: List[str]) -> ToolBuild:
                 entries[arcname] = src.read_bytes()
             except OSError as e:
                 raise ImgtoolError(f"cannot build {TOOL_NAME}: cannot read {src} ({pkg.name}): {e.strerror}") from e
-    gate = OFFLINE_MIN_PYTHON if min_python <= MIN_PYTHON else min_python
+    gate = _gate(min_python)
     entries["__main__.py"] = _MAIN.format(version=__version__, min_python=gate, min_text="%d.%d" % gate).encode()
-    manifest = {"imgtool_version": __version__, "requires_python": ">=%d.%d" % min_python,
+    manifest = {"imgtool_version": __version__, "requires_python": ">=%d.%d" % gate,
+                "requires_python_every_verb": ">=%d.%d" % min_python,
                 "packages": _versions(packages), "left_out": list(LAZY)}
     entries["imgtool-pyz.json"] = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     buf = io.BytesIO()
@@ -197,10 +218,9 @@ def _write(out: Path, packages: List[Package], notes: List[str]) -> ToolBuild:
             info.external_attr = 0o100644 << 16
             z.writestr(info, entries[name], compresslevel=ZIP_LEVEL)
     data = buf.getvalue()
-    notes += _python_notes(packages)
     _write_file(out, data)
     return ToolBuild(out, len(data), hashlib.sha256(data).hexdigest(), __version__, _versions(packages),
-                     min_python, notes=notes)
+                     min_python, notes=notes, warnings=_python_warnings(packages))
 
 
 def _write_file(out: Path, data: bytes) -> None:
@@ -255,11 +275,36 @@ def _package(dist, notes: List[str]) -> Package:
     return pkg
 
 
-def _requirement(text: str) -> Tuple[str, str]:
-    """`name[extra] (>=1); marker` -> (name, marker)."""
-    spec, _, marker = text.partition(";")
-    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
-    return (m.group(1) if m else spec.strip()), marker.strip()
+# A PEP 508 marker's tokens: a quoted string, a name (a marker variable or and/or/in/not), or operators
+_MARKER_TOKEN = re.compile(r"""'[^']*'|"[^"]*"|([A-Za-z_][A-Za-z0-9_.]*)|[^\s'"A-Za-z_]+""")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One Requires-Dist line: the distribution it names and the variables its marker tests.
+
+    Markers are read, never evaluated: the pyz runs on Pythons other than the one building it,
+    so a dependency for `python_version < "3.11"` goes in whenever it is installed here."""
+
+    name: str
+    variables: FrozenSet[str]  # e.g. {"extra"}, {"python_version", "sys_platform"}; empty: unconditional
+
+    @classmethod
+    def parse(cls, text: str) -> "Requirement":
+        """`name[extra] (>=1); marker`."""
+        spec, _, marker = text.partition(";")
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+        names = {t.group(1) for t in _MARKER_TOKEN.finditer(marker) if t.group(1)}
+        return cls(m.group(1) if m else spec.strip(), frozenset(names - {"and", "or", "in", "not"}))
+
+    @property
+    def for_extra(self) -> bool:
+        """Wanted only with an extra (`; extra == "socks"`): imgtool asks for none."""
+        return "extra" in self.variables
+
+    @property
+    def conditional(self) -> bool:
+        return bool(self.variables)
 
 
 def _norm(name: str) -> str:
@@ -285,7 +330,7 @@ def _min_python(packages: List[Package]) -> Tuple[int, int]:
     return max(_lower_bound(p.requires_python) for p in packages)
 
 
-def _python_notes(packages: List[Package]) -> List[str]:
+def _python_warnings(packages: List[Package]) -> List[str]:
     """The warning when a packed dependency needs a newer Python than imgtool's 3.9."""
     low = _min_python(packages)
     if low <= MIN_PYTHON:
@@ -310,11 +355,10 @@ def bundle_tool(progress) -> Dict[str, Path]:
     from .config import cache_dir
 
     tool = cached_tool(cache_dir())
-    for note in tool.notes:
-        if "needs Python" in note:
-            progress.warn(note)
-        elif not tool.cached:
-            progress.note(note)
-    progress.note(f"{TOOL_NAME}: imgtool {tool.version}, {tool.size // 1024} KiB, Python "
-                  f"{tool.min_python[0]}.{tool.min_python[1]}+" + (" (cached)" if tool.cached else ""))
+    for warning in tool.warnings:
+        progress.warn(warning)
+    for note in tool.notes if not tool.cached else ():
+        progress.note(note)
+    progress.note(f"{TOOL_NAME}: imgtool {tool.version}, {tool.size // 1024} KiB, {tool.python_text()}"
+                  + (" (cached)" if tool.cached else ""))
     return {TOOL_NAME: tool.path}

@@ -62,6 +62,28 @@ def test_the_stdlib_docker_client_is_reached_only_through_daemon_py():
     assert not {top for top, _ in imports_of(PKG / "daemon_http.py")} & {"docker", "requests", "urllib3", "."}
 
 
+def test_the_stdlib_registry_client_is_reached_only_through_registry_py():
+    # registry_http.py is the registry room's second transport (Python 3.7/3.8), not a second room;
+    # registry.py imports requests only inside the transport it chose, so it loads where requests cannot
+    users = {p.relative_to(PKG).as_posix() for p in modules()
+             if any(n.endswith("registry_http") for n in _names(p))}
+    assert users == {"registry.py"}, users
+    assert not {top for top, _ in imports_of(PKG / "registry_http.py")} & {"docker", "requests", "urllib3", "."}
+    tree = ast.parse((PKG / "registry.py").read_text())
+    top_level = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for a in node.names}
+    top_level |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
+    assert not top_level & {"docker", "requests", "urllib3"}, top_level
+
+
+def _names(p):
+    """Every module and every `from . import x` name p imports."""
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            yield from [node.module or ""] + [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
 def test_only_progress_imports_tqdm():
     users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "tqdm" for t, _ in imports_of(p))}
     assert users <= {"progress.py"}, users

@@ -1,11 +1,15 @@
 """`imgtool push`: a bundle into a registry of the offline network, then `docker pull` from it.
 
-Real distribution registries (plain HTTP, and TLS with Basic auth from ~/.docker/config.json),
-the real test dockerd, and the FaultProxy to count what went over the wire.
+Real distribution registries (plain HTTP, TLS with Basic auth from ~/.docker/config.json, and
+bearer tokens), the real test dockerd, and the FaultProxy to count what went over the wire. Also
+from imgtool.pyz under pyenv's python3 3.7 and 3.8 (`env -i`, the stdlib registry client), which
+must store the same bytes and say the same words as 3.11's imgtool.
 """
 
 import base64
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -18,6 +22,8 @@ from imgtool.push import parse_target, push_bundle
 from tests.support.bundles import BlobDir, imgtool, parts_of, write
 from tests.support.images import host_arch
 from tests.support.proxy import FaultProxy
+from tests.test_puller import HELPER
+from tests.test_selfbundle import OLD_PYTHONS, old_python
 
 REPO = "quay.io/ascend/vllm-ascend"
 
@@ -128,3 +134,140 @@ def test_delta_bundle_needs_its_base_in_the_registry(services, factory, store, t
     ok = imgtool("push", str(delta), "--to", target, "--insecure", "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["blobs_uploaded"] == 2  # config + the new layer
+
+
+# --- from Kylin's own python3 (3.7) and 3.8, through imgtool.pyz ------------------------------------
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory):
+    tool = tmp_path_factory.mktemp("pyz") / "imgtool.pyz"
+    r = imgtool("self-bundle", "-o", str(tool), "-q")
+    assert r.returncode == 0, r.stderr
+    return tool
+
+
+def run_old(python, *args, home, path=()):
+    """`env -i python3.X imgtool.pyz ...`: that Python's stdlib, HOME's docker config, helpers on `path`."""
+    env = ["env", "-i", "PATH=" + ":".join([*map(str, path), "/usr/sbin:/usr/bin:/sbin:/bin"]), f"HOME={home}",
+           "LANG=C.UTF-8", "IMGTOOL_CACHE=/nonexistent/imgtool-cache"]
+    return subprocess.run([*env, *python, *args], capture_output=True, text=True, cwd=home, timeout=300)
+
+
+def _pushed(stdout: str) -> dict:
+    """--json of a push, without what differs between two pushes of the same bundle (time, namespace)."""
+    doc = json.loads(stdout)
+    doc.pop("seconds")
+    for im in doc["images"]:
+        im["target"] = im["target"].split("/", 3)[3]  # HOST/UNIQ/old|new/...
+    return doc
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_push_from_kylins_python_stores_what_3_11_stores(version, services, factory, store, tmp_path, uniq, pyz,
+                                                         registry):
+    python = old_python(version)
+    base = factory.layers(2)
+    image = factory.image(host_arch(), layers=1, base=base, media="oci")
+    other = factory.image(host_arch(), layers=1, base=base)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:v1"), store.pulled(other, "quay.io/ascend/cann:8.2")], store,
+          chunk_size=700 * 1024)
+    home = tmp_path / "home"
+    home.mkdir()
+
+    old = run_old(python, str(pyz), "push", str(out), "--to", f"{services.plain}/{uniq}/old", "--insecure", "--json",
+                  home=home)
+    assert old.returncode == 0, old.stderr
+    new = imgtool("push", str(out), "--to", f"{services.plain}/{uniq}/new", "--insecure", "--json",
+                  env={"HOME": str(home)})
+    assert new.returncode == 0, new.stderr
+    assert _pushed(old.stdout) == _pushed(new.stdout)
+    assert (json.loads(old.stdout)["blobs_uploaded"], json.loads(old.stdout)["blobs_mounted"]) == (6, 2)
+    plain = registry("plain")
+    for name, im, tag in (("vllm-ascend", image, "v1"), ("cann", other, "8.2")):
+        got = plain.get_manifest(f"{uniq}/old/ascend/{name}", tag)
+        assert got.body == plain.get_manifest(f"{uniq}/new/ascend/{name}", tag).body == im.manifest_bytes
+
+    # pulled back by another client, which checks every blob against its digest
+    pulled = tmp_path / "pulled"
+    r = subprocess.run(["skopeo", "copy", "--src-tls-verify=false",
+                        f"docker://{services.plain}/{uniq}/old/ascend/vllm-ascend:v1", f"dir:{pulled}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for digest, data in image.blobs().items():
+        assert (pulled / digest.split(":", 1)[1]).read_bytes() == data
+
+    again = run_old(python, str(pyz), "push", str(out), "--to", f"{services.plain}/{uniq}/old", "--insecure", "--json",
+                    home=home)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["blobs_present"] == 8
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_push_from_kylins_python_logs_in_as_3_11_does(version, services, factory, store, tmp_path, uniq, pyz,
+                                                      token_issuer, registry):
+    """A token registry with the login in a credential helper, and a TLS registry with Basic auth in
+    config.json: the same results, and a refused login in the same words, on both paths."""
+    python = old_python(version)
+    image = factory.image(host_arch(), layers=2, media="oci")
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:v2")], store)
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    (home / ".docker").mkdir(parents=True)
+    bin_dir.mkdir()
+    user, password = "robot", "s3cret-" + uniq
+    token_issuer.credentials = {user: password}
+    token_issuer.anonymous_actions = ()
+    helper = bin_dir / "docker-credential-imgtooltest"
+
+    def login(secret):
+        helper.write_text(HELPER.format(host=services.token, user=user, password=secret))
+        helper.chmod(0o755)
+
+    config = home / ".docker" / "config.json"
+    config.write_text(json.dumps({"auths": {services.token: {}}, "credsStore": "imgtooltest"}))
+    env311 = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    target = f"{services.token}/{uniq}"
+
+    login(password)
+    ok = run_old(python, str(pyz), "push", str(out), "--to", target, "--insecure", "--json", home=home,
+                 path=[bin_dir])
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["scheme"] == "http" and json.loads(ok.stdout)["blobs_uploaded"] == 3
+    assert (bin_dir / "docker-credential-imgtooltest.asked").read_text().split()[0] == services.token
+    assert {r.account for r in token_issuer.requests if r.token} == {user}
+    assert password not in ok.stdout + ok.stderr
+    got = registry("token", auth=(user, password)).get_manifest(f"{uniq}/ascend/vllm-ascend", "v2")
+    assert got.body == image.manifest_bytes
+
+    login("wrong")
+    old = run_old(python, str(pyz), "push", str(out), "--to", target, "--insecure", home=home, path=[bin_dir])
+    new = imgtool("push", str(out), "--to", target, "--insecure", env=env311)
+    assert (old.returncode, old.stderr) == (new.returncode, new.stderr)
+    assert old.returncode == 4
+    assert old.stderr.splitlines() == [
+        f"error: {services.token}: the token service refused access (UNAUTHORIZED)",
+        "hint: check the credentials for this registry in ~/.docker/config.json (docker login)"]
+
+    gone = run_old(python, str(pyz), "push", str(out), "--to", target, "--insecure", home=home)  # helper not on PATH
+    gone311 = imgtool("push", str(out), "--to", target, "--insecure", env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
+    assert (gone.returncode, gone.stderr) == (gone311.returncode, gone311.stderr)
+    assert gone.stderr.splitlines()[0] == (
+        f"error: docker-credential-imgtooltest named in {config} cannot give the credentials for {services.token}: "
+        "docker-credential-imgtooltest not installed or not available in PATH")
+
+    # TLS: the system CAs do not know the test CA; --ca-cert does; Basic auth from config.json
+    auth = base64.b64encode(f"{services.tls_user}:{services.tls_password}".encode()).decode()
+    config.write_text(json.dumps({"auths": {services.tls: {"auth": auth}}}))
+    tls = f"{services.tls}/{uniq}"
+    no_ca = run_old(python, str(pyz), "push", str(out), "--to", tls, home=home)
+    no_ca311 = imgtool("push", str(out), "--to", tls, env={"HOME": str(home)})
+    assert (no_ca.returncode, no_ca.stderr) == (no_ca311.returncode, no_ca311.stderr)
+    assert no_ca.stderr.splitlines() == [
+        f"error: cannot reach the registry {services.tls} over HTTPS: {services.tls}: TLS verification failed: "
+        "certificate verify failed: unable to get local issuer certificate",
+        "hint: give its CA with --ca-cert FILE, or --insecure for a plain-HTTP registry"]
+    r = run_old(python, str(pyz), "push", str(out), "--to", tls, "--ca-cert", services.tls_ca, "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["scheme"] == "https"
+    assert registry("tls").get_manifest(f"{uniq}/ascend/vllm-ascend", "v2").body == image.manifest_bytes

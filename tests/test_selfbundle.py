@@ -72,6 +72,10 @@ def test_bundle_pyz_verifies_and_loads_with_a_bare_python(services, factory, mir
     for text in ((out / "README.txt").read_text(), run_bare(["sh"], "load.sh", "--help", cwd=out).stdout):
         assert "imgtool load ." in text and "python3 imgtool.pyz load ." in text and "sh load.sh" in text
         assert "--no-tool" not in text
+        # which Python the pyz needs, push included (issue 18)
+        assert "On python3 3.7+ imgtool.pyz also verifies, prints run flags, runs, and pushes to a site " \
+               "registry; fetch needs 3.9+." in text
+        assert "python3 3.7+ 上 imgtool.pyz 还可 verify、run-flags、run，以及 push 到站内镜像仓库；fetch 需要 3.9+。" in text
 
     ok = run_bare(bare_python, "imgtool.pyz", "verify", ".", cwd=out)
     assert ok.returncode == 0, ok.stderr
@@ -141,6 +145,8 @@ def test_the_pyz_fetches_too_and_copies_itself(services, factory, mirrored, tmp_
     assert not (tmp_path / "home" / "z" / "bundle.json").exists()
     again = run_bare(bare_python, str(tool), "self-bundle", "-o", "copy.pyz", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
+    assert ": imgtool %s for Python 3.7+ (offline verbs and push; every verb on 3.9+), " % __version__ \
+        in again.stdout  # read back from the copied pyz's imgtool-pyz.json
     assert (tmp_path / "copy.pyz").read_bytes() == tool.read_bytes()
 
 
@@ -158,7 +164,10 @@ def test_builds_are_byte_identical_and_cached(tmp_path, monkeypatch):
                 "certifi/cacert.pem"} <= set(names)
         assert not [n for n in names if re.search(r"\.(so|pyd|pyc)$|__pycache__|/RECORD$|^zstandard/", n)]
         manifest = json.loads(z.read("imgtool-pyz.json"))
-    assert manifest["imgtool_version"] == __version__ and manifest["requires_python"] == ">=3.9"
+    assert manifest["imgtool_version"] == __version__
+    # it starts on Kylin's 3.7 (offline verbs and push); every verb needs 3.9
+    assert (manifest["requires_python"], manifest["requires_python_every_verb"]) == (">=3.7", ">=3.9")
+    assert a.to_json()["requires_python"] == ">=3.7" and a.warnings == []
     assert manifest["packages"] == a.packages and manifest["left_out"] == ["zstandard"]
     assert (tmp_path / "a.pyz").read_bytes().startswith(b"#!/usr/bin/env python3\n")
 
@@ -173,13 +182,28 @@ def test_version_of_the_pyz_and_the_self_bundle_verb(tmp_path, bare_python):
     r = imgtool("self-bundle", "-o", str(tmp_path / "tool.pyz"))
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert first.startswith(f"wrote {tmp_path / 'tool.pyz'}: imgtool {__version__} for Python 3.9+, ")
+    assert first.startswith(f"wrote {tmp_path / 'tool.pyz'}: imgtool {__version__} for Python 3.7+ (offline verbs "
+                            "and push; every verb on 3.9+), ")
     v = run_bare(bare_python, str(tmp_path / "tool.pyz"), "--version", cwd=tmp_path)
     assert (v.returncode, v.stdout, v.stderr) == (0, f"imgtool {__version__}\n", "")
     # reads its built-in mirrors.toml and presets from inside the zip
     flags = run_bare(bare_python, str(tmp_path / "tool.pyz"), "run-flags", "a2", "--image", "v1", cwd=tmp_path)
     assert flags.returncode == 0, flags.stderr
     assert "quay.io/ascend/vllm-ascend:v1" in flags.stdout
+
+
+def test_requirements_for_an_extra_are_left_out_by_the_marker_variable_not_by_words():
+    parse = selfbundle.Requirement.parse
+    assert parse('PySocks!=1.5.7,>=1.5.6; extra == "socks"') == selfbundle.Requirement("PySocks", frozenset({"extra"}))
+    assert parse('PySocks; extra == "socks"').for_extra
+    assert parse("urllib3<3,>=1.21.1") == selfbundle.Requirement("urllib3", frozenset())
+    # a dependency for older Pythons goes in (the pyz runs on them), flagged conditional only
+    tomli = parse('tomli>=1.1.0; python_version < "3.11"')
+    assert (tomli.name, tomli.for_extra, tomli.conditional) == ("tomli", False, True)
+    # "extra" inside a string or a longer name is not the extra variable
+    odd = parse("""colorama; platform_system == 'extra' and sys_platform != "win32" or python_full_version>'3'""")
+    assert odd.variables == frozenset({"platform_system", "sys_platform", "python_full_version"})
+    assert not odd.for_extra
 
 
 def test_compiled_only_packages_are_refused():
@@ -209,9 +233,11 @@ def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
     packages, notes = selfbundle.collect()
     packages[1] = selfbundle.Package(packages[1].name, packages[1].version, ">=3.99", packages[1].files)
     tool = selfbundle._write(tmp_path / "new.pyz", packages, notes)
-    assert tool.min_python == (3, 99)
-    assert f"imgtool.pyz needs Python 3.99+ because of {packages[1].name} {packages[1].version}; install " \
-           "imgtool's pinned dependencies (pip install .) for a pyz that runs on Python 3.9" in tool.notes
+    assert tool.min_python == tool.start_python == (3, 99)
+    assert tool.python_text() == "Python 3.99+"
+    assert tool.warnings == [f"imgtool.pyz needs Python 3.99+ because of {packages[1].name} {packages[1].version}; "
+                             "install imgtool's pinned dependencies (pip install .) for a pyz that runs on Python 3.9"]
+    assert not [n for n in tool.notes if n in tool.warnings]
     r = subprocess.run([sys.executable, "-I", str(tool.path), "--version"], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.splitlines() == [
@@ -318,13 +344,13 @@ def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
     python = old_python(version)
     pyz = tmp_path / "imgtool.pyz"
     assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
-    for verb in ("fetch", "lock", "tags", "inspect", "mirrors", "export", "push"):
+    for verb in ("fetch", "lock", "tags", "inspect", "mirrors", "export", "self-bundle"):
         r = run_clean(python, "imgtool.pyz", verb, "x", cwd=tmp_path)
         assert r.returncode == 2, (verb, r.stderr)
         assert r.stderr.splitlines() == [
             f"error: imgtool {verb} needs Python 3.9 or newer; this is Python {version}",
             "hint: run it on a host with python3 3.9+; here imgtool can verify, load, doctor, inventory, presets, "
-            "run-flags, run, diff"]
+            "run-flags, run, diff, push"]
 
 
 def test_a_python_older_than_3_7_is_told_what_to_do(tmp_path):

@@ -173,6 +173,8 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
                  "前两种会边导入边校验每个分卷和 blob，任何一项不符时 Docker 不保留任何内容。"]
+        if has_tool(index):
+            lines.append(f"python3 3.7+ 上 {TOOL_PYZ} 还可 verify、run-flags、run，以及 push 到站内镜像仓库；fetch 需要 3.9+。")
     else:
         pyz = f"any python3 3.7+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
             "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
@@ -181,6 +183,9 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
                  f"  python3 {TOOL_PYZ} load .   " + pyz,
                  "  sh load.sh                   needs only sh, sha256sum, cat and docker",
                  "The first two check every part and blob as they load; on any mismatch Docker keeps nothing."]
+        if has_tool(index):
+            lines.append(f"On python3 3.7+ {TOOL_PYZ} also verifies, prints run flags, runs, and pushes to a site "
+                         "registry; fetch needs 3.9+.")
     return "\n".join(indent + line for line in lines)
 
 
@@ -304,11 +309,13 @@ def readme(index: BundleIndex) -> bytes:
     comp = index.archive.compression
     unpack = {"none": "", "gzip": " | gzip -dc", "zstd": " | zstd -dc"}[comp]
     size = format_size(next((f.size for f in index.files if f.name == TOOL_PYZ), 0))
-    tool_en = f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any python3 3.7+\n" \
+    tool_en = (f"  {TOOL_PYZ}   imgtool itself ({size}): `python3 {TOOL_PYZ} load .` with any python3 3.7+\n"
+               "                (verify, doctor, run-flags, run and push to a site registry too; fetch needs 3.9+)\n") \
         if has_tool(index) else ""
     verify_en = f"python3 {TOOL_PYZ} verify .   (or: " if has_tool(index) else ""
     verify_zh = f"python3 {TOOL_PYZ} verify .（或：" if has_tool(index) else ""
-    tool_zh = f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 python3 3.7+ 均可 `python3 {TOOL_PYZ} load .`\n" \
+    tool_zh = (f"  {TOOL_PYZ}   imgtool 本身（{size}）：任何 python3 3.7+ 均可 `python3 {TOOL_PYZ} load .`\n"
+               "                （verify、doctor、run-flags、run 以及 push 到站内仓库同样可用；fetch 需要 3.9+）\n") \
         if has_tool(index) else ""
     largest = max(p.size for p in index.parts)
     if largest <= FAT32_MAX:
