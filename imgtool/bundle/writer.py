@@ -17,7 +17,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Dict, List, Optional, Sequence
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..delta import Have, describe_requirements, plan_omissions, requirements
@@ -230,7 +230,61 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     out of the archive and recorded in bundle.json (with `base` describing where `have` came from).
     """
     started = time.monotonic()
-    out_dir = Path(out_dir)
+    plan = plan_bundle(Path(out_dir), images, have, chunk_size=chunk_size, compress=compress)
+    check_output_dir(plan.out_dir, force)
+    warnings = _prepare_dir(plan.out_dir, force)
+    sink = _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single)
+    written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
+    try:
+        _stream_archive(plan, sink, blob_path, verified, progress)
+        parts, archive = _seal_archive(plan, sink, written)
+        index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
+                            base=_delta_base(plan.images, base))
+        index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
+        doc_sha = _write_index(plan.out_dir, index, written)
+    except BaseException as e:
+        sink.abort()
+        for path in written:
+            _unlink(path)
+        if isinstance(e, OSError):
+            raise _os_error(e, plan.out_dir, "write", plan.tar_size) from None
+        raise
+    return BundleResult(plan.out_dir, plan.out_dir / BUNDLE_JSON, doc_sha, archive, parts, list(plan.images),
+                        plan.blobs, time.monotonic() - started, warnings, index.base, list(index.files))
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """What the archive holds and where it goes, decided before a byte is written."""
+
+    out_dir: Path
+    images: Tuple[BundleImage, ...]
+    placed: Tuple[layout.Placed, ...]  # every member with its header, in archive order
+    tar_size: int
+    small: Dict[Digest, bytes]  # manifests and configs: from the pulled images, not from the store
+    archive_name: str
+    compress: str
+    chunk_size: Optional[int]
+
+    @property
+    def blobs(self) -> int:
+        """Distinct blobs in the archive: every member but the generated ones (index.json, manifest.json, ...)."""
+        return sum(1 for p in self.placed if p.member.kind != "meta")
+
+    @property
+    def part_digits(self) -> int:
+        """Digits of the part numbers: at least 3, more when the chunk size makes over 999 parts."""
+        return max(3, len(str(self.tar_size // self.chunk_size + 2))) if self.chunk_size else 3
+
+    @property
+    def single(self) -> bool:
+        """The archive is known to end up as one file (no compression, fits one chunk)."""
+        return self.compress == "none" and (self.chunk_size is None or self.chunk_size >= self.tar_size)
+
+
+def plan_bundle(out_dir: Path, images: Sequence[PulledImage], have: Optional[Have], *, chunk_size: Optional[int],
+                compress: str) -> BundlePlan:
+    """The plan of the bundle for `images`; raises UsageError for bad knobs or images, ImgtoolError."""
     if not images:
         raise UsageError("nothing to bundle: no images")
     if compress not in COMPRESSIONS:
@@ -238,86 +292,106 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     if chunk_size is not None and chunk_size <= 0:
         raise UsageError(f"invalid chunk size {chunk_size}: must be greater than zero")
     bimages = bundle_images(images, have)
-    base_info = base  # `base` is reused below for the archive's file name
-    blobs = {im.manifest_digest: im.manifest_bytes for im in images}
-    blobs.update({im.image_id: im.config_bytes for im in images})
+    small = {im.manifest_digest: im.manifest_bytes for im in images}
+    small.update({im.image_id: im.config_bytes for im in images})
     placed, tar_size = layout.place(layout.members(bimages))
-    check_output_dir(out_dir, force)
-    warnings: List[str] = []
+    return BundlePlan(out_dir, tuple(bimages), tuple(placed), tar_size, small,
+                      _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size)
+
+
+def _archive_stem(out_dir: Path) -> str:
+    """The archive's (and parts') file name without suffix, from the directory's name.
+
+    A part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle".
+    """
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)
+    return re.sub(r"^[^A-Za-z0-9]+", "", name) or "bundle"
+
+
+def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
+    """Create `out_dir`; with --force, or after an interrupted write, clear the old bundle (its warnings)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if force or is_unfinished_bundle(out_dir):
-            warnings += _clear_old_bundle(out_dir)
+            return _clear_old_bundle(out_dir)
+        return []
     except OSError as e:
         raise _os_error(e, out_dir, "create") from e
-    # a part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle"
-    base = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)) or "bundle"
-    archive_name = base + ARCHIVE_SUFFIX[compress]
-    width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
-    single = compress == "none" and (chunk_size is None or chunk_size >= tar_size)
-    sink = _PartSink(out_dir, archive_name, chunk_size, width, single=single)
-    written: List[Path] = []
-    try:
-        with progress.bar(tar_size, "writing bundle") as bar:
-            stream = _compressor(compress, sink, tar_size)
-            for p in placed:
-                member = p.member
-                stream.write(p.header)
-                bar.update(len(p.header))
-                data = member.content if member.content is not None else blobs.get(member.digest)
-                if data is not None:
-                    stream.write(data)
-                    bar.update(len(data))
-                else:
-                    path = blob_path(member.digest)
-                    _copy_blob(member, path, stream, bar, check=member.digest not in verified)
-                pad = layout.padding(member.size)
-                stream.write(bytes(pad))
-                bar.update(pad)
-            trailer = tar_size - (placed[-1].end + layout.padding(placed[-1].member.size))
-            stream.write(bytes(trailer))
-            bar.update(trailer)
-            stream.finish()
-        parts, archive_sha = sink.close()
-        written = [out_dir / p.name for p in parts]
-        if len(parts) == 1:  # one part is simply the archive: `docker load -i` works on it
-            os.replace(out_dir / parts[0].name, out_dir / archive_name)
-            parts = [Part(archive_name, parts[0].size, parts[0].sha256)]
-            written = [out_dir / archive_name]
-        archive = Archive(archive_name, compress, sum(p.size for p in parts), archive_sha, tar_size)
-        used = list(dict.fromkeys(n for im in bimages for x in im.layers if x.omitted for n in x.provided_by))
-        delta_base = dict(base_info or {"kind": "inventory", "name": ""}, images=used) if used else None
-        index = BundleIndex(created or _now(), __version__, tuple(bimages), archive, tuple(parts), base=delta_base)
-        extras = []
-        for name, src in sorted((extra_files or {}).items()):
-            data = Path(src).read_bytes()  # small (imgtool.pyz is about 1 MB)
-            write_atomic(out_dir / name, data, 0o755 if name.endswith(".pyz") else 0o644)
-            written.append(out_dir / name)
-            extras.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
-        index = dataclasses.replace(index, files=tuple(extras))
-        files = []
-        for name, data, mode in ((LOAD_SH, texts.load_sh(index), 0o755), (README_TXT, texts.readme(index), 0o644)):
-            write_atomic(out_dir / name, data, mode)
-            written.append(out_dir / name)
-            files.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
-        files += extras
-        index = dataclasses.replace(index, files=tuple(files))
-        doc = index.to_bytes()
-        doc_sha = hashlib.sha256(doc).hexdigest()
-        sums = [(p.sha256, p.name) for p in parts] + [(doc_sha, BUNDLE_JSON)] + [(f.sha256, f.name) for f in files]
-        write_atomic(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644)
-        written.append(out_dir / SHA256SUMS)
-        write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)  # last: its presence means "complete"
-        fsync_dir(out_dir, strict=True)
-    except BaseException as e:
-        sink.abort()
-        for path in written:
-            _unlink(path)
-        if isinstance(e, OSError):
-            raise _os_error(e, out_dir, "write", tar_size) from None
-        raise
-    return BundleResult(out_dir, out_dir / BUNDLE_JSON, doc_sha, archive, parts, bimages, len(placed) - 3,
-                        time.monotonic() - started, warnings, delta_base, list(index.files))
+
+
+def _stream_archive(plan: BundlePlan, sink: "_PartSink", blob_path: Callable[[Digest], Path],
+                    verified: Collection[Digest], progress: Progress) -> None:
+    """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`.
+
+    `verified` is read as the write goes on (fetch adds blobs to it while it downloads): never copied.
+    """
+    with progress.bar(plan.tar_size, "writing bundle") as bar:
+        stream = _compressor(plan.compress, sink, plan.tar_size)
+        for p in plan.placed:
+            member = p.member
+            stream.write(p.header)
+            bar.update(len(p.header))
+            data = member.content if member.content is not None else plan.small.get(member.digest)
+            if data is not None:
+                stream.write(data)
+                bar.update(len(data))
+            else:
+                _copy_blob(member, blob_path(member.digest), stream, bar, check=member.digest not in verified)
+            pad = layout.padding(member.size)
+            stream.write(bytes(pad))
+            bar.update(pad)
+        last = plan.placed[-1]
+        trailer = plan.tar_size - (last.end + layout.padding(last.member.size))
+        stream.write(bytes(trailer))
+        bar.update(trailer)
+        stream.finish()
+
+
+def _seal_archive(plan: BundlePlan, sink: "_PartSink", written: List[Path]) -> Tuple[List[Part], Archive]:
+    """Close the last part; one part is renamed to the archive's own name (`docker load -i` takes it)."""
+    parts, archive_sha = sink.close()
+    if len(parts) == 1:
+        os.replace(plan.out_dir / parts[0].name, plan.out_dir / plan.archive_name)
+        parts = [Part(plan.archive_name, parts[0].size, parts[0].sha256)]
+    written += [plan.out_dir / p.name for p in parts]
+    return parts, Archive(plan.archive_name, plan.compress, sum(p.size for p in parts), archive_sha, plan.tar_size)
+
+
+def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:
+    """bundle.json `base`: where `have` came from and the images whose layers were left out; None for a full bundle."""
+    used = list(dict.fromkeys(n for im in images for x in im.layers if x.omitted for n in x.provided_by))
+    return dict(base or {"kind": "inventory", "name": ""}, images=used) if used else None
+
+
+def _write_side_files(out_dir: Path, index: BundleIndex, extra_files: Dict[str, Path],
+                      written: List[Path]) -> BundleIndex:
+    """The extra files (imgtool.pyz), then load.sh and README.txt, which name them; `index` with its `files`."""
+    extras = [_write_file(out_dir / name, Path(src).read_bytes(),  # small (imgtool.pyz is about 1 MB)
+                          0o755 if name.endswith(".pyz") else 0o644, written)
+              for name, src in sorted(extra_files.items())]
+    index = dataclasses.replace(index, files=tuple(extras))
+    texts_ = [_write_file(out_dir / LOAD_SH, texts.load_sh(index), 0o755, written),
+              _write_file(out_dir / README_TXT, texts.readme(index), 0o644, written)]
+    return dataclasses.replace(index, files=tuple(texts_ + extras))
+
+
+def _write_index(out_dir: Path, index: BundleIndex, written: List[Path]) -> str:
+    """SHA256SUMS, then bundle.json last (its presence means "complete"); returns bundle.json's sha256."""
+    doc = index.to_bytes()
+    doc_sha = hashlib.sha256(doc).hexdigest()
+    sums = ([(p.sha256, p.name) for p in index.parts] + [(doc_sha, BUNDLE_JSON)]
+            + [(f.sha256, f.name) for f in index.files])
+    _write_file(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644, written)
+    write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)
+    fsync_dir(out_dir, strict=True)
+    return doc_sha
+
+
+def _write_file(path: Path, data: bytes, mode: int, written: List[Path]) -> Part:
+    """One small file written atomically and recorded in `written`; its entry for bundle.json `files`."""
+    write_atomic(path, data, mode)
+    written.append(path)
+    return Part(path.name, len(data), hashlib.sha256(data).hexdigest())
 
 
 def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = True) -> None:
@@ -538,5 +612,3 @@ def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolEr
         return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror}: {where}",
                             hint="choose a writable --output directory")
     return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror or e}: {where}")
-
-# public name for other rooms (inventory -o, push) that write one small file atomically
