@@ -17,7 +17,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..delta import Have, describe_requirements, plan_omissions, requirements
@@ -37,6 +37,19 @@ GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, a
 ZSTD_LEVEL = 3
 _PART_RE = re.compile(r"\.part[0-9]{3,}$")
 _OWN_SUFFIXES = (".tar", ".tar.gz", ".tar.zst")
+
+if TYPE_CHECKING:  # typing.Protocol is 3.8+; the type only matters to the checker
+    from typing import Protocol
+
+    class DownloadStats(Protocol):
+        """What fetch's download did (puller.PullStats): the bundle room reads it, never imports the puller."""
+
+        bytes_downloaded: int
+        blobs_downloaded: int
+        blobs_cached: int
+        bytes_cached: int
+        resumed_bytes: int
+        per_source: Dict[str, int]
 
 
 @dataclass
@@ -92,20 +105,20 @@ class BundleResult:
                 "layer_bytes": self.layer_bytes(True)},
         }
 
-    def summary(self, images: Sequence[PulledImage] = (), stats=None) -> dict:
-        """`fetch --json`: the bundle plus what the download did (stats: puller.PullStats)."""
+    def summary(self, images: Sequence[PulledImage] = (), stats: Optional["DownloadStats"] = None) -> dict:
+        """`fetch --json`: the bundle plus what the download did."""
         out = self.to_json()
         sources = {im.ref.tagged if im.ref.tag else str(im.ref): im.source for im in images}
         for entry in out["images"]:
             entry["source"] = sources.get(entry["ref"], "")
         if stats is not None:
-            out["download"] = {k: getattr(stats, k) for k in ("bytes_downloaded", "blobs_downloaded", "blobs_cached",
-                                                              "bytes_cached", "resumed_bytes") if hasattr(stats, k)}
-            out["download"]["per_source"] = dict(getattr(stats, "per_source", {}) or {})
+            out["download"] = {"bytes_downloaded": stats.bytes_downloaded, "blobs_downloaded": stats.blobs_downloaded,
+                               "blobs_cached": stats.blobs_cached, "bytes_cached": stats.bytes_cached,
+                               "resumed_bytes": stats.resumed_bytes, "per_source": dict(stats.per_source)}
         out["warnings"] = list(self.warnings)
         return out
 
-    def describe(self, images: Sequence[PulledImage] = (), stats=None) -> str:
+    def describe(self, images: Sequence[PulledImage] = (), stats: Optional["DownloadStats"] = None) -> str:
         """`fetch`'s closing lines: what was written, its checksum, and what to run on the far side."""
         n = len(self.parts)
         lines = [f"bundle: {self.dir}  ({n} part{'s' if n != 1 else ''}, {format_size(self.size)}, "
@@ -119,12 +132,13 @@ class BundleResult:
             lines.append(f"delta bundle against {self.base.get('kind')} {self.base.get('name')}: "
                          f"{self.omitted_layers} layers ({format_size(full - delta)}) left out; layers "
                          f"{format_size(delta)} of {format_size(full)} in full")
-            needed = [(x.chain_id, x.provided_by) for im in self.images for x in im.layers if x.omitted]
+            needed = [(x.chain_id, x.provided_by) for im in self.images for x in im.layers
+                      if x.omitted and x.chain_id is not None]
             lines.append("  the offline Docker must already hold: " + (describe_requirements(requirements(needed))
                                                                        or "?"))
-        if stats is not None and hasattr(stats, "bytes_downloaded"):
+        if stats is not None:
             lines.append(f"downloaded {format_size(stats.bytes_downloaded)} ({stats.blobs_downloaded} blobs), "
-                         f"{getattr(stats, 'blobs_cached', 0)} blobs from the cache; "
+                         f"{stats.blobs_cached} blobs from the cache; "
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
         has_tool = any(f.name == TOOL_PYZ for f in self.files)
@@ -205,12 +219,11 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
         for o in plan_omissions(im.config.diff_ids, have, im.platform.architecture):
             layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
                                                   provided_by=o.provided_by)
-        layers = tuple(layers)
         if any(x.digest.algorithm != "sha256" for x in layers):
             raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
         out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
                                im.manifest.media_type, len(im.manifest_bytes), im.image_id,
-                               len(im.config_bytes), layers, im.upstream))
+                               len(im.config_bytes), tuple(layers), im.upstream))
     return out
 
 
@@ -435,8 +448,8 @@ class _PartSink:
         # on the background thread
         self.single = single
         self.parts: List[Part] = []
-        self.file = None
-        self.sha = None
+        self.file: Optional[BinaryIO] = None  # the part being written
+        self.sha = hashlib.sha256()  # of that part
         self.size = 0
         self.archive: Worker[str] = Worker(sha256_of, "archive-sha256")
         self.archive_hex: Optional[str] = None
@@ -445,33 +458,36 @@ class _PartSink:
         self.syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="part-sync")
         self.syncing: Optional[Future] = None
 
-    def _open(self):
+    def _open(self) -> BinaryIO:
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
         self.paths.append(path)
-        self.file = open(path, "wb", buffering=0)
+        self.file = f = open(path, "wb", buffering=0)
         self.sha = hashlib.sha256()
         self.size = 0
+        return f
 
-    def _sync_behind(self):
+    def _sync_behind(self, f: BinaryIO) -> None:
         # Start the disk writing what is written so far, on another thread: the fsync at the part's end
         # then finds little dirty data, and the disk works while we still copy (or download).
         if self.size - self.synced < SYNC_BEHIND or (self.syncing is not None and not self.syncing.done()):
             return
         self.synced = self.size
-        self.syncing = self.syncer.submit(_fdatasync_quietly, self.file.fileno())
+        self.syncing = self.syncer.submit(_fdatasync_quietly, f.fileno())
 
     def _wait_sync(self) -> None:
         if self.syncing is not None:
             self.syncing.result()  # before the fd is closed (and its number reused)
             self.syncing, self.synced = None, 0
 
-    def _close_part(self):
+    def _close_part(self, f: BinaryIO) -> None:
         self._wait_sync()
-        os.fsync(self.file.fileno())  # reports any write-back error, including the background ones'
-        self.file.close()
+        os.fsync(f.fileno())  # reports any write-back error, including the background ones'
+        f.close()
         if self.single:
-            self.archive_hex = self.archive.result()
-        self.parts.append(Part(self.paths[-1].name, self.size, self.archive_hex if self.single else self.sha.hexdigest()))
+            sha = self.archive_hex = self.archive.result()
+        else:
+            sha = self.sha.hexdigest()
+        self.parts.append(Part(self.paths[-1].name, self.size, sha))
         self.file = None
 
     def write(self, data) -> None:
@@ -480,26 +496,25 @@ class _PartSink:
         self.archive.put(data)
         view = memoryview(data)
         while len(view):
-            if self.file is None:
-                self._open()
+            f = self.file if self.file is not None else self._open()
             room = len(view) if self.chunk_size is None else min(len(view), self.chunk_size - self.size)
             piece = view[:room]
             if not self.single:
                 self.sha.update(piece)
             done = 0
             while done < room:
-                done += self.file.write(piece[done:])
+                done += f.write(piece[done:])
             self.size += room
-            self._sync_behind()
+            self._sync_behind(f)
             view = view[room:]
             if self.chunk_size is not None and self.size >= self.chunk_size:
-                self._close_part()
+                self._close_part(f)
 
     def close(self):
         if self.file is None and not self.parts:
             self._open()
         if self.file is not None:
-            self._close_part()
+            self._close_part(self.file)
         self.syncer.shutdown()
         return list(self.parts), self.archive_hex if self.single else self.archive.result()
 
