@@ -114,10 +114,6 @@ def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
     return None
 
 
-# run_container's name for errors.one_line until its split (issue 19 item 3) lands; removed at merge
-_short = one_line
-
-
 # --- images: facts, inspect, tag, load (imgtool load / doctor) -------------------
 
 
@@ -398,23 +394,33 @@ class Daemon:
         """
         import sys
 
-        from .errors import UsageError
-
-        api = self.api  # opened with no read timeout (open_daemon(None)): output may pause for hours
-        APIError = self.api_error  # noqa: N806 - the transport's class, docker-py's or daemon_http's
-        try:
-            api.inspect_image(spec.image)
-        except self.not_found:
+        if self.image_info(spec.image) is None:
             raise UsageError(f"image {spec.image} is not loaded in this Docker daemon",
-                             hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`") from None
-        except APIError as e:
-            raise DaemonError(f"cannot inspect image {spec.image}: {_short(e)}") from e
-
+                             hint="load it first (imgtool load BUNDLE_DIR), or check the name with `docker images`")
         interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
         tty = interactive or spec.detach  # detached like `docker run -itd`: a shell CMD stays up
+        cid = self._create_container(spec, tty)
+        name = spec.name or cid[:12]
+        started = False
+        try:
+            if spec.detach:
+                _start(self.api, cid, spec, self.api_error)
+                started = True
+                return 0, name
+            if interactive:
+                code = _run_interactive(self.api, cid, spec, self.errors, self.api_error)
+            else:
+                code = self._follow(cid, spec)
+            return int(code), name
+        finally:
+            if spec.remove and not (spec.detach and started):
+                self._remove_container(cid)
+
+    def _create_container(self, spec, tty: bool) -> str:
+        """Create (not start) `spec`'s container; its ID. Raises DaemonError in the words of explain_run_error."""
         ports = {f"{p.container}/{p.proto}": ((p.host_ip, p.host) if p.host_ip else p.host) for p in spec.ports}
         try:
-            host_config = api.create_host_config(
+            host_config = self.api.create_host_config(
                 binds=[m.spec for m in spec.mounts],
                 devices=[f"{d}:{d}:rwm" for d in spec.device_paths],
                 shm_size=spec.shm_size,
@@ -425,44 +431,39 @@ class Daemon:
                 # auto-remove could delete the container before `wait` sees it
                 auto_remove=spec.remove and spec.detach,
             )
-            created = api.create_container(
+            created = self.api.create_container(
                 spec.image, command=list(spec.command) or None, name=spec.name,
                 environment=[f"{k}={v}" for k, v in spec.env], host_config=host_config,
                 ports=[(p.container, p.proto) for p in spec.ports] or None,
                 tty=tty, stdin_open=tty, detach=spec.detach,
             )
-        except APIError as e:
+        except self.api_error as e:
             raise explain_run_error(_api_text(e), spec) from e
-        cid = created["Id"]
-        started = False
+        return created["Id"]
+
+    def _follow(self, cid: str, spec) -> int:
+        """Attach, start, copy the container's stdout and stderr to ours until it ends; its exit code."""
+        import sys
+
+        # the API client is opened with no read timeout (open_daemon(None)): output may pause for hours;
+        # logs=False: dockerd subscribes to the streams before it answers the attach, so
+        # nothing is missed; a log replay on top could send early output twice
+        stream = self.api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        _start(self.api, cid, spec, self.api_error)
+        with _stop_on_signals(self.api, cid, self.errors):
+            for out, err in stream:
+                for data, to in ((out, sys.stdout), (err, sys.stderr)):
+                    if data:
+                        to.buffer.write(data)
+                        to.buffer.flush()
+            return self.api.wait(cid).get("StatusCode", 1)
+
+    def _remove_container(self, cid: str) -> None:
+        """Remove a foreground run's container (or one that never started); gone already is fine."""
         try:
-            if spec.detach:
-                _start(api, cid, spec, APIError)
-                started = True
-                return 0, spec.name or cid[:12]
-            if interactive:
-                code = _run_interactive(api, cid, spec, self.errors, APIError)
-            else:
-                # logs=False: dockerd subscribes to the streams before it answers the attach, so
-                # nothing is missed; a log replay on top could send early output twice
-                stream = api.attach(cid, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-                _start(api, cid, spec, APIError)
-                with _stop_on_signals(api, cid, self.errors):
-                    for out, err in stream:
-                        if out:
-                            sys.stdout.buffer.write(out)
-                            sys.stdout.buffer.flush()
-                        if err:
-                            sys.stderr.buffer.write(err)
-                            sys.stderr.buffer.flush()
-                    code = api.wait(cid).get("StatusCode", 1)
-            return int(code), spec.name or cid[:12]
-        finally:
-            if spec.remove and not (spec.detach and started):
-                try:
-                    api.remove_container(cid, force=True)
-                except (*self.not_found, APIError):
-                    pass
+            self.api.remove_container(cid, force=True)
+        except (*self.not_found, self.api_error):
+            pass
 
 
 def _load_hint(text: str) -> Optional[str]:

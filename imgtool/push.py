@@ -120,42 +120,68 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     reader = BlobReader(bundle_dir, index)
     host, namespace = parse_target(to)
     client, scheme = _client(host, insecure, ca_cert)
-    plan = [(im, target_repository(namespace, im)) for im in index.images]
-
-    # A delta bundle lacks some layers: the registry must hold them already (the base pushed before).
-    missing: List[Tuple[BundleImage, str, Digest, Tuple[str, ...]]] = []
-    for im, repo in plan:
-        for layer in im.omitted:
-            if not client.has_blob(repo, layer.digest):
-                missing.append((im, repo, layer.digest, layer.provided_by))
-    if missing:
-        names = list(dict.fromkeys(n for *_, provided in missing for n in provided[:1]))
-        raise ImgtoolError(f"cannot push {bundle_dir}: it is a delta bundle and {host}/{missing[0][1]} lacks "
-                           f"{len(missing)} of the layers it leaves out (first: {missing[0][2].short}); "
-                           "nothing was pushed",
-                           hint=f"push the bundle of {', '.join(names)} to {to} first, or fetch a full bundle")
-
+    targets = [(im, target_repository(namespace, im)) for im in index.images]
+    _check_delta_base(client, targets, bundle_dir, host, to)
     result = PushResult(host, scheme, [])
-    where: Dict[Digest, str] = {}  # blob -> a repository of this registry known to hold it
-    todo: List[Tuple[str, Digest]] = []
+    blobs = _plan_blobs(client, targets)
+    result.blobs_present = blobs.present
+    _push_blobs(client, reader, blobs, result, progress, chunk)
+    for repo, images in _by_tag(targets):
+        _push_manifests(client, reader, host, repo, images, result)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+@dataclass
+class _BlobPlan:
+    """The blobs the registry lacks, in push order, and where it holds the others (to mount from)."""
+
+    todo: List[Tuple[str, Digest]] = field(default_factory=list)  # (repository, blob)
+    where: Dict[Digest, str] = field(default_factory=dict)  # blob -> a repository of this registry known to hold it
+    present: int = 0  # (repository, blob) pairs already there
+
+
+def _check_delta_base(client: RegistryClient, targets: List[Tuple[BundleImage, str]], bundle_dir: Path, host: str,
+                      to: str) -> None:
+    """A delta bundle lacks some layers: the registry must hold them already (the base pushed before);
+    raises ImgtoolError before anything is pushed."""
+    missing = [(repo, layer) for im, repo in targets for layer in im.omitted if not client.has_blob(repo, layer.digest)]
+    if not missing:
+        return
+    names = list(dict.fromkeys(n for _, layer in missing for n in layer.provided_by[:1]))
+    repo, first = missing[0]
+    raise ImgtoolError(f"cannot push {bundle_dir}: it is a delta bundle and {host}/{repo} lacks "
+                       f"{len(missing)} of the layers it leaves out (first: {first.digest.short}); "
+                       "nothing was pushed",
+                       hint=f"push the bundle of {', '.join(names)} to {to} first, or fetch a full bundle")
+
+
+def _plan_blobs(client: RegistryClient, targets: List[Tuple[BundleImage, str]]) -> _BlobPlan:
+    """Ask the registry (HEAD) for each config and layer of each target repository, once per pair."""
+    plan = _BlobPlan()
     seen = set()
-    for im, repo in plan:
+    for im, repo in targets:
         for digest in [im.image_id] + [x.digest for x in im.layers if not x.omitted]:
             if (repo, digest) in seen:
                 continue
             seen.add((repo, digest))
             if client.has_blob(repo, digest):
-                result.blobs_present += 1
-                where.setdefault(digest, repo)
+                plan.present += 1
+                plan.where.setdefault(digest, repo)
             else:
-                todo.append((repo, digest))
-    total = sum(reader.size(d) for _, d in todo)
-    with progress.bar(total, "push") as bar:
-        for repo, digest in todo:
+                plan.todo.append((repo, digest))
+    return plan
+
+
+def _push_blobs(client: RegistryClient, reader: BlobReader, plan: _BlobPlan, result: PushResult, progress: Progress,
+                chunk: int) -> None:
+    """Each blob of the plan mounted from another repository of this push when one holds it, else uploaded."""
+    with progress.bar(sum(reader.size(d) for _, d in plan.todo), "push") as bar:
+        for repo, digest in plan.todo:
             url = None
-            source = where.get(digest)
+            source = plan.where.get(digest)
             if source and source != repo:
-                url = client.mount_blob(repo, digest, source)
+                url = client.mount_blob(repo, digest, source)  # None: mounted; else where to upload instead
                 if url is None:
                     result.blobs_mounted += 1
                     bar.update(reader.size(digest))
@@ -163,46 +189,63 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
             _upload(client, reader, repo, digest, url, bar, chunk)
             result.blobs_uploaded += 1
             result.bytes_uploaded += reader.size(digest)
-            where.setdefault(digest, repo)
+            plan.where.setdefault(digest, repo)
 
+
+def _by_tag(targets: List[Tuple[BundleImage, str]]) -> List[Tuple[str, List[BundleImage]]]:
+    """(repository, the images of one tag there): one image, or one per platform of a multi-arch tag."""
     groups: Dict[Tuple[str, str], List[BundleImage]] = {}
-    for im, repo in plan:
+    for im, repo in targets:
         groups.setdefault((repo, im.ref), []).append(im)
-    for (repo, _ref), images in groups.items():
-        tag = images[0].image_ref.tag
-        multi = len(images) > 1 and tag is not None
-        for im in images:
-            data = b"".join(reader.chunks(im.manifest_digest))
-            reference = tag if tag and not multi else str(im.manifest_digest)
-            got = client.put_manifest(repo, reference, data, im.manifest_media_type)
-            if got is not None and got != im.manifest_digest:
-                raise RegistryError(f"{host}/{repo}: the registry stored the manifest as {got}, "
-                                    f"not {im.manifest_digest}")
-            sep = ":" if reference == tag else "@"
-            result.images.append(PushedImage(im.ref, f"{host}/{repo}{sep}{reference}", str(im.manifest_digest),
-                                             str(im.platform)))
-            if im.upstream is not None:  # fetch rewrote layers: the bundle holds its own manifest
-                theirs = Digest.parse(im.upstream["manifest_digest"])
-                result.warnings.append(
-                    f"{host}/{repo}{sep}{reference} ({im.platform}) is the manifest this bundle holds: fetch rewrote "
-                    f"its layers (--layers {im.upstream['layers']}), so its digest {im.manifest_digest.short} differs "
-                    f"from upstream's {theirs.short}; the image ID (config) is upstream's")
-        if multi:
-            media, body = build_index(images)
-            got = client.put_manifest(repo, tag, body, media)
-            digest = str(got or Digest.of(body))
-            upstream = images[0].index_digest
-            result.indexes.append({"target": f"{host}/{repo}:{tag}", "digest": digest,
-                                   "platforms": [str(im.platform) for im in images],
-                                   "upstream_index_digest": str(upstream) if upstream else None})
-            if upstream and str(upstream) != digest:
-                result.warnings.append(
-                    f"{host}/{repo}:{tag} is an index over the {len(images)} platforms in the bundle; its digest "
-                    f"{Digest.parse(digest).short} differs from upstream's {upstream.short} (pull by tag, or by "
-                    "the platform manifest digests" + (")" if any(im.upstream for im in images) else
-                                                      ", which are upstream's)"))
-    result.seconds = time.monotonic() - started
-    return result
+    return [(repo, images) for (repo, _ref), images in groups.items()]
+
+
+def _push_manifests(client: RegistryClient, reader: BlobReader, host: str, repo: str, images: List[BundleImage],
+                    result: PushResult) -> None:
+    """The manifests of one tag: a single platform under the tag; several by digest, then an index under the tag."""
+    tag = images[0].image_ref.tag
+    index_tag = tag if len(images) > 1 else None
+    for im in images:
+        _push_manifest(client, reader, host, repo, im, tag if tag and index_tag is None else None, result)
+    if index_tag is not None:
+        _push_index(client, host, repo, index_tag, images, result)
+
+
+def _push_manifest(client: RegistryClient, reader: BlobReader, host: str, repo: str, im: BundleImage,
+                   tag: Optional[str], result: PushResult) -> None:
+    """One platform manifest, byte for byte from the bundle, under `tag` or else its digest; raises RegistryError
+    when the registry stores it under another digest."""
+    data = b"".join(reader.chunks(im.manifest_digest))
+    reference = tag or str(im.manifest_digest)
+    got = client.put_manifest(repo, reference, data, im.manifest_media_type)
+    if got is not None and got != im.manifest_digest:
+        raise RegistryError(f"{host}/{repo}: the registry stored the manifest as {got}, "
+                            f"not {im.manifest_digest}")
+    target = f"{host}/{repo}{':' if tag else '@'}{reference}"
+    result.images.append(PushedImage(im.ref, target, str(im.manifest_digest), str(im.platform)))
+    if im.upstream is not None:  # fetch rewrote layers: the bundle holds its own manifest
+        theirs = Digest.parse(im.upstream["manifest_digest"])
+        result.warnings.append(
+            f"{target} ({im.platform}) is the manifest this bundle holds: fetch rewrote "
+            f"its layers (--layers {im.upstream['layers']}), so its digest {im.manifest_digest.short} differs "
+            f"from upstream's {theirs.short}; the image ID (config) is upstream's")
+
+
+def _push_index(client: RegistryClient, host: str, repo: str, tag: str, images: List[BundleImage],
+                result: PushResult) -> None:
+    """An index over the platforms of a multi-arch tag, under the tag (build_index)."""
+    media, body = build_index(images)
+    digest = client.put_manifest(repo, tag, body, media) or Digest.of(body)
+    upstream = images[0].index_digest
+    result.indexes.append({"target": f"{host}/{repo}:{tag}", "digest": str(digest),
+                           "platforms": [str(im.platform) for im in images],
+                           "upstream_index_digest": str(upstream) if upstream else None})
+    if upstream and str(upstream) != str(digest):
+        result.warnings.append(
+            f"{host}/{repo}:{tag} is an index over the {len(images)} platforms in the bundle; its digest "
+            f"{digest.short} differs from upstream's {upstream.short} (pull by tag, or by "
+            "the platform manifest digests" + (")" if any(im.upstream for im in images) else
+                                              ", which are upstream's)"))
 
 
 def build_index(images: List[BundleImage]) -> Tuple[str, bytes]:

@@ -94,3 +94,9 @@ def test_push_two_arch_bundle_makes_an_index(services, two_arch, uniq, registry)
         (im.architecture, im.manifest_digest) for im in idx.images)
     assert pushed["indexes"][0]["digest"] == got.digest
     assert pushed["indexes"][0]["upstream_index_digest"] == idx.manifest_digest
+    # the bundle keeps the platform manifests, not upstream's index: the rebuilt one differs, and push says so
+    assert got.digest != idx.manifest_digest
+    assert pushed["warnings"] == [
+        f"{services.plain}/{repo}:v3 is an index over the 2 platforms in the bundle; its digest {got.digest[7:19]} "
+        f"differs from upstream's {idx.manifest_digest[7:19]} (pull by tag, or by the platform manifest digests, "
+        "which are upstream's)"]

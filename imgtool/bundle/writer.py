@@ -17,7 +17,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Collection, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..delta import Have, describe_requirements, plan_omissions, requirements
@@ -37,6 +37,19 @@ GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, a
 ZSTD_LEVEL = 3
 _PART_RE = re.compile(r"\.part[0-9]{3,}$")
 _OWN_SUFFIXES = (".tar", ".tar.gz", ".tar.zst")
+
+if TYPE_CHECKING:  # typing.Protocol is 3.8+; the type only matters to the checker
+    from typing import Protocol
+
+    class DownloadStats(Protocol):
+        """What fetch's download did (puller.PullStats): the bundle room reads it, never imports the puller."""
+
+        bytes_downloaded: int
+        blobs_downloaded: int
+        blobs_cached: int
+        bytes_cached: int
+        resumed_bytes: int
+        per_source: Dict[str, int]
 
 
 @dataclass
@@ -92,20 +105,20 @@ class BundleResult:
                 "layer_bytes": self.layer_bytes(True)},
         }
 
-    def summary(self, images: Sequence[PulledImage] = (), stats=None) -> dict:
-        """`fetch --json`: the bundle plus what the download did (stats: puller.PullStats)."""
+    def summary(self, images: Sequence[PulledImage] = (), stats: Optional["DownloadStats"] = None) -> dict:
+        """`fetch --json`: the bundle plus what the download did."""
         out = self.to_json()
         sources = {im.ref.tagged if im.ref.tag else str(im.ref): im.source for im in images}
         for entry in out["images"]:
             entry["source"] = sources.get(entry["ref"], "")
         if stats is not None:
-            out["download"] = {k: getattr(stats, k) for k in ("bytes_downloaded", "blobs_downloaded", "blobs_cached",
-                                                              "bytes_cached", "resumed_bytes") if hasattr(stats, k)}
-            out["download"]["per_source"] = dict(getattr(stats, "per_source", {}) or {})
+            out["download"] = {"bytes_downloaded": stats.bytes_downloaded, "blobs_downloaded": stats.blobs_downloaded,
+                               "blobs_cached": stats.blobs_cached, "bytes_cached": stats.bytes_cached,
+                               "resumed_bytes": stats.resumed_bytes, "per_source": dict(stats.per_source)}
         out["warnings"] = list(self.warnings)
         return out
 
-    def describe(self, images: Sequence[PulledImage] = (), stats=None) -> str:
+    def describe(self, images: Sequence[PulledImage] = (), stats: Optional["DownloadStats"] = None) -> str:
         """`fetch`'s closing lines: what was written, its checksum, and what to run on the far side."""
         n = len(self.parts)
         lines = [f"bundle: {self.dir}  ({n} part{'s' if n != 1 else ''}, {format_size(self.size)}, "
@@ -119,12 +132,13 @@ class BundleResult:
             lines.append(f"delta bundle against {self.base.get('kind')} {self.base.get('name')}: "
                          f"{self.omitted_layers} layers ({format_size(full - delta)}) left out; layers "
                          f"{format_size(delta)} of {format_size(full)} in full")
-            needed = [(x.chain_id, x.provided_by) for im in self.images for x in im.layers if x.omitted]
+            needed = [(x.chain_id, x.provided_by) for im in self.images for x in im.layers
+                      if x.omitted and x.chain_id is not None]
             lines.append("  the offline Docker must already hold: " + (describe_requirements(requirements(needed))
                                                                        or "?"))
-        if stats is not None and hasattr(stats, "bytes_downloaded"):
+        if stats is not None:
             lines.append(f"downloaded {format_size(stats.bytes_downloaded)} ({stats.blobs_downloaded} blobs), "
-                         f"{getattr(stats, 'blobs_cached', 0)} blobs from the cache; "
+                         f"{stats.blobs_cached} blobs from the cache; "
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
         has_tool = any(f.name == TOOL_PYZ for f in self.files)
@@ -205,12 +219,11 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
         for o in plan_omissions(im.config.diff_ids, have, im.platform.architecture):
             layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
                                                   provided_by=o.provided_by)
-        layers = tuple(layers)
         if any(x.digest.algorithm != "sha256" for x in layers):
             raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
         out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
                                im.manifest.media_type, len(im.manifest_bytes), im.image_id,
-                               len(im.config_bytes), layers, im.upstream))
+                               len(im.config_bytes), tuple(layers), im.upstream))
     return out
 
 
@@ -230,7 +243,61 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     out of the archive and recorded in bundle.json (with `base` describing where `have` came from).
     """
     started = time.monotonic()
-    out_dir = Path(out_dir)
+    plan = plan_bundle(Path(out_dir), images, have, chunk_size=chunk_size, compress=compress)
+    check_output_dir(plan.out_dir, force)
+    warnings = _prepare_dir(plan.out_dir, force)
+    sink = _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single)
+    written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
+    try:
+        _stream_archive(plan, sink, blob_path, verified, progress)
+        parts, archive = _seal_archive(plan, sink, written)
+        index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
+                            base=_delta_base(plan.images, base))
+        index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
+        doc_sha = _write_index(plan.out_dir, index, written)
+    except BaseException as e:
+        sink.abort()
+        for path in written:
+            _unlink(path)
+        if isinstance(e, OSError):
+            raise _os_error(e, plan.out_dir, "write", plan.tar_size) from None
+        raise
+    return BundleResult(plan.out_dir, plan.out_dir / BUNDLE_JSON, doc_sha, archive, parts, list(plan.images),
+                        plan.blobs, time.monotonic() - started, warnings, index.base, list(index.files))
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """What the archive holds and where it goes, decided before a byte is written."""
+
+    out_dir: Path
+    images: Tuple[BundleImage, ...]
+    placed: Tuple[layout.Placed, ...]  # every member with its header, in archive order
+    tar_size: int
+    small: Dict[Digest, bytes]  # manifests and configs: from the pulled images, not from the store
+    archive_name: str
+    compress: str
+    chunk_size: Optional[int]
+
+    @property
+    def blobs(self) -> int:
+        """Distinct blobs in the archive: every member but the generated ones (index.json, manifest.json, ...)."""
+        return sum(1 for p in self.placed if p.member.kind != "meta")
+
+    @property
+    def part_digits(self) -> int:
+        """Digits of the part numbers: at least 3, more when the chunk size makes over 999 parts."""
+        return max(3, len(str(self.tar_size // self.chunk_size + 2))) if self.chunk_size else 3
+
+    @property
+    def single(self) -> bool:
+        """The archive is known to end up as one file (no compression, fits one chunk)."""
+        return self.compress == "none" and (self.chunk_size is None or self.chunk_size >= self.tar_size)
+
+
+def plan_bundle(out_dir: Path, images: Sequence[PulledImage], have: Optional[Have], *, chunk_size: Optional[int],
+                compress: str) -> BundlePlan:
+    """The plan of the bundle for `images`; raises UsageError for bad knobs or images, ImgtoolError."""
     if not images:
         raise UsageError("nothing to bundle: no images")
     if compress not in COMPRESSIONS:
@@ -238,86 +305,106 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     if chunk_size is not None and chunk_size <= 0:
         raise UsageError(f"invalid chunk size {chunk_size}: must be greater than zero")
     bimages = bundle_images(images, have)
-    base_info = base  # `base` is reused below for the archive's file name
-    blobs = {im.manifest_digest: im.manifest_bytes for im in images}
-    blobs.update({im.image_id: im.config_bytes for im in images})
+    small = {im.manifest_digest: im.manifest_bytes for im in images}
+    small.update({im.image_id: im.config_bytes for im in images})
     placed, tar_size = layout.place(layout.members(bimages))
-    check_output_dir(out_dir, force)
-    warnings: List[str] = []
+    return BundlePlan(out_dir, tuple(bimages), tuple(placed), tar_size, small,
+                      _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size)
+
+
+def _archive_stem(out_dir: Path) -> str:
+    """The archive's (and parts') file name without suffix, from the directory's name.
+
+    A part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle".
+    """
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)
+    return re.sub(r"^[^A-Za-z0-9]+", "", name) or "bundle"
+
+
+def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
+    """Create `out_dir`; with --force, or after an interrupted write, clear the old bundle (its warnings)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         if force or is_unfinished_bundle(out_dir):
-            warnings += _clear_old_bundle(out_dir)
+            return _clear_old_bundle(out_dir)
+        return []
     except OSError as e:
         raise _os_error(e, out_dir, "create") from e
-    # a part name must start with a letter or digit (format.safe_name): "离线 bundle" gives "bundle", not "___bundle"
-    base = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9._+-]", "_", out_dir.resolve().name)) or "bundle"
-    archive_name = base + ARCHIVE_SUFFIX[compress]
-    width = max(3, len(str(tar_size // chunk_size + 2))) if chunk_size else 3
-    single = compress == "none" and (chunk_size is None or chunk_size >= tar_size)
-    sink = _PartSink(out_dir, archive_name, chunk_size, width, single=single)
-    written: List[Path] = []
-    try:
-        with progress.bar(tar_size, "writing bundle") as bar:
-            stream = _compressor(compress, sink, tar_size)
-            for p in placed:
-                member = p.member
-                stream.write(p.header)
-                bar.update(len(p.header))
-                data = member.content if member.content is not None else blobs.get(member.digest)
-                if data is not None:
-                    stream.write(data)
-                    bar.update(len(data))
-                else:
-                    path = blob_path(member.digest)
-                    _copy_blob(member, path, stream, bar, check=member.digest not in verified)
-                pad = layout.padding(member.size)
-                stream.write(bytes(pad))
-                bar.update(pad)
-            trailer = tar_size - (placed[-1].end + layout.padding(placed[-1].member.size))
-            stream.write(bytes(trailer))
-            bar.update(trailer)
-            stream.finish()
-        parts, archive_sha = sink.close()
-        written = [out_dir / p.name for p in parts]
-        if len(parts) == 1:  # one part is simply the archive: `docker load -i` works on it
-            os.replace(out_dir / parts[0].name, out_dir / archive_name)
-            parts = [Part(archive_name, parts[0].size, parts[0].sha256)]
-            written = [out_dir / archive_name]
-        archive = Archive(archive_name, compress, sum(p.size for p in parts), archive_sha, tar_size)
-        used = list(dict.fromkeys(n for im in bimages for x in im.layers if x.omitted for n in x.provided_by))
-        delta_base = dict(base_info or {"kind": "inventory", "name": ""}, images=used) if used else None
-        index = BundleIndex(created or _now(), __version__, tuple(bimages), archive, tuple(parts), base=delta_base)
-        extras = []
-        for name, src in sorted((extra_files or {}).items()):
-            data = Path(src).read_bytes()  # small (imgtool.pyz is about 1 MB)
-            write_atomic(out_dir / name, data, 0o755 if name.endswith(".pyz") else 0o644)
-            written.append(out_dir / name)
-            extras.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
-        index = dataclasses.replace(index, files=tuple(extras))
-        files = []
-        for name, data, mode in ((LOAD_SH, texts.load_sh(index), 0o755), (README_TXT, texts.readme(index), 0o644)):
-            write_atomic(out_dir / name, data, mode)
-            written.append(out_dir / name)
-            files.append(Part(name, len(data), hashlib.sha256(data).hexdigest()))
-        files += extras
-        index = dataclasses.replace(index, files=tuple(files))
-        doc = index.to_bytes()
-        doc_sha = hashlib.sha256(doc).hexdigest()
-        sums = [(p.sha256, p.name) for p in parts] + [(doc_sha, BUNDLE_JSON)] + [(f.sha256, f.name) for f in files]
-        write_atomic(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644)
-        written.append(out_dir / SHA256SUMS)
-        write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)  # last: its presence means "complete"
-        fsync_dir(out_dir, strict=True)
-    except BaseException as e:
-        sink.abort()
-        for path in written:
-            _unlink(path)
-        if isinstance(e, OSError):
-            raise _os_error(e, out_dir, "write", tar_size) from None
-        raise
-    return BundleResult(out_dir, out_dir / BUNDLE_JSON, doc_sha, archive, parts, bimages, len(placed) - 3,
-                        time.monotonic() - started, warnings, delta_base, list(index.files))
+
+
+def _stream_archive(plan: BundlePlan, sink: "_PartSink", blob_path: Callable[[Digest], Path],
+                    verified: Collection[Digest], progress: Progress) -> None:
+    """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`.
+
+    `verified` is read as the write goes on (fetch adds blobs to it while it downloads): never copied.
+    """
+    with progress.bar(plan.tar_size, "writing bundle") as bar:
+        stream = _compressor(plan.compress, sink, plan.tar_size)
+        for p in plan.placed:
+            member = p.member
+            stream.write(p.header)
+            bar.update(len(p.header))
+            data = member.content if member.content is not None else plan.small.get(member.digest)
+            if data is not None:
+                stream.write(data)
+                bar.update(len(data))
+            else:
+                _copy_blob(member, blob_path(member.digest), stream, bar, check=member.digest not in verified)
+            pad = layout.padding(member.size)
+            stream.write(bytes(pad))
+            bar.update(pad)
+        last = plan.placed[-1]
+        trailer = plan.tar_size - (last.end + layout.padding(last.member.size))
+        stream.write(bytes(trailer))
+        bar.update(trailer)
+        stream.finish()
+
+
+def _seal_archive(plan: BundlePlan, sink: "_PartSink", written: List[Path]) -> Tuple[List[Part], Archive]:
+    """Close the last part; one part is renamed to the archive's own name (`docker load -i` takes it)."""
+    parts, archive_sha = sink.close()
+    if len(parts) == 1:
+        os.replace(plan.out_dir / parts[0].name, plan.out_dir / plan.archive_name)
+        parts = [Part(plan.archive_name, parts[0].size, parts[0].sha256)]
+    written += [plan.out_dir / p.name for p in parts]
+    return parts, Archive(plan.archive_name, plan.compress, sum(p.size for p in parts), archive_sha, plan.tar_size)
+
+
+def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:
+    """bundle.json `base`: where `have` came from and the images whose layers were left out; None for a full bundle."""
+    used = list(dict.fromkeys(n for im in images for x in im.layers if x.omitted for n in x.provided_by))
+    return dict(base or {"kind": "inventory", "name": ""}, images=used) if used else None
+
+
+def _write_side_files(out_dir: Path, index: BundleIndex, extra_files: Dict[str, Path],
+                      written: List[Path]) -> BundleIndex:
+    """The extra files (imgtool.pyz), then load.sh and README.txt, which name them; `index` with its `files`."""
+    extras = [_write_file(out_dir / name, Path(src).read_bytes(),  # small (imgtool.pyz is about 1 MB)
+                          0o755 if name.endswith(".pyz") else 0o644, written)
+              for name, src in sorted(extra_files.items())]
+    index = dataclasses.replace(index, files=tuple(extras))
+    texts_ = [_write_file(out_dir / LOAD_SH, texts.load_sh(index), 0o755, written),
+              _write_file(out_dir / README_TXT, texts.readme(index), 0o644, written)]
+    return dataclasses.replace(index, files=tuple(texts_ + extras))
+
+
+def _write_index(out_dir: Path, index: BundleIndex, written: List[Path]) -> str:
+    """SHA256SUMS, then bundle.json last (its presence means "complete"); returns bundle.json's sha256."""
+    doc = index.to_bytes()
+    doc_sha = hashlib.sha256(doc).hexdigest()
+    sums = ([(p.sha256, p.name) for p in index.parts] + [(doc_sha, BUNDLE_JSON)]
+            + [(f.sha256, f.name) for f in index.files])
+    _write_file(out_dir / SHA256SUMS, "".join(f"{h}  {n}\n" for h, n in sums).encode(), 0o644, written)
+    write_atomic(out_dir / BUNDLE_JSON, doc, 0o644)
+    fsync_dir(out_dir, strict=True)
+    return doc_sha
+
+
+def _write_file(path: Path, data: bytes, mode: int, written: List[Path]) -> Part:
+    """One small file written atomically and recorded in `written`; its entry for bundle.json `files`."""
+    write_atomic(path, data, mode)
+    written.append(path)
+    return Part(path.name, len(data), hashlib.sha256(data).hexdigest())
 
 
 def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = True) -> None:
@@ -361,8 +448,8 @@ class _PartSink:
         # on the background thread
         self.single = single
         self.parts: List[Part] = []
-        self.file = None
-        self.sha = None
+        self.file: Optional[BinaryIO] = None  # the part being written
+        self.sha = hashlib.sha256()  # of that part
         self.size = 0
         self.archive: Worker[str] = Worker(sha256_of, "archive-sha256")
         self.archive_hex: Optional[str] = None
@@ -371,33 +458,36 @@ class _PartSink:
         self.syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="part-sync")
         self.syncing: Optional[Future] = None
 
-    def _open(self):
+    def _open(self) -> BinaryIO:
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
         self.paths.append(path)
-        self.file = open(path, "wb", buffering=0)
+        self.file = f = open(path, "wb", buffering=0)
         self.sha = hashlib.sha256()
         self.size = 0
+        return f
 
-    def _sync_behind(self):
+    def _sync_behind(self, f: BinaryIO) -> None:
         # Start the disk writing what is written so far, on another thread: the fsync at the part's end
         # then finds little dirty data, and the disk works while we still copy (or download).
         if self.size - self.synced < SYNC_BEHIND or (self.syncing is not None and not self.syncing.done()):
             return
         self.synced = self.size
-        self.syncing = self.syncer.submit(_fdatasync_quietly, self.file.fileno())
+        self.syncing = self.syncer.submit(_fdatasync_quietly, f.fileno())
 
     def _wait_sync(self) -> None:
         if self.syncing is not None:
             self.syncing.result()  # before the fd is closed (and its number reused)
             self.syncing, self.synced = None, 0
 
-    def _close_part(self):
+    def _close_part(self, f: BinaryIO) -> None:
         self._wait_sync()
-        os.fsync(self.file.fileno())  # reports any write-back error, including the background ones'
-        self.file.close()
+        os.fsync(f.fileno())  # reports any write-back error, including the background ones'
+        f.close()
         if self.single:
-            self.archive_hex = self.archive.result()
-        self.parts.append(Part(self.paths[-1].name, self.size, self.archive_hex if self.single else self.sha.hexdigest()))
+            sha = self.archive_hex = self.archive.result()
+        else:
+            sha = self.sha.hexdigest()
+        self.parts.append(Part(self.paths[-1].name, self.size, sha))
         self.file = None
 
     def write(self, data) -> None:
@@ -406,26 +496,25 @@ class _PartSink:
         self.archive.put(data)
         view = memoryview(data)
         while len(view):
-            if self.file is None:
-                self._open()
+            f = self.file if self.file is not None else self._open()
             room = len(view) if self.chunk_size is None else min(len(view), self.chunk_size - self.size)
             piece = view[:room]
             if not self.single:
                 self.sha.update(piece)
             done = 0
             while done < room:
-                done += self.file.write(piece[done:])
+                done += f.write(piece[done:])
             self.size += room
-            self._sync_behind()
+            self._sync_behind(f)
             view = view[room:]
             if self.chunk_size is not None and self.size >= self.chunk_size:
-                self._close_part()
+                self._close_part(f)
 
     def close(self):
         if self.file is None and not self.parts:
             self._open()
         if self.file is not None:
-            self._close_part()
+            self._close_part(self.file)
         self.syncer.shutdown()
         return list(self.parts), self.archive_hex if self.single else self.archive.result()
 
@@ -538,5 +627,3 @@ def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolEr
         return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror}: {where}",
                             hint="choose a writable --output directory")
     return ImgtoolError(f"cannot {doing} the bundle in {out_dir}: {e.strerror or e}: {where}")
-
-# public name for other rooms (inventory -o, push) that write one small file atomically
