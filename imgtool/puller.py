@@ -24,20 +24,9 @@ from .progress import Progress
 from .registry import network_error_text
 from .store import Store
 
-READ_CHUNK = 256 * 1024
-JOBS = 8  # connections at once (--jobs)
-PER_SOURCE = 8  # and at most this many to one source
-BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
-SEGMENT = 32 * 1024 * 1024
-START_WAIT = 0.2  # how long a worker waits for a blob being opened to queue its ranges
-MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
-STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long still to go
-# A connection asks for at most REQUEST bytes of its range at a time, so a split never cuts a request
-# (see _stream_range) and a kill loses at most that much per connection. Chosen by measurement: 4 MiB
-# requests cost 5-15 % on a link holding each connection to 20 MB/s (a request's round trip and the
-# registry's own per-request work), 16 MiB cost nothing measurable there or on loopback.
-REQUEST = 16 * 1024 * 1024
-TAIL_SECONDS = 1.0  # with no work queued, a range with longer than this to go is asked for in halves
+MiB = 1024 * 1024
+READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
+JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
 BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
 
@@ -125,6 +114,46 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
 
 
 # --- blob download ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How `download` divides blobs over its connections. Every default was chosen by measurement
+    (docs/benchmarks.md); tests build smaller ones so that splits and steals happen on small blobs."""
+
+    per_source: int = 8
+    """At most this many of the connections go to one source at once."""
+
+    big_blob: int = 64 * MiB
+    """A blob at least this big is split into `segment`-sized ranges when it is opened."""
+
+    segment: int = 32 * MiB
+    """The size of those ranges (the last one of a blob is shorter)."""
+
+    request: int = 16 * MiB
+    """A connection asks for at most this much of its range per request, so a steal never cuts a
+    request short and a kill loses at most this much in flight per connection. 4 MiB requests cost
+    5-15 % on a link holding each connection to 20 MB/s (each request's round trip and the registry's
+    per-request work); 16 MiB cost nothing measurable there or on loopback."""
+
+    min_steal: int = MiB
+    """An idle connection takes the back half of the biggest running range only if that half holds at
+    least this many bytes ..."""
+
+    steal_seconds: float = 0.2
+    """... and, at the rate the range has been coming, it still has at least this long to go: a new
+    request would not finish much sooner."""
+
+    tail_seconds: float = 1.0
+    """With nothing queued, a range with longer than this to go is asked for in halves (never less than
+    `min_steal`), so idle connections can take the other half now instead of waiting for the request."""
+
+    start_wait: float = 0.2
+    """How long an idle connection waits for a blob being opened to queue its ranges, so blobs complete
+    in archive order; an open that takes longer is waiting for another imgtool's lock on the blob."""
+
+
+DEFAULT_TUNING = Tuning()
 
 
 @dataclass
@@ -330,10 +359,10 @@ class _Scheduler:
     to the front of the queue) or a range; with the queue empty, an idle worker takes the back half
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
-    def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar, big_blob: int,
-                 segment: int, min_steal: int, stop: threading.Event, request: int = REQUEST):
+    def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar, tuning: Tuning,
+                 stop: threading.Event):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
-        self.big_blob, self.segment, self.min_steal, self.request = big_blob, segment, min_steal, request
+        self.tuning = tuning
         self.queue: deque = deque()  # ("blob", desc, pool, attempt, index) or _Range
         self.running: List[_Range] = []
         self.jobs: List[_BlobJob] = []  # started and not finished
@@ -377,8 +406,8 @@ class _Scheduler:
             # A blob being opened puts its ranges at the front of the queue: wait for them, so blobs
             # complete in archive order and the bundle writer, which takes them in that order, is not
             # kept waiting by the first. Briefly: an open that takes longer is waiting for another
-            # imgtool's lock on the blob, and nobody waits for it after START_WAIT.
-            deadline = self.opened_at + START_WAIT
+            # imgtool's lock on the blob, and nobody waits for it after `tuning.start_wait`.
+            deadline = self.opened_at + self.tuning.start_wait
             while self.starting and not self.stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -399,10 +428,10 @@ class _Scheduler:
                 at = max(r.asked, r.pos + (r.end - r.pos) // 2)
                 if r.end - at > (victim.end - mid if victim is not None else 0):
                     victim, mid = r, at
-            if victim is None or victim.end - mid < self.min_steal:
+            if victim is None or victim.end - mid < self.tuning.min_steal:
                 return None
             left = victim.seconds_left(time.monotonic())
-            if left is not None and left < STEAL_SECONDS:  # a new request would not finish much sooner
+            if left is not None and left < self.tuning.steal_seconds:  # a new request would not finish much sooner
                 return None
             rng = _Range(victim.job, mid, victim.end, self._next_turn())
             victim.end = mid
@@ -413,13 +442,13 @@ class _Scheduler:
     def _ask(self, rng: _Range, whole: bool) -> int:
         """Where the worker's next request on `rng` ends (`whole`: the rest of the range); marks it asked."""
         with self.lock:
-            size = rng.end - rng.pos if whole else self.request
+            size = rng.end - rng.pos if whole else self.tuning.request
             left = rng.seconds_left(time.monotonic())
-            if not self.queue and not whole and left is not None and left > TAIL_SECONDS:
+            if not self.queue and not whole and left is not None and left > self.tuning.tail_seconds:
                 # The tail, on a slow range: connections that run out of work come for it. Ask for at most
                 # half of what is left, so they can take the other half now instead of waiting for the
                 # request to end. (Not on a fast one: the extra requests cost more than they save there.)
-                size = min(size, max(self.min_steal, (rng.end - rng.pos) // 2))
+                size = min(size, max(self.tuning.min_steal, (rng.end - rng.pos) // 2))
             rng.asked = min(rng.end, rng.pos + size)
             return rng.asked
 
@@ -450,7 +479,7 @@ class _Scheduler:
             self.stats.resumed_bytes += partial.done_bytes
         bar.update(partial.done_bytes)
         job.catch_up()  # what a previous run left
-        pieces = job.split(self.segment if desc.size >= self.big_blob else None)
+        pieces = job.split(self.tuning.segment if desc.size >= self.tuning.big_blob else None)
         if not pieces:
             self._finish(job)
             return None
@@ -512,12 +541,11 @@ class _Scheduler:
 
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = JOBS, per_source: int = PER_SOURCE, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
-             skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
-             order: Sequence[Digest] = (), min_steal: int = MIN_STEAL,
-             cancel: Optional[threading.Event] = None, request: int = REQUEST) -> PullStats:
+             jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
+             order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
+             tuning: Tuning = DEFAULT_TUNING) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    over at most `jobs` connections at once (`per_source` per source); returns what was transferred.
+    over at most `jobs` connections at once (`tuning.per_source` per source); returns what was transferred.
     Setting `cancel` stops it (what arrived stays in the store's partial files for the next run).
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
@@ -544,10 +572,9 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     pools: Dict[int, _SourcePool] = {}
     with progress.bar(total, "download") as total_bar:
-        sched = _Scheduler(store, progress, stats, total_bar, big_blob, segment, min_steal,
-                           cancel if cancel is not None else threading.Event(), request)
+        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event())
         for i, (desc, sources) in enumerate(todo):
-            pool = pools.setdefault(id(sources), _SourcePool(sources, per_source))
+            pool = pools.setdefault(id(sources), _SourcePool(sources, tuning.per_source))
             sched.queue.append(("blob", desc, pool, 0, i))
         workers = [threading.Thread(target=sched.work, name=f"download-{k}", daemon=True)
                    for k in range(max(1, jobs))]

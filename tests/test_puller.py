@@ -21,7 +21,7 @@ from imgtool.errors import RegistryError, UsageError
 from imgtool.fetch import resolve_refs
 from imgtool.model import Digest, Platform
 from imgtool.progress import Progress
-from imgtool.puller import download, resolve_image
+from imgtool.puller import Tuning, download, resolve_image
 from imgtool.store import Store
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
@@ -370,7 +370,7 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
     cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}",
                        [("quay", f"http://{services.plain}", ""), ("nju", f"http://{services.mirror}", "")])
     store = Store(tmp_path / "c")
-    image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=512 << 10)
+    image, _, stats, _ = pull(cfg, "v1", "arm64", store, tuning=Tuning(big_blob=1 << 20, segment=512 << 10))
     assert stats.per_source["quay"] > 0 and stats.per_source["nju"] > 0
     assert sum(stats.per_source.values()) == image.manifest.layers[0].size
     assert_store_holds(store, image)
@@ -388,7 +388,7 @@ def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, facto
     a split is never inside a request already sent, the registry sends every byte once."""
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=6 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layer.digest in p, times=1000, rate=2_000_000))
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=1 << 20)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=Tuning(big_blob=1 << 40, request=1 << 20))
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         starts = sorted(int(r.range[len("bytes="):].split("-")[0]) if r.range else 0 for r in gets)
         assert len(gets) >= 4 and len(set(starts)) == len(starts), starts  # every request asks new bytes
@@ -412,8 +412,8 @@ def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tm
         cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layers[0].digest in p, times=1, rate=1_000_000))
         store = Store(tmp_path / "c")
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=512 << 10,
-                                  min_steal=256 << 10)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4,
+                                  tuning=Tuning(big_blob=1 << 40, request=512 << 10, min_steal=256 << 10))
         first = [r for r in proxy.records if r.method == "GET" and layers[0].digest in r.path]
         assert len(first) >= 3  # the slow range was taken over (and its pieces asked for in requests)
         assert layer_bytes_sent(proxy, layers) <= 1.01 * total, (layer_bytes_sent(proxy, layers), total)
@@ -426,8 +426,9 @@ def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tm
 _KILLED_PULL = """import sys
 from pathlib import Path
 from imgtool.store import Store
+from imgtool.puller import Tuning
 from tests.test_puller import pull
-pull(Path(sys.argv[1]), "v1", "arm64", Store(Path(sys.argv[2])), jobs=4, big_blob=1 << 40, request=256 << 10)
+pull(Path(sys.argv[1]), "v1", "arm64", Store(Path(sys.argv[2])), jobs=4, tuning=Tuning(big_blob=1 << 40, request=256 << 10))
 """
 
 
@@ -472,7 +473,7 @@ def test_sigkill_mid_download_then_rerun_sends_each_byte_once(services, factory,
         assert b1 == 4 * 64_000 and on_disk() == b1  # what arrived before the kill is kept
         assert not any(store.has(d) for d in digests)
         proxy.clear()
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=256 << 10)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=Tuning(big_blob=1 << 40, request=256 << 10))
         b2 = layer_bytes_sent(proxy, layers)
         assert b2 == total - b1, (b1, b2, total)  # the rerun asks only for what is not on disk
         assert b1 + b2 <= 1.01 * total
@@ -486,7 +487,7 @@ def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, m
     """Some proxies answer a ranged GET with 200 and the whole blob: each range skips to its start."""
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("no_range", lambda m, p: m == "GET" and layer.digest in p, times=100))
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=1 << 20)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, tuning=Tuning(big_blob=1 << 20, segment=1 << 20))
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         ranges = -(-layer.size // (1 << 20))
         assert ranges >= 3 and len(gets) == ranges  # one GET per 1 MiB range ...
