@@ -10,8 +10,8 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import requests
 import urllib3
@@ -20,9 +20,9 @@ from .errors import ImgtoolError, ManifestError, NotFoundError, RegistryError, U
 from .mirrors import Resolution, Source
 from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, Platform,
                     PulledImage, format_size, parse_manifest)
-from .progress import Progress
+from .progress import Bar, Progress
 from .registry import network_error_text
-from .store import Store
+from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
@@ -204,6 +204,16 @@ class _SourcePool:
                 self.dead[source.name] = error
 
 
+@dataclass(frozen=True)
+class _Blob:
+    """A blob to download: what it is, where from, which attempt this is, and its place in archive order."""
+
+    desc: Descriptor
+    pool: _SourcePool
+    attempt: int
+    index: int
+
+
 class _BlobJob:
     """One blob being downloaded: its partial file, its per-blob lock and bar, and its running sha256.
 
@@ -213,16 +223,16 @@ class _BlobJob:
     its last byte lands, instead of being read back whole at the end.
     """
 
-    def __init__(self, desc: Descriptor, pool: _SourcePool, partial, unlock, bar, attempt: int, index: int):
-        self.desc, self.pool, self.partial, self.unlock, self.bar = desc, pool, partial, unlock, bar
-        self.attempt, self.index = attempt, index
-        self.hasher = desc.digest.hasher()
+    def __init__(self, blob: _Blob, partial: Partial, unlock: Callable[[], None], bar: Bar):
+        self.blob, self.desc, self.partial, self.unlock, self.bar = blob, blob.desc, partial, unlock, bar
+        self.hasher = blob.desc.digest.hasher()
         self.hashed = 0
         self.hash_busy = False
         self.pending = 0  # ranges not finished yet (changed under the scheduler's lock)
         self.lock = threading.Lock()
 
     def split(self, segment: Optional[int]) -> List[Tuple[int, int]]:
+        """The byte ranges not on disk yet, cut into `segment`-sized pieces (None: whole)."""
         out: List[Tuple[int, int]] = []
         for a, b in self.partial.missing():
             step = segment or (b - a)
@@ -273,19 +283,27 @@ class _BlobJob:
 
 
 class _Range:
-    """Bytes [pos, end) of one blob for one worker; `end` moves down when an idle worker takes the back half.
+    """The one kind of queued work: bytes [pos, end) of a blob, for one connection.
 
-    `asked` is where the worker's outstanding request ends: bytes up to there may be on their way
-    already, so `end` never moves below it (changed under the scheduler's lock).
+    A range without a `job` is a whole blob nobody has opened yet: the worker that takes it opens the
+    blob (locks it, reads its partial record) and the blob's ranges go to the front of the queue.
+
+    `end` moves down when an idle worker takes the back half; `asked` is where the worker's outstanding
+    request ends: bytes up to there may be on their way already, so `end` never moves below it
+    (both changed under the scheduler's lock).
     """
 
-    __slots__ = ("job", "pos", "end", "asked", "preferred", "since", "first")
+    __slots__ = ("blob", "job", "pos", "end", "asked", "preferred", "since", "first")
 
-    def __init__(self, job: _BlobJob, pos: int, end: int, preferred: int):
-        self.job, self.pos, self.end, self.preferred = job, pos, end, preferred
+    def __init__(self, blob: _Blob, job: Optional[_BlobJob], pos: int, end: int, preferred: int):
+        self.blob, self.job, self.pos, self.end, self.preferred = blob, job, pos, end, preferred
         self.asked = pos
         self.since: Optional[float] = None  # when a worker started on it, at `first`
         self.first = pos
+
+    @classmethod
+    def unopened(cls, blob: _Blob) -> "_Range":
+        return cls(blob, None, 0, blob.desc.size, blob.index)
 
     def seconds_left(self, now: float) -> Optional[float]:
         """At the rate the range has been coming, how long it still takes (None: too early to tell)."""
@@ -304,9 +322,10 @@ def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, s
     for is thrown away, and a kill loses at most one request's bytes in flight per connection.
     """
     job = rng.job
+    assert job is not None  # a range being fetched belongs to an opened blob
     size = job.desc.size
     attempts = 0
-    tried = set()
+    tried: Set[str] = set()
     rng.since, rng.first = time.monotonic(), rng.pos
     while rng.pos < rng.end and not stop.is_set():
         source = pool.pick(rng.preferred + attempts, exclude=tried)
@@ -363,9 +382,9 @@ class _Scheduler:
                  stop: threading.Event):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
         self.tuning = tuning
-        self.queue: deque = deque()  # ("blob", desc, pool, attempt, index) or _Range
+        self.queue: Deque[_Range] = deque()
         self.running: List[_Range] = []
-        self.jobs: List[_BlobJob] = []  # started and not finished
+        self.jobs: List[_BlobJob] = []  # opened and not finished
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         self.starting = 0  # blobs being opened by a worker (their ranges not queued yet)
@@ -378,21 +397,19 @@ class _Scheduler:
         """A worker's loop."""
         try:
             while not self.stop.is_set():
-                item = self._take()
-                if item is None:
+                rng = self._take()
+                if rng is None:
                     return
-                if isinstance(item, _Range):
-                    rng = item
-                else:
+                if rng.job is None:  # a blob to open
                     try:
-                        rng = self._start(*item[1:])
+                        rng = self._start(rng.blob)
                     finally:
                         with self.lock:
                             self.starting -= 1
                             self.changed.notify_all()
-                if rng is None:
-                    continue
-                _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop, self._ask)
+                    if rng is None:
+                        continue
+                _stream_range(rng.blob.pool, rng, self.stats, self.total_bar, self.stop, self._ask)
                 if not self.stop.is_set():
                     self._range_done(rng)
         except BaseException as e:
@@ -401,7 +418,7 @@ class _Scheduler:
                     self.error = e
             self.stop.set()
 
-    def _take(self):
+    def _take(self) -> Optional[_Range]:
         with self.lock:
             # A blob being opened puts its ranges at the front of the queue: wait for them, so blobs
             # complete in archive order and the bundle writer, which takes them in that order, is not
@@ -409,18 +426,18 @@ class _Scheduler:
             # imgtool's lock on the blob, and nobody waits for it after `tuning.start_wait`.
             deadline = self.opened_at + self.tuning.start_wait
             while self.starting and not self.stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
-                self.changed.wait(left)
+                self.changed.wait(remaining)
             if self.queue:
-                item = self.queue.popleft()
-                if isinstance(item, _Range):
-                    self.running.append(item)
-                else:
+                rng = self.queue.popleft()
+                if rng.job is None:
                     self.starting += 1
                     self.opened_at = time.monotonic()
-                return item
+                else:
+                    self.running.append(rng)
+                return rng
             # Split where the victim's remaining time is halved, but never inside its outstanding request:
             # those bytes may be on the wire already, and cutting them off would fetch them twice.
             victim, mid = None, 0
@@ -428,12 +445,12 @@ class _Scheduler:
                 at = max(r.asked, r.pos + (r.end - r.pos) // 2)
                 if r.end - at > (victim.end - mid if victim is not None else 0):
                     victim, mid = r, at
-            if victim is None or victim.end - mid < self.tuning.min_steal:
+            if victim is None or victim.job is None or victim.end - mid < self.tuning.min_steal:
                 return None
             left = victim.seconds_left(time.monotonic())
             if left is not None and left < self.tuning.steal_seconds:  # a new request would not finish much sooner
                 return None
-            rng = _Range(victim.job, mid, victim.end, self._next_turn())
+            rng = _Range(victim.blob, victim.job, mid, victim.end, self._next_turn())
             victim.end = mid
             victim.job.pending += 1
             self.running.append(rng)
@@ -456,8 +473,9 @@ class _Scheduler:
         self.turn += 1
         return self.turn
 
-    def _start(self, desc: Descriptor, pool: _SourcePool, attempt: int, index: int) -> Optional[_Range]:
+    def _start(self, blob: _Blob) -> Optional[_Range]:
         """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges."""
+        desc = blob.desc
         unlock = self.store.lock_blob(desc.digest)
         try:
             if self.store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
@@ -472,7 +490,7 @@ class _Scheduler:
             unlock()
             raise
         bar = self.progress.bar(desc.size, f"{desc.digest.short} ({format_size(desc.size)})")
-        job = _BlobJob(desc, pool, partial, unlock, bar, attempt, index)
+        job = _BlobJob(blob, partial, unlock, bar)
         with self.lock:
             self.jobs.append(job)
         with self.stats.lock:
@@ -484,13 +502,14 @@ class _Scheduler:
             self._finish(job)
             return None
         with self.lock:
-            ranges = [_Range(job, a, b, index + k) for k, (a, b) in enumerate(pieces)]
+            ranges = [_Range(blob, job, a, b, blob.index + k) for k, (a, b) in enumerate(pieces)]
             job.pending = len(ranges)
             self.queue.extendleft(reversed(ranges[1:]))  # next in line: this blob's other ranges
             self.running.append(ranges[0])
             return ranges[0]
 
     def _range_done(self, rng: _Range) -> None:
+        assert rng.job is not None
         with self.lock:
             self.running.remove(rng)
             rng.job.pending -= 1
@@ -509,11 +528,11 @@ class _Scheduler:
                 job.partial.commit(job.hasher.hexdigest())
             except VerifyError as e:
                 self.progress.warn(f"{e.message}; downloading it again")
-                if job.attempt + 1 >= BLOB_ATTEMPTS:
+                if job.blob.attempt + 1 >= BLOB_ATTEMPTS:
                     raise VerifyError(f"blob {desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
                                       hint="a proxy or mirror is damaging data; try another with --mirror NAME") from e
                 with self.lock:
-                    self.queue.appendleft(("blob", desc, job.pool, job.attempt + 1, job.index))
+                    self.queue.appendleft(_Range.unopened(replace(job.blob, attempt=job.blob.attempt + 1)))
                 return
             with self.stats.lock:
                 self.stats.blobs_downloaded += 1
@@ -535,7 +554,7 @@ class _Scheduler:
             job.unlock()
 
     def close_all(self) -> None:
-        """After a failure: keep every started blob's partial record, release its lock."""
+        """After a failure: keep every opened blob's partial record, release its lock."""
         for job in list(self.jobs):
             self._close(job)
 
@@ -575,7 +594,7 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
         sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event())
         for i, (desc, sources) in enumerate(todo):
             pool = pools.setdefault(id(sources), _SourcePool(sources, tuning.per_source))
-            sched.queue.append(("blob", desc, pool, 0, i))
+            sched.queue.append(_Range.unopened(_Blob(desc, pool, 0, i)))
         workers = [threading.Thread(target=sched.work, name=f"download-{k}", daemon=True)
                    for k in range(max(1, jobs))]
         try:
