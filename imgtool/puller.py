@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -722,20 +723,17 @@ def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Colle
 def _run_workers(sched: _Scheduler, jobs: int) -> None:
     """`jobs` workers on the scheduler until they run out of work; raises the first error one met.
 
-    On every path out the workers are stopped and joined before this returns, and every opened blob's
-    partial record is kept and its lock released.
+    On every path out (an error in a worker, Ctrl-C here) the workers are stopped and joined before this
+    returns, and every opened blob's partial record is kept and its lock released.
     """
-    workers = [threading.Thread(target=sched.work, name=f"download-{k}", daemon=True) for k in range(jobs)]
     try:
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join()
-    except BaseException:
-        sched.stop.set()
-        for t in workers:
-            t.join()
-        raise
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="download") as pool:
+            futures = [pool.submit(sched.work) for _ in range(jobs)]
+            try:
+                wait(futures)
+            except BaseException:
+                sched.stop.set()  # each worker ends at its next chunk; leaving `with` joins them
+                raise
     finally:
         sched.close_all()
     if sched.error is not None:

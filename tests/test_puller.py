@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from imgtool.errors import RegistryError, UsageError
 from imgtool.fetch import resolve_refs
 from imgtool.model import Digest, Platform
 from imgtool.progress import Progress
-from imgtool.puller import Tuning, download, resolve_image
+from imgtool.puller import PullStats, Tuning, download, resolve_image
 from imgtool.store import Store
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
@@ -353,6 +354,57 @@ def test_failing_source_is_dropped_and_blobs_retried_on_the_next(services, facto
         assert_store_holds(store, image)
     finally:
         proxy.close()
+
+
+def download_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("download")]
+
+
+def test_a_failing_worker_ends_the_download_with_its_error_and_every_thread(services, factory, mirrored, tmp_path):
+    """Every blob request fails (502) on the only source while four connections share a split blob:
+    the download raises the error a worker met, leaves no thread behind, and a rerun (once the source
+    is well) gets the blob: the failed run released the blob's lock and kept what it had."""
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
+        proxy.add(Fault("status", lambda m, p: m == "GET" and layer.digest in p, times=1000, status=502))
+        tuning = Tuning(big_blob=1 << 20, segment=512 << 10)
+        with pytest.raises(RegistryError) as e:
+            pull(cfg, "v1", "arm64", store, jobs=4, tuning=tuning)
+        assert e.value.message.startswith("every source failed: quay ("), e.value.message
+        assert download_threads() == []
+        proxy.clear()
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=tuning)
+        assert stats.blobs_downloaded == 1
+        assert_store_holds(store, image)
+
+
+def test_cancel_ends_every_worker_and_keeps_what_arrived(services, factory, mirrored, tmp_path):
+    """`cancel` set while every connection waits for bytes: once bytes flow again, each worker stops at
+    its next chunk, download returns, no thread is left, and the bytes that arrived stay for the rerun."""
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=4 << 20) as (proxy, cfg, layer, store):
+        held = 1 << 20
+        gate = proxy.gate(lambda m, p: m == "GET" and layer.digest in p, bytes=held)
+        cancel, stats = threading.Event(), PullStats()
+        t = threading.Thread(target=pull, args=(cfg, "v1", "arm64", store), name="test-pull",
+                             kwargs=dict(jobs=4, cancel=cancel, stats=stats, tuning=Tuning(big_blob=1 << 20, segment=1 << 20)))
+        t.start()
+        try:
+            assert gate.reached.wait(30)
+            deadline = time.monotonic() + 30  # the bytes the gate let through reach the partial file
+            while stats.bytes_downloaded < held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            cancel.set()
+        finally:
+            gate.release()
+            t.join(30)
+        assert not t.is_alive() and download_threads() == []
+        digest = Digest.parse(layer.digest)
+        kept = store.partial_bytes(digest, layer.size)
+        assert not store.has(digest) and held <= kept == stats.bytes_downloaded < layer.size
+        proxy.clear()
+        image, _, again, _ = pull(cfg, "v1", "arm64", store, jobs=4)
+        assert again.resumed_bytes == kept and again.blobs_downloaded == 1
+        assert proxy.blob_bytes_sent() == layer.size - kept
+        assert_store_holds(store, image)
 
 
 def test_429_retry_after_is_honoured(services, factory, mirrored, tmp_path):
