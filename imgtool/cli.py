@@ -17,6 +17,7 @@ from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 
 _STATE = {"debug": False, "quiet": False}
+_VERB = {"path": ""}  # the verb being run, for errors click raises without a context
 
 
 def _set_flag(name):
@@ -82,7 +83,7 @@ class _Verbs(click.Group):
             hint = (f"did you mean {close[0]}? " if close else "") + f"{ctx.command_path} -h lists the commands"
             raise _UsageError(f"unknown command {name!r}", ctx, hint)
         resolved = super().resolve_command(ctx, args)
-        _STATE["verb"] = f"{ctx.command_path} {resolved[0]}"  # errors click raises without a context
+        _VERB["path"] = f"{ctx.command_path} {resolved[0]}"
         if resolved[0] in NEEDS_PY39 and sys.version_info < (3, 9):
             raise UsageError(f"imgtool {resolved[0]} needs Python 3.9 or newer; this is Python "
                              f"{sys.version_info[0]}.{sys.version_info[1]}",
@@ -96,7 +97,7 @@ def usage_lines(e: click.UsageError):
     text = text[:1].lower() + text[1:]
     hint = getattr(e, "hint", None)
     if hint is None:
-        where = e.ctx.command_path if e.ctx is not None else _STATE.get("verb") or "imgtool"
+        where = e.ctx.command_path if e.ctx is not None else _VERB["path"] or "imgtool"
         usage = " ".join(e.ctx.get_usage().split()) if e.ctx is not None else ""
         if isinstance(e, click.NoSuchOption):
             text = f"no such option: {e.option_name}"
@@ -596,8 +597,7 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
         click.echo(f"bundle.json sha256: {report.bundle_json_sha256}")
-        if report.signature.state != "unsigned" or report.signature.policy:
-            click.echo(f"signature: {report.signature.message}")
+        _echo_signature(report.signature)
     report.raise_if_bad()
 
 
@@ -648,8 +648,13 @@ def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
                    f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
     else:
         click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
-    if result.signature.state != "unsigned" or result.signature.policy:
-        click.echo(f"signature: {result.signature.message}")
+    _echo_signature(result.signature)
+
+
+def _echo_signature(verdict) -> None:
+    """verify/load: the signature's line, when the bundle is signed or a policy asked for a signature."""
+    if verdict is not None and (verdict.state != "unsigned" or verdict.policy):
+        click.echo(f"signature: {verdict.message}")
 
 
 @cli.command()

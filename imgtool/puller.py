@@ -10,8 +10,9 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import requests
 import urllib3
@@ -20,26 +21,15 @@ from .errors import ImgtoolError, ManifestError, NotFoundError, RegistryError, U
 from .mirrors import Resolution, Source
 from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, Platform,
                     PulledImage, format_size, parse_manifest)
-from .progress import Progress
+from .progress import Bar, Progress
 from .registry import network_error_text
-from .store import Store
+from .store import Partial, Store
 
-READ_CHUNK = 256 * 1024
-JOBS = 8  # connections at once (--jobs)
-PER_SOURCE = 8  # and at most this many to one source
-BIG_BLOB = 64 * 1024 * 1024  # blobs at least this big are split into ranges up front
-SEGMENT = 32 * 1024 * 1024
-START_WAIT = 0.2  # how long a worker waits for a blob being opened to queue its ranges
-MIN_STEAL = 1024 * 1024  # an idle worker takes the back half of a range with at least twice this left ...
-STEAL_SECONDS = 0.2  # ... and, at the rate it is coming, at least this long still to go
-# A connection asks for at most REQUEST bytes of its range at a time, so a split never cuts a request
-# (see _stream_range) and a kill loses at most that much per connection. Chosen by measurement: 4 MiB
-# requests cost 5-15 % on a link holding each connection to 20 MB/s (a request's round trip and the
-# registry's own per-request work), 16 MiB cost nothing measurable there or on loopback.
-REQUEST = 16 * 1024 * 1024
-TAIL_SECONDS = 1.0  # with no work queued, a range with longer than this to go is asked for in halves
-BLOB_ATTEMPTS = 3  # whole-blob retries after a digest mismatch
+MiB = 1024 * 1024
+READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
+JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
 _NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
+_RETRIED = (RegistryError,) + _NET_ERRORS  # a range's request failed: try again, maybe elsewhere
 
 
 def _manifest_from(sources: Sequence[Source], digest: Digest, what: str) -> Tuple[bytes, str, Source]:
@@ -125,6 +115,51 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
 
 
 # --- blob download ---------------------------------------------------------
+#
+# Read top to bottom: the knobs (Tuning), what a download counts (PullStats), the sources of one
+# image (_SourcePool) and a range's failures on them (_Retries), one blob being written (_BlobJob),
+# the one kind of queued work (_Range), the scheduler that hands work to the connections and moves
+# bytes (_Scheduler), and `download`, which plans the work and runs the workers.
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How `download` divides blobs over its connections. Every default was chosen by measurement
+    (docs/benchmarks.md); tests build smaller ones so that splits and steals happen on small blobs."""
+
+    per_source: int = 8
+    """At most this many of the connections go to one source at once."""
+
+    big_blob: int = 64 * MiB
+    """A blob at least this big is split into `segment`-sized ranges when it is opened."""
+
+    segment: int = 32 * MiB
+    """The size of those ranges (the last one of a blob is shorter)."""
+
+    request: int = 16 * MiB
+    """A connection asks for at most this much of its range per request, so a steal never cuts a
+    request short and a kill loses at most this much in flight per connection. 4 MiB requests cost
+    5-15 % on a link holding each connection to 20 MB/s (each request's round trip and the registry's
+    per-request work); 16 MiB cost nothing measurable there or on loopback."""
+
+    min_steal: int = MiB
+    """An idle connection takes the back half of the biggest running range only if that half holds at
+    least this many bytes ..."""
+
+    steal_seconds: float = 0.2
+    """... and, at the rate the range has been coming, it still has at least this long to go: a new
+    request would not finish much sooner."""
+
+    tail_seconds: float = 1.0
+    """With nothing queued, a range with longer than this to go is asked for in halves (never less than
+    `min_steal`), so idle connections can take the other half now instead of waiting for the request."""
+
+    start_wait: float = 0.2
+    """How long an idle connection waits for a blob being opened to queue its ranges, so blobs complete
+    in archive order; an open that takes longer is waiting for another imgtool's lock on the blob."""
+
+
+DEFAULT_TUNING = Tuning()
 
 
 @dataclass
@@ -145,6 +180,23 @@ class PullStats:
             self.bytes_downloaded += n
             self.per_source[source] = self.per_source.get(source, 0) + n
 
+    def cached(self, size: int) -> None:
+        """A blob of `size` bytes was in the store already."""
+        with self.lock:
+            self.blobs_cached += 1
+            self.bytes_cached += size
+
+    def resumed(self, n: int) -> None:
+        """A previous run left `n` bytes of a blob in its partial file."""
+        with self.lock:
+            self.resumed_bytes += n
+
+    def downloaded(self, digest: Digest) -> None:
+        """The blob arrived whole and matched its digest."""
+        with self.lock:
+            self.blobs_downloaded += 1
+            self.fresh.add(digest)
+
 
 class _SourcePool:
     """Healthy sources with a connection cap each; a failing source is dropped for the run."""
@@ -156,7 +208,9 @@ class _SourcePool:
         self.last_error: Dict[str, str] = {}
         self.lock = threading.Lock()
 
-    def pick(self, preferred: int, exclude=()) -> Source:
+    def pick(self, preferred: int, exclude: Collection[str] = ()) -> Source:
+        """The live source at `preferred` (modulo), outside `exclude` while any is; raises RegistryError
+        when every source is dead."""
         with self.lock:
             live = [s for s in self.sources if s.name not in self.dead and s.name not in exclude]
             if not live:
@@ -175,6 +229,62 @@ class _SourcePool:
                 self.dead[source.name] = error
 
 
+STRIKES = 3
+
+
+def _struck_out(failures: int) -> bool:
+    """Whether a range's `failures`-th network failure drops the source it happened on, for the run.
+
+    Every STRIKES-th one does. Failures are counted per range, not per source: each one also moves the
+    range's next try to the next live source, so with one source its third failure for a range drops
+    it, and with several, whichever fails the range the third, sixth, ... time is dropped. A single
+    reset only costs a retry.
+    """
+    return failures % STRIKES == 0
+
+
+class _Retries:
+    """One range's failures: which source to try next, which ones it no longer tries, how long to back off."""
+
+    def __init__(self, pool: _SourcePool):
+        self.pool = pool
+        self.failures = 0
+        self.out: Set[str] = set()
+
+    def next_source(self, preferred: int) -> Source:
+        """Raises RegistryError when every source of the pool is dead."""
+        return self.pool.pick(preferred + self.failures, exclude=self.out)
+
+    def not_found(self, source: Source, error: NotFoundError, digest: Digest) -> None:
+        """`source` does not have the blob: the others are asked; raises RegistryError once none has it."""
+        self.out.add(source.name)
+        self.pool.fail(source, error.message, fatal=False)
+        if len(self.out) >= len(self.pool.sources):
+            raise RegistryError(f"blob {digest.short} is on no source: {error.message}") from error
+
+    def failed(self, source: Source, message: str) -> float:
+        """A network failure on `source` (it may strike out); returns the seconds to wait before the next try."""
+        self.failures += 1
+        fatal = _struck_out(self.failures)
+        self.pool.fail(source, message, fatal=fatal)
+        if fatal:
+            self.out.add(source.name)
+        return min(0.2 * self.failures, 2.0)
+
+
+BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
+
+
+@dataclass(frozen=True)
+class _Blob:
+    """A blob to download: what it is, where from, which attempt this is, and its place in archive order."""
+
+    desc: Descriptor
+    pool: _SourcePool
+    attempt: int
+    index: int
+
+
 class _BlobJob:
     """One blob being downloaded: its partial file, its per-blob lock and bar, and its running sha256.
 
@@ -184,23 +294,23 @@ class _BlobJob:
     its last byte lands, instead of being read back whole at the end.
     """
 
-    def __init__(self, desc: Descriptor, pool: _SourcePool, partial, unlock, bar, attempt: int, index: int):
-        self.desc, self.pool, self.partial, self.unlock, self.bar = desc, pool, partial, unlock, bar
-        self.attempt, self.index = attempt, index
-        self.hasher = desc.digest.hasher()
+    def __init__(self, blob: _Blob, partial: Partial, unlock: Callable[[], None], bar: Bar):
+        self.blob, self.desc, self.partial, self.unlock, self.bar = blob, blob.desc, partial, unlock, bar
+        self.hasher = blob.desc.digest.hasher()
         self.hashed = 0
         self.hash_busy = False
         self.pending = 0  # ranges not finished yet (changed under the scheduler's lock)
         self.lock = threading.Lock()
 
     def split(self, segment: Optional[int]) -> List[Tuple[int, int]]:
+        """The byte ranges not on disk yet, cut into `segment`-sized pieces (None: whole)."""
         out: List[Tuple[int, int]] = []
         for a, b in self.partial.missing():
             step = segment or (b - a)
             out += [(x, min(x + step, b)) for x in range(a, b, step)]
         return out
 
-    def hash_from(self, pos: int, chunk) -> None:
+    def hash_from(self, pos: int, chunk: bytes) -> None:
         """`chunk` was just written at `pos`: hash it now if the cursor is there, then catch up."""
         with self.lock:
             if self.hash_busy or self.hashed != pos:
@@ -210,6 +320,7 @@ class _BlobJob:
         self._advance(pos + len(chunk))
 
     def catch_up(self) -> None:
+        """Move the cursor over whatever is written contiguously after it (unless another thread is)."""
         with self.lock:
             if self.hash_busy:
                 return
@@ -224,16 +335,14 @@ class _BlobJob:
         return pos
 
     def _advance(self, hashed: int) -> None:
+        """Hash the written bytes from `hashed` on, as far as they reach; then leave the cursor there."""
         try:
             while True:
                 upto = self._done_from(hashed)
                 if upto == hashed:
-                    with self.lock:
-                        # A chunk written at the cursor while we were busy was left to us: look again.
-                        upto = self._done_from(hashed)
-                        if upto == hashed:
-                            self.hashed, self.hash_busy = hashed, False
-                            return
+                    upto = self._stop_or_more(hashed)
+                    if upto == hashed:
+                        return
                 for piece in self.partial.read_range(hashed, upto):
                     self.hasher.update(piece)
                 hashed = upto
@@ -242,21 +351,38 @@ class _BlobJob:
                 self.hash_busy = False
             raise
 
+    def _stop_or_more(self, hashed: int) -> int:
+        """Under the lock, look again: a chunk written at the cursor while we were busy was left to us.
+        With none, the cursor stays at `hashed` and is free for the next thread; returns where to hash up to."""
+        with self.lock:
+            upto = self._done_from(hashed)
+            if upto == hashed:
+                self.hashed, self.hash_busy = hashed, False
+            return upto
+
 
 class _Range:
-    """Bytes [pos, end) of one blob for one worker; `end` moves down when an idle worker takes the back half.
+    """The one kind of queued work: bytes [pos, end) of a blob, for one connection.
 
-    `asked` is where the worker's outstanding request ends: bytes up to there may be on their way
-    already, so `end` never moves below it (changed under the scheduler's lock).
+    A range without a `job` is a whole blob nobody has opened yet: the worker that takes it opens the
+    blob (locks it, reads its partial record) and the blob's ranges go to the front of the queue.
+
+    `end` moves down when an idle worker takes the back half; `asked` is where the worker's outstanding
+    request ends: bytes up to there may be on their way already, so `end` never moves below it
+    (both changed under the scheduler's lock).
     """
 
-    __slots__ = ("job", "pos", "end", "asked", "preferred", "since", "first")
+    __slots__ = ("blob", "job", "pos", "end", "asked", "preferred", "since", "first")
 
-    def __init__(self, job: _BlobJob, pos: int, end: int, preferred: int):
-        self.job, self.pos, self.end, self.preferred = job, pos, end, preferred
+    def __init__(self, blob: _Blob, job: Optional[_BlobJob], pos: int, end: int, preferred: int):
+        self.blob, self.job, self.pos, self.end, self.preferred = blob, job, pos, end, preferred
         self.asked = pos
         self.since: Optional[float] = None  # when a worker started on it, at `first`
         self.first = pos
+
+    @classmethod
+    def unopened(cls, blob: _Blob) -> "_Range":
+        return cls(blob, None, 0, blob.desc.size, blob.index)
 
     def seconds_left(self, now: float) -> Optional[float]:
         """At the rate the range has been coming, how long it still takes (None: too early to tell)."""
@@ -264,106 +390,47 @@ class _Range:
             return None
         return (self.end - self.pos) * (now - self.since) / (self.pos - self.first)
 
-
-def _stream_range(pool: _SourcePool, rng: _Range, stats: PullStats, total_bar, stop: threading.Event,
-                  ask: Callable[[_Range, bool], int]) -> None:
-    """Download the range into its blob's partial file, retrying and failing over; hashes at the cursor.
-
-    The range is asked for in bounded requests (`ask` says where each ends), one after the other on
-    the same (kept-alive) connection. A request is never cut short: an idle worker may take the back
-    half of the range only beyond the outstanding request (`asked`), so no byte the server was asked
-    for is thrown away, and a kill loses at most one request's bytes in flight per connection.
-    """
-    job = rng.job
-    size = job.desc.size
-    attempts = 0
-    tried = set()
-    rng.since, rng.first = time.monotonic(), rng.pos
-    while rng.pos < rng.end and not stop.is_set():
-        source = pool.pick(rng.preferred + attempts, exclude=tried)
-        try:
-            with pool.sem[source.name]:
-                while rng.pos < rng.end and not stop.is_set():
-                    pos = rng.pos
-                    asked = ask(rng, False)
-                    resp = source.client.blob(source.repository, job.desc.digest, pos, None if asked == size else asked)
-                    with resp:
-                        skip = 0
-                        if resp.status_code == 200:  # the server ignored Range: it sends the whole blob anyway,
-                            skip = pos  # so skip to `pos` and keep the rest of the range from this response
-                            asked = ask(rng, True)
-                        read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
-                        while rng.pos < asked and not stop.is_set():
-                            chunk = read(min(READ_CHUNK, skip or asked - rng.pos), decode_content=False)
-                            if not chunk:
-                                raise RegistryError(f"{source.name}: connection closed after {format_size(rng.pos)} of "
-                                                    f"{format_size(size)}")
-                            if skip:
-                                skip -= len(chunk)
-                                continue
-                            pos = rng.pos
-                            chunk = chunk[:asked - pos]
-                            job.partial.write(pos, chunk)
-                            job.hash_from(pos, chunk)
-                            rng.pos = pos + len(chunk)
-                            stats.add(source.name, len(chunk))
-                            job.bar.update(len(chunk))
-                            total_bar.update(len(chunk))
-        except NotFoundError as e:
-            tried.add(source.name)
-            pool.fail(source, e.message, fatal=False)
-            if len(tried) >= len(pool.sources):
-                raise RegistryError(f"blob {job.desc.digest.short} is on no source: {e.message}") from e
-        except (RegistryError,) + _NET_ERRORS as e:
-            # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
-            message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
-            attempts += 1
-            fatal = attempts % 3 == 0  # three strikes on one source drop it for the run
-            pool.fail(source, message, fatal=fatal)
-            if fatal:
-                tried.add(source.name)
-            time.sleep(min(0.2 * attempts, 2.0))
+    def back_half(self) -> int:
+        """Where an idle worker would split it: halfway through what is left, but never inside the
+        outstanding request (those bytes may be on the wire already; cut off, they would come twice)."""
+        return max(self.asked, self.pos + (self.end - self.pos) // 2)
 
 
 class _Scheduler:
-    """Every worker takes the next piece of work: a blob to start (in archive order, its ranges going
+    """Every worker takes the next piece of work: a blob to open (in archive order, its ranges going
     to the front of the queue) or a range; with the queue empty, an idle worker takes the back half
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
-    def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar, big_blob: int,
-                 segment: int, min_steal: int, stop: threading.Event, request: int = REQUEST):
+    def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar: Bar, tuning: Tuning,
+                 stop: threading.Event):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
-        self.big_blob, self.segment, self.min_steal, self.request = big_blob, segment, min_steal, request
-        self.queue: deque = deque()  # ("blob", desc, pool, attempt, index) or _Range
+        self.tuning = tuning
+        self.queue: Deque[_Range] = deque()
         self.running: List[_Range] = []
-        self.jobs: List[_BlobJob] = []  # started and not finished
+        self.jobs: List[_BlobJob] = []  # opened and not finished
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
-        self.starting = 0  # blobs being opened by a worker (their ranges not queued yet)
+        self.opening = 0  # blobs being opened by a worker (their ranges not queued yet)
         self.opened_at = 0.0  # when the latest of them was taken from the queue
         self.stop = stop
-        self.error: Optional[BaseException] = None
+        self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
 
+    # -- a worker --------------------------------------------------------------------------------
+
     def work(self) -> None:
-        """A worker's loop."""
+        """A worker's loop, until no work is left or `stop` is set. The first error any worker meets
+        is kept in `error` and stops every worker."""
         try:
             while not self.stop.is_set():
-                item = self._take()
-                if item is None:
-                    return
-                if isinstance(item, _Range):
-                    rng = item
-                else:
-                    try:
-                        rng = self._start(*item[1:])
-                    finally:
-                        with self.lock:
-                            self.starting -= 1
-                            self.changed.notify_all()
+                rng = self._take()
                 if rng is None:
-                    continue
-                _stream_range(rng.job.pool, rng, self.stats, self.total_bar, self.stop, self._ask)
+                    return
+                if rng.job is None:
+                    rng = self._open_taken(rng.blob)
+                    if rng is None:
+                        continue
+                self._fetch(rng)
                 if not self.stop.is_set():
                     self._range_done(rng)
         except BaseException as e:
@@ -372,96 +439,182 @@ class _Scheduler:
                     self.error = e
             self.stop.set()
 
-    def _take(self):
-        with self.lock:
-            # A blob being opened puts its ranges at the front of the queue: wait for them, so blobs
-            # complete in archive order and the bundle writer, which takes them in that order, is not
-            # kept waiting by the first. Briefly: an open that takes longer is waiting for another
-            # imgtool's lock on the blob, and nobody waits for it after START_WAIT.
-            deadline = self.opened_at + START_WAIT
-            while self.starting and not self.stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.changed.wait(left)
-            if self.queue:
-                item = self.queue.popleft()
-                if isinstance(item, _Range):
-                    self.running.append(item)
-                else:
-                    self.starting += 1
-                    self.opened_at = time.monotonic()
-                return item
-            # Split where the victim's remaining time is halved, but never inside its outstanding request:
-            # those bytes may be on the wire already, and cutting them off would fetch them twice.
-            victim, mid = None, 0
-            for r in self.running:
-                at = max(r.asked, r.pos + (r.end - r.pos) // 2)
-                if r.end - at > (victim.end - mid if victim is not None else 0):
-                    victim, mid = r, at
-            if victim is None or victim.end - mid < self.min_steal:
-                return None
-            left = victim.seconds_left(time.monotonic())
-            if left is not None and left < STEAL_SECONDS:  # a new request would not finish much sooner
-                return None
-            rng = _Range(victim.job, mid, victim.end, self._next_turn())
-            victim.end = mid
-            victim.job.pending += 1
-            self.running.append(rng)
-            return rng
+    # -- handing out work (under the lock) -------------------------------------------------------
 
-    def _ask(self, rng: _Range, whole: bool) -> int:
-        """Where the worker's next request on `rng` ends (`whole`: the rest of the range); marks it asked."""
+    def _take(self) -> Optional[_Range]:
+        """The next piece of work for an idle worker; None: nothing left worth a connection."""
         with self.lock:
-            size = rng.end - rng.pos if whole else self.request
-            left = rng.seconds_left(time.monotonic())
-            if not self.queue and not whole and left is not None and left > TAIL_SECONDS:
-                # The tail, on a slow range: connections that run out of work come for it. Ask for at most
-                # half of what is left, so they can take the other half now instead of waiting for the
-                # request to end. (Not on a fast one: the extra requests cost more than they save there.)
-                size = min(size, max(self.min_steal, (rng.end - rng.pos) // 2))
-            rng.asked = min(rng.end, rng.pos + size)
-            return rng.asked
+            self._wait_for_opening()
+            if self.queue:
+                return self._pop()
+            return self._steal()
+
+    def _wait_for_opening(self) -> None:
+        # A blob being opened puts its ranges at the front of the queue: wait for them, so blobs complete
+        # in archive order and the bundle writer, which takes them in that order, is not kept waiting by
+        # the first. Briefly: an open that takes longer waits for another imgtool's lock on the blob.
+        deadline = self.opened_at + self.tuning.start_wait
+        while self.opening and not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.changed.wait(left)
+
+    def _pop(self) -> _Range:
+        rng = self.queue.popleft()
+        if rng.job is None:
+            self.opening += 1
+            self.opened_at = time.monotonic()
+        else:
+            self.running.append(rng)
+        return rng
+
+    def _steal(self) -> Optional[_Range]:
+        """The back half of the running range with the most bytes beyond its split point, if worth it."""
+        victim, mid = None, 0
+        for r in self.running:
+            at = r.back_half()
+            if r.end - at > (victim.end - mid if victim is not None else 0):
+                victim, mid = r, at
+        if victim is None or victim.job is None or victim.end - mid < self.tuning.min_steal:
+            return None
+        left = victim.seconds_left(time.monotonic())
+        if left is not None and left < self.tuning.steal_seconds:
+            return None
+        rng = _Range(victim.blob, victim.job, mid, victim.end, self._next_turn())
+        victim.end = mid
+        victim.job.pending += 1
+        self.running.append(rng)
+        return rng
 
     def _next_turn(self) -> int:
         self.turn += 1
         return self.turn
 
-    def _start(self, desc: Descriptor, pool: _SourcePool, attempt: int, index: int) -> Optional[_Range]:
-        """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges."""
+    def _ask(self, rng: _Range, whole: bool) -> int:
+        """Where the worker's next request on `rng` ends (`whole`: the rest of the range); marks it asked."""
+        with self.lock:
+            size = rng.end - rng.pos if whole else self.tuning.request
+            left = rng.seconds_left(time.monotonic())
+            if not self.queue and not whole and left is not None and left > self.tuning.tail_seconds:
+                # The tail, on a slow range: connections that run out of work come for it. Ask for at most
+                # half of what is left, so they can take the other half now instead of waiting for the
+                # request to end. (Not on a fast one: the extra requests cost more than they save there.)
+                size = min(size, max(self.tuning.min_steal, (rng.end - rng.pos) // 2))
+            rng.asked = min(rng.end, rng.pos + size)
+            return rng.asked
+
+    # -- opening a blob --------------------------------------------------------------------------
+
+    def _open_taken(self, blob: _Blob) -> Optional[_Range]:
+        """`_open`, then tell the workers waiting in `_take` that this blob's ranges are queued."""
+        try:
+            return self._open(blob)
+        finally:
+            with self.lock:
+                self.opening -= 1
+                self.changed.notify_all()
+
+    def _open(self, blob: _Blob) -> Optional[_Range]:
+        """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges;
+        returns the first of them for this worker (None: nothing to fetch)."""
+        desc = blob.desc
         unlock = self.store.lock_blob(desc.digest)
         try:
-            if self.store.has(desc.digest, desc.size):  # another imgtool finished it meanwhile
-                unlock()
-                self.store.announce()  # whoever waits for it in this process: it is here
-                with self.stats.lock:
-                    self.stats.blobs_cached += 1
-                    self.stats.bytes_cached += desc.size
-                return None
-            partial = self.store.partial(desc.digest, desc.size)
+            partial = None if self.store.has(desc.digest, desc.size) else self.store.partial(desc.digest, desc.size)
         except BaseException:
             unlock()
             raise
+        if partial is None:  # another imgtool finished it meanwhile
+            unlock()
+            self.store.announce()  # whoever waits for it in this process: it is here
+            self.stats.cached(desc.size)
+            return None
         bar = self.progress.bar(desc.size, f"{desc.digest.short} ({format_size(desc.size)})")
-        job = _BlobJob(desc, pool, partial, unlock, bar, attempt, index)
+        job = _BlobJob(blob, partial, unlock, bar)
         with self.lock:
             self.jobs.append(job)
-        with self.stats.lock:
-            self.stats.resumed_bytes += partial.done_bytes
+        self.stats.resumed(partial.done_bytes)
         bar.update(partial.done_bytes)
         job.catch_up()  # what a previous run left
-        pieces = job.split(self.segment if desc.size >= self.big_blob else None)
+        pieces = job.split(self.tuning.segment if desc.size >= self.tuning.big_blob else None)
         if not pieces:
             self._finish(job)
             return None
         with self.lock:
-            ranges = [_Range(job, a, b, index + k) for k, (a, b) in enumerate(pieces)]
+            ranges = [_Range(blob, job, a, b, blob.index + k) for k, (a, b) in enumerate(pieces)]
             job.pending = len(ranges)
             self.queue.extendleft(reversed(ranges[1:]))  # next in line: this blob's other ranges
             self.running.append(ranges[0])
             return ranges[0]
 
+    # -- moving the bytes ------------------------------------------------------------------------
+
+    def _fetch(self, rng: _Range) -> None:
+        """Download the range into its blob's partial file, retrying and failing over between sources.
+
+        The range is asked for in bounded requests (`_ask` says where each ends), one after the other on
+        the same (kept-alive) connection. A request is never cut short: an idle worker may take the back
+        half of the range only beyond the outstanding request (`asked`), so no byte the server was asked
+        for is thrown away, and a kill loses at most one request's bytes in flight per connection.
+        """
+        retries = _Retries(rng.blob.pool)
+        rng.since, rng.first = time.monotonic(), rng.pos
+        while rng.pos < rng.end and not self.stop.is_set():
+            source = retries.next_source(rng.preferred)
+            try:
+                with rng.blob.pool.sem[source.name]:
+                    while rng.pos < rng.end and not self.stop.is_set():
+                        self._request(source, rng)
+            except NotFoundError as e:
+                retries.not_found(source, e, rng.blob.desc.digest)
+            except _RETRIED as e:
+                # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
+                message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
+                time.sleep(retries.failed(source, message))
+
+    def _request(self, source: Source, rng: _Range) -> None:
+        """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial."""
+        start, size = rng.pos, rng.blob.desc.size
+        asked = self._ask(rng, False)
+        resp = source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked)
+        with resp:
+            read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
+            if resp.status_code == 200:  # the server ignored Range: it sends the whole blob anyway,
+                asked = self._ask(rng, True)  # so keep the rest of the range from this response
+                self._skip(read, start, source, rng)
+            while rng.pos < asked and not self.stop.is_set():
+                chunk = self._read(read, min(READ_CHUNK, asked - rng.pos), source, rng)
+                self._write(rng, chunk[:asked - rng.pos], source.name)
+
+    def _skip(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> None:
+        """Read and drop the first `n` bytes of a response."""
+        while n and not self.stop.is_set():
+            n -= len(self._read(read, min(READ_CHUNK, n), source, rng))
+
+    def _read(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> bytes:
+        """Up to `n` raw bytes of the response; raises RegistryError if the connection closed early."""
+        chunk = read(n, decode_content=False)
+        if not chunk:
+            raise RegistryError(f"{source.name}: connection closed after {format_size(rng.pos)} of "
+                                f"{format_size(rng.blob.desc.size)}")
+        return chunk
+
+    def _write(self, rng: _Range, chunk: bytes, source: str) -> None:
+        """`chunk` belongs at `rng.pos`: into the partial file, the hash, the counts and the bars."""
+        assert rng.job is not None  # a range being fetched belongs to an opened blob
+        pos = rng.pos
+        rng.job.partial.write(pos, chunk)
+        rng.job.hash_from(pos, chunk)
+        rng.pos = pos + len(chunk)
+        self.stats.add(source, len(chunk))
+        rng.job.bar.update(len(chunk))
+        self.total_bar.update(len(chunk))
+
+    # -- finishing a blob ------------------------------------------------------------------------
+
     def _range_done(self, rng: _Range) -> None:
+        assert rng.job is not None
         with self.lock:
             self.running.remove(rng)
             rng.job.pending -= 1
@@ -470,28 +623,33 @@ class _Scheduler:
             self._finish(rng.job)
 
     def _finish(self, job: _BlobJob) -> None:
-        """Every byte is in: hash what the cursor has not reached, check, publish (or fetch again)."""
-        desc = job.desc
+        """Every byte is in: hash what the cursor has not reached, check, publish (or queue it again)."""
         try:
-            job.catch_up()
-            if job.hashed != desc.size:
-                raise ImgtoolError(f"internal: blob {desc.digest.short} hashed {job.hashed} of {desc.size} bytes")
-            try:
-                job.partial.commit(job.hasher.hexdigest())
-            except VerifyError as e:
-                self.progress.warn(f"{e.message}; downloading it again")
-                if job.attempt + 1 >= BLOB_ATTEMPTS:
-                    raise VerifyError(f"blob {desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
-                                      hint="a proxy or mirror is damaging data; try another with --mirror NAME") from e
-                with self.lock:
-                    self.queue.appendleft(("blob", desc, job.pool, job.attempt + 1, job.index))
-                return
-            with self.stats.lock:
-                self.stats.blobs_downloaded += 1
-                self.stats.fresh.add(desc.digest)
-            self.progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
+            self._commit(job)
         finally:
             self._close(job)
+
+    def _commit(self, job: _BlobJob) -> None:
+        desc = job.desc
+        job.catch_up()
+        if job.hashed != desc.size:
+            raise ImgtoolError(f"internal: blob {desc.digest.short} hashed {job.hashed} of {desc.size} bytes")
+        try:
+            job.partial.commit(job.hasher.hexdigest())
+        except VerifyError as e:
+            self._again(job.blob, e)
+            return
+        self.stats.downloaded(desc.digest)
+        self.progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
+
+    def _again(self, blob: _Blob, corrupt: VerifyError) -> None:
+        """The blob arrived corrupt: queue it again, first in line; raises VerifyError after BLOB_ATTEMPTS."""
+        self.progress.warn(f"{corrupt.message}; downloading it again")
+        if blob.attempt + 1 >= BLOB_ATTEMPTS:
+            raise VerifyError(f"blob {blob.desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
+                              hint="a proxy or mirror is damaging data; try another with --mirror NAME") from corrupt
+        with self.lock:
+            self.queue.appendleft(_Range.unopened(replace(blob, attempt=blob.attempt + 1)))
 
     def _close(self, job: _BlobJob) -> None:
         with self.lock:
@@ -506,24 +664,45 @@ class _Scheduler:
             job.unlock()
 
     def close_all(self) -> None:
-        """After a failure: keep every started blob's partial record, release its lock."""
+        """After a failure: keep every opened blob's partial record, release its lock."""
         for job in list(self.jobs):
             self._close(job)
 
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = JOBS, per_source: int = PER_SOURCE, big_blob: int = BIG_BLOB, segment: int = SEGMENT,
-             skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
-             order: Sequence[Digest] = (), min_steal: int = MIN_STEAL,
-             cancel: Optional[threading.Event] = None, request: int = REQUEST) -> PullStats:
+             jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
+             order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
+             tuning: Tuning = DEFAULT_TUNING) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    over at most `jobs` connections at once (`per_source` per source); returns what was transferred.
+    over at most `jobs` connections at once (`tuning.per_source` per source); returns what was transferred.
     Setting `cancel` stops it (what arrived stays in the store's partial files for the next run).
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
     """
     stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
+    todo = _missing(images, skip, store, stats, order)
+    if not todo:
+        return stats
+    total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
+    with progress.bar(total, "download") as total_bar:
+        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event())
+        pools: Dict[int, _SourcePool] = {}
+        for i, (desc, sources) in enumerate(todo):
+            pool = pools.setdefault(id(sources), _SourcePool(sources, tuning.per_source))
+            sched.queue.append(_Range.unopened(_Blob(desc, pool, 0, i)))
+        _run_workers(sched, max(1, jobs))
+        if cancel is not None and cancel.is_set():
+            return stats
+        if sched.queue or sched.running:
+            raise ImgtoolError("internal: the download stopped with work left")
+    return stats
+
+
+def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Collection[Digest], store: Store,
+             stats: PullStats, order: Sequence[Digest]) -> List[Tuple[Descriptor, Sequence[Source]]]:
+    """The layers to download (each once, with the sources of the first image that has it), `order`
+    first; those already in the store are counted in `stats` instead."""
     wanted: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
     for image, sources in images:
         for layer in image.manifest.layers:
@@ -532,41 +711,30 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     todo = []
     for desc, sources in wanted.values():
         if store.has(desc.digest, desc.size):
-            stats.blobs_cached += 1
-            stats.bytes_cached += desc.size
+            stats.cached(desc.size)
         else:
             todo.append((desc, sources))
-    if not todo:
-        return stats
     # `order` first (fetch: the bundle's archive order, so its writer can start on the first blob early)
     rank = {d: i for i, d in enumerate(order)}
     todo.sort(key=lambda t: rank.get(t[0].digest, len(rank)))
-    total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
-    pools: Dict[int, _SourcePool] = {}
-    with progress.bar(total, "download") as total_bar:
-        sched = _Scheduler(store, progress, stats, total_bar, big_blob, segment, min_steal,
-                           cancel if cancel is not None else threading.Event(), request)
-        for i, (desc, sources) in enumerate(todo):
-            pool = pools.setdefault(id(sources), _SourcePool(sources, per_source))
-            sched.queue.append(("blob", desc, pool, 0, i))
-        workers = [threading.Thread(target=sched.work, name=f"download-{k}", daemon=True)
-                   for k in range(max(1, jobs))]
-        try:
-            for t in workers:
-                t.start()
-            for t in workers:
-                t.join()
-        except BaseException:
-            sched.stop.set()
-            for t in workers:
-                t.join()
-            raise
-        finally:
-            sched.close_all()
-        if sched.error is not None:
-            raise sched.error
-        if cancel is not None and cancel.is_set():
-            return stats
-        if sched.queue or sched.running:
-            raise ImgtoolError("internal: the download stopped with work left")
-    return stats
+    return todo
+
+
+def _run_workers(sched: _Scheduler, jobs: int) -> None:
+    """`jobs` workers on the scheduler until they run out of work; raises the first error one met.
+
+    On every path out (an error in a worker, Ctrl-C here) the workers are stopped and joined before this
+    returns, and every opened blob's partial record is kept and its lock released.
+    """
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="download") as pool:
+            futures = [pool.submit(sched.work) for _ in range(jobs)]
+            try:
+                wait(futures)
+            except BaseException:
+                sched.stop.set()  # each worker ends at its next chunk; leaving `with` joins them
+                raise
+    finally:
+        sched.close_all()
+    if sched.error is not None:
+        raise sched.error

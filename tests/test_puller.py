@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from imgtool.errors import RegistryError, UsageError
 from imgtool.fetch import resolve_refs
 from imgtool.model import Digest, Platform
 from imgtool.progress import Progress
-from imgtool.puller import download, resolve_image
+from imgtool.puller import PullStats, Tuning, download, resolve_image
 from imgtool.store import Store
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
@@ -355,6 +356,57 @@ def test_failing_source_is_dropped_and_blobs_retried_on_the_next(services, facto
         proxy.close()
 
 
+def download_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("download")]
+
+
+def test_a_failing_worker_ends_the_download_with_its_error_and_every_thread(services, factory, mirrored, tmp_path):
+    """Every blob request fails (502) on the only source while four connections share a split blob:
+    the download raises the error a worker met, leaves no thread behind, and a rerun (once the source
+    is well) gets the blob: the failed run released the blob's lock and kept what it had."""
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
+        proxy.add(Fault("status", lambda m, p: m == "GET" and layer.digest in p, times=1000, status=502))
+        tuning = Tuning(big_blob=1 << 20, segment=512 << 10)
+        with pytest.raises(RegistryError) as e:
+            pull(cfg, "v1", "arm64", store, jobs=4, tuning=tuning)
+        assert e.value.message.startswith("every source failed: quay ("), e.value.message
+        assert download_threads() == []
+        proxy.clear()
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=tuning)
+        assert stats.blobs_downloaded == 1
+        assert_store_holds(store, image)
+
+
+def test_cancel_ends_every_worker_and_keeps_what_arrived(services, factory, mirrored, tmp_path):
+    """`cancel` set while every connection waits for bytes: once bytes flow again, each worker stops at
+    its next chunk, download returns, no thread is left, and the bytes that arrived stay for the rerun."""
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=4 << 20) as (proxy, cfg, layer, store):
+        held = 1 << 20
+        gate = proxy.gate(lambda m, p: m == "GET" and layer.digest in p, bytes=held)
+        cancel, stats = threading.Event(), PullStats()
+        t = threading.Thread(target=pull, args=(cfg, "v1", "arm64", store), name="test-pull",
+                             kwargs=dict(jobs=4, cancel=cancel, stats=stats, tuning=Tuning(big_blob=1 << 20, segment=1 << 20)))
+        t.start()
+        try:
+            assert gate.reached.wait(30)
+            deadline = time.monotonic() + 30  # the bytes the gate let through reach the partial file
+            while stats.bytes_downloaded < held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            cancel.set()
+        finally:
+            gate.release()
+            t.join(30)
+        assert not t.is_alive() and download_threads() == []
+        digest = Digest.parse(layer.digest)
+        kept = store.partial_bytes(digest, layer.size)
+        assert not store.has(digest) and held <= kept == stats.bytes_downloaded < layer.size
+        proxy.clear()
+        image, _, again, _ = pull(cfg, "v1", "arm64", store, jobs=4)
+        assert again.resumed_bytes == kept and again.blobs_downloaded == 1
+        assert proxy.blob_bytes_sent() == layer.size - kept
+        assert_store_holds(store, image)
+
+
 def test_429_retry_after_is_honoured(services, factory, mirrored, tmp_path):
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path) as (proxy, cfg, layer, store):
         proxy.add(Fault("status", lambda m, p: blob_path(p) and m == "GET", status=429, headers={"Retry-After": "2"}))
@@ -370,7 +422,7 @@ def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirro
     cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}",
                        [("quay", f"http://{services.plain}", ""), ("nju", f"http://{services.mirror}", "")])
     store = Store(tmp_path / "c")
-    image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=512 << 10)
+    image, _, stats, _ = pull(cfg, "v1", "arm64", store, tuning=Tuning(big_blob=1 << 20, segment=512 << 10))
     assert stats.per_source["quay"] > 0 and stats.per_source["nju"] > 0
     assert sum(stats.per_source.values()) == image.manifest.layers[0].size
     assert_store_holds(store, image)
@@ -388,7 +440,7 @@ def test_idle_connections_take_over_the_back_half_of_a_slow_blob(services, facto
     a split is never inside a request already sent, the registry sends every byte once."""
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=6 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layer.digest in p, times=1000, rate=2_000_000))
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=1 << 20)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=Tuning(big_blob=1 << 40, request=1 << 20))
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         starts = sorted(int(r.range[len("bytes="):].split("-")[0]) if r.range else 0 for r in gets)
         assert len(gets) >= 4 and len(set(starts)) == len(starts), starts  # every request asks new bytes
@@ -412,8 +464,8 @@ def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tm
         cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", proxy.url, "")])
         proxy.add(Fault("rate", lambda m, p: m == "GET" and layers[0].digest in p, times=1, rate=1_000_000))
         store = Store(tmp_path / "c")
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=512 << 10,
-                                  min_steal=256 << 10)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4,
+                                  tuning=Tuning(big_blob=1 << 40, request=512 << 10, min_steal=256 << 10))
         first = [r for r in proxy.records if r.method == "GET" and layers[0].digest in r.path]
         assert len(first) >= 3  # the slow range was taken over (and its pieces asked for in requests)
         assert layer_bytes_sent(proxy, layers) <= 1.01 * total, (layer_bytes_sent(proxy, layers), total)
@@ -426,8 +478,9 @@ def test_one_slow_connection_costs_no_byte_twice(services, factory, mirrored, tm
 _KILLED_PULL = """import sys
 from pathlib import Path
 from imgtool.store import Store
+from imgtool.puller import Tuning
 from tests.test_puller import pull
-pull(Path(sys.argv[1]), "v1", "arm64", Store(Path(sys.argv[2])), jobs=4, big_blob=1 << 40, request=256 << 10)
+pull(Path(sys.argv[1]), "v1", "arm64", Store(Path(sys.argv[2])), jobs=4, tuning=Tuning(big_blob=1 << 40, request=256 << 10))
 """
 
 
@@ -472,7 +525,7 @@ def test_sigkill_mid_download_then_rerun_sends_each_byte_once(services, factory,
         assert b1 == 4 * 64_000 and on_disk() == b1  # what arrived before the kill is kept
         assert not any(store.has(d) for d in digests)
         proxy.clear()
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, big_blob=1 << 40, request=256 << 10)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, jobs=4, tuning=Tuning(big_blob=1 << 40, request=256 << 10))
         b2 = layer_bytes_sent(proxy, layers)
         assert b2 == total - b1, (b1, b2, total)  # the rerun asks only for what is not on disk
         assert b1 + b2 <= 1.01 * total
@@ -486,7 +539,7 @@ def test_a_server_ignoring_range_still_gives_the_right_blob(services, factory, m
     """Some proxies answer a ranged GET with 200 and the whole blob: each range skips to its start."""
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
         proxy.add(Fault("no_range", lambda m, p: m == "GET" and layer.digest in p, times=100))
-        image, _, stats, _ = pull(cfg, "v1", "arm64", store, big_blob=1 << 20, segment=1 << 20)
+        image, _, stats, _ = pull(cfg, "v1", "arm64", store, tuning=Tuning(big_blob=1 << 20, segment=1 << 20))
         gets = [r for r in proxy.records if r.method == "GET" and layer.digest in r.path]
         ranges = -(-layer.size // (1 << 20))
         assert ranges >= 3 and len(gets) == ranges  # one GET per 1 MiB range ...
