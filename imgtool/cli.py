@@ -13,6 +13,7 @@ import click
 
 from . import __version__
 from . import progress as progress_mod
+from .bundle.format import COMPRESSIONS
 from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 
@@ -195,7 +196,7 @@ def _bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
 @mirror_option
 @mirrors_option
 @click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
-@click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
+@click.option("--compress", type=click.Choice(COMPRESSIONS), default="none", show_default=True,
               help="Compress the whole archive (layers are already gzip).")
 @click.option("--layers", "layers", type=click.Choice(["compat", "as-is", "plain"]), default="compat", show_default=True,
               help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
@@ -249,7 +250,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @click.argument("images", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(), help="Bundle directory (default: named from image, tag, arch).")
 @click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
-@click.option("--compress", type=click.Choice(["none", "gzip", "zstd"]), default="none", show_default=True,
+@click.option("--compress", type=click.Choice(COMPRESSIONS), default="none", show_default=True,
               help="Compress the whole archive (layers are gzip-compressed anyway).")
 @click.option("--gzip-level", type=int, default=1, show_default=True, help="gzip level for the layers, 1 (fast) to 9 (small).")
 @click.option("--jobs", type=int, default=0, help="Compression threads (default: the CPU count).")

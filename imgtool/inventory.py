@@ -13,6 +13,7 @@ from .daemon import open_daemon
 from .delta import Inventory
 from .errors import ImgtoolError, UsageError
 from .fsutil import write_atomic
+from .model import utc_time
 
 
 @dataclass
@@ -42,7 +43,7 @@ def take_inventory(output: Optional[str] = None) -> InventoryResult:
         images = daemon.inventory()
     finally:
         daemon.close()
-    inv = Inventory(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    inv = Inventory(utc_time(time.time()),
                     {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
     data = inv.to_bytes()
     if path is not None:

@@ -23,7 +23,7 @@ from .. import __version__
 from ..delta import Have, describe_requirements, plan_omissions, requirements
 from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
-from ..model import Digest, PulledImage, format_size
+from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
 from ..worker import Worker
 from . import layout, texts
@@ -615,7 +615,7 @@ def _unlink(path: Path) -> None:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return utc_time(time.time())
 
 
 def _os_error(e: OSError, out_dir: Path, doing: str, need: int = 0) -> ImgtoolError:
