@@ -69,7 +69,7 @@ class _UsageError(click.UsageError):
 # rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push"
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, sign"
 
 
 class _Verbs(click.Group):

@@ -334,6 +334,25 @@ def test_sign_errors(bundle, keys, tmp_path):
     assert not (out / "bundle.json.sig").exists()
 
 
+def test_kylins_python_signs_too(bundle, keys, tmp_path):
+    """A release host may be a Kylin box as well: `python3.7 imgtool.pyz sign` writes the signature
+    that imgtool on 3.11 verifies under the policy."""
+    from imgtool import selfbundle
+    from tests.test_selfbundle import old_python
+
+    out, _ = bundle
+    pyz = tmp_path / "imgtool.pyz"
+    selfbundle.build(pyz)
+    r = run_37(old_python("3.7"), str(pyz), "sign", str(out), "--key", str(keys.release), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    who = keys.fingerprint(keys.release)
+    assert r.stdout == f"signed: {out}/bundle.json.sig by {who}\n"
+    signers = keys.signers(keys.line("release@example.com", keys.release), name="signed-on-kylin")
+    v = imgtool("verify", str(out), "--signers", str(signers), env=env_for(tmp_path))
+    assert v.returncode == 0, v.stderr
+    assert v.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"
+
+
 def test_signing_with_a_key_held_by_ssh_agent(bundle, keys, tmp_path):
     """--key KEY.pub: ssh-keygen asks the agent for the private half."""
     out, _ = bundle
