@@ -763,20 +763,34 @@ def test_run_without_image_uses_the_newest_local_one(services, local_vllm, uniq,
 
 
 @pytest.mark.engines
-def test_run_is_interactive_on_a_terminal(services, busybox_image, docker_cli, docker_cleanup, uniq, home):
+@pytest.mark.parametrize("runner", ["docker-py", "http", "pyz-3.7"])
+def test_run_is_interactive_on_a_terminal(runner, services, busybox_image, docker_cli, docker_cleanup, uniq, home,
+                                          tmp_path):
+    """`imgtool run` on a terminal is `docker run -it`: through docker-py, through the stdlib transport,
+    and as Kylin runs it (imgtool.pyz on python3 3.7, nothing installed)."""
     import pty
     import select
     import signal
+
+    from imgtool import selfbundle
+    from tests.test_selfbundle import old_python
 
     name = f"imgtool-{uniq}"
     docker_cleanup.container(name)  # only if the session below goes wrong
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
     env.update(HOME=str(home), DOCKER_HOST=services.docker_host)
+    if runner == "pyz-3.7":
+        selfbundle.build(tmp_path / "imgtool.pyz")
+        argv = [*old_python("3.7"), str(tmp_path / "imgtool.pyz")]
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "TERM": "xterm",
+               "DOCKER_HOST": services.docker_host}
+    else:
+        argv = [sys.executable, "-c", TRANSPORTS[runner]] if TRANSPORTS[runner] else [sys.executable, "-m", "imgtool"]
+    argv += ["run", "a2", busybox_image, "-q", "--allow-missing-devices", "--net", services.docker_network,
+             "--name", name, "--", "sh"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: imgtool with a terminal on stdin and stdout
-        os.execvpe(sys.executable, [sys.executable, "-m", "imgtool", "run", "a2", busybox_image, "-q",
-                                    "--allow-missing-devices", "--net", services.docker_network, "--name", name,
-                                    "--", "sh"], env)
+        os.execvpe(argv[0], argv, env)
     out, sent, deadline = b"", False, time.monotonic() + 60
     try:
         while time.monotonic() < deadline:
