@@ -23,7 +23,6 @@ from tests.support.bundles import fetch_from_registry, imgtool, parts_of
 from tests.support.images import host_arch
 
 ROOT = Path(__file__).resolve().parents[1]
-PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python3.9")
 DEPS = ("click", "requests", "urllib3", "idna", "certifi", "charset_normalizer", "docker", "tqdm", "tomli",
         "zstandard", "imgtool")
 
@@ -37,11 +36,12 @@ def _importable(python):
 
 @pytest.fixture(scope="session")
 def bare_python(tmp_path_factory):
-    """[interpreter, -I]: a CPython 3.9 (or, lacking one, this Python's venv) with none of the deps."""
-    if PY39.exists() and not _importable([str(PY39), "-I"]):
-        python = [str(PY39), "-I"]
+    """[interpreter, -I]: pyenv's CPython 3.9 (or, lacking one, this Python's venv) with none of the deps."""
+    py39 = pyenv_python("3.9")
+    if py39 and not _importable([py39, "-I"]):
+        python = [py39, "-I"]
     else:
-        base = str(PY39) if PY39.exists() else sys.executable
+        base = py39 or sys.executable
         venv = tmp_path_factory.mktemp("bare") / "venv"
         subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
         python = [str(venv / "bin" / "python"), "-I"]
@@ -250,13 +250,22 @@ def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
 OLD_PYTHONS = ("3.7", "3.8")  # Kylin V10 / openEuler 20.03 ship 3.7; Ubuntu 20.04 ships 3.8
 
 
+def _pyenv_root() -> str:
+    return subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip() or \
+        os.path.expanduser("~/.pyenv")
+
+
+def pyenv_python(version):
+    """The newest pyenv python3.X (`pyenv root`/versions), or None."""
+    found = sorted(Path(_pyenv_root(), "versions").glob(f"{version}.*/bin/python{version}"))
+    return str(found[-1]) if found else None
+
+
 def old_python(version):
     """pyenv's python3.X, run isolated (-I): that Python's standard library and nothing else."""
-    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip() or \
-        "/root/.pyenv"
-    found = sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"))
-    assert found, f"python{version} is not under {root}/versions: the Kylin test needs it (never a skip)"
-    return [str(found[-1]), "-I"]
+    found = pyenv_python(version)
+    assert found, f"python{version} is not under {_pyenv_root()}/versions: the Kylin test needs it (never a skip)"
+    return [found, "-I"]
 
 
 def run_clean(python, *args, cwd, docker_host=None):
