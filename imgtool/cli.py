@@ -182,6 +182,20 @@ def _bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
     click.echo(describe())
     if signed:
         click.echo(f"signed: {signed.path} by {signed.signer}")
+        click.echo(_signed_offline_line(signed.path.parent))
+
+
+def _signed_offline_line(bundle_dir) -> str:
+    """After `offline side: ... --expect ...`: a site that trusts the key needs no hash, only its policy."""
+    import shlex
+
+    from .bundle.format import LOAD_SH, TOOL_PYZ
+
+    d = shlex.quote(str(bundle_dir))
+    pyz = (f"python3 {shlex.quote(str(bundle_dir / TOOL_PYZ))} load {d}, or: "
+           if (bundle_dir / TOOL_PYZ).is_file() else "")
+    return (f"offline side, where allowed_signers lists this key: imgtool load {d}   "
+            f"(or: {pyz}IMGTOOL_SIGNERS=FILE sh {shlex.quote(str(bundle_dir / LOAD_SH))})")
 
 
 @cli.command()

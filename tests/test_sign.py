@@ -416,7 +416,10 @@ def test_fetch_signs_and_kylins_python_and_load_sh_refuse_what_imgtool_refuses(s
     python = old_python("3.7")
     out, image, ref, r = fetch_from_registry(services, factory, mirrored, tmp_path, "--sign-key", str(keys.release))
     who = keys.fingerprint(keys.release)
-    assert f"signed: {out}/bundle.json.sig by {who}" in r.stdout.splitlines()
+    assert r.stdout.splitlines()[-2:] == [
+        f"signed: {out}/bundle.json.sig by {who}",
+        f"offline side, where allowed_signers lists this key: imgtool load {out}   "
+        f"(or: python3 {out}/imgtool.pyz load {out}, or: IMGTOOL_SIGNERS=FILE sh {out}/load.sh)"]
     signers = keys.signers(keys.line("release@example.com", keys.release), name="kylin")
     pristine = {p.name: p.read_bytes() for p in out.iterdir()}
     label = f"{signers} ($IMGTOOL_SIGNERS)"
@@ -528,7 +531,10 @@ def test_fetch_from_a_spec_and_export_sign_too(services, factory, mirrored, keys
     r = imgtool("export", ref, "-o", str(exported), "--no-tool", "--sign-key", str(keys.release), env=env,
                 docker_host=services.docker_host)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == f"signed: {exported}/bundle.json.sig by {who}"
+    assert r.stdout.splitlines()[-2:] == [
+        f"signed: {exported}/bundle.json.sig by {who}",
+        f"offline side, where allowed_signers lists this key: imgtool load {exported}   "
+        f"(or: IMGTOOL_SIGNERS=FILE sh {exported}/load.sh)"]  # --no-tool: no pyz to name
     ok = imgtool("verify", str(exported), "--signers", str(signers), env=env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"
