@@ -16,7 +16,8 @@ from .errors import ImgtoolError, NotFoundError, UsageError
 from .mirrors import Probe, Resolution, Source, ping_probes, probe, resolve, sources_for
 from .model import (Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
 from .progress import Progress
-from .puller import PullStats, download, resolve_image
+from .puller import PullStats, download
+from .resolve import resolve_image
 from .selfbundle import bundle_tool
 from .store import Store
 
@@ -290,7 +291,7 @@ def inspect(config: MirrorConfig, text: str, mirror: str, progress: Progress, ti
 def _any_platform_of(manifest: Manifest, source: Source, store: Store) -> Platform:
     """The platform of a single-arch image, read from its config."""
     from .model import ImageConfig
-    from .puller import fetch_small_blob
+    from .resolve import fetch_small_blob
 
     return ImageConfig.parse(fetch_small_blob([source], manifest.config, store)).platform
 

@@ -13,7 +13,7 @@ from .config import MirrorConfig, cache_dir, load_mirrors
 from .errors import ConfigError, UsageError
 from .fetch import FetchOptions, resolve_refs
 from .progress import Progress
-from .puller import resolve_image
+from .resolve import resolve_image
 from .spec import Lock, LockChange, Spec, compare_locks, load_spec, lock_from, read_lock, write_lock
 from .store import Store
 

@@ -1,12 +1,10 @@
-"""Reference -> platform manifest -> blobs in the store, concurrently, without a daemon.
+"""A resolved image's blobs into the store, concurrently, without a daemon.
 
-`resolve_image` fetches (and digest-checks) the index and the platform manifest and the
-config; `download` brings every missing blob into the store: big blobs split into ranges
-fetched in parallel (from several sources when several are healthy), resumable from
-`partial/` in a later run, each committed only after its sha256 matched.
+`download` brings every missing blob into the store: big blobs split into ranges fetched in
+parallel (from several sources when several are healthy), resumable from `partial/` in a later
+run, each committed only after its sha256 matched. (resolve.py finds the manifests and config.)
 """
 
-import socket
 import threading
 import time
 from collections import deque
@@ -14,104 +12,19 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
-import requests
-import urllib3
 
-from .errors import ImgtoolError, ManifestError, NotFoundError, RegistryError, UsageError, VerifyError
-from .mirrors import Resolution, Source
-from .model import (Descriptor, Digest, ImageConfig, Index, Manifest, Platform,
-                    PulledImage, format_size, parse_manifest)
+from .errors import ImgtoolError, NotFoundError, RegistryError, VerifyError
+from .mirrors import Source
+from .model import Descriptor, Digest, PulledImage, format_size
 from .progress import Bar, Progress
 from .registry import network_error_text
+from .resolve import NET_ERRORS
 from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
 JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
-_NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
-_RETRIED = (RegistryError,) + _NET_ERRORS  # a range's request failed: try again, maybe elsewhere
-
-
-def _manifest_from(sources: Sequence[Source], digest: Digest, what: str) -> Tuple[bytes, str, Source]:
-    """Fetch manifest bytes by digest from the first source that has them (digest-checked)."""
-    errors = []
-    for s in sources:
-        try:
-            data, ctype, _ = s.client.manifest(s.repository, str(digest), expect=digest)
-            return data, ctype, s
-        except ImgtoolError as e:
-            errors.append(f"{s.describe()}: {e.message}")
-    raise RegistryError(f"cannot fetch the {what} {digest.short} from any source: " + "; ".join(errors))
-
-
-def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> PulledImage:
-    """Index -> platform manifest -> config, all digest-checked; config lands in the store.
-
-    Raises UsageError (platform missing, single-arch image of another platform),
-    ManifestError, RegistryError.
-    """
-    ref = resolution.ref
-    data, ctype, source = _manifest_from(resolution.sources, resolution.digest, "manifest")
-    parsed = parse_manifest(data, ctype)
-    index_digest = None
-    if isinstance(parsed, Index):
-        index_digest = resolution.digest
-        try:
-            entry = parsed.select(platform)
-        except UsageError as e:
-            raise UsageError(f"{ref.tagged}: {e.message}", hint="choose one with --arch or --platform") from e
-        data, ctype, source = _manifest_from([source] + [s for s in resolution.sources if s is not source],
-                                             entry.digest, f"{entry.platform} manifest")
-        parsed = parse_manifest(data, ctype)
-        if not isinstance(parsed, Manifest):
-            raise ManifestError(f"{ref.tagged}: the index entry for {entry.platform} is not an image manifest")
-        manifest_digest = entry.digest
-    else:
-        manifest_digest = resolution.digest
-    manifest: Manifest = parsed
-    config_bytes = fetch_small_blob(resolution.sources, manifest.config, store)
-    config = ImageConfig.parse(config_bytes)
-    if index_digest is None and not config.platform.satisfies(platform):
-        raise UsageError(
-            f"{ref.tagged} is a single-platform image for {config.platform}, not {platform}",
-            hint=f"use --platform {config.platform} if that is what you want; imgtool never copies the wrong architecture silently",
-        )
-    if len(config.diff_ids) != len(manifest.layers):
-        raise ManifestError(f"{ref.tagged}: the config lists {len(config.diff_ids)} diff_ids for {len(manifest.layers)} layers")
-    return PulledImage(
-        ref=ref, source=source.describe(), platform=config.platform if index_digest is None else platform_of(parsed, config, platform),
-        index_digest=index_digest, manifest_digest=manifest_digest, manifest_bytes=data, manifest=manifest,
-        config_bytes=config_bytes, config=config,
-    )
-
-
-def platform_of(manifest: Manifest, config: ImageConfig, wanted: Platform) -> Platform:
-    """The platform to record: the config's, completed with the requested variant."""
-    p = config.platform
-    return Platform(p.os, p.architecture, p.variant or (wanted.variant if p.architecture == wanted.architecture else None))
-
-
-def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) -> bytes:
-    """A config (or other small blob) from the store, or from the first source that serves it, checked
-    against its digest and kept in the store; raises RegistryError, VerifyError."""
-    if store.has(desc.digest, desc.size):
-        return store.read_bytes(desc.digest)
-    errors = []
-    for s in sources:
-        try:
-            resp = s.client.blob(s.repository, desc.digest)
-            with resp:
-                data = resp.raw.read(desc.size + 1, decode_content=False)
-            if len(data) != desc.size or Digest.of(data) != desc.digest:
-                errors.append(f"{s.describe()}: config blob failed its size/digest check")
-                continue
-            store.put_bytes(data, desc.digest)
-            return data
-        except ImgtoolError as e:
-            errors.append(f"{s.describe()}: {e.message}")
-        except _NET_ERRORS as e:
-            errors.append(f"{s.describe()}: {type(e).__name__}")
-    raise RegistryError(f"cannot fetch config {desc.digest.short} from any source: " + "; ".join(errors))
+_RETRIED = (RegistryError,) + NET_ERRORS  # a range's request failed: try again, maybe elsewhere
 
 
 # --- blob download ---------------------------------------------------------

@@ -22,7 +22,8 @@ from imgtool.errors import RegistryError, UsageError
 from imgtool.fetch import resolve_refs
 from imgtool.model import Digest, Platform
 from imgtool.progress import Progress
-from imgtool.puller import PullStats, Tuning, download, resolve_image
+from imgtool.puller import PullStats, Tuning, download
+from imgtool.resolve import resolve_image
 from imgtool.store import Store
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
