@@ -1,6 +1,7 @@
 """The house rules of imports, held by parsing every module with ast."""
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "imgtool"
@@ -93,8 +94,8 @@ def test_later_stages_never_import_earlier_ones():
     # data flows one way: the offline side (bundle reading, loading) never reaches the registry side
     for p in (PKG / "bundle").glob("*.py"):
         names = {full for _, full in imports_of(p)}
-        assert not any(n.endswith(("registry", "puller", "mirrors")) for n in names), (p, names)
-    assert not any(full.endswith(("registry", "puller", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))
+        assert not any(n.endswith(("registry", "puller", "resolve", "mirrors")) for n in names), (p, names)
+    assert not any(full.endswith(("registry", "puller", "resolve", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))
 
 
 def test_the_bundle_package_takes_a_daemon_never_imports_the_docker_adapter():
@@ -120,7 +121,7 @@ def test_run_presets_never_reach_the_registry_side():
     # `imgtool run` serves an offline host: it reads tags through releases.py, never through tags.py
     for p in (PKG / "presets").glob("*.py"):
         names = {full for _, full in imports_of(p)}
-        assert not any(n.endswith(("registry", "puller", "mirrors", "tags", "fetch")) for n in names), (p, names)
+        assert not any(n.endswith(("registry", "puller", "resolve", "mirrors", "tags", "fetch")) for n in names), (p, names)
 
 
 def test_no_module_uses_another_modules_private_names():
@@ -148,3 +149,52 @@ def test_the_signature_policy_is_pure():
     found = {top for top, _ in imports_of(PKG / "trust.py")}
     assert not (found & IO_MODULES), found & IO_MODULES
     assert {full for top, full in imports_of(PKG / "trust.py") if top == "."} <= {".errors", ".bundle.format"}
+
+
+FOUNDATION = {"errors", "model", "fsutil", "progress"}  # and `from . import __version__`, which names no module
+
+
+def _design_table():
+    """docs/design.md's rooms table: module (file, or package with a slash) -> its "may import" text."""
+    rows = {}
+    for line in (PKG.parent / "docs" / "design.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = cells[2]
+    return rows
+
+
+def _package_imports(path: Path):
+    """What a module imports from imgtool, as dotted names relative to the package ("bundle.writer")."""
+    rel = path.relative_to(PKG)
+    here = list(rel.parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not (isinstance(node, ast.ImportFrom) and node.level > 0):
+            continue
+        base = here[:len(here) - (node.level - 1)]
+        full = base + (node.module.split(".") if node.module else [])
+        submodules = [a.name for a in node.names if PKG.joinpath(*full, a.name + ".py").exists()]
+        yield from (".".join(full + [m]) for m in submodules)  # `from . import trust`, `from .bundle import writer`
+        if node.module and len(submodules) < len(node.names):
+            yield ".".join(full)
+
+
+def test_the_may_import_table_of_design_md_is_what_the_code_does():
+    rows = _design_table()
+    for p in modules():
+        rel = p.relative_to(PKG)
+        if len(rel.parts) == 1 and rel.name in ("__init__.py", "__main__.py"):
+            continue
+        room = f"{rel.parts[0]}/" if len(rel.parts) > 1 else rel.name
+        assert room in rows, f"docs/design.md has no row for {room}"
+        column = rows[room]
+        if column == "everything":
+            continue
+        words = set(re.findall(r"[a-z_]+(?:\.[a-z_]+)*", column))
+        for name in set(_package_imports(p)):
+            top = name.split(".")[0]
+            if name in FOUNDATION or top in FOUNDATION or (room.endswith("/") and top == room[:-1]):
+                continue
+            named_parts = any(w.startswith(top + ".") for w in words)  # `bundle.writer` allows only that
+            allowed = name in words or (top in words and not named_parts)
+            assert allowed, f"{rel} imports {name}, which docs/design.md's row for {room} does not allow"
