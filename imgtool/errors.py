@@ -38,6 +38,10 @@ class UsageError(ImgtoolError):
     exit_code = EXIT_USAGE
 
 
+class CredentialHelperError(UsageError):
+    """The credential helper `docker login` stored the secret with (credsStore/credHelpers) failed."""
+
+
 class ConfigError(UsageError):
     """A malformed configuration file (mirrors.toml, presets, bundle spec)."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterator, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
-from .errors import ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
+from .errors import CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
@@ -60,10 +60,6 @@ def docker_config_path() -> str:
     """`$DOCKER_CONFIG/config.json` or `~/.docker/config.json`."""
     base = os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
     return os.path.join(base, "config.json")
-
-
-class CredentialHelperError(UsageError):
-    """The credential helper `docker login` stored the secret with (credsStore/credHelpers) failed."""
 
 
 def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tuple[str, str]]:
