@@ -136,10 +136,7 @@ def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, 
     ended = False  # the last gzip member seen is complete
     try:
         with store.new_blob("export") as blob:
-            while True:
-                chunk = reader.read(CHUNK)
-                if not chunk:
-                    break
+            for chunk in iter(lambda: reader.read(CHUNK), b""):
                 blob.write(chunk)
                 bar.update(len(chunk))
                 while chunk:  # a multi-member gzip: a fresh decompressor for each member
@@ -169,10 +166,7 @@ def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, le
             while len(pending) > limit:
                 blob.write(pending.popleft().result())
 
-        while True:
-            chunk = reader.read(CHUNK)
-            if not chunk:
-                break
+        for chunk in iter(lambda: reader.read(CHUNK), b""):
             diff.update(chunk)
             bar.update(len(chunk))
             pending.append(pool.submit(_compress, chunk, level))

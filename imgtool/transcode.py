@@ -77,10 +77,7 @@ def _decompressed(f, compression: str, what: str):
 def _store_plain(reader, store: Store, bar) -> Tuple[str, Digest, int]:
     """An uncompressed layer into the store: its digest is its diff_id."""
     with store.new_blob("plain") as blob:
-        while True:
-            chunk = reader.read(CHUNK)
-            if not chunk:
-                break
+        for chunk in iter(lambda: reader.read(CHUNK), b""):
             blob.write(chunk)
             bar.update(len(chunk))
         digest = blob.publish()
