@@ -76,21 +76,25 @@ def test_default_fetch_of_a_zstd_image_loads_three_ways(services, factory, mirro
     assert verify.returncode == 0, verify.stderr
 
     docker_cleanup.image(ref, gzip_image.config_digest, str(layout.docker_image_id(index.images[0], True)))
-    # 1. imgtool load
-    r = imgtool("load", str(out), docker_host=services.docker_host)
-    assert r.returncode == 0, r.stderr
-    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
-    docker_cli("rmi", ref)
-    # 2. load.sh (sh, sha256sum, cat, docker)
-    r = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=_env(services))
-    assert r.returncode == 0, r.stderr
-    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
+    # 1. imgtool load, 2. load.sh (sh, sha256sum, cat, docker)
+    _loads_with_imgtool_and_load_sh(services, docker_cli, out, ref, index, gzip_image)
     docker_cli("rmi", ref)
     # 3. plain cat parts | docker load: what Docker 20.10 failed with FAQ 19's `invalid tar header`
     r = subprocess.run(f"cat {' '.join(p.name for p in parts_of(out))} | docker load", shell=True, cwd=out,
                        capture_output=True, text=True, env=_env(services))
     assert r.returncode == 0, r.stderr
     assert f"Loaded image: {ref}" in r.stdout
+    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
+
+
+def _loads_with_imgtool_and_load_sh(services, docker_cli, out, ref, index, gzip_image):
+    """`imgtool load`, then (the image removed) `sh load.sh`: each leaves the image as bundled."""
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
+    docker_cli("rmi", ref)
+    r = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=_env(services))
+    assert r.returncode == 0, r.stderr
     assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
 
 
@@ -128,13 +132,7 @@ def test_plain_writes_every_layer_uncompressed_and_loads(services, factory, mirr
     assert [str(x.digest) for x in layers] == [str(x.diff_id) for x in layers] == gzip_image.diff_ids
     assert [x.size for x in layers] == [x.unpacked_size for x in layers] == [x.uncompressed_size for x in image.layers]
     docker_cleanup.image(ref, gzip_image.config_digest, str(layout.docker_image_id(index.images[0], True)))
-    r = imgtool("load", str(out), docker_host=services.docker_host)
-    assert r.returncode == 0, r.stderr
-    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
-    docker_cli("rmi", ref)
-    r = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=_env(services))
-    assert r.returncode == 0, r.stderr
-    assert _loaded_as_bundled(docker_cli, ref, index, gzip_image)
+    _loads_with_imgtool_and_load_sh(services, docker_cli, out, ref, index, gzip_image)
 
 
 def test_a_gzip_image_is_fetched_byte_for_byte_and_transcoding_is_reproducible(services, factory, mirrored,
