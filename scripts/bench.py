@@ -276,6 +276,13 @@ def _json(obj) -> bytes:
     return json.dumps(obj, indent=3).encode()
 
 
+def _put_blob(blobs: Path, data: bytes) -> str:
+    """Write `data` into the OCI-style blob dir under its sha256; returns "sha256:<hex>"."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    (blobs / digest.split(":")[1]).write_bytes(data)
+    return digest
+
+
 def build_image(work: Path, total: int, shares: Sequence[float], seed: str, level: int = 6) -> dict:
     """Two-arch manifest list (arm64 big, amd64 small) in work/blobs; cached by size and seed."""
     key = f"img-{total}-{len(shares)}-{seed}-{level}"
@@ -310,14 +317,12 @@ def build_image(work: Path, total: int, shares: Sequence[float], seed: str, leve
         if variant:
             config["variant"] = variant
         cbytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-        cdigest = "sha256:" + hashlib.sha256(cbytes).hexdigest()
-        (blobs / cdigest.split(":")[1]).write_bytes(cbytes)
+        cdigest = _put_blob(blobs, cbytes)
         manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
                     "config": {"mediaType": DOCKER_CONFIG, "size": len(cbytes), "digest": cdigest},
                     "layers": [{"mediaType": DOCKER_LAYER, "size": x["size"], "digest": x["digest"]} for x in layers]}
         mbytes = _json(manifest)
-        mdigest = "sha256:" + hashlib.sha256(mbytes).hexdigest()
-        (blobs / mdigest.split(":")[1]).write_bytes(mbytes)
+        mdigest = _put_blob(blobs, mbytes)
         plat = {"architecture": arch, "os": "linux"}
         if variant:
             plat["variant"] = variant
@@ -327,8 +332,7 @@ def build_image(work: Path, total: int, shares: Sequence[float], seed: str, leve
            "manifests": [{"mediaType": DOCKER_MANIFEST, "size": im["manifest_size"], "digest": im["manifest"],
                           "platform": im["platform"]} for im in images.values()]}
     lbytes = _json(lst)
-    ldigest = "sha256:" + hashlib.sha256(lbytes).hexdigest()
-    (blobs / ldigest.split(":")[1]).write_bytes(lbytes)
+    ldigest = _put_blob(blobs, lbytes)
     meta = {"dir": str(d), "index": ldigest, "images": images, "seconds": round(time.monotonic() - t0, 1)}
     meta_path.write_text(json.dumps(meta, indent=1))
     return meta
@@ -402,8 +406,7 @@ def build_zstd_twin(meta: dict) -> dict:
                 "config": {"mediaType": OCI_CONFIG, "size": im["config_size"], "digest": im["config"]},
                 "layers": [{"mediaType": OCI_LAYER_ZSTD, "size": x["size"], "digest": x["digest"]} for x in layers]}
     mbytes = _json(manifest)
-    mdigest = "sha256:" + hashlib.sha256(mbytes).hexdigest()
-    (blobs / mdigest.split(":")[1]).write_bytes(mbytes)
+    mdigest = _put_blob(blobs, mbytes)
     z = {"manifest": mdigest, "layers": layers, "config": im["config"]}
     path.write_text(json.dumps(z, indent=1))
     return z
