@@ -292,6 +292,9 @@ def export(opts: ExportOptions, progress: Progress) -> ExportResult:
     daemon = open_daemon()
     try:
         store = Store(cache_dir())
+        stale = store.remove_stale()  # what a killed export left: nothing can resume it
+        if stale:
+            progress.note(stale)
         images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, level=opts.gzip_level)
     finally:
         daemon.close()

@@ -121,6 +121,9 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror)
     store = Store(cache_dir())
+    stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
+    if stale:
+        progress.note(stale)
     resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
                                pins=opts.lock.pins() if opts.lock else None)
     # After resolving (a dead network fails in a fraction of a second, not after building the pyz),

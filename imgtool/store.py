@@ -7,6 +7,9 @@ its digest on the way (bundle/writer.py), so one torn by a power cut is caught, 
 Downloads in progress live in `partial/` with a small JSON record of the byte ranges
 already written, so a later run (even after SIGKILL) resumes where this one stopped.
 A per-blob `flock` keeps two imgtool processes from downloading the same blob at once.
+A blob produced here (export's gzip, a rewritten layer) is written to `partial/LABEL.PID.*.tmp`
+under an `flock` of its own: one that a killed process left behind (its pid gone, nobody holding
+its lock) is removed by the next fetch or export (`remove_stale`), since nothing can resume it.
 """
 
 import errno
@@ -22,7 +25,7 @@ from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, write_atomic
-from .model import Digest
+from .model import Digest, format_size
 
 COPY_CHUNK = 1024 * 1024
 
@@ -298,6 +301,37 @@ class Store:
         finally:
             writer.discard()
 
+    def remove_stale(self) -> Optional[str]:
+        """Remove the temp files of blobs being produced (`new_blob`) that killed processes left; says what went.
+
+        A file is stale when the pid in its name is not ours and not alive, and nobody holds its lock:
+        the lock covers a pid reused by another process, or a writer in another pid namespace."""
+        count = size = 0
+        for path in (self.root / "partial").glob("*.tmp"):
+            fields = path.name.split(".")
+            if len(fields) < 3 or not fields[1].isdigit():
+                continue
+            pid = int(fields[1])
+            if pid == os.getpid() or _alive(pid):
+                continue
+            try:
+                fd = os.open(str(path), os.O_RDONLY)
+            except OSError:
+                continue  # gone already (another imgtool removed it)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                n = os.fstat(fd).st_size
+                path.unlink()
+            except OSError:
+                continue  # held by a writer, or not ours to remove
+            finally:
+                os.close(fd)
+            count, size = count + 1, size + n
+        if not count:
+            return None
+        return (f"removed {count} temp file{'s' if count != 1 else ''} ({format_size(size)}) that killed imgtool "
+                f"processes left in {self.root / 'partial'}")
+
     def temp_file(self, label: str) -> Path:
         """A fresh path under partial/ for a blob being produced locally (see `ingest`)."""
         return self.root / "partial" / f"{label}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp"
@@ -336,6 +370,16 @@ class Store:
         return self.blob_path(digest).read_bytes()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class BlobWriter:
     """Bytes written to a temp file under partial/, hashed on the way; publish() fsyncs and ingests them."""
 
@@ -348,6 +392,8 @@ class BlobWriter:
             self._f: Optional[BinaryIO] = open(path, "wb")
         except OSError as e:
             raise _disk_error(e, store.root) from e
+        # held until the file is closed: Store.remove_stale never takes a file someone is writing
+        fcntl.flock(self._f.fileno(), fcntl.LOCK_EX)
 
     def write(self, data: bytes) -> None:
         try:

@@ -1,5 +1,6 @@
 """`imgtool fetch` and `imgtool export` through the real CLI, against the real registries and dockerd."""
 
+import fcntl
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from imgtool.model import format_size
 from tests.support.images import write_docker_archive
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
@@ -321,3 +323,84 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
         assert (out / "bundle.json").exists()
     finally:
         proxy.close()
+
+
+def _export_killed_mid_layer(services, ref: str, cache: Path, out: Path, during=None):
+    """`imgtool export` killed while a layer is being gzip-compressed into the cache: the docker save
+    stream is held mid-layer, so the kill lands inside the layer's temp file however fast this machine
+    is. `during()` runs while the export is held (alive). Returns the temp files it left."""
+    from tests.support.daemon import DockerAPIRecorder
+
+    relay = DockerAPIRecorder(services.docker_host, hold_after=20 << 20)  # past 8 MiB of reads ahead
+    proc = subprocess.Popen([sys.executable, "-m", "imgtool", "export", ref, "-o", str(out)],
+                            env={**os.environ, "IMGTOOL_CACHE": str(cache), "DOCKER_HOST": f"tcp://{relay.address}"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert relay.reached.wait(120), "docker save never sent 20 MiB"
+        deadline = time.monotonic() + 120  # the export is held, so its temp file comes and stays
+        while not list((cache / "partial").glob("export.*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if during is not None:
+            during()
+    finally:
+        proc.kill()
+        proc.wait()
+        relay.close()
+    left = sorted((cache / "partial").glob("export.*.tmp"))
+    assert left and all(f".{proc.pid}." in p.name for p in left), (left, proc.stderr.read()[-2000:])
+    assert not (out / "bundle.json").exists()
+    return left
+
+
+@pytest.mark.parametrize("engine", ["26.1"], indirect=True)
+def test_temp_files_of_a_killed_export_are_removed_by_the_next_export_and_fetch(
+        engine, services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
+    image = factory.image("amd64", layers=1, layer_size=12 << 20)  # a ~29 MiB tar in docker save
+    ref = f"quay.io/{tmp_path.name.lower()[:20]}x/vllm-ascend:v0.22.1rc1"
+    write_docker_archive(image, tmp_path / "in.tar", ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", tmp_path / "in.tar")
+    cache = tmp_path / "cache"
+    small = factory.multiarch(layers=1)
+    ms = mirrored(small, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+
+    def fetch(out):
+        return imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                       env={"IMGTOOL_CACHE": str(cache)})
+
+    # a fetch beside a live export leaves its temp file alone (its pid is alive)
+    held = []
+    left = _export_killed_mid_layer(services, ref, cache, tmp_path / "x1",
+                                    during=lambda: held.append((fetch(tmp_path / "f0"),
+                                                                sorted((cache / "partial").glob("*.tmp")))))
+    assert held[0][0].returncode == 0, held[0][0].stderr
+    assert held[0][1] == left and "temp file" not in held[0][0].stderr
+    # a file whose pid is dead but whose lock is held (a reused pid, another pid namespace) stays too
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    locked = cache / "partial" / f"export.{ended.pid}.1.2.tmp"
+    locked.write_bytes(b"being written elsewhere")
+    with open(locked, "rb") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        size = sum(p.stat().st_size for p in left)
+        r = imgtool("export", ref, "-o", str(tmp_path / "e1"), env={"IMGTOOL_CACHE": str(cache),
+                                                                    "DOCKER_HOST": services.docker_host})
+        assert r.returncode == 0, r.stderr
+        assert (f"removed 1 temp file ({format_size(size)}) that killed imgtool processes left in "
+                f"{cache / 'partial'}") in r.stderr.splitlines(), r.stderr
+        assert sorted((cache / "partial").glob("*.tmp")) == [locked]
+    locked.unlink()
+    assert imgtool("verify", str(tmp_path / "e1")).returncode == 0
+    layers = json.loads((tmp_path / "e1" / "bundle.json").read_text())["images"][0]["layers"]
+    assert [x["diff_id"] for x in layers] == image.diff_ids
+
+    # fetch removes them as well
+    left = _export_killed_mid_layer(services, ref, cache, tmp_path / "x2")
+    size = sum(p.stat().st_size for p in left)
+    r = fetch(tmp_path / "f1")
+    assert r.returncode == 0, r.stderr
+    assert (f"removed 1 temp file ({format_size(size)}) that killed imgtool processes left in "
+            f"{cache / 'partial'}") in r.stderr.splitlines(), r.stderr
+    assert not list((cache / "partial").glob("*.tmp"))
+    assert imgtool("verify", str(tmp_path / "f1")).returncode == 0

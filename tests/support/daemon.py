@@ -159,13 +159,18 @@ class DockerAPIRecorder:
     """A TCP listener on loopback relaying to a dockerd's unix socket, recording each request line.
 
     `DOCKER_HOST=tcp://<address>` then shows which API paths a client used (e.g. that a client
-    pinned to API 1.39 never asked for anything newer).
+    pinned to API 1.39 never asked for anything newer). With `hold_after=N` the daemon's answers
+    stop after N bytes in total until `release()`; `reached` is set when they do, so a test acts
+    at a known point of a `docker save` stream (a kill mid-layer) instead of after a guessed sleep.
     """
 
-    def __init__(self, docker_host: str):
+    def __init__(self, docker_host: str, hold_after: Optional[int] = None):
         import re
         import socket
         import threading
+
+        self.hold_after, self.sent = hold_after, 0
+        self.reached, self.released = threading.Event(), threading.Event()
 
         self.target = docker_host[len("unix://"):]
         self.requests: List[str] = []
@@ -211,6 +216,8 @@ class DockerAPIRecorder:
                     with self._lock:
                         self.requests += found
                     tail = data[-64:]  # a request line cut between two reads is found in the next window
+                else:
+                    data = self._gate(data, dst)
                 dst.sendall(data)
         except OSError:
             pass
@@ -221,5 +228,23 @@ class DockerAPIRecorder:
                 except OSError:
                     pass
 
+    def _gate(self, data: bytes, dst) -> bytes:
+        """Send what the byte allowance lets through, hold until release(), and return the rest."""
+        if self.hold_after is None or self.released.is_set():
+            return data
+        with self._lock:
+            take = max(0, min(len(data), self.hold_after - self.sent))
+            self.sent += take
+        if take < len(data):
+            dst.sendall(data[:take])
+            self.reached.set()
+            self.released.wait()
+            return data[take:]
+        return data
+
+    def release(self) -> None:
+        self.released.set()
+
     def close(self) -> None:
+        self.released.set()
         self._server.close()
