@@ -54,6 +54,7 @@ class _Net:
         self.lib = lib
         self.error = lib.RequestException
         self.tls_error = lib.exceptions.SSLError
+        self.proxy_error = lib.exceptions.ProxyError
 
 
 def docker_config_path() -> str:
@@ -217,6 +218,14 @@ class RegistryClient:
             self._local.session = s
         return s
 
+    def _unreachable(self, e: Exception, url: str) -> RegistryError:
+        """The error for a request that could not be sent: the registry, or the proxy in between, named."""
+        if isinstance(e, self._net.proxy_error):
+            return RegistryError(f"cannot reach the proxy {proxy_named(url)} for {self.host}: {network_error_text(e)}",
+                                 hint="check that variable (or unset it), or name this registry in $no_proxy to "
+                                      "connect directly")
+        return RegistryError(f"{self.host}: {network_error_text(e)}")
+
     def _auth_header(self, scope: Optional[str]) -> Dict[str, str]:
         with self._lock:
             token = self._tokens.get(scope or "")
@@ -247,6 +256,8 @@ class RegistryClient:
         try:
             r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
         except self._net.error as e:
+            if isinstance(e, self._net.proxy_error):
+                raise self._unreachable(e, params["realm"]) from e
             raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}") from e
         if r.status_code in (401, 403):
             raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
@@ -289,7 +300,7 @@ class RegistryClient:
             except self._net.error as e:
                 attempt += 1
                 if attempt >= attempts:
-                    raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+                    raise self._unreachable(e, url) from e
                 time.sleep(self.retry.delay(attempt - 1))
                 continue
             if resp.status_code == 401 and auth_tries < 2:
@@ -319,7 +330,7 @@ class RegistryClient:
         except self._net.tls_error as e:
             raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}") from e
         except self._net.error as e:
-            raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+            raise self._unreachable(e, f"{self.base_url}/v2/") from e
         elapsed = time.monotonic() - start
         resp.close()
         if resp.status_code not in (200, 401):
@@ -497,6 +508,17 @@ def _read_capped(resp: "requests.Response", limit: int, what: str) -> bytes:
             raise RegistryError(f"{what} is larger than {limit} bytes; refusing to read it")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def proxy_named(url: str) -> str:
+    """The proxy the environment gives for `url` and the variable it came from, as requests and
+    registry_http read them (urllib's order: lowercase first, then the scheme's, then all_proxy)."""
+    scheme = urlsplit(url).scheme
+    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
+        value = os.environ.get(name)
+        if value:
+            return f"{value} (from ${name})"
+    return "(none named)"
 
 
 def network_error_text(e: Exception, limit: int = 200) -> str:

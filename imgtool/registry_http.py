@@ -40,6 +40,10 @@ class SSLError(ConnectionError):
     """TLS failed: an unverifiable certificate, or a server that does not speak TLS."""
 
 
+class ProxyError(ConnectionError):
+    """The proxy the environment names could not be reached, or refused the tunnel."""
+
+
 class Timeout(RequestException):
     """Connecting or reading took longer than the timeout."""
 
@@ -59,6 +63,7 @@ class TooManyRedirects(RequestException):
 class exceptions:  # noqa: N801 - `requests.exceptions.SSLError` reads the same on both transports
     RequestException = RequestException
     ConnectionError = ConnectionError
+    ProxyError = ProxyError
     SSLError = SSLError
     Timeout = Timeout
     ConnectTimeout = ConnectTimeout
@@ -288,7 +293,10 @@ class Session:
                 conn.close()
                 stale = isinstance(e, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError))
                 if fresh or not stale:
-                    raise _translate(e, connecting) from e
+                    err = _translate(e, connecting)
+                    if proxy and connecting and not isinstance(err, SSLError):  # as requests: the proxy's fault
+                        err = ProxyError(str(err))
+                    raise err from e
                 # a kept-alive connection the server had closed meanwhile: once more on a new one
 
         def done(finished: bool) -> None:

@@ -404,3 +404,17 @@ def test_temp_files_of_a_killed_export_are_removed_by_the_next_export_and_fetch(
             f"{cache / 'partial'}") in r.stderr.splitlines(), r.stderr
     assert not list((cache / "partial").glob("*.tmp"))
     assert imgtool("verify", str(tmp_path / "f1")).returncode == 0
+
+
+def test_a_dead_proxy_is_named_with_its_variable(services, tmp_path):
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/ascend/vllm-ascend"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "https://{services.tls}"\nupstream = true\nca_cert = "{services.tls_ca}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    r = subprocess.run([sys.executable, "-m", "imgtool", "fetch", "v1", "--mirrors", str(cfg), "-o", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=180,
+                       env={**env, "https_proxy": "http://127.0.0.1:1", "IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert (r.returncode, r.stderr.splitlines()[0]) == (4, (
+        f"error: no source can serve quay.io/ascend/vllm-ascend:v1: quay ({services.tls}/ascend/vllm-ascend): "
+        f"cannot reach the proxy http://127.0.0.1:1 (from $https_proxy) for {services.tls}: connection refused")), \
+        r.stderr

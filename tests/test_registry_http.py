@@ -308,3 +308,26 @@ def test_credentials_are_read_from_docker_config_as_docker_py_reads_them(tmp_pat
         "docker-credential-missing not installed or not available in PATH")
     path.write_text("{not json")
     assert both("reg.example") == ("ok", None)  # an unreadable config: anonymous, on both
+
+
+def test_a_dead_proxy_is_named_not_the_registry_through_both_transports(services, monkeypatch):
+    """$https_proxy / $HTTP_PROXY pointing at nothing: the proxy and its variable are named, decided on the
+    exception type (requests' ProxyError; the stdlib client knows it was connecting to a proxy)."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:1")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:1")
+    hint = "check that variable (or unset it), or name this registry in $no_proxy to connect directly"
+    fast = registry.RetryPolicy(attempts=1)
+    for url, host, var in ((f"https://{services.tls}", services.tls, "$https_proxy"),
+                           (f"http://{services.plain}", services.plain, "$HTTP_PROXY")):
+        def client(t, url=url):
+            return RegistryClient(url, transport=t, use_docker_config=False, ca_cert=services.tls_ca, retry=fast)
+        want = ("RegistryError", f"cannot reach the proxy http://127.0.0.1:1 (from {var}) for {host}: "
+                "connection refused", hint, 4)
+        assert same(lambda t: client(t).ping()) == want
+        assert same(lambda t: client(t).manifest("a/b", "v1")) == want
+    monkeypatch.setenv("no_proxy", "127.0.0.1")  # the proxy is not asked: the registry itself answers
+    assert same(lambda t: RegistryClient("http://127.0.0.1:1", transport=t, retry=fast).ping()) == (
+        "RegistryError", "127.0.0.1:1: connection refused", None, 4)
