@@ -418,3 +418,26 @@ def test_a_dead_proxy_is_named_with_its_variable(services, tmp_path):
         f"error: no source can serve quay.io/ascend/vllm-ascend:v1: quay ({services.tls}/ascend/vllm-ascend): "
         f"cannot reach the proxy http://127.0.0.1:1 (from $https_proxy) for {services.tls}: connection refused")), \
         r.stderr
+
+
+def test_a_passphrase_key_without_a_terminal_is_refused_before_the_download(services, factory, mirrored, tmp_path):
+    """stdin not a tty and no controlling terminal (a new session), as under cron or CI: ssh-keygen cannot
+    ask the passphrase, so the key is refused before anything is fetched, not after the whole download."""
+    key = tmp_path / "release"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "s3cret", "-C", "release", "-f", str(key)], check=True)
+    ms = mirrored(factory.multiarch(layers=1), tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        r = subprocess.run([sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg),
+                            "-o", str(tmp_path / "b"), "--sign-key", str(key)], stdin=subprocess.DEVNULL,
+                           start_new_session=True, capture_output=True, text=True, timeout=180,
+                           env={**os.environ, "IMGTOOL_CACHE": str(tmp_path / "cache")})
+        assert (r.returncode, r.stderr.splitlines()[-2:]) == (2, [
+            f"error: --sign-key {key}: ssh-keygen cannot sign with it without a terminal to ask its passphrase on; "
+            "nothing was downloaded",
+            "hint: load the key into ssh-agent (ssh-add KEY) and give its .pub: --sign-key KEY.pub; or run on a "
+            "terminal, where its passphrase is asked"]), r.stderr
+        assert proxy.records == [] and not (tmp_path / "b").exists()
+    finally:
+        proxy.close()

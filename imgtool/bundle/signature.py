@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
 from .. import sshsig, trust
-from ..errors import ImgtoolError, SignatureError, SshKeygenMissing, UsageError
+from ..errors import ImgtoolError, SignatureError, SshKeygenError, SshKeygenMissing, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from .format import BUNDLE_JSON, SIGNATURE
 from .reader import read_index
@@ -22,13 +22,34 @@ class Signed(NamedTuple):
     signer: str  # "ED25519 key SHA256:..."
 
 
+PROBE_NAMESPACE = "imgtool-key-check"  # never a bundle's: the probe's signature cannot pass for one
+
+
 def check_key(key: str) -> None:
-    """Before a long fetch or export: the key file is there and so is ssh-keygen; raises UsageError,
-    SshKeygenMissing."""
+    """Before a long fetch or export: the key file is there, ssh-keygen too, and the key signs here (a
+    probe, signed as the bundle will be: a passphrase key without a terminal, or a .pub whose key
+    ssh-agent lacks, fails now, not after the download); raises UsageError, SshKeygenMissing."""
     if not Path(key).is_file():
         raise UsageError(f"--sign-key {key}: no such file",
                          hint="a private key (e.g. ~/.ssh/id_ed25519), or its .pub when ssh-agent holds the key")
-    sshsig.ssh_keygen()
+    try:
+        sshsig.sign(b"imgtool checks that this key can sign before it downloads\n", Path(key), PROBE_NAMESPACE)
+    except SshKeygenMissing:
+        raise
+    except SshKeygenError as e:
+        raise UsageError(f"--sign-key {key}: ssh-keygen cannot sign with it{_no_terminal()}; nothing was "
+                         "downloaded",
+                         hint="load the key into ssh-agent (ssh-add KEY) and give its .pub: "
+                              "--sign-key KEY.pub; or run on a terminal, where its passphrase is asked") from e
+
+
+def _no_terminal() -> str:
+    """", which has no terminal to ask a passphrase on" when this process has no controlling terminal."""
+    try:
+        os.close(os.open("/dev/tty", os.O_RDWR))
+    except OSError:
+        return " without a terminal to ask its passphrase on"
+    return ""
 
 
 def sign_bundle(bundle_dir: Path, key: str) -> Signed:
