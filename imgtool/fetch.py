@@ -153,6 +153,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
+    # the layers kept as served are checked against their diff_ids while the bundle is written
+    check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
     try:
         if any(transcode.changes(im, opts.layers, skip) for im in images):
             # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
@@ -161,10 +163,12 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
                                      have=have, base=base, created=opts.created, extra_files=tool,
-                                     verified=pull.stats.fresh)
+                                     verified=pull.stats.fresh, before_seal=check.wait)
     except BaseException:
         pull.cancel()  # finished layers and partial ones stay in the cache for the next run
         raise
+    finally:
+        check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
     stats = pull.finish()
     signed = signature.sign_written(output, opts.sign_key) if opts.sign_key else None
     return FetchResult(images, stats, result, signed)

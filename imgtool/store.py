@@ -233,7 +233,7 @@ class Store:
         self.root = Path(root)
         self._arrived = threading.Condition()  # notified whenever a blob is published (see wait_for)
         try:
-            for sub in ("blobs/sha256", "partial/sha256", "locks"):
+            for sub in ("blobs/sha256", "partial/sha256", "locks", "diffids"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _disk_error(e, self.root) from e
@@ -368,6 +368,26 @@ class Store:
 
     def read_bytes(self, digest: Digest) -> bytes:
         return self.blob_path(digest).read_bytes()
+
+    def diff_id(self, digest: Digest) -> Optional[str]:
+        """The diff_id (sha256 of the unpacked tar) found for this layer blob by an earlier check, or None.
+
+        A function of the blob's bytes, which its digest pins: a later fetch need not unpack it again."""
+        try:
+            text = (self.root / "diffids" / digest.hex).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        try:
+            return str(Digest.parse(text))
+        except ImgtoolError:
+            return None
+
+    def remember_diff_id(self, digest: Digest, diff_id: str) -> None:
+        """Record what a check found (best effort: a full disk only costs a later check)."""
+        try:
+            write_atomic(self.root / "diffids" / digest.hex, diff_id.encode("ascii") + b"\n", 0o444)
+        except OSError:
+            pass
 
 
 def _alive(pid: int) -> bool:

@@ -8,16 +8,22 @@ independent 4 MiB members in parallel, as `export` does, while its diff_id is ch
 config. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
 gzip blobs, and bundle.json keeps the upstream manifest digest and what changed (`upstream`).
 `plain` writes every layer uncompressed, as `docker save` does; `as-is` keeps the registry's bytes.
+A layer kept as the registry serves it (any layer with `as-is`, gzip ones with `compat`) is checked
+too (`LayerCheck`): decompressed and hashed against the config's diff_id on a pool thread as soon as
+its blob is in the store, while the bundle is written, so a layer that is not the image's is
+refused at fetch, not by `verify` on the offline side.
 """
 
 import gzip
+import hashlib
 import json
 import os
+import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
 from .errors import ImgtoolError, UsageError, VerifyError
 from .export import CHUNK, compress_layer
@@ -105,6 +111,95 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
                               hint="the registry's blob matched its digest; report it to the image's publisher") from e
     return diff_id, Descriptor("", digest, size), counting.count
 
+
+
+class LayerCheck:
+    """The diff_ids of the layers `mode` keeps as served, checked on `jobs` threads while the bundle is
+    written (each as soon as its blob is in the store); `wait()` raises the first mismatch, `close()`
+    ends the threads on every path. Layers `mode` rewrites are checked by `transcode_images`."""
+
+    def __init__(self, images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
+                 skip: Collection[Digest] = (), jobs: int = 0):
+        self._stop, self._store = threading.Event(), store
+        self._pool = ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1),
+                                        thread_name_prefix="diff-id")
+        self._futures: List[Future] = []
+        seen: Set[Tuple[Digest, str]] = set()
+        for image in images:
+            rewritten = changes(image, mode, skip)
+            for i, layer in enumerate(image.manifest.layers):
+                want = str(image.config.diff_ids[i]) if i < len(image.config.diff_ids) else ""
+                if i in rewritten or layer.digest in skip or (layer.digest, want) in seen:
+                    continue
+                seen.add((layer.digest, want))
+                what = f"layer {i + 1} of {image.ref.tagged} ({layer.digest}) from {image.source}"
+                self._futures.append(self._pool.submit(self._check, layer, want, what, blob_path))
+
+    def _check(self, layer: Descriptor, want: str, what: str, blob_path: Callable[[Digest], Path]) -> None:
+        compression = LAYER_COMPRESSION.get(layer.media_type, "gzip")
+        if compression == "none":  # the blob is the tar: its digest, checked on arrival, is its diff_id
+            got: Optional[str] = str(layer.digest)
+        else:
+            path = blob_path(layer.digest)  # waits until the download brought it
+            got = self._store.diff_id(layer.digest)  # found by an earlier fetch: the blob is the same bytes
+            if got is None:
+                got = self._unpacked_digest(path, compression, what)
+                if got is None:
+                    return  # stopped
+                self._store.remember_diff_id(layer.digest, got)
+        if got != want:
+            raise VerifyError(f"{what}: its content has diff_id {got}, the config says {want}",
+                              hint="the registry serves a layer that does not belong to this image (fetching "
+                                   "again gives the same bytes); report it to the image's publisher")
+
+    def _unpacked_digest(self, path: Path, compression: str, what: str) -> Optional[str]:
+        """sha256 of the layer's tar (None when stopped). gzip through zlib itself, in 1 MiB reads: GzipFile's
+        Python-level reads cost ~10 % more, and zlib checks each member's CRC as GzipFile does."""
+        sha = hashlib.sha256()
+        with open(path, "rb") as f:
+            try:
+                if compression == "gzip":
+                    z, ended = zlib.decompressobj(31), False
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        if self._stop.is_set():
+                            return None
+                        while chunk:  # a multi-member gzip: a fresh decompressor for each member
+                            if ended and not chunk.strip(b"\0"):
+                                break  # zeros after the last member: padding, as gzip and GzipFile read it
+                            if ended:
+                                z = zlib.decompressobj(31)
+                            sha.update(z.decompress(chunk, CHUNK))
+                            chunk = z.unconsumed_tail
+                            ended = z.eof
+                            if ended:
+                                chunk = z.unused_data + chunk
+                    if not ended:
+                        raise EOFError("the gzip stream ends early")
+                else:
+                    reader, damaged = _decompressed(f, compression, what)
+                    try:
+                        for chunk in iter(lambda: reader.read(CHUNK), b""):
+                            if self._stop.is_set():
+                                return None
+                            sha.update(chunk)
+                    except damaged as e:
+                        raise EOFError(str(e)) from e
+            except (EOFError, zlib.error) as e:
+                raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
+                                  hint="the registry's blob matched its digest; report it to the image's "
+                                       "publisher") from e
+        return "sha256:" + sha.hexdigest()
+
+    def wait(self) -> None:
+        """Every layer checked; raises the first layer's error (VerifyError, or the download's)."""
+        for future in self._futures:
+            future.result()
+
+    def close(self) -> None:
+        """Stop the checks still running and join every thread (a blob not yet downloaded must be
+        given up first: the download cancelled, so `blob_path` returns)."""
+        self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,

@@ -216,3 +216,33 @@ def test_the_space_check_uses_the_unpacked_sizes_fetch_learnt(engine, services, 
     tar = index.archive.tar_size
     assert (f"the bundle needs about {format_size(need)} ({format_size(tar)} for the upload while loading + "
             f"{format_size(need - tar)} unpacked)") in space, space
+
+
+@pytest.mark.parametrize("layers,zstd", [("as-is", True), ("as-is", False), ("compat", False)])
+def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no_bundle(
+        layers, zstd, services, factory, mirrored, tmp_path):
+    """A layer fetch keeps as served (every one with --layers as-is, gzip ones with compat) is decompressed
+    and hashed against the config at fetch: `verify` on the offline side used to be the first to see it,
+    saying "fetch it again", which gives the same bundle."""
+    good = factory.image(host_arch(), layers=3)
+    image = factory.wrong_diff_id(factory.zstd_twin(good) if zstd else good, 1)
+    ms = mirrored(image, tag=TAG, targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
+                "--chunk-size", "512K", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    wrong = image.config["rootfs"]["diff_ids"][1]
+    refusal = (3, [
+        f"error: layer 2 of quay.io/{ms.repo}:{TAG} ({image.layers[1].digest}) from quay ({services.plain}/{ms.repo}): "
+        f"its content has diff_id {image.diff_ids[1]}, the config says {wrong}",
+        "hint: the registry serves a layer that does not belong to this image (fetching again gives the same "
+        "bytes); report it to the image's publisher"])
+    assert (r.returncode, r.stderr.splitlines()[-2:]) == refusal, r.stderr
+    assert not (out / "bundle.json").exists() and not list(out.glob("*.part*"))
+    # again from the cache, where the diff_ids found are remembered: the same refusal, nothing unpacked twice
+    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert (r.returncode, r.stderr.splitlines()[-2:]) == refusal, r.stderr
+    assert not (out / "bundle.json").exists()

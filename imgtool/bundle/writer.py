@@ -231,7 +231,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
                  created: Optional[str] = None, have: Optional[Have] = None,
                  base: Optional[dict] = None, extra_files: Optional[Dict[str, Path]] = None,
-                 verified: Collection[Digest] = ()) -> BundleResult:
+                 verified: Collection[Digest] = (), before_seal: Optional[Callable[[], None]] = None
+                 ) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -241,6 +242,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
 
     With `have` (chains the offline Docker holds) it is a delta bundle: covered layers are left
     out of the archive and recorded in bundle.json (with `base` describing where `have` came from).
+    `before_seal` runs once every byte is written, before the parts get their names: what it raises
+    leaves no bundle (fetch's diff_id check of the layers it keeps as served).
     """
     started = time.monotonic()
     plan = plan_bundle(Path(out_dir), images, have, chunk_size=chunk_size, compress=compress)
@@ -250,6 +253,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
     try:
         _stream_archive(plan, sink, blob_path, verified, progress)
+        if before_seal is not None:
+            before_seal()
         parts, archive = _seal_archive(plan, sink, written)
         index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
                             base=_delta_base(plan.images, base))

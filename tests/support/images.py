@@ -696,6 +696,22 @@ class ImageFactory:
                      manifest_bytes=manifest_bytes, manifest_digest=sha256_digest(manifest_bytes))
 
 
+    @staticmethod
+    def wrong_diff_id(image: Image, index: int) -> Image:
+        """`image` with a config whose diff_id of layer `index` is not that layer's (a broken build, or a
+        layer swapped in the registry): every blob still matches its digest. `diff_ids` keeps the true
+        ones; the config (hence the image ID) and the manifest are new."""
+        cfg = image.config
+        cfg["rootfs"]["diff_ids"][index] = sha256_digest(b"not this layer's tar")
+        config_bytes = _config_json(cfg)
+        config_digest = sha256_digest(config_bytes)
+        manifest = image.manifest
+        manifest["config"] = {**manifest["config"], "size": len(config_bytes), "digest": config_digest}
+        manifest_bytes = _manifest_json(manifest)
+        return Image(os=image.os, architecture=image.architecture, variant=image.variant, media=image.media,
+                     layers=image.layers, config_bytes=config_bytes, config_digest=config_digest,
+                     manifest_bytes=manifest_bytes, manifest_digest=sha256_digest(manifest_bytes))
+
 # ---------------------------------------------------------------------------------------------
 
 
