@@ -4,6 +4,7 @@ Each is a core function taking plain values and a Progress and returning plain v
 cli.py formats them.
 """
 
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
                           "and are not downloaded")
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
+    check_space(images, store, output, skip, opts.layers, opts.compress, tool)
     pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
     # the layers kept as served are checked against their diff_ids while the bundle is written
     check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
@@ -172,6 +174,59 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     stats = pull.finish()
     signed = signature.sign_written(output, opts.sign_key) if opts.sign_key else None
     return FetchResult(images, stats, result, signed)
+
+
+def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
+                extra_files) -> None:
+    """Refuse up front when the cache's or the output's file system has less free space than the fetch
+    surely needs (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
+    load's space refusal).
+
+    A lower bound, so that it never refuses a fetch that would fit: the cache needs the blobs it lacks
+    (less what a killed run left in partial/) plus a rewritten copy of each layer `layers` rewrites (at
+    least its compressed size); the output needs every blob the bundle holds and the extra files, with
+    --compress only the layers that stay compressed. Layers a delta leaves out (`skip`) need nothing."""
+    from .model import LAYER_COMPRESSION, format_size
+
+    blobs = {}
+    for im in images:
+        blobs[im.manifest.config.digest] = (im.manifest.config.size, "")
+        blobs.update((d.digest, (d.size, d.media_type)) for d in im.manifest.layers if d.digest not in skip)
+    rewritten = {im.manifest.layers[i].digest for im in images for i in transcode.changes(im, layers, skip)}
+    cache_need = out_need = 0
+    for digest, (size, media_type) in blobs.items():
+        if not store.has(digest, size):
+            cache_need += size - store.partial_bytes(digest, size)
+        if digest in rewritten:
+            cache_need += size
+        kept = media_type and LAYER_COMPRESSION.get(media_type) != "none" and not (digest in rewritten and layers == "plain")
+        if compress == "none" or kept:
+            out_need += size
+    out_need += sum(Path(p).stat().st_size for p in extra_files.values())
+    out_fs = output
+    while not out_fs.exists() and out_fs.parent != out_fs:
+        out_fs = out_fs.parent
+    try:
+        same = os.stat(store.root).st_dev == os.stat(out_fs).st_dev
+        free = {"cache": _free(store.root), "out": _free(out_fs)}
+    except OSError:
+        return  # nothing to measure with: the writes say what is wrong, as before
+    if same and cache_need + out_need > free["cache"]:
+        raise ImgtoolError(f"not enough space: fetch needs {format_size(cache_need)} in {store.root} and "
+                           f"{format_size(out_need)} in {output} ({format_size(free['cache'])} free)", hint=SPACE_HINT)
+    short = [f"{format_size(need)} in {where} ({format_size(free[key])} free)"
+             for key, need, where in (("cache", cache_need, store.root), ("out", out_need, output))
+             if not same and need > free[key]]
+    if short:
+        raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=SPACE_HINT)
+
+
+SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 class _Pulling:

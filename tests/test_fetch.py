@@ -441,3 +441,45 @@ def test_a_passphrase_key_without_a_terminal_is_refused_before_the_download(serv
         assert proxy.records == [] and not (tmp_path / "b").exists()
     finally:
         proxy.close()
+
+
+def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(services, factory, mirrored,
+                                                                                 tmp_path):
+    """The cache and the output on one 20 MiB file system: a 13 MiB image needs it twice (the blobs in the
+    cache, the bundle beside them), so fetch refuses before downloading; a delta against the bundle of the
+    previous tag needs only the new layer, and fits."""
+    base = factory.layers(2, 6 << 20)
+    old, new = factory.image("amd64", layers=0, base=base), factory.image("amd64", layers=1, base=base,
+                                                                          layer_size=1 << 20)
+    ms = mirrored(old, tag="v1", targets=("upstream",))
+    push_image(services.plain, ms.repo, "v2", new)
+    proxy = FaultProxy(services.plain)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], check=True)
+    try:
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), "--no-tool",
+                    env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+        assert r.returncode == 0, r.stderr
+        proxy.clear()
+        cache, out = disk / "cache", disk / "v2"
+        r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                    env={"IMGTOOL_CACHE": str(cache)})
+        st = os.statvfs(disk)
+        layers = sum(x.size for x in new.layers)
+        assert (r.returncode, r.stderr.splitlines()[-2:]) == (1, [
+            f"error: not enough space: fetch needs {format_size(layers)} in {cache} and "
+            f"{format_size(layers + new.config_size)} in {out} ({format_size(st.f_bavail * st.f_frsize)} free)",
+            "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"]), \
+            r.stderr
+        assert not [rec for rec in proxy.records if blob_path(rec.path) and rec.path.rsplit(":", 1)[1]
+                    in {x.digest.split(":")[1] for x in new.layers}]
+        assert not out.exists()
+        r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                    "--base", str(tmp_path / "v1"), env={"IMGTOOL_CACHE": str(cache)})
+        assert r.returncode == 0, r.stderr
+        assert imgtool("verify", str(out)).returncode == 0
+    finally:
+        proxy.close()
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from imgtool.model import format_size
 from tests.support.images import ImageFactory
 from tests.support.proxy import Fault, FaultProxy
 from tests.support.registry import publish_mirrored
@@ -316,14 +317,43 @@ def test_two_fetches_sharing_one_cache_both_succeed_and_download_each_blob_once(
 # --- disk full --------------------------------------------------------------------------------------
 
 
-def test_cache_on_a_full_disk_is_one_error_and_the_cache_stays_sound(w, tiny_tmpfs):
+def _needs(w):
+    """(layer bytes, config bytes, imgtool.pyz bytes) of the clean fetch's bundle."""
+    clean = w.root / "out-clean" / "vllm-ascend"
+    image = json.loads((clean / "bundle.json").read_text())["images"][0]
+    return sum(x["size"] for x in image["layers"]), image["config_size"], (clean / "imgtool.pyz").stat().st_size
+
+
+def _free(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+SPACE_HINT = "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"
+
+
+def test_cache_on_a_full_disk_is_refused_up_front_or_one_error_half_way_and_the_cache_stays_sound(w, tiny_tmpfs):
     cache = tiny_tmpfs / "cache"
     out = w.root / "out-fullcache" / "vllm-ascend"
     r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q",
             env={"IMGTOOL_CACHE": str(cache)})
-    assert r.returncode == 1, r.stderr
-    assert err_lines(r) == [f"error: no space left on the device holding the cache ({cache})",
-                            "hint: free some space or point IMGTOOL_CACHE at a bigger disk"]
+    layers, _, _ = _needs(w)  # the config is in the cache already (resolving read it)
+    assert (r.returncode, err_lines(r)) == (1, [
+        f"error: not enough space: fetch needs {format_size(layers)} in {cache} ({format_size(_free(cache))} free)",
+        SPACE_HINT]), r.stderr
+    assert len(r.stderr.splitlines()) == 2
+    assert not any(rec.method == "GET" and w.on_layer(rec.method, rec.path) for rec in w.proxy.records)
+    assert not out.exists()
+    assert_cache_sound(cache)
+    # room for the layers the check counts and a page more, not for the records beside them: the check
+    # lets the fetch start, and the disk fills half-way
+    st = os.statvfs(tiny_tmpfs)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    subprocess.run(["mount", "-o", f"remount,size={used + layers + 4096}", str(tiny_tmpfs)], check=True)
+    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q",
+            env={"IMGTOOL_CACHE": str(cache)})
+    assert (r.returncode, err_lines(r)) == (1, [f"error: no space left on the device holding the cache ({cache})",
+                                                "hint: free some space or point IMGTOOL_CACHE at a bigger disk"]), r.stderr
     assert len(r.stderr.splitlines()) == 2
     assert not (out / "bundle.json").exists()
     assert_cache_sound(cache)
@@ -336,22 +366,19 @@ def test_cache_on_a_full_disk_is_one_error_and_the_cache_stays_sound(w, tiny_tmp
     assert_cache_sound(cache)
 
 
-def test_output_on_a_full_disk_is_one_error_and_the_cache_stays_sound(w, tiny_tmpfs):
+def test_output_on_a_full_disk_is_refused_before_the_download(w, tiny_tmpfs):
     cache = w.root / "cache-fullout"
     out = tiny_tmpfs / "vllm-ascend"
     r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "700K",
             "-q", env={"IMGTOOL_CACHE": str(cache)})
-    assert r.returncode == 1, r.stderr
-    lines = err_lines(r)
-    assert len(r.stderr.splitlines()) == 2 and len(lines) == 2, r.stderr
-    assert lines[0].startswith(f"error: no space left on the device of {out} (the bundle needs about ")
-    assert lines[1] == "hint: free space there, or choose another --output"
-    assert not (out / "bundle.json").exists()
-    # the config and the layer the writer was copying are published; layers still downloading when the
-    # writer failed were stopped with their partial records kept (the next run resumes them)
-    assert assert_cache_sound(cache) >= 2
-    assert not any(p.suffix == ".part" and not p.with_suffix(".json").exists()
-                   for p in (cache / "partial" / "sha256").iterdir())
+    layers, config, pyz = _needs(w)
+    assert (r.returncode, err_lines(r)) == (1, [
+        f"error: not enough space: fetch needs {format_size(layers + config + pyz)} in {out} "
+        f"({format_size(_free(tiny_tmpfs))} free)", SPACE_HINT]), r.stderr
+    assert len(r.stderr.splitlines()) == 2
+    assert not any(rec.method == "GET" and w.on_layer(rec.method, rec.path) for rec in w.proxy.records)
+    assert not out.exists()
+    assert_cache_sound(cache)
 
 
 # --- bundle tampering, through `imgtool load`: refused, culprit named, Docker unchanged ---------------
