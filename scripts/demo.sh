@@ -11,8 +11,14 @@ DEMO_DIR="${DEMO_DIR:-/tmp/imgtool-demo}"
 export IMGTOOL_SERVICES_DIR="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-demo-svc}"
 VENV="${IMGTOOL_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q -e '.[test]'
-PATH="$PWD/$VENV/bin:$PATH"
+VENV="$(cd "$VENV" && pwd)"
+# the test extras (the demo builds its image with the test suite's factory), unless this checkout's
+# imgtool and pytest are there already
+"$VENV/bin/python" -I - "$ROOT" <<'PY' 2>/dev/null || "$VENV/bin/python" -m pip install -q -e '.[test]'
+import os, sys, imgtool.cli, pytest  # noqa: F401
+sys.exit(os.path.dirname(os.path.dirname(os.path.abspath(imgtool.__file__))) != os.path.abspath(sys.argv[1]))
+PY
+PATH="$VENV/bin:$PATH"
 
 trap '"$ROOT/scripts/services.sh" down >/dev/null 2>&1 || true' EXIT
 scripts/services.sh up
@@ -20,7 +26,9 @@ eval "$(scripts/services.sh env)"
 export DOCKER_HOST="$IMGTOOL_TEST_DOCKER_HOST" IMGTOOL_CACHE="$DEMO_DIR/cache"
 rm -rf "$DEMO_DIR" && mkdir -p "$DEMO_DIR"
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+# bold commands on a terminal only, and never with NO_COLOR set (https://no-color.org)
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then bold=$'\033[1m' normal=$'\033[0m'; else bold='' normal=''; fi
+step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$normal"; "$@"; }
 
 echo "== pushing a small linux/amd64 + linux/arm64 image as quay.io/ascend/vllm-ascend:v0.22.1rc1 (local stand-in)"
 python - <<PY

@@ -341,3 +341,39 @@ def test_missing_services_fail_the_run_instead_of_skipping(services, tmp_path):
     assert "skipped" not in proc.stdout and "2 errors" in proc.stdout
     with pytest.raises(Exception, match="missing: IMGTOOL_TEST_SERVICES_DIR"):
         Services.from_env({})
+
+
+# -- what the README says about the set-up ------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_readme_lists_exactly_the_packages_services_sh_installs():
+    """Both languages name the Debian packages `scripts/services.sh up` installs: the list in
+    ensure_packages, no more, no fewer."""
+    import re
+
+    script = open(os.path.join(ROOT, "scripts", "services.sh"), encoding="utf-8").read()
+    body = script.split("ensure_packages() {", 1)[1].split("done <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    installed = sorted({line.split()[0] for line in body.splitlines() if line.strip()})
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    lists = [sorted(m.split()) for m in re.findall(r"`(docker\.io docker-registry [^`]+)`", readme)]
+    assert len(lists) == 2 and lists[0] == lists[1] == installed, (lists, installed)
+
+
+def test_the_demo_runs_without_a_terminal_and_prints_no_colour(tmp_path):
+    """scripts/demo.sh with stdout a pipe (a log, CI): the whole flow, and no ANSI escape in its output."""
+    import tempfile
+
+    state = tempfile.mkdtemp(prefix="idemo", dir="/tmp")  # short: unix socket paths
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGTOOL_", "DOCKER_")) and k != "NO_COLOR"}
+    env.update(IMGTOOL_SERVICES_DIR=state, IMGTOOL_SERVICES_ENGINES="20.10", DEMO_DIR=str(tmp_path / "demo"),
+               IMGTOOL_VENV=sys.prefix)
+    try:
+        r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "demo.sh")], env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=900)
+    finally:
+        subprocess.run([os.path.join(ROOT, "scripts", "services.sh"), "down"], env=env, capture_output=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "\n$ imgtool verify vllm-ascend-v0.22.1rc1-" in r.stdout and "demo done:" in r.stdout
+    assert "\x1b" not in r.stdout and "\x1b" not in r.stderr
