@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
-from .model import Digest
+from .model import Descriptor, Digest
 
 INVENTORY_FORMAT = "imgtool-inventory"
 INVENTORY_VERSION = 1
@@ -68,6 +68,12 @@ class Inventory:
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
 
+    @property
+    def containerd_store(self) -> bool:
+        """The Docker it was taken on keeps images in the containerd image store (recorded since issue 24:
+        an older inventory says nothing and is taken for a graphdriver store)."""
+        return self.daemon.get("image_store") == "containerd"
+
     @classmethod
     def from_bytes(cls, data: bytes, where: str = "inventory") -> "Inventory":
         """Parse an inventory; raises UsageError naming what is wrong."""
@@ -111,6 +117,11 @@ class Have:
     what: str = ""  # for messages: "inventory inv.json" / "base bundle DIR"
     chains: Dict[Digest, List[str]] = field(default_factory=dict)
     platforms: Dict[str, str] = field(default_factory=dict)  # image name -> its platform ("linux/arm64/v8")
+    # The layer blob the offline Docker holds for a chain, where known (a base bundle names them). The
+    # containerd image store keeps an image's blobs by digest: a delta's manifest must name these.
+    blobs: Dict[Digest, Descriptor] = field(default_factory=dict)
+    # Images of a containerd-store inventory, by name: their blobs are unknown until looked up (heldblobs.py)
+    containerd: Dict[str, InventoryImage] = field(default_factory=dict)
 
     def add(self, diff_ids: Sequence[Digest], name: str, platform: str = "") -> None:
         for chain in chain_ids(diff_ids):
@@ -120,7 +131,16 @@ class Have:
         if platform:
             self.platforms.setdefault(name, platform)
 
+    def add_blobs(self, diff_ids: Sequence[Digest], layers: Sequence[Descriptor]) -> None:
+        """Record the blobs an image's layers are held as (its manifest's descriptors, in order)."""
+        for chain, layer in zip(chain_ids(diff_ids), layers):
+            self.blobs.setdefault(chain, layer)
+
     def merge(self, other: "Have") -> None:
+        for chain, layer in other.blobs.items():
+            self.blobs.setdefault(chain, layer)
+        for name, image in other.containerd.items():
+            self.containerd.setdefault(name, image)
         for chain, names in other.chains.items():
             mine = self.chains.setdefault(chain, [])
             mine += [n for n in names if n not in mine]
@@ -143,6 +163,8 @@ def have_from_inventory(inventory: Inventory, what: str) -> Have:
     have = Have(what)
     for im in inventory.images:
         have.add(im.diff_ids, im.name, im.platform)
+        if inventory.containerd_store:
+            have.containerd.setdefault(im.name, im)
     return have
 
 

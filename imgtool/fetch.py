@@ -8,14 +8,14 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from . import transcode
+from . import heldblobs, transcode
 from .config import MirrorConfig, cache_dir
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .mirrors import Probe, Resolution, Source, ping_probes, probe, resolve, sources_for
-from .model import (Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
+from .model import (Descriptor, Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
 from .progress import Progress
 from .puller import PullStats, download
 from .resolve import resolve_image
@@ -143,7 +143,12 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
     writer.check_output_dir(output, opts.force)
     skip = set()
+    left_out: List[heldblobs.LeftOut] = []
+    held: Dict[Digest, Descriptor] = {}
     if have is not None:
+        # before downloading: a delta the offline store could not hold whole is refused at no cost
+        left_out, held = heldblobs.held_blobs(images, have, config, opts.mirror, store, progress,
+                                                 opts.probe_timeout)
         planned = writer.bundle_images(images, have)
         omitted = {x.digest for im in planned for x in im.layers if x.omitted}
         needed = {x.digest for im in planned for x in im.layers if not x.omitted}
@@ -162,6 +167,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
             # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
             # each as soon as its blob is downloaded; a gzip image (compat) never comes here
             images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip)
+        if left_out:
+            images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
                                      have=have, base=base, created=opts.created, extra_files=tool,
@@ -290,6 +297,8 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
         from_bundle = Have(f"base bundle {Path(base).name}")
         for im in index.images:
             from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
+            from_bundle.add_blobs([x.diff_id for x in im.layers],
+                                  [Descriptor(x.media_type, x.digest, x.size) for x in im.layers])
         if have is None:
             have = from_bundle
         else:

@@ -44,7 +44,8 @@ def take_inventory(output: Optional[str] = None) -> InventoryResult:
     finally:
         daemon.close()
     inv = Inventory(utc_time(time.time()),
-                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver}, tuple(images))
+                    {"version": facts.version, "arch": facts.arch, "driver": facts.driver,
+                     "image_store": facts.image_store}, tuple(images))
     data = inv.to_bytes()
     if path is not None:
         try:

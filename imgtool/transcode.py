@@ -28,7 +28,7 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tu
 from .errors import ImgtoolError, UsageError, VerifyError
 from .export import CHUNK, compress_layer
 from .model import (DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, LAYER_COMPRESSION, OCI_LAYER, OCI_LAYER_GZIP,
-                    Descriptor, Digest, Manifest, PulledImage, format_size)
+                    OCI_LAYER_ZSTD, OCI_MANIFEST, Descriptor, Digest, Manifest, PulledImage, format_size)
 from .progress import Bar, Progress
 from .store import Store
 
@@ -247,8 +247,11 @@ def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callab
 
 
 def _rewritten(image: PulledImage, layers: List[Descriptor], which: List[int], unpacked: List[Optional[int]],
-               mode: str, store: Store) -> PulledImage:
-    """The image with a manifest naming `layers`: upstream's manifest with only the layers replaced."""
+               mode: str, store: Store, base_blobs: Sequence[int] = ()) -> PulledImage:
+    """The image with a manifest naming `layers`: its manifest with only the layers `which` replaced.
+
+    A second rewrite (a delta's left-out layers named as the base holds them, after --layers rewrote
+    others) keeps the first `upstream` and adds to what changed."""
     try:
         doc = json.loads(image.manifest_bytes)
     except ValueError as e:  # it was parsed once already: cannot happen for a pulled image
@@ -265,13 +268,50 @@ def _rewritten(image: PulledImage, layers: List[Descriptor], which: List[int], u
     manifest_bytes = json.dumps(doc, indent=3).encode()
     digest = store.put_bytes(manifest_bytes)
     manifest = Manifest(image.manifest.media_type, image.manifest.config, tuple(layers))
-    upstream = {
-        "manifest_digest": str(image.manifest_digest),
-        "manifest_size": len(image.manifest_bytes),
-        "layers": mode,
-        "changed": [{"index": i, "digest": str(image.manifest.layers[i].digest),
-                     "size": image.manifest.layers[i].size, "media_type": image.manifest.layers[i].media_type}
-                    for i in which],
-    }
+    upstream = dict(image.upstream or {"manifest_digest": str(image.manifest_digest),
+                                       "manifest_size": len(image.manifest_bytes), "layers": mode})
+    changed = list(upstream.get("changed") or []) + [
+        {"index": i, "digest": str(image.manifest.layers[i].digest), "size": image.manifest.layers[i].size,
+         "media_type": image.manifest.layers[i].media_type} for i in which]
+    upstream["changed"] = sorted(changed, key=lambda x: x["index"])
+    if base_blobs:
+        upstream["base_blobs"] = list(base_blobs)
+    if not unpacked or all(x is None for x in unpacked):
+        unpacked = list(image.unpacked_sizes)
     return replace(image, manifest_digest=digest, manifest_bytes=manifest_bytes, manifest=manifest,
                    upstream=upstream, unpacked_sizes=tuple(unpacked))
+
+
+# the layer media type for a compression, by manifest type (a Docker v2 manifest has no zstd type)
+_MEDIA_FOR = {OCI_MANIFEST: {"gzip": OCI_LAYER_GZIP, "zstd": OCI_LAYER_ZSTD, "none": OCI_LAYER},
+              DOCKER_MANIFEST: {"gzip": DOCKER_LAYER_GZIP, "none": DOCKER_LAYER}}
+
+
+def name_held_blobs(images: Sequence[PulledImage], left_out: Sequence[Sequence[Tuple[int, Digest]]],
+                    held: Dict[Digest, Descriptor], mode: str, store: Store, progress: Progress) -> List[PulledImage]:
+    """Each image whose left-out layers (`left_out[n]`: index and chain ID of image n's) the offline Docker
+    holds as other blobs (`held`, by chain ID), with a manifest naming those blobs.
+
+    The containerd image store keeps an image's blobs by digest: an image whose manifest names blobs
+    it never received runs, but cannot be saved, pushed or exported. The config, hence the layers'
+    content and the graphdriver's image ID, is unchanged."""
+    out = []
+    for image, omitted in zip(images, left_out):
+        layers = list(image.manifest.layers)
+        which = []
+        for i, chain in omitted:
+            blob = held.get(chain)
+            if blob is None or blob.digest == layers[i].digest:
+                continue
+            comp = LAYER_COMPRESSION.get(blob.media_type, "")
+            media = _MEDIA_FOR.get(image.manifest.media_type, {}).get(comp, blob.media_type)
+            layers[i] = Descriptor(media, blob.digest, blob.size)
+            which.append(i)
+        if not which:
+            out.append(image)
+            continue
+        out.append(_rewritten(image, layers, which, [], mode, store, base_blobs=which))
+        progress.note(f"{image.ref.tagged} ({image.platform}): {len(which)} left-out layers named as the offline "
+                      f"Docker holds them (its base's blobs); the image ID is unchanged, its manifest digest "
+                      f"is now {out[-1].manifest_digest}")
+    return out

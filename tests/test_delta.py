@@ -203,6 +203,9 @@ def test_base_provided_by_several_images_any_one_will_do(services, factory, mirr
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     assert f"  the offline Docker must already hold: one of {native_ref}, {foreign_ref}" in r.stdout
+    # the bases were never published: in the containerd store their blobs cannot be checked, and they are gzip
+    unchecked = f"warning: {new_ref}: cannot check that the containerd image store of the inventory inventory.json"
+    assert (unchecked in r.stderr) == docker_cli.containerd_store, r.stderr
     index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
     assert [x.provided_by for x in index.images[0].layers if x.omitted] == [(native_ref, foreign_ref)] * 2
     ok = imgtool("verify", str(out))
@@ -238,3 +241,129 @@ def test_base_provided_by_several_images_any_one_will_do(services, factory, mirr
     assert (f"load.sh: error: this is a delta bundle and Docker lacks one of {native_ref}, {foreign_ref}; load that "
             "image (its bundle) first") in refused.stderr
     assert docker_cli.find(new) is None
+
+
+# --- every delta kind leaves Docker holding the whole image (issue 24 item 9) ----------------------
+
+DELTA_KINDS = {
+    # kind: (new image's layers in the registry, fetch's --layers)
+    "gzip": ("gzip", "compat"),
+    "zstd-compat": ("zstd", "compat"),
+    "zstd-as-is": ("zstd", "as-is"),
+    "plain": ("gzip", "plain"),
+}
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("kind", list(DELTA_KINDS))
+def test_a_loaded_delta_saves_pushes_and_exports(kind, services, factory, mirrored, tmp_path, docker_cli,
+                                                 docker_cleanup, engine):
+    """A base from the registry (gzip) loaded, the inventory taken, the next release fetched as a delta
+    of each kind and loaded: Docker holds all of it (`docker save` has every layer, `docker push` and
+    `imgtool export` succeed), as after a full bundle."""
+    compression, mode = DELTA_KINDS[kind]
+    if mode == "as-is" and engine == "20.10":
+        pytest.skip("Docker 20.10 cannot read zstd layers: --layers as-is is refused there (test_transcode)")
+    arch = host_arch()
+    base = factory.layers(2, size=200_000)
+    old = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    new = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    published = factory.zstd_twin(new) if compression == "zstd" else new
+    ms = mirrored(factory.index([old]), tag="v1", targets=("upstream",))
+    mirrored(factory.index([published]), tag="v2", targets=("upstream",))
+    cfg = _mirrors(tmp_path, services, ms)
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
+    pushed = f"{services.plain}/{ms.repo}-pushed:v2"
+    docker_cleanup.image(pushed, new_ref, old_ref, *docker_cli.ids_of(old), *docker_cli.ids_of(new))
+
+    r = imgtool("fetch", "--no-tool", "v1", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), env=env)
+    assert r.returncode == 0, r.stderr
+    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+    inv = tmp_path / "inventory.json"
+    assert imgtool("inventory", "-o", str(inv), docker_host=services.docker_host).returncode == 0
+    out = tmp_path / "v2"
+    r = imgtool("fetch", "--no-tool", "v2", "--layers", mode, "--mirrors", str(cfg), "-o", str(out),
+                "--have", str(inv), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["delta"]["omitted_layers"] == 2
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli("image", "inspect", new_ref, "--format", "{{json .RootFS.Layers}}").stdout.strip() == \
+        json.dumps(new.diff_ids, separators=(",", ":"))
+
+    _save_push_export(services, docker_cli, tmp_path, new_ref, pushed, env)
+    assert imgtool("verify", str(tmp_path / "exported")).returncode == 0
+
+
+def _save_push_export(services, docker_cli, tmp_path, ref: str, pushed: str, env) -> None:
+    """`docker save` of `ref` holds every layer blob, `docker push` to `pushed` and `imgtool export` succeed."""
+    saved = tmp_path / "saved.tar"
+    r = docker_cli("save", "-o", str(saved), ref, check=False)
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(saved) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert manifest[0]["Layers"] and all(x in names for x in manifest[0]["Layers"]), (manifest, sorted(names))
+    docker_cli("tag", ref, pushed)
+    r = docker_cli("push", pushed, check=False)
+    assert r.returncode == 0, r.stderr
+    r = imgtool("export", ref, "--no-tool", "-o", str(tmp_path / "exported"), env=env, docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.engines
+def test_a_zstd_delta_for_the_containerd_store_names_a_base_bundle_s_blobs(services, factory, mirrored, tmp_path,
+                                                                         docker_cli, docker_cleanup):
+    """A base loaded from a bundle no registry serves: a zstd delta against a containerd store's inventory
+    is refused before any download (its blobs are unknown); with the base bundle (--base) its manifest
+    names the base's blobs and the loaded image saves, pushes and exports."""
+    from tests.support.bundles import BlobDir, write
+
+    arch = host_arch()
+    base = factory.layers(2, size=200_000)
+    old = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    new = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    ms = mirrored(factory.index([factory.zstd_twin(new)]), tag="v2", targets=("upstream",))
+    cfg = _mirrors(tmp_path, services, ms)
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}-base:v1", f"quay.io/{ms.repo}:v2"
+    pushed = f"{services.plain}/{ms.repo}-pushed:v2"
+    docker_cleanup.image(pushed, new_ref, old_ref, *docker_cli.ids_of(old), *docker_cli.ids_of(new))
+    store = BlobDir(tmp_path / "blobs")
+    write(tmp_path / "v1", [store.pulled(old, old_ref)], store)
+    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+    inv = tmp_path / "inventory.json"
+    assert imgtool("inventory", "-o", str(inv), docker_host=services.docker_host).returncode == 0
+    assert json.loads(inv.read_text())["daemon"]["image_store"] == ("containerd" if docker_cli.containerd_store
+                                                                     else "graphdriver")
+
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(tmp_path / "refused"), "--have", str(inv),
+                env=env)
+    if docker_cli.containerd_store:
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.splitlines()[-2:] == [
+            f"error: cannot make {new_ref} a delta for the containerd image store of the inventory inventory.json: its "
+            "manifest must name the blobs that Docker holds for the 2 layers it leaves out, and neither the cache nor "
+            f"any source has the manifest of {old_ref} ({docker_cli.bundle_id(old)})",
+            "hint: give the bundle that image was loaded from with --base DIR, or fetch a full bundle (without --have)"]
+        assert not (tmp_path / "refused").exists() and not (tmp_path / "cache" / "blobs" / "sha256" /
+                                                           new.layers[-1].zstd().digest[7:]).exists()
+    else:  # a graphdriver store saves from its layers: the blobs a manifest names do not matter
+        assert r.returncode == 0, r.stderr
+
+    out = tmp_path / "v2"
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(out), "--have", str(inv),
+                "--base", str(tmp_path / "v1"), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert (f"{new_ref} (linux/{arch}): 2 left-out layers named as the offline Docker holds them (its base's "
+            "blobs); the image ID is unchanged") in r.stderr
+    doc = json.loads((out / "bundle.json").read_text())["images"][0]
+    assert [(x["digest"], x.get("omitted", False)) for x in doc["layers"]] == \
+        [(x.digest, True) for x in base] + [(doc["layers"][2]["digest"], False)]
+    assert doc["upstream"]["base_blobs"] == [0, 1]
+    assert imgtool("verify", str(out)).returncode == 0
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.inspect_image(new_ref)["RootFS"]["Layers"] == new.diff_ids
+    _save_push_export(services, docker_cli, tmp_path, new_ref, pushed, env)

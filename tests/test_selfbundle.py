@@ -309,6 +309,7 @@ def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, servic
     mine = imgtool("inventory", "-o", str(tmp_path / "inv311.json"), docker_host=services.docker_host)
     assert mine.returncode == 0, mine.stderr
     assert held["images"] == json.loads((tmp_path / "inv311.json").read_text())["images"]
+    assert held["daemon"] == json.loads((tmp_path / "inv311.json").read_text())["daemon"]  # image_store too
 
 
 @pytest.mark.engines
