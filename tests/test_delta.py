@@ -262,8 +262,6 @@ def test_a_loaded_delta_saves_pushes_and_exports(kind, services, factory, mirror
     of each kind and loaded: Docker holds all of it (`docker save` has every layer, `docker push` and
     `imgtool export` succeed), as after a full bundle."""
     compression, mode = DELTA_KINDS[kind]
-    if mode == "as-is" and engine == "20.10":
-        pytest.skip("Docker 20.10 cannot read zstd layers: --layers as-is is refused there (test_transcode)")
     arch = host_arch()
     base = factory.layers(2, size=200_000)
     old = factory.image(arch, layers=1, base=base, layer_size=100_000)
@@ -288,6 +286,11 @@ def test_a_loaded_delta_saves_pushes_and_exports(kind, services, factory, mirror
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["delta"]["omitted_layers"] == 2
     r = imgtool("load", str(out), docker_host=services.docker_host)
+    if mode == "as-is" and engine == "20.10":
+        # Docker 20.10 cannot read zstd layers: the delta is refused before anything is sent
+        assert r.returncode != 0 and "cannot read zstd-compressed layers" in r.stderr, r.stderr
+        assert not docker_cli.holds(new_ref, new)
+        return
     assert r.returncode == 0, r.stderr
     assert docker_cli("image", "inspect", new_ref, "--format", "{{json .RootFS.Layers}}").stdout.strip() == \
         json.dumps(new.diff_ids, separators=(",", ":"))
