@@ -125,12 +125,26 @@ our_shims() {
 }
 
 free_ports() { # N free loopback TCP ports, all bound at once so they differ
+    # Chosen below the kernel's ephemeral range: the token issuer's port stays unbound until
+    # pytest starts it, and any port-0 bind by a test in between (serve, fault proxies) draws
+    # from the ephemeral range, so it can never take a port reserved here.
     python3 - "$1" <<'EOF'
-import socket, sys
+import random, socket, sys
+try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+low = min(low, 32768)
 socks = []
-for _ in range(int(sys.argv[1])):
+rng = random.SystemRandom()
+while len(socks) < int(sys.argv[1]):
     s = socket.socket()
-    s.bind(("127.0.0.1", 0))
+    try:
+        s.bind(("127.0.0.1", rng.randrange(max(1024, low - 12000), low)))
+    except OSError:
+        s.close()
+        continue
     socks.append(s)
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
