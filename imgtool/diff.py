@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .delta import INVENTORY_FORMAT, Inventory, chain_ids
 from .errors import UsageError
+from .fsutil import NotRegularFile, open_regular
 from .model import Digest, format_size
 
 
@@ -54,9 +55,12 @@ def read_side(path: str) -> Side:
         index, _ = read_index(p)
         return _from_bundle(path, index)
     try:
-        data = p.read_bytes()
+        with open_regular(p) as f:
+            data = f.read()
     except FileNotFoundError:
         raise UsageError(f"no such bundle or inventory: {path}") from None
+    except NotRegularFile as e:
+        raise UsageError(f"{path} is not a bundle directory or an inventory file ({e.kind})") from None
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
     try:

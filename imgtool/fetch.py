@@ -14,6 +14,7 @@ from . import heldblobs, transcode
 from .config import MirrorConfig, cache_dir
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
+from .fsutil import NotRegularFile, open_regular
 from .mirrors import Probe, Resolution, Source, ping_probes, probe, resolve, sources_for
 from .model import (Descriptor, Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
 from .progress import Progress
@@ -286,7 +287,10 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
     if inventory is not None:
         path = Path(inventory)
         try:
-            data = path.read_bytes()
+            with open_regular(path) as f:
+                data = f.read()
+        except NotRegularFile as e:
+            raise UsageError(f"the inventory {path} is not a regular file ({e.kind})") from None
         except OSError as e:
             raise UsageError(f"cannot read the inventory {path}: {e.strerror or e}",
                              hint="write it on the offline host with `imgtool inventory -o FILE`") from e

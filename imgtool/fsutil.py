@@ -1,6 +1,9 @@
-"""Writing files so that a crash never leaves a half-written one under the final name."""
+"""Writing files so that a crash never leaves a half-written one under the final name, and
+opening files to read so that what is not a regular file (a FIFO) never blocks the reader."""
 
+import io
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -40,3 +43,54 @@ def fsync_dir(path: Path, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class NotRegularFile(OSError):
+    """A path names a directory, FIFO, device or socket where a regular file is expected."""
+
+    def __init__(self, path, kind: str):
+        super().__init__(f"{path} is not a regular file ({kind})")
+        self.path, self.kind = str(path), kind
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular st_mode is, in words: 'a directory', 'a FIFO', 'a device', 'a socket'."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
+def require_regular(path) -> os.stat_result:
+    """os.stat(path) (symlinks followed) when it is a regular file; raises NotRegularFile or OSError."""
+    st = os.stat(str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(path, file_kind(st.st_mode))
+    return st
+
+
+def open_regular(path) -> io.FileIO:
+    """Open a regular file for reading without ever blocking on what is not one: the open is
+    non-blocking (a FIFO with no writer would block a plain open forever), the kind is checked on
+    the open descriptor (no race with a rename), then the descriptor is made blocking again.
+    Unbuffered (callers read in big blocks). Raises NotRegularFile (a directory, FIFO, device,
+    socket; symlinks are followed) or OSError."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(str(path), flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, file_kind(st.st_mode))
+        if flags & getattr(os, "O_NONBLOCK", 0):
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise

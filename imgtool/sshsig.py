@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List, NamedTuple, Optional
 
 from .errors import SshKeygenError, SshKeygenMissing, UsageError
+from .fsutil import NotRegularFile, open_regular
 
 NAMESPACE = "imgtool-bundle"  # ssh-keygen -n: a signature made for git or a file elsewhere is not one of ours
 SIGN_TIMEOUT = 300.0  # a person may type a passphrase or touch a security key
@@ -164,15 +165,14 @@ def read_signature(path: Path) -> Optional[bytes]:
     """The signature file's bytes, or None when there is none; raises BadEnvelope when it is too big
     or unreadable."""
     try:
-        size = os.stat(str(path)).st_size
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_SIGNATURE:
+                raise BadEnvelope(f"{size} bytes, too big for an SSH signature")
+            return f.read(MAX_SIGNATURE + 1)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise BadEnvelope(f"cannot be read ({e.strerror})") from None
-    if size > MAX_SIGNATURE:
-        raise BadEnvelope(f"{size} bytes, too big for an SSH signature")
-    try:
-        with open(str(path), "rb") as f:
-            return f.read(MAX_SIGNATURE + 1)
+    except NotRegularFile as e:
+        raise BadEnvelope(f"it is {e.kind}, not a regular file") from None
     except OSError as e:
         raise BadEnvelope(f"cannot be read ({e.strerror})") from None

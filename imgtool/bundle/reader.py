@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError, VerifyError
+from ..fsutil import NotRegularFile, open_regular, require_regular
 from ..worker import Worker
 from .format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
 
@@ -51,8 +52,11 @@ def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
     bundle_dir = bundle_directory(bundle_dir)
     path = bundle_dir / BUNDLE_JSON
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             data = f.read(MAX_BUNDLE_JSON + 1)
+    except NotRegularFile as e:
+        raise VerifyError(f"bundle.json is not a regular file ({e.kind})",
+                          hint="copy bundle.json from the source medium") from None
     except FileNotFoundError:
         raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (the fetch did not finish, "
                           "or bundle.json was not copied)",
@@ -74,9 +78,12 @@ def stat_parts(bundle_dir: Path, index: BundleIndex) -> List[Problem]:
     problems = []
     for i, part in enumerate(index.parts):
         try:
-            size = os.stat(bundle_dir / part.name).st_size
+            size = require_regular(bundle_dir / part.name).st_size
         except FileNotFoundError:
             problems.append(part_problem(index, i, "is missing"))
+            continue
+        except NotRegularFile as e:
+            problems.append(part_problem(index, i, f"is not a regular file ({e.kind})"))
             continue
         except OSError as e:
             problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
@@ -93,7 +100,7 @@ def hash_part(path: Path, on_bytes: Callable[[int], None] = lambda n: None) -> s
     sha = hashlib.sha256()
     buf = bytearray(HASH_READ)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with open_regular(path) as f:
         while True:
             n = f.readinto(buf)
             if not n:
@@ -141,9 +148,13 @@ class PartsStream:
             return
         part = self.parts[self.i]
         try:
-            self.f = open(self.dir / part.name, "rb", buffering=0)
+            self.f = open_regular(self.dir / part.name)
         except FileNotFoundError:
             raise VerifyError(part_problem(self.index, self.i, "is missing").message) from None
+        except NotRegularFile as e:
+            raise VerifyError(part_problem(self.index, self.i, f"is not a regular file ({e.kind})").message) from None
+        except OSError as e:
+            raise VerifyError(part_problem(self.index, self.i, f"cannot be read ({e.strerror})").message) from None
         size = os.fstat(self.f.fileno()).st_size
         if size != part.size:
             self.f.close()
@@ -323,7 +334,9 @@ class BlobReader:
             part_start = self.map.starts[i]
             part = self.index.parts[i]
             try:
-                f = open(self.dir / part.name, "rb")
+                f = open_regular(self.dir / part.name)
+            except NotRegularFile as e:
+                raise VerifyError(part_problem(self.index, i, f"is not a regular file ({e.kind})").message) from None
             except OSError as e:
                 raise VerifyError(part_problem(self.index, i, f"cannot be read ({e.strerror})").message) from e
             with f:

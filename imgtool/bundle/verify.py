@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..errors import VerifyError
+from ..fsutil import NotRegularFile, open_regular
 from ..progress import Progress
 from ..trust import Verdict
 from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
@@ -148,7 +149,7 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
 
 def _file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -156,7 +157,9 @@ def _file_sha256(path: Path) -> str:
 
 def _read_sums(path: Path) -> Optional[Dict[str, str]]:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size <= 1 << 20 else ""
+        with open_regular(path) as f:
+            text = f.read(1 << 20).decode("utf-8", errors="replace") if os.fstat(f.fileno()).st_size <= 1 << 20 \
+                else ""
     except OSError:
         return None
     out = {}
@@ -176,6 +179,9 @@ def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyRep
         for i, fut in futures.items():
             try:
                 digest = fut.result()
+            except NotRegularFile as e:
+                report.problems.append(part_problem(index, i, f"is not a regular file ({e.kind})"))
+                continue
             except OSError as e:
                 report.problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
                 continue

@@ -1,0 +1,104 @@
+"""Inputs that used to hang or crash a command (issue 24): each one is refused with one line and
+exit 3, by imgtool and by imgtool.pyz on Kylin's Python 3.7, within a timeout that fails the test.
+
+A hang here shows up as subprocess.TimeoutExpired: the test fails, it never waits forever.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.bundles import BlobDir, fetch_from_registry, imgtool, write
+from tests.support.images import host_arch
+
+REPO = "quay.io/ascend/vllm-ascend"
+HANG = 60  # seconds: a command that needs longer on these inputs is hanging
+
+
+@pytest.fixture
+def bundle(factory, tmp_path):
+    """A bundle in several parts of a host-arch image (no imgtool.pyz: imgtool's own checks)."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=2)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:hostile")], store, chunk_size=512 * 1024)
+    return out
+
+
+def fifo_in_place_of(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def run(*args, docker_host=None):
+    return imgtool(*args, env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""}, docker_host=docker_host,
+                   timeout=HANG)
+
+
+def errors(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:", "  - "))]
+
+
+@pytest.mark.parametrize("verb", ["verify", "load", "diff", "sign"])
+def test_a_fifo_as_bundle_json_is_refused_without_waiting(verb, bundle, services, tmp_path):
+    fifo_in_place_of(bundle / "bundle.json")
+    args = {"verify": ("verify", str(bundle)), "load": ("load", str(bundle)),
+            "diff": ("diff", str(bundle), str(bundle)),
+            "sign": ("sign", str(bundle), "--key", str(tmp_path / "no-key"))}[verb]
+    r = run(*args, docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    assert errors(r) == ["error: bundle.json is not a regular file (a FIFO)",
+                         "hint: copy bundle.json from the source medium"]
+
+
+def test_a_fifo_as_the_signature_is_refused_without_waiting(bundle, services):
+    os.mkfifo(bundle / "bundle.json.sig")
+    for verb in ("verify", "load"):
+        r = run(verb, str(bundle), docker_host=services.docker_host)
+        assert r.returncode == 3, r.stderr
+        head = f"refusing to load {bundle}" if verb == "load" else f"bundle failed verification: {bundle}"
+        tail = "; nothing was loaded" if verb == "load" else ""
+        assert errors(r)[0] == (f"error: {head}: bundle.json.sig is not an SSH signature "
+                                f"(it is a FIFO, not a regular file){tail}")
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a device"])
+def test_a_part_that_is_not_a_regular_file_is_named_as_such(kind, bundle, services, docker_cli):
+    part = json.loads((bundle / "bundle.json").read_text())["parts"][1]["name"]
+    (bundle / part).unlink()
+    if kind == "a FIFO":
+        os.mkfifo(bundle / part)
+    elif kind == "a directory":
+        (bundle / part).mkdir()
+    else:
+        os.symlink("/dev/zero", bundle / part)  # what `sha256sum` would read forever
+    before = docker_cli.image_ids()
+    for verb in ("verify", "load"):
+        r = run(verb, str(bundle), docker_host=services.docker_host)
+        assert r.returncode == 3, r.stderr
+        assert f"  - part 002 ({part}) is not a regular file ({kind}); re-copy part 002 from the source " \
+               "medium" in r.stderr.splitlines(), r.stderr
+        assert "truncated" not in r.stderr
+    assert docker_cli.image_ids() == before
+
+
+def test_the_pyz_on_kylins_python_refuses_fifos_too(services, factory, mirrored, tmp_path):
+    from tests.test_selfbundle import old_python, run_clean
+
+    python = old_python("3.7")
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    raw = (out / "bundle.json").read_bytes()
+    fifo_in_place_of(out / "bundle.json")
+    for verb in ("verify", "load"):
+        r = run_clean(python, "imgtool.pyz", verb, ".", cwd=out, docker_host=services.docker_host)
+        assert r.returncode == 3, r.stderr
+        assert errors(r)[0] == "error: bundle.json is not a regular file (a FIFO)"
+    (out / "bundle.json").unlink()
+    (out / "bundle.json").write_bytes(raw)
+    os.mkfifo(out / "bundle.json.sig")
+    r = run_clean(python, "imgtool.pyz", "verify", ".", cwd=out)
+    assert r.returncode == 3, r.stderr
+    assert errors(r)[0] == "error: bundle failed verification: .: bundle.json.sig is not an SSH signature " \
+                           "(it is a FIFO, not a regular file)"
