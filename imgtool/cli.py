@@ -8,6 +8,7 @@ exactly one place, `main()`.
 import json
 import sys
 import traceback
+from typing import Optional
 
 import click
 
@@ -17,7 +18,7 @@ from .bundle.format import COMPRESSIONS
 from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 
-_STATE = {"debug": False, "quiet": False}
+_STATE = {"debug": False, "quiet": False, "json": False, "json_printed": False}
 _VERB = {"path": ""}  # the verb being run, for errors click raises without a context
 
 
@@ -39,13 +40,35 @@ def common(f):
     return f
 
 
+def json_option(what: str = "result"):
+    """--json, one declaration for every verb that has it: the result as JSON, and on failure a JSON
+    document too (main() prints {"ok": false, "error": ...} when the verb printed none)."""
+    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_set_flag("json"),
+                        help=f"Print the {what} as JSON (on failure: the error as JSON).")
+
+
 def progress():
     """The progress reporter for this run (decided after all options are parsed)."""
     return progress_mod.choose(_STATE["quiet"])
 
 
 def emit_json(obj) -> None:
+    _STATE["json_printed"] = True
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _failed(message: str, hint: Optional[str], code: int, problems=()) -> None:
+    """The one place a failure is printed: `error:` (+ each problem, + `hint:`) on stderr, and with
+    --json a JSON document on stdout unless the verb printed its own (verify's failed report)."""
+    click.echo(f"error: {message}", err=True)
+    for problem in problems:
+        click.echo(f"  - {problem}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    if _STATE["json"] and not _STATE["json_printed"]:
+        emit_json({"ok": False, "exit_code": code, "error": message, "hint": hint,
+                   "problems": [str(p) for p in problems]})
+    sys.exit(code)
 
 
 def table(rows, headers) -> str:
@@ -224,7 +247,7 @@ def _signed_offline_line(bundle_dir) -> str:
               help="Delta: leave out layers of this earlier bundle (assumed loaded on the offline side).")
 @tool_option
 @sign_key_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
           have, base, tool, sign_key, as_json):
@@ -271,7 +294,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @tool_option
 @sign_key_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, sign_key, as_json):
     """Write a bundle from images already in the local Docker (for users who pulled with docker).
@@ -294,7 +317,7 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
 @click.argument("ref")
 @mirror_option
 @mirrors_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def inspect(ref, mirror, mirrors_file, as_json):
     """Show an image's platforms, sizes, layer counts, digest and the source that answered."""
@@ -320,7 +343,7 @@ def inspect(ref, mirror, mirrors_file, as_json):
 @click.argument("ref", required=False)
 @mirrors_option
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="Probe timeout in seconds.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def mirrors_cmd(ref, mirrors_file, timeout, as_json):
     """Probe every source for REF: reachable, latency, digest. Exit 4 when none is reachable or has REF.
@@ -458,7 +481,7 @@ def _warn_spec(spec, preset, default_image):
 
 @cli.command("presets")
 @presets_option
-@click.option("--json", "as_json", is_flag=True, help="Print the presets as JSON.")
+@json_option("presets")
 @common
 def presets_cmd(presets_file, as_json):
     """List the docker run presets for Ascend hosts (see run-flags and run)."""
@@ -485,7 +508,7 @@ def presets_cmd(presets_file, as_json):
               help="Image or tag (default: the newest one for PRESET loaded in Docker, else a placeholder).")
 @run_options
 @click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
-@click.option("--json", "as_json", is_flag=True, help="Print the flags as JSON.")
+@json_option("flags")
 @common
 def run_flags(preset, image, one_line, as_json, **kw):
     """Print the docker run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste.
@@ -579,7 +602,7 @@ def _bundle_usage(bundle_dir, expect) -> None:
 @click.option("--quick", is_flag=True, help="Check parts only (sizes, sha256), not every blob and diff_id inside.")
 @click.option("--jobs", type=click.IntRange(1, 64), default=None, help="Threads for hashing (default: CPU count).")
 @signers_option
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("report")
 @common
 def verify(bundle_dir, expect, quick, jobs, signers, as_json):
     """Check a bundle directory: bundle.json, every part, and every blob inside.
@@ -628,7 +651,7 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
 @signers_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
     """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
@@ -678,7 +701,7 @@ def _echo_signature(verdict) -> None:
               help="The registry inside the offline network (distribution, Harbor) and a namespace.")
 @click.option("--insecure", is_flag=True, help="Unverified HTTPS, or plain HTTP (like dockerd's insecure-registries).")
 @click.option("--ca-cert", type=click.Path(dir_okay=False), metavar="FILE", help="CA certificate of the registry.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def push(bundle_dir, to, insecure, ca_cert, as_json):
     """Push a bundle's images into a registry, so many nodes `docker pull` instead of each loading it.
@@ -702,7 +725,7 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
 @click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--key", required=True, metavar="KEY",
               help="An SSH private key, or the .pub of a key that ssh-agent holds (ssh-add -l lists them).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def sign(bundle_dir, key, as_json):
     """Sign a bundle: DIR/bundle.json.sig, an SSH signature (ssh-keygen -Y sign) over bundle.json.
@@ -743,7 +766,7 @@ def inventory(output):
 
 @cli.command()
 @click.argument("bundle_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@json_option("checks")
 @common
 def doctor(bundle_dir, as_json):
     """Check this offline host: Docker, storage, free space, architecture, pigz, OS.
@@ -769,7 +792,7 @@ def doctor(bundle_dir, as_json):
 @click.option("--filter", "pattern", metavar="GLOB", help="Only tags matching GLOB, e.g. 'v0.22*'.")
 @mirror_option
 @mirrors_option
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("result")
 @common
 def tags(ref, pattern, mirror, mirrors_file, as_json):
     """List the tags of REF's repository (default: the default image), newest first, with variants."""
@@ -801,7 +824,7 @@ def tags(ref, pattern, mirror, mirrors_file, as_json):
 @click.option("--update", is_flag=True, help="Re-resolve every tag (even when the lock fits) and report what moved.")
 @mirror_option
 @mirrors_option
-@click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON.")
+@json_option("changes")
 @common
 def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
     """Pin every image of a bundle spec to its index and platform manifest digests (bundle.lock).
@@ -828,7 +851,7 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 @cli.command("diff")
 @click.argument("old", metavar="OLD")
 @click.argument("new", metavar="NEW")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@json_option("comparison")
 @common
 def diff_cmd(old, new, as_json):
     """Compare two bundles (or a bundle and an `imgtool inventory` file): images, platforms, layers.
@@ -875,41 +898,33 @@ def self_bundle(output, as_json):
 
 def main(argv=None) -> None:
     """Console entry point: runs the CLI and maps every failure to one line and an exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        code = cli.main(args=argv, prog_name="imgtool", standalone_mode=False)
+        code = cli.main(args=args, prog_name="imgtool", standalone_mode=False)
     except ImgtoolError as e:
         if _STATE["debug"]:
             traceback.print_exc()
-        click.echo(f"error: {e.message}", err=True)
-        for problem in getattr(e, "problems", ()):  # VerifyError: every finding, one per line
-            click.echo(f"  - {problem}", err=True)
-        if e.hint:
-            click.echo(f"hint: {e.hint}", err=True)
-        sys.exit(e.exit_code)
+        _failed(e.message, e.hint, e.exit_code, getattr(e, "problems", ()))  # VerifyError: every finding
     except click.UsageError as e:  # click's own parsing (missing argument, bad choice...): our two lines
         text, hint = usage_lines(e)
-        click.echo(f"error: {text}", err=True)
-        click.echo(f"hint: {hint}", err=True)
-        sys.exit(EXIT_USAGE)
+        _STATE["json"] = _STATE["json"] or "--json" in args  # a parse error comes before --json's callback
+        _failed(text, hint, EXIT_USAGE)
     except click.exceptions.Abort:
-        click.echo("error: aborted", err=True)
-        sys.exit(130)
+        _failed("aborted", None, 130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code if e.exit_code is not None else EXIT_USAGE)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        click.echo("error: interrupted", err=True)
-        sys.exit(130)
+        _failed("interrupted", None, 130)
     except BrokenPipeError:
         sys.exit(EXIT_ERROR)
     except Exception as e:  # a bug: say so in one line unless --debug
         if _STATE["debug"]:
             traceback.print_exc()
-        click.echo(f"error: internal error: {type(e).__name__}: {e}", err=True)
-        click.echo("hint: rerun with --debug for a traceback and report it", err=True)
-        sys.exit(EXIT_ERROR)
+        _failed(f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it",
+                EXIT_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 
 

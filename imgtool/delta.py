@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
-from .model import Descriptor, Digest
+from .model import Descriptor, Digest, json_object
 
 INVENTORY_FORMAT = "imgtool-inventory"
 INVENTORY_VERSION = 1
@@ -82,13 +82,8 @@ class Inventory:
             return UsageError(f"{where} is not an imgtool inventory: {why}",
                               hint="write one on the offline host with `imgtool inventory -o FILE`")
 
-        if len(data) > MAX_INVENTORY:
-            raise bad(f"it is over {MAX_INVENTORY} bytes")
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise bad(f"not valid JSON ({e})") from e
-        if not isinstance(obj, dict) or obj.get("format") != INVENTORY_FORMAT:
+        obj = json_object(data, MAX_INVENTORY, bad)
+        if obj.get("format") != INVENTORY_FORMAT:
             raise bad(f"format is not {INVENTORY_FORMAT!r}")
         version = obj.get("version")
         if not isinstance(version, int) or version > INVENTORY_VERSION:

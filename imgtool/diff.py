@@ -65,7 +65,7 @@ def read_side(path: str) -> Side:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
     try:
         kind = json.loads(data).get("format")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         kind = None
     if kind == INVENTORY_FORMAT:
         inv = Inventory.from_bytes(data, path)

@@ -10,7 +10,7 @@ import platform as _platform
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from .errors import ManifestError, UsageError
 
@@ -190,6 +190,22 @@ _PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG_RE = re.compile(rf"^{_TAG}$")
 _HOST_RE = re.compile(rf"^{_HOST}$")
 _DOCKER_NAME_RE = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?$")
+
+
+def json_object(data: bytes, limit: int, bad: Callable[[str], Exception]) -> dict:
+    """The JSON object `data` holds; otherwise raises bad(why): over `limit` bytes, not JSON (nesting
+    too deep for the parser included: never a RecursionError), or not an object."""
+    if len(data) > limit:
+        raise bad(f"it is {len(data)} bytes, over the {limit} byte limit")
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad(f"not valid JSON ({e})") from e
+    except RecursionError:
+        raise bad("not valid JSON (nested too deeply)") from None
+    if not isinstance(obj, dict):
+        raise bad("not a JSON object")
+    return obj
 
 
 def is_docker_name(name: str) -> bool:
@@ -405,14 +421,7 @@ def _is_attestation(d: Descriptor) -> bool:
 
 def parse_manifest(data: bytes, content_type: Optional[str] = None) -> Union[Manifest, Index]:
     """Parse manifest or index bytes into the model; raises ManifestError."""
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest is {len(data)} bytes, over the {MAX_MANIFEST_BYTES} byte limit")
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestError(f"manifest is not valid JSON: {e}") from e
-    if not isinstance(obj, dict):
-        raise ManifestError("manifest is not a JSON object")
+    obj = json_object(data, MAX_MANIFEST_BYTES, lambda why: ManifestError(f"malformed manifest: {why}"))
     ctype = (content_type or "").split(";")[0].strip()
     media = obj.get("mediaType") or ctype
     if obj.get("schemaVersion") == 1 or media in (DOCKER_SCHEMA1, DOCKER_SCHEMA1_SIGNED):
@@ -451,10 +460,8 @@ class ImageConfig:
     @classmethod
     def parse(cls, data: bytes) -> "ImageConfig":
         """Parse config JSON; raises ManifestError."""
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ManifestError(f"image config is {len(data)} bytes, over the {MAX_CONFIG_BYTES} byte limit")
+        obj = json_object(data, MAX_CONFIG_BYTES, lambda why: ManifestError(f"malformed image config: {why}"))
         try:
-            obj = json.loads(data)
             rootfs = obj.get("rootfs") or {}
             diff_ids = tuple(Digest.parse(d) for d in rootfs.get("diff_ids") or [])
         except (ValueError, UnicodeDecodeError, AttributeError, UsageError) as e:

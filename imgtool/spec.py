@@ -20,7 +20,7 @@ from .bundle.format import COMPRESSIONS
 from .config import MirrorConfig, file_line, key_line, parse_chunk_size, read_toml
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
-from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, utc_time
+from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, json_object, utc_time
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
@@ -208,14 +208,7 @@ def parse_lock(data: bytes, path: Path) -> Lock:
     def bad(problem: str) -> ConfigError:
         return ConfigError(f"{path}: {problem}", hint="recreate it: imgtool lock --update -f SPEC")
 
-    if len(data) > MAX_LOCK_BYTES:
-        raise bad(f"over {MAX_LOCK_BYTES} bytes")
-    try:
-        obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad(f"not valid JSON ({e})") from e
-    if not isinstance(obj, dict):
-        raise bad("not a JSON object")
+    obj = json_object(data, MAX_LOCK_BYTES, bad)
     version = obj.get("lock_version")
     if version != LOCK_VERSION:
         raise bad(f"unsupported lock_version {version!r} (this imgtool writes {LOCK_VERSION})")

@@ -102,3 +102,59 @@ def test_the_pyz_on_kylins_python_refuses_fifos_too(services, factory, mirrored,
     assert r.returncode == 3, r.stderr
     assert errors(r)[0] == "error: bundle failed verification: .: bundle.json.sig is not an SSH signature " \
                            "(it is a FIFO, not a regular file)"
+
+
+NESTED = b"[" * 200_000
+
+
+@pytest.mark.parametrize("verb", ["verify", "load", "diff"])
+def test_deeply_nested_bundle_json_is_malformed_not_an_internal_error(verb, bundle, services):
+    (bundle / "bundle.json").write_bytes(NESTED)
+    args = (verb, str(bundle)) + ((str(bundle),) if verb == "diff" else ())
+    r = run(*args, docker_host=services.docker_host)
+    assert r.returncode == 3, r.stderr
+    assert errors(r) == ["error: bundle.json is malformed: not valid JSON (nested too deeply)",
+                         "hint: copy bundle.json again from the source medium, or fetch the bundle again"]
+    if verb != "diff":
+        r = run(*args, "--json", docker_host=services.docker_host)
+        assert r.returncode == 3
+        assert json.loads(r.stdout) == {
+            "ok": False, "exit_code": 3, "error": "bundle.json is malformed: not valid JSON (nested too deeply)",
+            "hint": "copy bundle.json again from the source medium, or fetch the bundle again", "problems": []}
+
+
+def test_a_deeply_nested_inventory_is_not_an_inventory(tmp_path):
+    inv = tmp_path / "inv.json"
+    inv.write_bytes(b'{"a":' * 100_000)
+    r = run("fetch", "v1", "--have", str(inv), "-o", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert errors(r)[0] == f"error: {inv} is not an imgtool inventory: not valid JSON (nested too deeply)"
+
+
+def test_every_verb_with_json_prints_json_on_failure_too(bundle):
+    from imgtool.cli import cli
+
+    verbs = sorted(name for name, cmd in cli.commands.items() if any(p.name == "as_json" for p in cmd.params))
+    assert len(verbs) >= 15, verbs
+    for verb in verbs:
+        r = run(verb, "--json", "--no-such-option")
+        assert r.returncode == 2, (verb, r.stderr)
+        doc = json.loads(r.stdout)
+        assert doc["ok"] is False and doc["exit_code"] == 2, (verb, doc)
+        assert doc["error"] == "no such option: --no-such-option", (verb, doc)
+    # a verb's own failed report is the one document (verify prints its report, ok false)
+    part = json.loads((bundle / "bundle.json").read_text())["parts"][0]["name"]
+    (bundle / part).write_bytes(b"damaged")
+    r = run("verify", str(bundle), "--json")
+    assert r.returncode == 3
+    assert json.loads(r.stdout)["ok"] is False
+
+
+def test_the_pyz_on_kylins_python_says_malformed_too(services, factory, mirrored, tmp_path):
+    from tests.test_selfbundle import old_python, run_clean
+
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    (out / "bundle.json").write_bytes(NESTED)
+    r = run_clean(old_python("3.7"), "imgtool.pyz", "verify", ".", "--json", cwd=out)
+    assert r.returncode == 3, r.stderr
+    assert json.loads(r.stdout)["error"] == "bundle.json is malformed: not valid JSON (nested too deeply)"

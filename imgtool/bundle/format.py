@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 from ..delta import chain_ids
 from ..errors import UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform
+from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, json_object
 
 FORMAT_NAME = "imgtool-bundle"
 FORMAT_VERSION = 2  # the newest this imgtool reads; 2 = delta bundles (layers left out)
@@ -205,14 +205,7 @@ class BundleIndex:
     @classmethod
     def from_bytes(cls, data: bytes) -> "BundleIndex":
         """Parse and validate bundle.json; raises VerifyError naming what is wrong."""
-        if len(data) > MAX_BUNDLE_JSON:
-            raise _bad(f"it is {len(data)} bytes, over the {MAX_BUNDLE_JSON} byte limit")
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _bad(f"not valid JSON ({e})") from e
-        if not isinstance(obj, dict):
-            raise _bad("not a JSON object")
+        obj = json_object(data, MAX_BUNDLE_JSON, _bad)
         if obj.get("format") != FORMAT_NAME:
             raise VerifyError(f"not an imgtool bundle: bundle.json has format {obj.get('format')!r}, "
                               f"expected {FORMAT_NAME!r}")
