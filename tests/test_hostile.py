@@ -158,3 +158,24 @@ def test_the_pyz_on_kylins_python_says_malformed_too(services, factory, mirrored
     r = run_clean(old_python("3.7"), "imgtool.pyz", "verify", ".", "--json", cwd=out)
     assert r.returncode == 3, r.stderr
     assert json.loads(r.stdout)["error"] == "bundle.json is malformed: not valid JSON (nested too deeply)"
+
+
+def test_the_pyz_loading_a_zstd_bundle_without_zstandard_ends(services, factory, mirrored, tmp_path, docker_cli):
+    """The set-up path: the parts stream and its hashing workers are started, then the decompressor
+    cannot be made (the pyz never carries zstandard). The error, then the process ends."""
+    import subprocess
+
+    from tests.test_selfbundle import old_python
+
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path, "--compress", "zstd")
+    before = docker_cli.image_ids()
+    env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={out}", "LANG=C.UTF-8",
+           "IMGTOOL_CACHE=/nonexistent/imgtool-cache", f"DOCKER_HOST={services.docker_host}"]
+    r = subprocess.run([*env, *old_python("3.7"), "imgtool.pyz", "load", "."], cwd=out, capture_output=True,
+                       text=True, timeout=HANG)
+    assert r.returncode == 3, r.stderr
+    assert errors(r) == [
+        "error: this bundle is zstd-compressed and the zstandard Python package is missing",
+        "hint: install it (pip install zstandard, or the system's python3-zstandard package), "
+        "or run `sh load.sh` on a host with the zstd command"]
+    assert docker_cli.image_ids() == before

@@ -323,9 +323,11 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
     upload to a temporary directory before it registers anything, drops what it got.
     """
     sent = [0]
-    with progress.bar(index.archive.tar_size, "loading into docker") as bar:
-        parts = PartsStream(bundle_dir, index, strict=True)
-        hashes: Worker[List[layout.Member]] = Worker(_bad_members, "member-sha256")
+    # one context for the parts stream and both hashing workers: every path out of here ends them,
+    # the set-up's failures included (a zstd bundle on a Python without zstandard)
+    with progress.bar(index.archive.tar_size, "loading into docker") as bar, \
+            PartsStream(bundle_dir, index, strict=True) as parts, \
+            Worker(_bad_members, "member-sha256") as hashes:
         pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, hashes)
 
         def chunks():
@@ -346,11 +348,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
                 yield piece
             progress.note("sent; Docker is registering the layers ...")
 
-        try:
-            daemon.load_archive(chunks())
-        finally:
-            hashes.abandon()  # a no-op after result(); on a cut upload, ends the worker
-            parts.close()
+        daemon.load_archive(chunks())
     return sent[0]
 
 

@@ -209,8 +209,14 @@ class PartsStream:
         while self.read(HASH_READ):
             pass
 
+    def __enter__(self) -> "PartsStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Close the current part and end its hash worker (call on every exit path)."""
+        """Close the current part and end its hash worker (on every exit path: use it in `with`)."""
         if self.hasher is not None:
             self.hasher.abandon()
             self.hasher = None

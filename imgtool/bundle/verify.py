@@ -200,13 +200,10 @@ def deep_check(bundle_dir: Path, index: BundleIndex, report: VerifyReport, progr
     """
     part_map = PartMap(index)
     with progress.bar(index.archive.size, "checking bundle") as bar:
-        parts = PartsStream(bundle_dir, index, strict=False, on_bytes=bar.update)
-        try:
+        with PartsStream(bundle_dir, index, strict=False, on_bytes=bar.update) as parts:
             result = walk_archive(decompressed(parts, index.archive.compression), index, part_map,
                                   diff_ids=diff_ids, jobs=jobs)
             parts.drain()
-        finally:
-            parts.close()
     report.bytes_read += parts.position
     report.parts_checked = len(index.parts)
     bad = set(parts.bad)
