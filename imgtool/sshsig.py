@@ -113,14 +113,20 @@ def _run(args: List[str], *, stdin, timeout: float, interactive: bool = False) -
         raise SshKeygenError(f"cannot run ssh-keygen: {e.strerror}", hint=INSTALL_HINT) from e
 
 
+def key_and_tool(key: Path) -> None:
+    """The cheap part of signing's preconditions: the key file is there and so is ssh-keygen;
+    raises UsageError, SshKeygenMissing."""
+    if not Path(key).is_file():
+        raise UsageError(f"signing key {key} does not exist or is not a file",
+                         hint="give a private key (e.g. ~/.ssh/id_ed25519), or its .pub when ssh-agent holds it")
+    ssh_keygen()
+
+
 def sign(data: bytes, key: Path, namespace: str = NAMESPACE) -> bytes:
     """An armoured SSH signature of `data` by `key`: a private key file, or the .pub of a key that
     ssh-agent holds (SSH_AUTH_SOCK). Raises UsageError (no key file), SshKeygenMissing, SshKeygenError."""
     key = Path(key)
-    if not key.is_file():
-        raise UsageError(f"signing key {key} does not exist or is not a file",
-                         hint="give a private key (e.g. ~/.ssh/id_ed25519), or its .pub when ssh-agent holds it")
-    ssh_keygen()
+    key_and_tool(key)
     with tempfile.TemporaryDirectory(prefix="imgtool-sign-") as tmp:
         # ssh-keygen writes FILE.sig beside FILE; a file, not stdin, because a passphrase prompt
         # without a terminal would read stdin

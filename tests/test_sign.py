@@ -334,6 +334,50 @@ def test_sign_errors(bundle, keys, tmp_path):
     assert not (out / "bundle.json.sig").exists()
 
 
+def flip_a_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_sign_signs_only_a_bundle_that_verifies(bundle, keys, tmp_path):
+    """A damaged bundle never gets a valid signature: sign runs verify's checks first (issue 24 item 3)."""
+    out, _ = bundle
+    sign(out, keys.release, tmp_path)
+    old_sig = (out / "bundle.json.sig").read_bytes()
+    doc = json.loads((out / "bundle.json").read_text())
+    part = out / doc["parts"][0]["name"]
+    flip_a_byte(part, doc["parts"][0]["size"] // 2)
+    for quick in ((), ("--quick",)):
+        r = imgtool("sign", str(out), "--key", str(keys.stranger), *quick, env=env_for(tmp_path))
+        assert r.returncode == 3, r.stderr
+        assert err_lines(r) == [
+            f"error: refusing to sign: {out}: 1 problem; nothing was signed",
+            f"  - part 001 ({part.name}) is damaged: its sha256 differs from bundle.json; re-copy part 001 "
+            "from the source medium"]
+        assert (out / "bundle.json.sig").read_bytes() == old_sig
+
+    # what the issue did: the part's sha256 changed in bundle.json too (and SHA256SUMS remade)
+    doc["parts"][0]["sha256"] = hashlib.sha256(part.read_bytes()).hexdigest()
+    (out / "bundle.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = []
+    for line in (out / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        if name in ("bundle.json", part.name):
+            digest = hashlib.sha256((out / name).read_bytes()).hexdigest()
+        lines.append(f"{digest}  {name}")
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    r = imgtool("sign", str(out), "--key", str(keys.stranger), env=env_for(tmp_path))
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r)[0].startswith(f"error: refusing to sign: {out}: ")
+    assert any("is damaged: its sha256 differs from its digest" in line for line in err_lines(r)[1:]), r.stderr
+    assert (out / "bundle.json.sig").read_bytes() == old_sig
+    # --quick checks sizes and checksums only, as it says: the blob inside is not read
+    r = imgtool("sign", str(out), "--key", str(keys.stranger), "--quick", env=env_for(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (out / "bundle.json.sig").read_bytes() != old_sig
+
+
 def test_kylins_python_signs_too(bundle, keys, tmp_path):
     """A release host may be a Kylin box as well: `python3.7 imgtool.pyz sign` writes the signature
     that imgtool on 3.11 verifies under the policy."""

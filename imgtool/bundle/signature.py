@@ -6,6 +6,7 @@ atomically beside it, so a bundle is complete-and-unsigned for a moment, never s
 written. `verify` and `load` call `enforce` first, before any part is read or Docker is asked.
 """
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
@@ -43,6 +44,11 @@ def check_key(key: str) -> None:
                               "--sign-key KEY.pub; or run on a terminal, where its passphrase is asked") from e
 
 
+def signing_key_and_tool(key: str) -> None:
+    """`sign`'s first check: the key file and ssh-keygen are there; raises UsageError, SshKeygenMissing."""
+    sshsig.key_and_tool(Path(key))
+
+
 def _no_terminal() -> str:
     """", which has no terminal to ask a passphrase on" when this process has no controlling terminal."""
     try:
@@ -52,13 +58,17 @@ def _no_terminal() -> str:
     return ""
 
 
-def sign_bundle(bundle_dir: Path, key: str) -> Signed:
+def sign_bundle(bundle_dir: Path, key: str, checked: Optional[str] = None) -> Signed:
     """Sign DIR/bundle.json with `key`, writing DIR/bundle.json.sig atomically (replacing an older one).
+    `checked`: the sha256 of the bundle.json that was verified before, which must still be there.
 
     Raises UsageError (not a bundle, no key), VerifyError (unreadable bundle.json), SshKeygenError.
     """
     bundle_dir = Path(bundle_dir)
     _, raw = read_index(bundle_dir)
+    if checked is not None and hashlib.sha256(raw).hexdigest() != checked:
+        raise UsageError(f"{bundle_dir / BUNDLE_JSON} changed while the bundle was being checked; nothing was "
+                         "written", hint="sign it again once nothing else writes the bundle")
     signature = sshsig.sign(raw, Path(key))
     if (bundle_dir / BUNDLE_JSON).read_bytes() != raw:
         raise UsageError(f"{bundle_dir / BUNDLE_JSON} changed while it was being signed; nothing was written",

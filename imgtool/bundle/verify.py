@@ -49,8 +49,8 @@ class VerifyReport:
         """Raise VerifyError listing every problem, if there are any."""
         if self.problems:
             n = len(self.problems)
-            what = "refusing to load" if doing == "load" else "bundle failed verification"
-            tail = "; nothing was loaded" if doing == "load" else ""
+            what = {"load": "refusing to load", "sign": "refusing to sign"}.get(doing, "bundle failed verification")
+            tail = {"load": "; nothing was loaded", "sign": "; nothing was signed"}.get(doing, "")
             raise VerifyError(f"{what}: {self.dir}: {n} problem{'s' if n != 1 else ''}{tail}",
                               problems=[p.message for p in self.problems])
 
@@ -90,6 +90,21 @@ def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool
     if verdict.warning:
         report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
+    check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def check_for_signing(bundle_dir: Path, *, quick: bool, progress: Progress,
+                      jobs: Optional[int] = None) -> VerifyReport:
+    """What `sign` checks before it signs: verify's checks but the signature policy (the signature is
+    the thing about to be made): SHA256SUMS and load.sh/README.txt/imgtool.pyz against bundle.json,
+    every part's size and sha256, and unless quick every blob and layer diff_id."""
+    started = time.monotonic()
+    bundle_dir = Path(bundle_dir)
+    index, raw = read_index(bundle_dir)
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick)
+    check_metadata(bundle_dir, index, report, None)
     check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
     report.seconds = time.monotonic() - started
     return report
