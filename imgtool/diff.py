@@ -32,6 +32,12 @@ class SideImage:
     platform: str
     image_id: str
     layers: Tuple[SideLayer, ...]
+    # every ID the image has in some Docker: a bundle's config digest (graphdriver stores) and the
+    # manifest digest the containerd image store gives it once loaded; an inventory's one ID
+    ids: Tuple[str, ...] = ()
+
+    def same_image(self, other: "SideImage") -> bool:
+        return bool(set(self.ids or (self.image_id,)) & set(other.ids or (other.image_id,)))
 
 
 @dataclass(frozen=True)
@@ -81,11 +87,14 @@ def read_side(path: str) -> Side:
 
 
 def _from_bundle(path: str, index) -> Side:
+    from .bundle.layout import docker_image_id
+
     images = []
     for im in index.images:
         chains = chain_ids([x.diff_id for x in im.layers])
         layers = tuple(SideLayer(c, x.diff_id, x.digest, x.size) for c, x in zip(chains, im.layers))
-        images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers))
+        ids = tuple(dict.fromkeys(str(docker_image_id(im, store)) for store in (False, True)))
+        images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids))
     return Side(path, "bundle", tuple(images))
 
 
@@ -189,7 +198,7 @@ def diff_sides(old: Side, new: Side) -> Diff:
         if was is None:
             rows.append(ImageRow("added", im.name, im.platform, None, im.image_id))
         else:
-            status = "unchanged" if was.image_id == im.image_id else "changed"
+            status = "unchanged" if was.same_image(im) else "changed"
             rows.append(ImageRow(status, im.name, im.platform, was.image_id, im.image_id))
     rows += [ImageRow("removed", im.name, im.platform, im.image_id, None)
              for key, im in old_by.items() if key not in new_by]

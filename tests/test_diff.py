@@ -109,3 +109,32 @@ def test_diff_of_something_else_is_a_usage_error(tmp_path, releases):
         2, f"error: {junk} is neither a bundle (bundle.json or its directory) nor an imgtool inventory")
     r = imgtool("diff", str(old), str(tmp_path / "nope"))
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle or inventory: {tmp_path / 'nope'}")
+
+
+@pytest.mark.engines
+def test_a_bundle_against_the_inventory_of_the_docker_it_was_loaded_into_is_unchanged(
+        services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
+    """On every engine, the containerd image store too (whose image IDs are manifest digests, not
+    the config digest a bundle lists first): the image just loaded is "unchanged"; another is "changed"."""
+    from tests.support.images import host_arch
+
+    ref = f"quay.io/{uniq}/vllm-ascend:v1"
+    image = factory.image(host_arch(), layers=2, layer_size=20_000)
+    loaded = bundle(tmp_path, "loaded", [(ref, image)])
+    other = bundle(tmp_path, "other", [(ref, factory.image(host_arch(), layers=2, layer_size=20_000))])
+    docker_cleanup.image(ref, *docker_cli.ids_of(image))
+    env = dict(os.environ, DOCKER_HOST=services.docker_host)
+    r = subprocess.run([sys.executable, "-m", "imgtool", "load", str(loaded)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    inv = tmp_path / "inv.json"
+    r = subprocess.run([sys.executable, "-m", "imgtool", "inventory", "-o", str(inv)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for side, want in ((loaded, "unchanged"), (other, "changed")):
+        r = imgtool("diff", str(inv), str(side), "--json")
+        assert r.returncode == 0, r.stderr
+        rows = [x for x in json.loads(r.stdout)["images"] if x["name"] == ref]
+        assert [x["status"] for x in rows] == [want], (engine, rows)
+        text = imgtool("diff", str(inv), str(side)).stdout.splitlines()
+        assert any(line.split()[:2] == [want, ref] for line in text), text
