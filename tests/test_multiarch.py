@@ -100,3 +100,50 @@ def test_push_two_arch_bundle_makes_an_index(services, two_arch, uniq, registry)
         f"{services.plain}/{repo}:v3 is an index over the 2 platforms in the bundle; its digest {got.digest[7:19]} "
         f"differs from upstream's {idx.manifest_digest[7:19]} (pull by tag, or by the platform manifest digests, "
         "which are upstream's)"]
+
+
+@pytest.mark.engines
+def test_a_plain_docker_load_never_moves_the_tag_imgtool_gave_the_hosts_platform(services, two_arch, docker_cli,
+                                                                                   docker_cleanup):
+    """Issue 24 item 8: the containerd image store reads index.json, which named both platforms, so a
+    plain `cat parts | docker load` after imgtool's load moved the tag to the other architecture.
+    index.json leaves such a tag unnamed now, as manifest.json does, on every store."""
+    out, idx, ref = two_arch
+    mine, other = idx.image(host_arch()), idx.image(OTHER)
+    docker_cleanup.image(ref, *docker_cli.ids_of(mine), *docker_cli.ids_of(other))
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert json.loads((out / "bundle.json").read_text())["version"] == 3
+    r = imgtool("load", str(out), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.holds(ref, mine)
+    plain = subprocess.run(f"cat {' '.join(p.name for p in index.parts)} | docker -H {services.docker_host} load",
+                           shell=True, cwd=out, capture_output=True, text=True, timeout=300)
+    assert f"Loaded image: {ref}" not in plain.stdout, plain.stdout
+    assert docker_cli.holds(ref, mine), plain.stdout + plain.stderr
+
+
+def test_a_bundle_of_format_version_1_still_verifies_and_loads(services, factory, tmp_path, docker_cli,
+                                                              docker_cleanup, monkeypatch):
+    """A multi-arch bundle written before version 3 (index.json naming every platform) is read by its own
+    layout: verify finds every member where it was, load loads the host's platform."""
+    from imgtool.bundle import format as fmt
+    from imgtool.bundle import layout
+    from tests.support.bundles import BlobDir, write
+
+    idx = factory.multiarch(("amd64", "arm64"), layers=1, media="oci")
+    ref = "quay.io/ascend/vllm-ascend:old-format"
+    store = BlobDir(tmp_path / "blobs")
+    members = layout.members
+    with monkeypatch.context() as m:  # what imgtool wrote before version 3
+        m.setattr(layout, "members", lambda images, legacy_names=False: members(images, True))
+        m.setattr(fmt.BundleIndex, "version", property(lambda self: 2 if self.is_delta else 1))
+        write(tmp_path / "old", [store.pulled(idx.image(a), ref) for a in ("amd64", "arm64")], store)
+    doc = json.loads((tmp_path / "old" / "bundle.json").read_text())
+    assert doc["version"] == 1
+    mine = idx.image(host_arch())
+    docker_cleanup.image(ref, *docker_cli.ids_of(mine))
+    r = imgtool("verify", str(tmp_path / "old"))
+    assert r.returncode == 0, r.stderr
+    r = imgtool("load", str(tmp_path / "old"), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.holds(ref, mine)

@@ -16,7 +16,10 @@ from ..errors import UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, json_object
 
 FORMAT_NAME = "imgtool-bundle"
-FORMAT_VERSION = 2  # the newest this imgtool reads; 2 = delta bundles (layers left out)
+FORMAT_VERSION = 3  # the newest this imgtool reads; 2 = delta bundles (layers left out)
+# 3 = a tag held for several architectures is unnamed in index.json too (as in manifest.json), so a
+# plain docker load names none of its platforms on any image store; written only by such bundles
+UNNAMED_MULTIARCH_VERSION = 3
 FULL_VERSION = 1  # what a bundle without omitted layers is written as, so older imgtools read it
 
 BUNDLE_JSON = "bundle.json"
@@ -158,6 +161,8 @@ class BundleIndex:
     parts: Tuple[Part, ...]
     files: Tuple[Part, ...] = field(default=())  # load.sh, README.txt (name, size, sha256)
     base: Optional[dict] = None  # delta bundles: {"kind": "inventory"|"bundle", "name", "images": [names]}
+    # read from a bundle of format version 1 or 2: its index.json names every platform of a multi-arch tag
+    legacy_names: bool = False
 
     @property
     def layer_bytes(self) -> int:
@@ -184,10 +189,22 @@ class BundleIndex:
                     out.append((layer.chain_id, layer.provided_by))
         return out
 
+    @property
+    def has_multiarch_tag(self) -> bool:
+        refs = [image.ref for image in self.images]
+        return len(set(refs)) < len(refs)
+
+    @property
+    def version(self) -> int:
+        """The oldest format version that describes this bundle, so older imgtools read what they can."""
+        if self.has_multiarch_tag and not self.legacy_names:
+            return UNNAMED_MULTIARCH_VERSION
+        return 2 if self.is_delta else FULL_VERSION
+
     def to_json(self) -> dict:
         out = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION if self.is_delta else FULL_VERSION,
+            "version": self.version,
             "created": self.created,
             "imgtool_version": self.imgtool_version,
             "images": [image.to_json() for image in self.images],
@@ -245,6 +262,7 @@ class BundleIndex:
             parts=parts,
             files=files,
             base=base,
+            legacy_names=version < UNNAMED_MULTIARCH_VERSION,
         )
 
 

@@ -113,14 +113,22 @@ def docker_image_id(image: BundleImage, containerd_store: bool) -> Digest:
     return oci_descriptor_digest(image) if containerd_store else image.image_id
 
 
-def index_json(images: Sequence[BundleImage]) -> bytes:
-    """OCI index.json: one entry per image, named by tag (ref.name) and full name (containerd)."""
+def index_json(images: Sequence[BundleImage], legacy_names: bool = False) -> bytes:
+    """OCI index.json: one entry per image, named by tag (ref.name) and full name (containerd), except a tag
+    held for several architectures, unnamed as in manifest.json: a plain docker load would give the name to
+    whichever platform it loads last (the containerd image store reads index.json). `legacy_names`: the
+    index.json of format versions 1 and 2, which named them all."""
+    counts: Dict[str, int] = {}
+    for image in images:
+        counts[image.ref] = counts.get(image.ref, 0) + 1
     manifests = []
     for image in images:
         ref = image.image_ref
-        annotations = {CONTAINERD_NAME: image.ref}
-        if ref.tag:
-            annotations[OCI_REF_NAME] = ref.tag
+        annotations: Dict[str, str] = {}
+        if legacy_names or counts[image.ref] == 1:
+            annotations[CONTAINERD_NAME] = image.ref
+            if ref.tag:
+                annotations[OCI_REF_NAME] = ref.tag
         twin = oci_manifest(image)
         manifests.append({
             "mediaType": OCI_MANIFEST if twin else image.manifest_media_type,
@@ -133,8 +141,9 @@ def index_json(images: Sequence[BundleImage]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def members(images: Sequence[BundleImage]) -> List[Member]:
-    """Every member of the archive, sorted by name; each blob once however many images share it."""
+def members(images: Sequence[BundleImage], legacy_names: bool = False) -> List[Member]:
+    """Every member of the archive, sorted by name; each blob once however many images share it
+    (`legacy_names`: index.json as format versions 1 and 2 wrote it, see index_json)."""
     blobs: Dict[Digest, Member] = {}
 
     def add(digest: Digest, size: int, kind: str, what: str, media: str = "", content: Optional[bytes] = None):
@@ -152,7 +161,7 @@ def members(images: Sequence[BundleImage]) -> List[Member]:
             if not layer.omitted:  # a delta bundle: Docker already holds its chain and never reads it
                 add(layer.digest, layer.size, "layer", f"layer {i + 1} of {image.ref}", layer.media_type)
     out = list(blobs.values())
-    for name, content in (("index.json", index_json(images)), ("manifest.json", manifest_json(images)),
+    for name, content in (("index.json", index_json(images, legacy_names)), ("manifest.json", manifest_json(images)),
                           ("oci-layout", OCI_LAYOUT_BYTES)):
         out.append(Member(name, len(content), "meta", Digest.of(content), name, content))
     return sorted(out, key=lambda m: m.name)

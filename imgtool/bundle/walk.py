@@ -70,7 +70,7 @@ class _Walk:
     def __init__(self, stream, index: BundleIndex, part_map: PartMap, diff_ids: bool, jobs: int):
         self.stream, self.index, self.map = stream, index, part_map
         self.check_diff_ids = diff_ids
-        self.placed, self.tar_size = layout.place(layout.members(index.images))
+        self.placed, self.tar_size = layout.place(layout.members(index.images, index.legacy_names))
         self.expected = {p.member.name: p for p in self.placed}
         self.diff: Dict[Digest, Set[Digest]] = {}
         for image in index.images:
