@@ -57,12 +57,18 @@ def emit_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
 
+MAX_PROBLEMS_SHOWN = 20  # a crafted bundle.json can make tens of thousands: --json lists them all
+
+
 def _failed(message: str, hint: Optional[str], code: int, problems=()) -> None:
-    """The one place a failure is printed: `error:` (+ each problem, + `hint:`) on stderr, and with
-    --json a JSON document on stdout unless the verb printed its own (verify's failed report)."""
+    """The one place a failure is printed: `error:` (+ the first problems, + `hint:`) on stderr, and
+    with --json a JSON document on stdout unless the verb printed its own (verify's failed report)."""
     click.echo(f"error: {message}", err=True)
-    for problem in problems:
+    problems = list(problems)
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         click.echo(f"  - {problem}", err=True)
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        click.echo(f"  - and {len(problems) - MAX_PROBLEMS_SHOWN} more (--json lists every one)", err=True)
     if hint:
         click.echo(f"hint: {hint}", err=True)
     if _STATE["json"] and not _STATE["json_printed"]:
@@ -92,7 +98,7 @@ class _UsageError(click.UsageError):
 # rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, sign"
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, sign, self-install, self-update"
 
 
 class _Verbs(click.Group):
@@ -217,8 +223,8 @@ def _signed_offline_line(bundle_dir) -> str:
     d = shlex.quote(str(bundle_dir))
     pyz = (f"python3 {shlex.quote(str(bundle_dir / TOOL_PYZ))} load {d}, or: "
            if (bundle_dir / TOOL_PYZ).is_file() else "")
-    return (f"offline side, where allowed_signers lists this key: imgtool load {d}   "
-            f"(or: {pyz}IMGTOOL_SIGNERS=FILE sh {shlex.quote(str(bundle_dir / LOAD_SH))})")
+    return (f"offline side, where allowed_signers lists this key: imgtool load {d}   (the installed imgtool; "
+            f"{pyz}sh {shlex.quote(str(bundle_dir / LOAD_SH))} check the policy too, but for damage only)")
 
 
 @cli.command()
@@ -656,8 +662,10 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
 def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
     """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
 
-    Docker never receives a byte before every part and blob checked out (it checks each
-    layer's diff_id itself).
+    Every part's sha256, every tar header and every blob's digest are checked while the parts
+    stream into Docker; the first mismatch cuts the upload short, Docker drops what it got and
+    nothing is loaded (Docker checks each layer's diff_id itself). Missing or wrong-size parts,
+    SHA256SUMS and --expect are checked before Docker is sent anything.
     """
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
@@ -883,7 +891,7 @@ def diff_cmd(old, new, as_json):
 @cli.command("self-bundle")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="imgtool.pyz", show_default=True,
               help="Where to write the zipapp.")
-@click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
+@json_option("build")
 @common
 def self_bundle(output, as_json):
     """Build imgtool.pyz: imgtool and its pure-Python dependencies in one file (`python3 imgtool.pyz ...`).
@@ -907,6 +915,61 @@ def self_bundle(output, as_json):
                f"{tool.size // 1024} KiB, sha256 {tool.sha256}")
     click.echo("  " + ", ".join(f"{k} {v}" for k, v in tool.packages.items() if k != "imgtool"))
     click.echo(f"run it: python3 {tool.path} load BUNDLE_DIR")
+
+
+@cli.command("self-install")
+@click.option("--prefix", default="/usr/local", show_default=True, metavar="DIR", type=click.Path(file_okay=False),
+              help="Install into DIR/lib/imgtool/imgtool.pyz and DIR/bin/imgtool.")
+@json_option("result")
+@common
+def self_install(prefix, as_json):
+    """Install this imgtool.pyz as the host's own imgtool, the copy that checks every later bundle.
+
+    First check the file with this host's sha256sum against the value published out of band (fetch
+    prints `imgtool.pyz sha256: ...`): nothing inside a bundle can make that check for itself. Then
+    `python3 imgtool.pyz self-install` copies it to PREFIX/lib/imgtool/ and writes PREFIX/bin/imgtool,
+    a launcher for this python3 (3.7+). A bundle's own load.sh and imgtool.pyz protect only against
+    damage; the installed copy also against an edited bundle. Update it with `imgtool self-update DIR`.
+    """
+    import shutil
+    from pathlib import Path
+
+    from .install import self_install as install
+
+    done = install(Path(prefix).expanduser())
+    if as_json:
+        emit_json(done.to_json())
+        return
+    click.echo(f"installed imgtool {done.version}: {done.launcher} runs {done.pyz} with {done.python}")
+    click.echo(f"imgtool.pyz sha256: {done.sha256}")
+    found = shutil.which("imgtool")
+    if found is None or Path(found).resolve() != Path(str(done.launcher)).resolve():
+        progress().warn(f"{Path(str(done.launcher)).parent} is not first on PATH here"
+                        + (f" ({found} is found first)" if found else "") + f": run {done.launcher}")
+    click.echo("check every bundle with it: imgtool verify DIR && imgtool load DIR   "
+               "(update it only with: imgtool self-update DIR)")
+
+
+@cli.command("self-update")
+@click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--expect", metavar="SHA256", help="The sha256 of the bundle's bundle.json, published with the release.")
+@signers_option
+@json_option("result")
+@common
+def self_update(bundle_dir, expect, signers, as_json):
+    """Replace the installed imgtool with the imgtool.pyz of bundle DIR, once this copy verified DIR.
+
+    DIR's bundle.json must be signed by a key the site's allowed_signers lists, or match --expect;
+    its imgtool.pyz must match what that bundle.json records. Otherwise exit 3, nothing replaced.
+    """
+    from .install import self_update as update
+
+    _bundle_usage(bundle_dir, expect)
+    done = update(bundle_dir, expect=expect, signers=signers)
+    if as_json:
+        emit_json(done.to_json())
+        return
+    click.echo(f"updated imgtool {done.previous} -> {done.version}: {done.pyz} (sha256 {done.sha256})")
 
 
 def main(argv=None) -> None:

@@ -7,7 +7,9 @@ one, a signature present must still be good (it is checked and reported, its sig
 """
 
 import os
+import re
 import shlex
+import time
 from pathlib import Path
 from typing import Callable, List, Mapping, NamedTuple, Optional
 
@@ -105,6 +107,56 @@ def principals_for(text: str, public_key: str) -> List[str]:
     return out
 
 
+_OPTION = re.compile(r'(namespaces|valid-before|valid-after)=(?:"([^"]*)"|([^,\s]*))', re.IGNORECASE)
+
+
+def _ssh_time(value: str) -> Optional[float]:
+    """An allowed_signers time (YYYYMMDD[HHMM[SS]], local unless it ends in Z) as epoch seconds."""
+    utc = value.upper().endswith("Z")
+    digits = value.rstrip("Zz")
+    formats = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
+    if len(digits) not in formats or not digits.isdigit():
+        return None
+    try:
+        parsed = time.strptime(digits, formats[len(digits)])
+    except ValueError:
+        return None
+    import calendar
+
+    return float(calendar.timegm(parsed)) if utc else time.mktime(parsed)
+
+
+def restrictions(text: str, public_key: str, namespace: str, now: float) -> List[str]:
+    """Why the lines that list `public_key` do not allow it to sign in `namespace` at `now`: each
+    option that refuses it, as written (`namespaces="git"`, `valid-before="20200101"`)."""
+    key_type, _, blob = public_key.partition(" ")
+    out: List[str] = []
+    for raw in text.splitlines():
+        tokens = raw.split()
+        if key_type not in tokens or blob not in tokens or raw.lstrip().startswith("#"):
+            continue
+        head = raw[:raw.index(key_type)]
+        for m in _OPTION.finditer(head):
+            name, value = m.group(1).lower(), m.group(2) if m.group(2) is not None else m.group(3)
+            written = f'{name}="{value}"'
+            if name == "namespaces" and namespace not in [v.strip() for v in value.split(",")]:
+                out.append(f"{written} does not include {namespace}")
+            elif name == "valid-before":
+                t = _ssh_time(value)
+                if t is not None and now >= t:
+                    out.append(f"{written} has passed")
+            elif name == "valid-after":
+                t = _ssh_time(value)
+                if t is not None and now < t:
+                    out.append(f"{written} is still ahead")
+    return list(dict.fromkeys(out))
+
+
+def is_pattern(principal: str) -> bool:
+    """An allowed_signers principal that is a pattern (`*@site`), not a name."""
+    return any(c in principal for c in "*?")
+
+
 def all_principals(text: str) -> List[str]:
     """Every name an allowed_signers text lists (for keys signed by a listed cert-authority)."""
     out: List[str] = []
@@ -141,6 +193,9 @@ def judge(policy: Optional[Policy], found: Finding) -> Verdict:
         return Verdict(False, state, f"signed by {signer} (good signature; no allowed_signers policy here, "
                                      "so who signed was not checked)", signer=signer, policy=policy)
     if state == TRUSTED:
+        if found.principal and is_pattern(found.principal):  # a pattern is no one's name: name the key
+            return Verdict(False, state, f"signed by {signer}, allowed by {policy.path} (as {found.principal})",
+                           signer=signer, principal=found.principal, policy=policy)
         return Verdict(False, state, f"signed by {found.principal} ({signer}), allowed by {policy.path}",
                        signer=signer, principal=found.principal, policy=policy)
     if state == UNSIGNED:
@@ -150,8 +205,8 @@ def judge(policy: Optional[Policy], found: Finding) -> Verdict:
         return refuse(f"cannot check {SIGNATURE}: ssh-keygen not found, and {policy} requires a signature",
                       "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen")
     if state == NOT_ALLOWED:
-        return refuse(f"signed by {signer}, listed in {policy} but not allowed to sign imgtool bundles "
-                      "(its namespaces= or valid-after/valid-before options)",
+        why = found.detail or "its namespaces= or valid-after/valid-before options"
+        return refuse(f"signed by {signer}, listed in {policy} but not allowed to sign imgtool bundles: {why}",
                       f"check that key's line in {policy.path}")
     return refuse(f"signed by a key not in {policy}: {signer}",
                   f"if that key is your release engineer's, add its public key to {policy.path} "

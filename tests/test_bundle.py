@@ -432,7 +432,7 @@ def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
                          capture_output=True, text=True, env=_env(services))
     assert cat.returncode != 0 and "archive/tar: invalid tar header" in cat.stderr, cat.stderr
     r = imgtool("load", str(out), docker_host=services.docker_host)
-    assert r.returncode == 1
+    assert r.returncode == 5  # as load.sh: docs/reliability.md, "Exit codes"
     assert r.stderr.splitlines() == [
         f"error: Docker {server} cannot read zstd-compressed layers ({REPO}:zl): that needs Docker 23.0 or later "
         "(older ones fail with `invalid tar header`, vllm-ascend FAQ 19); nothing was loaded",

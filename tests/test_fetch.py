@@ -277,11 +277,18 @@ def test_offline_command_pastes_into_a_shell(services, factory, mirrored, tmp_pa
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     sha = hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
-    line = r.stdout.splitlines()[-1]
-    assert line == (
-        f"offline side: imgtool verify {shlex.quote(str(out))} --expect {sha} && imgtool load {shlex.quote(str(out))}"
-        f"   (or: python3 {shlex.quote(str(out / 'imgtool.pyz'))} load {shlex.quote(str(out))}, "
-        f"or: sh {shlex.quote(str(out / 'load.sh'))})")
+    tool = hashlib.sha256((out / "imgtool.pyz").read_bytes()).hexdigest()
+    pyz, d = shlex.quote(str(out / "imgtool.pyz")), shlex.quote(str(out))
+    assert r.stdout.splitlines()[-5:] == [
+        f"bundle.json sha256: {sha}",
+        f"imgtool.pyz sha256: {tool}   (publish both out of band: a host checks the tool with sha256sum before it "
+        "installs it)",
+        f"offline side: imgtool verify {d} --expect {sha} && imgtool load {d}   (the host's installed imgtool: it "
+        "refuses an edited bundle)",
+        f"first time on a host: sha256sum {pyz} (the value above), then: python3 {pyz} self-install",
+        f"without an installed imgtool: python3 {pyz} load {d}, or: sh {shlex.quote(str(out / 'load.sh'))}   "
+        "(damage only: an edited bundle brings its own checker)"]
+    line = r.stdout.splitlines()[-3]
     assert (shlex.quote(str(out)) != str(out)) == quoted
     # pasted into a shell, the verify half runs on the right directory
     verify = line[len("offline side: "):line.index(" && ")]

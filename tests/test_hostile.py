@@ -44,9 +44,14 @@ def errors(r):
 @pytest.mark.parametrize("verb", ["verify", "load", "diff", "sign"])
 def test_a_fifo_as_bundle_json_is_refused_without_waiting(verb, bundle, services, tmp_path):
     fifo_in_place_of(bundle / "bundle.json")
+    if verb == "sign":
+        import subprocess
+
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True,
+                       timeout=60)
     args = {"verify": ("verify", str(bundle)), "load": ("load", str(bundle)),
             "diff": ("diff", str(bundle), str(bundle)),
-            "sign": ("sign", str(bundle), "--key", str(tmp_path / "no-key"))}[verb]
+            "sign": ("sign", str(bundle), "--key", str(tmp_path / "key"))}[verb]
     r = run(*args, docker_host=services.docker_host)
     assert r.returncode == 3, r.stderr
     assert errors(r) == ["error: bundle.json is not a regular file (a FIFO)",
@@ -179,3 +184,211 @@ def test_the_pyz_loading_a_zstd_bundle_without_zstandard_ends(services, factory,
         "hint: install it (pip install zstandard, or the system's python3-zstandard package), "
         "or run `sh load.sh` on a host with the zstd command"]
     assert docker_cli.image_ids() == before
+
+
+# --- one exit code per refusal, imgtool and load.sh alike (docs/reliability.md, "Exit codes") ----------------
+
+def _exit_table():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "reliability.md").read_text()
+    section = text.split("## Exit codes: imgtool and load.sh agree", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[1].isdigit():
+            rows[cells[0]] = (int(cells[1]), int(cells[2]))
+    return rows
+
+
+def _load_sh(out, docker_host, env=None):
+    import subprocess
+
+    e = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(out.parent / "home"), "LANG": "C.UTF-8",
+         "DOCKER": f"docker -H {docker_host}", **(env or {})}
+    return subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, env=e, timeout=HANG)
+
+
+def test_imgtool_and_load_sh_exit_as_this_table_says(services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
+    import hashlib
+    import shutil
+    import subprocess
+
+    from tests.support.bundles import parts_of
+    from tests.test_delta import _mirrors
+
+    table = _exit_table()
+    assert len(table) == 8, table
+    arch = host_arch()
+    out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    docker_cleanup.image(ref, *docker_cli.ids_of(image))
+    pristine = {p.name: p.read_bytes() for p in out.iterdir()}
+    home = tmp_path / "home"
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for who in ("release", "stranger"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys / who)],
+                       check=True, timeout=60)
+
+    def restore():
+        for p in list(out.iterdir()):
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()
+            else:
+                p.unlink()
+        for name, data in pristine.items():
+            (out / name).write_bytes(data)
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir()
+
+    def sign(key):
+        r = imgtool("sign", str(out), "--key", str(keys / key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""})
+        assert r.returncode == 0, r.stderr
+
+    def damaged():
+        part = parts_of(out)[0]
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 1
+        part.write_bytes(bytes(data))
+
+    def fifo_part():
+        part = parts_of(out)[-1]
+        part.unlink()
+        os.mkfifo(part)
+
+    def short_part():
+        part = parts_of(out)[-1]
+        part.write_bytes(part.read_bytes()[:-1])
+
+    def edited_after_signing():
+        sign("release")
+        (out / "bundle.json").write_bytes((out / "bundle.json").read_bytes() + b"\n")
+        sums = (out / "SHA256SUMS").read_text().splitlines()
+        new = hashlib.sha256((out / "bundle.json").read_bytes()).hexdigest()
+        (out / "SHA256SUMS").write_text("\n".join(f"{new}  bundle.json" if s.endswith("  bundle.json") else s
+                                                  for s in sums) + "\n")
+
+    def stranger():
+        sign("stranger")
+        policy = home / ".config" / "imgtool" / "allowed_signers"
+        policy.parent.mkdir(parents=True)
+        policy.write_text(f"release {(keys / 'release.pub').read_text().split(' ')[0]} "
+                          f"{(keys / 'release.pub').read_text().split(' ')[1]}\n")
+
+    cases = {
+        "a part damaged (sha256 differs)": (damaged, {}),
+        "a part that is not a regular file (FIFO, `/dev/zero` link)": (fifo_part, {}),
+        "a part of the wrong size": (short_part, {}),
+        "bundle.json edited after signing (no policy)": (edited_after_signing, {}),
+        "a stranger's signature under `~/.config/imgtool/allowed_signers`": (stranger, {}),
+        "`IMGTOOL_SIGNERS` names a missing file": (lambda: None, {"IMGTOOL_SIGNERS": str(tmp_path / "gone")}),
+    }
+    for row, (spoil, env) in cases.items():
+        restore()
+        spoil()
+        before = docker_cli.image_ids()
+        full_env = {"HOME": str(home), "IMGTOOL_SIGNERS": "", **env}
+        r = imgtool("load", str(out), env=full_env, docker_host=services.docker_host, timeout=HANG)
+        sh = _load_sh(out, services.docker_host, {k: v for k, v in env.items()})
+        assert (r.returncode, sh.returncode) == table[row], (row, r.stderr, sh.stderr)
+        assert docker_cli.image_ids() == before, row
+
+    # a delta bundle whose base this Docker lacks
+    restore()
+    base = factory.layers(1)
+    old = factory.image(arch, layers=1, base=base)
+    new = factory.image(arch, layers=1, base=base)
+    (tmp_path / "m1").mkdir()
+    (tmp_path / "m2").mkdir()
+    ms = mirrored(factory.index([old]), tag="v1", targets=("upstream",))
+    mirrored(factory.index([new]), tag="v2", targets=("upstream",))
+    cfg = _mirrors(tmp_path / "m1", services, ms)
+    docker_cleanup.image(*docker_cli.ids_of(old), *docker_cli.ids_of(new))
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"format": "imgtool-inventory", "version": 1, "images": [
+        {"id": old.config_digest, "tags": [], "diff_ids": old.diff_ids}]}))
+    delta = tmp_path / "delta"
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "--have", str(inv), "-o", str(delta),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    r = imgtool("load", str(delta), docker_host=services.docker_host)
+    sh = _load_sh(delta, services.docker_host)
+    assert (r.returncode, sh.returncode) == table["a delta bundle whose base Docker lacks"], (r.stderr, sh.stderr)
+
+    # zstd layers on Docker 20.10
+    d20 = services.on("20.10").docker_host
+    zimg = factory.image(arch, layers=1)
+    zs = mirrored(factory.index([factory.zstd_twin(zimg)]), tag="z1", targets=("upstream",))
+    zcfg = _mirrors(tmp_path / "m2", services, zs)
+    zout = tmp_path / "zstd"
+    r = imgtool("fetch", "--no-tool", "z1", "--layers", "as-is", "--mirrors", str(zcfg), "-o", str(zout),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    r = imgtool("load", str(zout), docker_host=d20)
+    sh = _load_sh(zout, d20)
+    assert (r.returncode, sh.returncode) == table["zstd layers on Docker older than 23.0"], (r.stderr, sh.stderr)
+
+
+def test_load_sh_and_imgtool_find_the_same_policy_files(services, factory, mirrored, tmp_path, docker_cli):
+    """~/.config/imgtool/allowed_signers and /etc/imgtool/allowed_signers (the latter in a mount
+    namespace of the test's own, /etc overlaid, so the machine's /etc is never written): a stranger's
+    signature is refused by imgtool, the pyz and load.sh alike."""
+    import subprocess
+
+    out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for who in ("release", "stranger"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys / who)],
+                       check=True, timeout=60)
+    r = imgtool("sign", str(out), "--key", str(keys / "stranger"), env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""})
+    assert r.returncode == 0, r.stderr
+    release = (keys / "release.pub").read_text().split()
+    policy_line = f"release@example.com {release[0]} {release[1]}\n"
+    home = tmp_path / "home"
+    user = home / ".config" / "imgtool" / "allowed_signers"
+    user.parent.mkdir(parents=True)
+    user.write_text(policy_line)
+    upper, work = tmp_path / "etc-upper", tmp_path / "etc-work"
+    (upper / "imgtool").mkdir(parents=True)
+    work.mkdir()
+    (upper / "imgtool" / "allowed_signers").write_text(policy_line)
+    overlay = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               f'mount -t overlay overlay -o lowerdir=/etc,upperdir={upper},workdir={work} /etc && exec "$@"', "sh"]
+    before = docker_cli.image_ids()
+    base_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "DOCKER": f"docker -H {services.docker_host}",
+                "DOCKER_HOST": services.docker_host, "IMGTOOL_CACHE": str(tmp_path / "cache")}
+    from tests.test_selfbundle import old_python
+
+    for where, home_dir, wrap in (("user", home, []), ("site", tmp_path / "nohome", overlay)):
+        env = {**base_env, "HOME": str(home_dir)}
+        for what, cmd in (("load.sh", ["sh", "load.sh"]),
+                          ("imgtool", [os.sys.executable, "-m", "imgtool", "load", "."]),
+                          ("pyz", [*old_python("3.7"), "imgtool.pyz", "load", "."])):
+            r = subprocess.run([*wrap, *cmd], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+            assert r.returncode == 3, (where, what, r.stderr)
+            assert "signed by a key not in" in r.stderr, (where, what, r.stderr)
+            policy = str(user) if where == "user" else "/etc/imgtool/allowed_signers"
+            assert policy in r.stderr, (where, what, r.stderr)
+    assert docker_cli.image_ids() == before
+
+
+def test_sixty_thousand_problems_print_twenty_and_a_count(bundle):
+    """A bundle.json with 60,000 bogus layers: the error names 20 problems and how many more; --json
+    lists every one (it used to be a 60,007-line error)."""
+    import hashlib
+
+    doc = json.loads((bundle / "bundle.json").read_text())
+    image = doc["images"][0]
+    for i in range(60_000):
+        fake = hashlib.sha256(b"bogus %d" % i).hexdigest()
+        image["layers"].append(dict(image["layers"][0], digest=f"sha256:{fake}",
+                                    diff_id=f"sha256:{hashlib.sha256(fake.encode()).hexdigest()}"))
+    (bundle / "bundle.json").write_text(json.dumps(doc))
+    every = run("verify", str(bundle), "--json")
+    assert every.returncode == 3
+    n = len(json.loads(every.stdout)["problems"])
+    assert n >= 60_000
+    r = run("verify", str(bundle))
+    assert r.returncode == 3
+    listed = [line for line in r.stderr.splitlines() if line.startswith("  - ")]
+    assert len(listed) == 21
+    assert listed[-1] == f"  - and {n - 20} more (--json lists every one)"

@@ -276,15 +276,29 @@ def test_a_bad_signature_is_refused_even_without_a_policy(bundle, keys, tmp_path
         "hint: copy bundle.json.sig again from the source medium, or sign the bundle again"]
 
 
-def test_a_key_listed_for_other_namespaces_only_is_refused(bundle, keys, tmp_path):
+@pytest.mark.parametrize("options, why", [
+    ('namespaces="git"', 'namespaces="git" does not include imgtool-bundle'),
+    ('valid-before="20200101"', 'valid-before="20200101" has passed'),
+    ('valid-after="20990101Z"', 'valid-after="20990101Z" is still ahead'),
+])
+def test_a_key_listed_but_restricted_is_refused_naming_the_option(options, why, bundle, keys, tmp_path):
     out, _ = bundle
     sign(out, keys.release, tmp_path)
-    signers = keys.signers(keys.line("release@example.com", keys.release, 'namespaces="git"'), name="git-only")
+    signers = keys.signers(keys.line("release@example.com", keys.release, options), name="restricted")
     r = imgtool("verify", str(out), "--signers", str(signers), env=env_for(tmp_path))
     assert r.returncode == 3
     assert err_lines(r)[0] == (f"error: bundle failed verification: {out}: signed by {keys.fingerprint(keys.release)}, "
-                               f"listed in {signers} but not allowed to sign imgtool bundles "
-                               "(its namespaces= or valid-after/valid-before options)")
+                               f"listed in {signers} but not allowed to sign imgtool bundles: {why}")
+
+
+def test_a_pattern_principal_is_not_shown_as_the_signers_name(bundle, keys, tmp_path):
+    out, _ = bundle
+    sign(out, keys.release, tmp_path)
+    signers = keys.signers(keys.line("*@example.com", keys.release), name="pattern")
+    r = imgtool("verify", str(out), "--signers", str(signers), env=env_for(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == (f"signature: signed by {keys.fingerprint(keys.release)}, allowed by {signers} "
+                                         "(as *@example.com)")
 
 
 def test_without_ssh_keygen_a_policy_refuses_and_no_policy_warns(bundle, keys, tmp_path):
@@ -462,17 +476,18 @@ def test_fetch_signs_and_kylins_python_and_load_sh_refuse_what_imgtool_refuses(s
     who = keys.fingerprint(keys.release)
     assert r.stdout.splitlines()[-2:] == [
         f"signed: {out}/bundle.json.sig by {who}",
-        f"offline side, where allowed_signers lists this key: imgtool load {out}   "
-        f"(or: python3 {out}/imgtool.pyz load {out}, or: IMGTOOL_SIGNERS=FILE sh {out}/load.sh)"]
+        f"offline side, where allowed_signers lists this key: imgtool load {out}   (the installed imgtool; "
+        f"python3 {out}/imgtool.pyz load {out}, or: sh {out}/load.sh check the policy too, but for damage only)"]
     signers = keys.signers(keys.line("release@example.com", keys.release), name="kylin")
     pristine = {p.name: p.read_bytes() for p in out.iterdir()}
     label = f"{signers} ($IMGTOOL_SIGNERS)"
 
     help_ = subprocess.run(["sh", "load.sh", "--help"], cwd=out, capture_output=True, text=True, timeout=60).stdout
-    assert "with IMGTOOL_SIGNERS=FILE (an OpenSSH allowed_signers file)" in help_
-    assert "设置 IMGTOOL_SIGNERS=文件（OpenSSH allowed_signers 格式）时" in help_
+    assert "This script protects against DAMAGE only: whoever can edit the bundle can edit" in help_
+    assert "本脚本只能防范损坏：能改动镜像包的人也能改动 load.sh（和 imgtool.pyz）。" in help_
     readme = (out / "README.txt").read_text()
-    assert "IMGTOOL_SIGNERS=FILE sh load.sh" in readme and "IMGTOOL_SIGNERS=文件 sh load.sh" in readme
+    assert "  2. Install that copy: sudo python3 imgtool.pyz self-install" in readme.splitlines()
+    assert "  2. 安装这份副本：sudo python3 imgtool.pyz self-install" in readme.splitlines()
 
     ok = run_37(python, "imgtool.pyz", "verify", ".", cwd=out, signers=signers)
     assert ok.returncode == 0, ok.stderr
@@ -577,8 +592,8 @@ def test_fetch_from_a_spec_and_export_sign_too(services, factory, mirrored, keys
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:] == [
         f"signed: {exported}/bundle.json.sig by {who}",
-        f"offline side, where allowed_signers lists this key: imgtool load {exported}   "
-        f"(or: IMGTOOL_SIGNERS=FILE sh {exported}/load.sh)"]  # --no-tool: no pyz to name
+        f"offline side, where allowed_signers lists this key: imgtool load {exported}   (the installed imgtool; "
+        f"sh {exported}/load.sh check the policy too, but for damage only)"]  # --no-tool: no pyz to name
     ok = imgtool("verify", str(exported), "--signers", str(signers), env=env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"

@@ -123,7 +123,7 @@ class PartsStream:
 
     A missing, short or long part raises VerifyError. A part whose sha256 differs from
     bundle.json either raises before the read that ends the part returns (strict: used while
-    streaming into Docker, so Docker never receives a complete archive with a bad part), or is
+    streaming into Docker: the upload is cut there, so Docker never gets a complete archive with a bad part), or is
     recorded in `bad` (to report every bad part in one pass).
     """
 
@@ -320,7 +320,7 @@ class BlobReader:
             raise UsageError(f"{bundle_dir} is a {index.archive.compression}-compressed bundle: its blobs cannot be "
                              "read in place", hint="fetch the bundle without --compress to push it")
         self.dir, self.index = Path(bundle_dir), index
-        placed, _ = layout.place(layout.members(index.images))
+        placed, _ = layout.place(layout.members(index.images, index.legacy_names))
         self.placed = {p.member.digest: p for p in placed if p.member.kind != "meta"}
         self.map = PartMap(index)
 

@@ -8,6 +8,7 @@ written. `verify` and `load` call `enforce` first, before any part is read or Do
 
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
@@ -118,7 +119,10 @@ def examine(bundle_dir: Path, raw: bytes, policy: Optional[trust.Policy]) -> tru
                 return trust.Finding(trust.TRUSTED, signer, principal=principal)
     except SshKeygenMissing:
         return trust.Finding(trust.NO_SSH_KEYGEN, signer)
-    return trust.Finding(trust.NOT_ALLOWED if listed else trust.UNKNOWN_SIGNER, signer)
+    if listed:
+        why = trust.restrictions(text, envelope.public_key, sshsig.NAMESPACE, time.time())
+        return trust.Finding(trust.NOT_ALLOWED, signer, detail="; ".join(why) or None)
+    return trust.Finding(trust.UNKNOWN_SIGNER, signer)
 
 
 def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doing: str = "verify",
@@ -129,8 +133,9 @@ def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doin
     policy = trust.find_policy(signers, os.environ if env is None else env, home)
     verdict = trust.judge(policy, examine(bundle_dir, raw, policy))
     if verdict.refuse:
-        head = f"refusing to load {bundle_dir}" if doing == "load" else f"bundle failed verification: {bundle_dir}"
-        tail = "; nothing was loaded" if doing == "load" else ""
+        head = {"load": f"refusing to load {bundle_dir}", "update": f"refusing to update imgtool from {bundle_dir}"
+                }.get(doing, f"bundle failed verification: {bundle_dir}")
+        tail = {"load": "; nothing was loaded", "update": "; nothing was updated"}.get(doing, "")
         raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state,
                              signer=verdict.signer)
     return verdict

@@ -17,6 +17,7 @@ ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with i
 def load_sh(index: BundleIndex) -> bytes:
     """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load."""
     parts = " ".join(f"'{p.name}'" for p in index.parts)  # names are [A-Za-z0-9._+-] only
+    sizes = "\n".join(f"check_size '{p.name}' {p.size}" for p in index.parts)
     decompress = _DECOMPRESS[index.archive.compression]
     tool = decompress.split()[0] if decompress else ""
     refs = "\n".join(f"#   {im.ref} ({im.platform})" for im in index.images)
@@ -41,18 +42,26 @@ usage: sh load.sh [--help]
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part), then streams the parts in order into `docker load`.
 Set DOCKER to run docker another way, e.g.  DOCKER="sudo docker" sh load.sh
-Signed bundles: with IMGTOOL_SIGNERS=FILE (an OpenSSH allowed_signers file), it
-first checks bundle.json.sig with `ssh-keygen -Y verify` and every file against
-the signed bundle.json, and refuses (exit 3) an unsigned bundle, a bad signature,
-or a key not listed in FILE:  IMGTOOL_SIGNERS=/etc/imgtool/allowed_signers sh load.sh
+Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
+~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
+finds it) it checks bundle.json.sig with `ssh-keygen -Y verify` and every file
+against the signed bundle.json, and refuses (exit 3) an unsigned bundle, a bad
+signature, or a key not listed; without a policy a present signature must still
+be good.
+This script protects against DAMAGE only: whoever can edit the bundle can edit
+load.sh (and imgtool.pyz) too. Against an edited bundle, load it with the host's
+installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
 
 {_ways(index, "en")}
 
 用法: sh load.sh
 先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入 docker load。
-签名的镜像包：设置 IMGTOOL_SIGNERS=文件（OpenSSH allowed_signers 格式）时，先用 `ssh-keygen -Y verify`
-校验 bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名、签名无效或签名密钥不在该文件中时
-拒绝导入（退出码 3）：IMGTOOL_SIGNERS=/etc/imgtool/allowed_signers sh load.sh
+签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
+~/.config/imgtool/allowed_signers、/etc/imgtool/allowed_signers），先用 `ssh-keygen -Y verify` 校验
+bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名、签名无效或签名密钥不在文件中时拒绝导入
+（退出码 3）；没有策略时，已有的签名也必须有效。
+本脚本只能防范损坏：能改动镜像包的人也能改动 load.sh（和 imgtool.pyz）。要防范被改动的镜像包，
+请用主机上安装好的 imgtool 导入（见 README.txt “谁来校验镜像包”）：imgtool load .
 
 {_ways(index, "zh")}
 EOF
@@ -65,10 +74,49 @@ case "${{1:-}}" in
 esac
 
 here=$(dirname "$0")
+# The allowed_signers policy, found as imgtool finds it: $IMGTOOL_SIGNERS, then the user's
+# ~/.config/imgtool/allowed_signers, then the site's /etc/imgtool/allowed_signers.
 signers=${{IMGTOOL_SIGNERS:-}}
-case "$signers" in ''|/*) ;; *) signers="$(pwd)/$signers" ;; esac
+if [ -n "$signers" ]; then
+    case "$signers" in /*) ;; *) signers="$(pwd)/$signers" ;; esac
+    if [ ! -f "$signers" ]; then
+        echo "load.sh: error: \\$IMGTOOL_SIGNERS $signers: no such file" >&2
+        echo "load.sh: an OpenSSH allowed_signers file: one line per key, NAME KEYTYPE BASE64" >&2
+        exit 2
+    fi
+elif [ -n "${{HOME:-}}" ] && [ -f "$HOME/.config/imgtool/allowed_signers" ]; then
+    signers="$HOME/.config/imgtool/allowed_signers"
+elif [ -f /etc/imgtool/allowed_signers ]; then
+    signers=/etc/imgtool/allowed_signers
+fi
 cd "$here" || exit 1
 DOCKER=${{DOCKER:-docker}}
+
+# Nothing is read that is not a regular file: a FIFO, or a link to /dev/zero, would be read forever.
+not_regular() {{
+    echo "load.sh: error: $1 is not a regular file; re-copy it from the source medium; nothing was loaded" >&2
+    exit 3
+}}
+for f in {BUNDLE_JSON} {SHA256SUMS} {SIGNATURE}; do
+    if [ -e "$f" ] || [ -L "$f" ]; then [ -f "$f" ] || not_regular "$f"; fi
+done
+check_size() {{
+    if [ -e "$1" ] || [ -L "$1" ]; then
+        [ -f "$1" ] || not_regular "$1"
+        size=$(ls -lnL -- "$1" | awk '{{ print $5 }}')
+        if [ "$size" != "$2" ]; then
+            echo "load.sh: error: $1 is $size bytes, {BUNDLE_JSON} says $2; re-copy it from the source medium; nothing was loaded" >&2
+            exit 3
+        fi
+    fi
+}}
+{sizes}
+if [ -f {SHA256SUMS} ]; then
+    while read -r sum name; do
+        name=${{name#\\*}}
+        if [ -e "$name" ] || [ -L "$name" ]; then [ -f "$name" ] || not_regular "$name"; fi
+    done <{SHA256SUMS}
+fi
 {_signature_check()}
 if command -v sha256sum >/dev/null 2>&1; then
     echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
@@ -96,16 +144,30 @@ fi
 
 
 _SIGNATURE_CHECK = r"""
-# Signed bundles: with IMGTOOL_SIGNERS=FILE (OpenSSH allowed_signers), bundle.json must carry a good
-# signature by a key listed there, and every file must match the signed bundle.json (SHA256SUMS is
-# not signed, so it is not trusted for this).
+# Signed bundles: under an allowed_signers policy, bundle.json must carry a good signature by a key
+# listed there; without one, a signature that is there must still be good (as imgtool checks it). A
+# good signature makes every file answer to the signed bundle.json (SHA256SUMS is not signed).
+refuse() {
+    echo "load.sh: error: $1; nothing was loaded" >&2
+    [ -z "${2:-}" ] || echo "load.sh: $2" >&2
+    exit 3
+}
+signed=""
+if [ -z "$signers" ] && [ -f @SIG@ ]; then
+    if command -v ssh-keygen >/dev/null 2>&1; then
+        if ! found=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>/dev/null); then
+            why=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>&1 >/dev/null | tr -d '\r' | tail -n 1)
+            refuse "bad signature: @SIG@ does not match @JSON@ or is not an imgtool bundle signature (ssh-keygen: $why)" \
+                "copy @JSON@ and @SIG@ again from the source medium"
+        fi
+        echo "load.sh: @JSON@ is signed by $(printf '%s\n' "$found" | sed 's/.* with //') (good signature; no allowed_signers policy here, so who signed was not checked)" >&2
+        signed=1
+    else
+        echo "load.sh: warning: @SIG@ was not checked: ssh-keygen not found (no allowed_signers policy here, so this is not a refusal)" >&2
+    fi
+fi
 if [ -n "$signers" ]; then
-    refuse() {
-        echo "load.sh: error: $1; nothing was loaded" >&2
-        [ -z "${2:-}" ] || echo "load.sh: $2" >&2
-        exit 3
-    }
-    [ -r "$signers" ] || refuse "IMGTOOL_SIGNERS=$signers cannot be read"
+    [ -r "$signers" ] || refuse "$signers cannot be read"
     command -v ssh-keygen >/dev/null 2>&1 || \
         refuse "cannot check @SIG@: ssh-keygen not found, and $signers requires a signature" \
             "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen"
@@ -140,6 +202,9 @@ if [ -n "$signers" ]; then
             "copy @JSON@ and @SIG@ again from the source medium"
     fi
     echo "load.sh: @JSON@ is signed by $signer ($signers)" >&2
+    signed=1
+fi
+if [ -n "$signed" ]; then
     command -v sha256sum >/dev/null 2>&1 || refuse "sha256sum not found: cannot check the files against the signed @JSON@"
     sums=$(awk '/^  "(parts|files)": \[/ { s = 1; next } /^  []]/ { s = 0 }
         s && /"name": "/ { n = $2; gsub(/[",]/, "", n) }
@@ -169,20 +234,24 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
         pyz = f"任何 python3 3.7+，无需安装（本目录中的 {TOOL_PYZ}）" if has_tool(index) else \
             "本镜像包未附带（打包时用了 --no-tool）；`imgtool self-bundle` 可单独生成"
         lines = ["三种导入方式（在本目录中执行）：",
-                 "  imgtool load .               已安装 imgtool 时",
-                 f"  python3 {TOOL_PYZ} load .   " + pyz,
-                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker",
-                 "前两种会边导入边校验每个分卷和 blob，任何一项不符时 Docker 不保留任何内容。"]
+                 "  imgtool load .               主机上安装好的 imgtool：能拒绝被改动的镜像包",
+                 f"  python3 {TOOL_PYZ} load .   " + pyz + "：只防损坏",
+                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker：只防损坏",
+                 "前两种边送入 Docker 边校验每个分卷和 blob，遇到第一处不符即中断上传，Docker 不保留任何内容。",
+                 f"镜像包自带的 load.sh 和 {TOOL_PYZ} 可以和镜像包一起被改动：它们只能发现损坏，发现不了改动。"]
         if has_tool(index):
             lines.append(f"python3 3.7+ 上 {TOOL_PYZ} 还可 verify、run-flags、run，以及 push 到站内镜像仓库；fetch 需要 3.9+。")
     else:
         pyz = f"any python3 3.7+, nothing to install ({TOOL_PYZ} is in this directory)" if has_tool(index) else \
             "not in this bundle (made with --no-tool); `imgtool self-bundle` writes one"
         lines = ["Three ways to load it (run them in this directory):",
-                 "  imgtool load .               with imgtool installed",
-                 f"  python3 {TOOL_PYZ} load .   " + pyz,
-                 "  sh load.sh                   needs only sh, sha256sum, cat and docker",
-                 "The first two check every part and blob as they load; on any mismatch Docker keeps nothing."]
+                 "  imgtool load .               the host's installed imgtool: refuses an edited bundle",
+                 f"  python3 {TOOL_PYZ} load .   " + pyz + ": damage only",
+                 "  sh load.sh                   needs only sh, sha256sum, cat and docker: damage only",
+                 "The first two check every part and blob while they stream them into Docker and cut the",
+                 "upload at the first mismatch: Docker keeps nothing.",
+                 f"The bundle's own load.sh and {TOOL_PYZ} can be edited along with the bundle: they find",
+                 "damage, not an edit."]
         if has_tool(index):
             lines.append(f"On python3 3.7+ {TOOL_PYZ} also verifies, prints run flags, runs, and pushes to a site "
                          "registry; fetch needs 3.9+.")
@@ -275,7 +344,7 @@ def _base_check(index: BundleIndex) -> str:
         what = describe_requirements([names]).replace("'", "").replace('"', "")
         checks.append(f"""has_one_of {quoted} || {{
     echo "load.sh: error: this is a delta bundle and Docker lacks {what}; load that image (its bundle) first" >&2
-    exit 4
+    exit 1
 }}""")
     body = "\n".join(checks)
     return f"""
@@ -354,6 +423,19 @@ Carry it
   Copy the whole directory. Parts may travel on different media; put them all back
   into one directory. {fat_en}
 
+Who checks the bundle
+  The bundle's own load.sh and {TOOL_PYZ} find damage (a bad copy, a short part), but
+  whoever can edit the bundle on the way can edit them too. Against an edited bundle,
+  check it with a copy of imgtool installed on this host from outside any bundle:
+  1. Once per host, with the host's own tool: sha256sum {TOOL_PYZ}
+     and compare with the imgtool.pyz sha256 published out of band (release notes;
+     `imgtool fetch` printed it). Nothing inside a bundle can make this check for itself.
+  2. Install that copy: sudo python3 {TOOL_PYZ} self-install
+     (/usr/local/bin/imgtool; without root: --prefix ~/.local)
+  3. Every bundle, with the installed copy: imgtool verify DIR --expect <bundle.json sha256>
+     (or under an allowed_signers policy, below), then imgtool load DIR
+  4. Update the installed copy only from a bundle it verified: imgtool self-update DIR
+
 Check it on the offline host
   imgtool verify DIR --expect <sha256 of bundle.json printed by `imgtool fetch`>
   or, without imgtool:  cd DIR && {verify_en}sha256sum -c {SHA256SUMS}{")" if verify_en else ""}
@@ -363,7 +445,7 @@ Signed bundles
   {SIGNATURE}, when present, is an SSH signature over {BUNDLE_JSON} (imgtool sign). A host
   with an allowed_signers file (--signers FILE, $IMGTOOL_SIGNERS, ~/.config/imgtool/allowed_signers
   or /etc/imgtool/allowed_signers) loads only bundles signed by a key listed there; `sh load.sh`
-  checks it when run as  IMGTOOL_SIGNERS=FILE sh load.sh  (it needs ssh-keygen).
+  looks for the same files and checks them too (it needs ssh-keygen), against damage only.
 
 Load it
 {_ways(index, "en", "  ")}
@@ -395,6 +477,17 @@ imgtool 离线镜像包
   请拷贝整个目录。分卷可以分别用不同介质携带，到达后放回同一个目录。
   {fat_zh}
 
+谁来校验镜像包
+  镜像包自带的 load.sh 和 {TOOL_PYZ} 能发现损坏（拷坏、分卷不全），但能在途中改动镜像包的人也能改动它们。
+  要防范被改动的镜像包，请用从镜像包之外安装到本机的 imgtool 校验：
+  1. 每台主机一次，用主机自己的工具：sha256sum {TOOL_PYZ}
+     与另行公布的 imgtool.pyz sha256 比对（发布说明；`imgtool fetch` 会打印）。镜像包里的任何东西都无法替你做这一步。
+  2. 安装这份副本：sudo python3 {TOOL_PYZ} self-install
+     （/usr/local/bin/imgtool；没有 root 时：--prefix ~/.local）
+  3. 每个镜像包都用安装好的副本：imgtool verify 目录 --expect <bundle.json 的 sha256>
+     （或在下述 allowed_signers 策略下），然后 imgtool load 目录
+  4. 只从它自己校验通过的镜像包更新安装的副本：imgtool self-update 目录
+
 在离线主机上校验
   imgtool verify 目录 --expect <imgtool fetch 输出的 bundle.json 的 sha256>
   没有 imgtool 时：cd 目录 && {verify_zh}sha256sum -c {SHA256SUMS}{"）" if verify_zh else ""}
@@ -403,8 +496,8 @@ imgtool 离线镜像包
 签名的镜像包
   如有 {SIGNATURE}，它是对 {BUNDLE_JSON} 的 SSH 签名（imgtool sign）。配置了 allowed_signers 文件
   （--signers 文件、$IMGTOOL_SIGNERS、~/.config/imgtool/allowed_signers 或 /etc/imgtool/allowed_signers）
-  的主机只导入由其中所列密钥签名的镜像包；用  IMGTOOL_SIGNERS=文件 sh load.sh  运行时 load.sh
-  也会校验（需要 ssh-keygen）。
+  的主机只导入由其中所列密钥签名的镜像包；`sh load.sh` 按同样顺序查找这些文件并同样校验
+  （需要 ssh-keygen），但只能防范损坏。
 
 导入
 {_ways(index, "zh", "  ")}

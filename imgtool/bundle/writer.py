@@ -91,6 +91,7 @@ class BundleResult:
             "dir": str(self.dir),
             "bundle_json": str(self.bundle_json),
             "bundle_json_sha256": self.bundle_json_sha256,
+            "imgtool_pyz_sha256": self.tool_sha256,
             "archive": self.archive.to_json(),
             "parts": [p.to_json() for p in self.parts],
             "images": [{"ref": im.ref, "platform": str(im.platform), "image_id": str(im.image_id),
@@ -141,13 +142,26 @@ class BundleResult:
                          f"{stats.blobs_cached} blobs from the cache; "
                          f"wrote the bundle in {self.seconds:.1f} s")
         lines.append(f"bundle.json sha256: {self.bundle_json_sha256}")
-        has_tool = any(f.name == TOOL_PYZ for f in self.files)
+        tool = self.tool_sha256
+        if tool:
+            lines.append(f"imgtool.pyz sha256: {tool}   (publish both out of band: a host checks the tool with "
+                         "sha256sum before it installs it)")
         # quoted as a shell needs (a space or 中文 in the path), so the line can be pasted as it is
         d = shlex.quote(str(self.dir))
-        pyz = f"python3 {shlex.quote(f'{self.dir}/{TOOL_PYZ}')} load {d}, or: " if has_tool else ""
-        lines.append(f"offline side: imgtool verify {d} --expect {self.bundle_json_sha256} "
-                     f"&& imgtool load {d}   (or: {pyz}sh {shlex.quote(f'{self.dir}/load.sh')})")
+        pyz = shlex.quote(f"{self.dir}/{TOOL_PYZ}")
+        lines.append(f"offline side: imgtool verify {d} --expect {self.bundle_json_sha256} && imgtool load {d}   "
+                     "(the host's installed imgtool: it refuses an edited bundle)")
+        if tool:
+            lines.append(f"first time on a host: sha256sum {pyz} (the value above), then: python3 {pyz} self-install")
+        own = f"python3 {pyz} load {d}, or: " if tool else ""
+        lines.append(f"without an installed imgtool: {own}sh {shlex.quote(f'{self.dir}/load.sh')}   "
+                     "(damage only: an edited bundle brings its own checker)")
         return "\n".join(lines)
+
+    @property
+    def tool_sha256(self) -> Optional[str]:
+        """The sha256 of the bundle's imgtool.pyz (None without one): published beside bundle.json's."""
+        return next((f.sha256 for f in self.files if f.name == TOOL_PYZ), None)
 
 
 def default_bundle_name(images: Sequence[PulledImage]) -> str:

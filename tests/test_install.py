@@ -1,0 +1,264 @@
+"""A trusted imgtool on the offline host (issue 24 item 1): `self-install`, `self-update`, and the
+README's offline procedure against every edit of a bundle the issue tried.
+
+The installed copy runs on Kylin's Python 3.7 (pyenv's, under `env -i`), as on a Kylin V10 host.
+"""
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.bundles import fetch_from_registry, imgtool, parts_of
+from tests.test_selfbundle import old_python
+
+HANG = 120
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def clean_env(home: Path, docker_host=None, **extra):
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
+           "IMGTOOL_CACHE": "/nonexistent/imgtool-cache"}
+    if docker_host:
+        env["DOCKER_HOST"] = docker_host
+    env.update(extra)
+    return env
+
+
+def run(cmd, *, cwd, env):
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG)
+
+
+def err_lines(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:", "  - "))]
+
+
+@pytest.fixture
+def fetched(services, factory, mirrored, tmp_path):
+    out, image, ref, r = fetch_from_registry(services, factory, mirrored, tmp_path)
+    return out, image, ref, r
+
+
+def install(pyz: Path, prefix: Path, home: Path):
+    return run([*old_python("3.7"), str(pyz), "self-install", "--prefix", str(prefix)], cwd=pyz.parent,
+               env=clean_env(home))
+
+
+def test_self_install_puts_the_checked_pyz_and_a_launcher_in_place(fetched, tmp_path):
+    out, _, _, fetch = fetched
+    pyz = out / "imgtool.pyz"
+    published = sha256(pyz)
+    assert f"imgtool.pyz sha256: {published}   (publish both out of band: a host checks the tool with sha256sum " \
+           "before it installs it)" in fetch.stdout.splitlines()
+    # the first contact, as README.txt says it: the host's own sha256sum against the published value
+    assert subprocess.run(["sha256sum", str(pyz)], capture_output=True, text=True,
+                          check=True).stdout.split()[0] == published
+    prefix, home = tmp_path / "prefix", tmp_path / "home"
+    home.mkdir()
+    python = old_python("3.7")[0]
+    for _ in range(2):  # again: the same result, nothing else
+        r = install(pyz, prefix, home)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("installed imgtool ") and lines[0].endswith(
+            f": {prefix}/bin/imgtool runs {prefix}/lib/imgtool/imgtool.pyz with {python}")
+        assert lines[1] == f"imgtool.pyz sha256: {published}"
+        assert f"warning: {prefix}/bin is not first on PATH here: run {prefix}/bin/imgtool" in r.stderr
+    assert sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file()) == [
+        "bin/imgtool", "lib/imgtool/imgtool.pyz"]
+    assert sha256(prefix / "lib/imgtool/imgtool.pyz") == published
+    assert os.access(prefix / "bin/imgtool", os.X_OK)
+    launcher = (prefix / "bin/imgtool").read_text()
+    assert launcher.splitlines()[-1] == f"exec {python} -I {prefix}/lib/imgtool/imgtool.pyz \"$@\""
+    # the installed copy works with nothing but the host's python3
+    ok = run([str(prefix / "bin/imgtool"), "verify", str(out)], cwd=tmp_path, env=clean_env(home))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"ok: {out}: 1 image(s)")
+
+
+def test_self_install_runs_only_from_a_pyz(tmp_path):
+    r = imgtool("self-install", "--prefix", str(tmp_path / "p"))
+    assert r.returncode == 2
+    assert err_lines(r) == [
+        "error: self-install installs imgtool.pyz, and this imgtool does not run from one",
+        "hint: run it from the bundle, after checking the file with sha256sum: python3 DIR/imgtool.pyz self-install"]
+    assert not (tmp_path / "p").exists()
+    r = imgtool("self-update", str(tmp_path))
+    assert r.returncode == 2
+    assert err_lines(r)[0].startswith("error: self-update updates an installed imgtool, and this one runs from ")
+
+
+def test_self_update_only_from_a_bundle_the_installed_copy_verified(services, factory, mirrored, tmp_path):
+    (tmp_path / "a").mkdir()
+    first, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path / "a")
+    prefix, home = tmp_path / "prefix", tmp_path / "home"
+    home.mkdir()
+    assert install(first / "imgtool.pyz", prefix, home).returncode == 0
+    (tmp_path / "b").mkdir()
+    nxt, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path / "b")
+    installed = prefix / "lib/imgtool/imgtool.pyz"
+    before = installed.read_bytes()
+    tool = [str(prefix / "bin/imgtool")]
+    expect = sha256(nxt / "bundle.json")
+
+    def update(*args):
+        return run([*tool, "self-update", str(nxt), *args], cwd=tmp_path, env=clean_env(home))
+
+    # unsigned, no policy, no --expect: nothing vouches for it
+    r = update()
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r)[0] == (f"error: refusing to update imgtool from {nxt}: nothing vouches for its bundle.json "
+                               "(not signed); nothing was updated")
+    r = update("--expect", "0" * 64)
+    assert r.returncode == 3
+    assert err_lines(r)[0] == (f"error: refusing to update imgtool from {nxt}: bundle.json does not match --expect "
+                               f"(its sha256 is {expect}); nothing was updated")
+    # the pyz edited after the bundle was made: the verified bundle.json says otherwise
+    pristine = (nxt / "imgtool.pyz").read_bytes()
+    (nxt / "imgtool.pyz").write_bytes(pristine + b"\0")
+    r = update("--expect", expect)
+    assert r.returncode == 3
+    assert err_lines(r)[0] == (f"error: refusing to update imgtool from {nxt}: imgtool.pyz does not match the "
+                               "verified bundle.json (it was changed after the bundle was made); nothing was updated")
+    assert installed.read_bytes() == before
+    (nxt / "imgtool.pyz").write_bytes(pristine)
+    r = update("--expect", expect)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("updated imgtool ") and r.stdout.rstrip().endswith(
+        f": {installed} (sha256 {sha256(nxt / 'imgtool.pyz')})")
+    assert installed.read_bytes() == pristine
+
+    # signed by a key the user's policy lists: no --expect needed
+    key = tmp_path / "release"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "release", "-f", str(key)], check=True,
+                   timeout=60)
+    assert imgtool("sign", str(nxt), "--key", str(key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""}).returncode == 0
+    policy = home / ".config/imgtool/allowed_signers"
+    policy.parent.mkdir(parents=True)
+    pub = (tmp_path / "release.pub").read_text().split()
+    policy.write_text(f"release@example.com {pub[0]} {pub[1]}\n")
+    r = update()
+    assert r.returncode == 0, r.stderr
+
+
+# --- the README's offline procedure, followed literally, against every edit the issue tried ------------
+
+
+def _replace_a_part_with_another_images(out, other):
+    mine, theirs = parts_of(out)[0], parts_of(other)[0]
+    mine.write_bytes(theirs.read_bytes())
+    _remake_sums(out)
+
+
+def _remake_sums(out):
+    lines = []
+    for line in (out / "SHA256SUMS").read_text().splitlines():
+        _, name = line.split("  ", 1)
+        lines.append(f"{sha256(out / name)}  {name}")
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+
+
+def _edit_load_sh(out, other):
+    text = (out / "load.sh").read_text()
+    assert "signers=${IMGTOOL_SIGNERS:-}" in text
+    (out / "load.sh").write_text(text.replace("signers=${IMGTOOL_SIGNERS:-}", "signers="))
+    _replace_a_part_with_another_images(out, other)
+
+
+def _edit_the_pyz(out, other):
+    (out / "imgtool.pyz").write_bytes((other / "imgtool.pyz").read_bytes() + b"# edited\n")
+    _replace_a_part_with_another_images(out, other)
+
+
+def _sign_with_a_strangers_key(out, other, stranger=None):
+    (out / "bundle.json.sig").unlink()
+    subprocess.run(["ssh-keygen", "-Y", "sign", "-q", "-f", str(stranger), "-n", "imgtool-bundle",
+                    str(out / "bundle.json")], check=True, timeout=60, capture_output=True)
+
+
+def _add_a_newline_to_bundle_json(out, other):
+    (out / "bundle.json").write_bytes((out / "bundle.json").read_bytes() + b"\n")
+    _remake_sums(out)
+
+
+def _bundle_json_a_fifo(out, other):
+    (out / "bundle.json").unlink()
+    os.mkfifo(out / "bundle.json")
+
+
+ATTACKS = {
+    "a part replaced with another image's, SHA256SUMS remade": _replace_a_part_with_another_images,
+    "load.sh edited (signers=) and a part replaced": _edit_load_sh,
+    "imgtool.pyz edited and a part replaced": _edit_the_pyz,
+    "a stranger's signature": _sign_with_a_strangers_key,
+    "bundle.json with one added newline": _add_a_newline_to_bundle_json,
+    "bundle.json a FIFO": _bundle_json_a_fifo,
+}
+
+
+def test_the_readme_procedure_refuses_every_edit(services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
+    """README.txt's steps: sha256sum the pyz against the published value, self-install, then the
+    installed copy loads every bundle under the site's policy. Each attack leaves Docker as it was."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    out, image, ref, fetch = fetch_from_registry(services, factory, mirrored, tmp_path / "a")
+    other, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path / "b")
+    docker_cleanup.image(ref, *docker_cli.ids_of(image))
+    home = tmp_path / "home"
+    keys = {}
+    for who in ("release", "stranger"):
+        keys[who] = tmp_path / who
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys[who])],
+                       check=True, timeout=60)
+    assert imgtool("sign", str(out), "--key", str(keys["release"]),
+                   env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""}).returncode == 0
+    policy = home / ".config/imgtool/allowed_signers"
+    policy.parent.mkdir(parents=True)
+    pub = (tmp_path / "release.pub").read_text().split()
+    policy.write_text(f"release@example.com {pub[0]} {pub[1]}\n")
+    pristine = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    # steps 1 and 2, once per host
+    published = next(line.split()[2] for line in fetch.stdout.splitlines() if line.startswith("imgtool.pyz sha256: "))
+    assert subprocess.run(["sha256sum", "imgtool.pyz"], cwd=out, capture_output=True, text=True,
+                          check=True).stdout.split()[0] == published
+    prefix = tmp_path / "prefix"
+    assert install(out / "imgtool.pyz", prefix, home).returncode == 0
+    tool = str(prefix / "bin/imgtool")
+    env = clean_env(home, services.docker_host)
+
+    results = {}
+    for attack, spoil in ATTACKS.items():
+        for p in list(out.iterdir()):
+            p.unlink()
+        for name, data in pristine.items():
+            (out / name).write_bytes(data)
+        if spoil is _sign_with_a_strangers_key:
+            spoil(out, other, keys["stranger"])
+        else:
+            spoil(out, other)
+        before = docker_cli.image_ids()
+        for verb in ("verify", "load"):
+            r = run([tool, verb, str(out)], cwd=tmp_path, env=env)
+            assert r.returncode == 3, (attack, verb, r.stdout, r.stderr)
+            results[(attack, verb)] = err_lines(r)[0]
+        assert docker_cli.image_ids() == before, attack
+        assert docker_cli.find(image) is None, attack
+    # what each refusal said, for docs/reliability.md ("Attacks on the offline side")
+    assert results[("bundle.json a FIFO", "load")] == "error: bundle.json is not a regular file (a FIFO)"
+    assert "signed by a key not in" in results[("a stranger's signature", "load")]
+    assert "bad signature" in results[("bundle.json with one added newline", "load")]
+
+    # and the pristine bundle loads
+    for p in list(out.iterdir()):
+        p.unlink()
+    for name, data in pristine.items():
+        (out / name).write_bytes(data)
+    r = run([tool, "load", str(out)], cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.holds(ref, image)
