@@ -35,9 +35,15 @@ class SideImage:
     # every ID the image has in some Docker: a bundle's config digest (graphdriver stores) and the
     # manifest digest the containerd image store gives it once loaded; an inventory's one ID
     ids: Tuple[str, ...] = ()
+    containerd_id: str = ""  # a bundle's image: the ID the containerd image store gives it once loaded
 
     def same_image(self, other: "SideImage") -> bool:
         return bool(set(self.ids or (self.image_id,)) & set(other.ids or (other.image_id,)))
+
+    def shown_id(self, against: "Side") -> str:
+        """The ID to print when compared with `against`: a bundle's image as the inventory's Docker would
+        name it (the containerd store's manifest digest), so both IDs of a row are alike."""
+        return self.containerd_id if against.containerd_store and self.containerd_id else self.image_id
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class Side:
     path: str
     kind: str  # bundle | inventory
     images: Tuple[SideImage, ...]
+    containerd_store: bool = False  # an inventory of a Docker with the containerd image store
 
     def describe(self) -> str:
         plats = sorted({im.platform for im in self.images})
@@ -80,7 +87,7 @@ def read_side(path: str) -> Side:
             layers = tuple(SideLayer(c, d, None, None) for c, d in zip(chain_ids(im.diff_ids), im.diff_ids))
             for name in im.tags or (im.id,):
                 images.append(SideImage(name, im.platform, im.id, layers))
-        return Side(path, "inventory", tuple(images))
+        return Side(path, "inventory", tuple(images), inv.containerd_store)
     if kind == FORMAT_NAME:
         return _from_bundle(path, BundleIndex.from_bytes(data))
     raise UsageError(f"{path} is neither a bundle ({BUNDLE_JSON} or its directory) nor an imgtool inventory")
@@ -94,7 +101,8 @@ def _from_bundle(path: str, index) -> Side:
         chains = chain_ids([x.diff_id for x in im.layers])
         layers = tuple(SideLayer(c, x.diff_id, x.digest, x.size) for c, x in zip(chains, im.layers))
         ids = tuple(dict.fromkeys(str(docker_image_id(im, store)) for store in (False, True)))
-        images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids))
+        images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids,
+                                str(docker_image_id(im, True))))
     return Side(path, "bundle", tuple(images))
 
 
@@ -196,11 +204,11 @@ def diff_sides(old: Side, new: Side) -> Diff:
     for key, im in new_by.items():
         was = old_by.get(key)
         if was is None:
-            rows.append(ImageRow("added", im.name, im.platform, None, im.image_id))
+            rows.append(ImageRow("added", im.name, im.platform, None, im.shown_id(old)))
         else:
             status = "unchanged" if was.same_image(im) else "changed"
-            rows.append(ImageRow(status, im.name, im.platform, was.image_id, im.image_id))
-    rows += [ImageRow("removed", im.name, im.platform, im.image_id, None)
+            rows.append(ImageRow(status, im.name, im.platform, was.shown_id(new), im.shown_id(old)))
+    rows += [ImageRow("removed", im.name, im.platform, im.shown_id(new), None)
              for key, im in old_by.items() if key not in new_by]
     old_p = sorted({im.platform for im in old.images})
     new_p = sorted({im.platform for im in new.images})

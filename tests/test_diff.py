@@ -138,3 +138,39 @@ def test_a_bundle_against_the_inventory_of_the_docker_it_was_loaded_into_is_unch
         assert [x["status"] for x in rows] == [want], (engine, rows)
         text = imgtool("diff", str(inv), str(side)).stdout.splitlines()
         assert any(line.split()[:2] == [want, ref] for line in text), text
+
+
+@pytest.mark.engines
+def test_diff_bundle_inventory_says_unchanged_with_the_ids_this_docker_shows(
+        services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
+    """`imgtool diff BUNDLE INVENTORY` after loading BUNDLE, on every engine, exact text: unchanged, with
+    the ID `docker images` shows; a changed image shows both IDs as that Docker gives them (the containerd
+    store's are manifest digests, never a config digest set against a manifest digest)."""
+    from tests.support.images import host_arch
+
+    ref = f"quay.io/{uniq}/vllm-ascend:v1"
+    image = factory.image(host_arch(), layers=2, layer_size=20_000)
+    changed = factory.image(host_arch(), layers=2, layer_size=20_000)
+    loaded = bundle(tmp_path, "loaded", [(ref, image)])
+    other = bundle(tmp_path, "other", [(ref, changed)])
+    docker_cleanup.image(ref, *docker_cli.ids_of(image))
+    env = dict(os.environ, DOCKER_HOST=services.docker_host)
+    for args in (("load", str(loaded)), ("inventory", "-o", str(tmp_path / "inv.json"))):
+        r = subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+    inv = str(tmp_path / "inv.json")
+    shown = docker_cli.inspect_image(ref)["Id"]
+    assert shown == docker_cli.bundle_id(image)
+    plat = f"linux/{host_arch()}"
+
+    def row(*args):
+        r = imgtool("diff", *args)
+        assert r.returncode == 0, r.stderr
+        return [x for x in r.stdout.splitlines() if x.startswith(("  unchanged  ", "  changed  "))]
+
+    assert row(str(loaded), inv) == [f"  unchanged  {ref}  {plat}  ID {shown[7:19]}"]
+    assert row(inv, str(loaded)) == [f"  unchanged  {ref}  {plat}  ID {shown[7:19]}"]
+    other_id = docker_cli.bundle_id(changed)[7:19]
+    assert row(str(other), inv) == [f"  changed    {ref}  {plat}  ID {other_id} -> {shown[7:19]}"]
+    assert row(inv, str(other)) == [f"  changed    {ref}  {plat}  ID {shown[7:19]} -> {other_id}"]
