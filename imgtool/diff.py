@@ -100,7 +100,13 @@ def _from_bundle(path: str, index) -> Side:
     for im in index.images:
         chains = chain_ids([x.diff_id for x in im.layers])
         layers = tuple(SideLayer(c, x.diff_id, x.digest, x.size) for c, x in zip(chains, im.layers))
-        ids = tuple(dict.fromkeys(str(docker_image_id(im, store)) for store in (False, True)))
+        # the IDs some Docker gives it: the config digest (graphdriver stores); in the containerd image store
+        # the manifest digest it was imported by (loaded: the one index.json names; pulled: the registry's
+        # manifest, upstream's before fetch rewrote layers, or upstream's index for this platform)
+        upstream = (im.upstream or {}).get("manifest_digest")
+        pulled = (im.manifest_digest, upstream, im.index_digest)
+        ids = tuple(dict.fromkeys([str(docker_image_id(im, store)) for store in (False, True)]
+                                  + [str(x) for x in pulled if x]))
         images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids,
                                 str(docker_image_id(im, True))))
     return Side(path, "bundle", tuple(images))
@@ -207,7 +213,10 @@ def diff_sides(old: Side, new: Side) -> Diff:
             rows.append(ImageRow("added", im.name, im.platform, None, im.shown_id(old)))
         else:
             status = "unchanged" if was.same_image(im) else "changed"
-            rows.append(ImageRow(status, im.name, im.platform, was.shown_id(new), im.shown_id(old)))
+            old_id, new_id = was.shown_id(new), im.shown_id(old)
+            if status == "unchanged" and "inventory" in (old.kind, new.kind):  # as that Docker names it
+                old_id = new_id = was.image_id if old.kind == "inventory" else im.image_id
+            rows.append(ImageRow(status, im.name, im.platform, old_id, new_id))
     rows += [ImageRow("removed", im.name, im.platform, im.shown_id(new), None)
              for key, im in old_by.items() if key not in new_by]
     old_p = sorted({im.platform for im in old.images})

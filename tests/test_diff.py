@@ -174,3 +174,30 @@ def test_diff_bundle_inventory_says_unchanged_with_the_ids_this_docker_shows(
     other_id = docker_cli.bundle_id(changed)[7:19]
     assert row(str(other), inv) == [f"  changed    {ref}  {plat}  ID {other_id} -> {shown[7:19]}"]
     assert row(inv, str(other)) == [f"  changed    {ref}  {plat}  ID {shown[7:19]} -> {other_id}"]
+
+
+@pytest.mark.engines
+def test_an_image_docker_pulled_from_the_pushed_bundle_is_unchanged(
+        services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
+    """`imgtool push` to a site registry, `docker pull` there (the containerd store then names the image by
+    the registry's manifest digest, not the OCI twin a load gives it): the bundle still diffs unchanged."""
+    from tests.support.images import host_arch
+
+    ref = f"quay.io/{uniq}/vllm-ascend:v1"
+    image = factory.image(host_arch(), layers=2, layer_size=20_000)
+    pushed = bundle(tmp_path, "pushed", [(ref, image)])
+    pulled = f"{services.plain}/{uniq}/{uniq}/vllm-ascend:v1"
+    docker_cleanup.image(ref, pulled, *docker_cli.ids_of(image))
+    r = imgtool("push", str(pushed), "--to", f"{services.plain}/{uniq}", "--insecure")
+    assert r.returncode == 0, r.stderr
+    docker_cli("pull", pulled)
+    docker_cli("tag", pulled, ref)
+    r = subprocess.run([sys.executable, "-m", "imgtool", "inventory", "-o", str(tmp_path / "inv.json")],
+                       capture_output=True, text=True, env=dict(os.environ, DOCKER_HOST=services.docker_host),
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    shown = docker_cli.inspect_image(ref)["Id"]
+    r = imgtool("diff", str(pushed), str(tmp_path / "inv.json"))
+    rows = [x.split() for x in r.stdout.splitlines() if x.startswith(("  unchanged  ", "  changed  ", "  added  "))]
+    assert rows == [["added", pulled, f"linux/{host_arch()}", "ID", shown[7:19]],
+                    ["unchanged", ref, f"linux/{host_arch()}", "ID", shown[7:19]]], r.stdout

@@ -147,3 +147,27 @@ def test_a_bundle_of_format_version_1_still_verifies_and_loads(services, factory
     r = imgtool("load", str(tmp_path / "old"), docker_host=services.docker_host)
     assert r.returncode == 0, r.stderr
     assert docker_cli.holds(ref, mine)
+
+
+@pytest.mark.engines
+def test_diff_of_the_bundle_against_a_docker_that_pulled_the_tag_upstream_is_unchanged(
+        services, two_arch, docker_cli, docker_cleanup, tmp_path):
+    """A Docker that pulled the multi-arch tag from the registry (the containerd store names it by the
+    index digest bundle.json records) holds the same image for its platform: diff says unchanged."""
+    out, idx, ref = two_arch
+    mine = idx.image(host_arch())
+    pulled = services.plain + "/" + ref.split("/", 1)[1]
+    docker_cleanup.image(ref, pulled, *docker_cli.ids_of(mine), idx.manifest_digest)
+    docker_cli("pull", pulled)
+    docker_cli("tag", pulled, ref)
+    inv = tmp_path / "inv.json"
+    r = imgtool("inventory", "-o", str(inv), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    shown = docker_cli.inspect_image(ref)["Id"]
+    assert shown in (mine.config_digest, idx.manifest_digest)
+    for args in ((str(out), str(inv)), (str(inv), str(out))):
+        r = imgtool("diff", *args)
+        assert r.returncode == 0, r.stderr
+        rows = [x.split() for x in r.stdout.splitlines() if x.startswith("  ") and ref in x.split()[1:2]]
+        mine_row = [x for x in rows if x[2] == f"linux/{host_arch()}"]
+        assert mine_row == [["unchanged", ref, f"linux/{host_arch()}", "ID", shown[7:19]]], r.stdout
