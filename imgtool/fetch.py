@@ -161,9 +161,10 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     check_space(images, store, output, skip, opts.layers, opts.compress, tool)
     pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
-    # the layers kept as served are checked against their diff_ids while the bundle is written
-    check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
-    try:
+    check = None
+    try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
+        # the layers kept as served are checked against their diff_ids while the bundle is written
+        check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
         if any(transcode.changes(im, opts.layers, skip) for im in images):
             # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
             # each as soon as its blob is downloaded; a gzip image (compat) never comes here
@@ -178,7 +179,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         pull.cancel()  # finished layers and partial ones stay in the cache for the next run
         raise
     finally:
-        check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
+        if check is not None:
+            check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
     stats = pull.finish()
     signed = signature.sign_written(output, opts.sign_key) if opts.sign_key else None
     return FetchResult(images, stats, result, signed)

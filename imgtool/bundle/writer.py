@@ -263,19 +263,19 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     plan = plan_bundle(Path(out_dir), images, have, chunk_size=chunk_size, compress=compress)
     check_output_dir(plan.out_dir, force)
     warnings = _prepare_dir(plan.out_dir, force)
-    sink = _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single)
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
     try:
-        _stream_archive(plan, sink, blob_path, verified, progress)
-        if before_seal is not None:
-            before_seal()
-        parts, archive = _seal_archive(plan, sink, written)
-        index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
-                            base=_delta_base(plan.images, base))
-        index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
-        doc_sha = _write_index(plan.out_dir, index, written)
+        # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
+        with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single) as sink:
+            _stream_archive(plan, sink, blob_path, verified, progress)
+            if before_seal is not None:
+                before_seal()
+            parts, archive = _seal_archive(plan, sink, written)
+            index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
+                                base=_delta_base(plan.images, base))
+            index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
+            doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
-        sink.abort()
         for path in written:
             _unlink(path)
         if isinstance(e, OSError):
@@ -536,6 +536,13 @@ class _PartSink:
             self._close_part(self.file)
         self.syncer.shutdown()
         return list(self.parts), self.archive_hex if self.single else self.archive.result()
+
+    def __enter__(self) -> "_PartSink":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
 
     def abort(self) -> None:
         """On any failure: end both background threads, close and remove the parts written."""
