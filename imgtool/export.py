@@ -303,5 +303,6 @@ def export(opts: ExportOptions, progress: Progress) -> ExportResult:
     result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
                                  force=opts.force, progress=progress,
                                  extra_files=bundle_tool(progress) if opts.tool else {})
-    signed = signature.sign_written(out, opts.sign_key) if opts.sign_key else None
+    signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+        else None
     return ExportResult(images, result, signed)

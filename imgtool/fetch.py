@@ -182,7 +182,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
         if check is not None:
             check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
     stats = pull.finish()
-    signed = signature.sign_written(output, opts.sign_key) if opts.sign_key else None
+    signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+        else None
     return FetchResult(images, stats, result, signed)
 
 

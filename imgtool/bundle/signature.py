@@ -79,11 +79,14 @@ def sign_bundle(bundle_dir: Path, key: str, checked: Optional[str] = None) -> Si
     return Signed(bundle_dir / SIGNATURE, sshsig.parse_signature(signature).key_name)
 
 
-def sign_written(bundle_dir: Path, key: str) -> Signed:
-    """sign_bundle for fetch and export, right after the writer finished: a failure says the bundle is
-    complete but unsigned, and how to sign it; raises what sign_bundle raises."""
+def sign_written(bundle_dir: Path, key: str, written: str) -> Signed:
+    """sign_bundle for fetch and export, right after the writer finished: `written` is the sha256 of
+    the bundle.json the writer wrote (it hashed every part and checked every blob as it wrote them, so
+    the bundle is not read again: `imgtool sign`'s check would double the cost for nothing), and only
+    that bundle.json is signed. A failure says the bundle is complete but unsigned, and how to sign
+    it; raises what sign_bundle raises."""
     try:
-        return sign_bundle(bundle_dir, key)
+        return sign_bundle(bundle_dir, key, checked=written)
     except ImgtoolError as e:
         e.message = f"the bundle {bundle_dir} is complete but not signed: {e.message}"
         e.hint = f"{e.hint + '; then ' if e.hint else ''}sign it: imgtool sign {bundle_dir} --key {key}"
