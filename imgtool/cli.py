@@ -987,9 +987,8 @@ def main(argv=None) -> None:
         _failed(text, hint, EXIT_USAGE)
     except click.exceptions.Abort:
         _failed("aborted", None, 130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code if e.exit_code is not None else EXIT_USAGE)
+    except click.ClickException as e:  # not a usage error (click.FileError...): still the one printer
+        _failed(e.format_message(), None, e.exit_code if e.exit_code is not None else EXIT_USAGE)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
