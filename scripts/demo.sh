@@ -9,6 +9,8 @@ ROOT="$PWD"
 
 DEMO_DIR="${DEMO_DIR:-/tmp/imgtool-demo}"
 export IMGTOOL_SERVICES_DIR="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-demo-svc}"
+# the demo loads into Docker: the containerd and Podman runtimes of the tests are not started
+export IMGTOOL_SERVICES_RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-}"
 VENV="${IMGTOOL_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 VENV="$(cd "$VENV" && pwd)"

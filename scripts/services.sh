@@ -18,6 +18,16 @@
 #                     ($IMGTOOL_DEBS_CACHE, default ~/.cache/imgtool-test/trixie), never installed
 #   26.1-containerd   the same dockerd with the containerd image store (containerd-snapshotter),
 #                     what a fresh Docker 29 uses
+# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all three; `env` prints
+# IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
+#   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
+#                     its own config, root, state and socket, the CRI plugin on (no CNI: no pods)
+#   containerd-1.7    Debian 13's containerd, unpacked with the 26.1 .debs, the same way
+#   podman-4.3        Debian 12's podman (apt); no daemon: DIR holds storage.conf and containers.conf
+#                     (private graphroot/runroot, cgroupfs, no network) and bin/podman, a wrapper
+#                     that runs podman in a private mount namespace with DIR/varlib over
+#                     /var/lib/containers, so its blob-info cache is not the machine's. Tests put
+#                     DIR/bin first in PATH and set CONTAINERS_STORAGE_CONF / CONTAINERS_CONF.
 # Each dockerd is private and leaves the host alone: its own socket, data root, exec root, config
 # file and containerd (dockerd starts a containerd under --exec-root when not given --containerd);
 # no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore have no bridge
@@ -32,6 +42,7 @@ DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
 # (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
 ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd}"
+RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 podman-4.3}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 
 say() { printf 'services: %s\n' "$*" >&2; }
@@ -41,7 +52,7 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_ENGINES,IMGTOOL_DEBS_CACHE \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
@@ -73,6 +84,9 @@ curl curl
 ca-certificates -
 busybox-static -
 openssh-client ssh-keygen
+containerd ctr
+podman podman
+util-linux unshare
 EOF
     [ "${#missing[@]}" -eq 0 ] && return 0
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
@@ -118,7 +132,7 @@ our_shims() {
         [ -r "$p/cmdline" ] || continue
         local cmd
         cmd="$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null || true)"
-        if [[ "$cmd" == *containerd-shim* && "$cmd" == *"$S/"*"containerd/containerd.sock"* ]]; then
+        if [[ "$cmd" == *containerd-shim* && "$cmd" == *"$S/"*"containerd.sock"* ]]; then
             echo "${p#/proc/}"
         fi
     done
@@ -182,6 +196,15 @@ down() {
             case "$name" in containerd-*) stop_pid "$name" "$pid" 10 ;; esac
         done <"$S/pids"
     fi
+    # containers of our own containerds (their runc state is under the state dir, see
+    # write_containerd_config) and of podman (its runroot): delete what is left
+    for root in "$S"/c1*/runc/* "$S"/podman/run/runc; do
+        [ -d "$root" ] && command -v runc >/dev/null || continue
+        for id in $(runc --root "$root" list -q 2>/dev/null); do
+            say "removing leftover container $id"
+            runc --root "$root" delete -f "$id" >/dev/null 2>&1 || true
+        done
+    done
     # containers a dockerd failed to stop (only if it was killed): remove them with runc directly
     local id root
     for root in "$S"/*/exec/runtime-runc/moby; do
@@ -213,8 +236,17 @@ all_running() {
         pid_is_ours "$pid" || return 1
         n=$((n + 1))
     done <"$S/pids"
-    [ "$n" -ge $((4 + 2 * $(wc -w <<<"$ENGINES"))) ] || return 1
+    [ "$n" -ge $((4 + 2 * $(wc -w <<<"$ENGINES") + $(containerd_count))) ] || return 1
     [ "$(cat "$S/engines" 2>/dev/null)" = "$ENGINES" ] || return 1
+    [ "$(cat "$S/runtimes" 2>/dev/null)" = "$RUNTIMES" ] || return 1
+    local runtime
+    for runtime in $RUNTIMES; do
+        case "$runtime" in
+        containerd-*)
+            "$(runtime_bin "$runtime")/ctr" --address "$(runtime_dir "$runtime")/containerd.sock" \
+                --timeout 2s version >/dev/null 2>&1 || return 1 ;;
+        esac
+    done
     local engine
     for engine in $ENGINES; do
         curl -fsS --max-time 2 --unix-socket "$(engine_dir "$engine")/docker.sock" http://docker/_ping \
@@ -446,6 +478,160 @@ wait_dockerd() { # ENGINE
     echo "containerd-$engine $cpid" >>"$S/pids"
 }
 
+# ---------------------------------------------------------------------------------------------
+# containerd and Podman, the runtimes of nodes without Docker
+
+runtime_dir() { # RUNTIME -> its directory under the state dir
+    case "$1" in
+    containerd-1.6) echo "$S/c16" ;;
+    containerd-1.7) echo "$S/c17" ;;
+    podman-4.3) echo "$S/podman" ;;
+    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 podman-4.3)" ;;
+    esac
+}
+
+runtime_bin() { # RUNTIME -> the directory of its binaries
+    case "$1" in
+    containerd-1.7) echo "$DEBS_CACHE/root/usr/bin" ;;
+    containerd-*) echo /usr/bin ;;
+    *) echo /usr/bin ;;
+    esac
+}
+
+containerd_count() {
+    local runtime n=0
+    for runtime in $RUNTIMES; do
+        case "$runtime" in containerd-*) n=$((n + 1)) ;; esac
+    done
+    echo "$n"
+}
+
+# A node's containerd, private: every path it writes under its directory, nothing under /run,
+# /var/lib or /opt. runc's state goes under it too (the CRI runtime's Root; `ctr run` gets
+# --runc-root in the tests), so `down` can find containers left behind.
+write_containerd_config() { # RUNTIME
+    local dir
+    dir="$(runtime_dir "$1")"
+    mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$dir/runc" "$dir/cni/bin" "$dir/cni/conf"
+    cat >"$dir/config.toml" <<EOF
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    Root = "$dir/runc/k8s.io"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$dir/cni/bin"
+    conf_dir = "$dir/cni/conf"
+EOF
+}
+
+start_containerd() { # RUNTIME
+    local runtime="$1" dir bin
+    dir="$(runtime_dir "$runtime")"
+    bin="$(runtime_bin "$runtime")"
+    write_containerd_config "$runtime"
+    PATH="$bin:$PATH" setsid "$bin/containerd" --config "$dir/config.toml" \
+        </dev/null >"$dir/containerd.log" 2>&1 &
+    echo "$runtime $!" >>"$S/pids"
+}
+
+wait_containerd() { # RUNTIME
+    local runtime="$1" dir bin pid i version
+    dir="$(runtime_dir "$runtime")"
+    bin="$(runtime_bin "$runtime")"
+    pid="$(awk -v n="$runtime" '$1 == n { print $2 }' "$S/pids")"
+    for ((i = 0; i < 300; i++)); do
+        version="$("$bin/ctr" --address "$dir/containerd.sock" --timeout 2s version 2>/dev/null |
+            awk '/^Server:/ { s = 1 } s && $1 == "Version:" { print $2; exit }')" && [ -n "$version" ] && break
+        if ! pid_is_ours "$pid"; then
+            log_tail "$dir/containerd.log"
+            die "containerd $runtime exited during start-up"
+        fi
+        sleep 0.1
+    done
+    if [ -z "$version" ]; then
+        log_tail "$dir/containerd.log"
+        die "containerd $runtime did not answer on $dir/containerd.sock within 30s"
+    fi
+    case "$version" in "${runtime#containerd-}".*) ;; *) die "runtime $runtime answers as containerd $version" ;; esac
+    "$bin/ctr" --address "$dir/containerd.sock" plugins ls 2>/dev/null |
+        awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" && $4 == "ok" { found = 1 } END { exit !found }' || {
+        log_tail "$dir/containerd.log"
+        die "containerd $runtime is up without its CRI plugin"
+    }
+}
+
+# Podman has no daemon: its private configuration and a wrapper are all there is to start.
+setup_podman() {
+    local dir
+    dir="$(runtime_dir podman-4.3)"
+    mkdir -p "$dir/storage" "$dir/run" "$dir/tmp" "$dir/varlib" "$dir/bin" "$dir/volumes" "$dir/libpod" \
+        "$dir/networks"
+    cat >"$dir/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$dir/storage"
+runroot = "$dir/run"
+EOF
+    # the sandboxes this suite runs in cannot raise RLIMIT_NOFILE/NPROC to podman's defaults
+    cat >"$dir/containers.conf" <<EOF
+[containers]
+netns = "none"
+default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$dir/events.log"
+tmp_dir = "$dir/tmp"
+volume_path = "$dir/volumes"
+static_dir = "$dir/libpod"
+[network]
+network_config_dir = "$dir/networks"
+EOF
+    cat >"$dir/bin/podman" <<EOF
+#!/bin/sh
+# podman in a mount namespace of its own, $dir/varlib over /var/lib/containers (scripts/services.sh)
+exec unshare --mount --propagation private sh -c \
+    'mount --bind "\$0" /var/lib/containers && exec /usr/bin/podman "\$@"' "$dir/varlib" "\$@"
+EOF
+    chmod 755 "$dir/bin/podman"
+    [ -d /var/lib/containers ] || mkdir -p /var/lib/containers
+    local version
+    version="$(CONTAINERS_STORAGE_CONF="$dir/storage.conf" CONTAINERS_CONF="$dir/containers.conf" \
+        "$dir/bin/podman" version --format '{{.Client.Version}}' 2>"$dir/podman.log")" || {
+        log_tail "$dir/podman.log"
+        die "podman version failed with the private configuration in $dir"
+    }
+    case "$version" in 4.3.*) ;; *) die "podman-4.3 is podman $version here" ;; esac
+}
+
+runtime_vars() { # the IMGTOOL_TEST_CONTAINERDS and IMGTOOL_TEST_PODMAN values
+    local runtime out=() podman=""
+    for runtime in $RUNTIMES; do
+        case "$runtime" in
+        containerd-*) out+=("${runtime#containerd-}=$(runtime_dir "$runtime")/containerd.sock") ;;
+        podman-*) podman="$(runtime_dir "$runtime")" ;;
+        esac
+    done
+    printf '%s\n%s\n' "${out[*]}" "$podman"
+}
+
 write_env() {
     local v
     {
@@ -454,6 +640,8 @@ write_env() {
             "IMGTOOL_TEST_DOCKER_HOST=unix://$(engine_dir "${ENGINES%% *}")/docker.sock" \
             "IMGTOOL_TEST_ENGINES=$(engine_list)" \
             "IMGTOOL_TEST_DOCKER_NETWORK=$DOCKER_NETWORK" \
+            "IMGTOOL_TEST_CONTAINERDS=$(runtime_vars | sed -n 1p)" \
+            "IMGTOOL_TEST_PODMAN=$(runtime_vars | sed -n 2p)" \
             "IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:$PORT_plain" \
             "IMGTOOL_TEST_REGISTRY_MIRROR=127.0.0.1:$PORT_mirror" \
             "IMGTOOL_TEST_REGISTRY_TLS=127.0.0.1:$PORT_tls" \
@@ -501,18 +689,27 @@ up() {
         engine_dir "$engine" >/dev/null  # dies on an unknown name
         [ -z "$(engine_root "$engine")" ] || ensure_trixie_docker
     done
+    local runtime
+    for runtime in $RUNTIMES; do
+        runtime_dir "$runtime" >/dev/null
+        [ "$runtime" != containerd-1.7 ] || ensure_trixie_docker
+    done
     local t0=$SECONDS
     mkdir -p "$S"
     chmod 755 "$S"
     : >"$S/.imgtool-services"
     : >"$S/pids"
     echo "$ENGINES" >"$S/engines"
+    echo "$RUNTIMES" >"$S/runtimes"
     # if anything below fails, leave nothing running
     trap on_up_exit EXIT
 
     read -r PORT_plain PORT_mirror PORT_tls PORT_token TOKEN_PORT <<<"$(free_ports 5)"
     make_certs
     for engine in $ENGINES; do start_dockerd "$engine"; done
+    for runtime in $RUNTIMES; do
+        case "$runtime" in containerd-*) start_containerd "$runtime" ;; podman-*) setup_podman ;; esac
+    done
     local name
     for name in $REGISTRIES; do
         eval "write_registry_config $name \$PORT_$name"
@@ -523,12 +720,16 @@ up() {
     wait_registry tls "127.0.0.1:$PORT_tls" https 401
     wait_registry token "127.0.0.1:$PORT_token" http 401
     for engine in $ENGINES; do wait_dockerd "$engine"; done
+    for runtime in $RUNTIMES; do
+        case "$runtime" in containerd-*) wait_containerd "$runtime" ;; esac
+    done
     write_env
     if [ -n "$OWNER" ]; then
         chown -R "$OWNER" "$S/tls" "$S/token" "$S/env.sh"
     fi
     trap - EXIT
-    say "up in $((SECONDS - t0))s: dockerd $(engine_list), registries plain=$PORT_plain" \
+    say "up in $((SECONDS - t0))s: dockerd $(engine_list), runtimes ${RUNTIMES:-none}," \
+        "registries plain=$PORT_plain" \
         "mirror=$PORT_mirror tls=$PORT_tls token=$PORT_token (issuer port $TOKEN_PORT)"
 }
 

@@ -131,6 +131,66 @@ def test_docker_run_with_shm_size_in_the_test_network_mode(services, factory, un
     assert fields[-1] == "/dev/shm" and fields[1] == str(256 * 1024)
 
 
+# -- the runtimes of nodes without Docker: containerd (Kubernetes) and Podman ------------------------
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_private_containerd_imports_unpacks_and_runs_like_a_node(version, services, factory, uniq, tmp_path):
+    """Each private containerd is a node's: the CRI plugin marks what is imported into k8s.io as
+    the kubelet's, the image unpacks into the default snapshotter, and a container runs from it
+    with runc's state under the services dir."""
+    sock = services.containerd(version)
+    image = factory.image(layers=1, layer_size=50_000, runnable=True)
+    name = f"example.test/{uniq}/node:v1"
+    archive = write_docker_archive(image, tmp_path / "image.tar", name)
+
+    def ctr(*args, check=True):
+        return subprocess.run(["ctr", "--address", sock, "-n", "k8s.io", *args], capture_output=True,
+                              text=True, timeout=120, check=check)
+
+    server = subprocess.run(["ctr", "--address", sock, "version"], capture_output=True, text=True,
+                            timeout=30, check=True).stdout
+    assert f"Version:  {version}." in server.split("Server:", 1)[1]
+    try:
+        ctr("images", "import", archive)
+        listed = [line.split() for line in ctr("images", "ls").stdout.splitlines()[1:]]
+        row = next(r for r in listed if r[0] == name)
+        assert row[-1] == "io.cri-containerd.image=managed"
+        out = ctr("run", "--rm", "--runc-root", os.path.join(os.path.dirname(sock), "runc", "k8s.io"),
+                  name, f"t{uniq}", "echo", "ran-on-containerd").stdout
+        assert out.strip() == "ran-on-containerd"
+    finally:
+        ctr("images", "rm", name, check=False)
+
+
+def test_private_podman_loads_and_runs_in_its_own_storage(services, factory, uniq, tmp_path):
+    """The private podman keeps its images under the services dir, never in the machine's
+    /var/lib/containers (its blob-info cache included), and runs a container."""
+    env = services.podman_env()
+    image = factory.image(layers=1, layer_size=50_000, runnable=True)
+    name = f"example.test/{uniq}/pod:v1"
+    archive = write_docker_archive(image, tmp_path / "image.tar", name)
+    machine_cache = "/var/lib/containers/cache/blob-info-cache-v1.boltdb"
+    before = os.stat(machine_cache).st_mtime_ns if os.path.exists(machine_cache) else None
+
+    def podman(*args, check=True):
+        return subprocess.run(["podman", *args], env=env, capture_output=True, text=True, timeout=120,
+                              check=check)
+
+    assert podman("info", "--format", "{{.Store.GraphRoot}}").stdout.strip() == \
+        os.path.join(services.podman, "storage")
+    try:
+        assert f"Loaded image: {name}" in podman("load", "-i", archive).stdout
+        assert podman("image", "inspect", name, "--format", "{{.Id}}").stdout.strip() == \
+            image.config_digest.split(":", 1)[1]
+        out = podman("run", "--rm", name, "echo", "ran-on-podman").stdout
+        assert out.strip() == "ran-on-podman"
+    finally:
+        podman("rmi", "-f", name, check=False)
+    after = os.stat(machine_cache).st_mtime_ns if os.path.exists(machine_cache) else None
+    assert after == before
+
+
 # -- the TLS registry (Basic auth) ----------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 import os
 import socket
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 NOT_RUNNING = (
     'test services are not running: run scripts/test.sh (or eval "$(scripts/services.sh env)")'
@@ -53,6 +53,9 @@ class Services:
     token_cert: str
     token_service: str
     token_issuer: str
+    # runtimes beside Docker (IMGTOOL_SERVICES_RUNTIMES may leave them out: then empty)
+    containerds: Tuple[Tuple[str, str], ...] = ()  # (version, socket path): 1.6, 1.7
+    podman: str = ""  # the private podman's directory (storage.conf, containers.conf, bin/podman)
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Services":
@@ -79,6 +82,9 @@ class Services:
             token_cert=v("IMGTOOL_TEST_TOKEN_CERT"),
             token_service=v("IMGTOOL_TEST_TOKEN_SERVICE"),
             token_issuer=v("IMGTOOL_TEST_TOKEN_ISSUER"),
+            containerds=tuple(tuple(item.split("=", 1))  # type: ignore
+                              for item in env.get("IMGTOOL_TEST_CONTAINERDS", "").split()),
+            podman=env.get("IMGTOOL_TEST_PODMAN", ""),
         )
 
     def on(self, engine: str) -> "Services":
@@ -88,6 +94,25 @@ class Services:
             raise ServicesNotRunning(f"engine {engine} is not running (IMGTOOL_TEST_ENGINES: "
                                      f"{', '.join(hosts) or 'none'}); scripts/test.sh starts every engine")
         return replace(self, docker_host=hosts[engine])
+
+    def containerd(self, version: str) -> str:
+        """The socket of the private containerd of this version (1.6, 1.7)."""
+        sockets = dict(self.containerds)
+        if version not in sockets:
+            raise ServicesNotRunning(f"containerd {version} is not running (IMGTOOL_TEST_CONTAINERDS: "
+                                     f"{', '.join(sockets) or 'none'}); scripts/test.sh starts every runtime")
+        return sockets[version]
+
+    def podman_env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        """`base` (os.environ by default) with the private podman first in PATH and its configuration."""
+        if not self.podman:
+            raise ServicesNotRunning("podman is not set up (IMGTOOL_TEST_PODMAN is empty); "
+                                     "scripts/test.sh sets up every runtime")
+        env = dict(os.environ if base is None else base)
+        env["PATH"] = os.path.join(self.podman, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env["CONTAINERS_STORAGE_CONF"] = os.path.join(self.podman, "storage.conf")
+        env["CONTAINERS_CONF"] = os.path.join(self.podman, "containers.conf")
+        return env
 
     @property
     def docker_socket(self) -> str:
@@ -115,13 +140,16 @@ class Services:
                 socket.create_connection((host, int(port)), timeout=2).close()
             except OSError as e:
                 dead.append(f"registry {name} at {getattr(self, name)} ({e})")
-        for engine, host in self.engines or (("docker", self.docker_host),):
+        sockets = [(f"dockerd {engine}", host[len("unix://"):])
+                   for engine, host in self.engines or (("docker", self.docker_host),)]
+        sockets += [(f"containerd {version}", path) for version, path in self.containerds]
+        for what, path in sockets:
             s = socket.socket(socket.AF_UNIX)
             try:
                 s.settimeout(2)
-                s.connect(host[len("unix://"):])
+                s.connect(path)
             except OSError as e:
-                dead.append(f"dockerd {engine} at {host} ({e})")
+                dead.append(f"{what} at {path} ({e})")
             finally:
                 s.close()
         if dead:
