@@ -62,20 +62,31 @@ class Verdict(NamedTuple):
 
 
 def find_policy(option: Optional[str], env: Mapping[str, str], home: Optional[str],
-                is_file: Callable[[Path], bool] = os.path.isfile, system: Path = SYSTEM_SIGNERS) -> Optional[Policy]:
+                is_file: Callable[[Path], bool] = os.path.isfile, system: Path = SYSTEM_SIGNERS,
+                exists: Callable[[Path], bool] = os.path.lexists) -> Optional[Policy]:
     """The allowed_signers file in force, or None; raises UsageError when --signers or $IMGTOOL_SIGNERS
-    names a file that is not there (a site that set a policy never falls back to none)."""
+    names a file that is not there, or a policy path holds something that is not a regular file (a FIFO,
+    a directory, a dangling link): a site that set a policy never falls back to none."""
+
+    def present(path: Path, origin: str) -> bool:
+        if is_file(path):
+            return True
+        if exists(path):
+            raise UsageError(f"{origin} {path} is not a regular file",
+                             hint="an OpenSSH allowed_signers file: one line per key, NAME KEYTYPE BASE64")
+        return False
+
     for value, origin in ((option, "--signers"), (env.get(SIGNERS_ENV), "$" + SIGNERS_ENV)):
         if value:
-            if not is_file(Path(value)):
+            if not present(Path(value), origin):
                 raise UsageError(f"{origin} {value}: no such file",
                                  hint="an OpenSSH allowed_signers file: one line per key, NAME KEYTYPE BASE64")
             return Policy(Path(value), origin)
     if home:
         user = Path(home) / USER_SIGNERS
-        if is_file(user):
+        if present(user, "the user's policy"):
             return Policy(user, "the user's policy")
-    if is_file(system):
+    if present(system, "the site policy"):
         return Policy(system, "the site policy")
     return None
 

@@ -122,8 +122,29 @@ def _token_issuer_server(_services):
     except OSError as e:
         pytest.fail(f"cannot start the token issuer on 127.0.0.1:{services.token_port}: {e}",
                     pytrace=False)
+    # the realm the token registry names must be answered by this issuer, not by whatever else
+    import requests
+
+    answer = requests.get(services.token_realm, params={"service": services.token_service}, timeout=10)
+    if answer.status_code != 200 or "token" not in answer.text:
+        issuer.stop()
+        pytest.fail(f"the token realm {services.token_realm} is not answered by the test's issuer: "
+                    f"HTTP {answer.status_code} {answer.text[:200]}", pytrace=False)
+    issuer.reset()
     yield issuer
     issuer.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _token_issuer_bound_first(request):
+    """The issuer binds its port when the session starts, not when the first token test runs: until it
+    does, the port services.sh reserved is free for anything to take (CI once saw Docker's 404 answer
+    the realm). Runs without services (unit tests only) skip this; tests that need them fail alone."""
+    try:
+        Services.from_env()
+    except ServicesNotRunning:
+        return
+    request.getfixturevalue("_token_issuer_server")
 
 
 @pytest.fixture

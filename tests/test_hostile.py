@@ -392,3 +392,24 @@ def test_sixty_thousand_problems_print_twenty_and_a_count(bundle):
     listed = [line for line in r.stderr.splitlines() if line.startswith("  - ")]
     assert len(listed) == 21
     assert listed[-1] == f"  - and {n - 20} more (--json lists every one)"
+
+
+def test_a_policy_file_that_is_not_a_regular_file_is_refused_not_skipped(services, factory, mirrored, tmp_path):
+    """A FIFO (or directory) where the user's allowed_signers should be: skipping it would leave the
+    site without its policy; imgtool and load.sh refuse, exit 2, without reading it."""
+    import subprocess
+
+    out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    home = tmp_path / "home"
+    policy = home / ".config" / "imgtool" / "allowed_signers"
+    policy.parent.mkdir(parents=True)
+    os.mkfifo(policy)
+    r = imgtool("verify", str(out), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""}, timeout=HANG)
+    assert r.returncode == 2, r.stderr
+    assert errors(r)[0] == f"error: the user's policy {policy} is not a regular file"
+    sh = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, timeout=HANG,
+                        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home),
+                             "DOCKER": f"docker -H {services.docker_host}"})
+    assert sh.returncode == 2, sh.stderr
+    assert f"load.sh: error: {policy} is not a regular file (an allowed_signers policy must be one)" in \
+        sh.stderr.splitlines()

@@ -84,10 +84,15 @@ if [ -n "$signers" ]; then
         echo "load.sh: an OpenSSH allowed_signers file: one line per key, NAME KEYTYPE BASE64" >&2
         exit 2
     fi
-elif [ -n "${{HOME:-}}" ] && [ -f "$HOME/.config/imgtool/allowed_signers" ]; then
-    signers="$HOME/.config/imgtool/allowed_signers"
-elif [ -f /etc/imgtool/allowed_signers ]; then
-    signers=/etc/imgtool/allowed_signers
+else
+    for f in "${{HOME:+$HOME/.config/imgtool/allowed_signers}}" /etc/imgtool/allowed_signers; do
+        [ -n "$f" ] || continue
+        if [ -f "$f" ]; then signers=$f; break; fi
+        if [ -e "$f" ] || [ -L "$f" ]; then
+            echo "load.sh: error: $f is not a regular file (an allowed_signers policy must be one)" >&2
+            exit 2
+        fi
+    done
 fi
 cd "$here" || exit 1
 DOCKER=${{DOCKER:-docker}}
