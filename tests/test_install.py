@@ -93,6 +93,18 @@ def test_self_install_runs_only_from_a_pyz(tmp_path):
     assert err_lines(r)[0].startswith("error: self-update updates an installed imgtool, and this one runs from ")
 
 
+def test_self_install_refuses_a_python_older_than_3_7(tmp_path):
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz)).returncode == 0
+    prefix, home = tmp_path / "prefix", tmp_path / "home"
+    home.mkdir()
+    r = run([*old_python("3.6"), str(pyz), "self-install", "--prefix", str(prefix)], cwd=tmp_path,
+            env=clean_env(home))
+    assert r.returncode == 1
+    assert err_lines(r)[0] == "error: imgtool.pyz needs Python 3.7 or newer; this is Python 3.6"
+    assert not prefix.exists()
+
+
 def test_self_update_only_from_a_bundle_the_installed_copy_verified(services, factory, mirrored, tmp_path):
     (tmp_path / "a").mkdir()
     first, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path / "a")
@@ -246,13 +258,33 @@ def test_the_readme_procedure_refuses_every_edit(services, factory, mirrored, tm
         for verb in ("verify", "load"):
             r = run([tool, verb, str(out)], cwd=tmp_path, env=env)
             assert r.returncode == 3, (attack, verb, r.stdout, r.stderr)
-            results[(attack, verb)] = err_lines(r)[0]
+            results[(attack, verb)] = err_lines(r)
         assert docker_cli.image_ids() == before, attack
         assert docker_cli.find(image) is None, attack
     # what each refusal said, for docs/reliability.md ("Attacks on the offline side")
-    assert results[("bundle.json a FIFO", "load")] == "error: bundle.json is not a regular file (a FIFO)"
-    assert "signed by a key not in" in results[("a stranger's signature", "load")]
-    assert "bad signature" in results[("bundle.json with one added newline", "load")]
+    def fingerprint(who):
+        return subprocess.run(["ssh-keygen", "-lf", f"{keys[who]}.pub"], capture_output=True, text=True,
+                              check=True).stdout.split()[1]
+
+    said = {what: lines[0] for what, lines in results.items()}
+    for attack, problems, extra in (("a part replaced with another image's, SHA256SUMS remade", 7, None),
+                                    ("load.sh edited (signers=) and a part replaced", 8, "load.sh"),
+                                    ("imgtool.pyz edited and a part replaced", 8, "imgtool.pyz")):
+        assert said[(attack, "verify")] == f"error: bundle failed verification: {out}: {problems} problems"
+        assert said[(attack, "load")] == f"error: refusing to load: {out}: {problems} problems; nothing was loaded"
+        if extra:  # the edited checker is named: the installed copy compares it with the signed bundle.json
+            assert any(line.startswith(f"  - {extra}") and "does not match bundle.json" in line
+                       for line in results[(attack, "load")]), results[(attack, "load")]
+    stranger = (f"signed by a key not in {policy} (the user's policy): ED25519 key {fingerprint('stranger')}")
+    assert said[("a stranger's signature", "verify")] == f"error: bundle failed verification: {out}: {stranger}"
+    assert said[("a stranger's signature", "load")] == f"error: refusing to load {out}: {stranger}; nothing was loaded"
+    bad = (f"bad signature: bundle.json.sig (by ED25519 key {fingerprint('release')}) does not match bundle.json: "
+           "bundle.json was changed after it was signed, or the signature is another bundle's")
+    assert said[("bundle.json with one added newline", "verify")] == f"error: bundle failed verification: {out}: {bad}"
+    assert said[("bundle.json with one added newline", "load")] == \
+        f"error: refusing to load {out}: {bad}; nothing was loaded"
+    for verb in ("verify", "load"):
+        assert said[("bundle.json a FIFO", verb)] == "error: bundle.json is not a regular file (a FIFO)"
 
     # and the pristine bundle loads
     for p in list(out.iterdir()):
