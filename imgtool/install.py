@@ -105,7 +105,7 @@ def self_update(bundle_dir: Path, *, expect: Optional[str] = None, signers: Opti
     bundle: a signature the site's policy allows, or bundle.json matching --expect; the pyz must match what
     bundle.json records for it. Raises UsageError, SignatureError/VerifyError (exit 3), ImgtoolError."""
     me = running_pyz()
-    if me is None or me.parent.name != LIB_DIR.name:
+    if me is None or me.parent.name != LIB_DIR.name or me.parent.parent.name != LIB_DIR.parent.name:
         where = me or Path(os.path.abspath(__file__)).parent
         raise UsageError(f"self-update updates an installed imgtool, and this one runs from {where}",
                          hint="install one first: check imgtool.pyz with sha256sum against the published value, "

@@ -294,3 +294,19 @@ def test_the_readme_procedure_refuses_every_edit(services, factory, mirrored, tm
     r = run([tool, "load", str(out)], cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert docker_cli.holds(ref, image)
+
+
+def test_self_update_never_overwrites_a_pyz_that_is_not_the_installed_one(fetched, tmp_path):
+    """A bundle directory that happens to be called `imgtool`: its pyz is not an installed copy, so
+    self-update run from it refuses instead of replacing it."""
+    out, _, _, _ = fetched
+    odd = tmp_path / "media" / "imgtool"
+    odd.mkdir(parents=True)
+    pyz = odd / "imgtool.pyz"
+    pyz.write_bytes((out / "imgtool.pyz").read_bytes())
+    home = tmp_path / "home"
+    home.mkdir()
+    r = run([*old_python("3.7"), str(pyz), "self-update", str(out), "--expect", sha256(out / "bundle.json")],
+            cwd=tmp_path, env=clean_env(home))
+    assert r.returncode == 2, r.stderr
+    assert err_lines(r)[0] == f"error: self-update updates an installed imgtool, and this one runs from {pyz}"
