@@ -63,13 +63,14 @@ def test_plain_docker_load_names_neither_and_load_sh_names_the_hosts(services, t
     index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
     env = {"DOCKER": f"docker -H {services.docker_host}", "PATH": "/usr/bin:/bin:/usr/local/bin"}
     if docker_cli.containerd_store:
-        # its docker load names both platforms alike and fails unpacking: load.sh refuses first
+        # that store knows images by manifest digest and load.sh names them by config digest: it refuses
         before = docker_cli.image_ids()
         r = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=env)
         assert r.returncode == 5
         assert r.stderr.splitlines()[-2:] == [
-            f"load.sh: error: this bundle holds {ref} for several architectures, which the containerd image store "
-            "of this Docker cannot take from docker load; nothing was loaded",
+            f"load.sh: error: this bundle holds {ref} for several architectures, and load.sh cannot load and name "
+            "the right one in the containerd image store of this Docker (that store knows images by manifest "
+            "digest, load.sh names them by config digest); nothing was loaded",
             "load.sh: run instead, in this directory: imgtool load .   (it loads this host's architecture only)"]
         assert docker_cli.image_ids() == before
         return

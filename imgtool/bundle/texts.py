@@ -301,8 +301,10 @@ esac
 
 
 def _containerd_multiarch_check(index: BundleIndex) -> str:
-    """Docker's containerd image store gives both architectures of such a tag one name and then fails
-    to unpack the host's: refuse before docker load, and point at imgtool, which sends one platform."""
+    """Docker's containerd image store knows images by manifest digest, and load.sh names the platform of
+    such a tag by config digest (bundles before format version 3 even gave every platform the one name,
+    and that store then failed to unpack the host's): refuse before docker load, and point at imgtool,
+    which sends and names one platform."""
     refs = _multiarch_refs(index)
     if not refs:
         return ""
@@ -310,7 +312,7 @@ def _containerd_multiarch_check(index: BundleIndex) -> str:
     how = f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load ."
     return f"""
 if $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
-    echo "load.sh: error: this bundle holds {names} for several architectures, which the containerd image store of this Docker cannot take from docker load; nothing was loaded" >&2
+    echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded" >&2
     echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
     exit 5
 fi
