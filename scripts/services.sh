@@ -196,18 +196,11 @@ down() {
             case "$name" in containerd-*) stop_pid "$name" "$pid" 10 ;; esac
         done <"$S/pids"
     fi
-    # containers of our own containerds (their runc state is under the state dir, see
-    # write_containerd_config) and of podman (its runroot): delete what is left
-    for root in "$S"/c1*/runc/* "$S"/podman/run/runc; do
-        [ -d "$root" ] && command -v runc >/dev/null || continue
-        for id in $(runc --root "$root" list -q 2>/dev/null); do
-            say "removing leftover container $id"
-            runc --root "$root" delete -f "$id" >/dev/null 2>&1 || true
-        done
-    done
-    # containers a dockerd failed to stop (only if it was killed): remove them with runc directly
+    # containers a dockerd failed to stop (only if it was killed), and those left by our own
+    # containerds (their runc state is under the state dir, see write_containerd_config) and by
+    # podman (its runroot): remove them with runc directly
     local id root
-    for root in "$S"/*/exec/runtime-runc/moby; do
+    for root in "$S"/*/exec/runtime-runc/moby "$S"/c1*/runc/* "$S"/podman/run/runc; do
         [ -d "$root" ] && command -v runc >/dev/null || continue
         for id in $(runc --root "$root" list -q 2>/dev/null); do
             say "removing leftover container $id"
