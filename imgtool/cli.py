@@ -749,12 +749,12 @@ def sign(bundle_dir, key, quick, jobs, as_json):
     exit 3 and nothing written otherwise. Signing again (another key) replaces the signature.
     """
     from .bundle.signature import sign_bundle, signing_key_and_tool
-    from .bundle.verify import check_for_signing
+    from .bundle.verify import verify_bundle
 
     _bundle_usage(bundle_dir, None)
     signing_key_and_tool(key)  # no key file or no ssh-keygen is said before the parts are read
     p = progress()
-    report = check_for_signing(bundle_dir, quick=quick, progress=p, jobs=jobs)
+    report = verify_bundle(bundle_dir, quick=quick, progress=p, jobs=jobs, signature=False)
     for w in report.warnings:
         p.warn(w)
     report.raise_if_bad("sign")

@@ -78,33 +78,20 @@ class VerifyReport:
 
 
 def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool = False,
-                  progress: Progress, jobs: Optional[int] = None, signers: Optional[str] = None) -> VerifyReport:
+                  progress: Progress, jobs: Optional[int] = None, signers: Optional[str] = None,
+                  signature: bool = True) -> VerifyReport:
     """Check a bundle directory and report every problem; raises UsageError/VerifyError only when
     there is no readable bundle.json, SignatureError when the signature policy refuses it, before
-    any part is read (call `raise_if_bad()` on the result to fail on problems)."""
+    any part is read (call `raise_if_bad()` on the result to fail on problems). `signature=False`:
+    every check but the signature policy (what `sign` checks: the signature is what it is about to make)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, raw = read_index(bundle_dir)
-    verdict = enforce(bundle_dir, raw, signers)
+    verdict = enforce(bundle_dir, raw, signers) if signature else None
     report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick, signature=verdict)
-    if verdict.warning:
+    if verdict is not None and verdict.warning:
         report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
-    check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
-    report.seconds = time.monotonic() - started
-    return report
-
-
-def check_for_signing(bundle_dir: Path, *, quick: bool, progress: Progress,
-                      jobs: Optional[int] = None) -> VerifyReport:
-    """What `sign` checks before it signs: verify's checks but the signature policy (the signature is
-    the thing about to be made): SHA256SUMS and load.sh/README.txt/imgtool.pyz against bundle.json,
-    every part's size and sha256, and unless quick every blob and layer diff_id."""
-    started = time.monotonic()
-    bundle_dir = Path(bundle_dir)
-    index, raw = read_index(bundle_dir)
-    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick)
-    check_metadata(bundle_dir, index, report, None)
     check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
     report.seconds = time.monotonic() - started
     return report
