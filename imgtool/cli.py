@@ -592,6 +592,26 @@ signers_option = click.option(
          "~/.config/imgtool/allowed_signers, /etc/imgtool/allowed_signers; none: a signature is checked and reported).")
 
 
+def runtime_options(f):
+    """--runtime, --address, --namespace: one declaration for load, inventory and doctor."""
+    f = click.option("--namespace", metavar="NS",
+                     help="containerd's namespace (default: $CONTAINERD_NAMESPACE, else k8s.io, the kubelet's).")(f)
+    f = click.option("--address", metavar="SOCKET",
+                     help="containerd's socket (default: $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock).")(f)
+    f = click.option("--runtime", "runtime", type=click.Choice(["auto", "docker", "containerd", "podman"]),
+                     default="auto", show_default=True,
+                     help="Where images go: Docker (DOCKER_HOST), containerd (a Kubernetes node) or Podman; "
+                          "auto: Docker if its socket answers, else containerd if its socket answers, else Podman.")(f)
+    return f
+
+
+def _runtime_choice(runtime, address, namespace):
+    from .config import runtime_environment
+    from .runtime import Choice
+
+    return Choice.from_options(runtime, address, namespace, runtime_environment())
+
+
 def _bundle_usage(bundle_dir, expect) -> None:
     """Bad input is exit 2 before any reading or Docker: --expect's form, DIR's existence."""
     from .bundle.format import parse_expect
@@ -652,33 +672,39 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
 @click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed.")
 @click.option("--force", is_flag=True, help="Load even when Docker's disk looks too small.")
 @click.option("--arch", metavar="ARCH",
-              help="Of a tag held for several architectures, load this one (default: the Docker host's).")
+              help="Of a tag held for several architectures, load this one (default: the runtime host's).")
+@click.option("--all-platforms", is_flag=True,
+              help="Of a tag held for several architectures, load every one; the tag names the host's "
+                   "(or --arch's), the others are kept by ID (on containerd: by digest, REPO@sha256:...).")
 @click.option("--quick", is_flag=True,
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
 @signers_option
+@runtime_options
 @json_option("result")
 @common
-def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
-    """Check a bundle, then stream it into Docker (DOCKER_HOST) and confirm it.
+def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, runtime, address, namespace, as_json):
+    """Check a bundle, then stream it into Docker, containerd or Podman and confirm it.
 
     Every part's sha256, every tar header and every blob's digest are checked while the parts
-    stream into Docker; the first mismatch cuts the upload short, Docker drops what it got and
-    nothing is loaded (Docker checks each layer's diff_id itself). Missing or wrong-size parts,
-    SHA256SUMS and --expect are checked before Docker is sent anything.
+    stream into the runtime; the first mismatch cuts the upload short, the runtime drops what it
+    got and nothing is loaded (the runtime checks each layer's diff_id itself). Missing or
+    wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
+    On a Kubernetes node (containerd), the image goes into the k8s.io namespace, unpacked.
     """
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
-    from .daemon import open_daemon
     from .model import format_size
+    from .runtime import open_runtime
 
     _bundle_usage(bundle_dir, expect)
-    read_index(bundle_dir)  # no bundle.json, or a broken one, is named before Docker is asked anything
+    choice = _runtime_choice(runtime, address, namespace)
+    read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
     p = progress()
-    daemon = open_daemon()
+    daemon = open_runtime(choice)
     try:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch, signers=signers)
+                             arch=arch, signers=signers, all_platforms=all_platforms)
     finally:
         daemon.close()
     if as_json:
@@ -689,12 +715,24 @@ def load(bundle_dir, tags, expect, force, arch, quick, signers, as_json):
             p.warn(w)
     rows = [(", ".join(im.tags) or im.ref, im.docker_id[7:19], im.platform, format_size(im.size)) for im in result.images]
     click.echo(table(rows, ["name", "id", "platform", "size"]))
+    where = _runtime_title(result.daemon)
     if result.sent:
         click.echo(f"loaded {len(result.images)} image(s) from {result.dir} in {result.seconds:.1f} s "
-                   f"({format_size(result.bytes_sent)} sent to Docker {result.daemon['version']})")
+                   f"({format_size(result.bytes_sent)} sent to {where} {result.daemon['version']}"
+                   f"{_namespace_words(result.daemon)})")
     else:
-        click.echo(f"already loaded: nothing sent to Docker ({result.dir})")
+        click.echo(f"already loaded: nothing sent to {where} ({result.dir}{_namespace_words(result.daemon)})")
     _echo_signature(result.signature)
+
+
+def _runtime_title(facts: dict) -> str:
+    from .runtime import TITLES
+
+    return TITLES.get(facts.get("runtime", "docker"), "Docker")
+
+
+def _namespace_words(facts: dict) -> str:
+    return f", namespace {facts['namespace']}" if facts.get("namespace") else ""
 
 
 def _echo_signature(verdict) -> None:
@@ -768,16 +806,17 @@ def sign(bundle_dir, key, quick, jobs, as_json):
 @cli.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the inventory to FILE (atomically) instead of standard output.")
+@runtime_options
 @common
-def inventory(output):
-    """What this Docker already holds (image IDs, tags, layer diff_ids), as JSON.
+def inventory(output, runtime, address, namespace):
+    """What this host's runtime already holds (image IDs, tags, layer diff_ids), as JSON.
 
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
-    layer this Docker already has (a delta bundle).
+    layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.
     """
     from .inventory import take_inventory
 
-    result = take_inventory(output)
+    result = take_inventory(output, _runtime_choice(runtime, address, namespace))
     if result.path is None:
         click.echo(result.data.decode(), nl=False)
     else:
@@ -787,16 +826,19 @@ def inventory(output):
 
 @cli.command()
 @click.argument("bundle_dir", metavar="[DIR]", required=False, type=click.Path(file_okay=False))
+@runtime_options
 @json_option("checks")
 @common
-def doctor(bundle_dir, as_json):
-    """Check this offline host: Docker, storage, free space, architecture, pigz, OS.
+def doctor(bundle_dir, runtime, address, namespace, as_json):
+    """Check this offline host: the runtimes (Docker, containerd, Podman), storage, free space,
+    architecture, pigz, OS.
 
-    With DIR, also whether that bundle fits this host. Exit 0 when nothing failed, 1 otherwise.
+    With DIR, also whether that bundle fits this host. Exit 0 when nothing failed, 1 otherwise
+    (a runtime that is absent fails only when no runtime is found, or when --runtime names it).
     """
     from .doctor import run_checks
 
-    checks = run_checks(bundle_dir)
+    checks = run_checks(bundle_dir, choice=_runtime_choice(runtime, address, namespace))
     if as_json:
         emit_json([c.to_json() for c in checks])
     else:

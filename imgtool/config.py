@@ -269,3 +269,10 @@ def chunk_size_warning(size: Optional[int]) -> Optional[str]:
 
 def _size(n: int) -> str:
     return format_size(n).replace(".0 ", " ")
+
+
+def runtime_environment() -> Dict[str, str]:
+    """The variables the runtimes' own tools read, as `docker`, `ctr` and `podman` do: DOCKER_HOST,
+    CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging; those set)."""
+    names = ("DOCKER_HOST", "CONTAINERD_ADDRESS", "CONTAINERD_NAMESPACE", "TMPDIR")
+    return {name: os.environ[name] for name in names if os.environ.get(name)}

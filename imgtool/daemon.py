@@ -4,10 +4,10 @@ Everything the product asks of a local Docker goes through here: version and sto
 facts, load, image inspection, inventory, save, and container runs.
 """
 
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 from .errors import DaemonError, UsageError, one_line
+from .runtime import ImageInfo, RuntimeInfo
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None):
@@ -117,56 +117,6 @@ def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
 # --- images: facts, inspect, tag, load (imgtool load / doctor) -------------------
 
 
-@dataclass(frozen=True)
-class DaemonInfo:
-    """What decides whether a bundle can be loaded: version, storage, where, which arch."""
-
-    host: str  # DOCKER_HOST, or the default socket
-    version: str  # server version, e.g. 20.10.24+dfsg1
-    api_version: str
-    driver: str  # storage driver: overlay2, devicemapper, vfs, ...
-    root_dir: str  # DockerRootDir (docker load also unpacks its upload under <root>/tmp)
-    arch: str  # normalised: arm64, amd64
-    os: str
-    local: bool  # the daemon runs on this machine, so root_dir's free space can be read here
-    # Where images live: "graphdriver" (overlay2 & co: image ID = config digest) or "containerd"
-    # (the containerd image store, default of Docker 29: image ID = the manifest digest it was loaded by)
-    image_store: str = "graphdriver"
-
-    @property
-    def containerd_store(self) -> bool:
-        return self.image_store == "containerd"
-
-    @property
-    def version_tuple(self) -> Tuple[int, ...]:
-        nums = []
-        for piece in self.version.split("+")[0].split("-")[0].split(".")[:3]:
-            digits = "".join(ch for ch in piece if ch.isdigit())
-            nums.append(int(digits) if digits else 0)
-        return tuple(nums)
-
-    def to_json(self) -> dict:
-        return {"host": self.host, "version": self.version, "api_version": self.api_version, "driver": self.driver,
-                "image_store": self.image_store, "root_dir": self.root_dir, "arch": self.arch, "os": self.os,
-                "local": self.local}
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """An image as the daemon reports it."""
-
-    id: str
-    tags: Tuple[str, ...]  # as Docker shows them (docker.io/library/x:1 shows as x:1)
-    os: str
-    architecture: str
-    variant: Optional[str]
-    size: int
-
-    @property
-    def platform(self) -> str:
-        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
-
-
 class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
@@ -199,7 +149,7 @@ class Daemon:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def info(self) -> DaemonInfo:
+    def info(self) -> RuntimeInfo:
         """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
         import os
 
@@ -214,7 +164,7 @@ class Daemon:
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
         store = "containerd" if status.get("driver-type") == "io.containerd.snapshotter.v1" else "graphdriver"
-        return DaemonInfo(
+        return RuntimeInfo(
             host=host,
             version=str(version.get("Version") or info.get("ServerVersion") or "unknown"),
             api_version=str(version.get("ApiVersion") or ""),
@@ -292,6 +242,12 @@ class Daemon:
         except self.errors as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {one_line(e)}") from e
 
+    def stored_name(self, name: str) -> str:
+        """How Docker shows a name it was given: docker.io/library/x:1 as x:1."""
+        from .model import familiar
+
+        return familiar(name)
+
     def tag(self, image_id: str, name: str) -> None:
         """Tag an image `repo:tag`; raises DaemonError."""
         repo, _, tag = name.rpartition(":")
@@ -302,10 +258,11 @@ class Daemon:
         except self.errors as e:
             raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {one_line(e)}") from e
 
-    def load_archive(self, chunks: Iterable[bytes], on_message: Optional[Callable[[dict], None]] = None
-                     ) -> List[str]:
+    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = (),
+                     on_message: Optional[Callable[[dict], None]] = None) -> List[str]:
         """POST a tar stream (an iterable of chunks, sent chunked: never held in memory) to /images/load.
 
+        `platforms` is ignored: Docker loads every image the archive's manifest.json lists.
         Reads the whole answer: an `errorDetail` is a failure even after HTTP 200. Returns the
         "Loaded image" lines. Raises DaemonError, or whatever the chunk iterable raised.
         """

@@ -94,7 +94,7 @@ def read_side(path: str) -> Side:
 
 
 def _from_bundle(path: str, index) -> Side:
-    from .bundle.layout import docker_image_id
+    from .bundle.layout import runtime_image_id
 
     images = []
     for im in index.images:
@@ -105,10 +105,10 @@ def _from_bundle(path: str, index) -> Side:
         # manifest, upstream's before fetch rewrote layers, or upstream's index for this platform)
         upstream = (im.upstream or {}).get("manifest_digest")
         pulled = (im.manifest_digest, upstream, im.index_digest)
-        ids = tuple(dict.fromkeys([str(docker_image_id(im, store)) for store in (False, True)]
+        ids = tuple(dict.fromkeys([str(runtime_image_id(im, store)) for store in (False, True)]
                                   + [str(x) for x in pulled if x]))
         images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids,
-                                str(docker_image_id(im, True))))
+                                str(runtime_image_id(im, True))))
     return Side(path, "bundle", tuple(images))
 
 

@@ -1,7 +1,7 @@
 """`imgtool doctor [DIR]`: a checklist for the offline host, each failure with what to do.
 
-Checks Docker (reachable, version), its storage driver, free space under its root dir
-(against the bundle's need when DIR is given), the architecture (against the bundle's),
+Checks the runtimes (Docker, containerd, Podman: each found, its version, storage or snapshotter,
+namespace, free space where its images land, against the bundle's need when DIR is given), the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
 Reads only; never loads anything.
@@ -14,6 +14,57 @@ from typing import Dict, List, Optional
 from .bundle.hostcheck import Check, space_check, storage_check, zstd_check
 from .errors import ImgtoolError
 from .model import Platform, format_size
+from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
+
+UNREACHABLE_ADVICE = {
+    "docker": "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group",
+    "containerd": "start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS; "
+                  "run as root",
+    "podman": "install podman from the OS media, and check `podman info` as this user",
+}
+
+def runtime_checks(checks: List[Check], index, choice: Choice) -> List[RuntimeInfo]:
+    """A line per runtime asked about (each of Docker, containerd, Podman with "auto"), and for each found
+    its storage, free space and zstd lines against `index`; returns the facts of those found, in the
+    order `load --runtime auto` tries them. A runtime that is not there fails only when none is."""
+    from dataclasses import replace
+
+    names = RUNTIMES if choice.runtime == "auto" else (choice.runtime,)
+    found: List[RuntimeInfo] = []
+    absent: List[Check] = []
+    for name in names:
+        try:
+            runtime = open_runtime(replace(choice, runtime=name), timeout=15)
+            try:
+                facts = runtime.info()
+            finally:
+                runtime.close()
+        except ImgtoolError as e:
+            absent.append(Check(name, "fail", e.message, UNREACHABLE_ADVICE[name]))
+            continue
+        found.append(facts)
+        checks.append(Check(name, "ok", _describe(facts)))
+        zstd = zstd_check(index, facts) if index is not None else None
+        if zstd is not None:
+            checks.append(zstd)
+        checks.append(storage_check(facts))
+        checks.append(space_check(facts, index))
+    for check in absent:
+        if found:  # another runtime is here: this one's absence is a fact, not a failure
+            check = Check(check.name, "info", check.detail)
+        checks.append(check)
+    if found and choice.runtime == "auto":
+        checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto)"))
+    return found
+
+
+def _describe(facts: RuntimeInfo) -> str:
+    if facts.runtime == "docker":
+        return f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"
+    if facts.runtime == "containerd":
+        return f"containerd {facts.version} at {facts.host}, namespace {facts.namespace}"
+    return f"Podman {facts.version}"
+
 
 def read_os_release(path: Path = Path("/etc/os-release")) -> Dict[str, str]:
     out: Dict[str, str] = {}
@@ -41,8 +92,11 @@ def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
     return Check("os", "ok", name)
 
 
-def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/os-release")) -> List[Check]:
-    """Every check, in order; never raises for a failed check (it becomes a `fail` line)."""
+def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/os-release"),
+               choice: Optional[Choice] = None) -> List[Check]:
+    """Every check, in order; never raises for a failed check (it becomes a `fail` line). The runtime
+    checks are of `choice`'s runtime, or with "auto" of every runtime found (the first is the one
+    `load` would use: its facts decide the arch and pigz lines)."""
     from .bundle.reader import read_index, stat_parts
 
     checks: List[Check] = []
@@ -62,28 +116,8 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
         except ImgtoolError as e:
             checks.append(Check("bundle", "fail", e.message, e.hint or ""))
 
-    facts = None
-    try:
-        from .daemon import open_daemon
-
-        daemon = open_daemon(timeout=15)
-        try:
-            facts = daemon.info()
-        finally:
-            daemon.close()
-        checks.append(Check("docker", "ok", f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"))
-    except ImgtoolError as e:
-        checks.append(Check("docker", "fail", e.message,
-                            "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member "
-                            "of the docker group"))
-
-    if facts is not None:
-        zstd = zstd_check(index, facts) if index is not None else None
-        if zstd is not None:
-            checks.append(zstd)
-        checks.append(storage_check(facts))
-        checks.append(space_check(facts, index))
-
+    found = runtime_checks(checks, index, choice or Choice())
+    facts = found[0] if found else None
     host_arch = facts.arch if facts is not None else Platform.host().architecture
     if index is not None:
         wrong = [f"{im.ref} is {im.platform}" for im in index.images if im.platform.architecture != host_arch]

@@ -101,6 +101,15 @@ class DaemonError(ImgtoolError):
     exit_code = EXIT_DOCKER
 
 
+class ProgramFailed(DaemonError):
+    """A runtime's tool (ctr, podman) ran and exited non-zero; `output` is what it said last."""
+
+    def __init__(self, message: str, output: str, code: int, hint: Optional[str] = None):
+        super().__init__(message, hint=hint)
+        self.output = output
+        self.code = code
+
+
 class ExportError(DaemonError):
     """`docker save` produced something imgtool cannot make a bundle of (exit 5: Docker's output)."""
 

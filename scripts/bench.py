@@ -146,9 +146,11 @@ def version_of(cmd: Sequence[str]) -> str:
 class Env:
     """Where the registry and the dockerds are (engines: name -> docker host, from IMGTOOL_TEST_ENGINES)."""
 
-    def __init__(self, registry: str, docker_host: str, engines: str = ""):
+    def __init__(self, registry: str, docker_host: str, engines: str = "", containerds: str = "", podman: str = ""):
         self.registry, self.docker_host = registry, docker_host
         self.engines = dict(item.split("=", 1) for item in engines.split() if "=" in item)
+        self.containerds = dict(item.split("=", 1) for item in containerds.split() if "=" in item)  # version -> socket
+        self.podman = podman  # the private podman's directory (bin/podman, storage.conf, containers.conf)
 
 
 # The other engines of the test matrix, whose load is measured against their own `docker load`:
@@ -162,7 +164,8 @@ def services(args):
     names = ("IMGTOOL_TEST_REGISTRY_PLAIN", "IMGTOOL_TEST_DOCKER_HOST")
     if not args.own_services and all(os.environ.get(n) for n in names):
         log(f"using the running test services (registry {os.environ[names[0]]})")
-        yield Env(os.environ[names[0]], os.environ[names[1]], os.environ.get("IMGTOOL_TEST_ENGINES", ""))
+        yield Env(os.environ[names[0]], os.environ[names[1]], os.environ.get("IMGTOOL_TEST_ENGINES", ""),
+                  os.environ.get("IMGTOOL_TEST_CONTAINERDS", ""), os.environ.get("IMGTOOL_TEST_PODMAN", ""))
         return
     sdir = args.services_dir
     env = dict(os.environ, IMGTOOL_SERVICES_DIR=sdir)
@@ -175,7 +178,8 @@ def services(args):
             if line.startswith("export "):
                 k, _, v = line[len("export "):].partition("=")
                 values[k] = v.strip("'\"")
-        yield Env(values[names[0]], values[names[1]], values.get("IMGTOOL_TEST_ENGINES", "").replace("\\ ", " "))
+        yield Env(values[names[0]], values[names[1]], values.get("IMGTOOL_TEST_ENGINES", "").replace("\\ ", " "),
+                  values.get("IMGTOOL_TEST_CONTAINERDS", "").replace("\\ ", " "), values.get("IMGTOOL_TEST_PODMAN", ""))
     finally:
         log("stopping services")
         subprocess.run(["bash", script, "down"], env=env, check=False)
@@ -682,6 +686,43 @@ class Bench:
         docker = ["docker", "-H", host] if host else self.docker
         return run(docker + ["load", "-q", "-i", str(self.archive_path())], env=self.base_env)
 
+    # -- load into the runtimes of nodes without Docker ------------------------------------------
+
+    def podman_env(self) -> dict:
+        p = self.env.podman
+        return dict(self.base_env, PATH=f"{p}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                    CONTAINERS_STORAGE_CONF=f"{p}/storage.conf", CONTAINERS_CONF=f"{p}/containers.conf",
+                    DOCKER_HOST="unix:///nonexistent/docker.sock", CONTAINERD_ADDRESS="/nonexistent/containerd.sock")
+
+    def runtime_rmi(self, sock: Optional[str]) -> None:
+        """Remove the image from containerd at `sock` (all its names, content collected), or from Podman."""
+        names = [f"quay.io/{self.repo}:v1", self.ref(), arm(self.meta)["config"]]
+        if sock:
+            ctr = ["ctr", "--address", sock, "-n", "k8s.io"]
+            listed = run(ctr + ["images", "ls", "-q"], check=False).out.split()
+            doomed = [n for n in listed if n in names or n.startswith(f"{self.env.registry}/{self.repo}")
+                      or n.startswith(f"quay.io/{self.repo}")]
+            if doomed:
+                run(ctr + ["images", "rm", "--sync"] + doomed, check=False)
+        else:
+            run(["podman", "rmi", "-f"] + names, env=self.podman_env(), check=False)
+
+    def imgtool_load_runtime(self, sock: Optional[str]) -> Result:
+        """imgtool load --runtime auto on a node without Docker: containerd at `sock`, else Podman."""
+        self.runtime_rmi(sock)
+        env = self.podman_env() if sock is None else dict(self.base_env, DOCKER_HOST="unix:///nonexistent/docker.sock",
+                                                         CONTAINERD_ADDRESS=sock)
+        return run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=env, rss=True)
+
+    def ctr_import(self, sock: str) -> Result:
+        self.runtime_rmi(sock)
+        return run(["ctr", "--address", sock, "-n", "k8s.io", "images", "import", "--platform", "linux/arm64",
+                    str(self.archive_path())], env=self.base_env)
+
+    def podman_load(self) -> Result:
+        self.runtime_rmi(None)
+        return run(["podman", "load", "-q", "-i", str(self.archive_path())], env=self.podman_env())
+
     def export(self, out: Path) -> Result:
         shutil.rmtree(out, ignore_errors=True)
         return run(imgtool_cmd() + ["-q", "export", self.ref(), "-o", str(out), "--no-tool"], env=self.base_env, rss=True)
@@ -745,6 +786,17 @@ class Bench:
             self.alternate([(f"{key}.imgtool", lambda h=host: self.imgtool_load(h), True),
                             (f"{key}.docker", lambda h=host: self.docker_load(h), False)], a.runs)
             self.docker_rmi(host=host)
+
+        for version, sock in sorted(self.env.containerds.items()):
+            log(f"load on containerd {version}")
+            self.alternate([(f"ctrd{version}.imgtool", lambda s=sock: self.imgtool_load_runtime(s), True),
+                            (f"ctrd{version}.ctr", lambda s=sock: self.ctr_import(s), False)], a.runs)
+            self.runtime_rmi(sock)
+        if self.env.podman:
+            log("load on Podman")
+            self.alternate([("podman.imgtool", lambda: self.imgtool_load_runtime(None), True),
+                            ("podman.podman", self.podman_load, False)], a.runs)
+            self.runtime_rmi(None)
 
         log(f"constrained link ({a.rate:g} MB/s per connection)")
         proxy = ThrottleProxy(self.env.registry, a.rate * MB)
@@ -842,6 +894,12 @@ ROWS = [  # key, task, tool
     ("load26.docker", "load (Docker 26.1)", "`docker load -i`, the same Docker"),
     ("load26c.imgtool", "load (Docker 26.1, containerd store)", "`imgtool load`, Docker 26.1, containerd image store"),
     ("load26c.docker", "load (Docker 26.1, containerd store)", "`docker load -i`, the same Docker"),
+    ("ctrd1.6.imgtool", "load (containerd 1.6)", "`imgtool load` on a node without Docker (k8s.io, unpacked)"),
+    ("ctrd1.6.ctr", "load (containerd 1.6)", "`ctr -n k8s.io images import` of the same archive"),
+    ("ctrd1.7.imgtool", "load (containerd 1.7)", "`imgtool load` on a node without Docker (k8s.io, unpacked)"),
+    ("ctrd1.7.ctr", "load (containerd 1.7)", "`ctr -n k8s.io images import` of the same archive"),
+    ("podman.imgtool", "load (Podman 4.3)", "`imgtool load` on a host with only Podman"),
+    ("podman.podman", "load (Podman 4.3)", "`podman load -i` of the same archive"),
     ("export.imgtool", "export", "`imgtool export` (docker save → gzip layers → bundle)"),
     ("slow.imgtool", "constrained link", "`imgtool fetch --arch arm64`"),
     ("slow.skopeo_oci", "constrained link", "`skopeo copy … oci:DIR`"),
@@ -853,7 +911,8 @@ RSS_ROWS = [("fetch", "fetch.imgtool"), ("fetch (constrained link)", "slow.imgto
             ("verify --quick", "verify.imgtool_quick"), ("load", "load.imgtool"), ("export", "export.imgtool")]
 BASELINE = {"fetch": "fetch.imgtool", "fetch (zstd image)": "zstd.asis", "verify": "verify.imgtool_quick", "load": "load.imgtool",
             "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
-            "export": "export.imgtool", "constrained link": "slow.imgtool"}
+            "load (containerd 1.6)": "ctrd1.6.imgtool", "load (containerd 1.7)": "ctrd1.7.imgtool",
+            "load (Podman 4.3)": "podman.imgtool", "export": "export.imgtool", "constrained link": "slow.imgtool"}
 
 
 def med(b: Bench, key: str) -> Optional[float]:

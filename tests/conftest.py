@@ -4,6 +4,9 @@ services        Services (registries host:port, dockerd socket, TLS CA, token is
                 marked @pytest.mark.engines, docker_host is the socket of the engine it runs on (the
                 test runs once per engine: 20.10, 26.1, 26.1-containerd; see scripts/services.sh)
 engine          the name of that engine (None in unmarked tests, which use the first engine)
+node            in a test marked @pytest.mark.runtimes (run once per Docker engine, then on containerd 1.6
+                and 1.7 and Podman 4.3): tests.support.runtimes.Node, the env for imgtool
+                (node.env), what the runtime holds, the ID it gives an image, a container run, cleanup
 factory         ImageFactory seeded from the test's node id (stable per test, distinct across tests)
 uniq            a fresh repository namespace, e.g. "t3f9a0c1d", so tests never share repositories
 docker_cli      DockerCLI: docker_cli("image", "inspect", ref) against the test dockerd
@@ -21,6 +24,7 @@ import subprocess
 import pytest
 
 from tests.support.daemon import DaemonCleanup, DockerCLI
+from tests.support.runtimes import RUNTIMES, Node, node_for
 from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, publish_mirrored
 from tests.support.services import Services, ServicesNotRunning
@@ -36,10 +40,13 @@ ENGINES = ("20.10", "26.1", "26.1-containerd")  # scripts/services.sh starts eac
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "engines: run the test once on every Docker engine of the matrix")
+    config.addinivalue_line("markers", "runtimes: run the test once on every Docker engine, containerd and Podman")
 
 
 def pytest_generate_tests(metafunc):
-    if metafunc.definition.get_closest_marker("engines"):
+    if metafunc.definition.get_closest_marker("runtimes"):
+        metafunc.parametrize("engine", ENGINES + RUNTIMES, indirect=True)
+    elif metafunc.definition.get_closest_marker("engines"):
         metafunc.parametrize("engine", ENGINES, indirect=True)
 
 
@@ -62,7 +69,7 @@ def engine(request):
 
 @pytest.fixture
 def services(_services, engine) -> Services:
-    if engine is None:
+    if engine is None or engine in RUNTIMES:
         return _services
     try:
         return _services.on(engine)
@@ -87,6 +94,19 @@ def docker_cli(services) -> DockerCLI:
         return DockerCLI(services.docker_host)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def node(_services, engine):
+    """The runtime a @pytest.mark.runtimes test runs on; what the test asked it to remove goes after it."""
+    try:
+        n: Node = node_for(engine or ENGINES[0], _services)
+    except (RuntimeError, ServicesNotRunning) as e:
+        pytest.fail(str(e), pytrace=False)
+    yield n
+    errors = n.cleanup()
+    if errors:
+        pytest.fail(f"cleanup of {n.title} failed: " + "; ".join(errors), pytrace=False)
 
 
 @pytest.fixture

@@ -74,16 +74,16 @@ def test_chunk_size_below_1_mib_in_a_spec_names_file_and_line(tmp_path):
 
 def test_docker_unreachable_is_said_in_words(tmp_path):
     sock = f"unix://{tmp_path}/docker.sock"
-    r = imgtool("inventory", docker_host=sock)
+    r = imgtool("inventory", "--runtime", "docker", docker_host=sock)
     assert (r.returncode, r.stderr.splitlines()) == (5, [
         f"error: cannot reach the Docker daemon at {sock}: the socket does not exist (dockerd is not running)",
         "hint: start it (systemctl start docker), or point DOCKER_HOST at the daemon's socket"])
-    r = imgtool("inventory", docker_host="tcp://127.0.0.1:1")
+    r = imgtool("inventory", "--runtime", "docker", docker_host="tcp://127.0.0.1:1")
     assert (r.returncode, r.stderr.splitlines()) == (5, [
         "error: cannot reach the Docker daemon at tcp://127.0.0.1:1: connection refused "
         "(dockerd is not running or not listening there)",
         "hint: start it (systemctl start docker), or point DOCKER_HOST at where it listens"])
-    r = imgtool("doctor", docker_host=sock)
+    r = imgtool("doctor", "--runtime", "docker", docker_host=sock)
     docker = [line for line in r.stdout.splitlines() if line.startswith("FAIL  docker")]
     assert docker == [f"FAIL  docker       cannot reach the Docker daemon at {sock}: the socket does not exist "
                       "(dockerd is not running)"]

@@ -78,21 +78,24 @@ def two_tags(services, factory, mirrored, tmp_path):
     return _mirrors(tmp_path, services, ms), ms, old, new
 
 
-@pytest.mark.engines
-def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_cli, docker_cleanup):
+@pytest.mark.runtimes
+def test_delta_bundle_against_an_inventory(two_tags, tmp_path, node):
+    """On every runtime: the inventory taken there, the delta fetched against it loads there; a runtime
+    without the base refuses it before anything is imported."""
     cfg, ms, old, new = two_tags
     env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
     old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
-    docker_cleanup.image(old_ref, new_ref, old.config_digest, new.config_digest)
+    node.remove_later(old_ref, new_ref, *node.ids_of(old), *node.ids_of(new))
     full = imgtool("fetch", "--no-tool", "v1", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), env=env)
     assert full.returncode == 0, full.stderr
-    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+    assert imgtool("load", str(tmp_path / "v1"), env=node.env).returncode == 0
 
     inv = tmp_path / "inventory.json"
-    r = imgtool("inventory", "-o", str(inv), docker_host=services.docker_host)
+    r = imgtool("inventory", "-o", str(inv), env=node.env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(inv.read_text())
-    mine = [im for im in doc["images"] if im["id"] in docker_cli.ids_of(old)]
+    assert doc["daemon"]["runtime"] == node.kind
+    mine = [im for im in doc["images"] if im["id"] in node.ids_of(old)]
     assert mine and mine[0]["tags"] == [old_ref] and mine[0]["diff_ids"] == old.diff_ids
 
     out = tmp_path / "v2-delta"
@@ -119,23 +122,23 @@ def test_delta_bundle_against_an_inventory(services, two_tags, tmp_path, docker_
     assert ok.returncode == 0, ok.stderr
     assert f"delta bundle: 2 layers left out on purpose (Docker must already hold them: {old_ref})" in ok.stdout
 
-    loaded = imgtool("load", str(out), docker_host=services.docker_host)
+    loaded = imgtool("load", str(out), env=node.env)
     assert loaded.returncode == 0, loaded.stderr
-    assert docker_cli.holds(new_ref, new)
+    assert node.holds(new_ref, new)
 
-    # on a Docker without v1 the delta bundle is refused before Docker sees it
-    docker_cli("image", "rm", "-f", old_ref, new_ref)
-    assert docker_cli.find(new) is None
-    before = docker_cli.image_ids()
-    refused = imgtool("load", str(out), docker_host=services.docker_host)
+    # on a runtime without v1 the delta bundle is refused before the runtime sees it
+    node.remove(old_ref, new_ref, *node.ids_of(old), *node.ids_of(new))
+    assert not node.find(new)
+    before = node.snapshot()
+    refused = imgtool("load", str(out), env=node.env)
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [
-        f"error: refusing to load: {out} is a delta bundle and Docker lacks 2 of the 2 layer chains it "
+        f"error: refusing to load: {out} is a delta bundle and {node.title} lacks 2 of the 2 layer chains it "
         "leaves out; nothing was loaded",
         f"hint: load {old_ref} (from the inventory inventory.json) first, then this bundle; or fetch a full "
         "bundle (without --have/--base)",
     ]
-    assert docker_cli.image_ids() == before
+    assert node.leftovers(before) == []
 
 
 @pytest.mark.engines

@@ -1,10 +1,12 @@
 """`imgtool doctor [DIR]`: the offline host checklist, against the real test daemon."""
 
 import json
+import os
 
 import pytest
 
 from imgtool.doctor import os_check, run_checks
+from imgtool.runtime import Choice
 from tests.support.bundles import BlobDir, imgtool, parts_of, write
 from tests.support.images import host_arch
 
@@ -26,25 +28,53 @@ def bundle(factory, tmp_path):
     return make
 
 
-@pytest.mark.engines
-def test_healthy_host_with_a_fitting_bundle(services, engine, bundle):
+@pytest.mark.runtimes
+def test_healthy_host_with_a_fitting_bundle(node, engine, bundle):
     out = bundle(host_arch())
-    r = imgtool("doctor", str(out), docker_host=services.docker_host)
+    r = imgtool("doctor", str(out), "--runtime", node.kind, env=node.env)
     assert r.returncode == 0, r.stdout + r.stderr
     by = rows(r)
-    assert by["docker"].startswith(f"OK    docker       Docker {engine.split('-')[0]}.")
-    assert by["docker"].endswith(f"at {services.docker_host}")
-    if engine.endswith("containerd"):
-        assert by["storage"].startswith("OK    storage      the containerd image store (overlayfs snapshotter) under ")
+    if node.kind == "docker":
+        assert by["docker"].startswith(f"OK    docker       Docker {engine.split('-')[0]}.")
+        assert by["docker"].endswith(f"at {node.env['DOCKER_HOST']}")
+        if engine.endswith("containerd"):
+            assert by["storage"].startswith("OK    storage      the containerd image store (overlayfs snapshotter) under ")
+        else:
+            assert by["storage"].startswith("OK    storage      overlay2 under ")
+            assert by["storage"].endswith(" (graphdriver image store)")
+    elif node.kind == "containerd":
+        sock = node.env["CONTAINERD_ADDRESS"]
+        assert by["containerd"].startswith(f"OK    containerd   containerd {engine.split('-')[1]}.")
+        assert by["containerd"].endswith(f" at {sock}, namespace k8s.io")
+        assert by["storage"] == (f"OK    storage      containerd's content store and overlayfs snapshotter under "
+                                 f"{os.path.dirname(sock)}/root, namespace k8s.io: image IDs are manifest digests")
     else:
-        assert by["storage"].startswith("OK    storage      overlay2 under ")
-        assert by["storage"].endswith(" (graphdriver image store)")
+        assert by["podman"] == "OK    podman       Podman 4.3.1"
+        assert by["storage"] == ("OK    storage      containers-storage (overlay) under "
+                                 f"{os.path.dirname(node.env['CONTAINERS_STORAGE_CONF'])}/storage")
     assert by["space"].startswith("OK    space        ") and "the bundle needs about" in by["space"]
     assert by["arch"] == f"OK    arch         linux/{host_arch()}, as the bundle's images"
     assert by["bundle"].startswith(f"OK    bundle       {REPO}:v1: ")
     assert by["pigz"].startswith("OK    pigz         unpigz at ")
-    checks = json.loads(imgtool("doctor", "--json", docker_host=services.docker_host).stdout)
-    assert {c["name"] for c in checks} == {"docker", "storage", "space", "arch", "pigz", "os"}
+    checks = json.loads(imgtool("doctor", "--json", "--runtime", node.kind, env=node.env).stdout)
+    assert {c["name"] for c in checks} == {node.kind, "storage", "space", "arch", "pigz", "os"}
+
+
+def test_auto_names_every_runtime_found_and_the_one_load_uses(services, bundle):
+    """A host with Docker, containerd and Podman: each is named with its storage and space; load uses Docker.
+    Without Docker, Docker's line is information (not a failure) and load uses containerd."""
+    sock = services.containerd("1.7")
+    r = imgtool("doctor", docker_host=services.docker_host, env={"CONTAINERD_ADDRESS": sock})
+    assert r.returncode == 0, r.stdout + r.stderr
+    names = [line[6:18].strip() for line in r.stdout.splitlines() if not line.startswith(" ")]
+    assert names == ["docker", "storage", "space", "containerd", "storage", "space", "podman", "storage", "space",
+                     "runtime", "arch", "pigz", "os"]
+    assert rows(r)["runtime"].startswith("OK    runtime      imgtool load uses Docker ")
+    nodocker = imgtool("doctor", docker_host=f"unix://{sock}.none", env={"CONTAINERD_ADDRESS": sock})
+    assert nodocker.returncode == 0, nodocker.stdout
+    assert rows(nodocker)["docker"] == (f"INFO  docker       cannot reach the Docker daemon at unix://{sock}.none: "
+                                        "the socket does not exist (dockerd is not running)")
+    assert rows(nodocker)["runtime"].startswith("OK    runtime      imgtool load uses containerd 1.7.")
 
 
 @pytest.mark.engines
@@ -63,7 +93,7 @@ def test_wrong_arch_and_missing_part_fail_with_advice(services, bundle):
 
 
 def test_unreachable_docker_fails(tmp_path):
-    r = imgtool("doctor", docker_host=f"unix://{tmp_path}/none.sock")
+    r = imgtool("doctor", "--runtime", "docker", docker_host=f"unix://{tmp_path}/none.sock")
     assert r.returncode == 1
     lines = r.stdout.splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("FAIL  docker"))
@@ -87,6 +117,6 @@ def test_kylin_gets_the_faq_19_advice(tmp_path):
 
 def test_checks_without_a_daemon_do_not_raise(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
-    checks = run_checks(str(tmp_path / "no-bundle"))
+    checks = run_checks(str(tmp_path / "no-bundle"), choice=Choice(runtime="docker"))
     assert [c.name for c in checks][:2] == ["bundle", "docker"]
     assert checks[0].status == "fail" and checks[0].detail == f"no such bundle directory: {tmp_path / 'no-bundle'}"

@@ -15,7 +15,7 @@ import tarfile
 import pytest
 
 from imgtool.bundle.load import _compatibility
-from imgtool.daemon import DaemonInfo
+from imgtool.runtime import RuntimeInfo as DaemonInfo
 from imgtool.errors import ImgtoolError
 from tests.support.bundles import (BlobDir, canonical_tar, fetch_from_registry, imgtool, member_bytes, parts_of,
                                    random_layer, replace_archive, simple_image, tar_body, write)
@@ -43,77 +43,85 @@ def bundle(factory, store, tmp_path):
     return out, image
 
 
-@pytest.mark.engines
-def test_load_multipart_then_again_is_a_noop(bundle, services, docker_cli, docker_cleanup):
+def _where(node) -> str:
+    """How load's last line names the runtime's side: ", namespace k8s.io" on containerd."""
+    return ", namespace k8s.io" if node.kind == "containerd" else ""
+
+
+@pytest.mark.runtimes
+def test_load_multipart_then_again_is_a_noop(bundle, node):
     out, image = bundle
-    before = docker_cli.image_ids()
-    docker_cleanup.image(f"{REPO}:v0.22.1rc1", "vllm:prod", image.config_digest)
-    r = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
+    before = node.image_ids()
+    node.remove_later(f"{REPO}:v0.22.1rc1", "vllm:prod", node.bundle_id(image))
+    r = imgtool("load", str(out), "--tag", "vllm:prod", env=node.env)
     assert r.returncode == 0, r.stderr
-    assert set(docker_cli.image_ids()) - set(before) == {docker_cli.bundle_id(image)}
-    info = docker_cli.find(image)
-    assert sorted(info["RepoTags"]) == sorted([f"{REPO}:v0.22.1rc1", "vllm:prod"])
+    assert set(node.image_ids()) - set(before) == {node.bundle_id(image)}
+    assert node.names(image) == sorted([f"{REPO}:v0.22.1rc1", "vllm:prod"])
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["NAME", "ID", "PLATFORM", "SIZE"]
-    assert lines[1].startswith(f"{REPO}:v0.22.1rc1, vllm:prod  {docker_cli.bundle_id(image)[7:19]}  "
+    assert lines[1].startswith(f"{REPO}:v0.22.1rc1, vllm:prod  {node.bundle_id(image)[7:19]}  "
                                f"linux/{host_arch()}")
     assert lines[2].startswith(f"loaded 1 image(s) from {out} in ")
+    version = json.loads(imgtool("load", str(out), "--json", env=node.env).stdout)["daemon"]["version"]
+    assert lines[2].endswith(f" sent to {node.title} {version}{_where(node)})")
 
-    again = imgtool("load", str(out), "--json", docker_host=services.docker_host)
+    again = imgtool("load", str(out), "--json", env=node.env)
     assert again.returncode == 0, again.stderr
     result = json.loads(again.stdout)
     assert result["sent"] is False and result["images"][0]["was_present"] is True
-    text = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
-    assert text.stdout.splitlines()[-1] == f"already loaded: nothing sent to Docker ({out})"
+    assert result["runtime"] == node.kind
+    text = imgtool("load", str(out), "--tag", "vllm:prod", env=node.env)
+    assert text.stdout.splitlines()[-1] == f"already loaded: nothing sent to {node.title} ({out}{_where(node)})"
 
 
-@pytest.mark.engines
-def test_damaged_part_is_named_and_docker_keeps_nothing(bundle, services, docker_cli):
+@pytest.mark.runtimes
+def test_damaged_part_is_named_and_the_runtime_keeps_nothing(bundle, node):
     out, image = bundle
     part = parts_of(out)[1]
     data = bytearray(part.read_bytes())
     data[4242] ^= 0x40
     part.write_bytes(bytes(data))
-    before = docker_cli.image_ids()
-    r = imgtool("load", str(out), docker_host=services.docker_host)
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=node.env)
     assert r.returncode == 3
     assert err_lines(r) == [
         f"error: refusing to load: {out}: 1 problem; nothing was loaded",
         f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; "
         "re-copy part 002 from the source medium",
     ]
-    assert docker_cli.image_ids() == before
+    assert node.leftovers(before) == []
 
 
-@pytest.mark.engines
-def test_damage_in_the_last_member_bytes_cuts_the_upload_and_docker_keeps_nothing(bundle, services, docker_cli):
-    """load checks while it streams: the last bytes go out only after every part and blob matched."""
+@pytest.mark.runtimes
+def test_damage_in_the_last_member_bytes_cuts_the_upload_and_the_runtime_keeps_nothing(bundle, node):
+    """load checks while it streams: the last bytes go out only after every part and blob matched; the
+    runtime (which has had every other byte: containerd has ingested the blobs) records nothing."""
     out, image = bundle
     part = parts_of(out)[-1]
     data = bytearray(part.read_bytes())
     last = len(data.rstrip(b"\0")) - 1  # the last data byte of the last member (padding and trailer are zeros)
     data[last] ^= 0x01
     part.write_bytes(bytes(data))
-    before = docker_cli.image_ids()
-    r = imgtool("load", str(out), docker_host=services.docker_host)
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=node.env)
     assert r.returncode == 3, r.stderr
     n = len(parts_of(out))
     assert err_lines(r)[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded"
     assert err_lines(r)[1].startswith(f"  - part {n:03d} ({part.name}) is damaged: its sha256 differs from bundle.json")
     assert "stopped the upload: " in r.stderr  # it was cut short, not refused before the stream
-    assert docker_cli.image_ids() == before
+    assert node.leftovers(before) == []
 
 
-@pytest.mark.engines
-def test_missing_part_is_refused(bundle, services, docker_cli):
+@pytest.mark.runtimes
+def test_missing_part_is_refused(bundle, node):
     out, _ = bundle
     parts = parts_of(out)
     parts[2].unlink()
-    before = docker_cli.image_ids()
-    r = imgtool("load", str(out), docker_host=services.docker_host)
+    before = node.image_ids()
+    r = imgtool("load", str(out), env=node.env)
     assert r.returncode == 3
     assert err_lines(r)[1] == f"  - part 003 ({parts[2].name}) is missing; copy part 003 from the source medium"
-    assert docker_cli.image_ids() == before
+    assert node.image_ids() == before
 
 
 @pytest.mark.engines
@@ -148,39 +156,39 @@ def _rewrite_bundle_json(out, doc) -> str:
     return sha
 
 
-@pytest.mark.engines
-def test_an_already_loaded_bundle_is_still_checked(bundle, services, docker_cli, docker_cleanup):
-    """Docker holding the image ID is no reason to skip a check: --expect, sizes and sha256s still count."""
+@pytest.mark.runtimes
+def test_an_already_loaded_bundle_is_still_checked(bundle, node):
+    """The runtime holding the image ID is no reason to skip a check: --expect, sizes and sha256s still count."""
     out, image = bundle
-    docker_cleanup.image(f"{REPO}:v0.22.1rc1", "vllm:prod", image.config_digest)
-    first = imgtool("load", str(out), docker_host=services.docker_host)
+    node.remove_later(f"{REPO}:v0.22.1rc1", "vllm:prod", node.bundle_id(image))
+    first = imgtool("load", str(out), env=node.env)
     assert first.returncode == 0, first.stderr
     parts = parts_of(out)
     sound = parts[1].read_bytes()
     parts[1].write_bytes(sound[:-100])
-    r = imgtool("load", str(out), "--expect", "0" * 64, "--tag", "vllm:prod", docker_host=services.docker_host)
+    r = imgtool("load", str(out), "--expect", "0" * 64, "--tag", "vllm:prod", env=node.env)
     assert r.returncode == 3, r.stderr
     lines = err_lines(r)
     assert lines[0] == f"error: refusing to load: {out}: 2 problems; nothing was loaded"
     assert lines[1].startswith("  - bundle.json does not match --expect: its sha256 is ")
     assert lines[2] == (f"  - part 002 ({parts[1].name}) is truncated: {len(sound) - 100} of {len(sound)} bytes; "
                         "re-copy part 002 from the source medium")
-    assert "vllm:prod" not in docker_cli.find(image)["RepoTags"]
+    assert "vllm:prod" not in node.names(image)
 
     # a part damaged in place: its size is right, its sha256 is not (--quick checks sizes only)
     parts[1].write_bytes(sound[:4242] + bytes([sound[4242] ^ 0x40]) + sound[4243:])
-    r = imgtool("load", str(out), "--tag", "vllm:prod", docker_host=services.docker_host)
+    r = imgtool("load", str(out), "--tag", "vllm:prod", env=node.env)
     assert r.returncode == 3, r.stderr
     assert err_lines(r) == [
         f"error: refusing to load: {out}: 1 problem; nothing was loaded",
         f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
         "re-copy part 002 from the source medium",
     ]
-    assert "vllm:prod" not in docker_cli.find(image)["RepoTags"]
-    quick = imgtool("load", str(out), "--quick", "--tag", "vllm:prod", docker_host=services.docker_host)
+    assert "vllm:prod" not in node.names(image)
+    quick = imgtool("load", str(out), "--quick", "--tag", "vllm:prod", env=node.env)
     assert quick.returncode == 0, quick.stderr
-    assert quick.stdout.splitlines()[-1] == f"already loaded: nothing sent to Docker ({out})"
-    assert "vllm:prod" in docker_cli.find(image)["RepoTags"]
+    assert quick.stdout.splitlines()[-1] == f"already loaded: nothing sent to {node.title} ({out}{_where(node)})"
+    assert "vllm:prod" in node.names(image)
 
 
 @pytest.mark.engines
@@ -211,12 +219,33 @@ def test_a_bundle_json_naming_another_loaded_image_tags_nothing(factory, store, 
 
 def test_unreachable_docker_is_one_error(bundle, tmp_path):
     out, _ = bundle
-    r = imgtool("load", str(out), docker_host=f"unix://{tmp_path}/no.sock")
+    r = imgtool("load", str(out), "--runtime", "docker", docker_host=f"unix://{tmp_path}/no.sock")
     assert r.returncode == 5
     lines = r.stderr.splitlines()
     assert lines == [f"error: cannot reach the Docker daemon at unix://{tmp_path}/no.sock: the socket does not exist "
                      "(dockerd is not running)",
                      "hint: start it (systemctl start docker), or point DOCKER_HOST at the daemon's socket"]
+
+
+def test_no_runtime_at_all_is_one_error_naming_each(bundle, tmp_path):
+    """--runtime auto on a host with no Docker socket, no containerd socket and no podman: each is named."""
+    out, _ = bundle
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = imgtool("load", str(out), docker_host=f"unix://{tmp_path}/no.sock",
+                env={"PATH": str(empty), "CONTAINERD_ADDRESS": f"{tmp_path}/c.sock"})
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: no container runtime answers here: Docker: cannot reach the Docker daemon at unix://{tmp_path}/no.sock: "
+        f"the socket does not exist (dockerd is not running); containerd: cannot reach containerd at {tmp_path}/c.sock: "
+        "the socket does not exist (containerd is not running); Podman: cannot use Podman: the podman command is not "
+        "installed (not in PATH)",
+        "hint: start one (systemctl start docker, or containerd), choose one with --runtime, and for containerd give "
+        "its socket with --address or CONTAINERD_ADDRESS"]
+    wrong = imgtool("load", str(out), "--runtime", "containerd", "--address", f"{tmp_path}/c.sock")
+    assert wrong.returncode == 5
+    assert wrong.stderr.splitlines()[0] == (f"error: cannot reach containerd at {tmp_path}/c.sock: the socket does not "
+                                            "exist (containerd is not running)")
 
 
 @pytest.mark.engines

@@ -37,21 +37,41 @@ def test_fetch_holds_both_with_the_index_digest(two_arch):
     assert imgtool("verify", str(out)).returncode == 0
 
 
-@pytest.mark.engines
-def test_imgtool_load_names_only_the_hosts_platform(services, two_arch, docker_cli, docker_cleanup):
+@pytest.mark.runtimes
+def test_imgtool_load_names_only_the_hosts_platform(two_arch, node):
     out, idx, ref = two_arch
     mine, other = idx.image(host_arch()), idx.image(OTHER)
-    docker_cleanup.image(ref, mine.config_digest, other.config_digest)
-    r = imgtool("load", str(out), "--json", docker_host=services.docker_host)
+    node.remove_later(ref, *node.ids_of(mine), *node.ids_of(other))
+    r = imgtool("load", str(out), "--json", env=node.env)
     assert r.returncode == 0, r.stderr
     assert [im["image_id"] for im in json.loads(r.stdout)["images"]] == [mine.config_digest]
-    assert docker_cli.holds(ref, mine)
-    assert docker_cli.find(other) is None  # never sent to Docker
+    assert node.holds(ref, mine)
+    assert not node.find(other)  # never sent to the runtime
 
-    wrong = imgtool("load", str(out), "--arch", "s390x", docker_host=services.docker_host)
+    wrong = imgtool("load", str(out), "--arch", "s390x", env=node.env)
     assert wrong.returncode == 2
     assert wrong.stderr.splitlines()[0] == (f"error: {ref}: this bundle holds it for linux/amd64, linux/arm64/v8, "
                                             "not for --arch s390x")
+
+
+@pytest.mark.runtimes
+def test_all_platforms_loads_every_one_and_the_tag_names_the_hosts(two_arch, node):
+    """--all-platforms: the other platform is loaded too, kept by ID (on containerd, by digest: it keeps only
+    named images); the tag stays with the host's platform."""
+    out, idx, ref = two_arch
+    mine, other = idx.image(host_arch()), idx.image(OTHER)
+    node.remove_later(ref, *node.ids_of(mine), *node.ids_of(other))
+    r = imgtool("load", str(out), "--all-platforms", "--json", env=node.env)
+    assert r.returncode == 0, r.stderr
+    loaded = [(im["image_id"], im["tags"], im["platform"]) for im in json.loads(r.stdout)["images"]]
+    assert loaded[0][:2] == (mine.config_digest, [ref]) and loaded[1][:2] == (other.config_digest, [])
+    assert loaded[1][2].startswith(f"linux/{OTHER}")
+    assert node.holds(ref, mine) and node.find(other)
+    if node.kind == "containerd":
+        repo = ref.rsplit(":", 1)[0]
+        assert f"{repo}@{node.bundle_id(other)}" in [row[0] for row in node.refs()]
+    again = imgtool("load", str(out), "--all-platforms", "--json", env=node.env)
+    assert again.returncode == 0 and json.loads(again.stdout)["sent"] is False
 
 
 @pytest.mark.engines

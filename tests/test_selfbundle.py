@@ -268,57 +268,63 @@ def old_python(version):
     return [found, "-I"]
 
 
-def run_clean(python, *args, cwd, docker_host=None):
-    """`env -i`: no site-packages, no proxies, no PYTHON* variables; Docker at docker_host only."""
-    env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={cwd}", "LANG=C.UTF-8",
-           "IMGTOOL_CACHE=/nonexistent/imgtool-cache"]
+def run_clean(python, *args, cwd, docker_host=None, node=None):
+    """`env -i`: no site-packages, no proxies, no PYTHON* variables; Docker at docker_host only, or the
+    runtime `node` (tests.support.runtimes.Node) as on a host that has only it."""
+    given = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(cwd), "LANG": "C.UTF-8",
+             "IMGTOOL_CACHE": "/nonexistent/imgtool-cache"}
     if docker_host:
-        env.append(f"DOCKER_HOST={docker_host}")
+        given["DOCKER_HOST"] = docker_host
+    if node is not None:
+        given.update(node.env)
+    env = ["env", "-i"] + [f"{k}={v}" for k, v in given.items()]
     return subprocess.run([*env, *python, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-@pytest.mark.engines
+@pytest.mark.runtimes
 @pytest.mark.parametrize("version", OLD_PYTHONS)
 def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, services, engine, factory, mirrored,
-                                                                  tmp_path, docker_cli, docker_cleanup):
+                                                                  tmp_path, node):
+    """On every runtime (containerd and Podman without Docker): the pyz on Python 3.7/3.8 checks, loads
+    and inventories as 3.11's imgtool does."""
     python = old_python(version)
     out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
-    docker_cleanup.image(ref, image.config_digest)
+    node.remove_later(ref, *node.ids_of(image))
     assert "python3 imgtool.pyz load .   any python3 3.7+, nothing to install" in (out / "README.txt").read_text()
     assert "任何 python3 3.7+，无需安装" in run_clean(["sh"], "load.sh", "--help", cwd=out).stdout
     ok = run_clean(python, "imgtool.pyz", "verify", ".", cwd=out)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("ok: .: 1 image(s); ")
 
-    doctor = run_clean(python, "imgtool.pyz", "doctor", ".", cwd=out, docker_host=services.docker_host)
+    doctor = run_clean(python, "imgtool.pyz", "doctor", ".", cwd=out, node=node)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert f"OK    docker       Docker {engine.split('-')[0]}." in doctor.stdout
+    version = engine.split("-")[0 if node.kind == "docker" else 1]  # 26.1-containerd, containerd-1.7, podman-4.3
+    assert f"OK    {node.kind:<12} {node.title} {version}." in doctor.stdout
     assert f"OK    arch         linux/{host_arch()}, as the bundle's images" in doctor.stdout.splitlines()
 
-    loaded = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, docker_host=services.docker_host)
+    loaded = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, node=node)
     assert loaded.returncode == 0, loaded.stderr
     assert "loaded 1 image(s) from . in " in loaded.stdout
-    assert docker_cli.holds(ref, image)
+    assert node.holds(ref, image)
 
-    inv = run_clean(python, "imgtool.pyz", "inventory", "-o", "inventory.json", cwd=out,
-                    docker_host=services.docker_host)
+    inv = run_clean(python, "imgtool.pyz", "inventory", "-o", "inventory.json", cwd=out, node=node)
     assert inv.returncode == 0, inv.stderr
     held = json.loads((out / "inventory.json").read_text())
     assert any(ref in i.get("tags", ()) for i in held["images"]), held
     # the same inventory 3.11's imgtool writes (delta bundles are planned from it)
-    mine = imgtool("inventory", "-o", str(tmp_path / "inv311.json"), docker_host=services.docker_host)
+    mine = imgtool("inventory", "-o", str(tmp_path / "inv311.json"), env=node.env)
     assert mine.returncode == 0, mine.stderr
     assert held["images"] == json.loads((tmp_path / "inv311.json").read_text())["images"]
     assert held["daemon"] == json.loads((tmp_path / "inv311.json").read_text())["daemon"]  # image_store too
 
 
-@pytest.mark.engines
+@pytest.mark.runtimes
 @pytest.mark.parametrize("version", OLD_PYTHONS)
 def test_a_damaged_bundle_fails_on_kylins_python_and_loads_nothing(version, services, factory, mirrored, tmp_path,
-                                                                     docker_cli, docker_cleanup):
+                                                                     node):
     python = old_python(version)
     out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
-    docker_cleanup.image(ref, image.config_digest)
+    node.remove_later(ref, *node.ids_of(image))
     part = parts_of(out)[-1]
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 1
@@ -329,10 +335,12 @@ def test_a_damaged_bundle_fails_on_kylins_python_and_loads_nothing(version, serv
     damaged = (f"  - part {name[-3:]} ({name}) is damaged: its sha256 differs from bundle.json; "
                f"re-copy part {name[-3:]} from the source medium")
     assert bad.stderr.splitlines()[-2:] == ["error: bundle failed verification: .: 1 problem", damaged]
-    refused = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, docker_host=services.docker_host)
+    before = node.snapshot()
+    refused = run_clean(python, "imgtool.pyz", "load", ".", cwd=out, node=node)
     assert refused.returncode == 3, refused.stderr
     assert damaged in refused.stderr.splitlines()
-    assert not docker_cli.holds(ref, image) and docker_cli.find(image) is None
+    assert not node.holds(ref, image) and not node.find(image)
+    assert node.leftovers(before) == []
 
 
 @pytest.mark.parametrize("version", OLD_PYTHONS)

@@ -597,3 +597,19 @@ def test_fetch_from_a_spec_and_export_sign_too(services, factory, mirrored, keys
     ok = imgtool("verify", str(exported), "--signers", str(signers), env=env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"
+
+
+@pytest.mark.runtimes
+def test_a_stranger_s_signature_is_refused_before_any_runtime_sees_the_bundle(bundle, keys, tmp_path, node):
+    """The site policy holds on containerd and Podman as on Docker: same words, exit 3, nothing there."""
+    out, image = bundle
+    sign_with(out, keys.stranger)
+    signers = keys.signers(keys.line("release@example.com", keys.release), name="signers-runtime")
+    env = env_for(tmp_path, IMGTOOL_SIGNERS=str(signers))
+    env.update(node.env)
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=env)
+    assert r.returncode == 3, r.stderr
+    reason = words(REFUSALS["stranger"][1], keys, f"{signers} ($IMGTOOL_SIGNERS)")
+    assert err_lines(r)[0] == f"error: refusing to load {out}: {reason}; nothing was loaded"
+    assert node.leftovers(before) == [] and not node.find(image)

@@ -45,7 +45,7 @@ def _loaded_as_bundled(docker_cli, ref: str, index: BundleIndex, gzip_image) -> 
     """Docker holds `ref` as the bundle's image: the gzip tag's image ID (a graphdriver store) or the
     bundle's manifest digest (the containerd store, whose IDs are manifest digests), and its layers."""
     found = docker_cli.inspect_image(ref)
-    want = layout.docker_image_id(index.images[0], docker_cli.containerd_store)
+    want = layout.runtime_image_id(index.images[0], docker_cli.containerd_store)
     return (found is not None and found["Id"] == str(want) and found["RootFS"]["Layers"] == gzip_image.diff_ids
             and (docker_cli.containerd_store or found["Id"] == gzip_image.config_digest))
 
@@ -75,7 +75,7 @@ def test_default_fetch_of_a_zstd_image_loads_three_ways(services, factory, mirro
     verify = imgtool("verify", str(out))
     assert verify.returncode == 0, verify.stderr
 
-    docker_cleanup.image(ref, gzip_image.config_digest, str(layout.docker_image_id(index.images[0], True)))
+    docker_cleanup.image(ref, gzip_image.config_digest, str(layout.runtime_image_id(index.images[0], True)))
     # 1. imgtool load, 2. load.sh (sh, sha256sum, cat, docker)
     _loads_with_imgtool_and_load_sh(services, docker_cli, out, ref, index, gzip_image)
     docker_cli("rmi", ref)
@@ -131,7 +131,7 @@ def test_plain_writes_every_layer_uncompressed_and_loads(services, factory, mirr
     assert [x.media_type for x in layers] == [PLAIN_LAYER, PLAIN_LAYER]
     assert [str(x.digest) for x in layers] == [str(x.diff_id) for x in layers] == gzip_image.diff_ids
     assert [x.size for x in layers] == [x.unpacked_size for x in layers] == [x.uncompressed_size for x in image.layers]
-    docker_cleanup.image(ref, gzip_image.config_digest, str(layout.docker_image_id(index.images[0], True)))
+    docker_cleanup.image(ref, gzip_image.config_digest, str(layout.runtime_image_id(index.images[0], True)))
     _loads_with_imgtool_and_load_sh(services, docker_cli, out, ref, index, gzip_image)
 
 

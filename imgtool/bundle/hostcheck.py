@@ -40,9 +40,9 @@ def need_bytes(index: BundleIndex, unpacked: Optional[int] = None) -> int:
 
 
 def zstd_check(index: BundleIndex, facts) -> Optional[Check]:
-    """A fail when the bundle has zstd layers and Docker is older than 23.0; else None."""
-    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are Docker's already: never sent
-    if not zstd or facts.version_tuple >= (23,):
+    """A fail when the bundle has zstd layers and the runtime cannot read them (Docker before 23.0); else None."""
+    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are the runtime's already: never sent
+    if not zstd or facts.reads_zstd:
         return None
     return Check("docker", "fail", f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): "
                  "that needs Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)",
@@ -51,6 +51,13 @@ def zstd_check(index: BundleIndex, facts) -> Optional[Check]:
 
 def storage_check(facts) -> Check:
     """The image store and storage driver: a warn for devicemapper and vfs."""
+    if facts.runtime == "containerd":
+        return Check("storage", "ok", f"containerd's content store and {facts.driver} snapshotter under "
+                     f"{facts.root_dir}, namespace {facts.namespace}: image IDs are manifest digests")
+    if facts.runtime == "podman":
+        return Check("storage", "warn" if facts.driver == "vfs" else "ok",
+                     f"containers-storage ({facts.driver}) under {facts.root_dir}",
+                     "vfs copies every layer in full: overlay is the usual choice" if facts.driver == "vfs" else "")
     if facts.containerd_store:
         return Check("storage", "ok", f"the containerd image store ({facts.driver} snapshotter) under "
                      f"{facts.root_dir}: image IDs are manifest digests; imgtool confirms loads by them")
@@ -79,7 +86,7 @@ def space_check(facts, index: Optional[BundleIndex], unpacked: Optional[int] = N
     free = st.f_bavail * st.f_frsize
     if need is not None:
         if free < need:
-            return Check("space", "fail", f"not enough space for Docker under {root}: {how}, "
+            return Check("space", "fail", f"not enough space for {facts.title} under {root}: {how}, "
                          f"{format_size(free)} is free", FREE_SPACE_ADVICE)
         return Check("space", "ok", f"{format_size(free)} free under {root}; {how}")
     if free < TYPICAL_NEED:

@@ -106,10 +106,10 @@ def oci_descriptor_digest(image: BundleImage) -> Digest:
     return Digest.of(twin) if twin else image.manifest_digest
 
 
-def docker_image_id(image: BundleImage, containerd_store: bool) -> Digest:
-    """The ID Docker gives the image once this archive is loaded: the config digest in a graphdriver
-    store, the manifest digest index.json names in the containerd image store (which imports the OCI
-    side of the archive)."""
+def runtime_image_id(image: BundleImage, containerd_store: bool) -> Digest:
+    """The ID a runtime gives the image once this archive is loaded: the config digest in Docker's
+    graphdriver store and in Podman, the manifest digest index.json names in Docker's containerd image
+    store and in containerd (which import the OCI side of the archive)."""
     return oci_descriptor_digest(image) if containerd_store else image.image_id
 
 
@@ -121,14 +121,27 @@ def index_json(images: Sequence[BundleImage], legacy_names: bool = False) -> byt
     counts: Dict[str, int] = {}
     for image in images:
         counts[image.ref] = counts.get(image.ref, 0) + 1
+    return named_index_json(images, [image.ref if legacy_names or counts[image.ref] == 1 else None
+                                     for image in images])
+
+
+def digest_name(image: BundleImage) -> str:
+    """The image's name by digest, REPO@sha256:<the manifest digest index.json names>: how a platform that
+    does not get the tag is named where only named images are kept (containerd, load --all-platforms)."""
+    ref = image.image_ref
+    return f"{ref.registry}/{ref.repository}@{oci_descriptor_digest(image)}"
+
+
+def named_index_json(images: Sequence[BundleImage], names: Sequence[Optional[str]]) -> bytes:
+    """OCI index.json naming each image as given (None: unnamed); a name by tag also gets its ref.name."""
     manifests = []
-    for image in images:
-        ref = image.image_ref
+    for image, name in zip(images, names):
         annotations: Dict[str, str] = {}
-        if legacy_names or counts[image.ref] == 1:
-            annotations[CONTAINERD_NAME] = image.ref
-            if ref.tag:
-                annotations[OCI_REF_NAME] = ref.tag
+        if name:
+            annotations[CONTAINERD_NAME] = name
+            tag = name.rsplit("/", 1)[-1].partition(":")[2] if "@" not in name else ""
+            if tag:
+                annotations[OCI_REF_NAME] = tag
         twin = oci_manifest(image)
         manifests.append({
             "mediaType": OCI_MANIFEST if twin else image.manifest_media_type,

@@ -10,8 +10,10 @@ registers nothing before the archive is complete, so it drops a cut upload: noth
 Then the whole bundle is checked as `imgtool verify` would, to name every damaged part.
 Layer diff_ids are not recomputed here (that means decompressing every layer, about as long as
 Docker's own load): Docker checks them and loads nothing when one differs; `imgtool verify`
-checks them offline. The daemon is a `daemon.Daemon` passed in by the caller: this module does
-not talk to Docker by itself.
+checks them offline. The runtime (Docker, containerd, Podman: a runtime.Runtime) is passed in by
+the caller: this module talks to none of them by itself. containerd reads the whole archive into
+its content store before it records an image, and Podman copies it to a temporary file first: on
+both, as on Docker, a cut stream records nothing (and their rooms remove what they kept of it).
 """
 
 import dataclasses
@@ -20,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
@@ -34,14 +36,20 @@ from .signature import enforce
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
 
+if TYPE_CHECKING:
+    from ..runtime import ImageInfo, Runtime, RuntimeInfo
+
+# what the runtime's own words call a load, in messages: "docker load finished, but ..."
+LOAD_VERB = {"docker": "docker load", "containerd": "ctr images import", "podman": "podman load"}
+
 
 
 @dataclass
 class LoadedImage:
     ref: str
     tags: List[str]  # every name the image now carries that we asked for
-    image_id: str  # the config digest (bundle.json's image_id): the same on every Docker
-    docker_id: str  # what this Docker calls it: image_id, or a manifest digest in the containerd image store
+    image_id: str  # the config digest (bundle.json's image_id): the same on every runtime
+    docker_id: str  # what this runtime calls it: image_id, or a manifest digest in containerd's image store
     platform: str
     size: int  # as Docker reports it (unpacked)
     was_present: bool
@@ -55,8 +63,8 @@ class LoadedImage:
 class LoadResult:
     dir: Path
     images: List[LoadedImage]
-    sent: bool  # False: everything was already loaded, Docker was not sent the archive
-    daemon: dict
+    sent: bool  # False: everything was already loaded, the runtime was not sent the archive
+    daemon: dict  # the runtime's facts (RuntimeInfo.to_json(): "runtime" says which)
     unpacked_size: Optional[int] = None
     bytes_sent: int = 0
     seconds: float = 0.0
@@ -65,7 +73,8 @@ class LoadResult:
 
     def to_json(self) -> dict:
         return {"dir": str(self.dir), "sent": self.sent, "images": [im.to_json() for im in self.images],
-                "daemon": self.daemon, "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
+                "runtime": self.daemon.get("runtime", "docker"), "daemon": self.daemon,
+                "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
                 "seconds": round(self.seconds, 3), "warnings": self.warnings,
                 "signature": self.signature.to_json() if self.signature else None}
 
@@ -95,12 +104,15 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
     return out
 
 
-def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: Optional[str] = None,
+def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
                 force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None, signers: Optional[str] = None) -> LoadResult:
-    """Check the bundle, stream it into Docker checking it on the way; tag and confirm by image ID.
+                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False) -> LoadResult:
+    """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
-    When Docker already holds every image, nothing is sent, but the bundle is checked all the same
+    Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
+    `all_platforms` every platform's image is loaded too, kept by ID (on containerd, which keeps only
+    named images, by digest: REPO@sha256:...) while the tag names the runtime's.
+    When the runtime already holds every image, nothing is sent, but the bundle is checked all the same
     (every part and blob; with quick, every part present at its size) before a tag is added.
     Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
     asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
@@ -115,9 +127,11 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
     wanted = parse_tags(tags, view)
-    ids = {im.ref: str(layout.docker_image_id(im, facts.containerd_store)) for im in view.images}
+    ids = {im.ref: str(layout.runtime_image_id(im, facts.containerd_store)) for im in view.images}
     present = _lookup(daemon, view)(ids)
-    loaded = all(present.values())
+    others = [im for im in index.images if im not in view.images] if all_platforms else []
+    other_ids = [str(layout.runtime_image_id(im, facts.containerd_store)) for im in others]
+    loaded = all(present.values()) and all(daemon.image_info(i) is not None for i in other_ids)
 
     # Before Docker sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part
     # there at its size. When something is wrong, or nothing will be streamed (and so checked on
@@ -131,31 +145,38 @@ def load_bundle(bundle_dir: Path, daemon, *, tags: Sequence[str] = (), expect: O
     report.raise_if_bad("load")
     warnings = list(report.warnings) + _arch_warnings(view, facts.arch)
     if loaded:
-        images = _tag_and_confirm(daemon, view, wanted, present, ids)
+        images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
     if view.is_delta:
-        check_base(bundle_dir, view, daemon)
+        check_base(bundle_dir, view, daemon, facts.title)
     warnings = _compatibility(index, facts, None, force) + warnings
     for w in warnings:
         progress.warn(w)
 
     try:
         try:
-            sent = _stream(bundle_dir, index, daemon, progress, view.images)
+            outgoing = list(view.images) + others
+            sent = _stream(bundle_dir, index, daemon, facts, progress, outgoing,
+                           _outgoing_meta(index, view.images, others, facts.runtime))
         except BaseException:
-            if facts.containerd_store:
-                _forget_failed_load(daemon, view, ids, present)
+            _forget_failed_load(daemon, view, ids, present)
             raise
     except (VerifyError, _Cut) as e:
-        # The upload was cut short and Docker dropped it; name every damaged part, as verify would.
+        # The upload was cut short and the runtime dropped it; name every damaged part, as verify would.
         progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
         deep_check(bundle_dir, index, report, progress, jobs, diff_ids=False)
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded") from e
-    images = _tag_and_confirm(daemon, view, wanted, present, ids)
+    images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
+    for im, image_id in zip(others, other_ids):
+        info = daemon.image_info(image_id)
+        if info is None:
+            raise DaemonError(f"{LOAD_VERB.get(facts.runtime, 'load')} finished, but {im.ref} for {im.platform} "
+                              f"(ID {image_id[7:19]}) is not in {facts.title}")
+        images.append(LoadedImage(im.ref, [], str(im.image_id), info.id, str(im.platform), info.size, False))
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings, verdict)
 
@@ -182,9 +203,9 @@ def select_images(index: BundleIndex, arch: str, explicit: bool) -> List[BundleI
     return out
 
 
-def check_base(bundle_dir: Path, index: BundleIndex, daemon) -> None:
-    """A delta bundle loads only where Docker holds every chain it leaves out; raises ImgtoolError naming
-    the images (and the base bundle) to load first."""
+def check_base(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", title: str = "Docker") -> None:
+    """A delta bundle loads only where the runtime (`title`: Docker, containerd, Podman) holds every chain it
+    leaves out; raises ImgtoolError naming the images (and the base bundle) to load first."""
     present = set()
     for im in daemon.inventory():
         present.update(chain_ids(im.diff_ids))
@@ -194,7 +215,7 @@ def check_base(bundle_dir: Path, index: BundleIndex, daemon) -> None:
         return
     base = index.base or {}
     where = f" (from the {base.get('kind')} {base.get('name')})" if base.get("name") else ""
-    raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle and Docker lacks {len(missing)} of the "
+    raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle and {title} lacks {len(missing)} of the "
                        f"{len(needed)} layer chains it leaves out; nothing was loaded",
                        hint=f"load {describe_requirements(requirements(missing))}{where} first, then this bundle; "
                             "or fetch a full bundle (without --have/--base)")
@@ -204,15 +225,15 @@ def _names(image: BundleImage, wanted: Dict[str, List[str]]) -> List[str]:
     return ([image.repo_tag] if image.repo_tag else []) + wanted.get(image.ref, [])
 
 
-def _has_tags(info, names: Sequence[str]) -> bool:
+def _has_tags(daemon: "Runtime", info: "ImageInfo", names: Sequence[str]) -> bool:
     have = {familiar(t) for t in info.tags}
-    return all(familiar(n) in have for n in names)
+    return all(familiar(daemon.stored_name(n)) in have for n in names)
 
 
-def _compatibility(index: BundleIndex, facts, unpacked: Optional[int], force: bool) -> List[str]:
+def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[int], force: bool) -> List[str]:
     """Refuse what this Docker cannot take (the checks doctor lists: hostcheck); return the warnings."""
     zstd = hostcheck.zstd_check(index, facts)
-    if zstd is not None:  # this Docker cannot read the bundle: a Docker daemon's limit, exit 5 as load.sh's
+    if zstd is not None:  # this runtime cannot read the bundle: the runtime's limit, exit 5 as load.sh's
         raise DaemonError(f"{zstd.detail}; nothing was loaded", hint=zstd.advice)
     warnings = []
     storage = hostcheck.storage_check(facts)
@@ -252,19 +273,36 @@ def _bad_members(feed) -> List[layout.Member]:
     return bad
 
 
-def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hashes: Worker):
-    """The tar Docker gets, as (bytes, is_member_data) pieces, checked on the way.
+def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],
+                   runtime: str) -> Dict[str, bytes]:
+    """The manifest.json / index.json the runtime gets in place of the archive's, when not every image goes
+    out as the archive names it: a subset (the runtime's platform of a multi-platform tag) gets its own,
+    naming it; with every platform (`others` besides the `named`), index.json names the tag's platform and,
+    for containerd, which keeps only named images, the others by digest."""
+    if others:
+        images = list(named) + list(others)
+        names = [im.ref for im in named] + [layout.digest_name(im) if runtime == "containerd" else None
+                                            for im in others]
+        return {"index.json": layout.named_index_json(images, names)}
+    if len(named) < len(index.images):
+        return {"manifest.json": layout.manifest_json(named), "index.json": layout.index_json(named)}
+    return {}
+
+
+def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], replace: Dict[str, bytes],
+                 hashes: Worker):
+    """The tar the runtime gets, as (bytes, is_member_data) pieces, checked on the way.
 
     Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
     every member's data is hashed against its digest, padding and trailer must be zeros. With
-    `selected` a subset of the images, only their members go out, with a manifest.json and
-    index.json generated for them; the rest is still read (and its parts hashed), not sent.
-    Raises _Cut where the archive deviates (`hashes`, a _bad_members worker, finds digest mismatches).
+    `selected` a subset of the images, only their members go out; `replace` gives the content sent
+    for members such as manifest.json and index.json (_outgoing_meta); the rest is still read (and its
+    parts hashed), not sent. Raises _Cut where the archive deviates (`hashes`, a _bad_members worker,
+    finds digest mismatches).
     """
     placed, tar_size = layout.place(layout.members(index.images, index.legacy_names))
     subset = bool(selected) and len(selected) < len(index.images)
     keep = {m.name for m in layout.members(selected)} if subset else None
-    replace = {"manifest.json": layout.manifest_json(selected), "index.json": layout.index_json(selected)} if subset else {}
 
     def take(n: int):
         while n > 0:
@@ -313,22 +351,23 @@ def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], hash
     yield bytes(2 * layout.BLOCK + (-end % layout.RECORD)), False
 
 
-def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
-            selected: Sequence[BundleImage] = ()) -> int:
-    """Parts -> (decompress) -> check -> docker load, chunk by chunk; returns the tar bytes sent.
+def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", progress: Progress,
+            selected: Sequence[BundleImage] = (), replace: Optional[Dict[str, bytes]] = None) -> int:
+    """Parts -> (decompress) -> check -> the runtime's load, chunk by chunk; returns the tar bytes sent.
 
     The check happens on the way (see the module docstring): the last member bytes are held
     back until every part's sha256 and every member's digest matched, so a deviation cuts the
-    upload short (VerifyError from the parts, _Cut from the archive) and Docker, which unpacks an
-    upload to a temporary directory before it registers anything, drops what it got.
+    upload short (VerifyError from the parts, _Cut from the archive) and the runtime, which unpacks (Docker)
+    or ingests (containerd) or copies (Podman) an upload before it registers anything, drops what it got.
     """
     sent = [0]
     # one context for the parts stream and both hashing workers: every path out of here ends them,
     # the set-up's failures included (a zstd bundle on a Python without zstandard)
-    with progress.bar(index.archive.tar_size, "loading into docker") as bar, \
+    with progress.bar(index.archive.tar_size, f"loading into {facts.runtime}") as bar, \
             PartsStream(bundle_dir, index, strict=True) as parts, \
             Worker(_bad_members, "member-sha256") as hashes:
-        pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, hashes)
+        pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, replace or {},
+                              hashes)
 
         def chunks():
             held: List[bytes] = []  # from the latest member data on: what goes out last
@@ -346,16 +385,17 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon, progress: Progress,
                 raise _Cut(", ".join(f"{m.what} differs from its digest" for m in bad))
             for piece in held:
                 yield piece
-            progress.note("sent; Docker is registering the layers ...")
+            progress.note(f"sent; {facts.title} is registering the layers ...")
 
-        daemon.load_archive(chunks())
+        images = selected or index.images
+        daemon.load_archive(chunks(), tuple(sorted({str(im.platform) for im in images})))
     return sent[0]
 
 
-def _forget_failed_load(daemon, index: BundleIndex, ids: Dict[str, str], before: dict) -> None:
-    """The containerd image store registers an image before it unpacks its layers, and keeps it when the
-    unpacking fails (a layer not matching its diff_id, a layer that is not a tar). A failed load must
-    leave nothing behind: remove what it registered of the images Docker did not hold before."""
+def _forget_failed_load(daemon: "Runtime", index: BundleIndex, ids: Dict[str, str], before: dict) -> None:
+    """Docker's containerd image store and containerd register an image before they unpack its layers,
+    and keep it when the unpacking fails (a layer not matching its diff_id, a layer that is not a tar).
+    A failed load must leave nothing behind: remove what it registered of the images not held before."""
     for im in index.images:
         if before.get(im.ref) is None and daemon.image_info(ids[im.ref]) is not None:
             daemon.remove_image(ids[im.ref])
@@ -364,7 +404,7 @@ def _forget_failed_load(daemon, index: BundleIndex, ids: Dict[str, str], before:
 MANY_IMAGES = 16  # more than this in a bundle: one listing of the daemon's images, not an inspect per image
 
 
-def _lookup(daemon, index: BundleIndex):
+def _lookup(daemon: "Runtime", index: BundleIndex):
     """ids (ref -> the ID this Docker gives it) -> {ref: ImageInfo or None}: an inspect per image for a few
     images, one listing for many (14,000 images took 25 s of inspects where verify takes 3 s)."""
     if len(index.images) <= MANY_IMAGES:
@@ -377,27 +417,28 @@ def _lookup(daemon, index: BundleIndex):
     return listed
 
 
-def _tag_and_confirm(daemon, index: BundleIndex, wanted: Dict[str, List[str]], before: dict,
-                     ids: Dict[str, str]) -> List[LoadedImage]:
-    """Give each image its canonical name and --tag names, then confirm by the ID this Docker gives it
-    (`ids`, see layout.docker_image_id); raises DaemonError."""
+def _tag_and_confirm(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, wanted: Dict[str, List[str]],
+                     before: dict, ids: Dict[str, str]) -> List[LoadedImage]:
+    """Give each image its canonical name and --tag names, then confirm by the ID this runtime gives it
+    (`ids`, see layout.runtime_image_id); raises DaemonError."""
+    verb, title = LOAD_VERB.get(facts.runtime, "load"), facts.title
     out = []
     now = _lookup(daemon, index)({im.ref: ids[im.ref] for im in index.images})
     for im in index.images:
         image_id = ids[im.ref]
         info = now[im.ref]
         if info is None:
-            raise DaemonError(f"docker load finished, but {im.ref} (ID {image_id[7:19]}) is not in Docker")
+            raise DaemonError(f"{verb} finished, but {im.ref} (ID {image_id[7:19]}) is not in {title}")
         names = _names(im, wanted)
         tagged = False
         for name in names:
-            if familiar(name) not in {familiar(t) for t in info.tags}:
+            if familiar(daemon.stored_name(name)) not in {familiar(t) for t in info.tags}:
                 daemon.tag(image_id, name)
                 tagged = True
         if tagged or len(index.images) <= MANY_IMAGES:
             info = daemon.image_info(image_id)
-        if info is None or info.id != image_id or not _has_tags(info, names):
-            raise DaemonError(f"docker load finished, but {im.ref} does not carry the names {', '.join(names)}")
+        if info is None or info.id != image_id or not _has_tags(daemon, info, names):
+            raise DaemonError(f"{verb} finished, but {im.ref} does not carry the names {', '.join(names)}")
         out.append(LoadedImage(im.ref, names, str(im.image_id), info.id, info.platform or str(im.platform), info.size,
                                before.get(im.ref) is not None))
     return out

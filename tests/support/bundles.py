@@ -147,8 +147,17 @@ def reassemble(bundle: Path, out: Path) -> Path:
 
 def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[str, str]] = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the imgtool CLI in a subprocess (exact stderr and exit codes), Docker at docker_host."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    """Run the imgtool CLI in a subprocess (exact stderr and exit codes), Docker at docker_host.
+
+    The machine's own runtimes are out of reach: containerd's address is none unless `env` gives one,
+    and `podman` is the private one of the test services (its storage under the services dir)."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "CONTAINERD_", "CONTAINERS_"))}
+    e["CONTAINERD_ADDRESS"] = "/nonexistent/imgtool-test/containerd.sock"
+    podman = os.environ.get("IMGTOOL_TEST_PODMAN")
+    if podman:
+        e["PATH"] = os.path.join(podman, "bin") + os.pathsep + e.get("PATH", "/usr/bin:/bin")
+        e["CONTAINERS_STORAGE_CONF"] = os.path.join(podman, "storage.conf")
+        e["CONTAINERS_CONF"] = os.path.join(podman, "containers.conf")
     if docker_host:
         e["DOCKER_HOST"] = docker_host
     e.update(env or {})

@@ -1,0 +1,265 @@
+"""The containerd room: a Kubernetes node's runtime, through `ctr` run as a program (program.py).
+
+`ctr --address A --namespace NS` (k8s.io by default: the namespace the kubelet's CRI plugin reads).
+An image's ID here is its manifest digest (what `ctr images ls` lists as DIGEST); its names are
+fully qualified (docker.io/library/x:1). An import reads the whole archive into the content store
+under a lease before it creates an image record, so an archive cut short leaves no record; what it
+ingested is removed here (`ctr content rm`), so a refused load leaves nothing behind.
+Standard library only (the offline side runs on Python 3.7).
+"""
+
+import json
+import os
+import socket
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+from .errors import DaemonError, ProgramFailed
+from .program import Program
+from .runtime import ImageInfo, RuntimeInfo
+
+LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
+INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
+_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4,
+          "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4}
+
+
+class Containerd:
+    """The operations load, inventory and doctor need of containerd (runtime.Runtime); errors are DaemonError."""
+
+    def __init__(self, address: str, namespace: str, timeout: Optional[float] = LOAD_TIMEOUT,
+                 snapshotter: str = ""):
+        self.address = address
+        self.namespace = namespace
+        self.timeout = timeout or LOAD_TIMEOUT
+        self.snapshotter = snapshotter or "overlayfs"  # ctr's default (CONTAINERD_SNAPSHOTTER overrides it)
+        _reachable(address)
+        self.ctr = Program(["ctr", "--address", address, "--namespace", namespace], "containerd",
+                           install_hint=INSTALL_HINT)
+        self._version = self._server_version()
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Containerd":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _server_version(self) -> str:
+        try:
+            text = self.ctr.run(["version"], timeout=30)
+        except ProgramFailed as e:
+            raise DaemonError(f"cannot reach containerd at {self.address}: {e.output}",
+                              hint="start it (systemctl start containerd), or give its socket with --address "
+                                   "or CONTAINERD_ADDRESS") from e
+        server = text.split("Server:", 1)[-1]
+        for line in server.splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "Version":
+                return value.strip()
+        return "unknown"
+
+    def info(self) -> RuntimeInfo:
+        """Version, snapshotter, root dir and architecture of containerd; raises DaemonError."""
+        from .model import Platform
+
+        roots, platform = _plugins(self.ctr.run(["plugins", "ls", "--detailed"]), self.snapshotter)
+        content = roots.get("content", "")
+        arch = Platform.parse(platform).architecture if platform else Platform.host().architecture
+        return RuntimeInfo(host=self.address, version=self._version, api_version="", driver=self.snapshotter,
+                           root_dir=os.path.dirname(content) if content else "", arch=arch, os="linux", local=True,
+                           image_store="containerd", runtime="containerd", namespace=self.namespace)
+
+    # --- images ---------------------------------------------------------------------------------
+
+    def _listing(self) -> List[Tuple[str, str, str, int]]:
+        """`ctr images ls`: (name, target digest, platforms, size) of every image record."""
+        out = []
+        for line in self.ctr.run(["images", "ls"]).splitlines()[1:]:
+            f = line.split()
+            if len(f) < 6:
+                continue
+            size = int(float(f[3]) * _UNITS.get(f[4], 1)) if _number(f[3]) else 0
+            out.append((f[0], f[2], f[5], size))
+        return out
+
+    def images_by_id(self) -> Dict[str, ImageInfo]:
+        """Every image by its ID (manifest digest), from one listing; raises DaemonError."""
+        names: Dict[str, List[str]] = {}
+        rows: Dict[str, Tuple[str, int]] = {}
+        for name, digest, platforms, size in self._listing():
+            names.setdefault(digest, [])
+            if not name.startswith("sha256:"):  # the CRI plugin's own ref by config digest: not a name
+                names[digest].append(name)
+            rows[digest] = (platforms, size)
+        out = {}
+        for digest, (platforms, size) in rows.items():
+            parts = (platforms.split(",")[0].split("/") + ["", "", ""])[:3] if "," not in platforms else ["", "", ""]
+            out[digest] = ImageInfo(digest, tuple(names[digest]), parts[0], parts[1], parts[2] or None, size)
+        return out
+
+    def image_info(self, image_id: str) -> Optional[ImageInfo]:
+        return self.images_by_id().get(image_id)
+
+    def stored_name(self, name: str) -> str:
+        """containerd's form of a name: fully qualified, as Docker's reference normalization gives it."""
+        return normalize(name)
+
+    def tag(self, image_id: str, name: str) -> None:
+        """Name the image `name` (moved from another image if it had it); raises DaemonError."""
+        refs = [n for n, digest, _, _ in self._listing() if digest == image_id]
+        if not refs:
+            raise DaemonError(f"cannot tag {image_id[:19]} as {name}: containerd has no such image")
+        self.ctr.run(["images", "tag", "--force", refs[0], normalize(name)], what=f"images tag {name}")
+
+    def remove_image(self, image_id: str) -> None:
+        """Remove every name of the image and let containerd collect its content; raises DaemonError."""
+        refs = [n for n, digest, _, _ in self._listing() if digest == image_id]
+        if refs:
+            self.ctr.run(["images", "rm", "--sync"] + refs, what="images rm")
+
+    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]:
+        """`ctr images import` of a tar stream into the namespace, unpacked into the snapshotter.
+
+        `platforms`: the platforms the archive's images are for (one: --platform it; several:
+        --all-platforms). No import-DATE@sha256 names (no --digests): images carry the names the
+        archive's index.json gives. When the import fails or the stream is cut short, what it left
+        (image records, blobs) that was not here before is removed. Raises DaemonError, or what the
+        chunks raised.
+        """
+        args = ["images", "import"]
+        if len(set(platforms)) == 1:
+            args += ["--platform", platforms[0]]
+        elif platforms:
+            args += ["--all-platforms"]
+        if self.snapshotter:
+            args += ["--snapshotter", self.snapshotter]
+        before_images = {n for n, _, _, _ in self._listing()}
+        before_blobs = self._blobs()
+        try:
+            return self.ctr.feed(args + ["-"], chunks, self.timeout, "images import")
+        except BaseException:
+            self._forget(before_images, before_blobs)
+            raise
+
+    def _blobs(self) -> Set[str]:
+        return {line.strip() for line in self.ctr.run(["content", "ls", "--quiet"]).splitlines() if line.strip()}
+
+    def _forget(self, images: Set[str], blobs: Set[str]) -> None:
+        """After a failed import: remove the image records and blobs that were not there before it."""
+        try:
+            new = [n for n, _, _, _ in self._listing() if n not in images]
+            if new:
+                self.ctr.run(["images", "rm", "--sync"] + new, what="images rm")
+            left = sorted(self._blobs() - blobs)
+            if left:
+                self.ctr.run(["content", "rm"] + left, what="content rm")
+        except DaemonError:
+            pass  # the import's own error is the story; containerd's GC collects unreferenced blobs later
+
+    # --- inventory ------------------------------------------------------------------------------
+
+    def _content(self, digest: str) -> Optional[dict]:
+        try:
+            data = self.ctr.run(["content", "get", digest], what="content get")
+        except ProgramFailed:
+            return None  # not in the content store (an index's other platforms)
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def inventory(self) -> list:
+        """Every image of the namespace with its layers: [delta.InventoryImage], one per platform manifest
+        present (an index's), by manifest digest; raises DaemonError."""
+        from .delta import InventoryImage
+        from .errors import UsageError
+        from .model import Digest
+
+        out = []
+        for digest, info in self.images_by_id().items():
+            doc = self._content(digest)
+            if doc is None:
+                continue
+            targets = [(digest, doc, info.platform)]
+            if "manifests" in doc:  # an index: the platforms whose manifests are here
+                targets = []
+                for entry in doc.get("manifests") or []:
+                    if not isinstance(entry, dict):
+                        continue
+                    child = self._content(str(entry.get("digest") or ""))
+                    p = entry.get("platform") or {}
+                    name = "/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
+                    if child is not None:
+                        targets.append((str(entry.get("digest")), child, name))
+            for image_id, manifest, platform in targets:
+                config = self._content(str((manifest.get("config") or {}).get("digest") or ""))
+                if config is None:
+                    continue
+                try:
+                    diff_ids = tuple(Digest.parse(x) for x in (config.get("rootfs") or {}).get("diff_ids") or [])
+                except (UsageError, TypeError, AttributeError):
+                    continue
+                if not platform:
+                    platform = "/".join(str(config.get(k)) for k in ("os", "architecture", "variant") if config.get(k))
+                out.append(InventoryImage(image_id, info.tags, platform, diff_ids))
+        return out
+
+
+def _reachable(address: str) -> None:
+    """Raise DaemonError, in words, unless containerd's socket accepts a connection (before ctr waits on it)."""
+    where = f"cannot reach containerd at {address}"
+    hint = "start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS"
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.settimeout(10)
+        s.connect(address)
+    except FileNotFoundError:
+        raise DaemonError(f"{where}: the socket does not exist (containerd is not running)", hint=hint) from None
+    except PermissionError:
+        raise DaemonError(f"{where}: permission denied", hint="run as root (containerd's socket is root's)") from None
+    except ConnectionRefusedError:
+        raise DaemonError(f"{where}: connection refused (containerd is not running)", hint=hint) from None
+    except OSError as e:
+        raise DaemonError(f"{where}: {(e.strerror or str(e)).lower()}", hint=hint) from None
+    finally:
+        s.close()
+
+
+def normalize(name: str) -> str:
+    """A name as containerd stores it (Docker's normalization): x:1 -> docker.io/library/x:1,
+    user/x -> docker.io/user/x:latest, host:5000/x stays."""
+    first, sep, _ = name.partition("/")
+    if not sep or ("." not in first and ":" not in first and first != "localhost"):
+        name = "docker.io/" + (name if sep else "library/" + name)
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last and "@" not in last:
+        name += ":latest"
+    return name
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _plugins(text: str, snapshotter: str) -> Tuple[Dict[str, str], str]:
+    """`ctr plugins ls --detailed` -> ({plugin id: its exported root}, the snapshotter's platform)."""
+    roots: Dict[str, str] = {}
+    platforms: Dict[str, str] = {}
+    current = ""
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        words = line.split()
+        if key == "ID":
+            current = value.strip()
+        elif key == "Platforms" and current:
+            platforms[current] = value.strip().split(",")[0]
+        elif len(words) == 2 and words[0] == "root" and current:
+            roots.setdefault(current, words[1])
+    return roots, platforms.get(snapshotter, "")

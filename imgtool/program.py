@@ -1,0 +1,120 @@
+"""A runtime's command-line tool run as a program (`ctr`, `podman`): with timeouts, decided on exit status.
+
+The containerd and Podman rooms use this and nothing else to start their tools; it knows no tool's
+words. Standard library only (the offline side runs on Python 3.7).
+"""
+
+import collections
+import shutil
+import subprocess
+import threading
+from typing import Deque, Iterable, List, Mapping, Optional, Sequence
+
+from .errors import DaemonError, ProgramFailed, one_line
+
+QUICK = 120.0  # a listing, a tag, an inspect: seconds before the tool is taken for hung
+POISON = b"\xff" * 512  # not a tar header: ends an import we cut short in a failure, never in a success
+
+
+class Program:
+    """`argv` (the tool and its global options) as what a runtime room runs; `title` names the
+    runtime in messages (containerd, Podman)."""
+
+    def __init__(self, argv: Sequence[str], title: str, env: Optional[Mapping[str, str]] = None,
+                 install_hint: str = ""):
+        self.argv = list(argv)
+        self.title = title
+        self.env = dict(env) if env is not None else None
+        if shutil.which(self.argv[0], path=(self.env or {}).get("PATH")) is None:
+            raise DaemonError(f"cannot use {title}: the {self.argv[0]} command is not installed (not in PATH)",
+                              hint=install_hint or None)
+
+    def run(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> str:
+        """The tool's stdout; raises ProgramFailed (non-zero exit), DaemonError (timeout, cannot start)."""
+        what = what or " ".join(args[:2])
+        try:
+            r = subprocess.run(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=timeout, env=self.env)
+        except subprocess.TimeoutExpired:
+            raise DaemonError(f"{self.title}: `{self.argv[0]} {what}` did not finish within {timeout:.0f} s",
+                              hint=f"is {self.title} hung? check its service and log") from None
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        if r.returncode != 0:
+            said = _last_line(r.stderr) or _last_line(r.stdout) or f"exit status {r.returncode}"
+            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
+        return r.stdout.decode("utf-8", "replace")
+
+    def feed(self, args: Sequence[str], chunks: Iterable[bytes], timeout: float, what: str) -> List[str]:
+        """Run the tool with `chunks` as its stdin (never held whole); returns its output lines.
+
+        When the chunks raise, the tool is sent a block that is no tar header and its stdin closed, so
+        it fails on its own (releasing what it holds, as on any bad archive) before the error goes on.
+        `timeout` counts from the last byte sent. Raises Failed, DaemonError, or what the chunks raised.
+        """
+        try:
+            proc = subprocess.Popen(self.argv + list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=self.env)
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        said: Deque[str] = collections.deque(maxlen=200)
+        reader = threading.Thread(target=_collect, args=(proc.stdout, said), name=f"{self.argv[0]}-output",
+                                  daemon=True)
+        reader.start()
+        stdin = proc.stdin
+        assert stdin is not None
+        try:
+            try:
+                for chunk in chunks:
+                    stdin.write(chunk)
+            except BrokenPipeError:
+                pass  # the tool stopped reading: its exit status and words say why
+            except BaseException:
+                _poison(stdin)
+                _finish(proc, reader, timeout, self.argv[0])
+                raise
+            try:
+                stdin.close()
+            except BrokenPipeError:
+                pass
+            code = _finish(proc, reader, timeout, self.argv[0])
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        lines = [line for line in said if line]
+        if code != 0:
+            last = next((line for line in reversed(lines) if line.strip()), f"exit status {code}")
+            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {one_line(last)}", last, code)
+        return lines
+
+
+def _collect(stream, into: Deque[str]) -> None:
+    for raw in iter(stream.readline, b""):
+        into.append(raw.decode("utf-8", "replace").rstrip())
+    stream.close()
+
+
+def _poison(stdin) -> None:
+    try:
+        stdin.write(POISON)
+        stdin.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def _finish(proc: "subprocess.Popen", reader: threading.Thread, timeout: float, tool: str) -> int:
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise DaemonError(f"`{tool}` did not finish within {timeout:.0f} s after the archive was sent; "
+                          "stopped it") from None
+    reader.join(timeout=30)
+    return code
+
+
+def _last_line(data: bytes) -> str:
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return one_line(lines[-1]) if lines else ""

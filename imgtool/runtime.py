@@ -1,0 +1,181 @@
+"""The container runtimes of a host, behind one interface: Docker, containerd (Kubernetes nodes), Podman.
+
+`Runtime` is what `load`, `inventory`, `doctor` and `diff` ask of any of them; each runtime is a room
+of its own that implements it: daemon.py (Docker, the only importer of docker-py), containerd.py
+(`ctr`) and podman.py (`podman`), both run as programs with timeouts. The Protocol exists for the
+type checker only (typing.Protocol is 3.8+, and the offline side runs on 3.7): import it under
+TYPE_CHECKING. `open_runtime` picks and opens one (`--runtime auto`: Docker if its socket answers,
+else containerd if its socket answers, else Podman if installed).
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from .errors import DaemonError, UsageError
+
+RUNTIMES = ("docker", "containerd", "podman")
+CHOICES = ("auto",) + RUNTIMES
+TITLES = {"docker": "Docker", "containerd": "containerd", "podman": "Podman"}
+DEFAULT_CONTAINERD_ADDRESS = "/run/containerd/containerd.sock"
+DEFAULT_CONTAINERD_NAMESPACE = "k8s.io"  # the namespace the kubelet (the CRI plugin) reads
+
+
+@dataclass(frozen=True)
+class RuntimeInfo:
+    """What decides whether a bundle can be loaded: which runtime, version, storage, where, which arch."""
+
+    host: str  # DOCKER_HOST or Docker's default socket; containerd's address; "podman"
+    version: str  # server version, e.g. 20.10.24+dfsg1, 1.7.24, 4.3.1
+    api_version: str
+    driver: str  # storage driver or snapshotter: overlay2, overlayfs, vfs, ...
+    root_dir: str  # where images land (docker load also unpacks its upload under <root>/tmp)
+    arch: str  # normalised: arm64, amd64
+    os: str
+    local: bool  # the runtime runs on this machine, so root_dir's free space can be read here
+    # Where images live: "graphdriver" (Docker's overlay2 & co: image ID = config digest), "containerd"
+    # (Docker's containerd image store, and containerd itself: image ID = the manifest digest it was
+    # loaded by) or "containers-storage" (Podman: image ID = config digest)
+    image_store: str = "graphdriver"
+    runtime: str = "docker"  # docker | containerd | podman
+    namespace: str = ""  # containerd's namespace (k8s.io on a Kubernetes node)
+    staging_dir: str = ""  # where the runtime copies the whole archive before it reads it (Podman: /var/tmp)
+
+    @property
+    def title(self) -> str:
+        """How messages name the runtime: Docker, containerd, Podman."""
+        return TITLES.get(self.runtime, self.runtime)
+
+    @property
+    def containerd_store(self) -> bool:
+        """Image IDs are manifest digests (Docker's containerd image store, and containerd)."""
+        return self.image_store == "containerd"
+
+    @property
+    def version_tuple(self) -> Tuple[int, ...]:
+        nums = []
+        for piece in self.version.lstrip("v").split("+")[0].split("-")[0].split(".")[:3]:
+            digits = "".join(ch for ch in piece if ch.isdigit())
+            nums.append(int(digits) if digits else 0)
+        return tuple(nums)
+
+    @property
+    def reads_zstd(self) -> bool:
+        """zstd layers: Docker from 23.0, containerd from 1.5, Podman (containers/storage) from 3.0."""
+        floor = {"docker": (23,), "containerd": (1, 5), "podman": (3,)}.get(self.runtime, (23,))
+        return self.version_tuple >= floor
+
+    def to_json(self) -> dict:
+        out = {"runtime": self.runtime, "host": self.host, "version": self.version, "api_version": self.api_version,
+               "driver": self.driver, "image_store": self.image_store, "root_dir": self.root_dir, "arch": self.arch,
+               "os": self.os, "local": self.local}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image as the runtime reports it."""
+
+    id: str  # sha256:..., what this runtime calls it (see bundle.layout.runtime_image_id)
+    tags: Tuple[str, ...]  # as the runtime shows them (Docker: docker.io/library/x:1 shows as x:1)
+    os: str
+    architecture: str
+    variant: Optional[str]
+    size: int
+
+    @property
+    def platform(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+
+if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never imports it
+    from typing import Protocol
+
+    from .delta import InventoryImage
+
+    class Runtime(Protocol):
+        """The operations load, inventory and doctor need of a container runtime; errors are DaemonError."""
+
+        def info(self) -> RuntimeInfo: ...
+
+        def image_info(self, image_id: str) -> Optional[ImageInfo]: ...
+
+        def images_by_id(self) -> Dict[str, ImageInfo]: ...
+
+        def inventory(self) -> List[InventoryImage]: ...
+
+        def stored_name(self, name: str) -> str: ...
+
+        def tag(self, image_id: str, name: str) -> None: ...
+
+        def remove_image(self, image_id: str) -> None: ...
+
+        def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]: ...
+
+        def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which runtime to open and where: --runtime, --address, --namespace (and their variables)."""
+
+    runtime: str = "auto"
+    docker_host: Optional[str] = None  # None: DOCKER_HOST or the default socket
+    address: str = DEFAULT_CONTAINERD_ADDRESS
+    namespace: str = DEFAULT_CONTAINERD_NAMESPACE
+    tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
+
+    @classmethod
+    def from_options(cls, runtime: Optional[str], address: Optional[str], namespace: Optional[str],
+                     env: Mapping[str, str]) -> "Choice":
+        """--runtime/--address/--namespace, else $CONTAINERD_ADDRESS/$CONTAINERD_NAMESPACE (as ctr reads
+        them; `env` is config.runtime_environment()), else the defaults; raises UsageError."""
+        runtime = (runtime or "auto").lower()
+        if runtime not in CHOICES:
+            raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(CHOICES)}")
+        address = address or env.get("CONTAINERD_ADDRESS") or DEFAULT_CONTAINERD_ADDRESS
+        if address.startswith("unix://"):
+            address = address[len("unix://"):]
+        namespace = namespace or env.get("CONTAINERD_NAMESPACE") or DEFAULT_CONTAINERD_NAMESPACE
+        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp")
+
+
+def open_runtime(choice: Choice, timeout: Optional[int] = 3600) -> "Runtime":
+    """The runtime `choice` names, opened; with "auto", the first that answers of Docker, containerd,
+    Podman. Raises DaemonError (naming what each said when none answers), UsageError."""
+    openers: Dict[str, Callable[[], "Runtime"]] = {
+        "docker": lambda: _docker(timeout),
+        "containerd": lambda: _containerd(choice, timeout),
+        "podman": lambda: _podman(timeout, choice.tmpdir),
+    }
+    if choice.runtime != "auto":
+        return openers[choice.runtime]()
+    said = []
+    for name in RUNTIMES:
+        try:
+            return openers[name]()
+        except DaemonError as e:
+            said.append(f"{TITLES[name]}: {e.message}")
+    raise DaemonError("no container runtime answers here: " + "; ".join(said),
+                      hint="start one (systemctl start docker, or containerd), choose one with --runtime, and for "
+                           "containerd give its socket with --address or CONTAINERD_ADDRESS")
+
+
+def _docker(timeout: Optional[int]) -> "Runtime":
+    from .daemon import open_daemon
+
+    return open_daemon(timeout=timeout)
+
+
+def _containerd(choice: Choice, timeout: Optional[int]) -> "Runtime":
+    from .containerd import Containerd
+
+    return Containerd(choice.address, choice.namespace, timeout=timeout)
+
+
+def _podman(timeout: Optional[int], tmpdir: str) -> "Runtime":
+    from .podman import Podman
+
+    return Podman(timeout=timeout, staging_dir=tmpdir)
+

@@ -1,0 +1,87 @@
+"""Nodes without Docker: `imgtool load` into containerd (a Kubernetes node) and Podman, as into Docker.
+
+Against the private containerd 1.6 and 1.7 (CRI plugin on, as on a node) and Podman 4.3 of
+scripts/services.sh. The tests shared with Docker (load, damage, reload, delta, multi-arch, the pyz on
+Python 3.7, signatures) are marked @pytest.mark.runtimes where they live; here is what only these
+runtimes have: the kubelet's namespace and label, the snapshotter, containerd's namespaces.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from imgtool.delta import chain_ids
+from imgtool.model import Digest
+from tests.support.bundles import BlobDir, imgtool, write
+from tests.support.images import host_arch
+
+REPO = "quay.io/ascend/vllm-ascend"
+
+
+@pytest.fixture
+def runnable(factory, tmp_path):
+    """A bundle of a runnable host-arch image (`echo` works in it), archive compressed as asked."""
+    def make(compress="none"):
+        image = factory.image(host_arch(), layers=2, runnable=True)
+        store = BlobDir(tmp_path / f"blobs-{compress}")
+        out = tmp_path / f"bundle-{compress}"
+        write(out, [store.pulled(image, f"{REPO}:v1")], store, chunk_size=300 * 1024, compress=compress)
+        return out, image
+    return make
+
+
+@pytest.mark.parametrize("engine", ["containerd-1.6", "containerd-1.7"], indirect=True)
+def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, node):
+    """Docker's socket absent: load --runtime auto picks containerd, imports into k8s.io, names the image with
+    its canonical reference only (beside the CRI plugin's own sha256:<config> ref: no import-DATE refs),
+    the CRI plugin marks it managed, its layers are unpacked into the snapshotter, and a container runs."""
+    out, image = runnable()
+    node.remove_later(f"{REPO}:v1", node.bundle_id(image))
+    r = imgtool("load", str(out), "--json", env=node.env)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["runtime"] == "containerd" and result["daemon"]["namespace"] == "k8s.io"
+    assert "loading into containerd" in r.stderr
+    refs = {row[0]: row for row in node.refs() if row[2] == node.bundle_id(image)}
+    assert sorted(refs) == sorted([f"{REPO}:v1", image.config_digest])
+    assert node.labels(f"{REPO}:v1") == "io.cri-containerd.image=managed"
+    top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+    assert top in node.snapshot().items["snapshot"]  # unpacked: the whole chain is a committed snapshot
+    assert node.run(f"{REPO}:v1", "echo", "ran-on-a-node").strip() == "ran-on-a-node"
+
+
+def test_containerd_namespace_from_the_option_or_the_variable_as_ctr_reads_it(runnable, services):
+    """--namespace, else $CONTAINERD_NAMESPACE, else k8s.io: the image lands there and nowhere else."""
+    sock = services.containerd("1.7")
+    out, image = runnable()
+
+    def ctr(ns, *args):
+        return subprocess.run(["ctr", "--address", sock, "-n", ns, *args], capture_output=True, text=True,
+                              timeout=120, check=True).stdout
+
+    try:
+        r = imgtool("load", str(out), "--runtime", "containerd", "--address", sock, "--namespace", "imgtool-a")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[-1].endswith(", namespace imgtool-a)")
+        r = imgtool("load", str(out), "--runtime", "containerd",
+                    env={"CONTAINERD_ADDRESS": sock, "CONTAINERD_NAMESPACE": "imgtool-b"})
+        assert r.returncode == 0, r.stderr
+        assert ctr("imgtool-a", "images", "ls", "-q").split() == [f"{REPO}:v1"]
+        assert ctr("imgtool-b", "images", "ls", "-q").split() == [f"{REPO}:v1"]
+        assert f"{REPO}:v1" not in ctr("k8s.io", "images", "ls", "-q").split()
+    finally:
+        for ns in ("imgtool-a", "imgtool-b"):
+            subprocess.run(["ctr", "--address", sock, "-n", ns, "images", "rm", "--sync", f"{REPO}:v1"],
+                           capture_output=True, timeout=120)
+
+
+@pytest.mark.runtimes
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_a_compressed_bundle_loads_and_its_container_runs(compress, runnable, node):
+    out, image = runnable(compress)
+    node.remove_later(f"{REPO}:v1", *node.ids_of(image))
+    r = imgtool("load", str(out), env=node.env)
+    assert r.returncode == 0, r.stderr
+    assert node.holds(f"{REPO}:v1", image)
+    assert node.run(f"{REPO}:v1", "echo", f"ran-on-{node.kind}").strip() == f"ran-on-{node.kind}"
