@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.support.images import host_arch, write_docker_archive
-from tests.test_presets import NO_CARDS, imgtool
+from tests.test_presets import DEAD_DOCKER, NO_CARDS, imgtool
 
 NOT_INSTALLED = ["error: cannot run podman: it is not installed here (no podman in PATH)",
                  "hint: install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
@@ -268,7 +268,7 @@ def test_sigterm_stops_and_removes_the_container(podman, pod_image, uniq, home):
     name = f"imgtool-{uniq}"
     podman.containers.append(name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
-    env.update(podman.cli_env, HOME=str(home), DOCKER_HOST="unix:///nonexistent/imgtool-test-docker.sock")
+    env.update(podman.cli_env, HOME=str(home), DOCKER_HOST=DEAD_DOCKER)
     proc = subprocess.Popen(
         [sys.executable, "-m", "imgtool", "run", "a2", pod_image, "--runtime", "podman", "--allow-missing-devices",
          "-q", "--net", "none", "--name", name, "--",
@@ -301,7 +301,7 @@ def test_run_is_interactive_on_a_terminal(runner, podman, pod_image, uniq, home,
     name = f"imgtool-{uniq}"
     podman.containers.append(name)  # only if the session below goes wrong
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
-    env.update(podman.cli_env, HOME=str(home), TERM="xterm")
+    env.update(podman.cli_env, HOME=str(home), TERM="xterm", DOCKER_HOST=DEAD_DOCKER)
     argv = [sys.executable, "-m", "imgtool"]
     if runner == "pyz-3.7":
         selfbundle.build(tmp_path / "imgtool.pyz")
@@ -309,7 +309,7 @@ def test_run_is_interactive_on_a_terminal(runner, podman, pod_image, uniq, home,
         env = {"PATH": podman.cli_env["PATH"].split(os.pathsep)[0] + ":/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": str(home), "LANG": "C.UTF-8", "TERM": "xterm",
                "CONTAINERS_STORAGE_CONF": podman.cli_env["CONTAINERS_STORAGE_CONF"],
-               "CONTAINERS_CONF": podman.cli_env["CONTAINERS_CONF"]}
+               "CONTAINERS_CONF": podman.cli_env["CONTAINERS_CONF"], "DOCKER_HOST": DEAD_DOCKER}
     argv += ["run", "a2", pod_image, "--runtime", "podman", "-q", "--allow-missing-devices", "--net", "none",
              "--name", name, "--", "sh"]
     pid, fd = pty.fork()
