@@ -17,6 +17,7 @@ from . import progress as progress_mod
 from .bundle.format import COMPRESSIONS
 from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
+from .presets.run import RUNTIMES
 
 _STATE = {"debug": False, "quiet": False, "json": False, "json_printed": False}
 _VERB = {"path": ""}  # the verb being run, for errors click raises without a context
@@ -426,6 +427,8 @@ def run_options(f):
         click.option("-d", "--detach", is_flag=True, help="Start in the background, like docker run -itd."),
         click.option("--rm/--no-rm", "remove", default=True, show_default=True,
                      help="Remove the container when it exits."),
+        click.option("--runtime", type=click.Choice(RUNTIMES), default="docker", show_default=True,
+                     help="The runtime: `docker run` or `podman run` (the same flags; podman also gets --pull=never)."),
         mirrors_option,
         presets_option,
     ]
@@ -446,21 +449,46 @@ def _run_spec(preset_name, kw):
         devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
         name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
         volumes=tuple(kw["volumes"]), publish=tuple(kw["publish"]), multi_node=kw["multi_node"],
-        detach=kw["detach"], remove=kw["remove"], command=command)
+        detach=kw["detach"], remove=kw["remove"], command=command, runtime=kw["runtime"])
     spec = P.build_spec(pset, preset_name, opts)
     return pset, preset, spec, load_mirrors(kw["mirrors_file"])
 
 
-def _local_tags(repository):
-    """Tags of `repository` in the local daemon, or None when it cannot be asked (run-flags needs no Docker)."""
-    from .daemon import open_daemon
+ASK_TIMEOUT = 5  # run-flags asks the runtime about local images, and needs no runtime at all
+
+
+def _local_tags(repository, runtime):
+    """Tags of `repository` in the local runtime, or None when it cannot be asked (run-flags needs no runtime)."""
     from .errors import DaemonError
 
     try:
-        with open_daemon(timeout=5) as daemon:
+        if runtime == "podman":
+            from . import podman_run
+
+            return podman_run.local_tags(repository, timeout=ASK_TIMEOUT)
+        from .daemon import open_daemon
+
+        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
             return daemon.local_tags(repository)
     except DaemonError:
         return None
+
+
+def _arch_warning(spec):
+    """The runtime's warning for an image of another architecture, or None (also when it cannot be asked)."""
+    from .errors import DaemonError
+
+    try:
+        if spec.runtime == "podman":
+            from . import podman_run
+
+            return podman_run.arch_warning(spec.image, timeout=ASK_TIMEOUT)
+        from .daemon import open_daemon
+
+        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
+            return daemon.arch_warning(spec.image)
+    except DaemonError:
+        return None  # run-flags works without a runtime
 
 
 def _warn_spec(spec, preset, default_image):
@@ -473,16 +501,25 @@ def _warn_spec(spec, preset, default_image):
     if mismatch:
         progress().warn(mismatch)
     if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
-        from .daemon import open_daemon
-        from .errors import DaemonError
-
-        try:
-            with open_daemon(timeout=5) as daemon:
-                wrong_arch = daemon.arch_warning(spec.image)
-        except DaemonError:
-            wrong_arch = None  # run-flags works without Docker
+        wrong_arch = _arch_warning(spec)
         if wrong_arch:
             progress().warn(wrong_arch)
+
+
+def _image_to_run(spec, preset, image, default_image, local_tags):
+    """The spec with IMAGE (a bare tag: of the default image), else the newest local image for the preset;
+    raises UsageError when there is none. `local_tags(repository)` asks the runtime."""
+    from . import presets as P
+    from .errors import UsageError
+
+    if image:
+        return spec.with_image(P.normalize_image(image, default_image))
+    newest, placeholder = P.default_image_for(preset, default_image, local_tags(default_image))
+    if placeholder:
+        raise UsageError(f"no {default_image} image for preset {preset.name} is loaded in {spec.program.title} "
+                         f"(looked for tags {', '.join(preset.tag_patterns)})",
+                         hint=f"name one: imgtool run {preset.name} IMAGE, or load a bundle first: imgtool load DIR")
+    return spec.with_image(newest)
 
 
 @cli.command("presets")
@@ -511,13 +548,13 @@ def presets_cmd(presets_file, as_json):
 @cli.command("run-flags", cls=_CommandAfterDashes)
 @click.argument("preset")
 @click.option("--image", metavar="REF",
-              help="Image or tag (default: the newest one for PRESET loaded in Docker, else a placeholder).")
+              help="Image or tag (default: the newest one for PRESET loaded in the runtime, else a placeholder).")
 @run_options
 @click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
 @json_option("flags")
 @common
 def run_flags(preset, image, one_line, as_json, **kw):
-    """Print the docker run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste.
+    """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste.
 
     Words after -- become the container's command:
 
@@ -530,7 +567,8 @@ def run_flags(preset, image, one_line, as_json, **kw):
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
     else:
-        spec = spec.with_image(*P.default_image_for(p, config.default_image, _local_tags(config.default_image)))
+        spec = spec.with_image(*P.default_image_for(p, config.default_image,
+                                                    _local_tags(config.default_image, spec.runtime)))
     _warn_spec(spec, p, config.default_image)
     if spec.image_is_placeholder:
         progress().warn(f"no {config.default_image} image for preset {p.name} is loaded here; "
@@ -549,35 +587,34 @@ def run_flags(preset, image, one_line, as_json, **kw):
               help="Leave out absent device nodes and host files (to try a preset on a machine without NPUs).")
 @common
 def run_cmd(preset, image, allow_missing_devices, **kw):
-    """Start a container for PRESET through Docker and follow it; exits with its exit code.
+    """Start a container for PRESET through Docker (or podman) and follow it; exits with its exit code.
 
     Uses the cards of this host within the preset's range. IMAGE defaults to the newest
-    image for PRESET loaded in Docker. Words after -- are the container's command:
+    image for PRESET loaded in the runtime. Words after -- are the container's command:
 
     \b
         imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
     """
     from . import presets as P
-    from .daemon import open_daemon
-    from .errors import UsageError
 
     devices_given = P.explicit_cards(kw["devices"])
     pset, p, spec, config = _run_spec(preset, kw)
     spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
     if left_out:
         progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
-    with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
-        if image:
-            spec = spec.with_image(P.normalize_image(image, config.default_image))
-        else:
-            newest, placeholder = P.default_image_for(p, config.default_image, daemon.local_tags(config.default_image))
-            if placeholder:
-                raise UsageError(f"no {config.default_image} image for preset {p.name} is loaded in Docker "
-                                 f"(looked for tags {', '.join(p.tag_patterns)})",
-                                 hint=f"name one: imgtool run {p.name} IMAGE, or load a bundle first: imgtool load DIR")
-            spec = spec.with_image(newest)
+    if spec.runtime == "podman":
+        from . import podman_run
+
+        spec = _image_to_run(spec, p, image, config.default_image, podman_run.local_tags)
         _warn_spec(spec, p, config.default_image)
-        code, container = daemon.run_container(spec)
+        code, container = podman_run.run_container(spec)
+    else:
+        from .daemon import open_daemon
+
+        with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
+            spec = _image_to_run(spec, p, image, config.default_image, daemon.local_tags)
+            _warn_spec(spec, p, config.default_image)
+            code, container = daemon.run_container(spec)
     if spec.detach:
         click.echo(container)
     click.get_current_context().exit(code)

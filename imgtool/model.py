@@ -221,12 +221,12 @@ def familiar(name: str) -> str:
     return name
 
 
-def foreign_arch_warning(ref: str, platform: str, host_arch: str) -> Optional[str]:
+def foreign_arch_warning(ref: str, platform: str, host_arch: str, host: str = "Docker") -> Optional[str]:
     """The warning load, doctor and run-flags give for an image of another architecture than the
-    Docker host's (`host_arch` normalised, e.g. amd64), or None when it fits."""
+    `host` runtime's (Docker, Podman; `host_arch` normalised, e.g. amd64), or None when it fits."""
     if Platform.parse(platform).architecture == host_arch:
         return None
-    return (f"{ref} is for {platform} but this Docker host is linux/{host_arch}: its containers will not start "
+    return (f"{ref} is for {platform} but this {host} host is linux/{host_arch}: its containers will not start "
             f"(exec format error); fetch it with --arch {host_arch}")
 
 

@@ -574,15 +574,17 @@ wait_containerd() { # RUNTIME
 setup_podman() {
     local dir
     dir="$(runtime_dir podman-4.3)"
-    mkdir -p "$dir/storage" "$dir/run" "$dir/tmp" "$dir/varlib" "$dir/bin" "$dir/volumes" "$dir/libpod" \
-        "$dir/networks"
+    mkdir -p "$dir/storage" "$dir/run" "$dir/tmp" "$dir/varlib" "$dir/bin" "$dir/volumes" "$dir/networks"
     cat >"$dir/storage.conf" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "$dir/storage"
 runroot = "$dir/run"
 EOF
-    # the sandboxes this suite runs in cannot raise RLIMIT_NOFILE/NPROC to podman's defaults
+    # the sandboxes this suite runs in cannot raise RLIMIT_NOFILE/NPROC to podman's defaults.
+    # No static_dir: its default (graphroot/libpod) is private already, and with a custom one every
+    # `podman run` waited 20 s after its container exited ("Exceeded conmon timeout waiting for
+    # container", as containers/podman#19938 reports for a custom static_dir)
     cat >"$dir/containers.conf" <<EOF
 [containers]
 netns = "none"
@@ -593,7 +595,6 @@ events_logger = "file"
 events_logfile_path = "$dir/events.log"
 tmp_dir = "$dir/tmp"
 volume_path = "$dir/volumes"
-static_dir = "$dir/libpod"
 [network]
 network_config_dir = "$dir/networks"
 EOF

@@ -330,6 +330,158 @@ def test_json_flags(home):
     assert spec["argv"][:2] == ["docker", "run"]
 
 
+# --- the same presets for Podman (--runtime podman) ----------------------------------------
+
+# Podman 4.3 takes every flag of the Docker command in the same syntax (--net is its alias of
+# --network); --pull=never is added: `podman run` pulls a missing image by default, and an offline
+# host must get "image not known" instead of a pull (or a short-name prompt).
+PODMAN_GOLDEN = {
+    "a2": """\
+podman run --rm -it --pull=never --name vllm-ascend --shm-size=1g \\
+    --device /dev/davinci0 \\
+    --device /dev/davinci1 \\
+    --device /dev/davinci2 \\
+    --device /dev/davinci3 \\
+    --device /dev/davinci4 \\
+    --device /dev/davinci5 \\
+    --device /dev/davinci6 \\
+    --device /dev/davinci7 \\
+    --device /dev/davinci_manager \\
+    --device /dev/devmm_svm \\
+    --device /dev/hisi_hdc \\
+    -v /usr/local/dcmi:/usr/local/dcmi \\
+    -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi \\
+    -v /usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/ \\
+    -v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info \\
+    -v /etc/ascend_install.info:/etc/ascend_install.info \\
+    -v /root/.cache:/root/.cache \\
+    -p 8000:8000 \\
+    'quay.io/ascend/vllm-ascend:<version>'""",
+    "200i-pro": """\
+podman run --rm -it --pull=never --name vllm-ascend --privileged --shm-size=10g \\
+    --device /dev/davinci0 \\
+    --device /dev/davinci_manager \\
+    --device /dev/ascend_manager \\
+    --device /dev/user_config \\
+    -v /etc/sys_version.conf:/etc/sys_version.conf \\
+    -v /etc/ld.so.conf.d/mind_so.conf:/etc/ld.so.conf.d/mind_so.conf \\
+    -v /etc/hdcBasic.cfg:/etc/hdcBasic.cfg \\
+    -v /var/dmp_daemon:/var/dmp_daemon \\
+    -v /usr/lib64/libmmpa.so:/usr/lib64/libmmpa.so \\
+    -v /usr/lib64/libcrypto.so.1.1:/usr/lib64/libcrypto.so.1.1 \\
+    -v /usr/local/sbin/npu-smi:/usr/local/sbin/npu-smi \\
+    -v /usr/lib64/libstackcore.so:/usr/lib64/libstackcore.so \\
+    -v /usr/lib/aarch64-linux-gnu/libyaml-0.so.2:/usr/lib64/libyaml-0.so.2 \\
+    -v /etc/slog.conf:/etc/slog.conf \\
+    -v /var/slogd:/var/slogd \\
+    -v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64 \\
+    -v /usr/lib64/libtensorflow.so:/usr/lib64/libtensorflow.so \\
+    -v /root/.cache:/root/.cache \\
+    -p 8000:8000 \\
+    'quay.io/ascend/vllm-ascend:<version>-310p'""",
+    "a5": """\
+podman run --rm -it --pull=never --name vllm-ascend --net=host --shm-size=1g \\
+    --device /dev/davinci0 \\
+    --device /dev/davinci1 \\
+    --device /dev/davinci2 \\
+    --device /dev/davinci3 \\
+    --device /dev/davinci4 \\
+    --device /dev/davinci5 \\
+    --device /dev/davinci6 \\
+    --device /dev/davinci7 \\
+    --device /dev/davinci_manager \\
+    --device /dev/devmm_svm \\
+    --device /dev/hisi_hdc \\
+    -v /usr/local/dcmi:/usr/local/dcmi \\
+    -v /usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool \\
+    -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi \\
+    -v /usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/ \\
+    -v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info \\
+    -v /etc/ascend_install.info:/etc/ascend_install.info \\
+    -v /root/.cache:/root/.cache \\
+    'quay.io/ascend/vllm-ascend:<version>-a5'""",
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PODMAN_GOLDEN))
+def test_run_flags_podman_golden(preset, home):
+    # PATH without podman: run-flags needs no runtime, it prints the placeholder and says so
+    r = imgtool("run-flags", preset, "--runtime", "podman", home=home, extra_env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == PODMAN_GOLDEN[preset] + "\n"
+    assert PLACEHOLDER_NOTE.format(preset) in r.stderr.splitlines()
+
+
+@pytest.mark.parametrize("preset", sorted(GOLDEN))
+def test_podman_gets_every_presets_docker_flags_and_never_pulls(preset, home):
+    r = imgtool("run-flags", preset, "--runtime", "podman", home=home, extra_env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    docker_words = shlex.split(GOLDEN[preset])
+    podman_words = shlex.split(r.stdout)
+    assert docker_words[:4] == ["docker", "run", "--rm", "-it"]
+    assert podman_words == ["podman", "run", "--rm", "-it", "--pull=never", *docker_words[4:]]
+    # --runtime docker is the default, word for word
+    r = imgtool("run-flags", preset, "--runtime", "docker", home=home)
+    assert (r.returncode, r.stdout) == (0, GOLDEN[preset] + "\n")
+
+
+def test_podman_options_change_the_command(home):
+    r = imgtool("run-flags", "a2", "--runtime", "podman", "--image", "registry.local:5000/team/vllm-ascend:v0.11.0rc1",
+                "--devices", "0,2-3", "--shm-size", "1.5g", "--name", "serve-1", "--privileged",
+                "--env-preset", "deterministic", "-e", "VLLM_USE_MODELSCOPE=True",
+                "-v", "/data/models:/models:ro", "-p", "127.0.0.1:8080:8000", "--no-rm", "-d",
+                "--", "vllm", "serve", "/models/Qwen3 8B", home=home, extra_env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == """\
+podman run -it -d --pull=never --name serve-1 --privileged --shm-size=1536m \\
+    --device /dev/davinci0 \\
+    --device /dev/davinci2 \\
+    --device /dev/davinci3 \\
+    --device /dev/davinci_manager \\
+    --device /dev/devmm_svm \\
+    --device /dev/hisi_hdc \\
+    -v /usr/local/dcmi:/usr/local/dcmi \\
+    -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi \\
+    -v /usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/ \\
+    -v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info \\
+    -v /etc/ascend_install.info:/etc/ascend_install.info \\
+    -v /root/.cache:/root/.cache \\
+    -v /data/models:/models:ro \\
+    -e LCCL_DETERMINISTIC=1 \\
+    -e HCCL_DETERMINISTIC=true \\
+    -e ATB_MATMUL_SHUFFLE_K_ENABLE=0 \\
+    -e ATB_LLM_LCOC_ENABLE=0 \\
+    -e VLLM_USE_MODELSCOPE=True \\
+    -p 127.0.0.1:8080:8000 \\
+    registry.local:5000/team/vllm-ascend:v0.11.0rc1 vllm serve '/models/Qwen3 8B'
+"""
+    assert r.stderr.splitlines() == [PRIVILEGED_ASKED]
+    r = imgtool("run-flags", "a3", "--runtime", "podman", "--multi-node", "--image", "v0.11.0rc1-a3", "--one-line",
+                home=home, extra_env={"PATH": "/nonexistent"})
+    argv = shlex.split(r.stdout)
+    assert argv[:5] == ["podman", "run", "--rm", "-it", "--pull=never"] and "--net=host" in argv and "-p" not in argv
+
+
+def test_podman_json_flags(home):
+    r = imgtool("run-flags", "a2", "--runtime", "podman", "--image", "v0.11.0rc1", "--devices", "0", "--json",
+                home=home, extra_env={"PATH": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    docker = json.loads(imgtool("run-flags", "a2", "--image", "v0.11.0rc1", "--devices", "0", "--json",
+                                home=home).stdout)
+    assert spec["argv"][:5] == ["podman", "run", "--rm", "-it", "--pull=never"]
+    assert spec["argv"][5:] == docker["argv"][4:]
+    assert spec["command_line"] == shlex.join(spec["argv"])
+    assert {k: v for k, v in spec.items() if k not in ("argv", "command_line")} == \
+        {k: v for k, v in docker.items() if k not in ("argv", "command_line")}
+
+
+def test_unknown_runtime_is_bad_usage(home):
+    r = imgtool("run-flags", "a2", "--runtime", "containerd", home=home)
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == "error: invalid value for '--runtime': 'containerd' is not one of 'docker', 'podman'"
+
+
 def test_presets_lists_every_preset_with_a_description(home):
     r = imgtool("presets", home=home)
     assert r.returncode == 0

@@ -1,6 +1,8 @@
-"""A run: preset + the user's options -> `RunSpec`, cut to the host, rendered as `docker run`.
+"""A run: preset + the user's options -> `RunSpec`, cut to the host, rendered as `docker run`
+or `podman run`.
 
-Pure: the daemon is asked about local images and starts the container in `daemon.py`;
+Pure: the daemon is asked about local images and starts the container in `daemon.py` (Podman:
+`podman_run.py`, which runs the rendered command);
 the host's device nodes are looked at through an `exists` callable, so every decision
 here can be tested without an NPU.
 """
@@ -20,6 +22,26 @@ CARD_DEVICE = "/dev/davinci{}"
 # A tag that cannot be pulled by accident: docker rejects it at once as a reference.
 PLACEHOLDER_TAG = "<version>"
 DEFAULT_NAME = "vllm-ascend"
+
+
+@dataclass(frozen=True)
+class Program:
+    """A runtime whose `run` command imgtool renders: what differs from `docker run`, and only that."""
+
+    name: str  # the program, argv[0]
+    title: str  # as messages name it: "loaded in Podman"
+    extra: Tuple[str, ...] = ()  # flags after -it/-d that only this program gets
+
+
+# Podman 4.3 takes every flag imgtool renders in Docker's syntax (--net is its alias of --network,
+# --shm-size its units k/m/g). `podman run` pulls a missing image by default (Docker does too, but
+# Docker before 20.10 has no --pull, and Kylin's is 18.09): an offline host must get "image not
+# known" at once, never a pull or a short-name prompt.
+PROGRAMS = {
+    "docker": Program("docker", "Docker"),
+    "podman": Program("podman", "Podman", ("--pull=never",)),
+}
+RUNTIMES = tuple(PROGRAMS)
 
 PRIVILEGED_EFFECT = (
     "it gives the container every host device and all kernel capabilities and turns off its "
@@ -45,11 +67,12 @@ class RunOptions:
     remove: bool = True
     interactive: bool = True
     command: Tuple[str, ...] = ()
+    runtime: str = "docker"  # a key of PROGRAMS
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One container to start: everything `docker run` needs, as plain values."""
+    """One container to start: everything `docker run` (or `podman run`) needs, as plain values."""
 
     preset: str
     image: str
@@ -66,8 +89,13 @@ class RunSpec:
     command: Tuple[str, ...]
     detach: bool = False
     remove: bool = True
-    interactive: bool = True
+    interactive: bool = True  # -it (rendered with -d too: detached like `docker run -itd`)
     image_is_placeholder: bool = False
+    runtime: str = "docker"  # a key of PROGRAMS: the program rendered
+
+    @property
+    def program(self) -> Program:
+        return PROGRAMS[self.runtime]
 
     @property
     def shm_size_text(self) -> str:
@@ -109,6 +137,8 @@ class RunSpec:
 
 def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image: str = "") -> RunSpec:
     """The container the user asked for: preset + options, validated; raises UsageError."""
+    if options.runtime not in PROGRAMS:
+        raise UsageError(f"invalid runtime {options.runtime!r}: expected {' or '.join(RUNTIMES)}")
     preset = presets.get(preset_name)
     if not explicit_cards(options.devices):
         cards = preset.cards
@@ -176,6 +206,7 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         detach=options.detach,
         remove=options.remove,
         interactive=options.interactive,
+        runtime=options.runtime,
     )
 
 
@@ -270,13 +301,15 @@ def fit_to_host(spec: RunSpec, presets: PresetSet, devices_given: bool, allow_mi
 
 
 def render_groups(spec: RunSpec) -> List[List[str]]:
-    """The `docker run` argv in groups, one group per line of the readable form."""
-    head = ["docker", "run"]
+    """The `docker run` (or `podman run`: spec.runtime) argv in groups, one group per line of the readable form."""
+    head = [spec.program.name, "run"]
     if spec.remove:
         head.append("--rm")
-    head.append("-it")
+    if spec.interactive or spec.detach:
+        head.append("-it")
     if spec.detach:
         head.append("-d")
+    head += spec.program.extra
     if spec.name:
         head += ["--name", spec.name]
     if spec.privileged:
@@ -294,7 +327,7 @@ def render_groups(spec: RunSpec) -> List[List[str]]:
 
 
 def render_argv(spec: RunSpec) -> List[str]:
-    """The `docker run` command as an argv list."""
+    """The `docker run` (or `podman run`) command as an argv list."""
     return [a for g in render_groups(spec) for a in g]
 
 
