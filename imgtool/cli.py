@@ -463,9 +463,9 @@ def _local_tags(repository, runtime):
 
     try:
         if runtime == "podman":
-            from . import podman_run
+            from .podman import Podman
 
-            return podman_run.local_tags(repository, timeout=ASK_TIMEOUT)
+            return Podman(quick=ASK_TIMEOUT).local_tags(repository)
         from .daemon import open_daemon
 
         with open_daemon(timeout=ASK_TIMEOUT) as daemon:
@@ -480,9 +480,9 @@ def _arch_warning(spec):
 
     try:
         if spec.runtime == "podman":
-            from . import podman_run
+            from .podman import Podman
 
-            return podman_run.arch_warning(spec.image, timeout=ASK_TIMEOUT)
+            return Podman(quick=ASK_TIMEOUT).arch_warning(spec.image)
         from .daemon import open_daemon
 
         with open_daemon(timeout=ASK_TIMEOUT) as daemon:
@@ -603,11 +603,12 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     if left_out:
         progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
     if spec.runtime == "podman":
-        from . import podman_run
+        from .podman import Podman
 
-        spec = _image_to_run(spec, p, image, config.default_image, podman_run.local_tags)
+        podman = Podman()
+        spec = _image_to_run(spec, p, image, config.default_image, podman.local_tags)
         _warn_spec(spec, p, config.default_image)
-        code, container = podman_run.run_container(spec)
+        code, container = podman.run_container(spec)
     else:
         from .daemon import open_daemon
 

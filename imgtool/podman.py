@@ -1,5 +1,7 @@
 """The Podman room: RHEL-family and openEuler hosts' runtime, through `podman` run as a program (program.py).
 
+`imgtool run --runtime podman` runs the rendered `podman run` here too: the terminal is podman's,
+its exit code is returned, Ctrl-C and SIGTERM stop the container (as the Docker path does).
 An image's ID here is its config digest (as in Docker's graphdriver store); a name without a registry
 is stored under localhost/ (podman tag x:1 -> localhost/x:1). `podman load` from a pipe copies the
 whole archive to a temporary file under /var/tmp before it reads it, and then commits layers as it
@@ -11,22 +13,32 @@ Standard library only (the offline side runs on 3.7).
 
 import json
 import os
+import sys
 import tempfile
-from typing import Dict, Iterable, List, Optional, Tuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
-from .errors import DaemonError, ProgramFailed
-from .program import Program
+from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from .model import familiar, foreign_arch_warning
+from .program import QUICK, Process, Program
 from .runtime import ImageInfo, RuntimeInfo
 
+if TYPE_CHECKING:
+    from .presets.run import RunSpec
+
 LOAD_TIMEOUT = 3600.0  # after the last byte: podman reads the copy and commits every layer
-INSTALL_HINT = "install podman from the OS media (yum install podman, apt install podman)"
+START_TIMEOUT = 600.0  # `podman run -d` returns once the container is created and started
+STOP_GRACE = 10  # seconds `podman stop` gives the container before SIGKILL, as the Docker path does
+INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
+                "or choose another runtime with --runtime")
 
 
 class Podman:
     """The operations load, inventory and doctor need of Podman (runtime.Runtime); errors are DaemonError."""
 
-    def __init__(self, timeout: Optional[float] = LOAD_TIMEOUT, staging_dir: str = "/var/tmp"):
+    def __init__(self, timeout: Optional[float] = LOAD_TIMEOUT, staging_dir: str = "/var/tmp", quick: float = QUICK):
         self.timeout = timeout or LOAD_TIMEOUT
+        self.quick = quick  # a listing, an inspect, `podman info`
         self.staging_dir = staging_dir  # where podman load would copy a piped archive ($TMPDIR, else /var/tmp)
         self.podman = Program(["podman"], "Podman", install_hint=INSTALL_HINT)
         self._info = self._read_info()
@@ -41,7 +53,7 @@ class Podman:
         self.close()
 
     def _json(self, args: List[str], what: str = ""):
-        text = self.podman.run(args, what=what)
+        text = self.podman.run(args, timeout=self.quick, what=what)
         try:
             return json.loads(text or "null")
         except ValueError as e:
@@ -131,6 +143,96 @@ class Podman:
         finally:
             os.unlink(path)
 
+    # --- imgtool run / run-flags ----------------------------------------------------------------
+
+    def local_tags(self, repository: str) -> list:
+        """Tags of `repository` in Podman's storage, sorted; raises DaemonError."""
+        wanted = familiar(repository)
+        tags = set()
+        for info in self.images_by_id().values():
+            for ref in info.tags:
+                name, _, tag = str(ref).rpartition(":")
+                if name and "/" not in tag and familiar(name) == wanted:
+                    tags.add(tag)
+        return sorted(tags)
+
+    def _exists(self, *args: str) -> bool:
+        return self.podman.status(list(args), timeout=self.quick) == 0
+
+    def arch_warning(self, ref: str) -> Optional[str]:
+        """The warning run/run-flags give when the local image `ref` is for another architecture than this
+        host's; None when it fits or is not there. Raises DaemonError."""
+        if not self._exists("image", "exists", ref):
+            return None
+        docs = self._inspect([ref])
+        if not docs or not docs[0].get("Architecture"):
+            return None
+        return foreign_arch_warning(ref, _image(docs[0]).platform, self.info().arch, host="Podman")
+
+    def run_container(self, spec: "RunSpec") -> Tuple[int, str]:
+        """Start `spec` with `podman run` and follow it: (its exit code, or 0 when detached; the container).
+
+        The image must already be in Podman's storage (imgtool never pulls; the command says
+        --pull=never too). Foreground: the terminal is podman's, so a session on a terminal is
+        `podman run -it`, and podman's exit code is returned (the container's, or 125 when podman
+        itself failed, after its `Error:` line). Raises UsageError when the image is not there,
+        DaemonError when podman refuses, ImgtoolError when a cache directory cannot be made.
+        """
+        from .presets.run import render_argv
+
+        if not self._exists("image", "exists", spec.image):
+            raise UsageError(f"image {spec.image} is not loaded in Podman",
+                             hint="load it first (imgtool load BUNDLE_DIR), or check the name with `podman images`")
+        if spec.name and self._exists("container", "exists", spec.name):
+            raise DaemonError(f"a container named {spec.name} already exists",
+                              hint=f"pass --name NEW_NAME, or remove the old one: podman rm -f {spec.name}")
+        _make_cache_dirs(spec)
+        interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
+        argv = render_argv(replace(spec, interactive=interactive))
+        if spec.detach:
+            try:
+                out = self.podman.run(argv[1:], timeout=START_TIMEOUT, what="run")
+            except ProgramFailed as e:
+                raise DaemonError(f"Podman refused to start the container: {one_line(e.output)}") from e
+            return 0, spec.name or out.strip()[:12]
+        return self._follow(argv[1:], spec.name), spec.name or ""
+
+    def _follow(self, args: List[str], name: Optional[str]) -> int:
+        """podman run in the foreground with our stdin, stdout and stderr; its exit code. On Ctrl-C or
+        SIGTERM the container is stopped (STOP_GRACE), podman is waited for, and KeyboardInterrupt re-raised."""
+        import signal
+        import threading
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        proc = self.podman.start(args)
+        old = None
+        if threading.current_thread() is threading.main_thread():
+            def on_term(signum, frame):
+                raise KeyboardInterrupt
+
+            old = signal.signal(signal.SIGTERM, on_term)
+        try:
+            return proc.wait()  # no timeout: the container runs as long as its user wants
+        except KeyboardInterrupt:
+            self._stop(proc, name)
+            raise
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+
+    def _stop(self, proc: Process, name: Optional[str]) -> None:
+        """Stop the container of a foreground `podman run` (by name; else podman itself), then wait for podman."""
+        try:
+            if name:
+                self.podman.run(["stop", "-t", str(STOP_GRACE), name], timeout=STOP_GRACE + self.quick, what="stop")
+            else:
+                proc.terminate()  # podman passes the signal on to the container (--sig-proxy)
+            proc.wait(timeout=STOP_GRACE + self.quick)
+        except Exception:  # noqa: BLE001 - whatever stopping it did, podman must not outlive us
+            proc.kill()
+            proc.wait()
+
     def inventory(self) -> list:
         """Every image with its layers: [delta.InventoryImage]; raises DaemonError."""
         from .delta import InventoryImage
@@ -147,6 +249,18 @@ class Podman:
             image = _image(d)
             out.append(InventoryImage(image.id, image.tags, image.platform, diff_ids))
         return out
+
+
+def _make_cache_dirs(spec: "RunSpec") -> None:
+    """The preset's own directories (`create`: /root/.cache), made when absent: Docker makes a missing
+    bind-mount source, podman refuses with `statfs ...: no such file or directory`."""
+    for mount in spec.mounts:
+        if mount.create and not os.path.lexists(mount.host):
+            try:
+                os.makedirs(mount.host, exist_ok=True)
+            except OSError as e:
+                raise ImgtoolError(f"cannot create {mount.host} for the container: {(e.strerror or str(e)).lower()}",
+                                   hint=f"create it yourself (mkdir -p {mount.host}), or run as root") from e
 
 
 def _sha(value) -> str:

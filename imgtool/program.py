@@ -12,6 +12,7 @@ from typing import Deque, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import DaemonError, ProgramFailed, one_line
 
+Process = subprocess.Popen  # a tool started with the terminal (Program.start), for the rooms' annotations
 QUICK = 120.0  # a listing, a tag, an inspect: seconds before the tool is taken for hung
 POISON = b"\xff" * 512  # not a tar header: ends an import we cut short in a failure, never in a success
 
@@ -44,6 +45,31 @@ class Program:
             said = _last_line(r.stderr) or _last_line(r.stdout) or f"exit status {r.returncode}"
             raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
         return r.stdout.decode("utf-8", "replace")
+
+    def status(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> int:
+        """The tool's exit status, for questions it answers by status (`podman image exists`: 0 yes, 1 no);
+        raises ProgramFailed for any other status, DaemonError (timeout, cannot start)."""
+        what = what or " ".join(args[:2])
+        try:
+            r = subprocess.run(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, timeout=timeout, env=self.env)
+        except subprocess.TimeoutExpired:
+            raise DaemonError(f"{self.title}: `{self.argv[0]} {what}` did not finish within {timeout:.0f} s",
+                              hint=f"is {self.title} hung? check its service and log") from None
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        if r.returncode not in (0, 1):
+            said = _last_line(r.stderr) or f"exit status {r.returncode}"
+            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
+        return r.returncode
+
+    def start(self, args: Sequence[str]) -> Process:
+        """The tool started with this process's stdin, stdout and stderr (a container in the foreground:
+        the terminal is the tool's); the caller waits for it. Raises DaemonError (cannot start)."""
+        try:
+            return subprocess.Popen(self.argv + list(args), env=self.env)
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
 
     def feed(self, args: Sequence[str], chunks: Iterable[bytes], timeout: float, what: str) -> List[str]:
         """Run the tool with `chunks` as its stdin (never held whole); returns its output lines.

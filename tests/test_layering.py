@@ -139,7 +139,7 @@ def test_only_the_adapters_of_outside_programs_run_programs():
     # room's stdlib transport runs docker-credential-* helpers (docker.auth does so on 3.9+)
     # the runtime rooms run ctr and podman through program.py only (it knows no tool's words)
     users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "subprocess" for t, _ in imports_of(p))}
-    assert users == {"sshsig.py", "registry_http.py", "program.py", "podman_run.py"}, users
+    assert users == {"sshsig.py", "registry_http.py", "program.py"}, users
     for room in ("program.py", "containerd.py", "podman.py", "runtime.py"):  # the pyz runs them on 3.7
         third_party = {top for top, _ in imports_of(PKG / room)} & {"requests", "urllib3", "docker", "click", "tqdm",
                                                                     "zstandard", "cryptography"}

@@ -19,9 +19,9 @@ import pytest
 from tests.support.images import host_arch, write_docker_archive
 from tests.test_presets import DEAD_DOCKER, NO_CARDS, imgtool
 
-NOT_INSTALLED = ["error: cannot run podman: it is not installed here (no podman in PATH)",
+NOT_INSTALLED = ["error: cannot use Podman: the podman command is not installed (not in PATH)",
                  "hint: install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
-                 "or run with --runtime docker"]
+                 "or choose another runtime with --runtime"]
 
 
 @pytest.fixture

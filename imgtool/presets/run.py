@@ -2,7 +2,7 @@
 or `podman run`.
 
 Pure: the daemon is asked about local images and starts the container in `daemon.py` (Podman:
-`podman_run.py`, which runs the rendered command);
+`podman.py`, which runs the rendered command);
 the host's device nodes are looked at through an `exists` callable, so every decision
 here can be tested without an NPU.
 """
