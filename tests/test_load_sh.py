@@ -338,5 +338,9 @@ def test_help_and_readme_say_how_to_load_on_kubernetes_podman_and_isula(factory,
     en, zh = readme.split("imgtool 离线镜像包", 1)
     for text in (en, zh):
         assert text.index("ctr -n k8s.io images import") < text.index("podman load") < text.index("isula load -i")
-    assert "  cat <parts in order> > /tmp/x.tar && isula load -i /tmp/x.tar && rm /tmp/x.tar" in en
+    assert "    cat <parts in order> > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar\n" in en
+    assert "  iSulad cannot read zstd layers: only bundles fetched with --layers compat (the default) load.\n" \
+        "  This bundle has no zstd layers." in en
+    assert "iSulad 无法读取 zstd 压缩层：只能导入用 --layers compat（默认）获取的镜像包。" in zh
+    assert "    cat <parts in order> | ctr -n k8s.io images import --platform linux/" + host_arch() + " -\n" in en
     assert "iSula (openEuler's iSulad; not tested)" in en and "iSula（openEuler 的 iSulad；未经测试）" in zh

@@ -352,7 +352,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
         lines = ["三种导入方式（在本目录中执行）：",
                  "  imgtool load .               主机上安装好的 imgtool：能拒绝被改动的镜像包",
                  f"  python3 {TOOL_PYZ} load .   " + pyz + "：只防损坏",
-                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker：只防损坏",
+                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker、ctr 或 podman：只防损坏",
                  "前两种边送入 Docker 边校验每个分卷和 blob，遇到第一处不符即中断上传，Docker 不保留任何内容。",
                  f"镜像包自带的 load.sh 和 {TOOL_PYZ} 可以和镜像包一起被改动：它们只能发现损坏，发现不了改动。"]
         if has_tool(index):
@@ -363,7 +363,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
         lines = ["Three ways to load it (run them in this directory):",
                  "  imgtool load .               the host's installed imgtool: refuses an edited bundle",
                  f"  python3 {TOOL_PYZ} load .   " + pyz + ": damage only",
-                 "  sh load.sh                   needs only sh, sha256sum, cat and docker: damage only",
+                 "  sh load.sh                   needs only sh, sha256sum, cat and docker, ctr or podman: damage only",
                  "The first two check every part and blob while they stream them into Docker and cut the",
                  "upload at the first mismatch: Docker keeps nothing.",
                  f"The bundle's own load.sh and {TOOL_PYZ} can be edited along with the bundle: they find",
@@ -525,6 +525,65 @@ def _image_lines(index: BundleIndex) -> List[str]:
             for im in index.images]
 
 
+def _runtimes_en(index: BundleIndex, unpack: str) -> str:
+    """README.txt: load.sh on a Kubernetes node (containerd) and on Podman, and iSula by hand (untested)."""
+    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+        else "<this host's: amd64, arm64>"
+    multi = ("\n  A tag held for several architectures (as here) cannot be named by load.sh in containerd:\n"
+             "  load it with imgtool load (or the pyz), which imports and names this host's platform.") \
+        if _multiarch_refs(index) else ""
+    zstd = ("This bundle HAS zstd layers: fetch it again with --layers compat." if zstd_layer_refs(index)
+            else "This bundle has no zstd layers.")
+    return f"""
+On a Kubernetes node (containerd, no Docker)
+  sh load.sh finds no Docker and imports into containerd, after the same checks:
+    cat <parts in order>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
+  into the namespace k8s.io, where the kubelet looks for images, unpacked for this host and named
+  as listed above. The socket and namespace are CONTAINERD_ADDRESS (default
+  /run/containerd/containerd.sock) and CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself.
+  sh load.sh --runtime containerd (or IMGTOOL_RUNTIME=containerd) uses containerd even beside
+  Docker; check with: crictl images, or ctr -n k8s.io images ls.{multi}
+
+On Podman (RHEL family, openEuler)
+  With neither Docker nor containerd's socket (or with --runtime podman) sh load.sh runs:
+    cat <parts in order>{unpack} | podman load
+
+iSula (openEuler's iSulad; not tested)
+  load.sh does not speak to iSula. Check the files first (sha256sum -c {SHA256SUMS}), then write
+  the archive out (/var/tmp, or any directory with room for it) and load it:
+    cat <parts in order>{unpack} > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar
+    rm /var/tmp/archive.tar
+  iSulad cannot read zstd layers: only bundles fetched with --layers compat (the default) load.
+  {zstd}"""
+
+
+def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
+    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+        else "<本机架构：amd64、arm64>"
+    multi = ("\n  同一标签含多个架构的镜像（本镜像包即是）load.sh 无法在 containerd 中命名：\n"
+             "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
+    zstd = "本镜像包含 zstd 压缩层：请用 --layers compat 重新获取。" if zstd_layer_refs(index) else "本镜像包没有 zstd 压缩层。"
+    return f"""
+在 Kubernetes 节点上（containerd，没有 Docker）
+  sh load.sh 找不到 Docker 时导入 containerd，校验与上面相同：
+    cat <按顺序列出的分卷>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
+  导入到 kubelet 查找镜像的命名空间 k8s.io，按本机平台解压，名称即上面所列。套接字和命名空间取自
+  CONTAINERD_ADDRESS（默认 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
+  sh load.sh --runtime containerd（或 IMGTOOL_RUNTIME=containerd）在有 Docker 的主机上也导入 containerd；
+  导入后可用 crictl images 或 ctr -n k8s.io images ls 查看。{multi}
+
+在 Podman 上（RHEL 系、openEuler）
+  既没有 Docker 也没有 containerd 套接字时（或指定 --runtime podman），sh load.sh 执行：
+    cat <按顺序列出的分卷>{unpack} | podman load
+
+iSula（openEuler 的 iSulad；未经测试）
+  load.sh 不支持 iSula。请先校验文件（sha256sum -c {SHA256SUMS}），再把归档写出（/var/tmp 或其他空间足够的目录）并导入：
+    cat <按顺序列出的分卷>{unpack} > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar
+    rm /var/tmp/archive.tar
+  iSulad 无法读取 zstd 压缩层：只能导入用 --layers compat（默认）获取的镜像包。
+  {zstd}"""
+
+
 def readme(index: BundleIndex) -> bytes:
     """README.txt for the person carrying the bundle, in English and Chinese."""
     images = "\n".join(_image_lines(index))
@@ -575,7 +634,7 @@ Files
   they are the archive {index.archive.name}.
   {BUNDLE_JSON}   what is in the bundle, with the size and sha256 of every part
   {SHA256SUMS}    checksums of every file (sha256sum -c format)
-  {LOAD_SH}       loads the bundle on a host without imgtool or Python
+  {LOAD_SH}       loads the bundle on a host without imgtool or Python (Docker, containerd, Podman)
 {tool_en}  README.txt    this file
 
 Carry it
@@ -609,6 +668,7 @@ Signed bundles
 Load it
 {_ways(index, "en", "  ")}
   or by hand: cat <parts in order>{unpack} | docker load
+{_runtimes_en(index, unpack)}
 
 If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), it met a
 zstd-compressed layer, which Docker reads only from 23.0 on (Kylin V10 ships 18.09).{zstd_en}
@@ -629,7 +689,7 @@ imgtool 离线镜像包
   {parts_zh}（共 {total}，压缩方式：{comp}），按文件名顺序拼接即为归档 {index.archive.name}。
   {BUNDLE_JSON}   镜像包清单，含每个分卷的大小和 sha256
   {SHA256SUMS}    所有文件的校验和（sha256sum -c 格式）
-  {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像
+  {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像（Docker、containerd、Podman）
 {tool_zh}  README.txt    本说明
 
 拷贝
@@ -661,6 +721,7 @@ imgtool 离线镜像包
 导入
 {_ways(index, "zh", "  ")}
   或手动：cat <按顺序列出的分卷>{unpack} | docker load
+{_runtimes_zh(index, unpack)}
 
 如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明它遇到了
 zstd 压缩的镜像层：Docker 23.0 起才能读取（麒麟 V10 自带 18.09）。{zstd_zh}
