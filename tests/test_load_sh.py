@@ -304,6 +304,9 @@ def test_without_any_runtime_load_sh_names_all_three_and_exits_5(factory, tmp_pa
                        timeout=HANG)
     assert (r.returncode, r.stderr.splitlines()) == (2, [
         "load.sh: error: unknown runtime 'isula' (--runtime or IMGTOOL_RUNTIME): docker, containerd, podman or auto"])
+    r = subprocess.run(["sh", "load.sh", "--runtime"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        "load.sh: error: --runtime needs a value: docker, containerd or podman"])
 
 
 def test_a_runtime_asked_for_by_name_wins_over_docker(services, factory, uniq, tmp_path):

@@ -48,6 +48,7 @@ missing part), then streams the parts in order into the container runtime:
                namespace $CONTAINERD_NAMESPACE (default k8s.io, the kubelet's), as ctr
                reads them; only this host's platform is imported and unpacked;
   podman       else `podman load`.
+It prints the runtime it chose; with none of them it says why for each and exits 5.
 --runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other.
 Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
 Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
@@ -69,6 +70,7 @@ installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
                （默认 /run/containerd/containerd.sock），命名空间为 $CONTAINERD_NAMESPACE
                （默认 k8s.io，即 kubelet 使用的），与 ctr 读取的变量相同；只导入并解压本机平台的镜像；
   podman       否则用 `podman load`。
+会打印所选的运行时；三者都没有时逐一说明原因并以退出码 5 结束。
 --runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。
 可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
 签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
@@ -88,7 +90,7 @@ while [ $# -gt 0 ]; do
         -h|--help) usage; exit 0 ;;
         --runtime=*) runtime=${{1#--runtime=}}; shift ;;
         --runtime)
-            if [ $# -lt 2 ]; then echo "load.sh: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
+            if [ $# -lt 2 ]; then echo "load.sh: error: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
             runtime=$2; shift 2 ;;
         *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
