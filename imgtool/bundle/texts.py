@@ -262,7 +262,8 @@ def _signature_check() -> str:
 
 _RUNTIME_CHOICE = r"""
 # The runtime: Docker when its daemon answers, else containerd (a Kubernetes node) when ctr and its
-# socket are there, else Podman; --runtime / IMGTOOL_RUNTIME names one. Every probe has a time limit.
+# socket are there, else Podman; --runtime / IMGTOOL_RUNTIME names one. Every question asked of a
+# runtime has a time limit (where coreutils' timeout is there); the load itself has none, as docker load.
 bounded() {
     if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
 }
@@ -404,7 +405,7 @@ def _zstd_layers_check(index: BundleIndex) -> str:
 # "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload. containerd (1.5+)
 # and Podman read them.
 if [ "$runtime" = docker ]; then
-    server=$($DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
+    server=$(bounded $DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
     case "${{server%%.*}}" in
         ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
         *) if [ "${{server%%.*}}" -lt 23 ]; then
@@ -431,7 +432,7 @@ def _multiarch_check(index: BundleIndex) -> str:
     return f"""
 # A tag held for several architectures: load.sh names the host's one after the load, by image ID.
 if [ "$runtime" = docker ] && \\
-        $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
+        bounded $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
     echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded" >&2
     echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
     exit 5
@@ -457,10 +458,10 @@ def _tag_multiarch(index: BundleIndex) -> str:
              "# Name the one matching this Docker or Podman (the others stay as unnamed images: docker image prune,",
              "# podman image prune).",
              'if [ "$runtime" = podman ]; then',
-             "    arch=$($PODMAN info --format '{{.Host.Arch}}' 2>/dev/null)",
+             "    arch=$(bounded $PODMAN info --format '{{.Host.Arch}}' 2>/dev/null)",
              "    tag_image() { $PODMAN tag \"$1\" \"$2\"; }",
              "else",
-             "    arch=$($DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
+             "    arch=$(bounded $DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
              "    tag_image() { $DOCKER tag \"$1\" \"$2\"; }",
              "fi",
              'case "$arch" in']
@@ -504,14 +505,14 @@ lacking() {{
 has_one_of() {{
     for base in "$@"; do
         case "$runtime" in
-            podman) $PODMAN image exists "$base" ;;
-            *) $DOCKER image inspect "$base" ;;
+            podman) bounded $PODMAN image exists "$base" ;;
+            *) bounded $DOCKER image inspect "$base" ;;
         esac >/dev/null 2>&1 && return 0
     done
     return 1
 }}
 has_chain() {{
-    ctr_ snapshots info "$1" >/dev/null 2>&1
+    bounded $CTR -a "$address" -n "$namespace" snapshots info "$1" >/dev/null 2>&1
 }}
 if [ "$runtime" = containerd ]; then
 {snapshots}
