@@ -233,6 +233,31 @@ def test_a_tag_for_several_architectures(node, factory, uniq, tmp_path):
             mine.config_digest.split(":", 1)[1]
 
 
+def test_an_image_of_another_architecture_only(node, factory, uniq, tmp_path):
+    """ctr imports only the host's platform and fails after the whole upload when there is none ("image might
+    be filtered out"): load.sh says so before, exit 1. Podman loads it, as Docker does (it fails at run)."""
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(other, layers=1, layer_size=20_000)
+    ref = f"{REPO}/{uniq}/{other}:v1"
+    out = _bundle(store, tmp_path / "b", [(image, ref)])
+    node.remove(ref, image.config_digest)
+    before = node.state()
+
+    r = node.load_sh(out)
+    if node.kind == "containerd":
+        assert r.returncode == 1, r.stderr
+        held = json.loads((out / "bundle.json").read_text())["images"][0]["platform"]
+        assert r.stderr.splitlines()[2:] == [
+            f"load.sh: error: this bundle holds no image for this host's platform linux/{host_arch()} (it holds "
+            f"{held}), and containerd imports only the host's; nothing was loaded",
+            f"load.sh: fetch it again with --arch {host_arch()}"]
+        assert node.state() == before
+    else:
+        assert r.returncode == 0, r.stderr
+        assert ref in node.images()
+
+
 def test_a_delta_bundle_needs_its_base_on_the_runtime_too(node, factory, uniq, tmp_path):
     """Refused (exit 1) before the runtime sees a byte while the base is missing (ctr would record the image,
     then fail to unpack it); loaded once the base is there. containerd: the base's layers, unpacked (its

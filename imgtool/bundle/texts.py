@@ -299,7 +299,6 @@ else
     fi
     skipped=""
 fi
-ctr_() { $CTR -a "$address" -n "$namespace" "$@"; }
 case "$(uname -m)" in
     x86_64|amd64) arch=amd64; platform=linux/amd64 ;;
     aarch64|arm64|armv8*) arch=arm64; platform=linux/arm64 ;;
@@ -318,7 +317,7 @@ echo "load.sh: runtime: $where${skipped:+ ($skipped)}" >&2
 load_into() {
     case "$runtime" in
         docker) $DOCKER load ;;
-        containerd) ctr_ images import --platform "$platform" - ;;
+        containerd) $CTR -a "$address" -n "$namespace" images import --platform "$platform" - ;;
         podman) $PODMAN load ;;
     esac
 }
