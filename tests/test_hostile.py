@@ -216,7 +216,7 @@ def test_imgtool_and_load_sh_exit_as_this_table_says(services, factory, mirrored
     from tests.test_delta import _mirrors
 
     table = _exit_table()
-    assert len(table) == 8, table
+    assert len(table) == 9, table
     arch = host_arch()
     out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
     docker_cleanup.image(ref, *docker_cli.ids_of(image))
@@ -325,6 +325,15 @@ def test_imgtool_and_load_sh_exit_as_this_table_says(services, factory, mirrored
     r = imgtool("load", str(zout), docker_host=d20)
     sh = _load_sh(zout, d20)
     assert (r.returncode, sh.returncode) == table["zstd layers on Docker older than 23.0"], (r.stderr, sh.stderr)
+
+    # no runtime at all: Docker's socket answers nothing, no containerd socket, no podman in PATH
+    from tests.test_load_sh import tool_dir
+
+    bare = {"PATH": str(tool_dir(tmp_path / "bare-bin", {})), "CONTAINERD_ADDRESS": str(tmp_path / "no.sock")}
+    r = imgtool("load", str(zout), docker_host=f"unix://{tmp_path}/no-docker.sock", env=bare)
+    sh = _load_sh(zout, f"unix://{tmp_path}/no-docker.sock", bare)
+    assert (r.returncode, sh.returncode) == \
+        table["no runtime to load into (Docker not answering, no containerd socket, no Podman)"], (r.stderr, sh.stderr)
 
 
 def test_load_sh_and_imgtool_find_the_same_policy_files(services, factory, mirrored, tmp_path, docker_cli):

@@ -1,6 +1,6 @@
 """The two files of a bundle meant for people and plain shells: load.sh and README.txt."""
 
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from .. import __version__
 from ..delta import describe_requirements, requirements
@@ -15,7 +15,8 @@ ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with i
 
 
 def load_sh(index: BundleIndex) -> bytes:
-    """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load."""
+    """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load (or
+    ctr images import, or podman load)."""
     parts = " ".join(f"'{p.name}'" for p in index.parts)  # names are [A-Za-z0-9._+-] only
     sizes = "\n".join(f"check_size '{p.name}' {p.size}" for p in index.parts)
     decompress = _DECOMPRESS[index.archive.compression]
@@ -28,20 +29,28 @@ if ! command -v {tool} >/dev/null 2>&1; then
     exit 1
 fi
 """
-    pipe = f"cat -- {parts} | {decompress} | $DOCKER load" if decompress else f"cat -- {parts} | $DOCKER load"
+    pipe = f"cat -- {parts} | {decompress} | load_into" if decompress else f"cat -- {parts} | load_into"
     text = f"""#!/bin/sh
-# Load this imgtool bundle into Docker on a host without Python or imgtool.
+# Load this imgtool bundle into Docker, containerd or Podman on a host without Python or imgtool.
 # Written by imgtool {__version__}. Images:
 {refs}
 set -u
 
 usage() {{
     cat <<'EOF'
-usage: sh load.sh [--help]
+usage: sh load.sh [--runtime docker|containerd|podman] [--help]
 
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
-missing part), then streams the parts in order into `docker load`.
-Set DOCKER to run docker another way, e.g.  DOCKER="sudo docker" sh load.sh
+missing part), then streams the parts in order into the container runtime:
+  docker       `docker load`, when the docker command is there and its daemon answers;
+  containerd   else `ctr images import` (a Kubernetes node): the socket is
+               $CONTAINERD_ADDRESS (default /run/containerd/containerd.sock), the
+               namespace $CONTAINERD_NAMESPACE (default k8s.io, the kubelet's), as ctr
+               reads them; only this host's platform is imported and unpacked;
+  podman       else `podman load`.
+It prints the runtime it chose; with none of them it says why for each and exits 5.
+--runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other.
+Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
 Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
 ~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
 finds it) it checks bundle.json.sig with `ssh-keygen -Y verify` and every file
@@ -54,8 +63,16 @@ installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
 
 {_ways(index, "en")}
 
-用法: sh load.sh
-先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入 docker load。
+用法: sh load.sh [--runtime docker|containerd|podman]
+先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入容器运行时：
+  docker       有 docker 命令且其守护进程有响应时，用 `docker load`；
+  containerd   否则用 `ctr images import`（Kubernetes 节点）：套接字为 $CONTAINERD_ADDRESS
+               （默认 /run/containerd/containerd.sock），命名空间为 $CONTAINERD_NAMESPACE
+               （默认 k8s.io，即 kubelet 使用的），与 ctr 读取的变量相同；只导入并解压本机平台的镜像；
+  podman       否则用 `podman load`。
+会打印所选的运行时；三者都没有时逐一说明原因并以退出码 5 结束。
+--runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。
+可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
 签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
 ~/.config/imgtool/allowed_signers、/etc/imgtool/allowed_signers），先用 `ssh-keygen -Y verify` 校验
 bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名、签名无效或签名密钥不在文件中时拒绝导入
@@ -67,10 +84,21 @@ bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名�
 EOF
 }}
 
-case "${{1:-}}" in
-    -h|--help) usage; exit 0 ;;
-    "") ;;
-    *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+runtime=${{IMGTOOL_RUNTIME:-auto}}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --runtime=*) runtime=${{1#--runtime=}}; shift ;;
+        --runtime)
+            if [ $# -lt 2 ]; then echo "load.sh: error: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
+            runtime=$2; shift 2 ;;
+        *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+case "$runtime" in
+    auto|docker|containerd|podman) ;;
+    *) echo "load.sh: error: unknown runtime '$runtime' (--runtime or IMGTOOL_RUNTIME): docker, containerd, podman or auto" >&2
+       exit 2 ;;
 esac
 
 here=$(dirname "$0")
@@ -96,6 +124,10 @@ else
 fi
 cd "$here" || exit 1
 DOCKER=${{DOCKER:-docker}}
+CTR=${{CTR:-ctr}}
+PODMAN=${{PODMAN:-podman}}
+address=${{CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}}
+namespace=${{CONTAINERD_NAMESPACE:-k8s.io}}
 
 # Nothing is read that is not a regular file: a FIFO, or a link to /dev/zero, would be read forever.
 not_regular() {{
@@ -135,12 +167,12 @@ if command -v sha256sum >/dev/null 2>&1; then
 else
     echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
 fi
-{need_tool}{_zstd_layers_check(index)}{_base_check(index)}{_containerd_multiarch_check(index)}
-echo "load.sh: loading {len(index.images)} image(s) into docker ..." >&2
+{need_tool}{_RUNTIME_CHOICE}{_platform_check(index)}{_zstd_layers_check(index)}{_base_check(index)}{_multiarch_check(index)}
+echo "load.sh: loading {len(index.images)} image(s) into $runtime ..." >&2
 {pipe}
 status=$?
 if [ "$status" -ne 0 ]; then
-    echo "load.sh: error: docker load failed (exit $status)" >&2
+    echo "load.sh: error: $loader failed (exit $status)" >&2
     exit "$status"
 fi
 {_tag_multiarch(index)}echo "load.sh: done" >&2
@@ -228,6 +260,87 @@ def _signature_check() -> str:
     return _SIGNATURE_CHECK.replace("@SIG@", SIGNATURE).replace("@JSON@", BUNDLE_JSON).replace("@NS@", NAMESPACE)
 
 
+_RUNTIME_CHOICE = r"""
+# The runtime: Docker when its daemon answers, else containerd (a Kubernetes node) when ctr and its
+# socket are there, else Podman; --runtime / IMGTOOL_RUNTIME names one. Every question asked of a
+# runtime has a time limit (where coreutils' timeout is there); the load itself has none, as docker load.
+bounded() {
+    if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
+}
+why_not() {
+    case "$1" in
+        docker)
+            if ! command -v "${DOCKER%% *}" >/dev/null 2>&1; then echo "not installed"
+            elif ! bounded $DOCKER version >/dev/null 2>&1; then echo "its daemon does not answer"; fi ;;
+        containerd)
+            if ! command -v "${CTR%% *}" >/dev/null 2>&1; then echo "no ctr command"
+            elif [ ! -S "$address" ]; then echo "no socket at $address"; fi ;;
+        podman)
+            command -v "${PODMAN%% *}" >/dev/null 2>&1 || echo "not installed" ;;
+    esac
+}
+if [ "$runtime" = auto ]; then
+    skipped=""
+    for candidate in docker containerd podman; do
+        why=$(why_not "$candidate")
+        if [ -z "$why" ]; then runtime=$candidate; break; fi
+        skipped="$skipped${skipped:+, }$candidate: $why"
+    done
+    if [ "$runtime" = auto ]; then
+        echo "load.sh: error: no container runtime to load into ($skipped); nothing was loaded" >&2
+        echo "load.sh: start Docker, or set CONTAINERD_ADDRESS to containerd's socket, or install Podman (--runtime picks one)" >&2
+        exit 5
+    fi
+else
+    why=$(why_not "$runtime")
+    if [ -n "$why" ]; then
+        echo "load.sh: error: cannot load into $runtime (--runtime or IMGTOOL_RUNTIME): $why; nothing was loaded" >&2
+        exit 5
+    fi
+    skipped=""
+fi
+case "$(uname -m)" in
+    x86_64|amd64) arch=amd64; platform=linux/amd64 ;;
+    aarch64|arm64|armv8*) arch=arm64; platform=linux/arm64 ;;
+    armv7*|armhf) arch=arm; platform=linux/arm/v7 ;;
+    i?86) arch=386; platform=linux/386 ;;
+    loongarch64) arch=loong64; platform=linux/loong64 ;;
+    *) arch=$(uname -m); platform=linux/$arch ;;
+esac
+case "$runtime" in
+    docker) loader="docker load"; lacks="Docker"; where="docker" ;;
+    containerd) loader="ctr images import"; lacks="containerd (namespace $namespace)"
+        where="containerd at $address, namespace $namespace, platform $platform" ;;
+    podman) loader="podman load"; lacks="Podman"; where="podman" ;;
+esac
+echo "load.sh: runtime: $where${skipped:+ ($skipped)}" >&2
+load_into() {
+    case "$runtime" in
+        docker) $DOCKER load ;;
+        containerd) $CTR -a "$address" -n "$namespace" images import --platform "$platform" - ;;
+        podman) $PODMAN load ;;
+    esac
+}
+"""
+
+
+def _platform_check(index: BundleIndex) -> str:
+    """ctr imports only the host's platform, and fails after the whole upload when the bundle has none
+    ("image might be filtered out"): say so before."""
+    arches = sorted({im.platform.architecture for im in index.images})
+    held = ", ".join(sorted({str(im.platform) for im in index.images}))
+    return f"""
+if [ "$runtime" = containerd ]; then
+    case "$arch" in
+        {"|".join(arches)}) ;;
+        *) echo "load.sh: error: this bundle holds no image for this host's platform $platform (it holds {held}), and containerd imports only the host's; nothing was loaded" >&2
+           echo "load.sh: fetch it again with --arch $arch" >&2
+           exit 1 ;;
+    esac
+fi
+"""
+
+
 def has_tool(index: BundleIndex) -> bool:
     """Whether the bundle carries imgtool.pyz (fetch without --no-tool)."""
     return any(f.name == TOOL_PYZ for f in index.files)
@@ -241,7 +354,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
         lines = ["三种导入方式（在本目录中执行）：",
                  "  imgtool load .               主机上安装好的 imgtool：能拒绝被改动的镜像包",
                  f"  python3 {TOOL_PYZ} load .   " + pyz + "：只防损坏",
-                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker：只防损坏",
+                 "  sh load.sh                   只需 sh、sha256sum、cat 和 docker、ctr 或 podman：只防损坏",
                  "前两种边送入 Docker 边校验每个分卷和 blob，遇到第一处不符即中断上传，Docker 不保留任何内容。",
                  f"镜像包自带的 load.sh 和 {TOOL_PYZ} 可以和镜像包一起被改动：它们只能发现损坏，发现不了改动。"]
         if has_tool(index):
@@ -252,7 +365,7 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
         lines = ["Three ways to load it (run them in this directory):",
                  "  imgtool load .               the host's installed imgtool: refuses an edited bundle",
                  f"  python3 {TOOL_PYZ} load .   " + pyz + ": damage only",
-                 "  sh load.sh                   needs only sh, sha256sum, cat and docker: damage only",
+                 "  sh load.sh                   needs only sh, sha256sum, cat and docker, ctr or podman: damage only",
                  "The first two check every part and blob while they stream them into Docker and cut the",
                  "upload at the first mismatch: Docker keeps nothing.",
                  f"The bundle's own load.sh and {TOOL_PYZ} can be edited along with the bundle: they find",
@@ -280,39 +393,51 @@ def zstd_layer_refs(index: BundleIndex) -> List[str]:
 
 def _zstd_layers_check(index: BundleIndex) -> str:
     """Docker before 23.0 reads a zstd layer as a plain tar and fails with FAQ 19's `invalid tar header`
-    after the upload: refuse before docker load, saying why and what to do."""
+    after the upload: refuse before docker load, saying why and what to do (containerd 1.5+ and Podman
+    read zstd layers)."""
     refs = zstd_layer_refs(index)
     if not refs:
         return ""
     names = ", ".join(refs).replace("'", "").replace('"', "")
     return f"""
 # zstd-compressed layers: Docker reads them only from 23.0 on; an older one fails with
-# "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload.
-server=$($DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
-case "${{server%%.*}}" in
-    ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
-    *) if [ "${{server%%.*}}" -lt 23 ]; then
-        echo "load.sh: error: this bundle has zstd-compressed layers ({names}), which Docker $server cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded" >&2
-        echo "load.sh: {ZSTD_REMEDY}" >&2
-        exit 5
-    fi ;;
-esac
+# "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload. containerd (1.5+)
+# and Podman read them.
+if [ "$runtime" = docker ]; then
+    server=$(bounded $DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
+    case "${{server%%.*}}" in
+        ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
+        *) if [ "${{server%%.*}}" -lt 23 ]; then
+            echo "load.sh: error: this bundle has zstd-compressed layers ({names}), which Docker $server cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded" >&2
+            echo "load.sh: {ZSTD_REMEDY}" >&2
+            exit 5
+        fi ;;
+    esac
+fi
 """
 
 
-def _containerd_multiarch_check(index: BundleIndex) -> str:
+def _multiarch_check(index: BundleIndex) -> str:
     """Docker's containerd image store knows images by manifest digest, and load.sh names the platform of
     such a tag by config digest (bundles before format version 3 even gave every platform the one name,
-    and that store then failed to unpack the host's): refuse before docker load, and point at imgtool,
-    which sends and names one platform."""
+    and that store then failed to unpack the host's); ctr imports only the images index.json names, and
+    such a tag is unnamed there (ctr would import nothing, and say nothing). Refuse both before a byte is
+    sent, and point at imgtool, which sends and names one platform."""
     refs = _multiarch_refs(index)
     if not refs:
         return ""
     names = ", ".join(refs).replace("'", "").replace('"', "")
     how = f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load ."
     return f"""
-if $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
+# A tag held for several architectures: load.sh names the host's one after the load, by image ID.
+if [ "$runtime" = docker ] && \\
+        bounded $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
     echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded" >&2
+    echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
+    exit 5
+fi
+if [ "$runtime" = containerd ]; then
+    echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in containerd (ctr imports only the images the archive names, and these are unnamed there so that no platform takes another's name); nothing was loaded" >&2
     echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
     exit 5
 fi
@@ -320,50 +445,79 @@ fi
 
 
 def _tag_multiarch(index: BundleIndex) -> str:
-    """A tag held for several architectures has no RepoTags in manifest.json: name the daemon's one here."""
+    """A tag held for several architectures has no RepoTags in manifest.json: name the runtime's one here
+    (Docker with a graphdriver, Podman: both know the image by its config digest)."""
     by_ref: Dict[str, List[BundleImage]] = {}
     for im in index.images:
         by_ref.setdefault(im.ref, []).append(im)
     multi = {ref: ims for ref, ims in by_ref.items() if len(ims) > 1 and ims[0].repo_tag}
     if not multi:
         return ""
-    lines = ["# This bundle holds some tags for several architectures; docker load left them unnamed.",
-             "# Name the one matching this Docker (the others stay as unnamed images: docker image prune).",
-             "arch=$($DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
+    lines = ["# This bundle holds some tags for several architectures; the load left them unnamed.",
+             "# Name the one matching this Docker or Podman (the others stay as unnamed images: docker image prune,",
+             "# podman image prune).",
+             'if [ "$runtime" = podman ]; then',
+             "    arch=$(bounded $PODMAN info --format '{{.Host.Arch}}' 2>/dev/null)",
+             "    tag_image() { $PODMAN tag \"$1\" \"$2\"; }",
+             "else",
+             "    arch=$(bounded $DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
+             "    tag_image() { $DOCKER tag \"$1\" \"$2\"; }",
+             "fi",
              'case "$arch" in']
     for arch in sorted({im.platform.architecture for ims in multi.values() for im in ims}):
-        cmds = [f"$DOCKER tag {im.image_id} '{im.repo_tag}'" for ims in multi.values() for im in ims
+        cmds = [f"tag_image {im.image_id} '{im.repo_tag}'" for ims in multi.values() for im in ims
                 if im.platform.architecture == arch]
         lines.append(f"    {arch}) {' && '.join(cmds)} || exit 5 ;;")
-    lines.append('    *) echo "load.sh: warning: this bundle has no image for Docker\'s architecture $arch; '
+    lines.append('    *) echo "load.sh: warning: this bundle has no image for the $runtime architecture $arch; '
                  'nothing was named" >&2 ;;')
     lines.append("esac")
     return "\n".join(lines) + "\n"
 
 
 def _base_check(index: BundleIndex) -> str:
-    """For a delta bundle: refuse unless Docker has the images its omitted layers come from."""
+    """For a delta bundle: refuse unless the runtime has the images its omitted layers come from (containerd:
+    their unpacked layers, snapshots named by chain ID; ctr would record the image, then fail to unpack it)."""
     if not index.is_delta:
         return ""
+    def what(names: Sequence[str]) -> str:
+        return describe_requirements([tuple(names)]).replace("'", "").replace('"', "")
+
     checks = []
     for names in requirements(index.omitted_chains()):
         quoted = " ".join("'" + n.replace("'", "") + "'" for n in names)
-        what = describe_requirements([names]).replace("'", "").replace('"', "")
-        checks.append(f"""has_one_of {quoted} || {{
-    echo "load.sh: error: this is a delta bundle and Docker lacks {what}; load that image (its bundle) first" >&2
-    exit 1
-}}""")
+        checks.append(f'    has_one_of {quoted} || lacking "{what(names)}"')
+    # A snapshot keeps its parents: per image, the deepest left-out chain stands for all below it.
+    chains = []
+    for im in index.images:
+        omitted = [x for x in im.layers if x.omitted and x.chain_id is not None]
+        if omitted and (omitted[-1].chain_id, omitted[-1].provided_by) not in chains:
+            chains.append((omitted[-1].chain_id, omitted[-1].provided_by))
+    snapshots = "\n".join(f'    has_chain {chain} || lacking "{what(names)}"' for chain, names in chains)
     body = "\n".join(checks)
     return f"""
-# A delta bundle: some layer files are left out because Docker should already hold them;
-# any one image of each list provides them.
+# A delta bundle: some layer files are left out because the runtime should already hold them;
+# any one image of each list provides them (containerd: their layers, unpacked).
+lacking() {{
+    echo "load.sh: error: this is a delta bundle and $lacks lacks $1; load that image (its bundle) first" >&2
+    exit 1
+}}
 has_one_of() {{
     for base in "$@"; do
-        $DOCKER image inspect "$base" >/dev/null 2>&1 && return 0
+        case "$runtime" in
+            podman) bounded $PODMAN image exists "$base" ;;
+            *) bounded $DOCKER image inspect "$base" ;;
+        esac >/dev/null 2>&1 && return 0
     done
     return 1
 }}
+has_chain() {{
+    bounded $CTR -a "$address" -n "$namespace" snapshots info "$1" >/dev/null 2>&1
+}}
+if [ "$runtime" = containerd ]; then
+{snapshots}
+else
 {body}
+fi
 """
 
 
@@ -371,6 +525,65 @@ def _image_lines(index: BundleIndex) -> List[str]:
     width = max(len(im.ref) for im in index.images)
     return [f"    {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id}"
             for im in index.images]
+
+
+def _runtimes_en(index: BundleIndex, unpack: str) -> str:
+    """README.txt: load.sh on a Kubernetes node (containerd) and on Podman, and iSula by hand (untested)."""
+    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+        else "<this host's: amd64, arm64>"
+    multi = ("\n  A tag held for several architectures (as here) cannot be named by load.sh in containerd:\n"
+             "  load it with imgtool load (or the pyz), which imports and names this host's platform.") \
+        if _multiarch_refs(index) else ""
+    zstd = ("This bundle HAS zstd layers: fetch it again with --layers compat." if zstd_layer_refs(index)
+            else "This bundle has no zstd layers.")
+    return f"""
+On a Kubernetes node (containerd, no Docker)
+  sh load.sh finds no Docker and imports into containerd, after the same checks:
+    cat <parts in order>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
+  into the namespace k8s.io, where the kubelet looks for images, unpacked for this host and named
+  as listed above. The socket and namespace are CONTAINERD_ADDRESS (default
+  /run/containerd/containerd.sock) and CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself.
+  sh load.sh --runtime containerd (or IMGTOOL_RUNTIME=containerd) uses containerd even beside
+  Docker; check with: crictl images, or ctr -n k8s.io images ls.{multi}
+
+On Podman (RHEL family, openEuler)
+  With neither Docker nor containerd's socket (or with --runtime podman) sh load.sh runs:
+    cat <parts in order>{unpack} | podman load
+
+iSula (openEuler's iSulad; not tested)
+  load.sh does not speak to iSula. Check the files first (sha256sum -c {SHA256SUMS}), then write
+  the archive out (/var/tmp, or any directory with room for it) and load it:
+    cat <parts in order>{unpack} > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar
+    rm /var/tmp/archive.tar
+  iSulad cannot read zstd layers: only bundles fetched with --layers compat (the default) load.
+  {zstd}"""
+
+
+def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
+    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+        else "<本机架构：amd64、arm64>"
+    multi = ("\n  同一标签含多个架构的镜像（本镜像包即是）load.sh 无法在 containerd 中命名：\n"
+             "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
+    zstd = "本镜像包含 zstd 压缩层：请用 --layers compat 重新获取。" if zstd_layer_refs(index) else "本镜像包没有 zstd 压缩层。"
+    return f"""
+在 Kubernetes 节点上（containerd，没有 Docker）
+  sh load.sh 找不到 Docker 时导入 containerd，校验与上面相同：
+    cat <按顺序列出的分卷>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
+  导入到 kubelet 查找镜像的命名空间 k8s.io，按本机平台解压，名称即上面所列。套接字和命名空间取自
+  CONTAINERD_ADDRESS（默认 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
+  sh load.sh --runtime containerd（或 IMGTOOL_RUNTIME=containerd）在有 Docker 的主机上也导入 containerd；
+  导入后可用 crictl images 或 ctr -n k8s.io images ls 查看。{multi}
+
+在 Podman 上（RHEL 系、openEuler）
+  既没有 Docker 也没有 containerd 套接字时（或指定 --runtime podman），sh load.sh 执行：
+    cat <按顺序列出的分卷>{unpack} | podman load
+
+iSula（openEuler 的 iSulad；未经测试）
+  load.sh 不支持 iSula。请先校验文件（sha256sum -c {SHA256SUMS}），再把归档写出（/var/tmp 或其他空间足够的目录）并导入：
+    cat <按顺序列出的分卷>{unpack} > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar
+    rm /var/tmp/archive.tar
+  iSulad 无法读取 zstd 压缩层：只能导入用 --layers compat（默认）获取的镜像包。
+  {zstd}"""
 
 
 def readme(index: BundleIndex) -> bytes:
@@ -423,7 +636,7 @@ Files
   they are the archive {index.archive.name}.
   {BUNDLE_JSON}   what is in the bundle, with the size and sha256 of every part
   {SHA256SUMS}    checksums of every file (sha256sum -c format)
-  {LOAD_SH}       loads the bundle on a host without imgtool or Python
+  {LOAD_SH}       loads the bundle on a host without imgtool or Python (Docker, containerd, Podman)
 {tool_en}  README.txt    this file
 
 Carry it
@@ -457,6 +670,7 @@ Signed bundles
 Load it
 {_ways(index, "en", "  ")}
   or by hand: cat <parts in order>{unpack} | docker load
+{_runtimes_en(index, unpack)}
 
 If Docker reports "invalid tar header" (vllm-ascend FAQ 19, seen on Kylin), it met a
 zstd-compressed layer, which Docker reads only from 23.0 on (Kylin V10 ships 18.09).{zstd_en}
@@ -477,7 +691,7 @@ imgtool 离线镜像包
   {parts_zh}（共 {total}，压缩方式：{comp}），按文件名顺序拼接即为归档 {index.archive.name}。
   {BUNDLE_JSON}   镜像包清单，含每个分卷的大小和 sha256
   {SHA256SUMS}    所有文件的校验和（sha256sum -c 格式）
-  {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像
+  {LOAD_SH}       在没有 imgtool 或 Python 的主机上导入镜像（Docker、containerd、Podman）
 {tool_zh}  README.txt    本说明
 
 拷贝
@@ -509,6 +723,7 @@ imgtool 离线镜像包
 导入
 {_ways(index, "zh", "  ")}
   或手动：cat <按顺序列出的分卷>{unpack} | docker load
+{_runtimes_zh(index, unpack)}
 
 如果 Docker 报 "invalid tar header"（vllm-ascend FAQ 第 19 条，常见于麒麟系统），说明它遇到了
 zstd 压缩的镜像层：Docker 23.0 起才能读取（麒麟 V10 自带 18.09）。{zstd_zh}

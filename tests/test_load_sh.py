@@ -1,0 +1,378 @@
+"""load.sh on a node without Docker and without Python (issue 25): a Kubernetes node's containerd through
+`ctr`, and Podman.
+
+Each test runs the bundle's load.sh under `env -i` with a PATH of its own that holds the few tools load.sh
+uses and one runtime (the private containerd 1.6 or 1.7 of the test services, through `ctr`; or the private
+Podman), never docker; the same test runs on every runtime.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+import pytest
+
+from imgtool.bundle.writer import write_bundle
+from imgtool.delta import Have
+from imgtool.model import Digest
+from imgtool.progress import Progress
+from tests.support.bundles import BlobDir, parts_of, write
+from tests.support.images import host_arch
+
+REPO = "example.test/loadsh"
+HANG = 120  # seconds: a load.sh that needs longer for these small bundles is hanging
+RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
+# what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
+TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
+         "ssh-keygen", "uname", "timeout", "unshare", "mount")
+SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
+
+
+def _which(tool: str) -> str:
+    for d in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        if os.access(os.path.join(d, tool), os.X_OK):
+            return os.path.join(d, tool)
+    raise AssertionError(f"{tool} is not installed: scripts/services.sh installs what load.sh needs")
+
+
+def tool_dir(path: Path, runtime: Dict[str, str]) -> Path:
+    """A directory for PATH with load.sh's tools and `runtime` (name -> program), and nothing else."""
+    path.mkdir(parents=True, exist_ok=True)
+    for tool in TOOLS:
+        (path / tool).symlink_to(_which(tool))
+    for name, program in runtime.items():
+        (path / name).symlink_to(program)
+    return path
+
+
+class Node:
+    """A host with one runtime and no Docker: how load.sh is run there and what the runtime holds."""
+
+    def __init__(self, name: str, services, tmp: Path):
+        self.name = name
+        self.kind = "podman" if name == "podman" else "containerd"
+        self.home = tmp / "home"
+        self.home.mkdir(parents=True)
+        if self.kind == "containerd":
+            self.sock = services.containerd(name.split("-", 1)[1])
+            self.env = {"CONTAINERD_ADDRESS": self.sock}
+            self.bin = tool_dir(tmp / "bin", {"ctr": _which("ctr")})
+        else:
+            penv = services.podman_env({})
+            self.env = {k: penv[k] for k in ("CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF")}
+            self.bin = tool_dir(tmp / "bin", {"podman": os.path.join(services.podman, "bin", "podman")})
+            self.podman_env = services.podman_env()
+        self.created: List[str] = []
+
+    def load_sh(self, bundle: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+        e = {"PATH": str(self.bin), "HOME": str(self.home), "LANG": "C.UTF-8", **self.env, **env}
+        return subprocess.run(["env", "-i", *[f"{k}={v}" for k, v in e.items()], "sh", "load.sh", *args],
+                              cwd=bundle, capture_output=True, text=True, timeout=HANG)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["ctr", "--address", self.sock, "-n", "k8s.io", *args], capture_output=True,
+                              text=True, timeout=HANG, check=check)
+
+    def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=self.podman_env, capture_output=True, text=True,
+                              timeout=HANG, check=check)
+
+    def images(self) -> Set[str]:
+        """Every image record: ctr's refs in k8s.io; Podman's IDs (every image, named or not) and names."""
+        if self.kind == "containerd":
+            return set(self.ctr("images", "ls", "-q").stdout.split())
+        out = set()
+        for im in json.loads(self.podman("images", "-a", "--format", "json").stdout or "[]"):
+            out.add("sha256:" + im["Id"])
+            out.update(im.get("Names") or [])
+        return out
+
+    def refs_of(self, manifest: str) -> Set[str]:
+        """containerd: the refs naming this manifest digest, with their labels."""
+        rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:]]
+        return {(r[0], r[-1]) for r in rows if r[2] == manifest}
+
+    def content(self) -> Set[str]:
+        """containerd: every blob digest of its content store (shared by namespaces, listed in k8s.io's)."""
+        return {line.split()[0] for line in self.ctr("content", "ls", "-q").stdout.splitlines()}
+
+    def state(self):
+        """What a refused load must leave as it was: the image records, and containerd's content store."""
+        return self.images(), (self.content() if self.kind == "containerd" else set())
+
+    def run(self, image: str) -> str:
+        """What `echo hi` prints in a container of `image`."""
+        if self.kind == "containerd":
+            runc_root = os.path.join(os.path.dirname(self.sock), "runc", "k8s.io")
+            return self.ctr("run", "--rm", "--runc-root", runc_root, image, f"c{os.getpid()}{len(self.created)}",
+                            "echo", "hi").stdout
+        return self.podman("run", "--rm", image, "echo", "hi").stdout
+
+    def remove(self, *names: str) -> None:
+        self.created.extend(names)
+
+    def cleanup(self) -> None:
+        if not self.created:
+            return
+        if self.kind == "containerd":
+            present = self.images()
+            gone = [n for n in self.created if n in present]
+            if gone:
+                self.ctr("images", "rm", *gone)
+        else:
+            self.podman("rmi", "-f", "-i", *self.created)
+
+
+@pytest.fixture(params=RUNTIMES)
+def node(request, services, tmp_path):
+    n = Node(request.param, services, tmp_path / "node")
+    yield n
+    n.cleanup()
+
+
+def _bundle(store: BlobDir, out: Path, images, **kw) -> Path:
+    write(out, [store.pulled(im, ref) for im, ref in images], store, **kw)
+    return out
+
+
+def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_it(node, factory, uniq, tmp_path):
+    """zstd layers (which containerd 1.5+ and Podman read: no Docker-before-23 refusal), a gzip-compressed
+    bundle in several parts: on containerd the image lands in k8s.io under its canonical name only (and the
+    CRI's own config-digest ref), unpacked and labelled for the kubelet; on Podman under its name."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.zstd_twin(factory.image(host_arch(), layers=1, layer_size=50_000, runnable=True))
+    ref = f"{REPO}/{uniq}/app:v1"
+    out = _bundle(store, tmp_path / "b", [(image, ref)], chunk_size=256 * 1024, compress="gzip")
+    assert len(parts_of(out)) > 1
+    node.remove(ref, image.config_digest)
+    before = node.images()
+
+    r = node.load_sh(out)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("load.sh: ")]  # not podman's progress
+    assert lines[0] == "load.sh: checking the files against SHA256SUMS ..."
+    if node.kind == "containerd":
+        assert lines[1] == (f"load.sh: runtime: containerd at {node.sock}, namespace k8s.io, "
+                            f"platform linux/{host_arch()} (docker: not installed)")
+        manifest = json.loads((out / "bundle.json").read_text())["images"][0]["manifest_digest"]
+        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
+                                          (image.config_digest, "io.cri-containerd.image=managed")}
+        assert node.images() - before == {ref, image.config_digest}  # no import-DATE@sha256 refs
+        assert node.ctr("snapshots", "ls").stdout.strip().count("\n") >= 1
+    else:
+        assert lines[1] == "load.sh: runtime: podman (docker: not installed, containerd: no ctr command)"
+        assert node.podman("image", "inspect", ref, "--format", "{{.Id}}").stdout.strip() == \
+            image.config_digest.split(":", 1)[1]
+        assert node.images() - before == {ref, image.config_digest}
+    assert lines[2:] == ["load.sh: loading 1 image(s) into " + node.kind + " ...", "load.sh: done"]
+    assert node.run(ref).strip() == "hi"
+
+    again = node.load_sh(out)  # already there: loads again, changes nothing
+    assert again.returncode == 0, again.stderr
+    if node.kind == "containerd":
+        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
+                                          (image.config_digest, "io.cri-containerd.image=managed")}
+
+
+def test_a_damaged_part_is_refused_as_on_docker_and_nothing_is_recorded(node, factory, uniq, tmp_path, services):
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=2, layer_size=100_000)
+    ref = f"{REPO}/{uniq}/damaged:v1"
+    out = _bundle(store, tmp_path / "b", [(image, ref)], chunk_size=128 * 1024)
+    node.remove(ref, image.config_digest)
+    part = parts_of(out)[1]
+    data = bytearray(part.read_bytes())
+    data[100] ^= 0xFF
+    part.write_bytes(bytes(data))
+    before = node.state()
+
+    r = node.load_sh(out)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines() == [
+        "load.sh: checking the files against SHA256SUMS ...",
+        SUMS_DAMAGED,
+        f"    {part.name}: FAILED",
+        "load.sh: re-copy them from the source medium, then run load.sh again",
+    ]
+    # the words and exit code load.sh gives with Docker
+    docker = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, timeout=HANG,
+                            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(node.home),
+                                 "DOCKER": f"docker -H {services.docker_host}"})
+    assert (docker.returncode, docker.stderr) == (r.returncode, r.stderr)
+    assert node.state() == before
+    if node.kind == "containerd":
+        blobs = {image.config_digest, image.manifest_digest, *(x.digest for x in image.layers)}
+        assert not blobs & node.content(), "the content store holds a blob of the refused bundle"
+
+
+def test_a_tag_for_several_architectures(node, factory, uniq, tmp_path):
+    """Podman gets the host's platform named, as Docker does; containerd is refused before a byte is sent:
+    ctr imports only what index.json names, and such a tag is unnamed there (it would import nothing)."""
+    store = BlobDir(tmp_path / "blobs")
+    idx = factory.multiarch(layers=1, layer_size=50_000)
+    ref = f"{REPO}/{uniq}/multi:v1"
+    out = _bundle(store, tmp_path / "b", [(im, ref) for im in idx.images])
+    mine = idx.image(host_arch())
+    node.remove(ref, *(im.config_digest for im in idx.images))
+    before = node.state()
+
+    r = node.load_sh(out)
+    if node.kind == "containerd":
+        assert r.returncode == 5, r.stderr
+        assert r.stderr.splitlines()[2:] == [
+            f"load.sh: error: this bundle holds {ref} for several architectures, and load.sh cannot load and name "
+            "the right one in containerd (ctr imports only the images the archive names, and these are unnamed "
+            "there so that no platform takes another's name); nothing was loaded",
+            "load.sh: run instead, in this directory: imgtool load .   (it loads this host's architecture only)"]
+        assert node.state() == before
+    else:
+        assert r.returncode == 0, r.stderr
+        assert node.podman("image", "inspect", ref, "--format", "{{.Id}}").stdout.strip() == \
+            mine.config_digest.split(":", 1)[1]
+
+
+def test_an_image_of_another_architecture_only(node, factory, uniq, tmp_path):
+    """ctr imports only the host's platform and fails after the whole upload when there is none ("image might
+    be filtered out"): load.sh says so before, exit 1. Podman loads it, as Docker does (it fails at run)."""
+    other = "arm64" if host_arch() == "amd64" else "amd64"
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(other, layers=1, layer_size=20_000)
+    ref = f"{REPO}/{uniq}/{other}:v1"
+    out = _bundle(store, tmp_path / "b", [(image, ref)])
+    node.remove(ref, image.config_digest)
+    before = node.state()
+
+    r = node.load_sh(out)
+    if node.kind == "containerd":
+        assert r.returncode == 1, r.stderr
+        held = json.loads((out / "bundle.json").read_text())["images"][0]["platform"]
+        assert r.stderr.splitlines()[2:] == [
+            f"load.sh: error: this bundle holds no image for this host's platform linux/{host_arch()} (it holds "
+            f"{held}), and containerd imports only the host's; nothing was loaded",
+            f"load.sh: fetch it again with --arch {host_arch()}"]
+        assert node.state() == before
+    else:
+        assert r.returncode == 0, r.stderr
+        assert ref in node.images()
+
+
+def test_a_delta_bundle_needs_its_base_on_the_runtime_too(node, factory, uniq, tmp_path):
+    """Refused (exit 1) before the runtime sees a byte while the base is missing (ctr would record the image,
+    then fail to unpack it); loaded once the base is there. containerd: the base's layers, unpacked (its
+    snapshots by chain ID); Podman: the base image, by name or ID."""
+    store = BlobDir(tmp_path / "blobs")
+    base_layers = factory.layers(1)
+    old = factory.image(host_arch(), layers=1, base=base_layers, layer_size=50_000, runnable=True)
+    new = factory.image(host_arch(), layers=1, base=base_layers, layer_size=50_000)
+    old_ref, new_ref = f"{REPO}/{uniq}/d:old", f"{REPO}/{uniq}/d:new"
+    base = _bundle(store, tmp_path / "base", [(old, old_ref)])
+    have = Have("test")
+    have.add([Digest.parse(d) for d in old.diff_ids], old.config_digest)
+    delta = tmp_path / "delta"
+    write_bundle(delta, [store.pulled(new, new_ref)], store.path, chunk_size=None, compress="none", force=False,
+                 progress=Progress(), created="2025-01-01T00:00:00Z", have=have)
+    node.remove(new_ref, new.config_digest, old_ref, old.config_digest)
+    before = node.state()
+
+    r = node.load_sh(delta)
+    who = "containerd (namespace k8s.io)" if node.kind == "containerd" else "Podman"
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[2:] == [
+        f"load.sh: error: this is a delta bundle and {who} lacks {old.config_digest}; load that image (its bundle) first"]
+    assert node.state() == before
+
+    assert node.load_sh(base).returncode == 0
+    r = node.load_sh(delta)
+    assert r.returncode == 0, r.stderr
+    assert new_ref in node.images()
+
+
+def _bare(tmp_path: Path, runtime: Optional[Dict[str, str]] = None, **env: str) -> Dict[str, str]:
+    bin_ = tool_dir(tmp_path / "bare-bin", runtime or {})
+    return {"PATH": str(bin_), "HOME": str(tmp_path), "LANG": "C.UTF-8", **env}
+
+
+def test_without_any_runtime_load_sh_names_all_three_and_exits_5(factory, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    env = _bare(tmp_path, CONTAINERD_ADDRESS=str(tmp_path / "no.sock"))
+    r = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 5
+    assert r.stderr.splitlines()[1:] == [
+        "load.sh: error: no container runtime to load into (docker: not installed, containerd: no ctr command, "
+        "podman: not installed); nothing was loaded",
+        "load.sh: start Docker, or set CONTAINERD_ADDRESS to containerd's socket, or install Podman "
+        "(--runtime picks one)"]
+
+    # ctr without its socket, and a docker command whose daemon does not answer
+    fake_docker = tmp_path / "docker"
+    fake_docker.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+    fake_docker.chmod(0o755)
+    env = _bare(tmp_path / "2", {"ctr": _which("ctr"), "docker": str(fake_docker)},
+                CONTAINERD_ADDRESS=str(tmp_path / "no.sock"))
+    r = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 5
+    assert r.stderr.splitlines()[1] == (
+        f"load.sh: error: no container runtime to load into (docker: its daemon does not answer, containerd: no socket "
+        f"at {tmp_path / 'no.sock'}, podman: not installed); nothing was loaded")
+
+    # a runtime asked for by name is that one or none
+    for how, args, extra in (("--runtime", ["--runtime", "podman"], {}),
+                             ("IMGTOOL_RUNTIME", [], {"IMGTOOL_RUNTIME": "podman"})):
+        r = subprocess.run(["sh", "load.sh", *args], cwd=out, env={**env, **extra}, capture_output=True, text=True,
+                           timeout=HANG)
+        assert (r.returncode, r.stderr.splitlines()[1:]) == (5, [
+            "load.sh: error: cannot load into podman (--runtime or IMGTOOL_RUNTIME): not installed; nothing was loaded"]), how
+    r = subprocess.run(["sh", "load.sh", "--runtime", "isula"], cwd=out, env=env, capture_output=True, text=True,
+                       timeout=HANG)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        "load.sh: error: unknown runtime 'isula' (--runtime or IMGTOOL_RUNTIME): docker, containerd, podman or auto"])
+    r = subprocess.run(["sh", "load.sh", "--runtime"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        "load.sh: error: --runtime needs a value: docker, containerd or podman"])
+
+
+def test_a_runtime_asked_for_by_name_wins_over_docker(services, factory, uniq, tmp_path):
+    """With Docker answering, --runtime containerd still imports into containerd; that Docker being 20.10,
+    which cannot read zstd layers, does not stop a zstd bundle going to containerd."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.zstd_twin(factory.image(host_arch(), layers=1, layer_size=20_000))
+    ref = f"{REPO}/{uniq}/forced:v1"
+    out = _bundle(store, tmp_path / "b", [(image, ref)])
+    sock = services.containerd("1.7")
+    env = _bare(tmp_path, {"ctr": _which("ctr"), "docker": _which("docker")}, CONTAINERD_ADDRESS=sock,
+                DOCKER=f"docker -H {services.on('20.10').docker_host}")
+    r = subprocess.run(["sh", "load.sh", "--runtime=containerd"], cwd=out, env=env, capture_output=True, text=True,
+                       timeout=HANG)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.splitlines()[1] == \
+            f"load.sh: runtime: containerd at {sock}, namespace k8s.io, platform linux/{host_arch()}"
+        refs = subprocess.run(["ctr", "-a", sock, "-n", "k8s.io", "images", "ls", "-q"], capture_output=True,
+                              text=True, timeout=HANG, check=True).stdout.split()
+        assert ref in refs
+    finally:
+        subprocess.run(["ctr", "-a", sock, "-n", "k8s.io", "images", "rm", ref, image.config_digest],
+                       capture_output=True, timeout=HANG)
+
+
+def test_help_and_readme_say_how_to_load_on_kubernetes_podman_and_isula(factory, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    help_ = subprocess.run(["sh", "load.sh", "--help"], cwd=out, capture_output=True, text=True, timeout=HANG)
+    assert help_.returncode == 0
+    assert help_.stdout.startswith("usage: sh load.sh [--runtime docker|containerd|podman] [--help]\n")
+    assert "--runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other." in help_.stdout
+    assert "--runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。" in help_.stdout
+    readme = (out / "README.txt").read_text()
+    en, zh = readme.split("imgtool 离线镜像包", 1)
+    for text in (en, zh):
+        assert text.index("ctr -n k8s.io images import") < text.index("podman load") < text.index("isula load -i")
+    assert "    cat <parts in order> > /var/tmp/archive.tar && isula load -i /var/tmp/archive.tar\n" in en
+    assert "  iSulad cannot read zstd layers: only bundles fetched with --layers compat (the default) load.\n" \
+        "  This bundle has no zstd layers." in en
+    assert "iSulad 无法读取 zstd 压缩层：只能导入用 --layers compat（默认）获取的镜像包。" in zh
+    assert "    cat <parts in order> | ctr -n k8s.io images import --platform linux/" + host_arch() + " -\n" in en
+    assert "iSula (openEuler's iSulad; not tested)" in en and "iSula（openEuler 的 iSulad；未经测试）" in zh
