@@ -234,12 +234,9 @@ def carriers_help() -> str:
     return f"{names}; or a number with a unit ({SIZE_UNITS})"
 
 
-def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
-    """A part size: a carrier name (`fat32`, `dvd`, ...) or a size of at least 1 MiB (`700M`, binary units);
-    raises UsageError naming the file count a tiny size would cost.
-
-    Tests of tiny images lower the floor with `$IMGTOOL_TEST_MIN_CHUNK_SIZE` (bytes).
-    """
+def parse_chunk_size(text: str, what: str = "--chunk-size", floor: int = MIN_CHUNK_SIZE) -> int:
+    """A part size: a carrier name (`fat32`, `dvd`, ...) or a size of at least `floor` (1 MiB; `700M`,
+    binary units); raises UsageError naming the file count a tiny size would cost."""
     carrier = CARRIERS.get(str(text).strip().lower())
     if carrier is not None:
         return carrier
@@ -247,10 +244,6 @@ def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
         raise UsageError(f"invalid {what} {text!r}: use a carrier ({', '.join(CARRIERS)}) or a number with an "
                          f"optional unit K, M, G, T (binary), e.g. 700M")
     size = parse_size(text, what)
-    floor = MIN_CHUNK_SIZE
-    override = os.environ.get("IMGTOOL_TEST_MIN_CHUNK_SIZE", "").strip()
-    if override.isdigit():
-        floor = int(override)
     if size < floor:
         files = -(-TYPICAL_IMAGE // size)
         raise UsageError(f"invalid {what} {text!r}: parts must be at least {_size(floor)} "
