@@ -221,7 +221,54 @@ def read_timeout() -> float:
     return value
 
 
-MIN_CHUNK_SIZE = 1024 ** 2
+def source_date_epoch() -> Optional[str]:
+    """`$SOURCE_DATE_EPOCH` as given (spec.parse_created reads it), or None."""
+    return os.environ.get("SOURCE_DATE_EPOCH")
+
+
+def signers_variable() -> Optional[str]:
+    """`$IMGTOOL_SIGNERS` as given (trust.find_policy decides what it means), or None."""
+    return os.environ.get("IMGTOOL_SIGNERS")
+
+
+def docker_config_dir() -> str:
+    """Where `docker login` keeps config.json: `$DOCKER_CONFIG`, default `~/.docker`."""
+    return os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
+
+
+def proxy_variable(scheme: str) -> Optional[Tuple[str, str]]:
+    """(variable, value) of the proxy the environment names for a URL scheme, in urllib's and requests'
+    order (lowercase first, then the scheme's, then all_proxy), or None."""
+    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
+        value = os.environ.get(name)
+        if value:
+            return name, value
+    return None
+
+
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+
+
+def docker_host() -> str:
+    """Where the Docker daemon listens: `$DOCKER_HOST`, default the system socket."""
+    return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def docker_api_version() -> str:
+    """`$DOCKER_API_VERSION` (e.g. 1.39, Docker 18.09's), or "auto": the daemon's own. Raises UsageError."""
+    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
+    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
+        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
+    return version
+
+
+def docker_tls() -> Dict[str, str]:
+    """The TLS variables docker-py reads beside DOCKER_HOST (`$DOCKER_TLS_VERIFY`, `$DOCKER_CERT_PATH`),
+    those that are set; a tcp:// host with TLS is docker-py's alone (daemon_http speaks plain tcp://)."""
+    return {name: os.environ[name] for name in ("DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH") if name in os.environ}
+
+
+MIN_CHUNK_SIZE = 1024 ** 2  # the smallest part a user may ask for
 TYPICAL_IMAGE = 15 * 1024 ** 3  # a vllm-ascend image, for saying what a tiny chunk size would mean
 
 
