@@ -3,6 +3,7 @@
 Every error names the file, the line or key, and the problem, and exits 2.
 """
 
+import dataclasses
 import os
 import pkgutil
 import re
@@ -20,6 +21,7 @@ else:  # pragma: no cover - exercised on old Pythons
     import tomli as tomllib
 
 BUILTIN_MIRRORS = Path(__file__).with_name("mirrors.toml")
+DEFAULT_READ_TIMEOUT = 60.0  # seconds a registry read may stall
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,13 @@ class Mirror:
 
 @dataclass(frozen=True)
 class MirrorConfig:
-    """The whole mirrors.toml: the default image and the mirror entries, in file order."""
+    """How imgtool reaches registries: the whole mirrors.toml (the default image and the mirror entries,
+    in file order), and how long a read may stall (`$IMGTOOL_READ_TIMEOUT`, read once by cli.py)."""
 
     default_image: str
     mirrors: Tuple[Mirror, ...]
     path: str
+    read_timeout: float = DEFAULT_READ_TIMEOUT
 
     def parse_ref(self, text: str) -> ImageRef:
         """Parse a user reference against this config's default image; raises UsageError."""
@@ -192,19 +196,21 @@ def find_mirrors_file(option: Optional[str]) -> Path:
     return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 
-def load_mirrors(option: Optional[str] = None) -> MirrorConfig:
-    """Find, read and validate the mirrors configuration; raises ConfigError."""
+def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None) -> MirrorConfig:
+    """Find, read and validate the mirrors configuration; `read_timeout` None: the default 60 s
+    (cli.py passes `read_timeout()`). Raises ConfigError."""
     path = find_mirrors_file(option)
     data, text = read_toml(path)
-    return parse_mirrors(data, text, path)
+    config = parse_mirrors(data, text, path)
+    return config if read_timeout is None else dataclasses.replace(config, read_timeout=read_timeout)
+
+
+# --- the environment: every variable imgtool reads -------------------------------------------------
 
 
 def cache_dir() -> Path:
     """`$IMGTOOL_CACHE`, default `~/.cache/imgtool`."""
     return Path(os.environ.get("IMGTOOL_CACHE") or os.path.expanduser("~/.cache/imgtool"))
-
-
-DEFAULT_READ_TIMEOUT = 60.0
 
 
 def read_timeout() -> float:

@@ -99,6 +99,15 @@ def test_paths_are_checked_before_docker(tmp_path):
     r = imgtool("inventory", "-o", str(tmp_path / "no" / "inv.json"), docker_host=sock)
     assert (r.returncode, r.stderr.splitlines()) == (2, [
         f"error: cannot write the inventory {tmp_path / 'no' / 'inv.json'}: no such directory {tmp_path / 'no'}"])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("x")
+    r = imgtool("export", "x:1", "-o", str(taken), docker_host=sock)  # cli opens Docker after check_options
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: output directory {taken} already exists and is not empty")
+    r = imgtool("export", "x:1", "-o", str(tmp_path / "out"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        5, f"error: cannot reach the Docker daemon at {sock}: the socket does not exist (dockerd is not running)")
+    assert not (tmp_path / "out").exists()
 
 
 # --- the connected side without a network ------------------------------------------------
@@ -129,6 +138,17 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
     # one connection attempt per source, all at once; before, each source was retried with
     # backoff in turn: at least 3 x 1.75 s of sleeping alone
     assert took < 4.5, took
+
+
+@pytest.mark.parametrize("verb", [["fetch", "v1", "--mirror", "nowhere"], ["inspect", "v1", "--mirror", "nowhere"],
+                                  ["lock", "-f", "{tmp}/absent.toml"]])
+def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
+    # the store is built by cli.py up front; its directories are made only once the input is checked
+    cache = tmp_path / "cache"
+    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors", str(_dead_mirrors(tmp_path)),
+                env={"IMGTOOL_CACHE": str(cache)})
+    assert r.returncode == 2, r.stderr
+    assert not cache.exists()
 
 
 def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
