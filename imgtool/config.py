@@ -1,6 +1,8 @@
-"""Reading imgtool's TOML configuration files (mirrors.toml) into plain values.
+"""Reading imgtool's configuration into plain values: its TOML files (mirrors.toml) and the environment.
 
-Every error names the file, the line or key, and the problem, and exits 2.
+Every error names the file, the line or key, and the problem, and exits 2. This is the one module
+that reads environment variables (tests/test_layering.py holds it): cli.py reads each once and hands
+the value to the room that needs it.
 """
 
 import dataclasses
