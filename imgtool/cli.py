@@ -187,13 +187,28 @@ def _given(name) -> bool:
     return click.get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
 
 
-def _fetch_interrupted():
-    """Ctrl-C during fetch: what is kept, and that running it again resumes."""
+def _registries(mirrors_file):
+    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT read once, here."""
+    from .config import load_mirrors, read_timeout
+
+    return load_mirrors(mirrors_file, read_timeout())
+
+
+def _store():
+    """The blob cache at $IMGTOOL_CACHE, built once here; the verb makes its directories once its input is
+    checked (bad input is exit 2 with nothing written)."""
     from .config import cache_dir
+    from .store import Store
+
+    return Store(cache_dir(), create=False)
+
+
+def _fetch_interrupted(store):
+    """Ctrl-C during fetch: what is kept, and that running it again resumes."""
     from .errors import Interrupted
 
     return Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
-                       f"({cache_dir()}); the bundle was not finished (it has no bundle.json)",
+                       f"({store.root}); the bundle was not finished (it has no bundle.json)",
                        hint="run the same command again to resume: it downloads only what is missing "
                             "and finishes the bundle")
 
@@ -264,26 +279,25 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
     a bundle.toml naming images and platforms, pinned by `imgtool lock`.
     """
-    import os
-
-    from .config import load_mirrors
+    from .config import source_date_epoch
     from .fetch import FetchOptions, fetch as do_fetch, parse_platforms
     from .lock import spec_fetch_options
     from .spec import parse_created
 
-    config = load_mirrors(mirrors_file)
+    config = _registries(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
                         have=have, base=base, tool=tool, layers=layers, sign_key=sign_key,
-                        created=parse_created(created, os.environ.get("SOURCE_DATE_EPOCH")))
+                        created=parse_created(created, source_date_epoch()))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if _given(option)}
         config, opts = spec_fetch_options(spec_file, opts, config, given, progress())
     _warn_chunk_size(opts.chunk_size)
+    store = _store()
     try:
-        result = do_fetch(config, opts, progress())
+        result = do_fetch(config, opts, store, progress())
     except KeyboardInterrupt:
-        raise _fetch_interrupted() from None
+        raise _fetch_interrupted(store) from None
     summary = result.bundle.summary(result.images, result.stats)
     if spec_file:
         summary.update(spec=spec_file, lock=str(opts.lock.path) if opts.lock else None)
@@ -310,12 +324,16 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     uncompressed from `docker save` and are gzip-compressed in parallel, so the bundle still
     loads on old Docker.
     """
-    from .export import ExportOptions, export as do_export
+    from .config import docker_host
+    from .daemon import open_daemon
+    from .export import ExportOptions, check_options, export as do_export
 
     opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
                          gzip_level=gzip_level, jobs=jobs, force=force, tool=tool, sign_key=sign_key)
     _warn_chunk_size(opts.chunk_size)
-    result = do_export(opts, progress())
+    check_options(opts)  # bad input is exit 2 before Docker is asked
+    with open_daemon(host=docker_host()) as daemon:
+        result = do_export(opts, daemon, _store(), progress())
     _bundle_report(result.bundle.summary(result.images), lambda: result.bundle.describe(result.images), result.signed,
                    as_json)
 
@@ -328,11 +346,10 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
 @common
 def inspect(ref, mirror, mirrors_file, as_json):
     """Show an image's platforms, sizes, layer counts, digest and the source that answered."""
-    from .config import load_mirrors
     from .fetch import inspect as do_inspect
     from .model import format_size
 
-    r = do_inspect(load_mirrors(mirrors_file), ref, mirror, progress())
+    r = do_inspect(_registries(mirrors_file), ref, mirror, _store(), progress())
     if as_json:
         emit_json({
             "ref": r.ref.tagged, "digest": str(r.digest), "media_type": r.media_type,
@@ -358,10 +375,9 @@ def mirrors_cmd(ref, mirrors_file, timeout, as_json):
     Without REF: the newest release tag of the default image that a source lists (the image
     publishes no `latest`); when no source lists tags, reachability only.
     """
-    from .config import load_mirrors
     from .fetch import mirror_report
 
-    config = load_mirrors(mirrors_file)
+    config = _registries(mirrors_file)
     report = mirror_report(config, ref, timeout)
     if as_json:
         emit_json({"config": config.path, "reference": report.ref.tagged if report.ref else None,
@@ -739,12 +755,9 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     choice = _runtime_choice(runtime, address, namespace)
     read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
     p = progress()
-    daemon = open_runtime(choice)
-    try:
+    with open_runtime(choice) as daemon:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
                              arch=arch, signers=signers, all_platforms=all_platforms)
-    finally:
-        daemon.close()
     if as_json:
         emit_json(result.to_json())
         return
@@ -852,9 +865,12 @@ def inventory(output, runtime, address, namespace):
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
     layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.
     """
-    from .inventory import take_inventory
+    from .inventory import check_output, take_inventory
+    from .runtime import open_runtime
 
-    result = take_inventory(output, _runtime_choice(runtime, address, namespace))
+    path = check_output(output)  # a bad -o is named before the runtime is asked anything
+    with open_runtime(_runtime_choice(runtime, address, namespace), timeout=120) as rt:
+        result = take_inventory(rt, path)
     if result.path is None:
         click.echo(result.data.decode(), nl=False)
     else:
@@ -897,11 +913,10 @@ def doctor(bundle_dir, runtime, address, namespace, as_json):
 @common
 def tags(ref, pattern, mirror, mirrors_file, as_json):
     """List the tags of REF's repository (default: the default image), newest first, with variants."""
-    from .config import load_mirrors
     from .mirrors import sources_for
     from .tags import list_tags
 
-    config = load_mirrors(mirrors_file)
+    config = _registries(mirrors_file)
     parsed = config.parse_ref(ref or "latest")
     result = list_tags(sources_for(parsed, config, mirror), parsed.name, pattern)
     report = progress()
@@ -932,9 +947,11 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
+    from .config import read_timeout
     from .lock import lock_spec
 
-    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, progress())
+    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, read_timeout(), _store(),
+                       progress())
     spec, lock = result.spec, result.lock
     if as_json:
         emit_json(result.to_json())

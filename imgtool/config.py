@@ -1,8 +1,11 @@
-"""Reading imgtool's TOML configuration files (mirrors.toml) into plain values.
+"""Reading imgtool's configuration into plain values: its TOML files (mirrors.toml) and the environment.
 
-Every error names the file, the line or key, and the problem, and exits 2.
+Every error names the file, the line or key, and the problem, and exits 2. This is the one module
+that reads environment variables (tests/test_layering.py holds it): cli.py reads each once and hands
+the value to the room that needs it.
 """
 
+import dataclasses
 import os
 import pkgutil
 import re
@@ -20,6 +23,7 @@ else:  # pragma: no cover - exercised on old Pythons
     import tomli as tomllib
 
 BUILTIN_MIRRORS = Path(__file__).with_name("mirrors.toml")
+DEFAULT_READ_TIMEOUT = 60.0  # seconds a registry read may stall
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,13 @@ class Mirror:
 
 @dataclass(frozen=True)
 class MirrorConfig:
-    """The whole mirrors.toml: the default image and the mirror entries, in file order."""
+    """How imgtool reaches registries: the whole mirrors.toml (the default image and the mirror entries,
+    in file order), and how long a read may stall (`$IMGTOOL_READ_TIMEOUT`, read once by cli.py)."""
 
     default_image: str
     mirrors: Tuple[Mirror, ...]
     path: str
+    read_timeout: float = DEFAULT_READ_TIMEOUT
 
     def parse_ref(self, text: str) -> ImageRef:
         """Parse a user reference against this config's default image; raises UsageError."""
@@ -192,19 +198,21 @@ def find_mirrors_file(option: Optional[str]) -> Path:
     return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 
-def load_mirrors(option: Optional[str] = None) -> MirrorConfig:
-    """Find, read and validate the mirrors configuration; raises ConfigError."""
+def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None) -> MirrorConfig:
+    """Find, read and validate the mirrors configuration; `read_timeout` None: the default 60 s
+    (cli.py passes `read_timeout()`). Raises ConfigError."""
     path = find_mirrors_file(option)
     data, text = read_toml(path)
-    return parse_mirrors(data, text, path)
+    config = parse_mirrors(data, text, path)
+    return config if read_timeout is None else dataclasses.replace(config, read_timeout=read_timeout)
+
+
+# --- the environment: every variable imgtool reads -------------------------------------------------
 
 
 def cache_dir() -> Path:
     """`$IMGTOOL_CACHE`, default `~/.cache/imgtool`."""
     return Path(os.environ.get("IMGTOOL_CACHE") or os.path.expanduser("~/.cache/imgtool"))
-
-
-DEFAULT_READ_TIMEOUT = 60.0
 
 
 def read_timeout() -> float:
@@ -221,7 +229,54 @@ def read_timeout() -> float:
     return value
 
 
-MIN_CHUNK_SIZE = 1024 ** 2
+def source_date_epoch() -> Optional[str]:
+    """`$SOURCE_DATE_EPOCH` as given (spec.parse_created reads it), or None."""
+    return os.environ.get("SOURCE_DATE_EPOCH")
+
+
+def signers_variable() -> Optional[str]:
+    """`$IMGTOOL_SIGNERS` as given (trust.find_policy decides what it means), or None."""
+    return os.environ.get("IMGTOOL_SIGNERS")
+
+
+def docker_config_dir() -> str:
+    """Where `docker login` keeps config.json: `$DOCKER_CONFIG`, default `~/.docker`."""
+    return os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
+
+
+def proxy_variable(scheme: str) -> Optional[Tuple[str, str]]:
+    """(variable, value) of the proxy the environment names for a URL scheme, in urllib's and requests'
+    order (lowercase first, then the scheme's, then all_proxy), or None."""
+    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
+        value = os.environ.get(name)
+        if value:
+            return name, value
+    return None
+
+
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+
+
+def docker_host() -> str:
+    """Where the Docker daemon listens: `$DOCKER_HOST`, default the system socket."""
+    return os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+
+
+def docker_api_version() -> str:
+    """`$DOCKER_API_VERSION` (e.g. 1.39, Docker 18.09's), or "auto": the daemon's own. Raises UsageError."""
+    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
+    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
+        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
+    return version
+
+
+def docker_tls() -> Dict[str, str]:
+    """The TLS variables docker-py reads beside DOCKER_HOST (`$DOCKER_TLS_VERIFY`, `$DOCKER_CERT_PATH`),
+    those that are set; a tcp:// host with TLS is docker-py's alone (daemon_http speaks plain tcp://)."""
+    return {name: os.environ[name] for name in ("DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH") if name in os.environ}
+
+
+MIN_CHUNK_SIZE = 1024 ** 2  # the smallest part a user may ask for
 TYPICAL_IMAGE = 15 * 1024 ** 3  # a vllm-ascend image, for saying what a tiny chunk size would mean
 
 
@@ -234,12 +289,9 @@ def carriers_help() -> str:
     return f"{names}; or a number with a unit ({SIZE_UNITS})"
 
 
-def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
-    """A part size: a carrier name (`fat32`, `dvd`, ...) or a size of at least 1 MiB (`700M`, binary units);
-    raises UsageError naming the file count a tiny size would cost.
-
-    Tests of tiny images lower the floor with `$IMGTOOL_TEST_MIN_CHUNK_SIZE` (bytes).
-    """
+def parse_chunk_size(text: str, what: str = "--chunk-size", floor: int = MIN_CHUNK_SIZE) -> int:
+    """A part size: a carrier name (`fat32`, `dvd`, ...) or a size of at least `floor` (1 MiB; `700M`,
+    binary units); raises UsageError naming the file count a tiny size would cost."""
     carrier = CARRIERS.get(str(text).strip().lower())
     if carrier is not None:
         return carrier
@@ -247,10 +299,6 @@ def parse_chunk_size(text: str, what: str = "--chunk-size") -> int:
         raise UsageError(f"invalid {what} {text!r}: use a carrier ({', '.join(CARRIERS)}) or a number with an "
                          f"optional unit K, M, G, T (binary), e.g. 700M")
     size = parse_size(text, what)
-    floor = MIN_CHUNK_SIZE
-    override = os.environ.get("IMGTOOL_TEST_MIN_CHUNK_SIZE", "").strip()
-    if override.isdigit():
-        floor = int(override)
     if size < floor:
         files = -(-TYPICAL_IMAGE // size)
         raise UsageError(f"invalid {what} {text!r}: parts must be at least {_size(floor)} "
@@ -272,7 +320,7 @@ def _size(n: int) -> str:
 
 
 def runtime_environment() -> Dict[str, str]:
-    """The variables the runtimes' own tools read, as `docker`, `ctr` and `podman` do: DOCKER_HOST,
-    CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging; those set)."""
-    names = ("DOCKER_HOST", "CONTAINERD_ADDRESS", "CONTAINERD_NAMESPACE", "TMPDIR")
-    return {name: os.environ[name] for name in names if os.environ.get(name)}
+    """The variables the runtimes' own tools read, as `docker`, `ctr` and `podman` do: DOCKER_HOST
+    (docker_host()), CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging; those set)."""
+    names = ("CONTAINERD_ADDRESS", "CONTAINERD_NAMESPACE", "TMPDIR")
+    return dict({name: os.environ[name] for name in names if os.environ.get(name)}, DOCKER_HOST=docker_host())

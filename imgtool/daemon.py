@@ -10,42 +10,42 @@ from .errors import DaemonError, UsageError, one_line
 from .runtime import ImageInfo, RuntimeInfo
 
 
-def connect(timeout: Optional[int] = 600, transport: Optional[str] = None):
-    """A client for DOCKER_HOST (DOCKER_API_VERSION pins the API version); raises DaemonError, UsageError.
+def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host: Optional[str] = None):
+    """A client for the daemon at `host` (default: config's $DOCKER_HOST); raises DaemonError, UsageError.
 
     DOCKER_API_VERSION pins the API version, as it does for the docker CLI (1.39 is Docker 18.09's,
     Kylin V10's engine); by default the client speaks the daemon's own version. `transport` is
     "docker-py" or "http" (daemon_http's stdlib client); by default docker-py where it runs
     (Python 3.9+, the floor of its requests/urllib3) and the stdlib client on older Pythons.
     """
-    import os
-    import re
+    from . import config
 
-    version = os.environ.get("DOCKER_API_VERSION", "").strip() or "auto"
-    if version != "auto" and not re.fullmatch(r"1\.[0-9]{1,2}", version):
-        raise UsageError(f"invalid DOCKER_API_VERSION {version!r}: give an API version such as 1.39 (Docker 18.09)")
+    host = host or config.docker_host()
+    version = config.docker_api_version()
+    tls = config.docker_tls()  # docker-py's TLS variables, read by config, handed to the transport
     if (transport or default_transport()) == "http":
         from . import daemon_http
 
         try:
-            client = daemon_http.Client(version=version, timeout=timeout)
+            client = daemon_http.Client(host, version=version, timeout=timeout, tls=bool(tls.get("DOCKER_TLS_VERIFY")))
             client.ping()
             return client
         except daemon_http.BadHost as e:
             hint = "use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock"
             raise UsageError(str(e), hint=hint) from e
         except daemon_http.ERRORS as e:
-            raise unreachable(e) from e
+            raise unreachable(e, host) from e
     try:
         import docker
     except ImportError as e:  # pragma: no cover - only in a broken install
         raise DaemonError(f"the docker Python package is not available: {e}", hint="pip install docker") from e
     try:
-        client = docker.from_env(version=version, timeout=timeout)
+        # docker-py reads these from `environment` in place of os.environ: the host given, TLS as configured
+        client = docker.from_env(version=version, timeout=timeout, environment={**tls, "DOCKER_HOST": host})
         client.ping()
         return client
     except docker_errors() as e:  # DockerException, and requests/urllib3 connection errors that surface raw
-        raise unreachable(e) from e
+        raise unreachable(e, host) from e
 
 
 def default_transport() -> str:
@@ -63,18 +63,10 @@ def docker_errors() -> Tuple[Type[BaseException], ...]:
     return (DockerException, requests.exceptions.RequestException, OSError)
 
 
-def docker_host() -> str:
-    """Where docker-py connects: $DOCKER_HOST, or the default socket."""
-    import os
-
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-
-
-def unreachable(e: BaseException) -> DaemonError:
-    """The DaemonError for a failed connection, in words: where, and why (by the OS error's type)."""
+def unreachable(e: BaseException, host: str) -> DaemonError:
+    """The DaemonError for a failed connection to `host`, in words: where, and why (by the OS error's type)."""
     import socket
 
-    host = docker_host()
     cause = _os_error(e)
     where = f"cannot reach the Docker daemon at {host}"
     start = "start it (systemctl start docker)"
@@ -120,10 +112,15 @@ def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
 class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
-    def __init__(self, client):
+    def __init__(self, client, host: Optional[str] = None):
         from . import daemon_http
 
         self.client = client
+        if host is None:  # a client made by connect() without a host speaks to config's $DOCKER_HOST
+            from .config import docker_host
+
+            host = docker_host()
+        self.host = host
         if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
             self.api = client
             self.errors: Tuple[Type[BaseException], ...] = daemon_http.ERRORS
@@ -151,8 +148,6 @@ class Daemon:
 
     def info(self) -> RuntimeInfo:
         """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
-        import os
-
         from .model import Platform
 
         try:
@@ -160,7 +155,7 @@ class Daemon:
             info = self.api.info()
         except self.errors as e:
             raise DaemonError(f"cannot read the Docker daemon's version and info: {one_line(e)}") from e
-        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        host = self.host
         arch = Platform.from_json({"architecture": info.get("Architecture") or version.get("Arch") or ""}).architecture
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
         store = "containerd" if status.get("driver-type") == "io.containerd.snapshotter.v1" else "graphdriver"
@@ -449,10 +444,15 @@ def _load_hint(text: str) -> Optional[str]:
     return None
 
 
-def open_daemon(timeout: Optional[int] = 3600) -> "Daemon":
-    """A Daemon for DOCKER_HOST (long read timeout: a big load is quiet for minutes; None: no read
-    timeout, for following a container); raises DaemonError. Use it as a context manager."""
-    return Daemon(connect(timeout=timeout))
+def open_daemon(timeout: Optional[int] = 3600, host: Optional[str] = None) -> "Daemon":
+    """A Daemon for the daemon at `host` (default: config's $DOCKER_HOST; long read timeout: a big load
+    is quiet for minutes; None: no read timeout, for following a container); raises DaemonError,
+    UsageError. Use it as a context manager."""
+    if host is None:
+        from .config import docker_host
+
+        host = docker_host()
+    return Daemon(connect(timeout=timeout, host=host), host)
 
 
 def _api_text(e) -> str:

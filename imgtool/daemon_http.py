@@ -9,7 +9,6 @@ transports go through the same `Daemon` methods. Unix sockets and plain tcp:// o
 
 import http.client
 import json
-import os
 import socket
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 from urllib.parse import quote, urlencode
@@ -57,13 +56,16 @@ class _UnixConnection(http.client.HTTPConnection):
 class Client:
     """docker-py's APIClient, the part imgtool uses, over http.client. Methods raise ERRORS."""
 
-    def __init__(self, host: Optional[str] = None, version: str = "auto", timeout: Optional[float] = 600):
-        self.host = host or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
+    def __init__(self, host: str = DEFAULT_HOST, version: str = "auto", timeout: Optional[float] = 600,
+                 tls: bool = False):
+        """`host`: unix:// or tcp://, as DOCKER_HOST names it; `tls`: DOCKER_TLS_VERIFY is set (refused:
+        this client speaks plain tcp:// only). The caller reads both from the environment."""
+        self.host = host
         self.timeout = timeout
         self._unix: Optional[str]  # the socket's path, or None for tcp://
         if self.host.startswith("unix://"):
             self._unix = self.host[len("unix://"):]
-        elif self.host.startswith("tcp://") and not os.environ.get("DOCKER_TLS_VERIFY"):
+        elif self.host.startswith("tcp://") and not tls:
             self._unix = None
             hostport = self.host[len("tcp://"):].rstrip("/")
             name, _, port = hostport.rpartition(":")

@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .config import cache_dir
-from .daemon import open_daemon
 from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
@@ -37,6 +35,7 @@ from .store import Store
 
 if TYPE_CHECKING:
     from .bundle.signature import Signed
+    from .daemon import Daemon
     from .bundle.writer import BundleResult
 
 CHUNK = 4 * 1024 * 1024
@@ -278,31 +277,34 @@ class ExportResult:
     signed: Optional["Signed"] = None  # with sign_key
 
 
-def export(opts: ExportOptions, progress: Progress) -> ExportResult:
-    """Save images from the local Docker (DOCKER_HOST) into the cache and write a bundle of them.
+def check_options(opts: ExportOptions) -> None:
+    """What `export` is asked, checked before Docker is: the output directory, the signing key.
 
-    Raises UsageError (a bad output directory before Docker is asked), DaemonError, ExportError.
-    """
+    Raises UsageError, SshKeygenMissing."""
     from .bundle import signature, writer
 
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
     if opts.sign_key:
         signature.check_key(opts.sign_key)
-    daemon = open_daemon()
-    try:
-        store = Store(cache_dir())
-        stale = store.remove_stale()  # what a killed export left: nothing can resume it
-        if stale:
-            progress.note(stale)
-        images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, level=opts.gzip_level)
-    finally:
-        daemon.close()
+
+
+def export(opts: ExportOptions, daemon: "Daemon", store: Store, progress: Progress) -> ExportResult:
+    """Save images from `daemon` into `store` and write a bundle of them; the caller checked `opts` with
+    `check_options` before it opened the daemon. Raises DaemonError, ExportError, UsageError.
+    """
+    from .bundle import signature, writer
+
+    store.create()
+    stale = store.remove_stale()  # what a killed export left: nothing can resume it
+    if stale:
+        progress.note(stale)
+    images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, level=opts.gzip_level)
     out = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
     writer.check_output_dir(out, opts.force)
     result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
                                  force=opts.force, progress=progress,
-                                 extra_files=bundle_tool(progress) if opts.tool else {})
+                                 extra_files=bundle_tool(store.root, progress) if opts.tool else {})
     signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
         else None
     return ExportResult(images, result, signed)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from . import heldblobs, transcode
-from .config import MirrorConfig, cache_dir
+from .config import MirrorConfig
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .fsutil import NotRegularFile, open_regular
@@ -105,8 +105,9 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
     return out
 
 
-def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> FetchResult:
-    """Resolve, pull into the cache, and write a bundle. Raises ImgtoolError subclasses."""
+def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Progress) -> FetchResult:
+    """Resolve, pull into `store` (its directories made once the input is checked), and write a bundle.
+    Raises ImgtoolError subclasses."""
     from .bundle import signature, writer
 
     if not opts.refs:
@@ -120,9 +121,9 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
     if opts.sign_key:
         signature.check_key(opts.sign_key)
     have, base = read_have(opts.have, opts.base)
-    for text in opts.refs:  # bad input (reference, --mirror, $IMGTOOL_READ_TIMEOUT) is exit 2 before any work
+    for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror)
-    store = Store(cache_dir())
+    store.create()
     stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
     if stale:
         progress.note(stale)
@@ -130,7 +131,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, progress: Progress) -> Fetch
                                pins=opts.lock.pins() if opts.lock else None)
     # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
     # before downloading (a failure here costs no download).
-    tool = bundle_tool(progress) if opts.tool else {}
+    tool = bundle_tool(store.root, progress) if opts.tool else {}
     progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
                   + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
     pulled: List[tuple] = []
@@ -338,8 +339,10 @@ class InspectResult:
     notes: List[str]
 
 
-def inspect(config: MirrorConfig, text: str, mirror: str, progress: Progress, timeout: float = 5.0) -> InspectResult:
-    """Platforms, sizes and layer counts of a reference, and which source answered."""
+def inspect(config: MirrorConfig, text: str, mirror: str, store: Store, progress: Progress,
+            timeout: float = 5.0) -> InspectResult:
+    """Platforms, sizes and layer counts of a reference, and which source answered; a single-arch image's
+    config is read through `store`."""
     res = resolve_refs(config, [text], mirror, progress, timeout)[0]
     errors = []
     for source in res.sources:
@@ -356,7 +359,7 @@ def inspect(config: MirrorConfig, text: str, mirror: str, progress: Progress, ti
                     if isinstance(m, Manifest):
                         summaries.append(PlatformSummary(entry.platform, entry.digest, m.size, len(m.layers)))
             else:
-                store = Store(cache_dir())
+                store.create()
                 image = resolve_image(Resolution(res.ref, res.digest, [source], res.probes, []),
                                       _any_platform_of(parsed, source, store), store)
                 summaries.append(PlatformSummary(image.platform, res.digest, parsed.size, len(parsed.layers)))

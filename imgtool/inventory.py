@@ -7,13 +7,15 @@ Python 3.7/3.8 too (no newer syntax or stdlib here).
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .delta import Inventory
 from .errors import ImgtoolError, UsageError
 from .fsutil import write_atomic
 from .model import utc_time
-from .runtime import Choice, open_runtime
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 
 @dataclass
@@ -28,22 +30,21 @@ class InventoryResult:
         return len({d for im in self.inventory.images for d in im.diff_ids})
 
 
-def take_inventory(output: Optional[str] = None, choice: Optional[Choice] = None) -> InventoryResult:
-    """Ask the runtime (`choice`: Docker, containerd, Podman; auto by default) for its images and their
-    layers; with `output`, write the document there.
-
-    Raises UsageError (no such directory for `output`, named before the runtime is asked), DaemonError,
-    ImgtoolError (cannot write `output`).
-    """
+def check_output(output: Optional[str]) -> Optional[Path]:
+    """Where the inventory goes (None: standard output); raises UsageError for a missing directory, before
+    the runtime is asked anything."""
     path = Path(output) if output else None
     if path is not None and not path.absolute().parent.is_dir():
         raise UsageError(f"cannot write the inventory {output}: no such directory {path.absolute().parent}")
-    runtime = open_runtime(choice or Choice(), timeout=120)
-    try:
-        facts = runtime.info()
-        images = runtime.inventory()
-    finally:
-        runtime.close()
+    return path
+
+
+def take_inventory(runtime: "Runtime", path: Optional[Path] = None) -> InventoryResult:
+    """Ask the runtime (Docker, containerd, Podman: opened by the caller) for its images and their
+    layers; with `path` (check_output's), write the document there. Raises DaemonError, ImgtoolError
+    (cannot write `path`)."""
+    facts = runtime.info()
+    images = runtime.inventory()
     about = {"version": facts.version, "arch": facts.arch, "driver": facts.driver, "image_store": facts.image_store,
              "runtime": facts.runtime}
     if facts.namespace:
@@ -54,5 +55,5 @@ def take_inventory(output: Optional[str] = None, choice: Optional[Choice] = None
         try:
             write_atomic(path, data, 0o644)
         except OSError as e:
-            raise ImgtoolError(f"cannot write the inventory {output}: {e.strerror or e}") from e
+            raise ImgtoolError(f"cannot write the inventory {path}: {e.strerror or e}") from e
     return InventoryResult(inv, data, path)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Dict, List, Optional, Tuple
 
-from .config import MirrorConfig, cache_dir, load_mirrors
+from .config import MirrorConfig, load_mirrors
 from .errors import ConfigError, UsageError
 from .fetch import FetchOptions, resolve_refs
 from .progress import Progress
@@ -35,7 +35,7 @@ def spec_fetch_options(spec_file: str, opts: FetchOptions, config: MirrorConfig,
                          hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
     spec = load_spec(spec_file)
     if spec.mirrors and "mirrors" not in given:
-        config = load_mirrors(spec.mirrors)
+        config = load_mirrors(spec.mirrors, config.read_timeout)
     changes: Dict[str, Any] = {"refs": spec.images, "platforms": spec.platforms}
     for key in SPEC_DEFAULTS:
         if key not in given:
@@ -66,25 +66,27 @@ class LockResult:
                 "changes": [c.to_json() for c in self.changes]}
 
 
-def lock_spec(spec_file: str, update: bool, mirror: Optional[str], mirrors_file: Optional[str],
-              progress: Progress) -> LockResult:
+def lock_spec(spec_file: str, update: bool, mirror: Optional[str], mirrors_file: Optional[str], read_timeout: float,
+              store: Store, progress: Progress) -> LockResult:
     """Pin a spec's images in bundle.lock beside it, unless a fitting lock is there and not `update`.
 
-    `mirror` None: the spec's. Raises ConfigError (a lock that does not fit), UsageError, RegistryError.
+    `mirror` None: the spec's; the platform manifests and configs are read through `store`.
+    Raises ConfigError (a lock that does not fit), UsageError, RegistryError.
     """
     spec = load_spec(spec_file)
-    config = load_mirrors(mirrors_file or spec.mirrors)
+    config = load_mirrors(mirrors_file or spec.mirrors, read_timeout)
     old = read_lock(spec.lock_path)
     if old is not None and not update:
         old.require_fit(spec, config)
         return LockResult(spec, old, written=False)
-    new = lock_images(config, spec, mirror or spec.mirror, progress)
+    new = lock_images(config, spec, mirror or spec.mirror, store, progress)
     changes = compare_locks(old, new)
     write_lock(new)
     return LockResult(spec, new, written=True, old=old, changes=changes)
 
 
-def lock_images(config: MirrorConfig, spec: Spec, mirror: str, progress: Progress, timeout: float = 5.0) -> Lock:
+def lock_images(config: MirrorConfig, spec: Spec, mirror: str, store: Store, progress: Progress,
+                timeout: float = 5.0) -> Lock:
     """Resolve every image of a bundle spec to its index and platform manifest digests.
 
     Returns the lock (not written). Raises UsageError, ConfigError, RegistryError.
@@ -95,7 +97,7 @@ def lock_images(config: MirrorConfig, spec: Spec, mirror: str, progress: Progres
         if name in names:
             raise ConfigError(f"{spec.path}: images {names[name]!r} and {text!r} are the same image ({name})")
         names[name] = text
-    store = Store(cache_dir())
+    store.create()
     resolved = []
     for text in spec.images:
         res = resolve_refs(config, [text], mirror, progress, timeout)[0]

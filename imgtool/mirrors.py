@@ -15,7 +15,6 @@ from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from .config import Mirror, MirrorConfig
-from .config import read_timeout as env_read_timeout
 from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError
 from .model import Digest, ImageRef
 from .registry import RegistryClient
@@ -66,15 +65,10 @@ def direct_mirror(registry: str) -> Mirror:
     return Mirror(name=registry, registry=registry, url=f"https://{registry}")
 
 
-def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None,
-                read_timeout: Optional[float] = None) -> List[Source]:
-    """The sources serving `ref`'s registry in file order; `only` forces one by name.
-
-    `read_timeout` (seconds a read may stall) defaults to `$IMGTOOL_READ_TIMEOUT` or 60.
-    Raises UsageError for an unknown `only` name or a bad `$IMGTOOL_READ_TIMEOUT`.
+def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None) -> List[Source]:
+    """The sources serving `ref`'s registry in file order, their reads allowed to stall `config.read_timeout`
+    seconds; `only` forces one by name. Raises UsageError for an unknown `only` name.
     """
-    if read_timeout is None:
-        read_timeout = env_read_timeout()
     entries = [m for m in config.mirrors if m.registry == ref.registry]
     if only and only != "auto":
         names = [m.name for m in config.mirrors]
@@ -89,7 +83,7 @@ def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None,
     out = []
     for m in entries:
         repo = f"{m.prefix}/{ref.repository}" if m.prefix else ref.repository
-        client = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert, read_timeout=read_timeout)
+        client = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert, read_timeout=config.read_timeout)
         out.append(Source(m, repo, client))
     return out
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, Iterator, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
+from .config import docker_config_dir, proxy_variable
 from .errors import CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
@@ -59,8 +60,7 @@ class _Net:
 
 def docker_config_path() -> str:
     """`$DOCKER_CONFIG/config.json` or `~/.docker/config.json`."""
-    base = os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
-    return os.path.join(base, "config.json")
+    return os.path.join(docker_config_dir(), "config.json")
 
 
 def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tuple[str, str]]:
@@ -513,12 +513,8 @@ def _read_capped(resp: "requests.Response", limit: int, what: str) -> bytes:
 def proxy_named(url: str) -> str:
     """The proxy the environment gives for `url` and the variable it came from, as requests and
     registry_http read them (urllib's order: lowercase first, then the scheme's, then all_proxy)."""
-    scheme = urlsplit(url).scheme
-    for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy", "ALL_PROXY"):
-        value = os.environ.get(name)
-        if value:
-            return f"{value} (from ${name})"
-    return "(none named)"
+    named = proxy_variable(urlsplit(url).scheme)
+    return f"{named[1]} (from ${named[0]})" if named else "(none named)"
 
 
 def network_error_text(e: Exception, limit: int = 200) -> str:

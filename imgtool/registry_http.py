@@ -383,7 +383,7 @@ def _helper_get(program: str, server: str) -> Optional[dict]:
         raise HelperError(f"{program} not installed or not available in PATH")
     try:
         out = subprocess.run([exe, "get"], input=server.encode("utf-8"), stdout=subprocess.PIPE,
-                             env=dict(os.environ), check=True).stdout
+                             check=True).stdout  # the helper inherits imgtool's environment
     except subprocess.CalledProcessError as e:
         said = (e.output or b"").decode("utf-8")
         if "credentials not found in native keychain" in said:

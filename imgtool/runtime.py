@@ -115,13 +115,17 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
         def close(self) -> None: ...
 
+        def __enter__(self) -> "Runtime": ...
+
+        def __exit__(self, *exc: object) -> None: ...
+
 
 @dataclass(frozen=True)
 class Choice:
     """Which runtime to open and where: --runtime, --address, --namespace (and their variables)."""
 
     runtime: str = "auto"
-    docker_host: Optional[str] = None  # None: DOCKER_HOST or the default socket
+    docker_host: Optional[str] = None  # None: config's (DOCKER_HOST or the default socket)
     address: str = DEFAULT_CONTAINERD_ADDRESS
     namespace: str = DEFAULT_CONTAINERD_NAMESPACE
     tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
@@ -145,7 +149,7 @@ def open_runtime(choice: Choice, timeout: Optional[int] = 3600) -> "Runtime":
     """The runtime `choice` names, opened; with "auto", the first that answers of Docker, containerd,
     Podman. Raises DaemonError (naming what each said when none answers), UsageError."""
     openers: Dict[str, Callable[[], "Runtime"]] = {
-        "docker": lambda: _docker(timeout),
+        "docker": lambda: _docker(timeout, choice.docker_host),
         "containerd": lambda: _containerd(choice, timeout),
         "podman": lambda: _podman(timeout, choice.tmpdir),
     }
@@ -162,10 +166,10 @@ def open_runtime(choice: Choice, timeout: Optional[int] = 3600) -> "Runtime":
                            "containerd give its socket with --address or CONTAINERD_ADDRESS")
 
 
-def _docker(timeout: Optional[int]) -> "Runtime":
+def _docker(timeout: Optional[int], host: Optional[str]) -> "Runtime":
     from .daemon import open_daemon
 
-    return open_daemon(timeout=timeout)
+    return open_daemon(timeout=timeout, host=host)
 
 
 def _containerd(choice: Choice, timeout: Optional[int]) -> "Runtime":

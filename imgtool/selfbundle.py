@@ -350,11 +350,10 @@ def _cache_key(packages: List[Package]) -> str:
     return h.hexdigest()
 
 
-def bundle_tool(progress) -> Dict[str, Path]:
-    """`write_bundle(extra_files=...)` for fetch and export: {"imgtool.pyz": cached pyz}; raises ImgtoolError."""
-    from .config import cache_dir
-
-    tool = cached_tool(cache_dir())
+def bundle_tool(cache: Path, progress) -> Dict[str, Path]:
+    """`write_bundle(extra_files=...)` for fetch and export: {"imgtool.pyz": the pyz cached under `cache`
+    (the blob store's root)}; raises ImgtoolError."""
+    tool = cached_tool(cache)
     for warning in tool.warnings:
         progress.warn(warning)
     for note in tool.notes if not tool.cached else ():

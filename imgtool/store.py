@@ -229,9 +229,16 @@ class Partial:
 class Store:
     """Content-addressed blobs under `root` (`blobs/`, `partial/`, `locks/`)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, create: bool = True):
+        """`create` False: no directory is made until `create()` (cli.py builds the store before the verb
+        has checked its input, which must fail with nothing written)."""
         self.root = Path(root)
         self._arrived = threading.Condition()  # notified whenever a blob is published (see wait_for)
+        if create:
+            self.create()
+
+    def create(self) -> None:
+        """Make the store's directories (idempotent); raises StoreError when the disk cannot hold them."""
         try:
             for sub in ("blobs/sha256", "partial/sha256", "locks", "diffids"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)

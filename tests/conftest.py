@@ -17,7 +17,6 @@ mirrored        mirrored(image, tag="v1") -> MirrorSet: quay.io / DaoCloud / NJU
 """
 
 import hashlib
-import os
 import secrets
 import subprocess
 
@@ -29,11 +28,6 @@ from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, publish_mirrored
 from tests.support.services import Services, ServicesNotRunning
 from tests.support.tokenissuer import TokenIssuer
-
-# Test images are a few MiB: cutting them into several parts needs parts below the 1 MiB a user
-# may ask for. Every imgtool the tests start inherits this; tests/test_cli.py checks the real floor.
-os.environ.setdefault("IMGTOOL_TEST_MIN_CHUNK_SIZE", str(64 * 1024))
-
 
 ENGINES = ("20.10", "26.1", "26.1-containerd")  # scripts/services.sh starts each; CI runs them all
 

@@ -388,7 +388,7 @@ def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mir
     room = sum(x.size for x in arm.layers) + arm.config_size + 4096
     subprocess.run(["mount", "-o", f"remount,size={room}", str(tiny_tmpfs)], check=True)
     r = imgtool("fetch", "v0.22.1rc1", "--arch", "arm64", "--mirrors", str(_mirrors(tmp_path, services, ms)),
-                "-o", str(out), "--chunk-size", "256K", "-q", "--no-tool", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+                "-o", str(out), "--chunk-size", "1M", "-q", "--no-tool", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         f"error: no space left on the device of {out} (the bundle needs about {r.stderr.split('about ')[1].split(')')[0]}); "

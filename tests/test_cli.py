@@ -44,13 +44,10 @@ def test_usage_errors_are_an_error_and_a_hint_line(args, lines):
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, lines, "")
 
 
-def _no_floor_override():
-    return {"IMGTOOL_TEST_MIN_CHUNK_SIZE": ""}  # the floor a user gets
-
-
 @pytest.mark.parametrize("verb", [["fetch", "v1"], ["export", "x:1"]])
 def test_chunk_size_below_1_mib_is_refused_with_the_reason(verb):
-    r = imgtool(*verb, "--chunk-size", "100", env=_no_floor_override())
+    # the floor is a parameter of the code, not a knob of the environment: the old test-only variable is inert
+    r = imgtool(*verb, "--chunk-size", "100", env={"IMGTOOL_TEST_MIN_CHUNK_SIZE": "1"})
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
         "error: invalid --chunk-size '100': parts must be at least 1 MiB "
@@ -62,7 +59,7 @@ def test_chunk_size_below_1_mib_is_refused_with_the_reason(verb):
 def test_chunk_size_below_1_mib_in_a_spec_names_file_and_line(tmp_path):
     spec = tmp_path / "bundle.toml"
     spec.write_text('images = ["v1"]\narch = ["arm64"]\nchunk_size = "512K"\n')
-    r = imgtool("fetch", "-f", str(spec), env=_no_floor_override())
+    r = imgtool("fetch", "-f", str(spec))
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == (
         f"error: {spec}:3: invalid chunk_size '512K': parts must be at least 1 MiB "
@@ -102,6 +99,15 @@ def test_paths_are_checked_before_docker(tmp_path):
     r = imgtool("inventory", "-o", str(tmp_path / "no" / "inv.json"), docker_host=sock)
     assert (r.returncode, r.stderr.splitlines()) == (2, [
         f"error: cannot write the inventory {tmp_path / 'no' / 'inv.json'}: no such directory {tmp_path / 'no'}"])
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("x")
+    r = imgtool("export", "x:1", "-o", str(taken), docker_host=sock)  # cli opens Docker after check_options
+    assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: output directory {taken} already exists and is not empty")
+    r = imgtool("export", "x:1", "-o", str(tmp_path / "out"), docker_host=sock)
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        5, f"error: cannot reach the Docker daemon at {sock}: the socket does not exist (dockerd is not running)")
+    assert not (tmp_path / "out").exists()
 
 
 # --- the connected side without a network ------------------------------------------------
@@ -132,6 +138,17 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
     # one connection attempt per source, all at once; before, each source was retried with
     # backoff in turn: at least 3 x 1.75 s of sleeping alone
     assert took < 4.5, took
+
+
+@pytest.mark.parametrize("verb", [["fetch", "v1", "--mirror", "nowhere"], ["inspect", "v1", "--mirror", "nowhere"],
+                                  ["lock", "-f", "{tmp}/absent.toml"]])
+def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
+    # the store is built by cli.py up front; its directories are made only once the input is checked
+    cache = tmp_path / "cache"
+    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors", str(_dead_mirrors(tmp_path)),
+                env={"IMGTOOL_CACHE": str(cache)})
+    assert r.returncode == 2, r.stderr
+    assert not cache.exists()
 
 
 def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
@@ -189,6 +206,18 @@ def test_chunk_size_takes_carrier_names_and_binary_units(text, size, warns):
 
     assert parse_chunk_size(text) == size
     assert (chunk_size_warning(size) is not None) == warns
+
+
+def test_the_part_size_floor_is_a_parameter_not_an_environment_variable():
+    from imgtool.config import MIN_CHUNK_SIZE, parse_chunk_size
+    from imgtool.errors import UsageError
+
+    assert parse_chunk_size("64K", floor=64 * 1024) == 64 * 1024
+    with pytest.raises(UsageError) as e:
+        parse_chunk_size("63K", floor=64 * 1024)
+    assert e.value.message == ("invalid --chunk-size '63K': parts must be at least 64 KiB "
+                               "(63 KiB parts would cut a 15 GiB image into 249,661 files)")
+    assert MIN_CHUNK_SIZE == 1024 ** 2  # what every verb and spec file gets
 
 
 def test_fetch_help_says_each_carrier_in_bytes():

@@ -8,7 +8,7 @@ product. tests/test_selfbundle.py runs it for real under pyenv's 3.7 and 3.8.
 import pytest
 
 from imgtool.bundle.load import load_bundle
-from imgtool.daemon import Daemon, connect, default_transport
+from imgtool.daemon import Daemon, connect, default_transport, open_daemon
 from imgtool.errors import DaemonError, UsageError
 from imgtool.progress import Progress
 from tests.support.bundles import canonical_tar, fetch_from_registry
@@ -77,3 +77,19 @@ def test_an_unreachable_daemon_and_an_unsupported_host_are_said_plainly(tmp_path
         connect(transport="http")
     assert e.value.message == "DOCKER_HOST ssh://kylin-host: on this Python imgtool speaks to Docker over unix:// " \
                               "or plain tcp:// only"
+
+
+@pytest.mark.parametrize("transport", ["docker-py", "http"])
+def test_the_host_is_a_parameter_that_wins_over_docker_host(services, tmp_path, monkeypatch, transport):
+    # cli.py reads $DOCKER_HOST once (config.docker_host) and hands the host on: the room reads no variable
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/env.sock")
+    with Daemon(connect(transport=transport, host=services.docker_host), services.docker_host) as daemon:
+        assert daemon.info().host == services.docker_host
+    with open_daemon(timeout=30, host=services.docker_host) as daemon:
+        assert daemon.info().host == services.docker_host
+    monkeypatch.setenv("DOCKER_HOST", services.docker_host)
+    with pytest.raises(DaemonError) as e:
+        connect(transport=transport, host=f"unix://{tmp_path}/given.sock")
+    assert e.value.message == f"cannot reach the Docker daemon at unix://{tmp_path}/given.sock: " \
+                              "the socket does not exist (dockerd is not running)"
+

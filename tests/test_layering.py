@@ -203,3 +203,64 @@ def test_the_may_import_table_of_design_md_is_what_the_code_does():
             named_parts = any(w.startswith(top + ".") for w in words)  # `bundle.writer` allows only that
             allowed = name in words or (top in words and not named_parts)
             assert allowed, f"{rel} imports {name}, which docs/design.md's row for {room} does not allow"
+
+
+# Who reads the environment: config.py, one function per variable, each read once by cli.py and handed to
+# the room that needs it. Anything else is listed here with the variables it may read, and why.
+ENV_READERS = {
+    "config.py": None,  # any variable: imgtool's own ($IMGTOOL_*) and the ones it honours ($DOCKER_HOST, ...)
+    # the stdlib twin of requests (Python 3.7/3.8) reads requests' own CA variables where requests does, so
+    # both transports honour them alike; registry_http.py is stdlib only and may not import config.py
+    "registry_http.py": {"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"},
+}
+
+
+def environment_reads(path: Path):
+    """(line, variable) of every read of the environment in a module: `os.environ[...]`, `.get(...)`, `in`,
+    `os.getenv(...)`, `from os import environ`; the variable is "*" when the whole environment is used."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    os_names = {"environ", "environb", "getenv", "getenvb"}
+
+    def named(node):  # the literal variable name read through `node` (os.environ, or os.getenv), else "*"
+        up = parents.get(node)
+        if isinstance(up, ast.Call) and up.func is node:  # os.getenv("X")
+            call = up
+        elif isinstance(up, ast.Attribute) and up.attr in ("get", "setdefault", "pop"):  # os.environ.get("X")
+            call = parents.get(up)
+        elif isinstance(up, ast.Subscript):  # os.environ["X"]
+            key = up.slice
+            return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else "*"
+        elif isinstance(up, ast.Compare) and node in up.comparators:  # "X" in os.environ
+            return up.left.value if isinstance(up.left, ast.Constant) and isinstance(up.left.value, str) else "*"
+        else:
+            return "*"
+        if isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Constant):
+            return call.args[0].value if isinstance(call.args[0].value, str) else "*"
+        return "*"
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in os_names and isinstance(node.value, ast.Name) \
+                and node.value.id == "os":
+            yield node.lineno, named(node)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and {a.name for a in node.names} & os_names:
+            yield node.lineno, "*"  # `from os import environ`: every later use is hidden behind a bare name
+
+
+def test_only_config_reads_the_environment():
+    found = {}
+    for p in modules():
+        rel = p.relative_to(PKG).as_posix()
+        allowed = ENV_READERS.get(rel, set())
+        for line, variable in environment_reads(p):
+            if variable.startswith("IMGTOOL_TEST_") or (allowed is not None and variable not in allowed):
+                found.setdefault(rel, []).append(f"line {line}: {variable}")
+    # a test-only variable is a knob in the product: the value becomes a parameter the tests pass
+    assert not found, f"read the environment outside config.py (add a function there, or list it in ENV_READERS): {found}"
+
+
+def test_the_environment_check_sees_every_form_of_read(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('import os\nfrom os import getenv\na = os.environ.get("A")\nb = os.environ["B"]\nc = "C" in os.environ\n'
+                     'd = os.getenv("D", "")\ne = dict(os.environ)\nf = os.environ.get(name)\n')
+    assert sorted(environment_reads(probe)) == [(2, "*"), (3, "A"), (4, "B"), (5, "C"), (6, "D"), (7, "*"), (8, "*")]

@@ -253,7 +253,7 @@ def test_fetch_verify_expect_load(services, factory, mirrored, tmp_path, docker_
     """The whole path through the CLI: fetch (connected side) -> verify --expect -> load (offline side)."""
     out, child, ref, fetched = fetch_from_registry(services, factory, mirrored, tmp_path, "--json")
     sha = json.loads(fetched.stdout)["bundle_json_sha256"]
-    assert len(json.loads(fetched.stdout)["parts"]) >= 4
+    assert len(json.loads(fetched.stdout)["parts"]) >= 3  # several parts of 1 MiB, the smallest a user may ask for
     ok = imgtool("verify", str(out), "--expect", sha)
     assert ok.returncode == 0, ok.stderr
     docker_cleanup.image(ref, child.config_digest)

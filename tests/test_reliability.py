@@ -107,7 +107,7 @@ class World:
         cache, out = self.root / f"cache-{name}", self.root / f"out-{name}" / "vllm-ascend"
         out.parent.mkdir(exist_ok=True)
         r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(cfg or self.one), "-o", str(out),
-                "--chunk-size", "700K", "-q", *extra, env={"IMGTOOL_CACHE": str(cache), **(env or {})})
+                "--chunk-size", "1M", "-q", *extra, env={"IMGTOOL_CACHE": str(cache), **(env or {})})
         return r, cache, out
 
     def on_layer(self, method, path):
@@ -266,7 +266,7 @@ def test_sigkill_at_a_random_point_then_rerun_fetches_the_rest_only(seed, w):
     gate = w.proxy.gate(_blob_get, bytes=kill_at)
     cache, out = w.root / f"cache-kill{seed}", w.root / f"out-kill{seed}" / "vllm-ascend"
     out.parent.mkdir(exist_ok=True)
-    args = ("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "700K", "-q")
+    args = ("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "1M", "-q")
     p = start(*args, env={"IMGTOOL_CACHE": str(cache)})
     try:
         # held, and everything sent so far read by the fetch: B1 is what it has received
@@ -303,7 +303,7 @@ def test_two_fetches_sharing_one_cache_both_succeed_and_download_each_blob_once(
         out.parent.mkdir(exist_ok=True)
         outs.append(out)
         procs.append(start("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out),
-                           "--chunk-size", "700K", "-q", env={"IMGTOOL_CACHE": str(cache)}))
+                           "--chunk-size", "1M", "-q", env={"IMGTOOL_CACHE": str(cache)}))
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -359,7 +359,7 @@ def test_cache_on_a_full_disk_is_refused_up_front_or_one_error_half_way_and_the_
     assert_cache_sound(cache)
     # after freeing space (a bigger cache disk), the same cache completes the fetch
     subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_tmpfs)], check=True)
-    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "700K",
+    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "1M",
             "-q", "--force", env={"IMGTOOL_CACHE": str(cache)})
     assert r.returncode == 0, r.stderr
     assert fingerprint(out) == w.clean
@@ -369,7 +369,7 @@ def test_cache_on_a_full_disk_is_refused_up_front_or_one_error_half_way_and_the_
 def test_output_on_a_full_disk_is_refused_before_the_download(w, tiny_tmpfs):
     cache = w.root / "cache-fullout"
     out = tiny_tmpfs / "vllm-ascend"
-    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "700K",
+    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "1M",
             "-q", env={"IMGTOOL_CACHE": str(cache)})
     layers, config, pyz = _needs(w)
     assert (r.returncode, err_lines(r)) == (1, [

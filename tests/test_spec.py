@@ -35,7 +35,7 @@ def write_spec(root: Path, services, repo: str, images=TAGS, extra="") -> Path:
     spec.write_text("# release bundle\n"
                     f"images = {json.dumps(list(images))}\n"
                     'arch = ["arm64", "amd64"]\n'
-                    'chunk_size = "700K"\n'
+                    'chunk_size = "1M"\n'
                     'compress = "none"\n'
                     'mirrors = "mirrors.toml"\n' + extra)
     return spec

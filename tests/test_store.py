@@ -33,3 +33,13 @@ def test_wait_for_wakes_on_publish_and_on_give_up(tmp_path):
     store.announce()  # the producer stopping announces too
     giver.join(10)
     assert not giver.is_alive() and woke["gave up"] is False
+
+
+def test_a_store_built_ahead_makes_its_directories_only_when_asked(tmp_path):
+    # cli.py builds the store before the verb checks its input: bad input must leave nothing behind
+    store = Store(tmp_path / "cache", create=False)
+    assert not (tmp_path / "cache").exists()
+    store.create()
+    store.create()  # idempotent: fetch, lock and inspect each make sure
+    assert sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*")) == [
+        "blobs", "blobs/sha256", "diffids", "locks", "partial", "partial/sha256"]

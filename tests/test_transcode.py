@@ -31,7 +31,7 @@ def _fetch(services, mirrored, tmp_path: Path, image, *extra: str):
     cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     out = tmp_path / "bundle"
-    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--chunk-size", "512K",
+    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--chunk-size", "1M",
                 *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     return out, f"quay.io/{ms.repo}:{TAG}", r
@@ -232,7 +232,7 @@ def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
-                "--chunk-size", "512K", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+                "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     wrong = image.config["rootfs"]["diff_ids"][1]
     refusal = (3, [
         f"error: layer 2 of quay.io/{ms.repo}:{TAG} ({image.layers[1].digest}) from quay ({services.plain}/{ms.repo}): "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping, NamedTuple, Optional
 
 from .. import sshsig, trust
+from ..config import signers_variable
 from ..errors import ImgtoolError, SignatureError, SshKeygenError, SshKeygenMissing, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from .format import BUNDLE_JSON, SIGNATURE
@@ -133,7 +134,10 @@ def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doin
     """The site's policy applied to this bundle: the verdict to report, or SignatureError (exit 3)
     naming the reason and the signer. Raises UsageError (a policy named but missing), SshKeygenError."""
     home = os.path.expanduser("~") if env is None else env.get("HOME")
-    policy = trust.find_policy(signers, os.environ if env is None else env, home)
+    if env is None:
+        variable = signers_variable()
+        env = {} if variable is None else {trust.SIGNERS_ENV: variable}
+    policy = trust.find_policy(signers, env, home)
     verdict = trust.judge(policy, examine(bundle_dir, raw, policy))
     if verdict.refuse:
         head = {"load": f"refusing to load {bundle_dir}", "update": f"refusing to update imgtool from {bundle_dir}"

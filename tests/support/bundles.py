@@ -240,7 +240,7 @@ def replace_archive(bundle: Path, tar: bytes) -> None:
 
 def fetch_from_registry(services, factory, mirrored, tmp_path: Path, *extra: str):
     """A two-layer multi-arch image published as quay.io's v0.22.1rc1 on the plain registry, fetched
-    for this host's arch through the real CLI into tmp_path/bundle (512K parts).
+    for this host's arch through the real CLI into tmp_path/bundle (1 MiB parts, the smallest a user may ask for).
     Returns (bundle dir, the host-arch image, its canonical name, the CompletedProcess)."""
     idx = factory.multiarch(media="oci", layers=2)
     ms = mirrored(idx, tag="v0.22.1rc1", targets=("upstream",))
@@ -249,6 +249,6 @@ def fetch_from_registry(services, factory, mirrored, tmp_path: Path, *extra: str
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     out = tmp_path / "bundle"
     r = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
-                "--chunk-size", "512K", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+                "--chunk-size", "1M", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     return out, idx.image(host_arch()), f"quay.io/{ms.repo}:v0.22.1rc1", r
