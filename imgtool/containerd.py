@@ -43,7 +43,7 @@ class Containerd:
     def __enter__(self) -> "Containerd":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _server_version(self) -> str:

@@ -9,12 +9,15 @@ Reads only; never loads anything.
 
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from .bundle.hostcheck import Check, space_check, storage_check, zstd_check
 from .errors import ImgtoolError
 from .model import Platform, format_size
 from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
+
+if TYPE_CHECKING:
+    from .bundle.format import BundleIndex
 
 UNREACHABLE_ADVICE = {
     "docker": "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group",
@@ -23,7 +26,7 @@ UNREACHABLE_ADVICE = {
     "podman": "install podman from the OS media, and check `podman info` as this user",
 }
 
-def runtime_checks(checks: List[Check], index, choice: Choice) -> List[RuntimeInfo]:
+def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: Choice) -> List[RuntimeInfo]:
     """A line per runtime asked about (each of Docker, containerd, Podman with "auto"), and for each found
     its storage, free space and zstd lines against `index`; returns the facts of those found, in the
     order `load --runtime auto` tries them. A runtime that is not there fails only when none is."""

@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 from dataclasses import replace
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
 from .model import familiar, foreign_arch_warning
@@ -49,10 +49,10 @@ class Podman:
     def __enter__(self) -> "Podman":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _json(self, args: List[str], what: str = ""):
+    def _json(self, args: List[str], what: str = "") -> Any:
         text = self.podman.run(args, timeout=self.quick, what=what)
         try:
             return json.loads(text or "null")
@@ -208,7 +208,7 @@ class Podman:
         proc = self.podman.start(args)
         old = None
         if threading.current_thread() is threading.main_thread():
-            def on_term(signum, frame):
+            def on_term(signum: int, frame: object) -> None:
                 raise KeyboardInterrupt
 
             old = signal.signal(signal.SIGTERM, on_term)
@@ -263,7 +263,7 @@ def _make_cache_dirs(spec: "RunSpec") -> None:
                                    hint=f"create it yourself (mkdir -p {mount.host}), or run as root") from e
 
 
-def _sha(value) -> str:
+def _sha(value: object) -> str:
     text = str(value or "")
     return text if text.startswith("sha256:") else "sha256:" + text
 

@@ -8,7 +8,7 @@ import collections
 import shutil
 import subprocess
 import threading
-from typing import Deque, Iterable, List, Mapping, Optional, Sequence
+from typing import IO, Deque, Iterable, List, Mapping, Optional, Sequence
 
 from .errors import DaemonError, ProgramFailed, one_line
 
@@ -115,13 +115,13 @@ class Program:
         return lines
 
 
-def _collect(stream, into: Deque[str]) -> None:
+def _collect(stream: IO[bytes], into: Deque[str]) -> None:
     for raw in iter(stream.readline, b""):
         into.append(raw.decode("utf-8", "replace").rstrip())
     stream.close()
 
 
-def _poison(stdin) -> None:
+def _poison(stdin: IO[bytes]) -> None:
     try:
         stdin.write(POISON)
         stdin.close()

@@ -370,10 +370,12 @@ def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services,
     assert docker_cli.image_ids() == before
 
 
-@pytest.mark.engines
-def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, services, docker_cli, engine):
-    """load leaves the diff_id check to Docker (no second decompression of every layer): Docker refuses
-    such a layer itself, and nothing is loaded. `imgtool verify` still names it offline."""
+@pytest.mark.runtimes
+def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
+    """load leaves the diff_id check to the runtime (no second decompression of every layer): the runtime
+    refuses such a layer itself, and nothing is left (containerd and Docker's containerd store register
+    the image before unpacking it: imgtool removes it, and containerd's blobs). `imgtool verify` still
+    names it offline."""
     from tests.support.images import Layer, sha256_digest
 
     good = random_layer(32 * 1024, seed=11)
@@ -383,16 +385,21 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, service
     out = tmp_path / "b"
     write(out, [store.pulled(image, f"{REPO}:wrongdiff")], store)
     assert imgtool("verify", str(out)).returncode == 3
-    before = docker_cli.image_ids()
-    r = imgtool("load", str(out), docker_host=services.docker_host)
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=node.env)
     assert r.returncode == 5, r.stderr
-    if docker_cli.containerd_store:  # it registers the image, then fails unpacking: imgtool removes it again
+    if node.kind == "docker" and node.cli.containerd_store:  # registered, then failed unpacking: removed again
         assert err_lines(r)[0] == ("error: docker load failed: failed to unpack loaded image: wrong diff id "
                                    f"calculated on extraction \"{good.diff_id}\"")
-    else:
+    elif node.kind == "docker":
         assert err_lines(r)[0].startswith("error: docker load failed: invalid diffID for layer 1: expected "
                                           f"\"{sha256_digest(b'not this')}\"")
-    assert docker_cli.image_ids() == before
+    elif node.kind == "containerd":
+        assert err_lines(r)[0].startswith("error: containerd: `ctr images import` failed: ")
+        assert f"wrong diff id calculated on extraction \"{good.diff_id}\"" in err_lines(r)[0]
+    else:
+        assert err_lines(r)[0].startswith("error: Podman: `podman load` failed: ")
+    assert node.leftovers(before) == []
 
 
 @pytest.mark.engines

@@ -8,11 +8,14 @@ nothing itself, it only reads the statvfs of a local root dir.
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..model import format_size
 from .format import BundleIndex
 from .texts import ZSTD_REMEDY, zstd_layer_refs
+
+if TYPE_CHECKING:
+    from ..runtime import RuntimeInfo
 
 TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
 FREE_SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
@@ -39,7 +42,7 @@ def need_bytes(index: BundleIndex, unpacked: Optional[int] = None) -> int:
     return index.archive.tar_size + unpacked
 
 
-def zstd_check(index: BundleIndex, facts) -> Optional[Check]:
+def zstd_check(index: BundleIndex, facts: "RuntimeInfo") -> Optional[Check]:
     """A fail when the bundle has zstd layers and the runtime cannot read them (Docker before 23.0); else None."""
     zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are the runtime's already: never sent
     if not zstd or facts.reads_zstd:
@@ -49,7 +52,7 @@ def zstd_check(index: BundleIndex, facts) -> Optional[Check]:
                  ZSTD_REMEDY)
 
 
-def storage_check(facts) -> Check:
+def storage_check(facts: "RuntimeInfo") -> Check:
     """The image store and storage driver: a warn for devicemapper and vfs."""
     if facts.runtime == "containerd":
         return Check("storage", "ok", f"containerd's content store and {facts.driver} snapshotter under "
@@ -71,7 +74,7 @@ def storage_check(facts) -> Check:
     return Check("storage", "ok", where)
 
 
-def space_check(facts, index: Optional[BundleIndex], unpacked: Optional[int] = None) -> Check:
+def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Optional[int] = None) -> Check:
     """Free space under Docker's root against what loading `index` needs (a typical image without one)."""
     root = facts.root_dir
     need = need_bytes(index, unpacked) if index is not None else None

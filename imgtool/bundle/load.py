@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
@@ -258,7 +258,7 @@ class _Cut(Exception):
     """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
 
 
-def _bad_members(feed) -> List[layout.Member]:
+def _bad_members(feed: Iterable[Union[bytes, layout.Member]]) -> List[layout.Member]:
     """A Worker target: the feed is each member's data chunks followed by the member; returns those whose
     data differs from their digest (hashlib releases the GIL, so this runs beside the upload)."""
     bad = []
@@ -289,8 +289,8 @@ def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Seq
     return {}
 
 
-def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], replace: Dict[str, bytes],
-                 hashes: Worker):
+def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Sequence[BundleImage], replace: Dict[str, bytes],
+                 hashes: Worker) -> Iterator[Tuple[bytes, bool]]:
     """The tar the runtime gets, as (bytes, is_member_data) pieces, checked on the way.
 
     Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
@@ -304,7 +304,7 @@ def _checked_tar(read, index: BundleIndex, selected: Sequence[BundleImage], repl
     subset = bool(selected) and len(selected) < len(index.images)
     keep = {m.name for m in layout.members(selected)} if subset else None
 
-    def take(n: int):
+    def take(n: int) -> Iterator[bytes]:
         while n > 0:
             try:
                 data = read(min(n, READ_SIZE))
@@ -369,7 +369,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Run
         pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, replace or {},
                               hashes)
 
-        def chunks():
+        def chunks() -> Iterator[bytes]:
             held: List[bytes] = []  # from the latest member data on: what goes out last
             for data, is_data in pieces:
                 if is_data:
@@ -404,13 +404,13 @@ def _forget_failed_load(daemon: "Runtime", index: BundleIndex, ids: Dict[str, st
 MANY_IMAGES = 16  # more than this in a bundle: one listing of the daemon's images, not an inspect per image
 
 
-def _lookup(daemon: "Runtime", index: BundleIndex):
+def _lookup(daemon: "Runtime", index: BundleIndex) -> Callable[[Dict[str, str]], Dict[str, Optional["ImageInfo"]]]:
     """ids (ref -> the ID this Docker gives it) -> {ref: ImageInfo or None}: an inspect per image for a few
     images, one listing for many (14,000 images took 25 s of inspects where verify takes 3 s)."""
     if len(index.images) <= MANY_IMAGES:
         return lambda ids: {ref: daemon.image_info(image_id) for ref, image_id in ids.items()}
 
-    def listed(ids: Dict[str, str]) -> Dict[str, object]:
+    def listed(ids: Dict[str, str]) -> Dict[str, Optional["ImageInfo"]]:
         every = daemon.images_by_id()
         return {ref: every.get(image_id) for ref, image_id in ids.items()}
 
