@@ -85,3 +85,29 @@ def test_a_compressed_bundle_loads_and_its_container_runs(compress, runnable, no
     assert r.returncode == 0, r.stderr
     assert node.holds(f"{REPO}:v1", image)
     assert node.run(f"{REPO}:v1", "echo", f"ran-on-{node.kind}").strip() == f"ran-on-{node.kind}"
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_podman_s_copy_of_the_archive_needs_room_where_it_is_staged(runnable, node, tiny_tmpfs):
+    """imgtool writes the checked archive where podman load would copy a piped one ($TMPDIR, else /var/tmp):
+    a staging dir too small for it is named by doctor and refused by load before anything is written."""
+    out, image = runnable()
+    env = dict(node.env, TMPDIR=str(tiny_tmpfs))
+    size = json.loads((out / "bundle.json").read_text())["archive"]["tar_size"]
+    doctor = imgtool("doctor", str(out), "--runtime", "podman", env=env)
+    assert doctor.returncode == 1, doctor.stdout
+    space = [line for line in doctor.stdout.splitlines() if line.startswith("FAIL  space")]
+    assert len(space) == 1 and space[0].startswith(
+        f"FAIL  space        not enough space for Podman's copy of the archive in {tiny_tmpfs}: it needs ")
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[0].startswith(f"error: not enough space for Podman's copy of the archive in {tiny_tmpfs}")
+    assert node.leftovers(before) == [] and list(tiny_tmpfs.iterdir()) == []
+    assert size > 1024 * 1024  # the archive is bigger than the 1 MiB tmpfs: the check is what refused it
+    forced = imgtool("load", str(out), "--force", env=env)  # tried anyway: the disk fills, nothing is left
+    assert forced.returncode == 5, forced.stderr
+    assert forced.stderr.splitlines()[-2:] == [
+        f"error: cannot stage the archive for podman load in {tiny_tmpfs}: No space left on device",
+        "hint: podman load needs the archive's size free there; set TMPDIR to another directory"]
+    assert node.leftovers(before) == [] and list(tiny_tmpfs.iterdir()) == []

@@ -87,6 +87,9 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
                      f"(daemon at {facts.host})" + (f"; {how}" if how else ""))
     st = os.statvfs(root)
     free = st.f_bavail * st.f_frsize
+    staged = _staging_check(facts, index)
+    if staged is not None:
+        return staged
     if need is not None:
         if free < need:
             return Check("space", "fail", f"not enough space for {facts.title} under {root}: {how}, "
@@ -96,3 +99,20 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
         return Check("space", "warn", f"{format_size(free)} free under {root}",
                      f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
     return Check("space", "ok", f"{format_size(free)} free under {root}")
+
+
+def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Optional[Check]:
+    """Podman loads from a copy of the whole archive in its staging dir (/var/tmp, $TMPDIR): on another
+    file system than its storage, that copy needs the archive's size there; a fail when it lacks it."""
+    stage = facts.staging_dir
+    if index is None or not stage or not os.path.isdir(stage) or not os.path.isdir(facts.root_dir):
+        return None
+    if os.stat(stage).st_dev == os.stat(facts.root_dir).st_dev:
+        return None  # one file system: need_bytes already counts the archive (the "upload while loading")
+    st = os.statvfs(stage)
+    free = st.f_bavail * st.f_frsize
+    if free >= index.archive.tar_size:
+        return None
+    return Check("space", "fail", f"not enough space for {facts.title}'s copy of the archive in {stage}: it needs "
+                 f"{format_size(index.archive.tar_size)}, {format_size(free)} is free",
+                 "free space there, or point TMPDIR at a directory with room for the archive")
