@@ -32,6 +32,14 @@ class Program:
 
     def run(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> str:
         """The tool's stdout; raises ProgramFailed (non-zero exit), DaemonError (timeout, cannot start)."""
+        return self._call(args, timeout, what, ok=(0,)).stdout.decode("utf-8", "replace")
+
+    def status(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> int:
+        """The tool's exit status, for questions it answers by status (`podman image exists`: 0 yes, 1 no);
+        raises ProgramFailed for any other status, DaemonError (timeout, cannot start)."""
+        return self._call(args, timeout, what, ok=(0, 1)).returncode
+
+    def _call(self, args: Sequence[str], timeout: float, what: str, ok: Sequence[int]) -> "subprocess.CompletedProcess":
         what = what or " ".join(args[:2])
         try:
             r = subprocess.run(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -41,27 +49,10 @@ class Program:
                               hint=f"is {self.title} hung? check its service and log") from None
         except OSError as e:
             raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
-        if r.returncode != 0:
+        if r.returncode not in ok:
             said = _last_line(r.stderr) or _last_line(r.stdout) or f"exit status {r.returncode}"
             raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
-        return r.stdout.decode("utf-8", "replace")
-
-    def status(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> int:
-        """The tool's exit status, for questions it answers by status (`podman image exists`: 0 yes, 1 no);
-        raises ProgramFailed for any other status, DaemonError (timeout, cannot start)."""
-        what = what or " ".join(args[:2])
-        try:
-            r = subprocess.run(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, timeout=timeout, env=self.env)
-        except subprocess.TimeoutExpired:
-            raise DaemonError(f"{self.title}: `{self.argv[0]} {what}` did not finish within {timeout:.0f} s",
-                              hint=f"is {self.title} hung? check its service and log") from None
-        except OSError as e:
-            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
-        if r.returncode not in (0, 1):
-            said = _last_line(r.stderr) or f"exit status {r.returncode}"
-            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
-        return r.returncode
+        return r
 
     def start(self, args: Sequence[str]) -> Process:
         """The tool started with this process's stdin, stdout and stderr (a container in the foreground:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.images import host_arch, write_docker_archive
 from tests.test_presets import DEAD_DOCKER, NO_CARDS, imgtool
+from tests.support.terminal import session_on_a_terminal
 
 NOT_INSTALLED = ["error: cannot use Podman: the podman command is not installed (not in PATH)",
                  "hint: install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
@@ -294,7 +295,6 @@ def test_sigterm_stops_and_removes_the_container(podman, pod_image, uniq, home):
 def test_run_is_interactive_on_a_terminal(runner, podman, pod_image, uniq, home, tmp_path):
     """On a terminal `imgtool run --runtime podman` is `podman run -it`: as installed, and as Kylin runs
     it (imgtool.pyz on python3 3.7, nothing installed)."""
-    import pty
 
     from imgtool import selfbundle
     from tests.test_selfbundle import old_python
@@ -313,35 +313,8 @@ def test_run_is_interactive_on_a_terminal(runner, podman, pod_image, uniq, home,
                "CONTAINERS_CONF": podman.cli_env["CONTAINERS_CONF"], "DOCKER_HOST": DEAD_DOCKER}
     argv += ["run", "a2", pod_image, "--runtime", "podman", "-q", "--allow-missing-devices", "--net", "none",
              "--name", name, "--", "sh"]
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: imgtool with a terminal on stdin and stdout
-        os.execvpe(argv[0], argv, env)
-    out, sent, deadline = b"", False, time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(fd, 4096)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            if not sent and b"# " in out:
-                os.write(fd, b"tty; echo $((6 * 7)); exit 3\r")
-                sent = True
-    finally:
-        for _ in range(300):  # podman still removes the container
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        os.close(fd)
+    out, sent, code = session_on_a_terminal(argv, env)
     assert sent, out
-    assert os.waitstatus_to_exitcode(status) == 3, out
+    assert code == 3, out
     assert b"/dev/pts/" in out and b"\r\n42\r\n" in out
     assert podman.container_gone(name)

@@ -11,7 +11,6 @@ import shlex
 import subprocess
 import sys
 import tarfile
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from imgtool import presets as P
 from imgtool.daemon import explain_run_error
 from imgtool.errors import ImgtoolError
 from tests.support.images import static_busybox
+from tests.support.terminal import session_on_a_terminal
 
 DEAD_DOCKER = "unix:///nonexistent/imgtool-test-docker.sock"
 PRIVILEGED_ASKED = (
@@ -357,49 +357,6 @@ podman run --rm -it --pull=never --name vllm-ascend --shm-size=1g \\
     -v /root/.cache:/root/.cache \\
     -p 8000:8000 \\
     'quay.io/ascend/vllm-ascend:<version>'""",
-    "200i-pro": """\
-podman run --rm -it --pull=never --name vllm-ascend --privileged --shm-size=10g \\
-    --device /dev/davinci0 \\
-    --device /dev/davinci_manager \\
-    --device /dev/ascend_manager \\
-    --device /dev/user_config \\
-    -v /etc/sys_version.conf:/etc/sys_version.conf \\
-    -v /etc/ld.so.conf.d/mind_so.conf:/etc/ld.so.conf.d/mind_so.conf \\
-    -v /etc/hdcBasic.cfg:/etc/hdcBasic.cfg \\
-    -v /var/dmp_daemon:/var/dmp_daemon \\
-    -v /usr/lib64/libmmpa.so:/usr/lib64/libmmpa.so \\
-    -v /usr/lib64/libcrypto.so.1.1:/usr/lib64/libcrypto.so.1.1 \\
-    -v /usr/local/sbin/npu-smi:/usr/local/sbin/npu-smi \\
-    -v /usr/lib64/libstackcore.so:/usr/lib64/libstackcore.so \\
-    -v /usr/lib/aarch64-linux-gnu/libyaml-0.so.2:/usr/lib64/libyaml-0.so.2 \\
-    -v /etc/slog.conf:/etc/slog.conf \\
-    -v /var/slogd:/var/slogd \\
-    -v /usr/local/Ascend/driver/lib64:/usr/local/Ascend/driver/lib64 \\
-    -v /usr/lib64/libtensorflow.so:/usr/lib64/libtensorflow.so \\
-    -v /root/.cache:/root/.cache \\
-    -p 8000:8000 \\
-    'quay.io/ascend/vllm-ascend:<version>-310p'""",
-    "a5": """\
-podman run --rm -it --pull=never --name vllm-ascend --net=host --shm-size=1g \\
-    --device /dev/davinci0 \\
-    --device /dev/davinci1 \\
-    --device /dev/davinci2 \\
-    --device /dev/davinci3 \\
-    --device /dev/davinci4 \\
-    --device /dev/davinci5 \\
-    --device /dev/davinci6 \\
-    --device /dev/davinci7 \\
-    --device /dev/davinci_manager \\
-    --device /dev/devmm_svm \\
-    --device /dev/hisi_hdc \\
-    -v /usr/local/dcmi:/usr/local/dcmi \\
-    -v /usr/local/Ascend/driver/tools/hccn_tool:/usr/local/Ascend/driver/tools/hccn_tool \\
-    -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi \\
-    -v /usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/ \\
-    -v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info \\
-    -v /etc/ascend_install.info:/etc/ascend_install.info \\
-    -v /root/.cache:/root/.cache \\
-    'quay.io/ascend/vllm-ascend:<version>-a5'""",
 }
 
 
@@ -920,9 +877,6 @@ def test_run_is_interactive_on_a_terminal(runner, services, busybox_image, docke
                                           tmp_path):
     """`imgtool run` on a terminal is `docker run -it`: through docker-py, through the stdlib transport,
     and as Kylin runs it (imgtool.pyz on python3 3.7, nothing installed)."""
-    import pty
-    import select
-    import signal
 
     from imgtool import selfbundle
     from tests.test_selfbundle import old_python
@@ -940,36 +894,9 @@ def test_run_is_interactive_on_a_terminal(runner, services, busybox_image, docke
         argv = [sys.executable, "-c", TRANSPORTS[runner]] if TRANSPORTS[runner] else [sys.executable, "-m", "imgtool"]
     argv += ["run", "a2", busybox_image, "-q", "--allow-missing-devices", "--net", services.docker_network,
              "--name", name, "--", "sh"]
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: imgtool with a terminal on stdin and stdout
-        os.execvpe(argv[0], argv, env)
-    out, sent, deadline = b"", False, time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(fd, 4096)
-                except OSError:  # EIO: the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            if not sent and b"# " in out:
-                os.write(fd, b"tty; echo $((6 * 7)); exit 3\r")
-                sent = True
-    finally:
-        for _ in range(300):  # imgtool still reads the exit code and removes the container
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-        os.close(fd)
+    out, sent, code = session_on_a_terminal(argv, env)
     assert sent, out
-    assert os.waitstatus_to_exitcode(status) == 3, out
+    assert code == 3, out
     assert b"/dev/pts/" in out and b"\r\n42\r\n" in out
     assert docker_cli("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout.strip() == ""
 
