@@ -59,6 +59,12 @@ class RuntimeInfo:
         return tuple(nums)
 
     @property
+    def checks_diff_ids(self) -> bool:
+        """The runtime refuses a layer whose content does not match its diff_id: Docker and containerd do
+        (while they unpack); Podman 4.3 loads it as it is (measured), so imgtool checks for it."""
+        return self.runtime != "podman"
+
+    @property
     def reads_zstd(self) -> bool:
         """zstd layers: Docker from 23.0, containerd from 1.5, Podman (containers/storage) from 3.0."""
         floor = {"docker": (23,), "containerd": (1, 5), "podman": (3,)}.get(self.runtime, (23,))

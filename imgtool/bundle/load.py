@@ -8,9 +8,11 @@ and trailer zeros. The last member bytes are held back until all of that matched
 deviation the upload is cut short. Docker unpacks an upload into a temporary directory and
 registers nothing before the archive is complete, so it drops a cut upload: nothing is loaded.
 Then the whole bundle is checked as `imgtool verify` would, to name every damaged part.
-Layer diff_ids are not recomputed here (that means decompressing every layer, about as long as
-Docker's own load): Docker checks them and loads nothing when one differs; `imgtool verify`
-checks them offline. The runtime (Docker, containerd, Podman: a runtime.Runtime) is passed in by
+Layer diff_ids are not recomputed for Docker and containerd (that means decompressing every
+layer, about as long as their own load): they check them and load nothing when one differs;
+`imgtool verify` checks them offline. Podman does not check them (a layer that is not its
+diff_id's loads): for Podman every layer is decompressed and hashed while it streams, in parallel
+with the stream, and a mismatch cuts it as a damaged blob does. The runtime (Docker, containerd, Podman: a runtime.Runtime) is passed in by
 the caller: this module talks to none of them by itself. containerd reads the whole archive into
 its content store before it records an image, and Podman copies it to a temporary file first: on
 both, as on Docker, a cut stream records nothing (and their rooms remove what they kept of it).
@@ -19,6 +21,7 @@ both, as on Docker, a cut stream records nothing (and their rooms remove what th
 import dataclasses
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Opti
 
 from ..delta import chain_ids, describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import Platform, familiar, foreign_arch_warning, is_docker_name
+from ..model import Digest, Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
 from ..worker import Worker
 from . import hostcheck, layout
@@ -35,6 +38,7 @@ from ..trust import Verdict
 from .signature import enforce
 from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
 from .verify import VerifyReport, check_metadata, check_parts, deep_check
+from .walk import layer_digester
 
 if TYPE_CHECKING:
     from ..runtime import ImageInfo, Runtime, RuntimeInfo
@@ -166,7 +170,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     except (VerifyError, _Cut) as e:
         # The upload was cut short and the runtime dropped it; name every damaged part, as verify would.
         progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
-        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=False)
+        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=not facts.checks_diff_ids)
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded") from e
@@ -254,6 +258,44 @@ def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
     return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch) for im in index.images) if w]
 
 
+class _DiffIds:
+    """Every layer's diff_id computed while the archive streams (for a runtime that does not check them):
+    a decompressing hasher per layer, `jobs` at once; `bad()` names the layers whose content differs."""
+
+    def __init__(self, index: BundleIndex, jobs: int):
+        self.expected: Dict[Digest, set] = {}
+        for image in index.images:
+            for layer in image.layers:
+                self.expected.setdefault(layer.digest, set()).add(layer.diff_id)
+        self.slots = threading.Semaphore(max(1, jobs))
+        self.jobs: List[Tuple[layout.Member, Worker[Tuple[str, int]]]] = []
+
+    def start(self, member: layout.Member) -> "Worker[Tuple[str, int]]":
+        self.slots.acquire()
+        job = Worker(layer_digester(member.media_type, self.slots), f"diff-id-{member.digest.short}")
+        self.jobs.append((member, job))
+        return job
+
+    def bad(self) -> List[str]:
+        out = []
+        for member, job in self.jobs:
+            try:
+                diff_id, _ = job.result()
+            except (DecodeError, ImgtoolError) as e:
+                out.append(f"{member.what} cannot be decompressed: {e}")
+                continue
+            if Digest.parse(diff_id) not in self.expected.get(member.digest, set()):
+                out.append(f"{member.what}'s uncompressed content does not match its diff_id")
+        return out
+
+    def __enter__(self) -> "_DiffIds":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for _, job in self.jobs:
+            job.abandon()
+
+
 class _Cut(Exception):
     """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
 
@@ -290,7 +332,7 @@ def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Seq
 
 
 def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Sequence[BundleImage], replace: Dict[str, bytes],
-                 hashes: Worker) -> Iterator[Tuple[bytes, bool]]:
+                 hashes: Worker, diff_ids: Optional[_DiffIds] = None) -> Iterator[Tuple[bytes, bool]]:
     """The tar the runtime gets, as (bytes, is_member_data) pieces, checked on the way.
 
     Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
@@ -298,7 +340,7 @@ def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Seq
     `selected` a subset of the images, only their members go out; `replace` gives the content sent
     for members such as manifest.json and index.json (_outgoing_meta); the rest is still read (and its
     parts hashed), not sent. Raises _Cut where the archive deviates (`hashes`, a _bad_members worker,
-    finds digest mismatches).
+    finds digest mismatches; `diff_ids`, when given, the layers sent that are not their diff_id's).
     """
     placed, tar_size = layout.place(layout.members(index.images, index.legacy_names))
     subset = bool(selected) and len(selected) < len(index.images)
@@ -331,11 +373,16 @@ def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Seq
         elif send:
             out += len(p.header)
             yield p.header, False
+        job = diff_ids.start(m) if diff_ids is not None and send and m.kind == "layer" else None
         for data in take(m.size):
             hashes.put(data)
+            if job is not None:
+                job.put(data)
             if send and content is None:
                 out += len(data)
                 yield data, True
+        if job is not None:
+            job.close()
         hashes.put(m)
         if b"".join(take(pad)).strip(b"\0"):
             raise _Cut(f"the archive has non-zero padding after {m.name}")
@@ -365,9 +412,10 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Run
     # the set-up's failures included (a zstd bundle on a Python without zstandard)
     with progress.bar(index.archive.tar_size, f"loading into {facts.runtime}") as bar, \
             PartsStream(bundle_dir, index, strict=True) as parts, \
-            Worker(_bad_members, "member-sha256") as hashes:
+            Worker(_bad_members, "member-sha256") as hashes, \
+            _DiffIds(index, os.cpu_count() or 2) as diff_ids:
         pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, replace or {},
-                              hashes)
+                              hashes, None if facts.checks_diff_ids else diff_ids)
 
         def chunks() -> Iterator[bytes]:
             held: List[bytes] = []  # from the latest member data on: what goes out last
@@ -380,9 +428,9 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Run
                 sent[0] += len(data)
                 bar.update(len(data))
             parts.drain()  # a compressed archive may end before its last part does: check that part too
-            bad = hashes.result()
+            bad = [f"{m.what} differs from its digest" for m in hashes.result()] + diff_ids.bad()
             if bad:
-                raise _Cut(", ".join(f"{m.what} differs from its digest" for m in bad))
+                raise _Cut(", ".join(bad))
             for piece in held:
                 yield piece
             progress.note(f"sent; {facts.title} is registering the layers ...")

@@ -44,7 +44,7 @@ class WalkResult:
     unpacked_size: Optional[int] = None  # sum over distinct layers, when diff_ids were checked
 
 
-def _unpacked(media_type: str, slots: threading.Semaphore):
+def layer_digester(media_type: str, slots: threading.Semaphore):
     """A Worker target: decompress one layer fed to it and return (diff_id, unpacked size).
 
     Raises DecodeError; releases its slot (the walk runs at most `jobs` of them) however it ends.
@@ -206,7 +206,7 @@ class _Walk:
         job = None
         if member.kind == "layer" and self.check_diff_ids:
             self.slots.acquire()
-            job = Worker(_unpacked(member.media_type, self.slots), f"diff-id-{member.digest.short}")
+            job = Worker(layer_digester(member.media_type, self.slots), f"diff-id-{member.digest.short}")
             self.jobs.append((member, job))
 
         def sink(data: bytes) -> None:
