@@ -745,37 +745,16 @@ class Bench:
                 else:
                     self.record(key, out, rss)
 
-    def run_all(self) -> None:
+    def run_loads(self, export: bool = False) -> None:
+        """Load into every runtime against its own load (Docker engines, containerd, Podman), alternating;
+        with `export`, the loaded image is exported back into a bundle (memory + time) in between."""
         a = self.args
-        log(f"fetch ({a.runs} runs each)")
-        self.imgtool_fetch(keep=True)  # warm the registry's page cache, and keep one bundle
-        fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
-                    ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
-                    ("fetch.curl", lambda: self.curl_raw(), False),
-                    ("fetch.curl_sync", lambda: self.curl_raw(sync=True), False),
-                    ("fetch.skopeo_archive", lambda: self.skopeo_archive(), False)]
-        if not a.no_faq:
-            fetchers.append(("fetch.faq", self.faq_recipe, False))
-        self.alternate(fetchers, a.runs)
-
-        log(f"fetch of the zstd image ({a.runs} runs each)")
-        self.imgtool_fetch_zstd("warm", "as-is")
-        self.alternate([("zstd.compat", lambda: self.imgtool_fetch_zstd("zstd.compat", "compat"), True),
-                        ("zstd.asis", lambda: self.imgtool_fetch_zstd("zstd.asis", "as-is"), True)], a.runs)
-
-        log("verify")
-        self.alternate([("verify.imgtool", lambda: run(imgtool_cmd() + ["-q", "verify", str(self.bundle)], rss=True), True),
-                        ("verify.imgtool_quick",
-                         lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
-                        ("verify.sha256sum", lambda: run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=self.bundle), False)],
-                       a.runs)
-
         log("load")
         self.alternate([("load.imgtool", self.imgtool_load, True), ("load.docker", self.docker_load, False)], a.runs)
-        # the image is loaded now: export it back into a bundle (memory + time)
-        self.imgtool_load()
-        self.record("export.imgtool", self.export(self.tmp / "export"), rss=True)
-        shutil.rmtree(self.tmp / "export", ignore_errors=True)
+        if export:  # the image is loaded now: export it back into a bundle (memory + time)
+            self.imgtool_load()
+            self.record("export.imgtool", self.export(self.tmp / "export"), rss=True)
+            shutil.rmtree(self.tmp / "export", ignore_errors=True)
         self.docker_rmi()
         for engine, (key, _) in ENGINE_LOADS.items():
             host = self.env.engines.get(engine)
@@ -797,6 +776,36 @@ class Bench:
             self.alternate([("podman.imgtool", lambda: self.imgtool_load_runtime(None), True),
                             ("podman.podman", self.podman_load, False)], a.runs)
             self.runtime_rmi(None)
+
+    def run_all(self) -> None:
+        a = self.args
+        log(f"fetch ({a.runs} runs each)")
+        self.imgtool_fetch(keep=True)  # warm the registry's page cache, and keep one bundle
+        if a.only_load:
+            self.run_loads()
+            return
+        fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
+                    ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
+                    ("fetch.curl", lambda: self.curl_raw(), False),
+                    ("fetch.curl_sync", lambda: self.curl_raw(sync=True), False),
+                    ("fetch.skopeo_archive", lambda: self.skopeo_archive(), False)]
+        if not a.no_faq:
+            fetchers.append(("fetch.faq", self.faq_recipe, False))
+        self.alternate(fetchers, a.runs)
+
+        log(f"fetch of the zstd image ({a.runs} runs each)")
+        self.imgtool_fetch_zstd("warm", "as-is")
+        self.alternate([("zstd.compat", lambda: self.imgtool_fetch_zstd("zstd.compat", "compat"), True),
+                        ("zstd.asis", lambda: self.imgtool_fetch_zstd("zstd.asis", "as-is"), True)], a.runs)
+
+        log("verify")
+        self.alternate([("verify.imgtool", lambda: run(imgtool_cmd() + ["-q", "verify", str(self.bundle)], rss=True), True),
+                        ("verify.imgtool_quick",
+                         lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
+                        ("verify.sha256sum", lambda: run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=self.bundle), False)],
+                       a.runs)
+
+        self.run_loads(export=True)
 
         log(f"constrained link ({a.rate:g} MB/s per connection)")
         proxy = ThrottleProxy(self.env.registry, a.rate * MB)
@@ -1065,6 +1074,9 @@ def main(argv=None) -> int:
     p.add_argument("--services-dir", default="/tmp/imgtool-bench-svc")
     p.add_argument("--own-services", action="store_true", help="start own services even when IMGTOOL_TEST_* are set")
     p.add_argument("--no-faq", action="store_true", help="leave out the (slow) FAQ recipe")
+    p.add_argument("--only-load", action="store_true",
+                   help="only load: every Docker engine, containerd and Podman against their own load/import "
+                        "(the bundle fetched once, untimed); no memory check at the small size")
     p.add_argument("--seed", default="bench1")
     args = p.parse_args(argv)
     if args.quick:
@@ -1086,10 +1098,12 @@ def main(argv=None) -> int:
         push_image(env.registry, f"{ns}/vllm-ascend", "v1", meta)
         push_zstd(env.registry, f"{ns}/vllm-ascend-zstd", meta, build_zstd_twin(meta))
         push_image(env.registry, f"{ns}/vllm-ascend-small", "v1", small_meta)
+        small_rss: Dict[str, int] = {}
         sb = Bench(args, env, small_meta, f"{ns}/vllm-ascend-small")
         try:
-            log("memory at the small size")
-            small_rss = sb.run_small()
+            if not args.only_load:
+                log("memory at the small size")
+                small_rss = sb.run_small()
         finally:
             sb.cleanup()
         b = Bench(args, env, meta, f"{ns}/vllm-ascend")
