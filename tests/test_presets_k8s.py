@@ -317,6 +317,16 @@ def test_a_broken_manifest_fails_validation(home):
             assert list(e.value.path) == where
 
 
+def test_dollars_reach_the_container_as_docker_passes_them(home):
+    # Kubernetes expands $(NAME) and turns $$ into $ in args and env values; docker passes them as written
+    r = k8s("a2", "--format", "k8s", "--image", "v1", "-e", "A=x$(B)$$y$", "-e", "B=1", "--",
+            "bash", "-c", "echo $$ $(B) $HOME", home=home)
+    container = validate(r.stdout)["spec"]["containers"][0]
+    assert container["args"] == ["bash", "-c", "echo $$$$ $$(B) $$HOME"]
+    assert container["env"] == [{"name": "A", "value": "x$$(B)$$$$y$$"}, {"name": "B", "value": "1"}]
+    assert '    - "echo $$$$ $$(B) $$HOME"\n' in r.stdout
+
+
 def test_privileged_comes_from_the_preset_or_the_user(home):
     plain = yaml.safe_load(k8s("a3", "--format", "k8s", "--image", "v1", home=home).stdout)
     assert "securityContext" not in plain["spec"]["containers"][0]
@@ -375,8 +385,8 @@ def test_bundle_without_the_image_or_with_two_platforms_is_bad_input(tmp_path, h
     r = k8s("a2", "--format", "k8s", "--bundle", str(bundle), home=home, code=2)
     assert r.stderr.splitlines() == [
         f"error: bundle {bundle} holds {REPO}:v0.11.0rc1 for linux/arm64/v8 and linux/amd64: a Pod names one manifest",
-        "hint: fetch a bundle for the cluster's platform (fetch --platform), or leave out --bundle to name the image "
-        "by tag"]
+        "hint: fetch a bundle for the cluster's architecture (fetch --arch arm64), or leave out --bundle to name the "
+        "image by tag"]
     r = k8s("a2", "--format", "k8s", "--bundle", str(tmp_path / "nothing"), home=home, code=2)
     assert r.stderr.splitlines() == [f"error: no such bundle directory: {tmp_path / 'nothing'}"]
 

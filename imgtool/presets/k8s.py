@@ -77,8 +77,8 @@ def image_from_bundle(bundle_dir: str, preset: Preset, image: Optional[str], def
     if len(found) > 1:
         platforms = " and ".join(str(im.platform) for im in found)
         raise UsageError(f"bundle {bundle_dir} holds {image} for {platforms}: a Pod names one manifest",
-                         hint="fetch a bundle for the cluster's platform (fetch --platform), or leave out --bundle "
-                              "to name the image by tag")
+                         hint="fetch a bundle for the cluster's architecture (fetch --arch arm64), or leave out "
+                              "--bundle to name the image by tag")
     return BundleImage(found[0].ref, str(found[0].manifest_digest), found[0].platform.architecture)
 
 
@@ -101,6 +101,12 @@ def volume_name(path: str, taken: Sequence[str]) -> str:
         n += 1
         name = f"{base}-{n}"
     return name
+
+
+def literal(text: str) -> str:
+    """`text` as Kubernetes passes it on: it expands `$(NAME)` and turns `$$` into `$` in args and env values,
+    where docker passes every character; each `$` doubled comes out as written."""
+    return text.replace("$", "$$")
 
 
 def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: Optional[str] = None) -> Dict[str, Any]:
@@ -141,11 +147,12 @@ def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: 
 
     container: Dict[str, Any] = {"name": name, "image": spec.image, "imagePullPolicy": "IfNotPresent"}
     if spec.command:
-        container["args"] = list(spec.command)  # docker run IMAGE CMD... replaces the image's CMD: args, not command
+        # docker run IMAGE CMD... replaces the image's CMD: args, not command
+        container["args"] = [literal(a) for a in spec.command]
     else:
         container.update({"stdin": True, "tty": True})  # an image whose command is a shell stays up, as -it does
     if spec.env:
-        container["env"] = [{"name": k, "value": v} for k, v in spec.env]
+        container["env"] = [{"name": k, "value": literal(v)} for k, v in spec.env]
     if spec.ports:
         container["ports"] = [{"containerPort": p.container, **({"protocol": p.proto.upper()} if p.proto != "tcp" else {})}
                               for p in spec.ports]
