@@ -567,19 +567,45 @@ def presets_cmd(presets_file, as_json):
               help="Image or tag (default: the newest one for PRESET loaded in the runtime, else a placeholder).")
 @run_options
 @click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
+@click.option("--format", "fmt", type=click.Choice(["docker", "podman", "k8s"]), default=None,
+              help="docker run, podman run, or a Kubernetes Pod/Deployment as YAML (default: --runtime's).")
+@click.option("--kind", type=click.Choice(["pod", "deployment"]), default=None,
+              help="k8s: a Pod (the default) or a Deployment.")
+@click.option("--resource-name", metavar="DOMAIN/NAME",
+              help="k8s: the device plugin's NPU resource (default: the preset's, e.g. huawei.com/Ascend910).")
+@click.option("--bundle", "bundle_dir", metavar="DIR",
+              help="k8s: name the image by the manifest digest this bundle holds for it (and its architecture).")
 @json_option("flags")
 @common
-def run_flags(preset, image, one_line, as_json, **kw):
-    """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste.
+def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, **kw):
+    """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste,
+    or with --format k8s a Kubernetes Pod (or Deployment) for it.
 
     Words after -- become the container's command:
 
     \b
         imgtool run-flags a2 -v /data/models:/models -- vllm serve /models/Qwen3-8B
+        imgtool run-flags a2 --format k8s --bundle DIR -- vllm serve Qwen/Qwen3-8B > pod.yaml
     """
     from . import presets as P
+    from .errors import UsageError
 
+    if fmt is None:
+        fmt = kw["runtime"]
+    elif fmt in P.RUNTIMES:
+        if kw["runtime"] not in ("docker", fmt):  # docker is --runtime's default: only another runtime disagrees
+            raise UsageError(f"--format {fmt} and --runtime {kw['runtime']} name different programs: give one")
+        kw["runtime"] = fmt
+    if fmt != "k8s":
+        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle")):
+            if given is not None:
+                raise UsageError(f"{flag} applies to --format k8s")
+    elif one_line:
+        raise UsageError("--one-line applies to --format docker and podman")
     pset, p, spec, config = _run_spec(preset, kw)
+    if fmt == "k8s":
+        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, as_json)
+        return
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
     else:
@@ -593,6 +619,35 @@ def run_flags(preset, image, one_line, as_json, **kw):
         emit_json(spec.to_json())
     else:
         click.echo(P.render_command(spec, one_line=one_line))
+
+
+def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, as_json):
+    """run-flags --format k8s: the Pod or Deployment, by digest from a bundle, else by tag (as for docker)."""
+    from . import presets as P
+
+    options = P.KubeOptions(kind=kind or "pod", resource_name=resource_name)
+    architecture = pinned = None
+    if bundle_dir is not None:
+        wanted = P.normalize_image(image, default_image) if image else None
+        held = P.image_from_bundle(bundle_dir, preset, wanted, default_image)
+        spec, architecture, pinned = spec.with_image(held.ref), held.architecture, held.pinned
+    elif image:
+        spec = spec.with_image(P.normalize_image(image, default_image))
+    else:
+        spec = spec.with_image(*P.default_image_for(preset, default_image, _local_tags(default_image, spec.runtime)))
+    doc = P.manifest(spec, preset, options, architecture)  # bad input is exit 2 before any warning
+    for warning in (P.privileged_warning(spec), P.suffix_mismatch(preset, spec.image, default_image)):
+        if warning:
+            progress().warn(warning)
+    if spec.image_is_placeholder:
+        progress().warn(f"no {default_image} image for preset {preset.name} is loaded here; "
+                        f"replace {P.PLACEHOLDER_TAG} in the manifest, pass --image, or --bundle DIR")
+    if pinned is not None:  # warned about by tag (its hardware suffix), written by digest
+        doc = P.manifest(spec.with_image(pinned), preset, options, architecture)
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(P.to_yaml(doc), nl=False)
 
 
 @cli.command("run", cls=_CommandAfterDashes)

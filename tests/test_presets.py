@@ -664,7 +664,7 @@ env = { HCCL_DETERMINISTIC = "true" }
      "e.g. 4G or 700M"),
     ('# mine\n\n[presets.a2]\ncolour = "red"\n',
      "{f}:4: presets.a2: unknown key 'colour' (expected description, extends, cards, min_cards, devices, mounts, "
-     "shm_size, network, ports, env, tag_suffixes, privileged, multi_node, aliases)"),
+     "shm_size, network, ports, env, tag_suffixes, privileged, multi_node, aliases, resource_name)"),
     ('[presets.new]\ndescription = "x"\ncards = "0-3"\n',
      "{f}:1: presets.new: missing min_cards, devices, mounts, shm_size, network, ports, env, tag_suffixes, "
      "privileged, multi_node (a new preset needs every key, or extends = \"a2\")"),

@@ -358,6 +358,28 @@ def test_run_flags_and_presets_on_kylins_python_print_what_3_11_prints(version, 
 
 
 @pytest.mark.parametrize("version", OLD_PYTHONS)
+def test_kubernetes_manifests_from_the_pyz_on_kylins_python_are_3_11s_bytes(version, tmp_path):
+    """run-flags --format k8s writes its YAML without a library: the same bytes on 3.7/3.8 as on 3.11,
+    from a bundle's digest too."""
+    from tests.test_presets_k8s import make_bundle, validate
+
+    python = old_python(version)
+    assert imgtool("self-bundle", "-o", str(tmp_path / "imgtool.pyz"), "-q").returncode == 0
+    bundle, _ = make_bundle(tmp_path, [("v0.11.0rc1", "arm64", 1), ("v0.11.0rc1-310p", "amd64", 2)])
+    dead = f"unix://{tmp_path}/no-docker.sock"
+    for args in (("a2",), ("300i-duo", "--kind", "deployment", "--image", "v0.11.0rc1-310p"),
+                 ("a5", "--resource-name", "huawei.com/ascend-1980", "-e", "A=é \u2028 yes", "--", "bash", "-c", "x: y"),
+                 ("a2", "--bundle", str(bundle), "--", "vllm", "serve", "Qwen/Qwen3-8B"),
+                 ("a2", "--bundle", str(bundle), "--json")):
+        old = run_clean(python, "imgtool.pyz", "run-flags", "--format", "k8s", *args, cwd=tmp_path, docker_host=dead)
+        new = run_clean([sys.executable, "-I"], "imgtool.pyz", "run-flags", "--format", "k8s", *args, cwd=tmp_path,
+                        docker_host=dead)
+        assert old.returncode == new.returncode == 0, old.stderr + new.stderr
+        assert (old.stdout, old.stderr) == (new.stdout, new.stderr)
+        validate(old.stdout)
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS)
 def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
     python = old_python(version)
     pyz = tmp_path / "imgtool.pyz"

@@ -13,7 +13,7 @@ from ..config import find_user_file, key_line, read_toml
 from ..errors import ConfigError, UsageError
 from ..model import parse_size
 from .preset import (ENV_NAME_RE, NETWORK_RE, EnvPreset, MultiNode, Port, Preset, PresetSet, parse_cards,
-                     parse_mount)
+                     parse_mount, parse_resource_name)
 
 BUILTIN_PRESETS = Path(__file__).with_name("presets.toml")
 
@@ -34,8 +34,9 @@ _PRESET_KEYS = {
     "privileged": "true or false",
     "multi_node": "true or false",
     "aliases": 'an array of other names like ["950dt"]',
+    "resource_name": 'an extended resource like "huawei.com/Ascend910", or "" for none',
 }
-_OPTIONAL_KEYS = ("extends", "aliases")
+_OPTIONAL_KEYS = ("extends", "aliases", "resource_name")
 _MULTI_NODE_KEYS = ("network", "mounts")
 _ENV_PRESET_KEYS = ("description", "env")
 
@@ -257,6 +258,7 @@ def _make_preset(name: str, table: _Resolved) -> Preset:
         privileged=get("privileged", bool),
         multi_node=get("multi_node", bool),
         aliases=strings("aliases", alias) if "aliases" in table else (),
+        resource_name=get("resource_name", str, lambda v: v and parse_resource_name(v)) if "resource_name" in table else "",
     )
 
 

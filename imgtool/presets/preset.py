@@ -14,6 +14,9 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # what Docker takes as a container or network name
 CONTAINER_NAME_RE = re.compile(rf"^{_NAME}$")
 NETWORK_RE = re.compile(rf"^(?:{_NAME}|container:{_NAME})$")
+# An extended resource: a domain prefix, "/", a name (Kubernetes' qualified name rules, e.g. huawei.com/Ascend910)
+RESOURCE_NAME_RE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                              r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 _PORT_RE = re.compile(r"^(?:(?P<ip>[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
                       r"(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?P<proto>tcp|udp|sctp))?$")
 
@@ -83,6 +86,7 @@ class Preset:
     privileged: bool
     multi_node: bool
     aliases: Tuple[str, ...] = ()  # other names it answers to, e.g. 950dt for a5
+    resource_name: str = ""  # the device plugin's extended resource for its NPUs (Kubernetes); "": none known
 
     @property
     def tag_patterns(self) -> Tuple[str, ...]:
@@ -109,6 +113,7 @@ class Preset:
             "privileged": self.privileged,
             "multi_node": self.multi_node,
             "aliases": list(self.aliases),
+            "resource_name": self.resource_name or None,
         }
 
 
@@ -244,6 +249,14 @@ def parse_mount(value: Any, what: str = "mount") -> Mount:
             not all(p.startswith("/") and not any(c.isspace() for c in p) for p in (host, container)):
         raise UsageError(f"invalid {what} {value!r}: host and container paths must be absolute, without spaces")
     return Mount(host, container, readonly, create)
+
+
+def parse_resource_name(text: str) -> str:
+    """An extended resource name like `huawei.com/Ascend910`; raises UsageError."""
+    if not RESOURCE_NAME_RE.match(text) or text.split("/")[0].endswith("kubernetes.io"):
+        raise UsageError(f"invalid resource name {text!r}: expected DOMAIN/NAME outside kubernetes.io, "
+                         "e.g. huawei.com/Ascend910")
+    return text
 
 
 def parse_env(text: str) -> Tuple[str, str]:

@@ -1,0 +1,241 @@
+"""A run on Kubernetes: the same `RunSpec` as a Pod or a Deployment, written as YAML; pure but for bundle.json.
+
+What a preset means there (docs/presets.md says where each fact comes from): the cards are a count
+of the Ascend device plugin's extended resource (the plugin chooses which and injects their
+/dev/davinci* nodes and the management devices), /dev/shm is a memory-backed emptyDir of the shm
+size, the driver and tool paths are read-only hostPath volumes, the cache a writable one the kubelet
+creates, `privileged` a securityContext only when the preset or the user asks for it.
+
+The YAML is written here, not by a library: imgtool.pyz runs on Kylin's Python 3.7 with the standard
+library only. The emitter knows only what a manifest holds (mappings, lists, strings, integers,
+booleans) and writes a string plain only when no YAML reader could take it for anything else.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import UsageError
+from ..model import ImageRef
+from ..releases import pick_tag
+from .preset import Preset, parse_resource_name
+from .run import RunSpec
+
+KINDS = ("pod", "deployment")
+LABEL = "app.kubernetes.io/name"
+SHM_VOLUME = "dshm"
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+
+
+@dataclass(frozen=True)
+class KubeOptions:
+    """What `--format k8s` adds: the workload's kind and the NPUs' resource name (default: the preset's)."""
+
+    kind: str = "pod"
+    resource_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BundleImage:
+    """The image a bundle holds for the spec: pinned by manifest digest, for one architecture."""
+
+    ref: str  # canonical name with tag: quay.io/ascend/vllm-ascend:v0.11.0rc1
+    digest: str  # the manifest digest bundle.json names (what serve and push serve, what a pull records)
+    architecture: str
+
+    @property
+    def pinned(self) -> str:
+        """`NAME:TAG@sha256:...`: the tag for people; containerd and CRI-O resolve by the digest alone."""
+        return f"{self.ref}@{self.digest}"
+
+
+# --- the image from a bundle ---------------------------------------------------------------
+
+
+def image_from_bundle(bundle_dir: str, preset: Preset, image: Optional[str], default_image: str) -> BundleImage:
+    """The bundle's image for the run: `image` (already normalized) or else the newest tag for the preset;
+    raises UsageError (none there, several platforms), or what reading bundle.json raises."""
+    from ..bundle.reader import read_index
+
+    index, _ = read_index(Path(bundle_dir))
+    held = [im for im in index.images if ImageRef.parse(im.ref).tag]
+    if image is None:
+        tags = [ImageRef.parse(im.ref).tag or "" for im in held if ImageRef.parse(im.ref).name == default_image]
+        tag = pick_tag(tags, preset.tag_suffixes)
+        if tag is None:
+            raise UsageError(f"bundle {bundle_dir} holds no {default_image} image for preset {preset.name} "
+                             f"(looked for tags {', '.join(preset.tag_patterns)})",
+                             hint="name one with --image TAG, or give the bundle fetched for this hardware")
+        image = f"{default_image}:{tag}"
+    wanted = str(ImageRef.parse(image))
+    found = [im for im in held if str(ImageRef.parse(im.ref)) == wanted]
+    if not found:
+        names = ", ".join(sorted({im.ref for im in index.images})) or "no images"
+        raise UsageError(f"bundle {bundle_dir} holds no image {image}; it holds {names}")
+    if len(found) > 1:
+        platforms = " and ".join(str(im.platform) for im in found)
+        raise UsageError(f"bundle {bundle_dir} holds {image} for {platforms}: a Pod names one manifest",
+                         hint="fetch a bundle for the cluster's architecture (fetch --arch arm64), or leave out "
+                              "--bundle to name the image by tag")
+    return BundleImage(found[0].ref, str(found[0].manifest_digest), found[0].platform.architecture)
+
+
+# --- the workload ----------------------------------------------------------------------------
+
+
+def quantity(n: int) -> str:
+    """Bytes as a Kubernetes quantity: `1Gi`, `512Mi`, `64Ki`, or plain bytes."""
+    for unit, scale in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def volume_name(path: str, taken: Sequence[str]) -> str:
+    """A DNS label for a volume, from its path in the container (`/root/.cache` -> `root-cache`), unique."""
+    base = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", path.lower())).strip("-")[:56].strip("-") or "volume"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def literal(text: str) -> str:
+    """`text` as Kubernetes passes it on: it expands `$(NAME)` and turns `$$` into `$` in args and env values,
+    where docker passes every character; each `$` doubled comes out as written."""
+    return text.replace("$", "$$")
+
+
+def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: Optional[str] = None) -> Dict[str, Any]:
+    """The Pod (or Deployment) for the spec, as plain data; raises UsageError for what Kubernetes cannot say."""
+    if options.kind not in KINDS:
+        raise UsageError(f"invalid --kind {options.kind!r}: expected {' or '.join(KINDS)}")
+    resource = options.resource_name if options.resource_name is not None else preset.resource_name
+    if not resource:
+        raise UsageError(f"preset {preset.name} names no Kubernetes resource for its NPUs",
+                         hint="name the device plugin's: --resource-name huawei.com/Ascend910 (MindCluster, A2/A3), "
+                              "huawei.com/Ascend310P (300I Duo), or your plugin's")
+    resource = parse_resource_name(resource)
+    name = spec.name or ""
+    if not _DNS_LABEL_RE.match(name):
+        raise UsageError(f"invalid --name {name!r} for Kubernetes: lowercase letters, digits and '-', "
+                         "starting and ending with a letter or digit, at most 63 characters")
+    if spec.network not in (None, "host"):
+        raise UsageError(f"--net {spec.network} has no Kubernetes equivalent: a Pod is on the cluster's network, "
+                         "or with --net host (or --multi-node) on the node's")
+    if spec.detach or not spec.remove:
+        raise UsageError("-d and --no-rm have no meaning for --format k8s: the cluster runs the workload "
+                         "in the background and removes it when you delete it (kubectl delete)")
+
+    mounts: List[Dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    volumes: List[Dict[str, Any]] = [{"name": SHM_VOLUME,
+                                      "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.shm_size)}}]
+    taken = [SHM_VOLUME]
+    for m in spec.mounts:
+        vname = volume_name(m.container, taken)
+        taken.append(vname)
+        # the preset's driver and tool paths are read-only; its caches (create) and -v mounts as written
+        readonly = m.readonly or not (m.create or m.user)
+        mounts.append({"name": vname, "mountPath": m.container, **({"readOnly": True} if readonly else {})})
+        host: Dict[str, Any] = {"path": m.host}
+        if m.create:
+            host["type"] = "DirectoryOrCreate"
+        volumes.append({"name": vname, "hostPath": host})
+
+    container: Dict[str, Any] = {"name": name, "image": spec.image, "imagePullPolicy": "IfNotPresent"}
+    if spec.command:
+        # docker run IMAGE CMD... replaces the image's CMD: args, not command
+        container["args"] = [literal(a) for a in spec.command]
+    else:
+        container.update({"stdin": True, "tty": True})  # an image whose command is a shell stays up, as -it does
+    if spec.env:
+        container["env"] = [{"name": k, "value": literal(v)} for k, v in spec.env]
+    if spec.ports:
+        container["ports"] = [{"containerPort": p.container, **({"protocol": p.proto.upper()} if p.proto != "tcp" else {})}
+                              for p in spec.ports]
+    count = len(spec.cards)
+    container["resources"] = {"limits": {resource: count}, "requests": {resource: count}}
+    if spec.privileged:
+        container["securityContext"] = {"privileged": True}
+    container["volumeMounts"] = mounts
+
+    pod: Dict[str, Any] = {}
+    if spec.network == "host":
+        pod.update({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"})
+    if architecture:
+        pod["nodeSelector"] = {"kubernetes.io/arch": architecture}
+    pod.update({"containers": [container], "volumes": volumes})
+
+    labels = {LABEL: name}
+    if options.kind == "pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": pod}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+# --- YAML ------------------------------------------------------------------------------------
+
+# A string is written plain only when it starts with a letter or "/" and holds nothing YAML gives a
+# meaning to (no ": ", " #", quotes, flow brackets, leading indicators): then no reader takes it for a
+# number, a date, a base-60 integer or a null. The words YAML 1.1 reads as booleans or null are quoted.
+_PLAIN_RE = re.compile(r"^[A-Za-z/][A-Za-z0-9_./@:+=-]*\Z")
+_RESERVED = {"y", "n", "yes", "no", "true", "false", "on", "off", "null"}
+# Left raw by json.dumps(ensure_ascii=False) but not printable in YAML, or a line break there (NEL, LS, PS)
+_ESCAPE_RE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+
+
+def _quoted(text: str) -> str:
+    """A YAML double-quoted scalar: JSON's escapes (all valid in YAML) plus \\uXXXX for what YAML cannot hold raw."""
+    return _ESCAPE_RE.sub(lambda m: "\\u%04x" % ord(m.group()), json.dumps(text, ensure_ascii=False))
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        if _PLAIN_RE.match(value) and not value.endswith(":") and value.lower() not in _RESERVED:
+            return value
+        return _quoted(value)
+    raise TypeError(f"cannot write {type(value).__name__} as YAML")
+
+
+def _emit(value: Any, indent: int, out: List[str]) -> None:
+    pad = " " * indent
+    if isinstance(value, dict):
+        for key, item in value.items():
+            head = f"{pad}{_scalar(str(key))}:"
+            if isinstance(item, (dict, list)) and item:
+                out.append(head)
+                _emit(item, indent + 2 if isinstance(item, dict) else indent, out)
+            elif isinstance(item, (dict, list)):
+                out.append(f"{head} {'{}' if isinstance(item, dict) else '[]'}")
+            else:
+                out.append(f"{head} {_scalar(item)}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict) and item:
+                lines: List[str] = []
+                _emit(item, indent + 2, lines)
+                out.append(f"{pad}- {lines[0][indent + 2:]}")
+                out.extend(lines[1:])
+            elif isinstance(item, (dict, list)):
+                if item:
+                    raise TypeError("a list in a list is not written")
+                out.append(f"{pad}- {'{}' if isinstance(item, dict) else '[]'}")
+            else:
+                out.append(f"{pad}- {_scalar(item)}")
+    else:
+        out.append(pad + _scalar(value))
+
+
+def to_yaml(document: Dict[str, Any]) -> str:
+    """One YAML document (block style, lists at their key's indent as kubectl writes them), ending in a newline."""
+    lines: List[str] = []
+    _emit(document, 0, lines)
+    return "\n".join(lines) + "\n"
