@@ -34,8 +34,9 @@ def runnable(factory, tmp_path):
 @pytest.mark.parametrize("engine", ["containerd-1.6", "containerd-1.7"], indirect=True)
 def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, node):
     """Docker's socket absent: load --runtime auto picks containerd, imports into k8s.io, names the image with
-    its canonical reference only (beside the CRI plugin's own sha256:<config> ref: no import-DATE refs),
-    the CRI plugin marks it managed, its layers are unpacked into the snapshotter, and a container runs."""
+    its canonical reference and, as a pull by the CRI plugin does, by the registry's manifest digest (for Pods
+    pinned by digest), beside the CRI plugin's own sha256:<config> ref: no import-DATE refs; the CRI plugin
+    marks it managed, its layers are unpacked into the snapshotter, and a container runs."""
     out, image = runnable()
     node.remove_later(f"{REPO}:v1", node.bundle_id(image))
     r = imgtool("load", str(out), "--json", env=node.env)
@@ -44,7 +45,9 @@ def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, n
     assert result["runtime"] == "containerd" and result["daemon"]["namespace"] == "k8s.io"
     assert "loading into containerd" in r.stderr
     refs = {row[0]: row for row in node.refs() if row[2] == node.bundle_id(image)}
-    assert sorted(refs) == sorted([f"{REPO}:v1", image.config_digest])
+    assert sorted(refs) == sorted([f"{REPO}:v1", f"{REPO}@{image.manifest_digest}", image.config_digest])
+    again = imgtool("load", str(out), env=node.env)  # nothing sent; the names stay as they are
+    assert again.returncode == 0 and sorted(r[0] for r in node.refs() if r[2] == node.bundle_id(image)) == sorted(refs)
     assert node.labels(f"{REPO}:v1") == "io.cri-containerd.image=managed"
     top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
     assert top in node.snapshot().items["snapshot"]  # unpacked: the whole chain is a committed snapshot
@@ -67,13 +70,14 @@ def test_containerd_namespace_from_the_option_or_the_variable_as_ctr_reads_it(ru
         r = imgtool("load", str(out), "--runtime", "containerd",
                     env={"CONTAINERD_ADDRESS": sock, "CONTAINERD_NAMESPACE": "imgtool-b"})
         assert r.returncode == 0, r.stderr
-        assert ctr("imgtool-a", "images", "ls", "-q").split() == [f"{REPO}:v1"]
-        assert ctr("imgtool-b", "images", "ls", "-q").split() == [f"{REPO}:v1"]
+        names = [f"{REPO}:v1", f"{REPO}@{image.manifest_digest}"]  # no CRI plugin there: no sha256:<config>
+        assert sorted(ctr("imgtool-a", "images", "ls", "-q").split()) == sorted(names)
+        assert sorted(ctr("imgtool-b", "images", "ls", "-q").split()) == sorted(names)
         assert f"{REPO}:v1" not in ctr("k8s.io", "images", "ls", "-q").split()
     finally:
         for ns in ("imgtool-a", "imgtool-b"):
-            subprocess.run(["ctr", "--address", sock, "-n", ns, "images", "rm", "--sync", f"{REPO}:v1"],
-                           capture_output=True, timeout=120)
+            subprocess.run(["ctr", "--address", sock, "-n", ns, "images", "rm", "--sync", f"{REPO}:v1",
+                            f"{REPO}@{image.manifest_digest}"], capture_output=True, timeout=120)
 
 
 @pytest.mark.runtimes

@@ -150,6 +150,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     warnings = list(report.warnings) + _arch_warnings(view, facts.arch)
     if loaded:
         images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
+        _digest_refs(daemon, facts, view, ids)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
@@ -175,6 +176,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded") from e
     images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
+    _digest_refs(daemon, facts, view, ids)
     for im, image_id in zip(others, other_ids):
         info = daemon.image_info(image_id)
         if info is None:
@@ -438,6 +440,21 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Run
         images = selected or index.images
         daemon.load_archive(chunks(), tuple(sorted({str(im.platform) for im in images})))
     return sent[0]
+
+
+def _digest_refs(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, ids: Dict[str, str]) -> None:
+    """On containerd, each image is also named REPO@<the registry's manifest digest>, as the CRI plugin names
+    an image it pulls (its RepoDigests): a Pod pinned by digest (`run-flags --format k8s --bundle`) then finds
+    it on the node instead of pulling. The other runtimes keep digests their own way."""
+    if facts.runtime != "containerd":
+        return
+    listed = daemon.images_by_id()
+    have = {familiar(t) for i in ids.values() if i in listed for t in listed[i].tags}
+    for im in index.images:
+        ref = im.image_ref
+        name = f"{ref.registry}/{ref.repository}@{im.manifest_digest}"
+        if familiar(name) not in have:
+            daemon.tag(ids[im.ref], name)
 
 
 def _forget_failed_load(daemon: "Runtime", index: BundleIndex, ids: Dict[str, str], before: dict) -> None:

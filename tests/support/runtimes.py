@@ -151,7 +151,8 @@ class ContainerdNode(Node):
         from imgtool.model import familiar
 
         digest = self.bundle_id(image)
-        return sorted(familiar(row[0]) for row in self.refs() if row[2] == digest and not row[0].startswith("sha256:"))
+        return sorted(familiar(row[0]) for row in self.refs()  # tags, as Docker's RepoTags: no digest names
+                      if row[2] == digest and not row[0].startswith("sha256:") and "@" not in row[0])
 
     def holds(self, ref: str, image) -> bool:
         from imgtool.containerd import normalize
