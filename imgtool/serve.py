@@ -229,6 +229,7 @@ class _Server(HTTPServer):
         self.active_lock = threading.Lock()
         self.log_lock = threading.Lock()
         self.requests = 0
+        self.stopped = False
         self.tls: Optional[ssl.SSLContext] = None
         try:
             super().__init__((settings.host, settings.port), _Handler)
@@ -289,7 +290,10 @@ class _Server(HTTPServer):
         self.slots.release()
 
     def stop(self) -> None:
-        """Close the listener, cut every open connection and join every worker."""
+        """Close the listener, cut every open connection and join every worker (again: nothing to do)."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.server_close()
         with self.active_lock:
             open_now = list(self.active)
@@ -486,7 +490,7 @@ def _page(items: List[str], params: Dict[str, List[str]]) -> List[str]:
 
 
 def _printable(text: str, limit: int = 300) -> str:
-    out = "".join(c if " " < c < "\x7f" else "?" for c in text)
+    out = "".join(c if " " <= c < "\x7f" else "?" for c in text)
     return out if len(out) <= limit else out[:limit - 3] + "..."
 
 
@@ -519,6 +523,7 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
                         "nodes pull it by digest")
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
+        server.stop()  # first: the requests cut short are logged and counted
         raise Interrupted(f"interrupted: imgtool serve stopped after {server.requests} requests") from None
     finally:
         server.stop()

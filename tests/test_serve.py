@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -27,7 +26,7 @@ import requests
 from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.reader import read_index
 from imgtool.model import OCI_MANIFEST, Digest
-from tests.support.bundles import BlobDir, imgtool, parts_of, write
+from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
 from tests.test_selfbundle import old_python
@@ -65,7 +64,6 @@ class Server:
         return self.proc.stdout.readline().rstrip("\n")
 
     def log(self) -> List[str]:
-        self.log_file.flush()
         return self.log_path.read_text().splitlines()
 
     def stop(self) -> subprocess.CompletedProcess:
@@ -102,6 +100,17 @@ def bundle(factory, tmp_path):
           chunk_size=700 * 1024)
     assert len(parts_of(out)) >= 4
     return out, vllm, cann
+
+
+@pytest.fixture
+def big(tmp_path):
+    """One image with a 32 MiB layer: more than loopback's socket buffers hold, so a client that stops reading
+    stalls the server's sendfile."""
+    store = BlobDir(tmp_path / "bigblobs")
+    image = simple_image([random_layer(32 << 20, 7)], host_arch())
+    out = tmp_path / "big"
+    write(out, [store.pulled(image, f"{REPO}:big")], store)
+    return out, image.layers[0]
 
 
 def errors(r: requests.Response) -> List[str]:
@@ -303,3 +312,183 @@ def test_a_part_damaged_while_served_is_refused_per_request_never_served_wrong(b
     assert hashlib.sha256(requests.get(url).content).hexdigest() == layer.split(":")[1]
     assert any(line.endswith("is damaged in " + str(out) + f" (part {span.part:03d}, part {span.part + 1:03d}): its sha256 "
                              "differs from its digest; it is not served)") for line in s.log())
+
+
+def skopeo_copy(src: str, dest: Path, *tls: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["skopeo", "copy", "--retry-times", "0", *tls, f"docker://{src}", f"oci:{dest}:pulled"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def oci_blobs(dest: Path) -> dict:
+    """What skopeo wrote: the manifest digest index.json names, and every blob checked against its name."""
+    index = json.loads((dest / "index.json").read_text())
+    found = {}
+    for p in (dest / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+        found[p.name] = p.stat().st_size
+    return {"manifest": index["manifests"][0]["digest"], "blobs": found}
+
+
+def test_skopeo_and_eight_pulls_at_once_get_the_bundles_digests(bundle, serving, tmp_path):
+    out, vllm, cann = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+
+    def blobs(image) -> dict:
+        return {d.split(":")[1]: len(b) for d, b in image.blobs().items()}
+
+    # skopeo writes a Docker v2 image into an OCI dir as an OCI image (manifest and config of its own): the
+    # layers keep their digests. The OCI image keeps every digest, its manifest's too.
+    names = [f"{s.hostport}/ascend/vllm-ascend:v1", f"{s.hostport}/quay.io/ascend/cann:8.2"]
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda i: skopeo_copy(names[i % 2], tmp_path / f"oci{i}", "--src-tls-verify=false"),
+                             range(8)))
+    for i, r in enumerate(runs):
+        assert r.returncode == 0, r.stderr
+        got = oci_blobs(tmp_path / f"oci{i}")
+        if i % 2:
+            assert got == {"manifest": cann.manifest_digest,
+                           "blobs": {**blobs(cann), cann.manifest_digest.split(":")[1]: len(cann.manifest_bytes)}}
+        else:
+            layers = {x.digest.split(":")[1]: x.size for x in vllm.layers}
+            assert layers.items() <= got["blobs"].items() and len(got["blobs"]) == len(layers) + 2
+    assert s.stop().returncode == 130
+    requests_seen = [line for line in s.log() if " /v2/" in line]
+    assert all(line.split()[3] in ("200", "404") for line in requests_seen), requests_seen  # 404: skopeo's probes
+
+
+def test_over_tls_with_the_test_ca(bundle, serving, services, tmp_path):
+    out, _, cann = bundle
+    tls = Path(services.tls_ca).parent
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--tls-cert", str(tls / "server.pem"), "--tls-key",
+                str(tls / "server.key"))
+    assert s.scheme == "https"
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(Path(services.tls_ca).read_bytes())
+    r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci", "--src-cert-dir", str(certs))
+    assert r.returncode == 0, r.stderr
+    assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
+    r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci2")  # no CA: refused by the client
+    assert r.returncode != 0 and "x509" in r.stderr
+    assert requests.get(f"{s.url}/v2/", verify=services.tls_ca).status_code == 200
+
+
+# Docker's containerd image store (26.1-containerd) does not take loopback registries as insecure by default;
+# nodes pull from another node's address anyway, where every engine needs insecure-registries or TLS (README).
+@pytest.mark.parametrize("engine", ["20.10", "26.1"], indirect=True)
+def test_docker_pulls_from_serve(bundle, serving, docker_cli, docker_cleanup, uniq, tmp_path, factory):
+    out, vllm, _ = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    ref = f"{s.hostport}/ascend/vllm-ascend:v1"
+    docker_cleanup.image(ref, vllm.config_digest)
+    docker_cli("pull", ref)  # loopback registries are insecure by default: no daemon.json change
+    assert docker_cli.holds(ref, vllm)
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version, factory, services, serving,
+                                                                        tmp_path, uniq):
+    node = ContainerdNode(f"containerd-{version}", services)
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=2)
+    ref = f"{REPO}:{uniq}"  # a tag of its own: other tests' images on this containerd stay alone
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, ref)], store, chunk_size=700 * 1024)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."http://{s.hostport}"]\n  capabilities = ["pull", "resolve"]\n')
+    node.removals.append(ref)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), ref, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[2] for row in node.refs() if row[0] == ref] == [image.manifest_digest]  # the registry's manifest
+    finally:
+        assert node.cleanup() == []
+    # containerd asked with ?ns=quay.io, as a node's mirror does
+    assert any(f"/v2/ascend/vllm-ascend/manifests/{uniq}?ns=quay.io 200" in line for line in s.log()), s.log()
+
+
+def read_until_closed(c: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the socket's own timeout fails the test)."""
+    data = b""
+    while True:
+        chunk = c.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def stalled_download(port: int, layer) -> socket.socket:
+    """A client that asks for the blob and reads only the status line."""
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(120)
+    reader.connect(("127.0.0.1", port))
+    reader.sendall(f"GET /v2/ascend/vllm-ascend/blobs/{layer.digest} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert reader.recv(16) == b"HTTP/1.1 200 OK\r"
+    return reader
+
+
+def test_stalled_and_flooding_clients_are_bounded_and_time_out(big, serving):
+    out, layer = big
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--max-clients", "2", "--timeout", "1")
+    # a client that connects and says nothing, one that stops mid-headers: both disconnected by the server
+    silent = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    halfway = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    halfway.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n")
+    # both workers are held: a third client waits (in the backlog) until one of them is let go, then is served
+    third = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    third.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert read_until_closed(silent) == b""
+    assert read_until_closed(halfway) == b""
+    assert read_until_closed(third).startswith(b"HTTP/1.1 200 OK\r\n")
+    for c in (silent, halfway, third):
+        c.close()
+    log = s.log()
+    timed_out = [i for i, line in enumerate(log) if "Request timed out" in line]
+    served = [i for i, line in enumerate(log) if line.startswith("127.0.0.1 GET /v2/ 200")]
+    assert len(timed_out) == 2 and len(served) == 1 and timed_out[0] < served[0], log  # served once a worker was free
+
+    # a client that asks for a blob and stops reading: cut off, its worker freed
+    reader = stalled_download(s.port, layer)
+    # a flood of connections, opened and dropped: the server goes on
+    flood = [socket.create_connection(("127.0.0.1", s.port), timeout=120) for _ in range(300)]
+    for c in flood:
+        c.close()
+    with pytest.raises(OSError):  # reset or closed under us: what was sent is less than the blob
+        got = read_until_closed(reader)
+        assert len(got) < layer.size
+        raise ConnectionResetError
+    reader.close()
+    assert requests.get(f"{s.url}/v2/", timeout=120).status_code == 200
+    assert s.proc.poll() is None
+    assert any(line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/blobs/{layer.digest} 200 ") and
+               "connection ended" in line for line in s.log()), s.log()
+
+
+def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
+    out, layer = big
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    reader = stalled_download(s.port, layer)  # the answer has started and stalls on this reader (timeout 60 s)
+    stopped = s.stop()  # SIGINT: the stalled download is cut, every worker joined, no traceback
+    reader.close()
+    assert stopped.returncode == 130
+    assert stopped.stderr.splitlines()[-1] == "error: interrupted: imgtool serve stopped after 1 requests"
+    assert "Traceback" not in stopped.stderr
+
+
+def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
+    out, _, cann = bundle
+    pyz = tmp_path / "imgtool.pyz"
+    r = imgtool("self-bundle", "-o", str(pyz), "-q")
+    assert r.returncode == 0, r.stderr
+    env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={tmp_path}", "LANG=C.UTF-8",
+           "IMGTOOL_CACHE=/nonexistent/imgtool-cache"]
+    s = serving(str(out), "--listen", "127.0.0.1:0", cmd=[*env, *old_python("3.7"), str(pyz)], cwd=tmp_path)
+    r = skopeo_copy(f"{s.hostport}/quay.io/ascend/cann:8.2", tmp_path / "oci", "--src-tls-verify=false")
+    assert r.returncode == 0, r.stderr
+    assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
+    stopped = s.stop()
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
