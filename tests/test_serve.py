@@ -492,3 +492,23 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
     assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
     stopped = s.stop()
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
+
+
+def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, serving, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    amd, arm = factory.image("amd64", layers=1), factory.image("arm64", layers=1)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(amd, f"{REPO}:v3"), store.pulled(arm, f"{REPO}:v3")], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v3"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {REPO}:v3 is held for 2 platforms and the bundle keeps no index: nodes pull it by digest")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/v3")
+    assert (r.status_code, errors(r)) == (404, ["MANIFEST_UNKNOWN"])
+    assert r.json()["errors"][0]["message"] == (
+        f"{REPO}:v3 is held for 2 platforms and the bundle keeps no index to serve under the tag: pull a platform "
+        f"by digest (linux/amd64 {amd.manifest_digest}, linux/arm64/v8 {arm.manifest_digest})")
+    for image in (amd, arm):
+        r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/{image.manifest_digest}")
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+    assert requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list").json()["tags"] == ["v3"]
