@@ -514,6 +514,10 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
             f"{settings.scheme}://{shown}:{port}/ (Ctrl-C stops)")
         for repo in sorted(catalog.repositories.values(), key=lambda r: r.name):
             say(f"  {repo.name}: {', '.join(sorted(repo.tags)) or '(by digest only)'}")
+        for d, index in zip(dirs, catalog.indexes):
+            if index.is_delta:
+                say(f"note: {d} is a delta bundle: the {len(index.omitted_chains())} layers it leaves out are not "
+                    "served; only nodes that hold them already can pull its images")
         for conflict in catalog.conflicts:
             say(f"note: {conflict} differs between the bundles: the first bundle's is served")
         for repo in catalog.repositories.values():

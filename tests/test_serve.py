@@ -512,3 +512,28 @@ def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, servi
         r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/{image.manifest_digest}")
         assert (r.status_code, r.content) == (200, image.manifest_bytes)
     assert requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list").json()["tags"] == ["v3"]
+
+
+def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serving, tmp_path):
+    from imgtool.bundle.writer import write_bundle
+    from imgtool.delta import Have
+    from imgtool.progress import Progress
+
+    store = BlobDir(tmp_path / "blobs")
+    base = factory.layers(2)
+    old = factory.image(host_arch(), layers=1, base=base)
+    new = factory.image(host_arch(), layers=1, base=base)
+    have = Have("test")
+    have.add([Digest.parse(d) for d in old.diff_ids], f"{REPO}:v1")
+    delta = tmp_path / "delta"
+    write_bundle(delta, [store.pulled(new, f"{REPO}:v2")], store.path, chunk_size=None, compress="none",
+                 force=False, progress=Progress(), have=have, base={"kind": "bundle", "name": "v1"})
+    s = serving(str(delta), "--listen", "127.0.0.1:0")
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v2"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {delta} is a delta bundle: the 2 layers it leaves out are not served; only nodes that hold them "
+        "already can pull its images")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{new.layers[0].digest}")
+    assert (r.status_code, errors(r)) == (404, ["BLOB_UNKNOWN"])
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{new.layers[2].digest}")
+    assert hashlib.sha256(r.content).hexdigest() == new.layers[2].digest.split(":")[1]
