@@ -272,7 +272,10 @@ class _Server(HTTPServer):
                     self.active.discard(request)
                     self.active.add(conn)
             self.finish_request(conn, client_address)
-        except Exception as e:  # a client gone mid-answer, a TLS handshake that failed: one line, the next one
+        # A client gone mid-answer, a failed TLS handshake, and a bug in one answer too: one line, and the server goes
+        # on with the other connections (as socketserver's handle_error; a traceback with --debug is not worth a dead
+        # registry under a whole cluster).
+        except Exception as e:
             self.log(f"{client_address[0]} - connection ended: {type(e).__name__}: {_printable(str(e))}")
         finally:
             self._done(conn)

@@ -203,10 +203,13 @@ def test_the_distribution_api_by_tag_digest_and_range(bundle, serving):
     for method, path, status, code in cases:
         r = raw_request(s.port, method, "/v2" + path, b"{}" if method in ("PUT", "POST", "PATCH") else b"")
         assert (r[0], r[1]) == (status, [code]), (method, path, r)
+    # outside the API: nothing, whatever the path names
+    for target in ("/etc/passwd", "/../../etc/passwd", f"http://127.0.0.1:{s.port}/v2/../../etc/passwd", "/v2/x"):
+        assert raw_request(s.port, "GET", target) == (404, ["NOT_FOUND"]), target
     # the server still serves, one log line per request
     assert get(base + "/").status_code == 200
-    lines = [line for line in s.log() if " /v2" in line]
-    assert len(lines) == 18 + len(cases) + 1, lines  # 18 requests above, the cases, the last /v2/
+    lines = [line for line in s.log() if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
+    assert len(lines) == 18 + len(cases) + 4 + 1, lines  # 18 requests above, the cases, outside, the last /v2/
     assert lines[-1].startswith("127.0.0.1 GET /v2/ 200 2 ")
     stopped = s.stop()
     assert stopped.returncode == 130
