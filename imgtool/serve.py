@@ -311,8 +311,10 @@ class _Server(HTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"imgtool/{__version__}"
-    sys_version = ""
     server: _Server
+
+    def version_string(self) -> str:
+        return self.server_version  # not Python's version: nothing a client needs
 
     def setup(self) -> None:
         self.wait = self.server.settings.timeout
