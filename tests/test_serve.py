@@ -388,8 +388,8 @@ def test_docker_pulls_from_serve(bundle, serving, docker_cli, docker_cleanup, un
     assert docker_cli.holds(ref, vllm)
 
 
-@pytest.mark.parametrize("version", ["1.6", "1.7"])
-def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version, factory, services, serving,
+@pytest.mark.parametrize("version,tls", [("1.6", False), ("1.7", False), ("1.7", True)])
+def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version, tls, factory, services, serving,
                                                                         tmp_path, uniq):
     node = ContainerdNode(f"containerd-{version}", services)
     store = BlobDir(tmp_path / "blobs")
@@ -397,11 +397,14 @@ def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version,
     ref = f"{REPO}:{uniq}"  # a tag of its own: other tests' images on this containerd stay alone
     out = tmp_path / "bundle"
     write(out, [store.pulled(image, ref)], store, chunk_size=700 * 1024)
-    s = serving(str(out), "--listen", "127.0.0.1:0")
+    certs = Path(services.tls_ca).parent
+    s = serving(str(out), "--listen", "127.0.0.1:0",
+                *(["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")] if tls else []))
     hosts = tmp_path / "certs.d"
     (hosts / "quay.io").mkdir(parents=True)
     (hosts / "quay.io" / "hosts.toml").write_text(
-        f'server = "https://quay.io"\n\n[host."http://{s.hostport}"]\n  capabilities = ["pull", "resolve"]\n')
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n'
+        + (f'  ca = "{services.tls_ca}"\n' if tls else ""))
     node.removals.append(ref)
     try:
         r = node.ctr("images", "pull", "--hosts-dir", str(hosts), ref, check=False)
