@@ -839,7 +839,7 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, signers)
     ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror requests
     (hosts.toml), so pods keep their upstream image names. Each bundle must pass `verify --quick`
     and the signature policy first; each blob's digest is checked before it is first served.
-    One log line per request on stderr; Ctrl-C stops it (exit 130).
+    One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
     """
     from .serve import Settings, open_bundles, parse_listen
     from .serve import serve as run_server

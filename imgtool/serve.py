@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import socket
 import ssl
 import threading
@@ -505,12 +506,19 @@ class Served:
     seconds: float
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Callable[[str], None],
           log: Callable[[str], None]) -> Served:
-    """Answer the distribution API from the catalog's bundles until Ctrl-C; raises UsageError (cannot
-    listen, bad TLS files), Interrupted (Ctrl-C: every connection closed, every worker joined)."""
+    """Answer the distribution API from the catalog's bundles until Ctrl-C or SIGTERM; raises UsageError (cannot
+    listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
     started = time.monotonic()
     server = _Server(settings, catalog, Parts(dirs, catalog), log)
+    old = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
+        old = signal.signal(signal.SIGTERM, _interrupt)
     try:
         host, port = str(server.server_address[0]), server.server_address[1]
         shown = f"[{host}]" if ":" in host else host
@@ -536,5 +544,7 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         raise Interrupted(f"interrupted: imgtool serve stopped after {server.requests} requests") from None
     finally:
         server.stop()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     return Served(server.requests, time.monotonic() - started)
 

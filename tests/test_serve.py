@@ -66,10 +66,10 @@ class Server:
     def log(self) -> List[str]:
         return self.log_path.read_text().splitlines()
 
-    def stop(self) -> subprocess.CompletedProcess:
-        """Ctrl-C; the exit status and what it said on stderr after."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+    def stop(self, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+        """Ctrl-C (or another signal); the exit status and what it said on stderr after."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signum)
         out, _ = self.proc.communicate(timeout=60)
         self.log_file.close()
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, self.log_path.read_text())
@@ -483,6 +483,11 @@ def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
     assert stopped.returncode == 130
     assert stopped.stderr.splitlines()[-1] == "error: interrupted: imgtool serve stopped after 1 requests"
     assert "Traceback" not in stopped.stderr
+
+    s = serving(str(out), "--listen", "127.0.0.1:0")  # SIGTERM (systemd's stop): the same
+    stopped = s.stop(signal.SIGTERM)
+    assert stopped.returncode == 130
+    assert stopped.stderr.splitlines()[-1] == "error: interrupted: imgtool serve stopped after 0 requests"
 
 
 def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
