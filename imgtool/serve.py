@@ -147,12 +147,15 @@ class Parts:
                 if self._stamp(blob) == stamp:  # a part changing while it was read is checked again next time
                     self._checked[blob.digest] = known
             if not known[1]:
-                index = self._index(blob.bundle)
-                parts = sorted({s.part for s in self.catalog.spans(blob)})
-                where = ", ".join(part_label(p, len(index.parts)) for p in parts)
-                raise Damaged(f"{blob.what} (blob {blob.digest.short}) is damaged in {self.dirs[blob.bundle]} "
-                              f"({where}): its sha256 differs from its digest; it is not served",
-                              hint="run `imgtool verify` on the bundle and re-copy the parts it names")
+                raise self._damaged(blob)
+
+    def _damaged(self, blob: Blob) -> Damaged:
+        index = self._index(blob.bundle)
+        parts = sorted({s.part for s in self.catalog.spans(blob)})
+        where = ", ".join(part_label(p, len(index.parts)) for p in parts)
+        return Damaged(f"{blob.what} (blob {blob.digest.short}) is damaged in {self.dirs[blob.bundle]} "
+                       f"({where}): its sha256 differs from its digest; it is not served",
+                       hint="run `imgtool verify` on the bundle and re-copy the parts it names")
 
     def chunks(self, blob: Blob, start: int, end: int, size: int = 4 * 1024 * 1024):
         """Bytes [start, end) of the blob from the parts; raises Damaged (a part missing or short)."""
@@ -179,7 +182,7 @@ class Parts:
         """A small blob (a manifest) whole, its digest checked on every read; raises Damaged."""
         data = b"".join(self.chunks(blob, 0, blob.size))
         if Digest.of(data) != blob.digest:
-            self.check(blob)  # names the parts
+            raise self._damaged(blob)
         return data
 
 

@@ -308,6 +308,19 @@ def test_a_part_damaged_while_served_is_refused_per_request_never_served_wrong(b
     # other blobs, in other parts, are still served
     r = requests.get(f"{s.url}/v2/ascend/cann/manifests/8.2")
     assert (r.status_code, r.content) == (200, cann.manifest_bytes)
+    # a manifest is checked on every read
+    manifest = catalog.blobs[Digest.parse(cann.manifest_digest)]
+    first = catalog.spans(manifest)[0]
+    holder = out / index.parts[first.part].name
+    original = holder.read_bytes()
+    changed = bytearray(original)
+    changed[first.offset + 10] ^= 0x20
+    holder.write_bytes(bytes(changed))
+    r = requests.get(f"{s.url}/v2/ascend/cann/manifests/8.2")
+    assert (r.status_code, errors(r)) == (500, ["UNKNOWN"])
+    assert r.json()["errors"][0]["message"].startswith(f"manifest of quay.io/ascend/cann:8.2 (blob "
+                                                       f"{cann.manifest_digest[7:19]}) is damaged in {out} (part ")
+    holder.write_bytes(original)
     # put right again (the part re-copied): served again
     with open(part, "r+b") as f:
         f.seek(span.offset + span.length - 1)
