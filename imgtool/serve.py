@@ -10,9 +10,7 @@ part files. One bounded pool of worker threads; every socket has a timeout. Stan
 it runs from imgtool.pyz on Python 3.7.
 """
 
-import hashlib
 import json
-import os
 import re
 import signal
 import socket
@@ -29,11 +27,10 @@ from urllib.parse import parse_qs
 
 from . import __version__
 from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
-from .bundle.format import BundleIndex, part_label
+from .bundle.inplace import InPlaceBlobs
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
-from .errors import Interrupted, UsageError, VerifyError
-from .fsutil import NotRegularFile, open_regular
+from .errors import BlobDamaged, Interrupted, UsageError
 from .model import Digest
 from .progress import Progress
 
@@ -92,100 +89,6 @@ def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Prog
     return Catalog(indexes)
 
 
-class Damaged(VerifyError):
-    """A blob read from the parts does not match its digest (or its part cannot be read): refused per request."""
-
-
-class Parts:
-    """Reads blobs in place from the bundles' part files, each blob's digest checked before it is first served."""
-
-    def __init__(self, dirs: Sequence[Path], catalog: Catalog):
-        self.dirs = [Path(d) for d in dirs]
-        self.catalog = catalog
-        self._lock = threading.Lock()
-        self._locks: Dict[Digest, threading.Lock] = {}
-        # digest -> (the stat of its parts when it was checked, whether it matched)
-        self._checked: Dict[Digest, Tuple[tuple, bool]] = {}
-
-    def _index(self, bundle: int) -> BundleIndex:
-        return self.catalog.indexes[bundle]
-
-    def _path(self, bundle: int, part: int) -> Path:
-        return self.dirs[bundle] / self._index(bundle).parts[part].name
-
-    def _problem(self, blob: Blob, part: int, what: str) -> Damaged:
-        index = self._index(blob.bundle)
-        label = part_label(part, len(index.parts))
-        return Damaged(f"{blob.what} (blob {blob.digest.short}) cannot be served: {label} "
-                       f"({index.parts[part].name}) of {self.dirs[blob.bundle]} {what}",
-                       hint="run `imgtool verify` on the bundle and re-copy the parts it names")
-
-    def _stamp(self, blob: Blob) -> tuple:
-        """What identifies the contents of the parts holding the blob: a write changes it (mtime, ctime)."""
-        out = []
-        for part in sorted({s.part for s in self.catalog.spans(blob)}):
-            try:
-                st = os.stat(self._path(blob.bundle, part))
-            except OSError as e:
-                raise self._problem(blob, part, f"cannot be read ({e.strerror})") from None
-            out.append((part, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-        return tuple(out)
-
-    def check(self, blob: Blob) -> None:
-        """Raise Damaged unless the blob's bytes in the parts match its digest (hashed when first asked, and
-        again when a part holding it changed since)."""
-        with self._lock:
-            lock = self._locks.setdefault(blob.digest, threading.Lock())
-        with lock:
-            stamp = self._stamp(blob)
-            known = self._checked.get(blob.digest)
-            if known is None or known[0] != stamp:
-                sha = hashlib.sha256()
-                for chunk in self.chunks(blob, 0, blob.size):
-                    sha.update(chunk)
-                known = (stamp, sha.hexdigest() == blob.digest.hex)
-                if self._stamp(blob) == stamp:  # a part changing while it was read is checked again next time
-                    self._checked[blob.digest] = known
-            if not known[1]:
-                raise self._damaged(blob)
-
-    def _damaged(self, blob: Blob) -> Damaged:
-        index = self._index(blob.bundle)
-        parts = sorted({s.part for s in self.catalog.spans(blob)})
-        where = ", ".join(part_label(p, len(index.parts)) for p in parts)
-        return Damaged(f"{blob.what} (blob {blob.digest.short}) is damaged in {self.dirs[blob.bundle]} "
-                       f"({where}): its sha256 differs from its digest; it is not served",
-                       hint="run `imgtool verify` on the bundle and re-copy the parts it names")
-
-    def chunks(self, blob: Blob, start: int, end: int, size: int = 4 * 1024 * 1024):
-        """Bytes [start, end) of the blob from the parts; raises Damaged (a part missing or short)."""
-        for span in self.catalog.spans(blob, start, end):
-            with self.open(blob, span.part) as f:
-                f.seek(span.offset)
-                left = span.length
-                while left:
-                    data = f.read(min(size, left))
-                    if not data:
-                        raise self._problem(blob, span.part, "is truncated")
-                    left -= len(data)
-                    yield data
-
-    def open(self, blob: Blob, part: int):
-        try:
-            return open_regular(self._path(blob.bundle, part))
-        except NotRegularFile as e:
-            raise self._problem(blob, part, f"is not a regular file ({e.kind})") from None
-        except OSError as e:
-            raise self._problem(blob, part, f"cannot be read ({e.strerror})") from None
-
-    def read(self, blob: Blob) -> bytes:
-        """A small blob (a manifest) whole, its digest checked on every read; raises Damaged."""
-        data = b"".join(self.chunks(blob, 0, blob.size))
-        if Digest.of(data) != blob.digest:
-            raise self._damaged(blob)
-        return data
-
-
 class _Refusal(Exception):
     """An error document to answer with: status, distribution error code, message."""
 
@@ -224,7 +127,7 @@ class _Server(HTTPServer):
 
     request_queue_size = BACKLOG
 
-    def __init__(self, settings: Settings, catalog: Catalog, parts: Parts, log: Callable[[str], None]):
+    def __init__(self, settings: Settings, catalog: Catalog, parts: InPlaceBlobs, log: Callable[[str], None]):
         self.settings, self.catalog, self.parts, self._log = settings, catalog, parts, log
         self.address_family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
         self.slots = threading.BoundedSemaphore(settings.max_clients)
@@ -358,7 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._route(head)
         except _Refusal as r:
             self._refuse(r, head)
-        except Damaged as e:
+        except BlobDamaged as e:
             self.note = e.message
             self._refuse(_Refusal(500, "UNKNOWN", e.message), head)
         except (ConnectionError, socket.timeout) as e:
@@ -518,7 +421,7 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
     """Answer the distribution API from the catalog's bundles until Ctrl-C or SIGTERM; raises UsageError (cannot
     listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
     started = time.monotonic()
-    server = _Server(settings, catalog, Parts(dirs, catalog), log)
+    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog), log)
     old = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
         old = signal.signal(signal.SIGTERM, _interrupt)
