@@ -274,6 +274,14 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     r = imgtool("serve", str(plain), "--tls-cert", str(key))
     assert (r.returncode, r.stderr.splitlines()) == (2, ["error: --tls-cert and --tls-key go together",
                                                          "hint: give both, or neither for plain HTTP"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = imgtool("serve", str(plain), "--listen", f"127.0.0.1:{port}")
+    assert (r.returncode, r.stderr.splitlines()[-2:]) == (
+        2, [f"error: cannot listen on 127.0.0.1:{port}: Address already in use",
+            "hint: choose another --listen ADDR:PORT (a port below 1024 needs root)"])
     r = imgtool("serve", str(plain), "--listen", "localhost")
     assert (r.returncode, r.stderr.splitlines()) == (
         2, ["error: invalid --listen 'localhost': expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000"])
