@@ -99,7 +99,7 @@ class _UsageError(click.UsageError):
 # rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, sign, self-install, self-update"
+OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, serve, sign, self-install, self-update"
 
 
 class _Verbs(click.Group):
@@ -871,6 +871,43 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
         emit_json(result.to_json())
     else:
         click.echo(result.describe())
+
+
+@cli.command()
+@click.argument("bundle_dirs", metavar="DIR...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--listen", default="0.0.0.0:5000", show_default=True, metavar="ADDR:PORT",
+              help="Where to answer (port 0: any free port, printed).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), metavar="FILE", help="The PEM private key of --tls-cert.")
+@click.option("--max-clients", type=click.IntRange(1, 1024), default=64, show_default=True, metavar="N",
+              help="Connections served at once; more wait until one ends.")
+@click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True, metavar="SECONDS",
+              help="A client silent (or not reading) this long is disconnected.")
+@signers_option
+@common
+def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, signers):
+    """Serve bundles as a read-only registry, so every node of a cluster pulls from this one.
+
+    The OCI distribution API straight from the bundles' parts (no copy, no unpacking): manifests by
+    tag and digest, blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is served as
+    ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror requests
+    (hosts.toml), so pods keep their upstream image names. Each bundle must pass `verify --quick`
+    and the signature policy first; each blob's digest is checked before it is first served.
+    One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
+    """
+    from .serve import Settings, open_bundles, parse_listen
+    from .serve import serve as run_server
+
+    host, port = parse_listen(listen)
+    if bool(tls_cert) != bool(tls_key):
+        raise UsageError("--tls-cert and --tls-key go together", hint="give both, or neither for plain HTTP")
+    for d in bundle_dirs:
+        _bundle_usage(d, None)
+    catalog = open_bundles(bundle_dirs, signers=signers, progress=progress())
+    settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
+    run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
+               log=lambda line: click.echo(line, err=True))
 
 
 @cli.command()

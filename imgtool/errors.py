@@ -69,6 +69,11 @@ class SignatureError(VerifyError):
         self.signer = signer
 
 
+class BlobDamaged(VerifyError):
+    """`imgtool serve`: a blob's bytes in the parts differ from its digest, or its part cannot be read; that
+    request is refused (500), the server goes on."""
+
+
 class RegistryError(ImgtoolError):
     """A registry or network failure (after retries and every source)."""
 

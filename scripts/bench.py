@@ -12,6 +12,8 @@ One run, one image, every tool on the same bytes, alternating and repeated (medi
   over-download  bytes a proxy in front of the registry sent for imgtool fetch, against the blob
                bytes: cold, and SIGKILL halfway + rerun; on loopback and on the constrained link
   memory       peak RSS of every imgtool command at two image sizes
+  serve        1, 4 and 8 concurrent `skopeo copy … oci:` pulls from `imgtool serve` of the fetched bundle
+               against the same image in the distribution registry; the server's CPU and peak RSS
 
 The image is built from real files of this machine (gzip layers, one holding ~45% of the bytes
 like the CANN layer), streamed to disk (memory does not grow with --size) and cached in
@@ -42,6 +44,7 @@ import tarfile
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -727,6 +730,67 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         return run(imgtool_cmd() + ["-q", "export", self.ref(), "-o", str(out), "--no-tool"], env=self.base_env, rss=True)
 
+    # -- serve ---------------------------------------------------------------------------------
+
+    def serve_start(self) -> Tuple[subprocess.Popen, str]:
+        """`imgtool serve` of the kept bundle on a free loopback port: (process, HOST:PORT)."""
+        p = subprocess.Popen(imgtool_cmd() + ["-q", "serve", str(self.bundle), "--listen", "127.0.0.1:0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+                             env=self.base_env)
+        first = p.stdout.readline()
+        if " at http://" not in first:
+            p.kill()
+            p.wait()
+            raise RuntimeError(f"imgtool serve did not start: {first!r}")
+        return p, first.split(" at http://", 1)[1].split("/", 1)[0]
+
+    def pulls(self, registry: str, n: int) -> Result:
+        """n `skopeo copy … oci:` of the image from `registry` at once: the wall time of the batch."""
+        outs = [self.fresh(f"pull{i}") for i in range(n)]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(n) as pool:
+            done = list(pool.map(lambda out: run(self.skopeo + ["copy", "-q", "--src-tls-verify=false",
+                                                                f"docker://{registry}/{self.repo}:v1", f"oci:{out}:v1"],
+                                                 env=self.base_env), outs))
+        seconds = time.monotonic() - t0
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
+        return Result(seconds, 0, max(r.rc for r in done), "")
+
+    def serve_pulls(self) -> None:
+        """1/4/8 pulls at once from `imgtool serve` and from the registry, alternating; the server's CPU seconds
+        (user + sys, from /proc) per batch and its peak RSS go to self.cpu and self.rss."""
+        proc, hostport = self.serve_start()
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        def timed_serve(n: int) -> Result:
+            before = cpu()
+            res = self.pulls(hostport, n)
+            self.cpu.setdefault(f"pull{n}.serve", []).append(cpu() - before)
+            return res
+
+        try:
+            self.pulls(hostport, 1)  # untimed: each blob's digest is checked once, when first served
+            self.pulls(self.env.registry, 1)
+            for n in SERVE_PULLS:
+                self.alternate([(f"pull{n}.serve", lambda n=n: timed_serve(n), False),
+                                (f"pull{n}.registry", lambda n=n: self.pulls(self.env.registry, n), False)],
+                               self.args.runs)
+            for line in open(f"/proc/{proc.pid}/status"):
+                if line.startswith("VmHWM:"):
+                    self.rss.setdefault("serve", []).append(int(line.split()[1]))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     # -- the plan ------------------------------------------------------------------------------
 
     def alternate(self, contestants: Sequence[Tuple[str, callable, bool]], runs: int) -> None:
@@ -804,6 +868,9 @@ class Bench:
                          lambda: run(imgtool_cmd() + ["-q", "verify", "--quick", str(self.bundle)], rss=True), True),
                         ("verify.sha256sum", lambda: run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=self.bundle), False)],
                        a.runs)
+
+        log(f"serve: {', '.join(map(str, SERVE_PULLS))} pulls at once, from imgtool serve and from the registry")
+        self.serve_pulls()
 
         self.run_loads(export=True)
 
@@ -910,6 +977,12 @@ ROWS = [  # key, task, tool
     ("podman.imgtool", "load (Podman 4.3)", "`imgtool load` on a host with only Podman"),
     ("podman.podman", "load (Podman 4.3)", "`podman load -i` of the same archive"),
     ("export.imgtool", "export", "`imgtool export` (docker save → gzip layers → bundle)"),
+    ("pull1.serve", "1 pull", "`skopeo copy … oci:DIR` from `imgtool serve` of the bundle"),
+    ("pull1.registry", "1 pull", "`skopeo copy … oci:DIR` from the distribution registry"),
+    ("pull4.serve", "4 pulls at once", "`skopeo copy` ×4 from `imgtool serve`"),
+    ("pull4.registry", "4 pulls at once", "`skopeo copy` ×4 from the distribution registry"),
+    ("pull8.serve", "8 pulls at once", "`skopeo copy` ×8 from `imgtool serve`"),
+    ("pull8.registry", "8 pulls at once", "`skopeo copy` ×8 from the distribution registry"),
     ("slow.imgtool", "constrained link", "`imgtool fetch --arch arm64`"),
     ("slow.skopeo_oci", "constrained link", "`skopeo copy … oci:DIR`"),
     ("slow.docker_pull", "constrained link", "`docker pull --platform linux/arm64`"),
@@ -921,7 +994,9 @@ RSS_ROWS = [("fetch", "fetch.imgtool"), ("fetch (constrained link)", "slow.imgto
 BASELINE = {"fetch": "fetch.imgtool", "fetch (zstd image)": "zstd.asis", "verify": "verify.imgtool_quick", "load": "load.imgtool",
             "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
             "load (containerd 1.6)": "ctrd1.6.imgtool", "load (containerd 1.7)": "ctrd1.7.imgtool",
-            "load (Podman 4.3)": "podman.imgtool", "export": "export.imgtool", "constrained link": "slow.imgtool"}
+            "load (Podman 4.3)": "podman.imgtool", "export": "export.imgtool", "constrained link": "slow.imgtool",
+            "1 pull": "pull1.serve", "4 pulls at once": "pull4.serve", "8 pulls at once": "pull8.serve"}
+SERVE_PULLS = (1, 4, 8)
 
 
 def med(b: Bench, key: str) -> Optional[float]:
@@ -956,12 +1031,15 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
         n = len(b.times[key])
         size = b.bundle_size if task == "verify" else (b.archive_size if task.startswith("load") else
                                                        usize if task == "fetch (zstd image)" else csize)
+        if key.startswith("pull"):  # a batch of n pulls moves n images
+            size = csize * int(key[4:].split(".")[0])
         rate = f"{size / MB / m:.0f}" if m > 0 else "∞"
         base = med(b, BASELINE[task])
         ratio = f"{m / base:.2f}" if base else ""
         lines.append(f"| {task} | {tool} | {m:.2f} | {n} | {rate} | {ratio} |")
     lines += ["", "MB/s: compressed image bytes per second (fetch), unpacked layer bytes (fetch of the zstd image: "
-              "the same image, every layer zstd level 3, same config), archive bytes (verify, load). "
+              "the same image, every layer zstd level 3, same config), archive bytes (verify, load), the images of "
+              "a batch (n pulls at once: n × the compressed image). "
               "`× imgtool`: the tool's time divided by imgtool's (verify: by `--quick`)."]
     lines += ["", f"Constrained link: a TCP proxy holding each connection to {args.rate:g} MB/s in front of the registry.",
               "", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
@@ -996,7 +1074,10 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
     target("fetch of the zstd image with the rewrite, for the record: cores used (CPU s / wall s)",
            statistics.median(cores) if cores else None, lambda v: True, "{:.2f}")
     target("constrained link ≥ 3× faster than skopeo", ratio("slow.skopeo_oci", "slow.imgtool"), lambda v: v >= 3, "{:.1f}× faster")
-    peak = max([max(v) for k, v in b.rss.items()] + list(small_rss.values()) or [0]) * 1024 / MB
+    for n in SERVE_PULLS:
+        target(f"{n} pull(s) at once from serve: throughput ≥ the registry's", ratio(f"pull{n}.registry", f"pull{n}.serve"),
+               lambda v: v >= 1.0, "{:.2f}× the registry's")
+    peak = max([max(v) for k, v in b.rss.items() if k != "serve"] + list(small_rss.values()) or [0]) * 1024 / MB
     target("peak RSS ≤ 100 MB at both sizes", peak, lambda v: v <= 100, "{:.1f} MB max")
 
     def over(keys):
@@ -1020,6 +1101,19 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
         each = ", ".join(f"{100 * (n / csize - 1):+.2f} %" + (f" ({note})" if note and not note.startswith("killed") else "")
                          for n, note in got)
         lines.append(f"| {name} | {len(got)} | {statistics.median(n for n, _ in got) / MB:.1f} | {each} |")
+    lines += ["", "## imgtool serve", "",
+              "The kept bundle served by `imgtool serve` on loopback (plain HTTP); the same arm64 image pulled from the "
+              "distribution registry (`docker-registry`, filesystem storage, page cache warm) through its two-arch "
+              "manifest list. One untimed pull from each first (serve checks each blob's digest when it first "
+              "serves it). CPU: the server process's user + system seconds per batch (from /proc), median.", "",
+              "| pulls at once | serve MB/s | registry MB/s | serve CPU s | serve peak RSS |", "|---:|---:|---:|---:|---:|"]
+    for n in SERVE_PULLS:
+        s_t, r_t = med(b, f"pull{n}.serve"), med(b, f"pull{n}.registry")
+        c = b.cpu.get(f"pull{n}.serve")
+        rss = max(b.rss.get("serve", [0]))
+        lines.append(f"| {n} | {n * csize / MB / s_t:.0f} | {n * csize / MB / r_t:.0f} | "
+                     f"{statistics.median(c):.2f} | {rss / 1024:.0f} MiB |" if s_t and r_t and c else
+                     f"| {n} | skipped | | | |")
     lines += ["", "## Peak memory (RSS) of imgtool", "",
               f"Two image sizes: {compressed_size(small_meta) / MB:.0f} MB and {csize / MB:.0f} MB compressed "
               "(the big one: the maximum over the timed runs above).", "",

@@ -26,7 +26,8 @@ def test_bench_quick_writes_every_row(services, tmp_path):
     assert "using the running test services" in proc.stderr
     text = out.read_text()
     assert text.startswith("# Benchmarks\n")
-    for heading in ("## Machine", "## Image", "## Results", "## Targets", "## Peak memory (RSS) of imgtool"):
+    for heading in ("## Machine", "## Image", "## Results", "## Targets", "## imgtool serve",
+                    "## Peak memory (RSS) of imgtool"):
         assert heading + "\n" in text
     for label in ("| CPU |", "| RAM |", "| kernel |", "| Python |", "| Docker |", "| skopeo |",
                   "| load average at start |"):
@@ -40,13 +41,17 @@ def test_bench_quick_writes_every_row(services, tmp_path):
         assert row, f"no memory row for imgtool {name}"
         assert int(row.group(1)) > 5 and int(row.group(2)) > 5  # a real measurement of a real process
     targets = re.findall(r"^\| (.+?) \| (.+?) \| (yes|no|) \|$", text.split("## Targets")[1], re.M)
-    assert len(targets) == 15 and all(value != "skipped" for _, value, _ in targets)
+    assert len(targets) == 18 and all(value != "skipped" for _, value, _ in targets)
     # over-download: bytes the registry sent against the blob bytes, for every case
     assert "## Over-download\n" in text
     for _key, name in bench.OVER_ROWS:
         row = re.search(rf"^\| {re.escape(name)} \| 1 \| ([0-9.]+) \| ([+-][0-9.]+) %", text, re.M)
         assert row, f"no over-download row for {name}"
         assert float(row.group(1)) > 0 and float(row.group(2)) >= 0  # every blob byte went through the proxy
+    # imgtool serve against the registry: throughput at 1, 4 and 8 pulls at once, the server's CPU and RSS
+    for n in bench.SERVE_PULLS:
+        row = re.search(rf"^\| {n} \| ([0-9]+) \| ([0-9]+) \| ([0-9.]+) \| ([0-9]+) MiB \|$", text, re.M)
+        assert row and int(row.group(4)) > 5, f"no serve row for {n} pulls"
     # the work directory keeps only the built images (cached), no run scratch space
     assert not list((tmp_path / "work").glob("run-*"))
 

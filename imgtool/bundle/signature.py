@@ -140,9 +140,10 @@ def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doin
     policy = trust.find_policy(signers, env, home)
     verdict = trust.judge(policy, examine(bundle_dir, raw, policy))
     if verdict.refuse:
-        head = {"load": f"refusing to load {bundle_dir}", "update": f"refusing to update imgtool from {bundle_dir}"
-                }.get(doing, f"bundle failed verification: {bundle_dir}")
-        tail = {"load": "; nothing was loaded", "update": "; nothing was updated"}.get(doing, "")
+        head = {"load": f"refusing to load {bundle_dir}", "update": f"refusing to update imgtool from {bundle_dir}",
+                "serve": f"refusing to serve {bundle_dir}"}.get(doing, f"bundle failed verification: {bundle_dir}")
+        tail = {"load": "; nothing was loaded", "update": "; nothing was updated", "serve": "; nothing is served"
+                }.get(doing, "")
         raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state,
                              signer=verdict.signer)
     return verdict

@@ -49,8 +49,10 @@ class VerifyReport:
         """Raise VerifyError listing every problem, if there are any."""
         if self.problems:
             n = len(self.problems)
-            what = {"load": "refusing to load", "sign": "refusing to sign"}.get(doing, "bundle failed verification")
-            tail = {"load": "; nothing was loaded", "sign": "; nothing was signed"}.get(doing, "")
+            what = {"load": "refusing to load", "sign": "refusing to sign", "serve": "refusing to serve"
+                    }.get(doing, "bundle failed verification")
+            tail = {"load": "; nothing was loaded", "sign": "; nothing was signed", "serve": "; nothing is served"
+                    }.get(doing, "")
             raise VerifyError(f"{what}: {self.dir}: {n} problem{'s' if n != 1 else ''}{tail}",
                               problems=[p.message for p in self.problems])
 
@@ -79,15 +81,16 @@ class VerifyReport:
 
 def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool = False,
                   progress: Progress, jobs: Optional[int] = None, signers: Optional[str] = None,
-                  signature: bool = True) -> VerifyReport:
+                  signature: bool = True, doing: str = "verify") -> VerifyReport:
     """Check a bundle directory and report every problem; raises UsageError/VerifyError only when
     there is no readable bundle.json, SignatureError when the signature policy refuses it, before
     any part is read (call `raise_if_bad()` on the result to fail on problems). `signature=False`:
-    every check but the signature policy (what `sign` checks: the signature is what it is about to make)."""
+    every check but the signature policy (what `sign` checks: the signature is what it is about to make).
+    `doing`: the verb a signature refusal names ("serve": refusing to serve DIR)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, raw = read_index(bundle_dir)
-    verdict = enforce(bundle_dir, raw, signers) if signature else None
+    verdict = enforce(bundle_dir, raw, signers, doing=doing) if signature else None
     report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), quick=quick, signature=verdict)
     if verdict is not None and verdict.warning:
         report.warnings.append(verdict.warning)

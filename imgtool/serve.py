@@ -1,0 +1,456 @@
+"""`imgtool serve`: a read-only OCI distribution endpoint straight from bundles (no copy, no unpacking).
+
+Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
+digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
+looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path.
+A bundle is served only after `verify --quick` and the signature policy passed; each blob's digest
+is checked the first time it is read (and again when a part file it lies in changed since), so a
+part damaged later is refused per request, never served wrong. Blobs go out with sendfile from the
+part files. One bounded pool of worker threads; every socket has a timeout. Standard library only:
+it runs from imgtool.pyz on Python 3.7.
+"""
+
+import json
+import re
+import signal
+import socket
+import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import TCPServer
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from urllib.parse import parse_qs
+
+from . import __version__
+from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
+from .bundle.inplace import InPlaceBlobs
+from .bundle.reader import read_index
+from .bundle.verify import verify_bundle
+from .errors import BlobDamaged, Interrupted, UsageError
+from .model import Digest
+from .progress import Progress
+
+MAX_CLIENTS = 64  # connections served at once; more wait in the listen backlog
+TIMEOUT = 60.0  # seconds a client may stay silent (or not read) before its connection is closed
+IDLE = 15.0  # seconds a kept-alive connection may wait for its next request
+BACKLOG = 256
+API_VERSION = ("Docker-Distribution-API-Version", "registry/2.0")
+
+_PATH = re.compile(r"^/v2/(?P<name>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]*)$")
+_TAGS = re.compile(r"^/v2/(?P<name>.+)/tags/list$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to listen: address and port, TLS files, the client bounds."""
+
+    host: str = "0.0.0.0"
+    port: int = 5000
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    max_clients: int = MAX_CLIENTS
+    timeout: float = TIMEOUT
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+
+def parse_listen(text: str) -> Tuple[str, int]:
+    """`ADDR:PORT`, `:PORT` or `[v6]:PORT` -> (address, port); raises UsageError."""
+    m = re.match(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]*)):(?P<port>[0-9]{1,5})$", text or "")
+    if not m or int(m.group("port")) > 65535:
+        raise UsageError(f"invalid --listen {text!r}: expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000")
+    return m.group("v6") or m.group("host") or "0.0.0.0", int(m.group("port"))
+
+
+def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress) -> Catalog:
+    """Each bundle read, refused when compressed, then checked as `verify --quick` does under the signature
+    policy; raises UsageError (not a bundle, compressed), VerifyError/SignatureError (refused)."""
+    indexes = []
+    for d in dirs:
+        index, _ = read_index(Path(d))
+        if index.archive.compression != "none":
+            raise UsageError(f"cannot serve {d}: it is a {index.archive.compression}-compressed bundle, whose blobs "
+                             "cannot be read in place; nothing is served",
+                             hint="fetch (or export) the bundle without --compress to serve it; `imgtool load` "
+                                  "takes it as it is")
+        indexes.append(index)
+    for d in dirs:
+        report = verify_bundle(Path(d), quick=True, progress=progress, signers=signers, doing="serve")
+        for w in report.warnings:
+            progress.warn(w)
+        report.raise_if_bad("serve")
+    return Catalog(indexes)
+
+
+class _Refusal(Exception):
+    """An error document to answer with: status, distribution error code, message."""
+
+    def __init__(self, status: int, code: str, message: str, headers: Sequence[Tuple[str, str]] = ()):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, list(headers)
+
+
+def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
+    """A single `bytes=` range as [start, end), None for none (or one to ignore, as RFC 9110 lets a server);
+    raises _Refusal 416 for a range past the end."""
+    m = _RANGE.match((header or "").strip())
+    if not m or not (m.group(1) or m.group(2)):
+        return None
+    first, last = m.group(1), m.group(2)
+    if not first:
+        n = int(last)
+        if n == 0 or size == 0:
+            raise _past_end(header, size)
+        return max(size - n, 0), size
+    start = int(first)
+    if last and int(last) < start:
+        return None
+    if start >= size:
+        raise _past_end(header, size)
+    return start, min(int(last) + 1, size) if last else size
+
+
+def _past_end(header: Optional[str], size: int) -> _Refusal:
+    return _Refusal(416, "SIZE_INVALID", f"range {header} is not within the blob ({size} bytes)",
+                    [("Content-Range", f"bytes */{size}")])
+
+
+class _Server(HTTPServer):
+    """An HTTP server whose connections are handled by a bounded pool of worker threads."""
+
+    request_queue_size = BACKLOG
+
+    def __init__(self, settings: Settings, catalog: Catalog, parts: InPlaceBlobs, log: Callable[[str], None]):
+        self.settings, self.catalog, self.parts, self._log = settings, catalog, parts, log
+        self.address_family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        self.slots = threading.BoundedSemaphore(settings.max_clients)
+        self.pool = ThreadPoolExecutor(max_workers=settings.max_clients, thread_name_prefix="serve")
+        self.active: set = set()
+        self.active_lock = threading.Lock()
+        self.log_lock = threading.Lock()
+        self.requests = 0
+        self.stopped = False
+        self.tls: Optional[ssl.SSLContext] = None
+        try:
+            super().__init__((settings.host, settings.port), _Handler)
+        except OSError as e:
+            self.pool.shutdown(wait=True)
+            raise UsageError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
+                             hint="choose another --listen ADDR:PORT (a port below 1024 needs root)") from None
+        if settings.tls_cert:
+            self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:
+                self.tls.load_cert_chain(settings.tls_cert, settings.tls_key)
+            except (OSError, ssl.SSLError) as e:
+                self.stop()
+                raise UsageError(f"cannot use --tls-cert {settings.tls_cert} with --tls-key {settings.tls_key}: "
+                                 f"{getattr(e, 'strerror', None) or e}",
+                                 hint="give a PEM certificate (chain) and its PEM private key") from None
+
+    def log(self, line: str, request: bool = False) -> None:
+        with self.log_lock:
+            self.requests += request
+            self._log(line)
+
+    def process_request(self, request, client_address) -> None:
+        # blocks the accept loop while every worker is busy: a flood waits in the backlog, never a thread each
+        self.slots.acquire()
+        with self.active_lock:
+            self.active.add(request)
+        try:
+            self.pool.submit(self._work, request, client_address)
+        except RuntimeError:  # the pool is shut down: stopping
+            self._done(request)
+
+    def _work(self, request, client_address) -> None:
+        conn = request
+        try:
+            if self.tls is not None:  # the handshake here, in the worker and under the timeout, never in the accept loop
+                request.settimeout(self.settings.timeout)
+                conn = self.tls.wrap_socket(request, server_side=True)
+                with self.active_lock:
+                    self.active.discard(request)
+                    self.active.add(conn)
+            self.finish_request(conn, client_address)
+        # A client gone mid-answer, a failed TLS handshake, and a bug in one answer too: one line, and the server goes
+        # on with the other connections (as socketserver's handle_error; a traceback with --debug is not worth a dead
+        # registry under a whole cluster).
+        except Exception as e:
+            self.log(f"{client_address[0]} - connection ended: {type(e).__name__}: {_printable(str(e))}")
+        finally:
+            self._done(conn)
+
+    def server_bind(self) -> None:
+        # HTTPServer's asks DNS for the host's name (getfqdn): an air-gapped host may wait on that
+        TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+    def _done(self, request) -> None:
+        self.shutdown_request(request)
+        with self.active_lock:
+            self.active.discard(request)
+        self.slots.release()
+
+    def stop(self) -> None:
+        """Close the listener, cut every open connection and join every worker (again: nothing to do)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self.server_close()
+        with self.active_lock:
+            open_now = list(self.active)
+        for conn in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.pool.shutdown(wait=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"imgtool/{__version__}"
+    server: _Server
+
+    def version_string(self) -> str:
+        return self.server_version  # not Python's version: nothing a client needs
+
+    def setup(self) -> None:
+        self.wait = self.server.settings.timeout
+        self.idle = False
+        self.request.settimeout(self.wait)
+        super().setup()
+        self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
+
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            # a kept-alive connection waits for its next request a shorter while (Docker keeps idle ones)
+            self.idle = True
+            self.connection.settimeout(min(IDLE, self.wait))
+            self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
+            self.handle_one_request()
+
+    def parse_request(self) -> bool:
+        self.idle = False
+        self.started = time.monotonic()
+        self.connection.settimeout(self.wait)
+        return super().parse_request()
+
+    # --- the one log line per request ---------------------------------------------------------
+
+    def log_request(self, code="-", size="-") -> None:
+        self.status = int(code) if str(code).isdigit() else 0
+
+    def log_message(self, format, *args) -> None:  # http.server's own errors (bad request line, timeout)
+        if self.idle:  # a kept-alive connection closed after its last request: nothing to say
+            return
+        self.server.log(f"{self.client_address[0]} - {_printable(format % args)}")
+
+    def _logged(self, head: bool) -> None:
+        try:
+            self._route(head)
+        except _Refusal as r:
+            self._refuse(r, head)
+        except BlobDamaged as e:
+            self.note = e.message
+            self._refuse(_Refusal(500, "UNKNOWN", e.message), head)
+        except (ConnectionError, socket.timeout) as e:
+            self.close_connection = True
+            self.note = f"connection ended: {type(e).__name__}"
+        finally:
+            line = (f"{self.client_address[0]} {self.command} {_printable(self.path)} {self.status or '-'} "
+                    f"{self.sent} {time.monotonic() - self.started:.3f}s")
+            self.server.log(line + (f" ({self.note})" if self.note else ""), request=True)
+
+    def do_GET(self) -> None:
+        self._logged(False)
+
+    def do_HEAD(self) -> None:
+        self._logged(True)
+
+    def _write_refused(self) -> None:
+        self.close_connection = True  # its body (if any) is not read
+        self._logged(False)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = _write_refused
+
+    # --- answers --------------------------------------------------------------------------------
+
+    def _send(self, status: int, body: bytes, head: bool, headers: Sequence[Tuple[str, str]] = (),
+              content_type: str = "application/json") -> None:
+        self.send_response(status)
+        for k, v in [API_VERSION, ("Content-Type", content_type), ("Content-Length", str(len(body)))] + list(headers):
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+            self.sent += len(body)
+
+    def _refuse(self, r: _Refusal, head: bool) -> None:
+        body = json.dumps({"errors": [{"code": r.code, "message": r.message, "detail": {}}]}).encode()
+        self._send(r.status, body, head, r.headers)
+
+    def _json(self, obj: dict, head: bool) -> None:
+        self._send(200, json.dumps(obj).encode(), head)
+
+    def _route(self, head: bool) -> None:
+        if self.command not in ("GET", "HEAD"):
+            raise _Refusal(405, "UNSUPPORTED", "this registry is read-only (imgtool serve)", [("Allow", "GET, HEAD")])
+        path, _, query = self.path.partition("?")
+        params = parse_qs(query)
+        if path in ("/v2", "/v2/"):
+            return self._json({}, head)
+        if path == "/v2/_catalog":
+            return self._json({"repositories": _page(self.server.catalog.names(), params)}, head)
+        m = _TAGS.match(path) or _PATH.match(path)
+        if not m:
+            raise _Refusal(404, "NOT_FOUND", "no such endpoint of the distribution API")
+        name = m.group("name")
+        if not valid_name(name):
+            raise _Refusal(400, "NAME_INVALID", "invalid repository name")
+        ns = params.get("ns", [None])[-1]
+        repo = self.server.catalog.repository(name, ns)
+        if repo is None:
+            raise _Refusal(404, "NAME_UNKNOWN", f"repository {name} is not in the bundles served here")
+        if "kind" not in m.groupdict():
+            return self._json({"name": name, "tags": _page(sorted(repo.tags), params)}, head)
+        if m.group("kind") == "manifests":
+            return self._manifest(repo, m.group("ref"), head)
+        return self._blob(repo, m.group("ref"), head)
+
+    def _manifest(self, repo: Repository, ref: str, head: bool) -> None:
+        if DIGEST.match(ref):
+            digest = Digest.parse(ref)
+        elif TAG.match(ref):
+            digests = repo.tags.get(ref)
+            if not digests:
+                raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no tag {ref} in the bundles served here")
+            if len(digests) > 1:
+                raise _Refusal(404, "MANIFEST_UNKNOWN",
+                               f"{repo.name}:{ref} is held for {len(digests)} platforms and the bundle keeps no "
+                               "index to serve under the tag: pull a platform by digest "
+                               f"({', '.join(f'{repo.manifests[d].platform} {d}' for d in digests)})")
+            digest = digests[0]
+        else:
+            raise _Refusal(400, "DIGEST_INVALID" if ":" in ref else "TAG_INVALID", "invalid tag or digest")
+        manifest = repo.manifests.get(digest)
+        blob = self.server.catalog.blobs.get(digest)
+        if manifest is None or blob is None:
+            raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no manifest {digest} in the bundles served here")
+        headers = [("Docker-Content-Digest", str(digest)), ("Etag", f'"{digest}"')]
+        if head:
+            self.send_response(200)
+            for k, v in [API_VERSION, ("Content-Type", manifest.media_type),
+                         ("Content-Length", str(blob.size))] + headers:
+                self.send_header(k, v)
+            self.end_headers()
+            return
+        self._send(200, self.server.parts.read(blob), False, headers, manifest.media_type)
+
+    def _blob(self, repo: Repository, ref: str, head: bool) -> None:
+        if not DIGEST.match(ref):
+            raise _Refusal(400, "DIGEST_INVALID", "invalid digest: expected sha256:<64 lowercase hex digits>")
+        digest = Digest.parse(ref)
+        blob = self.server.catalog.blobs.get(digest)
+        if digest not in repo.blobs or blob is None:
+            raise _Refusal(404, "BLOB_UNKNOWN", f"{repo.name} has no blob {digest} in the bundles served here")
+        wanted = parse_range(self.headers.get("Range"), blob.size)
+        start, end = wanted if wanted else (0, blob.size)
+        headers = [API_VERSION, ("Content-Type", "application/octet-stream"), ("Content-Length", str(end - start)),
+                   ("Docker-Content-Digest", str(digest)), ("Accept-Ranges", "bytes"), ("Etag", f'"{digest}"')]
+        if wanted:
+            headers.append(("Content-Range", f"bytes {start}-{end - 1}/{blob.size}"))
+        if not head:
+            self.server.parts.check(blob)
+        self.send_response(206 if wanted else 200)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self._sendfile(blob, start, end)
+
+    def _sendfile(self, blob: Blob, start: int, end: int) -> None:
+        """The bytes from the part files with sendfile (one call per part the range crosses)."""
+        parts = self.server.parts
+        for span in self.server.catalog.spans(blob, start, end):
+            with parts.open(blob, span.part) as f:
+                n = self.connection.sendfile(f, span.offset, span.length)
+            self.sent += n
+            if n != span.length:  # the part shrank under us: the answer is cut, the client sees it short
+                self.close_connection = True
+                self.note = "a part file shrank while it was sent"
+                return
+
+
+def _page(items: List[str], params: Dict[str, List[str]]) -> List[str]:
+    """`?last=X&n=N` pagination of a sorted list, as the distribution API's."""
+    last = params.get("last", [None])[-1]
+    if last is not None:
+        items = [x for x in items if x > last]
+    n = params.get("n", [""])[-1]
+    return items[:int(n)] if n.isdigit() else items
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    out = "".join(c if " " <= c < "\x7f" else "?" for c in text)
+    return out if len(out) <= limit else out[:limit - 3] + "..."
+
+
+@dataclass
+class Served:
+    requests: int
+    seconds: float
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Callable[[str], None],
+          log: Callable[[str], None]) -> Served:
+    """Answer the distribution API from the catalog's bundles until Ctrl-C or SIGTERM; raises UsageError (cannot
+    listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
+    started = time.monotonic()
+    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog), log)
+    old = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
+        old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        host, port = str(server.server_address[0]), server.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        tags = sum(len(r.tags) for r in catalog.repositories.values())
+        say(f"serving {len(catalog.repositories)} repositories ({tags} tags) from {len(dirs)} bundle(s) at "
+            f"{settings.scheme}://{shown}:{port}/ (Ctrl-C stops)")
+        for repo in sorted(catalog.repositories.values(), key=lambda r: r.name):
+            say(f"  {repo.name}: {', '.join(sorted(repo.tags)) or '(by digest only)'}")
+        for d, index in zip(dirs, catalog.indexes):
+            if index.is_delta:
+                say(f"note: {d} is a delta bundle: the {len(index.omitted_chains())} layers it leaves out are not "
+                    "served; only nodes that hold them already can pull its images")
+        for conflict in catalog.conflicts:
+            say(f"note: {conflict} differs between the bundles: the first bundle's is served")
+        for repo in catalog.repositories.values():
+            for tag, digests in repo.tags.items():
+                if len(digests) > 1:
+                    say(f"note: {repo.name}:{tag} is held for {len(digests)} platforms and the bundle keeps no index: "
+                        "nodes pull it by digest")
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        server.stop()  # first: the requests cut short are logged and counted
+        raise Interrupted(f"interrupted: imgtool serve stopped after {server.requests} requests") from None
+    finally:
+        server.stop()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    return Served(server.requests, time.monotonic() - started)
+

@@ -1,0 +1,571 @@
+"""`imgtool serve`: a read-only registry straight from bundles, pulled from by the real clients.
+
+skopeo (digests equal to the bundle's), the private dockerds 20.10 and 26.1, containerd 1.6 and 1.7
+through a hosts.toml mirror for quay.io (pods keep upstream names), TLS with the services' test CA,
+8 pulls at once; hostile clients (bad names and digests, ranges past the end, writes, stalled and
+flooding connections) and damaged bundles, at start and later. The server runs as a real process
+(the CLI), also from imgtool.pyz under pyenv's python3.7.
+"""
+
+import hashlib
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+import requests
+
+from imgtool.bundle.catalog import Catalog
+from imgtool.bundle.reader import read_index
+from imgtool.model import OCI_MANIFEST, Digest
+from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write
+from tests.support.images import host_arch
+from tests.support.runtimes import ContainerdNode
+from tests.test_selfbundle import old_python
+
+REPO = "quay.io/ascend/vllm-ascend"
+ROOT = Path(__file__).resolve().parents[1]
+START = re.compile(r"^serving .* at (https?)://([^/]+)/ \(Ctrl-C stops\)$")
+
+
+class Server:
+    """`imgtool serve ...` as a process: its URL once it printed it, its log (stderr) lines, Ctrl-C."""
+
+    def __init__(self, *args: str, cmd: Optional[List[str]] = None, env=None, cwd=None):
+        self.log_path = Path(args[0]).parent / f"serve-{os.urandom(3).hex()}.log"
+        self.log_file = open(self.log_path, "w")
+        cmd = cmd or [sys.executable, "-m", "imgtool"]
+        self.proc = subprocess.Popen([*cmd, "serve", *args], stdout=subprocess.PIPE, stderr=self.log_file,
+                                     text=True, env=env, cwd=cwd)
+        self.first = self._line(300)
+        m = START.match(self.first or "")
+        if not m:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+            raise AssertionError(f"imgtool serve did not start: {self.first!r}\n{self.log_path.read_text()}")
+        self.scheme, self.hostport = m.group(1), m.group(2)
+        self.url = f"{self.scheme}://{self.hostport}"
+        self.port = int(self.hostport.rsplit(":", 1)[1])
+
+    def _line(self, timeout: float) -> str:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                self.proc.kill()
+                raise AssertionError(f"imgtool serve printed nothing in {timeout} s")
+        return self.proc.stdout.readline().rstrip("\n")
+
+    def log(self) -> List[str]:
+        return self.log_path.read_text().splitlines()
+
+    def stop(self, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+        """Ctrl-C (or another signal); the exit status and what it said on stderr after."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(signum)
+        out, _ = self.proc.communicate(timeout=60)
+        self.log_file.close()
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, self.log_path.read_text())
+
+
+@pytest.fixture
+def serving():
+    started = []
+
+    def start(*args: str, **kw) -> Server:
+        s = Server(*args, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture
+def bundle(factory, tmp_path):
+    """Two repositories: vllm-ascend (Docker v2, 3 layers) and cann (OCI), parts of 700 KiB (blobs cross them)."""
+    store = BlobDir(tmp_path / "blobs")
+    vllm = factory.image(host_arch(), layers=3)
+    cann = factory.image(host_arch(), layers=1, media="oci")
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(vllm, f"{REPO}:v1"), store.pulled(cann, "quay.io/ascend/cann:8.2")], store,
+          chunk_size=700 * 1024)
+    assert len(parts_of(out)) >= 4
+    return out, vllm, cann
+
+
+@pytest.fixture
+def big(tmp_path):
+    """One image with a 32 MiB layer: more than loopback's socket buffers hold, so a client that stops reading
+    stalls the server's sendfile."""
+    store = BlobDir(tmp_path / "bigblobs")
+    image = simple_image([random_layer(32 << 20, 7)], host_arch())
+    out = tmp_path / "big"
+    write(out, [store.pulled(image, f"{REPO}:big")], store)
+    return out, image.layers[0]
+
+
+def errors(r: requests.Response) -> List[str]:
+    return [e["code"] for e in r.json()["errors"]]
+
+
+def crossing_layer(out: Path, image) -> str:
+    """A layer of `image` whose bytes lie in two parts."""
+    index, _ = read_index(out)
+    catalog = Catalog([index])
+    for layer in image.layers:
+        if len({s.part for s in catalog.spans(catalog.blobs[Digest.parse(layer.digest)])}) > 1:
+            return layer.digest
+    raise AssertionError("no layer crosses a part boundary")
+
+
+def test_the_distribution_api_by_tag_digest_and_range(bundle, serving):
+    out, vllm, cann = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    get = requests.get
+    base = s.url + "/v2"
+
+    r = get(base + "/")
+    assert (r.status_code, r.json(), r.headers["Docker-Distribution-API-Version"]) == (200, {}, "registry/2.0")
+    assert get(base + "/_catalog").json() == {"repositories": ["ascend/cann", "ascend/vllm-ascend"]}
+    for name, query in (("ascend/vllm-ascend", ""), ("quay.io/ascend/vllm-ascend", ""),
+                        ("ascend/vllm-ascend", "?ns=quay.io")):
+        assert get(f"{base}/{name}/tags/list{query}").json() == {"name": name, "tags": ["v1"]}
+        r = get(f"{base}/{name}/manifests/v1{query}")
+        assert r.status_code == 200
+        assert r.content == vllm.manifest_bytes  # the registry's bytes, as the bundle holds them
+        assert r.headers["Docker-Content-Digest"] == vllm.manifest_digest
+        assert r.headers["Content-Type"] == vllm.manifest_media_type
+    h = requests.head(f"{base}/ascend/cann/manifests/8.2")
+    assert (h.status_code, h.headers["Content-Type"], h.headers["Docker-Content-Digest"],
+            int(h.headers["Content-Length"])) == (200, OCI_MANIFEST, cann.manifest_digest, len(cann.manifest_bytes))
+    assert h.content == b""
+    # by digest: the registry's manifest, and the OCI twin the archive's index.json names for a Docker v2 image
+    assert get(f"{base}/ascend/vllm-ascend/manifests/{vllm.manifest_digest}").content == vllm.manifest_bytes
+    index = json.loads(out.joinpath("bundle.json").read_text())
+    from imgtool.bundle.layout import oci_manifest
+
+    twin = oci_manifest(read_index(out)[0].images[0])
+    assert twin is not None and index["images"][0]["manifest_digest"] == vllm.manifest_digest
+    r = get(f"{base}/ascend/vllm-ascend/manifests/{Digest.of(twin)}")
+    assert (r.content, r.headers["Content-Type"], r.headers["Docker-Content-Digest"]) == \
+        (twin, OCI_MANIFEST, str(Digest.of(twin)))
+
+    # blobs: whole, HEAD, ranges (one crossing two parts), a suffix, past the end
+    layer = crossing_layer(out, vllm)
+    data = vllm.blobs()[layer]
+    r = get(f"{base}/ascend/vllm-ascend/blobs/{layer}")
+    assert (r.status_code, hashlib.sha256(r.content).hexdigest(), r.headers["Docker-Content-Digest"]) == \
+        (200, layer.split(":")[1], layer)
+    h = requests.head(f"{base}/ascend/vllm-ascend/blobs/{layer}")
+    assert (h.status_code, int(h.headers["Content-Length"]), h.content) == (200, len(data), b"")
+    r = get(f"{base}/ascend/vllm-ascend/blobs/{layer}", headers={"Range": "bytes=1000-"})
+    assert (r.status_code, r.content, r.headers["Content-Range"]) == \
+        (206, data[1000:], f"bytes 1000-{len(data) - 1}/{len(data)}")
+    r = get(f"{base}/ascend/vllm-ascend/blobs/{layer}", headers={"Range": "bytes=10-19"})
+    assert (r.status_code, r.content) == (206, data[10:20])
+    r = get(f"{base}/ascend/vllm-ascend/blobs/{layer}", headers={"Range": "bytes=-7"})
+    assert (r.status_code, r.content) == (206, data[-7:])
+    r = get(f"{base}/ascend/vllm-ascend/blobs/{layer}", headers={"Range": f"bytes={len(data)}-"})
+    assert (r.status_code, r.headers["Content-Range"], errors(r)) == (416, f"bytes */{len(data)}", ["SIZE_INVALID"])
+    config = get(f"{base}/quay.io/ascend/vllm-ascend/blobs/{vllm.config_digest}")
+    assert config.content == vllm.config_bytes
+
+    # what is not there, and what is refused
+    cases = [
+        ("GET", "/ascend/vllm-ascend/manifests/v2", 404, "MANIFEST_UNKNOWN"),
+        ("GET", f"/ascend/vllm-ascend/manifests/sha256:{'0' * 64}", 404, "MANIFEST_UNKNOWN"),
+        ("GET", f"/ascend/vllm-ascend/blobs/sha256:{'0' * 64}", 404, "BLOB_UNKNOWN"),
+        ("GET", f"/ascend/vllm-ascend/blobs/{cann.config_digest}", 404, "BLOB_UNKNOWN"),  # another repository's
+        ("GET", "/ascend/vllm-ascend/manifests/v1?ns=docker.io", 404, "NAME_UNKNOWN"),
+        ("GET", "/ascend/nothing/tags/list", 404, "NAME_UNKNOWN"),
+        ("GET", "/ascend/vllm-ascend/blobs/sha256:abc", 400, "DIGEST_INVALID"),
+        ("GET", "/ascend/vllm-ascend/blobs/v1", 400, "DIGEST_INVALID"),
+        ("GET", "/ascend/vllm-ascend/manifests/sha256:XYZ", 400, "DIGEST_INVALID"),
+        ("GET", "/../../etc/passwd/blobs/" + layer, 400, "NAME_INVALID"),
+        ("GET", "/ascend/../vllm-ascend/blobs/" + layer, 400, "NAME_INVALID"),
+        ("GET", "//etc/passwd/blobs/" + layer, 400, "NAME_INVALID"),
+        ("GET", "/%2e%2e/%2e%2e/etc/passwd/manifests/v1", 400, "NAME_INVALID"),
+        ("GET", "/ascend/vllm-ascend/manifests/..", 400, "TAG_INVALID"),
+        ("PUT", "/ascend/vllm-ascend/manifests/v1", 405, "UNSUPPORTED"),
+        ("POST", "/ascend/vllm-ascend/blobs/uploads/", 405, "UNSUPPORTED"),
+        ("PATCH", "/ascend/vllm-ascend/blobs/uploads/x", 405, "UNSUPPORTED"),
+        ("DELETE", f"/ascend/vllm-ascend/manifests/{vllm.manifest_digest}", 405, "UNSUPPORTED"),
+    ]
+    for method, path, status, code in cases:
+        r = raw_request(s.port, method, "/v2" + path, b"{}" if method in ("PUT", "POST", "PATCH") else b"")
+        assert (r[0], r[1]) == (status, [code]), (method, path, r)
+    # outside the API: nothing, whatever the path names
+    for target in ("/etc/passwd", "/../../etc/passwd", f"http://127.0.0.1:{s.port}/v2/../../etc/passwd", "/v2/x"):
+        assert raw_request(s.port, "GET", target) == (404, ["NOT_FOUND"]), target
+    # the server still serves, one log line per request
+    assert get(base + "/").status_code == 200
+    lines = [line for line in s.log() if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
+    assert len(lines) == 18 + len(cases) + 4 + 1, lines  # 18 requests above, the cases, outside, the last /v2/
+    assert lines[-1].startswith("127.0.0.1 GET /v2/ 200 2 ")
+    stopped = s.stop()
+    assert stopped.returncode == 130
+    assert stopped.stderr.splitlines()[-1] == f"error: interrupted: imgtool serve stopped after {len(lines)} requests"
+
+
+def raw_request(port: int, method: str, path: str, body: bytes = b"", host: str = "127.0.0.1"):
+    """One request sent as written (no client normalising `..`): (status, error codes)."""
+    with socket.create_connection((host, port), timeout=60) as c:
+        c.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                  "Connection: close\r\n\r\n".encode() + body)
+        data = b""
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, [e["code"] for e in json.loads(payload)["errors"]] if payload else []
+
+
+def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, factory, tmp_path):
+    out, vllm, _ = bundle
+    part = parts_of(out)[1]
+    data = bytearray(part.read_bytes())
+    data[100] ^= 0xFF
+    part.write_bytes(bytes(data))
+    r = imgtool("serve", str(out), "--listen", "127.0.0.1:0")
+    assert r.returncode == 3
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: refusing to serve: {out}: 1 problem; nothing is served",
+        f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; re-copy part 002 from the "
+        "source medium"]
+    assert r.stdout == ""
+
+    store = BlobDir(tmp_path / "blobs2")
+    packed = tmp_path / "packed"
+    write(packed, [store.pulled(vllm, f"{REPO}:v1")], store, compress="gzip")
+    r = imgtool("serve", str(packed), "--listen", "127.0.0.1:0")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"error: cannot serve {packed}: it is a gzip-compressed bundle, whose blobs cannot be read in place; "
+        "nothing is served",
+        "hint: fetch (or export) the bundle without --compress to serve it; `imgtool load` takes it as it is"]
+
+    plain = tmp_path / "plain"
+    write(plain, [store.pulled(vllm, f"{REPO}:v1")], store)
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "release", "-f", str(key)], check=True,
+                   timeout=60)
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"release@example.org {(tmp_path / 'key.pub').read_text().split(' ', 2)[0]} "
+                       f"{(tmp_path / 'key.pub').read_text().split(' ', 2)[1]}\n")
+    r = imgtool("serve", str(plain), "--listen", "127.0.0.1:0", "--signers", str(signers))
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.splitlines() == [
+        f"error: refusing to serve {plain}: not signed (no bundle.json.sig), and {signers} requires a signature by "
+        "a key it lists; nothing is served",
+        "hint: sign it where it was made: imgtool sign DIR --key KEY (or fetch --sign-key KEY)"]
+
+    r = imgtool("serve", str(plain), "--tls-cert", str(key))
+    assert (r.returncode, r.stderr.splitlines()) == (2, ["error: --tls-cert and --tls-key go together",
+                                                         "hint: give both, or neither for plain HTTP"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = imgtool("serve", str(plain), "--listen", f"127.0.0.1:{port}")
+    assert (r.returncode, r.stderr.splitlines()[-2:]) == (
+        2, [f"error: cannot listen on 127.0.0.1:{port}: Address already in use",
+            "hint: choose another --listen ADDR:PORT (a port below 1024 needs root)"])
+    r = imgtool("serve", str(plain), "--listen", "localhost")
+    assert (r.returncode, r.stderr.splitlines()) == (
+        2, ["error: invalid --listen 'localhost': expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000"])
+
+
+def test_a_part_damaged_while_served_is_refused_per_request_never_served_wrong(bundle, serving):
+    out, vllm, cann = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    layer = crossing_layer(out, vllm)
+    url = f"{s.url}/v2/ascend/vllm-ascend/blobs/{layer}"
+    assert hashlib.sha256(requests.get(url).content).hexdigest() == layer.split(":")[1]
+
+    index, _ = read_index(out)
+    catalog = Catalog([index])
+    blob = catalog.blobs[Digest.parse(layer)]
+    span = catalog.spans(blob)[-1]  # the layer's last bytes, in the next part
+    part = out / index.parts[span.part].name
+    with open(part, "r+b") as f:
+        f.seek(span.offset + span.length - 1)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([last[0] ^ 0xFF]))
+    for _ in range(2):  # refused each time, the ranges too
+        r = requests.get(url)
+        assert (r.status_code, errors(r)) == (500, ["UNKNOWN"])
+        assert r.json()["errors"][0]["message"] == (
+            f"layer {vllm.layers.index(next(x for x in vllm.layers if x.digest == layer)) + 1} of {REPO}:v1 "
+            f"(blob {layer[7:19]}) is damaged in {out} (part {span.part:03d}, part {span.part + 1:03d}): its "
+            "sha256 differs from its digest; it is not served")
+        r = requests.get(url, headers={"Range": "bytes=0-9"})
+        assert r.status_code == 500
+    # other blobs, in other parts, are still served
+    r = requests.get(f"{s.url}/v2/ascend/cann/manifests/8.2")
+    assert (r.status_code, r.content) == (200, cann.manifest_bytes)
+    # a manifest is checked on every read
+    manifest = catalog.blobs[Digest.parse(cann.manifest_digest)]
+    first = catalog.spans(manifest)[0]
+    holder = out / index.parts[first.part].name
+    original = holder.read_bytes()
+    changed = bytearray(original)
+    changed[first.offset + 10] ^= 0x20
+    holder.write_bytes(bytes(changed))
+    r = requests.get(f"{s.url}/v2/ascend/cann/manifests/8.2")
+    assert (r.status_code, errors(r)) == (500, ["UNKNOWN"])
+    assert r.json()["errors"][0]["message"].startswith(f"manifest of quay.io/ascend/cann:8.2 (blob "
+                                                       f"{cann.manifest_digest[7:19]}) is damaged in {out} (part ")
+    holder.write_bytes(original)
+    # put right again (the part re-copied): served again
+    with open(part, "r+b") as f:
+        f.seek(span.offset + span.length - 1)
+        f.write(last)
+    assert hashlib.sha256(requests.get(url).content).hexdigest() == layer.split(":")[1]
+    assert any(line.endswith("is damaged in " + str(out) + f" (part {span.part:03d}, part {span.part + 1:03d}): its sha256 "
+                             "differs from its digest; it is not served)") for line in s.log())
+
+
+def skopeo_copy(src: str, dest: Path, *tls: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["skopeo", "copy", "--retry-times", "0", *tls, f"docker://{src}", f"oci:{dest}:pulled"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def oci_blobs(dest: Path) -> dict:
+    """What skopeo wrote: the manifest digest index.json names, and every blob checked against its name."""
+    index = json.loads((dest / "index.json").read_text())
+    found = {}
+    for p in (dest / "blobs" / "sha256").iterdir():
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == p.name
+        found[p.name] = p.stat().st_size
+    return {"manifest": index["manifests"][0]["digest"], "blobs": found}
+
+
+def test_skopeo_and_eight_pulls_at_once_get_the_bundles_digests(bundle, serving, tmp_path):
+    out, vllm, cann = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+
+    def blobs(image) -> dict:
+        return {d.split(":")[1]: len(b) for d, b in image.blobs().items()}
+
+    # skopeo writes a Docker v2 image into an OCI dir as an OCI image (manifest and config of its own): the
+    # layers keep their digests. The OCI image keeps every digest, its manifest's too.
+    names = [f"{s.hostport}/ascend/vllm-ascend:v1", f"{s.hostport}/quay.io/ascend/cann:8.2"]
+    with ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda i: skopeo_copy(names[i % 2], tmp_path / f"oci{i}", "--src-tls-verify=false"),
+                             range(8)))
+    for i, r in enumerate(runs):
+        assert r.returncode == 0, r.stderr
+        got = oci_blobs(tmp_path / f"oci{i}")
+        if i % 2:
+            assert got == {"manifest": cann.manifest_digest,
+                           "blobs": {**blobs(cann), cann.manifest_digest.split(":")[1]: len(cann.manifest_bytes)}}
+        else:
+            layers = {x.digest.split(":")[1]: x.size for x in vllm.layers}
+            assert layers.items() <= got["blobs"].items() and len(got["blobs"]) == len(layers) + 2
+    assert s.stop().returncode == 130
+    requests_seen = [line for line in s.log() if " /v2/" in line]
+    assert all(line.split()[3] in ("200", "404") for line in requests_seen), requests_seen  # 404: skopeo's probes
+
+
+def test_over_tls_with_the_test_ca(bundle, serving, services, tmp_path):
+    out, _, cann = bundle
+    tls = Path(services.tls_ca).parent
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--tls-cert", str(tls / "server.pem"), "--tls-key",
+                str(tls / "server.key"))
+    assert s.scheme == "https"
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_bytes(Path(services.tls_ca).read_bytes())
+    r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci", "--src-cert-dir", str(certs))
+    assert r.returncode == 0, r.stderr
+    assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
+    r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci2")  # no CA: refused by the client
+    assert r.returncode != 0 and "x509" in r.stderr
+    assert requests.get(f"{s.url}/v2/", verify=services.tls_ca).status_code == 200
+
+
+# Docker's containerd image store (26.1-containerd) does not take loopback registries as insecure by default;
+# nodes pull from another node's address anyway, where every engine needs insecure-registries or TLS (README).
+@pytest.mark.parametrize("engine", ["20.10", "26.1"], indirect=True)
+def test_docker_pulls_from_serve(bundle, serving, docker_cli, docker_cleanup, uniq, tmp_path, factory):
+    out, vllm, _ = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    ref = f"{s.hostport}/ascend/vllm-ascend:v1"
+    docker_cleanup.image(ref, vllm.config_digest)
+    docker_cli("pull", ref)  # loopback registries are insecure by default: no daemon.json change
+    assert docker_cli.holds(ref, vllm)
+
+
+@pytest.mark.parametrize("version,tls", [("1.6", False), ("1.7", False), ("1.7", True)])
+def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version, tls, factory, services, serving,
+                                                                        tmp_path, uniq):
+    node = ContainerdNode(f"containerd-{version}", services)
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=2)
+    ref = f"{REPO}:{uniq}"  # a tag of its own: other tests' images on this containerd stay alone
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, ref)], store, chunk_size=700 * 1024)
+    certs = Path(services.tls_ca).parent
+    s = serving(str(out), "--listen", "127.0.0.1:0",
+                *(["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")] if tls else []))
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n'
+        + (f'  ca = "{services.tls_ca}"\n' if tls else ""))
+    node.removals.append(ref)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), ref, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[2] for row in node.refs() if row[0] == ref] == [image.manifest_digest]  # the registry's manifest
+    finally:
+        assert node.cleanup() == []
+    # containerd asked with ?ns=quay.io, as a node's mirror does
+    assert any(f"/v2/ascend/vllm-ascend/manifests/{uniq}?ns=quay.io 200" in line for line in s.log()), s.log()
+
+
+def read_until_closed(c: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the socket's own timeout fails the test)."""
+    data = b""
+    while True:
+        chunk = c.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def stalled_download(port: int, layer) -> socket.socket:
+    """A client that asks for the blob and reads only the status line."""
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(120)
+    reader.connect(("127.0.0.1", port))
+    reader.sendall(f"GET /v2/ascend/vllm-ascend/blobs/{layer.digest} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert reader.recv(16) == b"HTTP/1.1 200 OK\r"
+    return reader
+
+
+def test_stalled_and_flooding_clients_are_bounded_and_time_out(big, serving):
+    out, layer = big
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--max-clients", "2", "--timeout", "1")
+    # a client that connects and says nothing, one that stops mid-headers: both disconnected by the server
+    silent = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    halfway = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    halfway.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n")
+    # both workers are held: a third client waits (in the backlog) until one of them is let go, then is served
+    third = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    third.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert read_until_closed(silent) == b""
+    assert read_until_closed(halfway) == b""
+    assert read_until_closed(third).startswith(b"HTTP/1.1 200 OK\r\n")
+    for c in (silent, halfway, third):
+        c.close()
+    log = s.log()
+    timed_out = [i for i, line in enumerate(log) if "Request timed out" in line]
+    served = [i for i, line in enumerate(log) if line.startswith("127.0.0.1 GET /v2/ 200")]
+    assert len(timed_out) == 2 and len(served) == 1 and timed_out[0] < served[0], log  # served once a worker was free
+
+    # a client that asks for a blob and stops reading: cut off, its worker freed
+    reader = stalled_download(s.port, layer)
+    # a flood of connections, opened and dropped: the server goes on
+    flood = [socket.create_connection(("127.0.0.1", s.port), timeout=120) for _ in range(300)]
+    for c in flood:
+        c.close()
+    with pytest.raises(OSError):  # reset or closed under us: what was sent is less than the blob
+        got = read_until_closed(reader)
+        assert len(got) < layer.size
+        raise ConnectionResetError
+    reader.close()
+    assert requests.get(f"{s.url}/v2/", timeout=120).status_code == 200
+    assert s.proc.poll() is None
+    assert any(line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/blobs/{layer.digest} 200 ") and
+               "connection ended" in line for line in s.log()), s.log()
+
+
+def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
+    out, layer = big
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    reader = stalled_download(s.port, layer)  # the answer has started and stalls on this reader (timeout 60 s)
+    stopped = s.stop()  # SIGINT: the stalled download is cut, every worker joined, no traceback
+    reader.close()
+    assert stopped.returncode == 130
+    assert stopped.stderr.splitlines()[-1] == "error: interrupted: imgtool serve stopped after 1 requests"
+    assert "Traceback" not in stopped.stderr
+
+    s = serving(str(out), "--listen", "127.0.0.1:0")  # SIGTERM (systemd's stop): the same
+    stopped = s.stop(signal.SIGTERM)
+    assert stopped.returncode == 130
+    assert stopped.stderr.splitlines()[-1] == "error: interrupted: imgtool serve stopped after 0 requests"
+
+
+def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
+    out, _, cann = bundle
+    pyz = tmp_path / "imgtool.pyz"
+    r = imgtool("self-bundle", "-o", str(pyz), "-q")
+    assert r.returncode == 0, r.stderr
+    env = ["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"HOME={tmp_path}", "LANG=C.UTF-8",
+           "IMGTOOL_CACHE=/nonexistent/imgtool-cache"]
+    s = serving(str(out), "--listen", "127.0.0.1:0", cmd=[*env, *old_python("3.7"), str(pyz)], cwd=tmp_path)
+    r = skopeo_copy(f"{s.hostport}/quay.io/ascend/cann:8.2", tmp_path / "oci", "--src-tls-verify=false")
+    assert r.returncode == 0, r.stderr
+    assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
+    stopped = s.stop()
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
+
+
+def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, serving, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    amd, arm = factory.image("amd64", layers=1), factory.image("arm64", layers=1)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(amd, f"{REPO}:v3"), store.pulled(arm, f"{REPO}:v3")], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v3"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {REPO}:v3 is held for 2 platforms and the bundle keeps no index: nodes pull it by digest")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/v3")
+    assert (r.status_code, errors(r)) == (404, ["MANIFEST_UNKNOWN"])
+    assert r.json()["errors"][0]["message"] == (
+        f"{REPO}:v3 is held for 2 platforms and the bundle keeps no index to serve under the tag: pull a platform "
+        f"by digest (linux/amd64 {amd.manifest_digest}, linux/arm64/v8 {arm.manifest_digest})")
+    for image in (amd, arm):
+        r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/{image.manifest_digest}")
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+    assert requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list").json()["tags"] == ["v3"]
+
+
+def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serving, tmp_path):
+    from imgtool.bundle.writer import write_bundle
+    from imgtool.delta import Have
+    from imgtool.progress import Progress
+
+    store = BlobDir(tmp_path / "blobs")
+    base = factory.layers(2)
+    old = factory.image(host_arch(), layers=1, base=base)
+    new = factory.image(host_arch(), layers=1, base=base)
+    have = Have("test")
+    have.add([Digest.parse(d) for d in old.diff_ids], f"{REPO}:v1")
+    delta = tmp_path / "delta"
+    write_bundle(delta, [store.pulled(new, f"{REPO}:v2")], store.path, chunk_size=None, compress="none",
+                 force=False, progress=Progress(), have=have, base={"kind": "bundle", "name": "v1"})
+    s = serving(str(delta), "--listen", "127.0.0.1:0")
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v2"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {delta} is a delta bundle: the 2 layers it leaves out are not served; only nodes that hold them "
+        "already can pull its images")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{new.layers[0].digest}")
+    assert (r.status_code, errors(r)) == (404, ["BLOB_UNKNOWN"])
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{new.layers[2].digest}")
+    assert hashlib.sha256(r.content).hexdigest() == new.layers[2].digest.split(":")[1]
