@@ -102,6 +102,10 @@ class Containerd:
     def image_info(self, image_id: str) -> Optional[ImageInfo]:
         return self.images_by_id().get(image_id)
 
+    def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
+        """None: containerd checks every layer against its diff_id itself while it unpacks."""
+        return None
+
     def stored_name(self, name: str) -> str:
         """containerd's form of a name: fully qualified, as Docker's reference normalization gives it."""
         return normalize(name)

@@ -237,6 +237,10 @@ class Daemon:
         except self.errors as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {one_line(e)}") from e
 
+    def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
+        """None: Docker checks every layer against its diff_id itself while it loads."""
+        return None
+
     def stored_name(self, name: str) -> str:
         """How Docker shows a name it was given: docker.io/library/x:1 as x:1."""
         from .model import familiar

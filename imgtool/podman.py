@@ -78,7 +78,8 @@ class Podman:
                            driver=str(store.get("graphDriverName") or "unknown"),
                            root_dir=str(store.get("graphRoot") or ""), arch=arch or Platform.host().architecture,
                            os=str(host.get("os") or "linux"), local=True, image_store="containers-storage",
-                           runtime="podman", staging_dir=self.staging_dir)
+                           runtime="podman", staging_dir=self.staging_dir,
+                           reports_applied_diff_ids=self._storage_records() is not None)
 
     def _inspect(self, ids: List[str]) -> List[dict]:
         try:
@@ -100,6 +101,51 @@ class Podman:
             names = tuple(n for n in entry.get("Names") or () if n)
             out[image_id] = ImageInfo(image_id, names, "", "", None, int(entry.get("Size") or 0))
         return out
+
+    def _storage_records(self) -> Optional[Tuple[List[dict], Dict[str, dict]]]:
+        """containers/storage's own records: its images (each with its top layer) and its layers (each with its
+        parent and the `diff-digest` it computed while applying the layer); None when they cannot be read
+        here (another user's storage, another layout)."""
+        store = self._info.get("store") or {}
+        root, run_root, driver = (str(store.get(k) or "") for k in ("graphRoot", "runRoot", "graphDriverName"))
+        if not root or not driver:
+            return None
+        try:
+            with open(os.path.join(root, f"{driver}-images", "images.json"), encoding="utf-8") as f:
+                images = json.load(f)
+            layers: Dict[str, dict] = {}
+            for path in (os.path.join(root, f"{driver}-layers", "layers.json"),
+                         os.path.join(run_root, f"{driver}-layers", "volatile-layers.json")):
+                if run_root or "volatile" not in path:
+                    if os.path.exists(path):
+                        with open(path, encoding="utf-8") as f:
+                            layers.update((str(x.get("id")), x) for x in json.load(f) if isinstance(x, dict))
+        except FileNotFoundError:
+            return [], {}  # nothing stored yet: the files appear with the first image
+        except (OSError, ValueError, TypeError, AttributeError):
+            return None
+        if not isinstance(images, list):
+            return None
+        return [x for x in images if isinstance(x, dict)], layers
+
+    def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
+        """The diff_ids Podman's storage computed while it applied the image's layers, bottom first (its
+        layers.json `diff-digest`: the content's, not the config's word); None when not known."""
+        records = self._storage_records()
+        if records is None:
+            return None
+        images, layers = records
+        wanted = image_id.split(":")[-1]
+        top = next((str(x.get("layer") or "") for x in images if x.get("id") == wanted), "")
+        chain: List[str] = []
+        while top:
+            layer = layers.get(top)
+            if layer is None or len(chain) > 1000:
+                return None
+            chain.append(str(layer.get("diff-digest") or ""))
+            top = str(layer.get("parent") or "")
+        chain.reverse()
+        return chain if chain and all(chain) else None
 
     def stored_name(self, name: str) -> str:
         """Podman's form of a name: one without a registry is localhost/'s (x:1 -> localhost/x:1)."""

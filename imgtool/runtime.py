@@ -39,6 +39,7 @@ class RuntimeInfo:
     runtime: str = "docker"  # docker | containerd | podman
     namespace: str = ""  # containerd's namespace (k8s.io on a Kubernetes node)
     staging_dir: str = ""  # where the runtime copies the whole archive before it reads it (Podman: /var/tmp)
+    reports_applied_diff_ids: bool = False  # Runtime.applied_diff_ids answers (Podman: its storage's records)
 
     @property
     def title(self) -> str:
@@ -61,7 +62,9 @@ class RuntimeInfo:
     @property
     def checks_diff_ids(self) -> bool:
         """The runtime refuses a layer whose content does not match its diff_id: Docker and containerd do
-        (while they unpack); Podman 4.3 loads it as it is (measured), so imgtool checks for it."""
+        (while they unpack); Podman 4.3 loads it as it is (measured), so imgtool checks for it: after the
+        load against what Podman's storage computed while applying (reports_applied_diff_ids), else while
+        the archive streams (decompressing every layer)."""
         return self.runtime != "podman"
 
     @property
@@ -118,6 +121,8 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
         def remove_image(self, image_id: str) -> None: ...
 
         def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]: ...
+
+        def applied_diff_ids(self, image_id: str) -> Optional[List[str]]: ...
 
         def close(self) -> None: ...
 

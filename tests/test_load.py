@@ -393,7 +393,8 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
                                 f"  - layer 2 of {REPO}:wrongdiff (blob {good.digest[7:19]}): its uncompressed content "
                                 "does not match the diff_id in the image config; the bundle itself is bad: fetch it "
                                 "again (in part 001)"]
-        assert "stopped the upload: layer 2 of " in r.stderr
+        assert f"refused what was loaded: layer 2 of {REPO}:wrongdiff: Podman applied content that is not its diff_id" \
+            in r.stderr
         assert node.leftovers(before) == []
         return
     assert r.returncode == 5, r.stderr

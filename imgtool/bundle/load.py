@@ -147,7 +147,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     if report.problems or stat_parts(bundle_dir, index) or (loaded and not quick):
         check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
     report.raise_if_bad("load")
-    warnings = list(report.warnings) + _arch_warnings(view, facts.arch)
+    warnings = list(report.warnings) + _arch_warnings(view, facts.arch, facts.title)
     if loaded:
         images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
         _digest_refs(daemon, facts, view, ids)
@@ -163,14 +163,19 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     try:
         try:
             outgoing = list(view.images) + others
+            loading = [(im, ids[im.ref]) for im in view.images] + list(zip(others, other_ids))
             sent = _stream(bundle_dir, index, daemon, facts, progress, outgoing,
                            _outgoing_meta(index, view.images, others, facts.runtime))
+            if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
+                _check_applied(daemon, facts, loading)
         except BaseException:
-            _forget_failed_load(daemon, view, ids, present)
+            _forget_failed_load(daemon, loading, present)
             raise
     except (VerifyError, _Cut) as e:
-        # The upload was cut short and the runtime dropped it; name every damaged part, as verify would.
-        progress.note(f"stopped the upload: {e}; checking the whole bundle ...")
+        # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
+        # name every damaged part, as verify would.
+        done = "refused what was loaded" if isinstance(e, _Applied) else "stopped the upload"
+        progress.note(f"{done}: {e}; checking the whole bundle ...")
         deep_check(bundle_dir, index, report, progress, jobs, diff_ids=not facts.checks_diff_ids)
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
@@ -255,9 +260,9 @@ def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[
     return warnings
 
 
-def _arch_warnings(index: BundleIndex, host_arch: str) -> List[str]:
+def _arch_warnings(index: BundleIndex, host_arch: str, title: str = "Docker") -> List[str]:
     arch = host_arch or Platform.host().architecture
-    return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch) for im in index.images) if w]
+    return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch, host=title) for im in index.images) if w]
 
 
 class _DiffIds:
@@ -300,6 +305,25 @@ class _DiffIds:
 
 class _Cut(Exception):
     """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
+
+
+class _Applied(_Cut):
+    """The runtime applied a layer whose content is not its diff_id (Podman does not check): the loaded image
+    is removed again (the full check then names the layer)."""
+
+
+def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> None:
+    """Compare the diff_ids the runtime computed while it applied each image's layers (Podman's storage
+    records them) with the config's; raises _Applied naming the first image that differs (its removal is
+    _forget_failed_load's, as for any failed load)."""
+    for im, image_id in images:
+        applied = daemon.applied_diff_ids(image_id)
+        expected = [str(layer.diff_id) for layer in im.layers]
+        if applied is None:
+            raise _Applied(f"{facts.title} does not say which layers it applied for {im.ref}")
+        if applied != expected:
+            bad = next((i for i, (a, b) in enumerate(zip(applied, expected)) if a != b), len(expected) - 1)
+            raise _Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id")
 
 
 def _bad_members(feed: Iterable[Union[bytes, layout.Member]]) -> List[layout.Member]:
@@ -417,7 +441,7 @@ def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Run
             Worker(_bad_members, "member-sha256") as hashes, \
             _DiffIds(index, os.cpu_count() or 2) as diff_ids:
         pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, replace or {},
-                              hashes, None if facts.checks_diff_ids else diff_ids)
+                              hashes, None if facts.checks_diff_ids or facts.reports_applied_diff_ids else diff_ids)
 
         def chunks() -> Iterator[bytes]:
             held: List[bytes] = []  # from the latest member data on: what goes out last
@@ -457,13 +481,16 @@ def _digest_refs(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, id
             daemon.tag(ids[im.ref], name)
 
 
-def _forget_failed_load(daemon: "Runtime", index: BundleIndex, ids: Dict[str, str], before: dict) -> None:
+def _forget_failed_load(daemon: "Runtime", images: Sequence[Tuple[BundleImage, str]],
+                        before: Dict[str, Optional["ImageInfo"]]) -> None:
     """Docker's containerd image store and containerd register an image before they unpack its layers,
-    and keep it when the unpacking fails (a layer not matching its diff_id, a layer that is not a tar).
-    A failed load must leave nothing behind: remove what it registered of the images not held before."""
-    for im in index.images:
-        if before.get(im.ref) is None and daemon.image_info(ids[im.ref]) is not None:
-            daemon.remove_image(ids[im.ref])
+    and keep it when the unpacking fails (a layer not matching its diff_id, a layer that is not a tar);
+    Podman keeps a layer that is not its diff_id's (_check_applied). A failed load must leave nothing
+    behind: remove what it registered of the (image, ID) pairs not held before (`before`: by the ID)."""
+    held = {info.id for info in before.values() if info is not None}
+    for _, image_id in images:
+        if image_id not in held and daemon.image_info(image_id) is not None:
+            daemon.remove_image(image_id)
 
 
 MANY_IMAGES = 16  # more than this in a bundle: one listing of the daemon's images, not an inspect per image
