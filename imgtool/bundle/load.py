@@ -13,10 +13,12 @@ layer, about as long as their own load): they check them and load nothing when o
 `imgtool verify` checks them offline. Podman does not check them (a layer that is not its
 diff_id's loads): its storage records the digest it computed while applying each layer, so after
 a Podman load imgtool compares those with the config's and removes the image on a mismatch; where
-those records cannot be read, every layer is decompressed and hashed while it streams instead. The runtime (Docker, containerd, Podman: a runtime.Runtime) is passed in by
-the caller: this module talks to none of them by itself. containerd reads the whole archive into
-its content store before it records an image, and Podman copies it to a temporary file first: on
-both, as on Docker, a cut stream records nothing (and their rooms remove what they kept of it).
+those records cannot be read, every layer is decompressed and hashed while it streams instead.
+The runtime (Docker, containerd, Podman: a runtime.Runtime) is passed in by the caller: this
+module talks to none of them by itself. containerd reads the whole archive into its content store
+before it records an image, and the Podman room writes the checked archive whole before Podman
+reads it: on both, as on Docker, a cut stream records nothing (and their rooms remove what they
+kept of it).
 """
 
 import dataclasses
