@@ -90,8 +90,8 @@ class Containerd:
         rows: Dict[str, Tuple[str, int]] = {}
         for name, digest, platforms, size in self._listing():
             names.setdefault(digest, [])
-            if not name.startswith("sha256:"):  # the CRI plugin's own ref by config digest: not a name
-                names[digest].append(name)
+            if not name.startswith("sha256:") and "@" not in name:  # tags only, as Docker's RepoTags: not the
+                names[digest].append(name)  # CRI plugin's own sha256:<config> ref, nor NAME@DIGEST names
             rows[digest] = (platforms, size)
         out = {}
         for digest, (platforms, size) in rows.items():

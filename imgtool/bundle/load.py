@@ -475,13 +475,9 @@ def _digest_refs(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, id
     it on the node instead of pulling. The other runtimes keep digests their own way."""
     if facts.runtime != "containerd":
         return
-    listed = daemon.images_by_id()
-    have = {familiar(t) for i in ids.values() if i in listed for t in listed[i].tags}
-    for im in index.images:
+    for im in index.images:  # (ctr images tag --force: naming it again is harmless)
         ref = im.image_ref
-        name = f"{ref.registry}/{ref.repository}@{im.manifest_digest}"
-        if familiar(name) not in have:
-            daemon.tag(ids[im.ref], name)
+        daemon.tag(ids[im.ref], f"{ref.registry}/{ref.repository}@{im.manifest_digest}")
 
 
 def _forget_failed_load(daemon: "Runtime", images: Sequence[Tuple[BundleImage, str]],
