@@ -248,6 +248,9 @@ def test_a_dependency_needing_a_newer_python_is_warned_and_gated(tmp_path):
 # --- Kylin's own python3: the offline verbs on 3.7 and 3.8 ----------------------------------
 
 OLD_PYTHONS = ("3.7", "3.8")  # Kylin V10 / openEuler 20.03 ship 3.7; Ubuntu 20.04 ships 3.8
+# The load tests that run on every runtime (6 of them) take the floor only: 3.8 adds nothing the pyz uses
+# there that 3.7 lacks, and the 3.8 runs of the other verbs below stay.
+KYLIN_PYTHON = ("3.7",)
 
 
 def _pyenv_root() -> str:
@@ -282,7 +285,7 @@ def run_clean(python, *args, cwd, docker_host=None, node=None):
 
 
 @pytest.mark.runtimes
-@pytest.mark.parametrize("version", OLD_PYTHONS)
+@pytest.mark.parametrize("version", KYLIN_PYTHON)
 def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, services, engine, factory, mirrored,
                                                                   tmp_path, node):
     """On every runtime (containerd and Podman without Docker): the pyz on Python 3.7/3.8 checks, loads
@@ -319,7 +322,7 @@ def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, servic
 
 
 @pytest.mark.runtimes
-@pytest.mark.parametrize("version", OLD_PYTHONS)
+@pytest.mark.parametrize("version", KYLIN_PYTHON)
 def test_a_damaged_bundle_fails_on_kylins_python_and_loads_nothing(version, services, factory, mirrored, tmp_path,
                                                                      node):
     python = old_python(version)
