@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
 from .model import familiar, foreign_arch_warning
-from .program import QUICK, Process, Program
+from .program import QUICK, Process, ProcessTimeout, Program
 from .runtime import ImageInfo, RuntimeInfo
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Podman:
                            root_dir=str(store.get("graphRoot") or ""), arch=arch or Platform.host().architecture,
                            os=str(host.get("os") or "linux"), local=True, image_store="containers-storage",
                            runtime="podman", staging_dir=self.staging_dir,
-                           reports_applied_diff_ids=self._storage_records() is not None)
+                           reports_applied_diff_ids=self._records_readable())
 
     def _inspect(self, ids: List[str]) -> List[dict]:
         try:
@@ -102,24 +102,39 @@ class Podman:
             out[image_id] = ImageInfo(image_id, names, "", "", None, int(entry.get("Size") or 0))
         return out
 
-    def _storage_records(self) -> Optional[Tuple[List[dict], Dict[str, dict]]]:
-        """containers/storage's own records: its images (each with its top layer) and its layers (each with its
-        parent and the `diff-digest` it computed while applying the layer); None when they cannot be read
-        here (another user's storage, another layout)."""
+    def _record_paths(self) -> Optional[Tuple[str, List[str]]]:
+        """Where containers/storage keeps its records: (images.json, [layers.json, volatile-layers.json]);
+        None when `podman info` names no storage root and driver."""
         store = self._info.get("store") or {}
         root, run_root, driver = (str(store.get(k) or "") for k in ("graphRoot", "runRoot", "graphDriverName"))
         if not root or not driver:
             return None
+        layers = [os.path.join(root, f"{driver}-layers", "layers.json")]
+        if run_root:
+            layers.append(os.path.join(run_root, f"{driver}-layers", "volatile-layers.json"))
+        return os.path.join(root, f"{driver}-images", "images.json"), layers
+
+    def _records_readable(self) -> bool:
+        """The storage's records can be read here (this user's storage, a known layout): a look at its root,
+        not a read of the records, which load reads once, after the load."""
+        paths = self._record_paths()
+        return paths is not None and os.access(os.path.dirname(os.path.dirname(paths[0])), os.R_OK | os.X_OK)
+
+    def _storage_records(self) -> Optional[Tuple[List[dict], Dict[str, dict]]]:
+        """containers/storage's own records: its images (each with its top layer) and its layers (each with its
+        parent and the `diff-digest` it computed while applying the layer); None when they cannot be read
+        here (another user's storage, another layout)."""
+        paths = self._record_paths()
+        if paths is None:
+            return None
         try:
-            with open(os.path.join(root, f"{driver}-images", "images.json"), encoding="utf-8") as f:
+            with open(paths[0], encoding="utf-8") as f:
                 images = json.load(f)
             layers: Dict[str, dict] = {}
-            for path in (os.path.join(root, f"{driver}-layers", "layers.json"),
-                         os.path.join(run_root, f"{driver}-layers", "volatile-layers.json")):
-                if run_root or "volatile" not in path:
-                    if os.path.exists(path):
-                        with open(path, encoding="utf-8") as f:
-                            layers.update((str(x.get("id")), x) for x in json.load(f) if isinstance(x, dict))
+            for path in paths[1]:
+                if os.path.exists(path):
+                    with open(path, encoding="utf-8") as f:
+                        layers.update((str(x.get("id")), x) for x in json.load(f) if isinstance(x, dict))
         except FileNotFoundError:
             return [], {}  # nothing stored yet: the files appear with the first image
         except (OSError, ValueError, TypeError, AttributeError):
@@ -275,7 +290,7 @@ class Podman:
             else:
                 proc.terminate()  # podman passes the signal on to the container (--sig-proxy)
             proc.wait(timeout=STOP_GRACE + self.quick)
-        except Exception:  # noqa: BLE001 - whatever stopping it did, podman must not outlive us
+        except (DaemonError, ProcessTimeout):  # podman stop failed or podman did not end: it must not outlive us
             proc.kill()
             proc.wait()
 

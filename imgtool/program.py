@@ -13,6 +13,7 @@ from typing import IO, Deque, Iterable, List, Mapping, Optional, Sequence
 from .errors import DaemonError, ProgramFailed, one_line
 
 Process = subprocess.Popen  # a tool started with the terminal (Program.start), for the rooms' annotations
+ProcessTimeout = subprocess.TimeoutExpired  # what waiting on a Process for too long raises
 QUICK = 120.0  # a listing, a tag, an inspect: seconds before the tool is taken for hung
 POISON = b"\xff" * 512  # not a tar header: ends an import we cut short in a failure, never in a success
 
