@@ -13,13 +13,10 @@ import subprocess
 
 import pytest
 
-from imgtool.bundle.writer import write_bundle
-from imgtool.delta import Have
 from imgtool.errors import UsageError
-from imgtool.model import Digest
 from imgtool.progress import choose
 from imgtool.push import parse_target, push_bundle
-from tests.support.bundles import BlobDir, imgtool, parts_of, write
+from tests.support.bundles import BlobDir, imgtool, parts_of, write, write_delta
 from tests.support.images import host_arch
 from tests.support.proxy import FaultProxy
 from tests.test_puller import HELPER
@@ -111,14 +108,8 @@ def test_push_to_tls_registry_with_basic_auth_from_docker_config(services, facto
 
 
 def test_delta_bundle_needs_its_base_in_the_registry(services, factory, store, tmp_path, proxy, uniq):
-    base = factory.layers(2)
-    old = factory.image(host_arch(), layers=1, base=base)
-    new = factory.image(host_arch(), layers=1, base=base)
-    have = Have("test")
-    have.add([Digest.parse(d) for d in old.diff_ids], f"{REPO}:v1")
     delta = tmp_path / "delta"
-    write_bundle(delta, [store.pulled(new, f"{REPO}:v2")], store.path, chunk_size=None, compress="none",
-                 force=False, progress=choose(True), have=have, base={"kind": "bundle", "name": "v1"})
+    base, old, _ = write_delta(delta, factory, store, REPO)
     target = f"{proxy.hostport}/{uniq}"
     r = imgtool("push", str(delta), "--to", target, "--insecure")
     assert r.returncode == 1

@@ -26,7 +26,7 @@ import requests
 from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.reader import read_index
 from imgtool.model import OCI_MANIFEST, Digest
-from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write
+from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
 from tests.test_selfbundle import old_python
@@ -547,19 +547,8 @@ def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, servi
 
 
 def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serving, tmp_path):
-    from imgtool.bundle.writer import write_bundle
-    from imgtool.delta import Have
-    from imgtool.progress import Progress
-
-    store = BlobDir(tmp_path / "blobs")
-    base = factory.layers(2)
-    old = factory.image(host_arch(), layers=1, base=base)
-    new = factory.image(host_arch(), layers=1, base=base)
-    have = Have("test")
-    have.add([Digest.parse(d) for d in old.diff_ids], f"{REPO}:v1")
     delta = tmp_path / "delta"
-    write_bundle(delta, [store.pulled(new, f"{REPO}:v2")], store.path, chunk_size=None, compress="none",
-                 force=False, progress=Progress(), have=have, base={"kind": "bundle", "name": "v1"})
+    _, _, new = write_delta(delta, factory, BlobDir(tmp_path / "blobs"), REPO)
     s = serving(str(delta), "--listen", "127.0.0.1:0")
     assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v2"
     assert s.proc.stdout.readline().rstrip("\n") == (

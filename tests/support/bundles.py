@@ -176,6 +176,26 @@ def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_s
                         progress=Progress(), created=created, verified=verified)
 
 
+def write_delta(out: Path, factory, store: "BlobDir", repo: str):
+    """A delta bundle of REPO:v2 written to `out`, leaving out the two base layers it shares with REPO:v1 (as a
+    fetch --base of v1's bundle would); returns (the base layers, the v1 image, the v2 image)."""
+    from imgtool.bundle.writer import write_bundle
+    from imgtool.delta import Have
+    from imgtool.model import Digest
+    from imgtool.progress import Progress
+
+    from .images import host_arch
+
+    base = factory.layers(2)
+    old = factory.image(host_arch(), layers=1, base=base)
+    new = factory.image(host_arch(), layers=1, base=base)
+    have = Have("test")
+    have.add([Digest.parse(d) for d in old.diff_ids], f"{repo}:v1")
+    write_bundle(out, [store.pulled(new, f"{repo}:v2")], store.path, chunk_size=None, compress="none",
+                 force=False, progress=Progress(), have=have, base={"kind": "bundle", "name": "v1"})
+    return base, old, new
+
+
 def canonical_tar(bundle: Path) -> bytes:
     """The bundle's uncompressed tar (small bundles only: read into memory)."""
     data = b"".join(p.read_bytes() for p in parts_of(bundle))
