@@ -172,7 +172,10 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
             if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
                 _check_applied(daemon, facts, loading)
         except BaseException:
-            _forget_failed_load(daemon, loading, present)
+            try:
+                _forget_failed_load(daemon, loading, present)
+            except DaemonError as e:  # the runtime gone mid-way: its own error is the story, this a warning
+                progress.warn(f"could not check for what the failed load left in {facts.title}: {e.message}")
             raise
     except (VerifyError, _Cut) as e:
         # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
