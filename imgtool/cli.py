@@ -575,9 +575,11 @@ def presets_cmd(presets_file, as_json):
               help="k8s: the device plugin's NPU resource (default: the preset's, e.g. huawei.com/Ascend910).")
 @click.option("--bundle", "bundle_dir", metavar="DIR",
               help="k8s: name the image by the manifest digest this bundle holds for it (and its architecture).")
+@click.option("--arch", metavar="ARCH",
+              help="k8s --bundle: of a tag the bundle holds for several architectures, pin this one's manifest.")
 @json_option("flags")
 @common
-def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, **kw):
+def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, **kw):
     """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste,
     or with --format k8s a Kubernetes Pod (or Deployment) for it.
 
@@ -597,14 +599,17 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
             raise UsageError(f"--format {fmt} and --runtime {kw['runtime']} name different programs: give one")
         kw["runtime"] = fmt
     if fmt != "k8s":
-        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle")):
+        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle"),
+                            (arch, "--arch")):
             if given is not None:
                 raise UsageError(f"{flag} applies to --format k8s")
     elif one_line:
         raise UsageError("--one-line applies to --format docker and podman")
+    elif arch is not None and bundle_dir is None:
+        raise UsageError("--arch applies with --bundle: it chooses which of the bundle's manifests the Pod names")
     pset, p, spec, config = _run_spec(preset, kw)
     if fmt == "k8s":
-        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, as_json)
+        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, arch, as_json)
         return
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
@@ -621,7 +626,7 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
         click.echo(P.render_command(spec, one_line=one_line))
 
 
-def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, as_json):
+def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, arch, as_json):
     """run-flags --format k8s: the Pod or Deployment, by digest from a bundle, else by tag (as for docker)."""
     from . import presets as P
 
@@ -629,7 +634,7 @@ def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_d
     architecture = pinned = None
     if bundle_dir is not None:
         wanted = P.normalize_image(image, default_image) if image else None
-        held = P.image_from_bundle(bundle_dir, preset, wanted, default_image)
+        held = P.image_from_bundle(bundle_dir, preset, wanted, default_image, arch)
         spec, architecture, pinned = spec.with_image(held.ref), held.architecture, held.pinned
     elif image:
         spec = spec.with_image(P.normalize_image(image, default_image))

@@ -385,8 +385,29 @@ def test_bundle_without_the_image_or_with_two_platforms_is_bad_input(tmp_path, h
     r = k8s("a2", "--format", "k8s", "--bundle", str(bundle), home=home, code=2)
     assert r.stderr.splitlines() == [
         f"error: bundle {bundle} holds {REPO}:v0.11.0rc1 for linux/arm64/v8 and linux/amd64: a Pod names one manifest",
-        "hint: fetch a bundle for the cluster's architecture (fetch --arch arm64), or leave out --bundle to name the "
-        "image by tag"]
+        "hint: name the nodes' architecture with --arch arm64 or --arch amd64 (the Pod is pinned to it), or leave out "
+        "--bundle to name the image by tag"]
+    r = k8s("a2", "--format", "k8s", "--bundle", str(bundle), "--arch", "s390x", home=home, code=2)
+    assert r.stderr.splitlines() == [
+        f"error: bundle {bundle} holds {REPO}:v0.11.0rc1 for linux/arm64/v8 and linux/amd64, not for s390x"]
+    r = k8s("a2", "--format", "k8s", "--image", "v1", "--arch", "arm64", home=home, code=2)
+    assert r.stderr.splitlines() == [
+        "error: --arch applies with --bundle: it chooses which of the bundle's manifests the Pod names"]
+    r = k8s("a2", "--arch", "arm64", home=home, code=2)
+    assert r.stderr.splitlines() == ["error: --arch applies to --format k8s"]
+
+
+def test_bundle_of_two_architectures_pins_the_one_named(tmp_path, home):
+    bundle, digests = make_bundle(tmp_path, [("v0.11.0rc1", "arm64", 1), ("v0.11.0rc1", "amd64", 2),
+                                             ("v0.10.0", "amd64", 3)])
+    for arch, given in (("arm64", "aarch64"), ("amd64", "amd64")):
+        r = k8s("a2", "--format", "k8s", "--bundle", str(bundle), "--arch", given, home=home)
+        pod = validate(r.stdout)["spec"]
+        assert pod["containers"][0]["image"] == DIGEST_PREFIX + digests[("v0.11.0rc1", arch)][7:]
+        assert pod["nodeSelector"] == {"kubernetes.io/arch": arch}
+    r = k8s("a2", "--format", "k8s", "--bundle", str(bundle), "--image", "v0.10.0", "--arch", "arm64", home=home,
+            code=2)
+    assert r.stderr.splitlines() == [f"error: bundle {bundle} holds {REPO}:v0.10.0 for linux/amd64, not for arm64"]
     r = k8s("a2", "--format", "k8s", "--bundle", str(tmp_path / "nothing"), home=home, code=2)
     assert r.stderr.splitlines() == [f"error: no such bundle directory: {tmp_path / 'nothing'}"]
 
@@ -420,8 +441,8 @@ def test_placeholder_image_is_said_for_the_manifest(home):
      ["error: --resource-name applies to --format k8s"]),
     (("a2", "--bundle", "."), ["error: --bundle applies to --format k8s"]),
     (("a2", "--format", "k8s", "--one-line"), ["error: --one-line applies to --format docker and podman"]),
-    (("a5", "--format", "k8s", "--image", "v1"),
-     ["error: preset a5 names no Kubernetes resource for its NPUs",
+    (("200i-pro", "--format", "k8s", "--image", "v1"),
+     ["error: preset 200i-pro names no Kubernetes resource for its NPUs",
       "hint: name the device plugin's: --resource-name huawei.com/Ascend910 (MindCluster, A2/A3), "
       "huawei.com/Ascend310P (300I Duo), or your plugin's"]),
     (("a2", "--format", "k8s", "--image", "v1", "--resource-name", "Ascend910"),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UsageError
-from ..model import ImageRef
+from ..model import ImageRef, Platform
 from ..releases import pick_tag
 from .preset import Preset, parse_resource_name
 from .run import RunSpec
@@ -54,9 +54,11 @@ class BundleImage:
 # --- the image from a bundle ---------------------------------------------------------------
 
 
-def image_from_bundle(bundle_dir: str, preset: Preset, image: Optional[str], default_image: str) -> BundleImage:
-    """The bundle's image for the run: `image` (already normalized) or else the newest tag for the preset;
-    raises UsageError (none there, several platforms), or what reading bundle.json raises."""
+def image_from_bundle(bundle_dir: str, preset: Preset, image: Optional[str], default_image: str,
+                      architecture: Optional[str] = None) -> BundleImage:
+    """The bundle's image for the run: `image` (already normalized) or else the newest tag for the preset, for
+    `architecture` (needed when the bundle holds the tag for several); raises UsageError (none there, several
+    platforms and no architecture, not that one), or what reading bundle.json raises."""
     from ..bundle.reader import read_index
 
     index, _ = read_index(Path(bundle_dir))
@@ -74,10 +76,16 @@ def image_from_bundle(bundle_dir: str, preset: Preset, image: Optional[str], def
     if not found:
         names = ", ".join(sorted({im.ref for im in index.images})) or "no images"
         raise UsageError(f"bundle {bundle_dir} holds no image {image}; it holds {names}")
+    platforms = " and ".join(str(im.platform) for im in found)
+    if architecture is not None:
+        arch = Platform.parse(architecture).architecture
+        found = [im for im in found if im.platform.architecture == arch]
+        if not found:
+            raise UsageError(f"bundle {bundle_dir} holds {image} for {platforms}, not for {arch}")
     if len(found) > 1:
-        platforms = " and ".join(str(im.platform) for im in found)
+        archs = " or ".join(f"--arch {im.platform.architecture}" for im in found)
         raise UsageError(f"bundle {bundle_dir} holds {image} for {platforms}: a Pod names one manifest",
-                         hint="fetch a bundle for the cluster's architecture (fetch --arch arm64), or leave out "
+                         hint=f"name the nodes' architecture with {archs} (the Pod is pinned to it), or leave out "
                               "--bundle to name the image by tag")
     return BundleImage(found[0].ref, str(found[0].manifest_digest), found[0].platform.architecture)
 
