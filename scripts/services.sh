@@ -500,12 +500,13 @@ containerd_count() {
 }
 
 # A node's containerd, private: every path it writes under its directory, nothing under /run,
-# /var/lib or /opt. runc's state goes under it too (the CRI runtime's Root; `ctr run` gets
+# /var/lib or /opt. The CRI plugin's registry hosts (hosts.toml mirrors, as a node's
+# /etc/containerd/certs.d) are $dir/certs.d: tests write a mirror there for a kubelet-style pull. runc's state goes under it too (the CRI runtime's Root; `ctr run` gets
 # --runc-root in the tests), so `down` can find containers left behind.
 write_containerd_config() { # RUNTIME
     local dir
     dir="$(runtime_dir "$1")"
-    mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$dir/runc" "$dir/cni/bin" "$dir/cni/conf"
+    mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$dir/runc" "$dir/cni/bin" "$dir/cni/conf" "$dir/certs.d"
     cat >"$dir/config.toml" <<EOF
 version = 2
 root = "$dir/root"
@@ -531,6 +532,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$dir/cni/bin"
     conf_dir = "$dir/cni/conf"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$dir/certs.d"
 EOF
 }
 

@@ -1,0 +1,116 @@
+"""The kubelet's side of an image pull: the CRI ImageService of a containerd's CRI plugin, over gRPC.
+
+`crictl` is not packaged for Debian, so the tests speak CRI (k8s.io/cri-api, runtime.v1) themselves:
+grpcio for the transport, and the few protobuf messages a pull needs encoded here by hand (field
+numbers from cri-api's api.proto), so no generated code and no protobuf compiler. What the kubelet
+does for a Pod's image: ImageStatus (present?), else PullImage; both resolve through the CRI plugin's
+registry configuration (`config_path`, the hosts.toml mirrors), not through ctr's.
+"""
+
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import grpc
+
+_SERVICE = "/runtime.v1.ImageService/"
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): strings and embedded messages."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _read_varint(data: bytes, i: int) -> Tuple[int, int]:
+    n = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return n, i
+
+
+def _fields(data: bytes) -> Iterator[Tuple[int, object]]:
+    """(field number, value) of a message: bytes for wire type 2, int for varints; others skipped."""
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i)
+            yield number, value
+        elif wire == 2:
+            size, i = _read_varint(data, i)
+            yield number, data[i:i + size]
+            i += size
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} is not read here")
+
+
+def _image_spec(ref: str) -> bytes:
+    return _field(1, ref.encode())  # ImageSpec.image
+
+
+@dataclass
+class CriImage:
+    """runtime.v1.Image, the fields a test looks at."""
+
+    id: str
+    repo_tags: List[str]
+    repo_digests: List[str]
+    size: int
+
+
+class ImageService:
+    """The CRI image service at a containerd socket."""
+
+    def __init__(self, socket: str, timeout: float = 300):
+        self.channel = grpc.insecure_channel(f"unix://{socket}")
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method: str, request: bytes) -> bytes:
+        return self.channel.unary_unary(_SERVICE + method)(request, timeout=self.timeout)
+
+    def pull(self, ref: str) -> str:
+        """PullImage as the kubelet sends it (no auth: the mirror is the node's business); the image ref
+        (the image's ID) the runtime answers. Raises grpc.RpcError with the runtime's message."""
+        reply = self._call("PullImage", _field(1, _image_spec(ref)))
+        return next((v.decode() for n, v in _fields(reply) if n == 1 and isinstance(v, bytes)), "")
+
+    def status(self, ref: str) -> Optional[CriImage]:
+        """ImageStatus: the image the runtime has under `ref`, or None (the kubelet then pulls)."""
+        reply = self._call("ImageStatus", _field(1, _image_spec(ref)))
+        image = next((v for n, v in _fields(reply) if n == 1 and isinstance(v, bytes)), None)
+        if image is None:
+            return None
+        values: Dict[int, List[object]] = {}
+        for n, v in _fields(image):
+            values.setdefault(n, []).append(v)
+
+        def strings(n: int) -> List[str]:
+            return [v.decode() for v in values.get(n, []) if isinstance(v, bytes)]
+
+        size = values.get(4, [0])[0]
+        return CriImage(id=(strings(1) or [""])[0], repo_tags=strings(2), repo_digests=strings(3),
+                        size=size if isinstance(size, int) else 0)
+
+    def remove(self, ref: str) -> None:
+        """RemoveImage (what the kubelet's image GC sends); absent images are not an error."""
+        self._call("RemoveImage", _field(1, _image_spec(ref)))
