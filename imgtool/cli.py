@@ -848,7 +848,9 @@ def _namespace_words(facts: dict) -> str:
 
 def _echo_signature(verdict) -> None:
     """verify/load: the signature's line, when the bundle is signed or a policy asked for a signature."""
-    if verdict is not None and (verdict.state != "unsigned" or verdict.policy):
+    from .trust import State
+
+    if verdict is not None and (verdict.state is not State.UNSIGNED or verdict.policy):
         click.echo(f"signature: {verdict.message}")
 
 

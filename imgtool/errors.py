@@ -59,7 +59,7 @@ class VerifyError(ImgtoolError):
 class SignatureError(VerifyError):
     """A bundle's signature refused (policy or a bad signature): `reason` says which, `signer` who signed.
 
-    reason is one of trust.REASONS: unsigned, malformed, namespace, bad, unknown-signer,
+    reason is the value of a refusing trust.State: unsigned, malformed, namespace, bad, unknown-signer,
     not-allowed, no-ssh-keygen.
     """
 

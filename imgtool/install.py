@@ -28,7 +28,7 @@ from .bundle.signature import enforce
 from .errors import ImgtoolError, UsageError, VerifyError
 from .fsutil import NotRegularFile, fsync_dir, open_regular, write_atomic
 from .selfbundle import running_pyz
-from .trust import TRUSTED
+from .trust import State
 
 LIB_DIR = Path("lib") / "imgtool"
 BIN = Path("bin") / "imgtool"
@@ -119,7 +119,7 @@ def self_update(bundle_dir: Path, *, expect: Optional[str] = None, signers: Opti
             raise VerifyError(f"refusing to update imgtool from {bundle_dir}: bundle.json does not match --expect "
                               f"(its sha256 is {sha}); nothing was updated",
                               hint="give the bundle.json sha256 published with this release")
-    elif verdict.state != TRUSTED:
+    elif verdict.state is not State.TRUSTED:
         raise VerifyError(f"refusing to update imgtool from {bundle_dir}: nothing vouches for its bundle.json "
                           f"({verdict.message}); nothing was updated",
                           hint="give --expect SHA256 (the bundle.json sha256 published with the release), or sign "

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Callable, List, Mapping, NamedTuple, Optional
 
@@ -20,10 +21,20 @@ SIGNERS_ENV = "IMGTOOL_SIGNERS"
 SYSTEM_SIGNERS = Path("/etc/imgtool/allowed_signers")
 USER_SIGNERS = Path(".config/imgtool/allowed_signers")  # under $HOME
 
-# what a look at the signature found (Finding.state); the refusals are also SignatureError.reason
-UNSIGNED, MALFORMED, NAMESPACE, BAD, NO_SSH_KEYGEN = "unsigned", "malformed", "namespace", "bad", "no-ssh-keygen"
-VALID, TRUSTED, UNKNOWN_SIGNER, NOT_ALLOWED = "valid", "trusted", "unknown-signer", "not-allowed"
-REASONS = (UNSIGNED, MALFORMED, NAMESPACE, BAD, UNKNOWN_SIGNER, NOT_ALLOWED, NO_SSH_KEYGEN)
+class State(Enum):
+    """What a look at bundle.json.sig found (Finding.state, Verdict.state). The value is what `--json`
+    prints and, for a refusal, SignatureError.reason."""
+
+    UNSIGNED = "unsigned"
+    MALFORMED = "malformed"
+    NAMESPACE = "namespace"  # a good signature made for another purpose (not imgtool-bundle)
+    BAD = "bad"
+    NO_SSH_KEYGEN = "no-ssh-keygen"  # signed, and nothing here can check it
+    VALID = "valid"  # good, no policy to judge the signer
+    TRUSTED = "trusted"  # good, and the policy allows the signer
+    UNKNOWN_SIGNER = "unknown-signer"
+    NOT_ALLOWED = "not-allowed"  # listed, but not for imgtool bundles (namespaces=, expiry)
+
 
 
 class Policy(NamedTuple):
@@ -37,18 +48,18 @@ class Policy(NamedTuple):
 class Finding(NamedTuple):
     """What checking bundle.json.sig found: `state` (above) and what is known of the signer."""
 
-    state: str
+    state: State
     signer: Optional[str] = None  # "ED25519 key SHA256:...": from the signature itself, checked or not
-    principal: Optional[str] = None  # the allowed_signers name ssh-keygen accepted (TRUSTED)
-    namespace: Optional[str] = None  # the signature's namespace (NAMESPACE)
-    detail: Optional[str] = None  # why a signature is MALFORMED
+    principal: Optional[str] = None  # the allowed_signers name ssh-keygen accepted (State.TRUSTED)
+    namespace: Optional[str] = None  # the signature's namespace (State.NAMESPACE)
+    detail: Optional[str] = None  # why a signature is State.MALFORMED
 
 
 class Verdict(NamedTuple):
     """Refuse (reason, message, hint) or go on (message: what to report; warning, if any)."""
 
     refuse: bool
-    state: str
+    state: State
     message: str
     hint: Optional[str] = None
     warning: Optional[str] = None
@@ -57,7 +68,7 @@ class Verdict(NamedTuple):
     policy: Optional[Policy] = None
 
     def to_json(self) -> dict:
-        return {"state": self.state, "signer": self.signer, "principal": self.principal,
+        return {"state": self.state.value, "signer": self.signer, "principal": self.principal,
                 "policy": str(self.policy.path) if self.policy else None, "message": self.message}
 
 
@@ -183,39 +194,39 @@ def judge(policy: Optional[Policy], found: Finding) -> Verdict:
     def refuse(message: str, hint: Optional[str]) -> Verdict:
         return Verdict(True, state, message, hint, signer=signer, policy=policy)
 
-    if state == MALFORMED:
+    if state is State.MALFORMED:
         return refuse(f"{SIGNATURE} is not an SSH signature ({found.detail})",
                       "copy bundle.json.sig again from the source medium, or sign the bundle again")
-    if state == NAMESPACE:
+    if state is State.NAMESPACE:
         return refuse(f"{SIGNATURE} was made for namespace {found.namespace!r}, not 'imgtool-bundle' "
                       f"(signed by {signer}): it is not a bundle signature",
                       "sign bundles with imgtool sign DIR --key KEY (or fetch --sign-key KEY)")
-    if state == BAD:
+    if state is State.BAD:
         return refuse(f"bad signature: {SIGNATURE} (by {signer}) does not match bundle.json: bundle.json was "
                       "changed after it was signed, or the signature is another bundle's",
                       "copy bundle.json and bundle.json.sig again from the source medium")
     if policy is None:
-        if state == UNSIGNED:
+        if state is State.UNSIGNED:
             return Verdict(False, state, "not signed", policy=policy)
-        if state == NO_SSH_KEYGEN:
+        if state is State.NO_SSH_KEYGEN:
             return Verdict(False, state, "signed, not checked", signer=signer, policy=policy,
                            warning=f"{SIGNATURE} was not checked: ssh-keygen not found "
                                    "(install openssh-client; no allowed_signers policy here, so this is not a refusal)")
         return Verdict(False, state, f"signed by {signer} (good signature; no allowed_signers policy here, "
                                      "so who signed was not checked)", signer=signer, policy=policy)
-    if state == TRUSTED:
+    if state is State.TRUSTED:
         if found.principal and is_pattern(found.principal):  # a pattern is no one's name: name the key
             return Verdict(False, state, f"signed by {signer}, allowed by {policy.path} (as {found.principal})",
                            signer=signer, principal=found.principal, policy=policy)
         return Verdict(False, state, f"signed by {found.principal} ({signer}), allowed by {policy.path}",
                        signer=signer, principal=found.principal, policy=policy)
-    if state == UNSIGNED:
+    if state is State.UNSIGNED:
         return refuse(f"not signed (no {SIGNATURE}), and {policy} requires a signature by a key it lists",
                       "sign it where it was made: imgtool sign DIR --key KEY (or fetch --sign-key KEY)")
-    if state == NO_SSH_KEYGEN:
+    if state is State.NO_SSH_KEYGEN:
         return refuse(f"cannot check {SIGNATURE}: ssh-keygen not found, and {policy} requires a signature",
                       "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen")
-    if state == NOT_ALLOWED:
+    if state is State.NOT_ALLOWED:
         why = found.detail or "its namespaces= or valid-after/valid-before options"
         return refuse(f"signed by {signer}, listed in {policy} but not allowed to sign imgtool bundles: {why}",
                       f"check that key's line in {policy.path}")

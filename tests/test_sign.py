@@ -162,21 +162,21 @@ def test_principals_of_a_key_in_an_allowed_signers_file():
 def test_what_is_refused_with_and_without_a_policy():
     policy = Policy(Path("/etc/imgtool/allowed_signers"), "the site policy")
     key = "ED25519 key SHA256:abc"
-    refused_anyway = [Finding(trust.MALFORMED, detail="not base64"), Finding(trust.NAMESPACE, key, namespace="git"),
-                      Finding(trust.BAD, key)]
+    refused_anyway = [Finding(trust.State.MALFORMED, detail="not base64"), Finding(trust.State.NAMESPACE, key, namespace="git"),
+                      Finding(trust.State.BAD, key)]
     for found in refused_anyway:
         assert judge(None, found).refuse and judge(policy, found).refuse, found
-    for state in (trust.UNSIGNED, trust.NO_SSH_KEYGEN, trust.UNKNOWN_SIGNER, trust.NOT_ALLOWED):
+    for state in (trust.State.UNSIGNED, trust.State.NO_SSH_KEYGEN, trust.State.UNKNOWN_SIGNER, trust.State.NOT_ALLOWED):
         assert judge(policy, Finding(state, key)).refuse, state
-    assert judge(None, Finding(trust.UNSIGNED)) == trust.Verdict(False, "unsigned", "not signed")
-    no_tool = judge(None, Finding(trust.NO_SSH_KEYGEN, key))
+    assert judge(None, Finding(trust.State.UNSIGNED)) == trust.Verdict(False, trust.State.UNSIGNED, "not signed")
+    no_tool = judge(None, Finding(trust.State.NO_SSH_KEYGEN, key))
     assert not no_tool.refuse and no_tool.warning.startswith("bundle.json.sig was not checked: ssh-keygen not found")
-    assert judge(None, Finding(trust.VALID, key)).message == \
+    assert judge(None, Finding(trust.State.VALID, key)).message == \
         "signed by ED25519 key SHA256:abc (good signature; no allowed_signers policy here, so who signed was not checked)"
-    ok = judge(policy, Finding(trust.TRUSTED, key, principal="alice@site"))
+    ok = judge(policy, Finding(trust.State.TRUSTED, key, principal="alice@site"))
     assert not ok.refuse and ok.message == \
         "signed by alice@site (ED25519 key SHA256:abc), allowed by /etc/imgtool/allowed_signers"
-    assert judge(policy, Finding(trust.UNKNOWN_SIGNER, key)).message == \
+    assert judge(policy, Finding(trust.State.UNKNOWN_SIGNER, key)).message == \
         "signed by a key not in /etc/imgtool/allowed_signers (the site policy): ED25519 key SHA256:abc"
 
 

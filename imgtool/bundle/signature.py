@@ -101,18 +101,18 @@ def examine(bundle_dir: Path, raw: bytes, policy: Optional[trust.Policy]) -> tru
     try:
         data = sshsig.read_signature(path)
         if data is None:
-            return trust.Finding(trust.UNSIGNED)
+            return trust.Finding(trust.State.UNSIGNED)
         envelope = sshsig.parse_signature(data)
     except sshsig.BadEnvelope as e:
-        return trust.Finding(trust.MALFORMED, detail=str(e))
+        return trust.Finding(trust.State.MALFORMED, detail=str(e))
     signer = envelope.key_name
     if envelope.namespace != sshsig.NAMESPACE:
-        return trust.Finding(trust.NAMESPACE, signer, namespace=envelope.namespace)
+        return trust.Finding(trust.State.NAMESPACE, signer, namespace=envelope.namespace)
     try:
         if not sshsig.valid(raw, path, envelope):
-            return trust.Finding(trust.BAD, signer)
+            return trust.Finding(trust.State.BAD, signer)
         if policy is None:
-            return trust.Finding(trust.VALID, signer)
+            return trust.Finding(trust.State.VALID, signer)
         try:
             text = policy.path.read_text(encoding="utf-8", errors="replace")
         except OSError as e:
@@ -120,13 +120,13 @@ def examine(bundle_dir: Path, raw: bytes, policy: Optional[trust.Policy]) -> tru
         listed = trust.principals_for(text, envelope.public_key)
         for principal in listed or trust.all_principals(text):
             if sshsig.verifies(raw, path, policy.path, principal):
-                return trust.Finding(trust.TRUSTED, signer, principal=principal)
+                return trust.Finding(trust.State.TRUSTED, signer, principal=principal)
     except SshKeygenMissing:
-        return trust.Finding(trust.NO_SSH_KEYGEN, signer)
+        return trust.Finding(trust.State.NO_SSH_KEYGEN, signer)
     if listed:
         why = trust.restrictions(text, envelope.public_key, sshsig.NAMESPACE, time.time())
-        return trust.Finding(trust.NOT_ALLOWED, signer, detail="; ".join(why) or None)
-    return trust.Finding(trust.UNKNOWN_SIGNER, signer)
+        return trust.Finding(trust.State.NOT_ALLOWED, signer, detail="; ".join(why) or None)
+    return trust.Finding(trust.State.UNKNOWN_SIGNER, signer)
 
 
 def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doing: str = "verify",
@@ -144,6 +144,6 @@ def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doin
                 "serve": f"refusing to serve {bundle_dir}"}.get(doing, f"bundle failed verification: {bundle_dir}")
         tail = {"load": "; nothing was loaded", "update": "; nothing was updated", "serve": "; nothing is served"
                 }.get(doing, "")
-        raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state,
+        raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state.value,
                              signer=verdict.signer)
     return verdict
