@@ -1181,8 +1181,8 @@ def main(argv=None) -> None:
         text, hint = usage_lines(e)
         _STATE["json"] = _STATE["json"] or "--json" in args  # a parse error comes before --json's callback
         _failed(text, hint, EXIT_USAGE)
-    except click.exceptions.Abort:
-        _failed("aborted", None, 130)
+    except click.exceptions.Abort as e:  # click turns Ctrl-C into Abort (after a new line on stderr)
+        _failed("interrupted" if isinstance(e.__context__, KeyboardInterrupt) else "aborted", None, 130)
     except click.ClickException as e:  # not a usage error (click.FileError...): still the one printer
         _failed(e.format_message(), None, e.exit_code if e.exit_code is not None else EXIT_USAGE)
     except click.exceptions.Exit as e:

@@ -287,7 +287,7 @@ def test_sigterm_stops_and_removes_the_container(podman, pod_image, uniq, home):
     assert out + rest == b"ready\nstopping\n"
     # click's words for an interrupted verb (its empty line first), the same as on Docker; podman's own
     # log lines (its --rm cleanup racing the stop, in this sandbox) are podman's, not imgtool's
-    assert [line for line in err.decode().splitlines() if not line.startswith("time=")] == ["", "error: aborted"]
+    assert [line for line in err.decode().splitlines() if not line.startswith("time=")] == ["", "error: interrupted"]
     assert podman.container_gone(name)
 
 
