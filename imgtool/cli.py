@@ -346,7 +346,7 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
 @common
 def inspect(ref, mirror, mirrors_file, as_json):
     """Show an image's platforms, sizes, layer counts, digest and the source that answered."""
-    from .fetch import inspect as do_inspect
+    from .inspection import inspect as do_inspect
     from .model import format_size
 
     r = do_inspect(_registries(mirrors_file), ref, mirror, _store(), progress())
@@ -375,7 +375,7 @@ def mirrors_cmd(ref, mirrors_file, timeout, as_json):
     Without REF: the newest release tag of the default image that a source lists (the image
     publishes no `latest`); when no source lists tags, reachability only.
     """
-    from .fetch import mirror_report
+    from .mirror_report import mirror_report
 
     config = _registries(mirrors_file)
     report = mirror_report(config, ref, timeout)

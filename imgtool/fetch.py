@@ -1,7 +1,7 @@
-"""The connected side: `fetch` (references -> bundle), `inspect`, and the mirror report.
+"""The connected side's main job: `fetch`, references -> a verified bundle.
 
-Each is a core function taking plain values and a Progress and returning plain values;
-cli.py formats them.
+A core function taking plain values and a Progress and returning plain values; cli.py formats
+them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) mirror_report.py.
 """
 
 import os
@@ -15,8 +15,8 @@ from .config import MirrorConfig
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .fsutil import NotRegularFile, open_regular
-from .mirrors import Probe, Resolution, Source, ping_probes, probe, resolve, sources_for
-from .model import (Descriptor, Digest, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest)
+from .mirrors import Resolution, resolve, sources_for
+from .model import Descriptor, Digest, ImageRef, Platform, PulledImage
 from .progress import Progress
 from .puller import PullStats, download
 from .resolve import resolve_image
@@ -319,113 +319,3 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
 
 
 # --- inspect ---------------------------------------------------------------
-
-
-@dataclass
-class PlatformSummary:
-    platform: Platform
-    manifest_digest: Digest
-    size: int
-    layers: int
-
-
-@dataclass
-class InspectResult:
-    ref: ImageRef
-    digest: Digest
-    media_type: str
-    source: Source
-    platforms: List[PlatformSummary]
-    notes: List[str]
-
-
-def inspect(config: MirrorConfig, text: str, mirror: str, store: Store, progress: Progress,
-            timeout: float = 5.0) -> InspectResult:
-    """Platforms, sizes and layer counts of a reference, and which source answered; a single-arch image's
-    config is read through `store`."""
-    res = resolve_refs(config, [text], mirror, progress, timeout)[0]
-    errors = []
-    for source in res.sources:
-        try:
-            data, ctype, _ = source.client.manifest(source.repository, str(res.digest), expect=res.digest)
-            parsed = parse_manifest(data, ctype)
-            summaries = []
-            if isinstance(parsed, Index):
-                for entry in parsed.manifests:
-                    if entry.platform is None or entry.platform.architecture == "unknown":
-                        continue
-                    mdata, mtype, _ = source.client.manifest(source.repository, str(entry.digest), expect=entry.digest)
-                    m = parse_manifest(mdata, mtype)
-                    if isinstance(m, Manifest):
-                        summaries.append(PlatformSummary(entry.platform, entry.digest, m.size, len(m.layers)))
-            else:
-                store.create()
-                image = resolve_image(Resolution(res.ref, res.digest, [source], res.probes, []),
-                                      _any_platform_of(parsed, source, store), store)
-                summaries.append(PlatformSummary(image.platform, res.digest, parsed.size, len(parsed.layers)))
-            return InspectResult(res.ref, res.digest, parsed.media_type, source, summaries, res.notes)
-        except ImgtoolError as e:
-            errors.append(f"{source.describe()}: {e.message}")
-    raise ImgtoolError("cannot inspect: " + "; ".join(errors))
-
-
-def _any_platform_of(manifest: Manifest, source: Source, store: Store) -> Platform:
-    """The platform of a single-arch image, read from its config."""
-    from .model import ImageConfig
-    from .resolve import fetch_small_blob
-
-    return ImageConfig.parse(fetch_small_blob([source], manifest.config, store)).platform
-
-
-# --- mirrors report --------------------------------------------------------
-
-
-@dataclass
-class MirrorReport:
-    """What `imgtool mirrors` found: the reference probed (None: reachability only) and each source."""
-
-    ref: Optional[ImageRef]
-    chosen: str  # how the reference was chosen when none was given ("" when given)
-    probes: List[Probe]
-
-    def failure(self, config_path: str) -> Optional[ImgtoolError]:
-        """The error to exit with: no source reachable, or none serving the reference; else None."""
-        from .errors import RegistryError
-
-        detail = "; ".join(f"{p.source.name}: {p.error or 'no answer'}" for p in self.probes)
-        if not any(p.reachable for p in self.probes):
-            return RegistryError(f"no source is reachable: {detail}",
-                                 hint=f"check the network or proxy (HTTPS_PROXY), or the URLs in {config_path}")
-        if self.ref is not None and not any(p.digest for p in self.probes):
-            return NotFoundError(f"no source serves {self.ref.tagged}: {detail}",
-                                 hint="check the tag: imgtool tags lists them")
-        return None
-
-
-def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.0) -> MirrorReport:
-    """Probe every source for a reference; without one, for the newest release tag a source lists.
-
-    The default image publishes no `latest`, so probing it would report every healthy mirror as
-    "not found". When no source lists tags, only reachability (`/v2/`) is reported.
-    """
-    import dataclasses
-
-    from .tags import TagList, list_tags
-
-    if text:
-        ref = config.parse_ref(text)
-        return MirrorReport(ref, "", probe(sources_for(ref, config), ref, timeout))
-    base = config.parse_ref("latest")
-    sources = sources_for(base, config)
-    try:
-        listed: Optional[TagList] = list_tags(sources, base.name)
-    except ImgtoolError:
-        listed = None
-    releases = [t for t in (listed.tags if listed else []) if t.release and not t.is_dev_build]
-    if listed is None or not releases:
-        return MirrorReport(None, "no source lists the tags", ping_probes(sources, timeout))
-    newest = [t for t in releases if t.release == releases[0].release]
-    tag = next((t for t in newest if not t.variant), newest[0]).tag
-    ref = dataclasses.replace(base, tag=tag)
-    return MirrorReport(ref, f"the newest release {listed.source.name} lists", probe(sources, ref, timeout))
-
