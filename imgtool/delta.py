@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
-from .model import Descriptor, Digest, json_object
+from .model import Descriptor, Digest, PulledImage, json_object
 
 INVENTORY_FORMAT = "imgtool-inventory"
 INVENTORY_VERSION = 1
@@ -188,6 +188,29 @@ def plan_omissions(diff_ids: Sequence[Digest], have: Optional[Have], architectur
             break
         out.append(Omission(i, chain, names))
     return out
+
+
+@dataclass(frozen=True)
+class DeltaPlan:
+    """What a delta bundle leaves out, decided once, before anything downloads: fetch derives from it what
+    is not downloaded and the puller's order, the writer what bundle.json records. Keyed by an image's
+    diff_ids and architecture, which rewriting its layers (--layers compat) keeps, so the plan made for
+    the pulled images holds for the rewritten ones. `base` is bundle.json's description of where `have`
+    came from (a bundle, an inventory)."""
+
+    have: Have
+    base: Optional[dict]
+    by_image: Dict[Tuple[Tuple[Digest, ...], str], Tuple[Omission, ...]]
+
+    @classmethod
+    def make(cls, have: Have, base: Optional[dict], images: Iterable[PulledImage]) -> "DeltaPlan":
+        """The plan for these images, against the chains `have` holds."""
+        keys = {(tuple(im.config.diff_ids), im.platform.architecture) for im in images}
+        return cls(have, base, {key: tuple(plan_omissions(key[0], have, key[1])) for key in keys})
+
+    def omissions(self, diff_ids: Sequence[Digest], architecture: str) -> Tuple[Omission, ...]:
+        """The layers of that image left out; an image the plan was not made for is a bug (KeyError)."""
+        return self.by_image[(tuple(diff_ids), architecture)]
 
 
 def requirements(needed: Iterable[Tuple[Digest, Sequence[str]]]) -> List[Tuple[str, ...]]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from . import heldblobs, transcode
 from .config import MirrorConfig
-from .delta import Have, Inventory, have_from_inventory
+from .delta import DeltaPlan, Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .fsutil import NotRegularFile, open_regular
 from .mirrors import Resolution, resolve, sources_for
@@ -147,21 +147,23 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     skip = set()
     left_out: List[heldblobs.LeftOut] = []
     held: Dict[Digest, Descriptor] = {}
-    if have is not None:
+    # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
+    delta = None if have is None else DeltaPlan.make(have, base, images)
+    if delta is not None:
         # before downloading: a delta the offline store could not hold whole is refused at no cost
-        left_out, held = heldblobs.held_blobs(images, have, config, opts.mirror, store, progress,
+        left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
                                                  opts.probe_timeout)
-        planned = writer.bundle_images(images, have)
+        planned = writer.bundle_images(images, delta)
         omitted = {x.digest for im in planned for x in im.layers if x.omitted}
         needed = {x.digest for im in planned for x in im.layers if not x.omitted}
         skip = omitted - needed
         if skip:
-            progress.note(f"delta against {have.what}: {len(skip)} layers are already on the offline side "
+            progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
                           "and are not downloaded")
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     check_space(images, store, output, skip, opts.layers, opts.compress, tool)
-    pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
+    pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, delta))
     check = None
     try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
         # the layers kept as served are checked against their diff_ids while the bundle is written
@@ -174,7 +176,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
             images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
-                                     have=have, base=base, created=opts.created, extra_files=tool,
+                                     delta=delta, created=opts.created, extra_files=tool,
                                      verified=pull.stats.fresh, before_seal=check.wait)
     except BaseException:
         pull.cancel()  # finished layers and partial ones stay in the cache for the next run

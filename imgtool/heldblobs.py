@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .bundle import layout, writer
 from .config import MirrorConfig
-from .delta import Have, InventoryImage, chain_ids
+from .delta import DeltaPlan, InventoryImage, chain_ids
 from .errors import ImgtoolError, UsageError
 from .mirrors import resolve, sources_for
 from .model import LAYER_COMPRESSION, Descriptor, Digest, Index, Manifest, Platform, PulledImage, parse_manifest
@@ -25,17 +25,18 @@ from .store import Store
 LeftOut = List[Tuple[int, Digest]]  # (layer index, chain ID) of each layer an image's bundle leaves out
 
 
-def held_blobs(images: Sequence[PulledImage], have: Have, config: MirrorConfig, mirror: str, store: Store,
+def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorConfig, mirror: str, store: Store,
                progress: Progress, timeout: float = 5.0) -> Tuple[List[LeftOut], Dict[Digest, Descriptor]]:
     """Each image's left-out layers, and the blob (by chain ID) the offline Docker holds each as, where known.
 
     Raises UsageError when the offline Docker is a containerd image store and the blobs of a left-out
     zstd layer cannot be found (the delta would load an image that store cannot save, push or export);
     warns when those of gzip or plain layers cannot (they are the base's if it came from the same registry)."""
+    have = delta.have
     held = dict(have.blobs)
     looked: Dict[str, Optional[Tuple[Descriptor, ...]]] = {}
     left_out: List[LeftOut] = []
-    for im in writer.bundle_images(images, have):
+    for im in writer.bundle_images(images, delta):
         omitted = [(i, x.chain_id, x.provided_by) for i, x in enumerate(im.layers) if x.omitted and x.chain_id]
         left_out.append([(i, chain) for i, chain, _ in omitted])
         need = [o for o in omitted if o[1] not in held and any(n in have.containerd for n in o[2])]

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 from imgtool.bundle.writer import write_bundle
-from imgtool.delta import Have
+from imgtool.delta import DeltaPlan, Have
 from imgtool.model import Digest
 from imgtool.progress import Progress
 from tests.support.bundles import BlobDir, parts_of, write
@@ -271,8 +271,9 @@ def test_a_delta_bundle_needs_its_base_on_the_runtime_too(node, factory, uniq, t
     have = Have("test")
     have.add([Digest.parse(d) for d in old.diff_ids], old.config_digest)
     delta = tmp_path / "delta"
-    write_bundle(delta, [store.pulled(new, new_ref)], store.path, chunk_size=None, compress="none", force=False,
-                 progress=Progress(), created="2025-01-01T00:00:00Z", have=have)
+    pulled = [store.pulled(new, new_ref)]
+    write_bundle(delta, pulled, store.path, chunk_size=None, compress="none", force=False,
+                 progress=Progress(), created="2025-01-01T00:00:00Z", delta=DeltaPlan.make(have, None, pulled))
     node.remove(new_ref, new.config_digest, old_ref, old.config_digest)
     before = node.state()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__
-from ..delta import Have, describe_requirements, plan_omissions, requirements
+from ..delta import DeltaPlan, describe_requirements, requirements
 from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size, utc_time
@@ -208,13 +208,13 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
                          hint="choose another --output, or pass --force to replace the bundle in it")
 
 
-def archive_order(images: Sequence[PulledImage], have: Optional[Have] = None) -> List[Digest]:
+def archive_order(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[Digest]:
     """The layer blobs in the order write_bundle copies them (their order in the archive)."""
-    return [m.digest for m in layout.members(bundle_images(images, have)) if m.kind == "layer"]
+    return [m.digest for m in layout.members(bundle_images(images, delta)) if m.kind == "layer"]
 
 
-def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) -> List[BundleImage]:
-    """bundle.json's view of pulled images, leaving out layers whose chain `have` holds (delta);
+def bundle_images(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[BundleImage]:
+    """bundle.json's view of pulled images, leaving out the layers `delta` plans to leave out;
     raises UsageError for duplicates or inconsistent inputs."""
     out: List[BundleImage] = []
     for im in images:
@@ -230,7 +230,7 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
         unpacked = list(im.unpacked_sizes) + [None] * (len(im.manifest.layers) - len(im.unpacked_sizes))
         layers = [Layer(d.digest, d.size, diff, d.media_type, unpacked_size=u)
                   for d, diff, u in zip(im.manifest.layers, im.config.diff_ids, unpacked)]
-        for o in plan_omissions(im.config.diff_ids, have, im.platform.architecture):
+        for o in delta.omissions(im.config.diff_ids, im.platform.architecture) if delta else ():
             layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
                                                   provided_by=o.provided_by)
         if any(x.digest.algorithm != "sha256" for x in layers):
@@ -243,8 +243,8 @@ def bundle_images(images: Sequence[PulledImage], have: Optional[Have] = None) ->
 
 def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callable[[Digest], Path], *,
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
-                 created: Optional[str] = None, have: Optional[Have] = None,
-                 base: Optional[dict] = None, extra_files: Optional[Dict[str, Path]] = None,
+                 created: Optional[str] = None, delta: Optional[DeltaPlan] = None,
+                 extra_files: Optional[Dict[str, Path]] = None,
                  verified: Collection[Digest] = (), before_seal: Optional[Callable[[], None]] = None
                  ) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
@@ -254,13 +254,13 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     `blob_path` may block until a blob is there (fetch writes while it downloads); blobs in
     `verified` (just downloaded and checked) are copied without hashing them again.
 
-    With `have` (chains the offline Docker holds) it is a delta bundle: covered layers are left
-    out of the archive and recorded in bundle.json (with `base` describing where `have` came from).
+    With `delta` it is a delta bundle: the layers it plans to leave out are left out of the archive
+    and recorded in bundle.json (with the plan's `base`, where the offline side's chains came from).
     `before_seal` runs once every byte is written, before the parts get their names: what it raises
     leaves no bundle (fetch's diff_id check of the layers it keeps as served).
     """
     started = time.monotonic()
-    plan = plan_bundle(Path(out_dir), images, have, chunk_size=chunk_size, compress=compress)
+    plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress)
     check_output_dir(plan.out_dir, force)
     warnings = _prepare_dir(plan.out_dir, force)
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
@@ -272,7 +272,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
                 before_seal()
             parts, archive = _seal_archive(plan, sink, written)
             index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
-                                base=_delta_base(plan.images, base))
+                                base=_delta_base(plan.images, delta.base if delta else None))
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
             doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
@@ -314,7 +314,8 @@ class BundlePlan:
         return self.compress == "none" and (self.chunk_size is None or self.chunk_size >= self.tar_size)
 
 
-def plan_bundle(out_dir: Path, images: Sequence[PulledImage], have: Optional[Have], *, chunk_size: Optional[int],
+def plan_bundle(out_dir: Path, images: Sequence[PulledImage], delta: Optional[DeltaPlan], *,
+                chunk_size: Optional[int],
                 compress: str) -> BundlePlan:
     """The plan of the bundle for `images`; raises UsageError for bad knobs or images, ImgtoolError."""
     if not images:
@@ -323,7 +324,7 @@ def plan_bundle(out_dir: Path, images: Sequence[PulledImage], have: Optional[Hav
         raise UsageError(f"invalid compression {compress!r}: use one of {', '.join(COMPRESSIONS)}")
     if chunk_size is not None and chunk_size <= 0:
         raise UsageError(f"invalid chunk size {chunk_size}: must be greater than zero")
-    bimages = bundle_images(images, have)
+    bimages = bundle_images(images, delta)
     small = {im.manifest_digest: im.manifest_bytes for im in images}
     small.update({im.image_id: im.config_bytes for im in images})
     placed, tar_size = layout.place(layout.members(bimages))
@@ -390,7 +391,8 @@ def _seal_archive(plan: BundlePlan, sink: "_PartSink", written: List[Path]) -> T
 
 
 def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:
-    """bundle.json `base`: where `have` came from and the images whose layers were left out; None for a full bundle."""
+    """bundle.json `base`: where the offline side's chains came from and the images whose layers were left out;
+    None for a full bundle."""
     used = list(dict.fromkeys(n for im in images for x in im.layers if x.omitted for n in x.provided_by))
     return dict(base or {"kind": "inventory", "name": ""}, images=used) if used else None
 

@@ -180,7 +180,7 @@ def write_delta(out: Path, factory, store: "BlobDir", repo: str):
     """A delta bundle of REPO:v2 written to `out`, leaving out the two base layers it shares with REPO:v1 (as a
     fetch --base of v1's bundle would); returns (the base layers, the v1 image, the v2 image)."""
     from imgtool.bundle.writer import write_bundle
-    from imgtool.delta import Have
+    from imgtool.delta import DeltaPlan, Have
     from imgtool.model import Digest
     from imgtool.progress import Progress
 
@@ -191,8 +191,9 @@ def write_delta(out: Path, factory, store: "BlobDir", repo: str):
     new = factory.image(host_arch(), layers=1, base=base)
     have = Have("test")
     have.add([Digest.parse(d) for d in old.diff_ids], f"{repo}:v1")
-    write_bundle(out, [store.pulled(new, f"{repo}:v2")], store.path, chunk_size=None, compress="none",
-                 force=False, progress=Progress(), have=have, base={"kind": "bundle", "name": "v1"})
+    pulled = [store.pulled(new, f"{repo}:v2")]
+    write_bundle(out, pulled, store.path, chunk_size=None, compress="none", force=False, progress=Progress(),
+                 delta=DeltaPlan.make(have, {"kind": "bundle", "name": "v1"}, pulled))
     return base, old, new
 
 
