@@ -15,7 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
 from ..model import ImageRef, Platform
@@ -119,6 +119,25 @@ def literal(text: str) -> str:
 
 def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: Optional[str] = None) -> Dict[str, Any]:
     """The Pod (or Deployment) for the spec, as plain data; raises UsageError for what Kubernetes cannot say."""
+    resource = _checked(spec, preset, options)
+    mounts, volumes = _volumes(spec)
+    pod: Dict[str, Any] = {}
+    if spec.network == "host":
+        pod.update({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"})
+    if architecture:
+        pod["nodeSelector"] = {"kubernetes.io/arch": architecture}
+    pod.update({"containers": [_container(spec, resource, mounts)], "volumes": volumes})
+    name = spec.name or ""
+    labels = {LABEL: name}
+    if options.kind == "pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": pod}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+
+def _checked(spec: RunSpec, preset: Preset, options: KubeOptions) -> str:
+    """The NPUs' resource name, once what Kubernetes cannot say is refused (UsageError)."""
     if options.kind not in KINDS:
         raise UsageError(f"invalid --kind {options.kind!r}: expected {' or '.join(KINDS)}")
     resource = options.resource_name if options.resource_name is not None else preset.resource_name
@@ -126,10 +145,8 @@ def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: 
         raise UsageError(f"preset {preset.name} names no Kubernetes resource for its NPUs",
                          hint="name the device plugin's: --resource-name huawei.com/Ascend910 (MindCluster, A2/A3), "
                               "huawei.com/Ascend310P (300I Duo), or your plugin's")
-    resource = parse_resource_name(resource)
-    name = spec.name or ""
-    if not _DNS_LABEL_RE.match(name):
-        raise UsageError(f"invalid --name {name!r} for Kubernetes: lowercase letters, digits and '-', "
+    if not _DNS_LABEL_RE.match(spec.name or ""):
+        raise UsageError(f"invalid --name {spec.name or ''!r} for Kubernetes: lowercase letters, digits and '-', "
                          "starting and ending with a letter or digit, at most 63 characters")
     if spec.network not in (None, "host"):
         raise UsageError(f"--net {spec.network} has no Kubernetes equivalent: a Pod is on the cluster's network, "
@@ -137,7 +154,11 @@ def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: 
     if spec.detach or not spec.remove:
         raise UsageError("-d and --no-rm have no meaning for --format k8s: the cluster runs the workload "
                          "in the background and removes it when you delete it (kubectl delete)")
+    return parse_resource_name(resource)
 
+
+def _volumes(spec: RunSpec) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The container's volumeMounts and the Pod's volumes: /dev/shm in memory, then each mount as a hostPath."""
     mounts: List[Dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     volumes: List[Dict[str, Any]] = [{"name": SHM_VOLUME,
                                       "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.shm_size)}}]
@@ -152,8 +173,11 @@ def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: 
         if m.create:
             host["type"] = "DirectoryOrCreate"
         volumes.append({"name": vname, "hostPath": host})
+    return mounts, volumes
 
-    container: Dict[str, Any] = {"name": name, "image": spec.image, "imagePullPolicy": "IfNotPresent"}
+
+def _container(spec: RunSpec, resource: str, mounts: List[Dict[str, Any]]) -> Dict[str, Any]:
+    container: Dict[str, Any] = {"name": spec.name or "", "image": spec.image, "imagePullPolicy": "IfNotPresent"}
     if spec.command:
         # docker run IMAGE CMD... replaces the image's CMD: args, not command
         container["args"] = [literal(a) for a in spec.command]
@@ -169,20 +193,7 @@ def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: 
     if spec.privileged:
         container["securityContext"] = {"privileged": True}
     container["volumeMounts"] = mounts
-
-    pod: Dict[str, Any] = {}
-    if spec.network == "host":
-        pod.update({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"})
-    if architecture:
-        pod["nodeSelector"] = {"kubernetes.io/arch": architecture}
-    pod.update({"containers": [container], "volumes": volumes})
-
-    labels = {LABEL: name}
-    if options.kind == "pod":
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": pod}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels}, "spec": pod}}}
+    return container
 
 
 # --- YAML ------------------------------------------------------------------------------------
