@@ -13,7 +13,8 @@ import os
 import socket
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-from .errors import DaemonError, ProgramFailed
+from .errors import DaemonError, ProgramFailed, UsageError
+from .model import Digest
 from .program import Program
 from .runtime import ImageInfo, RuntimeInfo
 
@@ -179,37 +180,45 @@ class Containerd:
         """Every image of the namespace with its layers: [delta.InventoryImage], one per platform manifest
         present (an index's), by manifest digest; raises DaemonError."""
         from .delta import InventoryImage
-        from .errors import UsageError
-        from .model import Digest
 
         out = []
         for digest, info in self.images_by_id().items():
             doc = self._content(digest)
             if doc is None:
                 continue
-            targets = [(digest, doc, info.platform)]
-            if "manifests" in doc:  # an index: the platforms whose manifests are here
-                targets = []
-                for entry in doc.get("manifests") or []:
-                    if not isinstance(entry, dict):
-                        continue
-                    child = self._content(str(entry.get("digest") or ""))
-                    p = entry.get("platform") or {}
-                    name = "/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
-                    if child is not None:
-                        targets.append((str(entry.get("digest")), child, name))
-            for image_id, manifest, platform in targets:
+            for image_id, manifest, platform in self._platform_manifests(digest, doc, info.platform):
                 config = self._content(str((manifest.get("config") or {}).get("digest") or ""))
-                if config is None:
-                    continue
-                try:
-                    diff_ids = tuple(Digest.parse(x) for x in (config.get("rootfs") or {}).get("diff_ids") or [])
-                except (UsageError, TypeError, AttributeError):
+                diff_ids = None if config is None else _diff_ids(config)
+                if config is None or diff_ids is None:
                     continue
                 if not platform:
                     platform = "/".join(str(config.get(k)) for k in ("os", "architecture", "variant") if config.get(k))
                 out.append(InventoryImage(image_id, info.tags, platform, diff_ids))
         return out
+
+    def _platform_manifests(self, digest: str, doc: dict, platform: str) -> List[Tuple[str, dict, str]]:
+        """(manifest digest, manifest, platform) of an image: itself, or an index's platforms whose manifests
+        the content store holds."""
+        if "manifests" not in doc:
+            return [(digest, doc, platform)]
+        out = []
+        for entry in doc.get("manifests") or []:
+            if not isinstance(entry, dict):
+                continue
+            child = self._content(str(entry.get("digest") or ""))
+            p = entry.get("platform") or {}
+            name = "/".join(x for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
+            if child is not None:
+                out.append((str(entry.get("digest")), child, name))
+        return out
+
+
+def _diff_ids(config: dict) -> Optional[Tuple[Digest, ...]]:
+    """A config's rootfs diff_ids, or None when they are not a list of digests."""
+    try:
+        return tuple(Digest.parse(x) for x in (config.get("rootfs") or {}).get("diff_ids") or [])
+    except (UsageError, TypeError, AttributeError):
+        return None
 
 
 def _reachable(address: str) -> None:
