@@ -204,6 +204,15 @@ def _short(image_id: Optional[str]) -> str:
 
 def diff_sides(old: Side, new: Side) -> Diff:
     """Compare two sides: images by (name, platform), platforms, layers by chain ID."""
+    old_p = sorted({im.platform for im in old.images})
+    new_p = sorted({im.platform for im in new.images})
+    platforms = {"added": [p for p in new_p if p not in old_p], "removed": [p for p in old_p if p not in new_p],
+                 "both": [p for p in new_p if p in old_p]}
+    return Diff(old, new, _image_rows(old, new), platforms, _layer_rows(old, new))
+
+
+def _image_rows(old: Side, new: Side) -> List[ImageRow]:
+    """Each image of either side, by (name, platform): added, changed, unchanged or removed, with the IDs shown."""
     old_by = {(im.name, im.platform): im for im in old.images}
     new_by = {(im.name, im.platform): im for im in new.images}
     rows: List[ImageRow] = []
@@ -211,27 +220,23 @@ def diff_sides(old: Side, new: Side) -> Diff:
         was = old_by.get(key)
         if was is None:
             rows.append(ImageRow("added", im.name, im.platform, None, im.shown_id(old)))
-        else:
-            status = "unchanged" if was.same_image(im) else "changed"
-            old_id, new_id = was.shown_id(new), im.shown_id(old)
-            if status == "unchanged" and "inventory" in (old.kind, new.kind):  # as that Docker names it
-                old_id = new_id = was.image_id if old.kind == "inventory" else im.image_id
-            rows.append(ImageRow(status, im.name, im.platform, old_id, new_id))
-    rows += [ImageRow("removed", im.name, im.platform, im.shown_id(new), None)
-             for key, im in old_by.items() if key not in new_by]
-    old_p = sorted({im.platform for im in old.images})
-    new_p = sorted({im.platform for im in new.images})
-    platforms = {"added": [p for p in new_p if p not in old_p], "removed": [p for p in old_p if p not in new_p],
-                 "both": [p for p in new_p if p in old_p]}
-    old_chains = _chains(old)
-    new_chains = _chains(new)
-    layers = []
-    for chain, (layer, users) in new_chains.items():
-        layers.append(LayerRow("shared" if chain in old_chains else "added", layer, users))
-    for chain, (layer, users) in old_chains.items():
-        if chain not in new_chains:
-            layers.append(LayerRow("removed", layer, users))
-    return Diff(old, new, rows, platforms, layers)
+            continue
+        status = "unchanged" if was.same_image(im) else "changed"
+        old_id, new_id = was.shown_id(new), im.shown_id(old)
+        if status == "unchanged" and "inventory" in (old.kind, new.kind):  # as that Docker names it
+            old_id = new_id = was.image_id if old.kind == "inventory" else im.image_id
+        rows.append(ImageRow(status, im.name, im.platform, old_id, new_id))
+    return rows + [ImageRow("removed", im.name, im.platform, im.shown_id(new), None)
+                   for key, im in old_by.items() if key not in new_by]
+
+
+def _layer_rows(old: Side, new: Side) -> List[LayerRow]:
+    """Each layer chain of either side: shared, added or removed, with the images using it."""
+    old_chains, new_chains = _chains(old), _chains(new)
+    layers = [LayerRow("shared" if chain in old_chains else "added", layer, users)
+              for chain, (layer, users) in new_chains.items()]
+    return layers + [LayerRow("removed", layer, users)
+                     for chain, (layer, users) in old_chains.items() if chain not in new_chains]
 
 
 def _chains(side: Side) -> Dict[Digest, Tuple[SideLayer, List[str]]]:
