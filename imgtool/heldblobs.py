@@ -13,6 +13,7 @@ index.json names for a Docker v2 manifest). A graphdriver store saves from its l
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .bundle import layout, writer
+from .bundle.format import BundleImage
 from .config import MirrorConfig
 from .delta import DeltaPlan, InventoryImage, chain_ids
 from .errors import ImgtoolError, UsageError
@@ -42,34 +43,44 @@ def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorCo
         need = [o for o in omitted if o[1] not in held and any(n in have.containerd for n in o[2])]
         if not need:
             continue
-        deepest = need[-1]  # an image holding the deepest left-out chain holds every chain below it
-        for name in (n for n in deepest[2] if n in have.containerd):
-            base = have.containerd[name]
-            if name not in looked:
-                looked[name] = _manifest_layers(base, config, mirror, store, timeout)
-            found = looked[name]
-            if found is not None:
-                for chain, blob in zip(chain_ids(base.diff_ids), found):
-                    held.setdefault(chain, blob)
-                break
+        bases = [have.containerd[n] for n in need[-1][2] if n in have.containerd]
+        _look_up(bases, held, looked, config, mirror, store, timeout)
         missing = [o for o in need if o[1] not in held]
-        if not missing:
-            continue
-        bases = ", ".join(f"{b.name} ({b.id})" for b in (have.containerd[n] for n in deepest[2] if n in have.containerd))
-        why = f"neither the cache nor any source has the manifest of {bases}"
-        if any(LAYER_COMPRESSION.get(im.layers[i].media_type) == "zstd" for i, _, _ in missing):
-            # the registry's zstd blobs: a base loaded as gzip (from a bundle, by imgtool or docker) never holds them
-            raise UsageError(
-                f"cannot make {im.ref} a delta for the containerd image store of the {have.what}: its manifest "
-                f"must name the blobs that Docker holds for the {len(missing)} layers it leaves out, and {why}",
-                hint="give the bundle that image was loaded from with --base DIR, or fetch a full bundle "
-                     "(without --have)")
-        # gzip or plain blobs: the base holds these very blobs if it came from the same registry's
-        progress.warn(f"{im.ref}: cannot check that the containerd image store of the {have.what} holds the "
-                      f"blobs named for the {len(missing)} layers this delta leaves out ({why}): if that image's "
-                      "layers are other blobs, `docker save` and `docker push` of this one will fail; --base DIR "
-                      "with its bundle makes sure")
+        if missing:
+            _say_missing(im, [i for i, _, _ in missing], bases, have.what, progress)
     return left_out, held
+
+
+def _look_up(bases: Sequence[InventoryImage], held: Dict[Digest, Descriptor],
+             looked: Dict[str, Optional[Tuple[Descriptor, ...]]], config: MirrorConfig, mirror: str, store: Store,
+             timeout: float) -> None:
+    """Add to `held` the blobs of the first of `bases` (images holding the deepest left-out chain, so every
+    chain below it) whose manifest the cache or a source has; `looked` remembers each base's answer."""
+    for base in bases:
+        if base.id not in looked:
+            looked[base.id] = _manifest_layers(base, config, mirror, store, timeout)
+        found = looked[base.id]
+        if found is not None:
+            for chain, blob in zip(chain_ids(base.diff_ids), found):
+                held.setdefault(chain, blob)
+            return
+
+
+def _say_missing(im: BundleImage, missing: Sequence[int], bases: Sequence[InventoryImage], what: str, progress: Progress) -> None:
+    """Refuse (zstd layers) or warn (gzip, plain) for left-out layers whose blobs in the store are not known."""
+    why = f"neither the cache nor any source has the manifest of {', '.join(f'{b.name} ({b.id})' for b in bases)}"
+    if any(LAYER_COMPRESSION.get(im.layers[i].media_type) == "zstd" for i in missing):
+        # the registry's zstd blobs: a base loaded as gzip (from a bundle, by imgtool or docker) never holds them
+        raise UsageError(
+            f"cannot make {im.ref} a delta for the containerd image store of the {what}: its manifest "
+            f"must name the blobs that Docker holds for the {len(missing)} layers it leaves out, and {why}",
+            hint="give the bundle that image was loaded from with --base DIR, or fetch a full bundle "
+                 "(without --have)")
+    # gzip or plain blobs: the base holds these very blobs if it came from the same registry's
+    progress.warn(f"{im.ref}: cannot check that the containerd image store of the {what} holds the "
+                  f"blobs named for the {len(missing)} layers this delta leaves out ({why}): if that image's "
+                  "layers are other blobs, `docker save` and `docker push` of this one will fail; --base DIR "
+                  "with its bundle makes sure")
 
 
 def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, store: Store,
