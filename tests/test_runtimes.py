@@ -116,3 +116,31 @@ def test_podman_s_copy_of_the_archive_needs_room_where_it_is_staged(runnable, no
         f"error: cannot stage the archive for podman load in {tiny_tmpfs}: No space left on device",
         "hint: podman load needs the archive's size free there; set TMPDIR to another directory"]
     assert node.leftovers(before) == [] and list(tiny_tmpfs.iterdir()) == []
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_podman_without_a_record_of_the_layers_it_applied_is_a_runtime_error(runnable, node, services, monkeypatch,
+                                                                            tmp_path):
+    """The applied-diff_id check finds no record in Podman's storage (a fault put in front of the real room):
+    the image is removed and the error names Podman, not the bundle (which is fine), exit 5."""
+    from imgtool.bundle.load import load_bundle
+    from imgtool.errors import DaemonError
+    from imgtool.podman import Podman
+    from imgtool.progress import Progress
+
+    class Forgetful(Podman):
+        def applied_diff_ids(self, image_id):
+            return None
+
+    out, image = runnable()
+    for key, value in node.env.items():
+        monkeypatch.setenv(key, value)
+    before = node.snapshot()
+    room = Forgetful(staging_dir=str(tmp_path))
+    with pytest.raises(DaemonError) as e:
+        load_bundle(out, room, progress=Progress())
+    assert (e.value.message, e.value.hint, e.value.exit_code) == (
+        f"Podman loaded {REPO}:v1 but keeps no record of the layers it applied (image {image.config_digest[7:19]}), "
+        "so imgtool cannot confirm them; it was removed again",
+        f"check Podman's storage ({room.info().root_dir}), then load again", 5)
+    assert node.leftovers(before) == []

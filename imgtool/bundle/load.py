@@ -320,13 +320,15 @@ class _Applied(_Cut):
 
 def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> None:
     """Compare the diff_ids the runtime computed while it applied each image's layers (Podman's storage
-    records them) with the config's; raises _Applied naming the first image that differs (its removal is
-    _forget_failed_load's, as for any failed load)."""
+    records them) with the config's; raises _Applied naming the first image that differs, DaemonError when the
+    runtime has no record of an image's layers (either way its removal is _forget_failed_load's)."""
     for im, image_id in images:
         applied = daemon.applied_diff_ids(image_id)
         expected = [str(layer.diff_id) for layer in im.layers]
-        if applied is None:
-            raise _Applied(f"{facts.title} does not say which layers it applied for {im.ref}")
+        if applied is None:  # the runtime's own records, not the bundle: a runtime error, the image removed
+            raise DaemonError(f"{facts.title} loaded {im.ref} but keeps no record of the layers it applied "
+                              f"(image {image_id[7:19]}), so imgtool cannot confirm them; it was removed again",
+                              hint=f"check {facts.title}'s storage ({facts.root_dir}), then load again")
         if applied != expected:
             bad = next((i for i, (a, b) in enumerate(zip(applied, expected)) if a != b), len(expected) - 1)
             raise _Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id")
