@@ -188,10 +188,11 @@ def _given(name) -> bool:
 
 
 def _registries(mirrors_file):
-    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT read once, here."""
-    from .config import load_mirrors, read_timeout
+    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT and $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT read
+    once, here."""
+    from .config import helper_timeout, load_mirrors, read_timeout
 
-    return load_mirrors(mirrors_file, read_timeout())
+    return load_mirrors(mirrors_file, read_timeout(), helper_timeout())
 
 
 def _store():

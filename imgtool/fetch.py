@@ -15,7 +15,7 @@ from .config import MirrorConfig
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .fsutil import NotRegularFile, open_regular
-from .mirrors import Resolution, resolve, sources_for
+from .mirrors import Clients, Resolution, resolve, sources_for
 from .model import Descriptor, Digest, ImageRef, Platform, PulledImage
 from .progress import Progress
 from .puller import PullStats, download
@@ -75,10 +75,11 @@ def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platfo
 
 
 def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progress: Progress,
-                 timeout: float = 5.0, pins=None) -> List[Resolution]:
+                 timeout: float = 5.0, pins=None, clients: Optional[Clients] = None) -> List[Resolution]:
     """Parse every reference (all first, so a typo fails before any network) and resolve each.
 
-    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag.
+    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag;
+    `clients`: the run's registry clients (None: new ones).
     """
     parsed: List[ImageRef] = []
     for text in refs:
@@ -89,7 +90,7 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
             parsed.append(ref)
     out = []
     for ref in parsed:
-        sources = sources_for(ref, config, mirror)
+        sources = sources_for(ref, config, mirror, clients)
         try:
             res = resolve(ref, sources, timeout)
         except NotFoundError as e:
@@ -121,14 +122,15 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     if opts.sign_key:
         signature.check_key(opts.sign_key)
     have, base = read_have(opts.have, opts.base)
+    clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
     for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
-        sources_for(config.parse_ref(text), config, opts.mirror)
+        sources_for(config.parse_ref(text), config, opts.mirror, clients)
     store.create()
     stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
     if stale:
         progress.note(stale)
     resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
-                               pins=opts.lock.pins() if opts.lock else None)
+                               pins=opts.lock.pins() if opts.lock else None, clients=clients)
     # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
     # before downloading (a failure here costs no download).
     tool = bundle_tool(store.root, progress) if opts.tool else {}
@@ -150,7 +152,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     if have is not None:
         # before downloading: a delta the offline store could not hold whole is refused at no cost
         left_out, held = heldblobs.held_blobs(images, have, config, opts.mirror, store, progress,
-                                                 opts.probe_timeout)
+                                              opts.probe_timeout, clients)
         planned = writer.bundle_images(images, have)
         omitted = {x.digest for im in planned for x in im.layers if x.omitted}
         needed = {x.digest for im in planned for x in im.layers if not x.omitted}

@@ -16,7 +16,7 @@ from .bundle import layout, writer
 from .config import MirrorConfig
 from .delta import Have, InventoryImage, chain_ids
 from .errors import ImgtoolError, UsageError
-from .mirrors import resolve, sources_for
+from .mirrors import Clients, resolve, sources_for
 from .model import LAYER_COMPRESSION, Descriptor, Digest, Index, Manifest, Platform, PulledImage, parse_manifest
 from .progress import Progress
 from .resolve import resolve_image
@@ -26,7 +26,8 @@ LeftOut = List[Tuple[int, Digest]]  # (layer index, chain ID) of each layer an i
 
 
 def held_blobs(images: Sequence[PulledImage], have: Have, config: MirrorConfig, mirror: str, store: Store,
-               progress: Progress, timeout: float = 5.0) -> Tuple[List[LeftOut], Dict[Digest, Descriptor]]:
+               progress: Progress, timeout: float = 5.0, clients: Optional[Clients] = None
+               ) -> Tuple[List[LeftOut], Dict[Digest, Descriptor]]:
     """Each image's left-out layers, and the blob (by chain ID) the offline Docker holds each as, where known.
 
     Raises UsageError when the offline Docker is a containerd image store and the blobs of a left-out
@@ -45,7 +46,7 @@ def held_blobs(images: Sequence[PulledImage], have: Have, config: MirrorConfig, 
         for name in (n for n in deepest[2] if n in have.containerd):
             base = have.containerd[name]
             if name not in looked:
-                looked[name] = _manifest_layers(base, config, mirror, store, timeout)
+                looked[name] = _manifest_layers(base, config, mirror, store, timeout, clients)
             found = looked[name]
             if found is not None:
                 for chain, blob in zip(chain_ids(base.diff_ids), found):
@@ -72,7 +73,7 @@ def held_blobs(images: Sequence[PulledImage], have: Have, config: MirrorConfig, 
 
 
 def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, store: Store,
-                     timeout: float) -> Optional[Tuple[Descriptor, ...]]:
+                     timeout: float, clients: Optional[Clients]) -> Optional[Tuple[Descriptor, ...]]:
     """The layer blobs of the manifest `base.id` names (the containerd store's image ID), or None if not found."""
     try:
         digest, platform = Digest.parse(base.id), Platform.parse(base.platform)
@@ -90,7 +91,7 @@ def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, st
         # by tag: a Docker v2 manifest, loaded from a bundle as its OCI twin (bundle/layout.py)
         for wanted in (ref.with_digest(digest), ref.with_digest(None)):
             try:
-                res = resolve(wanted, sources_for(wanted, config, mirror), timeout)
+                res = resolve(wanted, sources_for(wanted, config, mirror, clients), timeout)
                 image = resolve_image(res, platform, store)
             except ImgtoolError:
                 continue

@@ -35,7 +35,7 @@ def spec_fetch_options(spec_file: str, opts: FetchOptions, config: MirrorConfig,
                          hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
     spec = load_spec(spec_file)
     if spec.mirrors and "mirrors" not in given:
-        config = load_mirrors(spec.mirrors, config.read_timeout)
+        config = load_mirrors(spec.mirrors, config.read_timeout, config.helper_timeout)
     changes: Dict[str, Any] = {"refs": spec.images, "platforms": spec.platforms}
     for key in SPEC_DEFAULTS:
         if key not in given:

@@ -13,18 +13,16 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
-from .errors import ImgtoolError, NotFoundError, RegistryError, VerifyError
+from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable, VerifyError
 from .mirrors import Source
 from .model import Descriptor, Digest, PulledImage, format_size
 from .progress import Bar, Progress
-from .registry import network_error_text
-from .resolve import NET_ERRORS
+from .registry import BlobStream
 from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
 JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
-_RETRIED = (RegistryError,) + NET_ERRORS  # a range's request failed: try again, maybe elsewhere
 
 
 # --- blob download ---------------------------------------------------------
@@ -142,22 +140,20 @@ class _SourcePool:
                 self.dead[source.name] = error
 
 
-STRIKES = 3
+def _struck_out(failures: int, attempts: int) -> bool:
+    """Whether a range's `failures`-th failure drops the source it happened on, for the run.
 
-
-def _struck_out(failures: int) -> bool:
-    """Whether a range's `failures`-th network failure drops the source it happened on, for the run.
-
-    Every STRIKES-th one does. Failures are counted per range, not per source: each one also moves the
-    range's next try to the next live source, so with one source its third failure for a range drops
-    it, and with several, whichever fails the range the third, sixth, ... time is dropped. A single
-    reset only costs a retry.
+    Every `attempts`-th one does (the registry room's RetryPolicy: a request is tried that often). Failures
+    are counted per range, not per source: each one also moves the range's next try to the next live
+    source, so with one source its fourth failure for a range drops it, and with several, whichever fails
+    the range the fourth, eighth, ... time is dropped. A single reset only costs a retry.
     """
-    return failures % STRIKES == 0
+    return failures % attempts == 0
 
 
 class _Retries:
-    """One range's failures: which source to try next, which ones it no longer tries, how long to back off."""
+    """One range's failures: which source to try next, which ones it no longer tries, how long to back off
+    (by the source's RetryPolicy, the one the registry client applies to its own requests)."""
 
     def __init__(self, pool: _SourcePool):
         self.pool = pool
@@ -175,14 +171,17 @@ class _Retries:
         if len(self.out) >= len(self.pool.sources):
             raise RegistryError(f"blob {digest.short} is on no source: {error.message}") from error
 
-    def failed(self, source: Source, message: str) -> float:
-        """A network failure on `source` (it may strike out); returns the seconds to wait before the next try."""
+    def failed(self, source: Source, error: RegistryError) -> float:
+        """A failure on `source` (it may strike out); returns the seconds to wait before the next try: the
+        policy's back-off, or the `Retry-After` the registry asked for."""
+        policy = source.client.retry
         self.failures += 1
-        fatal = _struck_out(self.failures)
-        self.pool.fail(source, message, fatal=fatal)
+        fatal = _struck_out(self.failures, policy.attempts)
+        self.pool.fail(source, error.message, fatal=fatal)
         if fatal:
             self.out.add(source.name)
-        return min(0.2 * self.failures, 2.0)
+        retry_after = error.retry_after if isinstance(error, RegistryUnavailable) else None
+        return policy.delay(self.failures - 1, retry_after)
 
 
 BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
@@ -481,33 +480,34 @@ class _Scheduler:
                         self._request(source, rng)
             except NotFoundError as e:
                 retries.not_found(source, e, rng.blob.desc.digest)
-            except _RETRIED as e:
-                # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
-                message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
-                time.sleep(retries.failed(source, message))
+            except RegistryError as e:  # the registry room's words: "HOST: connection reset", "... timed out"
+                try:
+                    source.client.retry.wait(retries.failed(source, e), self.stop)
+                except Cancelled:
+                    return  # stopped (Ctrl-C, or another worker's error): the caller is unwinding
 
     def _request(self, source: Source, rng: _Range) -> None:
-        """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial."""
+        """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial.
+        The client does not retry it: `_fetch` does, by the same policy, maybe from another source."""
         start, size = rng.pos, rng.blob.desc.size
         asked = self._ask(rng, False)
-        resp = source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked)
-        with resp:
-            read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
-            if resp.status_code == 200:  # the server ignored Range: it sends the whole blob anyway,
+        with source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked,
+                                retry=False) as blob:
+            if blob.whole:  # the server ignored Range: it sends the whole blob anyway,
                 asked = self._ask(rng, True)  # so keep the rest of the range from this response
-                self._skip(read, start, source, rng)
+                self._skip(blob, start, source, rng)
             while rng.pos < asked and not self.stop.is_set():
-                chunk = self._read(read, min(READ_CHUNK, asked - rng.pos), source, rng)
+                chunk = self._read(blob, min(READ_CHUNK, asked - rng.pos), source, rng)
                 self._write(rng, chunk[:asked - rng.pos], source.name)
 
-    def _skip(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> None:
+    def _skip(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> None:
         """Read and drop the first `n` bytes of a response."""
         while n and not self.stop.is_set():
-            n -= len(self._read(read, min(READ_CHUNK, n), source, rng))
+            n -= len(self._read(blob, min(READ_CHUNK, n), source, rng))
 
-    def _read(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> bytes:
-        """Up to `n` raw bytes of the response; raises RegistryError if the connection closed early."""
-        chunk = read(n, decode_content=False)
+    def _read(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> bytes:
+        """Up to `n` raw bytes of the response; raises RegistryError if the connection broke or closed early."""
+        chunk = blob.read(n)
         if not chunk:
             raise RegistryError(f"{source.name}: connection closed after {format_size(rng.pos)} of "
                                 f"{format_size(rng.blob.desc.size)}")
@@ -588,7 +588,8 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
              tuning: Tuning = DEFAULT_TUNING) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
     over at most `jobs` connections at once (`tuning.per_source` per source); returns what was transferred.
-    Setting `cancel` stops it (what arrived stays in the store's partial files for the next run).
+    Setting `cancel` stops it (what arrived stays in the store's partial files for the next run), and ends
+    any wait before a retry at once.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.

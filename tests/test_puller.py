@@ -701,3 +701,50 @@ def test_credentials_from_a_credential_helper(services, factory, tmp_path, uniq,
         f"error: no source can serve quay.io/{uniq}/vllm-ascend:v1: site ({services.tls}/{uniq}/vllm-ascend): "
         f"docker-credential-imgtooltest named in {home}/.docker/config.json cannot give the credentials for "
         f"{services.tls}: docker-credential-imgtooltest not installed or not available in PATH")
+
+
+def _helped_login(services, factory, tmp_path, uniq, helper_text):
+    """An image on the TLS registry (Basic auth), a mirrors.toml naming it, and a HOME whose config.json
+    names docker-credential-imgtooltest (`helper_text`) for it; returns (cfg, env, helper path)."""
+    idx = factory.multiarch(layers=2)
+    push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
+               verify=services.tls_ca)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend",
+                       [("site", f"https://{services.tls}", "", f'ca_cert = "{services.tls_ca}"')])
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    (home / ".docker").mkdir(parents=True)
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-imgtooltest"
+    helper.write_text(helper_text)
+    helper.chmod(0o755)
+    (home / ".docker" / "config.json").write_text(json.dumps({"credHelpers": {services.tls: "imgtooltest"}}))
+    return cfg, {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}, helper
+
+
+def test_a_credential_helper_runs_once_per_fetch(services, factory, tmp_path, uniq):
+    """Credentials are looked up on the registry's first 401, once per host: fetch builds its clients once
+    (it built them for checking the input, again for resolving, and each looked its login up)."""
+    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq, HELPER.format(
+        host=services.tls, user=services.tls_user, password=services.tls_password))
+    env["IMGTOOL_CACHE"] = str(tmp_path / "cache")
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
+                env=env)
+    assert r.returncode == 0, r.stderr
+    assert Path(f"{helper}.asked").read_text().split() == [services.tls]  # asked once, for this host
+
+
+def test_a_hanging_credential_helper_is_one_error_naming_it_and_the_timeout(services, factory, tmp_path, uniq):
+    """docker-credential-* runs with a timeout ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT, default 30 s): a helper
+    that never answers (a keyring waiting for a desktop prompt) is named, with the time it was given."""
+    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq,
+                                     "#!/bin/sh\nexec sleep 3600\n")
+    env.update(IMGTOOL_CACHE=str(tmp_path / "cache"), IMGTOOL_CREDENTIAL_HELPER_TIMEOUT="1")
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
+                env=env)
+    path = Path(env["HOME"]) / ".docker" / "config.json"
+    assert (r.returncode, r.stderr.splitlines()) == (4, [
+        f"error: no source can serve quay.io/{uniq}/vllm-ascend:v1: site ({services.tls}/{uniq}/vllm-ascend): "
+        f"docker-credential-imgtooltest named in {path} cannot give the credentials for {services.tls}: "
+        "it did not answer within 1 s ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT)",
+        f"hint: check that docker-credential-imgtooltest answers (`echo {services.tls} | docker-credential-imgtooltest "
+        f"get`), or set $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT higher, or remove credsStore/credHelpers from {path}"]), r.stderr
