@@ -18,7 +18,7 @@ from .fsutil import NotRegularFile, open_regular
 from .mirrors import Clients, Resolution, resolve, sources_for
 from .model import Descriptor, Digest, ImageRef, Platform, PulledImage
 from .progress import Progress
-from .puller import PullStats, download
+from .puller import CONNECTIONS, JOBS, PullStats, download
 from .resolve import resolve_image
 from .selfbundle import bundle_tool
 from .store import Store
@@ -39,7 +39,8 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = 8
+    jobs: int = JOBS  # connections per source (--jobs)
+    max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
     force: bool = False
     probe_timeout: float = 5.0
     have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)
@@ -115,6 +116,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         raise UsageError("nothing to fetch: give at least one image reference")
     if opts.jobs < 1 or opts.jobs > 64:
         raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
+    if opts.max_connections < 1 or opts.max_connections > 256:
+        raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
     if opts.layers not in transcode.MODES:
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
     if opts.output is not None:
@@ -163,7 +166,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     check_space(images, store, output, skip, opts.layers, opts.compress, tool)
-    pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, have))
+    pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
+                    writer.archive_order(images, have))
     check = None
     try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
         # the layers kept as served are checked against their diff_ids while the bundle is written
@@ -246,7 +250,7 @@ def _free(path: Path) -> int:
 class _Pulling:
     """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
 
-    def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
+    def __init__(self, pulled, store: Store, progress: Progress, jobs: Tuple[int, int], skip, order):
         self.store, self.stats = store, PullStats()
         self.error: Optional[BaseException] = None
         self.stop = threading.Event()
@@ -255,10 +259,10 @@ class _Pulling:
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, pulled, progress, jobs, skip, order) -> None:
-        try:
-            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats, order=order,
-                     cancel=self.stop)
+    def _run(self, pulled, progress, jobs: Tuple[int, int], skip, order) -> None:
+        try:  # jobs: (connections per source, at most at once)
+            download(pulled, self.store, progress, jobs=jobs[0], skip=skip, stats=self.stats, order=order,
+                     cancel=self.stop, connections=jobs[1])
         except BaseException as e:  # raised in the main thread by blob_path/finish
             self.error = e
         finally:

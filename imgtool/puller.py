@@ -9,8 +9,9 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Collection, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 
 from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable, VerifyError
@@ -22,7 +23,8 @@ from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
-JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
+JOBS = 8  # connections per source (--jobs); how the scheduler divides the work over them: Tuning
+CONNECTIONS = 32  # connections at once over every source (--max-connections)
 
 
 # --- blob download ---------------------------------------------------------
@@ -37,9 +39,6 @@ JOBS = 8  # connections at once (--jobs); how the scheduler divides the work ove
 class Tuning:
     """How `download` divides blobs over its connections. Every default was chosen by measurement
     (docs/benchmarks.md); tests build smaller ones so that splits and steals happen on small blobs."""
-
-    per_source: int = 8
-    """At most this many of the connections go to one source at once."""
 
     big_blob: int = 64 * MiB
     """A blob at least this big is split into `segment`-sized ranges when it is opened."""
@@ -109,19 +108,49 @@ class PullStats:
             self.fresh.add(digest)
 
 
-class _SourcePool:
-    """Healthy sources with a connection cap each; a failing source is dropped for the run."""
+class _Slots:
+    """The connections each source may have at once (`per_source`, --jobs), shared by every image's pool:
+    a source is one endpoint however many images it serves."""
 
-    def __init__(self, sources: Sequence[Source], per_source: int):
+    def __init__(self, per_source: int):
+        self.per_source = per_source
+        self.sem: Dict[str, threading.Semaphore] = {}
+        self.busy: Dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def in_use(self, name: str) -> int:
+        with self.lock:
+            return self.busy.get(name, 0)
+
+    @contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """One of the source's connections, waiting for one to be free."""
+        with self.lock:
+            sem = self.sem.setdefault(name, threading.Semaphore(self.per_source))
+        with sem:
+            with self.lock:
+                self.busy[name] = self.busy.get(name, 0) + 1
+            try:
+                yield
+            finally:
+                with self.lock:
+                    self.busy[name] -= 1
+
+
+class _SourcePool:
+    """Healthy sources, their connections counted in the shared `_Slots`; a failing source is dropped for
+    the run."""
+
+    def __init__(self, sources: Sequence[Source], slots: _Slots):
         self.sources = list(sources)
-        self.sem = {s.name: threading.Semaphore(per_source) for s in self.sources}
+        self.slots = slots
         self.dead: Dict[str, str] = {}
         self.last_error: Dict[str, str] = {}
         self.lock = threading.Lock()
 
     def pick(self, preferred: int, exclude: Collection[str] = ()) -> Source:
-        """The live source at `preferred` (modulo), outside `exclude` while any is; raises RegistryError
-        when every source is dead."""
+        """The live source (outside `exclude` while any is) with the fewest connections in use, the one at
+        `preferred` (modulo) among equals; raises RegistryError when every source is dead."""
         with self.lock:
             live = [s for s in self.sources if s.name not in self.dead and s.name not in exclude]
             if not live:
@@ -131,7 +160,8 @@ class _SourcePool:
                                for s in self.sources)
             raise RegistryError(f"every source failed: {detail}",
                                 hint="check the network, or retry later: finished layers are kept in the cache")
-        return live[preferred % len(live)]
+        start = preferred % len(live)
+        return min(live[start:] + live[:start], key=lambda s: self.slots.in_use(s.name))
 
     def fail(self, source: Source, error: str, fatal: bool) -> None:
         with self.lock:
@@ -314,7 +344,7 @@ class _Scheduler:
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
     def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar: Bar, tuning: Tuning,
-                 stop: threading.Event):
+                 stop: threading.Event, per_source: int):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
         self.tuning = tuning
         self.queue: Deque[_Range] = deque()
@@ -327,6 +357,12 @@ class _Scheduler:
         self.stop = stop
         self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
+        self.slots = _Slots(per_source)
+        self.pools: Dict[int, _SourcePool] = {}
+
+    def pool(self, sources: Sequence[Source]) -> _SourcePool:
+        """The pool of an image's sources (one per list of sources), sharing the per-source slots."""
+        return self.pools.setdefault(id(sources), _SourcePool(sources, self.slots))
 
     # -- a worker --------------------------------------------------------------------------------
 
@@ -475,7 +511,7 @@ class _Scheduler:
         while rng.pos < rng.end and not self.stop.is_set():
             source = retries.next_source(rng.preferred)
             try:
-                with rng.blob.pool.sem[source.name]:
+                with self.slots.hold(source.name):
                     while rng.pos < rng.end and not self.stop.is_set():
                         self._request(source, rng)
             except NotFoundError as e:
@@ -585,11 +621,11 @@ class _Scheduler:
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
              jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
              order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
-             tuning: Tuning = DEFAULT_TUNING) -> PullStats:
+             tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    over at most `jobs` connections at once (`tuning.per_source` per source); returns what was transferred.
-    Setting `cancel` stops it (what arrived stays in the store's partial files for the next run), and ends
-    any wait before a retry at once.
+    over `jobs` connections per source, at most `connections` at once over all; returns what was
+    transferred. Setting `cancel` stops it (what arrived stays in the store's partial files for the next
+    run), and ends any wait before a retry at once.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
@@ -600,12 +636,12 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
         return stats
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     with progress.bar(total, "download") as total_bar:
-        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event())
-        pools: Dict[int, _SourcePool] = {}
+        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event(),
+                           max(1, jobs))
         for i, (desc, sources) in enumerate(todo):
-            pool = pools.setdefault(id(sources), _SourcePool(sources, tuning.per_source))
-            sched.queue.append(_Range.unopened(_Blob(desc, pool, 0, i)))
-        _run_workers(sched, max(1, jobs))
+            sched.queue.append(_Range.unopened(_Blob(desc, sched.pool(sources), 0, i)))
+        names = {s.name for _, sources in todo for s in sources}  # the shape: connections per source
+        _run_workers(sched, max(1, min(connections, max(1, jobs) * len(names))))
         if cancel is not None and cancel.is_set():
             return stats
         if sched.queue or sched.running:

@@ -748,3 +748,30 @@ def test_a_hanging_credential_helper_is_one_error_naming_it_and_the_timeout(serv
         "it did not answer within 1 s ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT)",
         f"hint: check that docker-credential-imgtooltest answers (`echo {services.tls} | docker-credential-imgtooltest "
         f"get`), or set $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT higher, or remove credsStore/credHelpers from {path}"]), r.stderr
+
+
+def test_connections_are_per_source_so_a_mirror_adds_its_own(services, factory, mirrored, tmp_path):
+    """`jobs` is connections per source: with one each, the registry and a mirror of it are asked at once
+    (it was one connection for the whole download). Each proxy holds every layer request until both have
+    one waiting, so the test sees the two at the same time, whatever the machine's speed."""
+    idx = factory.multiarch(layers=1, layer_size=4 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream", "nju"))
+    layer = idx.image("linux/arm64/v8").layers[0]
+    quay, nju = FaultProxy(services.plain), FaultProxy(services.mirror)
+    gates = [p.gate(lambda m, path: m == "GET" and layer.digest in path, requests=0) for p in (quay, nju)]
+    cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", quay.url, ""), ("nju", nju.url, "")])
+    store, stats = Store(tmp_path / "c"), PullStats()
+    t = threading.Thread(target=pull, args=(cfg, "v1", "arm64", store), name="test-pull",
+                         kwargs=dict(jobs=1, stats=stats, tuning=Tuning(big_blob=1 << 20, segment=1 << 20)))
+    t.start()
+    try:
+        both = [g.reached.wait(30) for g in gates]
+    finally:
+        for g in gates:
+            g.release()
+        t.join(60)
+        quay.close()
+        nju.close()
+    assert both == [True, True]  # a request waiting at each source at once
+    assert not t.is_alive() and sum(stats.per_source.values()) == layer.size
+    assert set(stats.per_source) == {"quay", "nju"}
