@@ -1050,11 +1050,11 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
-    from .config import read_timeout
+    from .config import helper_timeout, read_timeout
     from .lock import lock_spec
 
     result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, read_timeout(), _store(),
-                       progress())
+                       progress(), helper_timeout())
     spec, lock = result.spec, result.lock
     if as_json:
         emit_json(result.to_json())
