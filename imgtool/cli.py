@@ -188,10 +188,11 @@ def _given(name) -> bool:
 
 
 def _registries(mirrors_file):
-    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT read once, here."""
-    from .config import load_mirrors, read_timeout
+    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT and $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT read
+    once, here."""
+    from .config import helper_timeout, load_mirrors, read_timeout
 
-    return load_mirrors(mirrors_file, read_timeout())
+    return load_mirrors(mirrors_file, read_timeout(), helper_timeout())
 
 
 def _store():
@@ -261,7 +262,10 @@ def _signed_offline_line(bundle_dir) -> str:
               help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
                    "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
                    "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
-@click.option("--jobs", type=int, default=8, show_default=True, help="Connections at once (at most 8 to one source).")
+@click.option("--jobs", type=int, default=8, show_default=True,
+              help="Connections to each source (a registry and its mirrors are each a source).")
+@click.option("--max-connections", type=int, default=32, show_default=True,
+              help="Connections at once over every source.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
               help="Delta: leave out layers the offline Docker holds (FILE from `imgtool inventory -o`).")
@@ -271,8 +275,8 @@ def _signed_offline_line(bundle_dir) -> str:
 @sign_key_option
 @json_option("result")
 @common
-def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs, force,
-          have, base, tool, sign_key, as_json):
+def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs,
+          max_connections, force, have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -286,8 +290,8 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 
     config = _registries(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
-                        chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs, force=force,
-                        have=have, base=base, tool=tool, layers=layers, sign_key=sign_key,
+                        chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs,
+                        max_connections=max_connections, force=force, have=have, base=base, tool=tool, layers=layers, sign_key=sign_key,
                         created=parse_created(created, source_date_epoch()))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if _given(option)}
@@ -1046,11 +1050,11 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
-    from .config import read_timeout
+    from .config import helper_timeout, read_timeout
     from .lock import lock_spec
 
     result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, read_timeout(), _store(),
-                       progress())
+                       progress(), helper_timeout())
     spec, lock = result.spec, result.lock
     if as_json:
         emit_json(result.to_json())

@@ -24,6 +24,7 @@ else:  # pragma: no cover - exercised on old Pythons
 
 BUILTIN_MIRRORS = Path(__file__).with_name("mirrors.toml")
 DEFAULT_READ_TIMEOUT = 60.0  # seconds a registry read may stall
+DEFAULT_HELPER_TIMEOUT = 30.0  # seconds a docker-credential-* helper may take to answer
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,14 @@ class Mirror:
 @dataclass(frozen=True)
 class MirrorConfig:
     """How imgtool reaches registries: the whole mirrors.toml (the default image and the mirror entries,
-    in file order), and how long a read may stall (`$IMGTOOL_READ_TIMEOUT`, read once by cli.py)."""
+    in file order), how long a read may stall (`$IMGTOOL_READ_TIMEOUT`) and a credential helper may take
+    (`$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`), each read once by cli.py."""
 
     default_image: str
     mirrors: Tuple[Mirror, ...]
     path: str
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    helper_timeout: float = DEFAULT_HELPER_TIMEOUT
 
     def parse_ref(self, text: str) -> ImageRef:
         """Parse a user reference against this config's default image; raises UsageError."""
@@ -198,13 +201,16 @@ def find_mirrors_file(option: Optional[str]) -> Path:
     return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 
-def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None) -> MirrorConfig:
-    """Find, read and validate the mirrors configuration; `read_timeout` None: the default 60 s
-    (cli.py passes `read_timeout()`). Raises ConfigError."""
+def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None,
+                 helper_timeout: Optional[float] = None) -> MirrorConfig:
+    """Find, read and validate the mirrors configuration; `read_timeout`/`helper_timeout` None: the
+    defaults, 60 s and 30 s (cli.py passes `read_timeout()`, `helper_timeout()`). Raises ConfigError."""
     path = find_mirrors_file(option)
     data, text = read_toml(path)
     config = parse_mirrors(data, text, path)
-    return config if read_timeout is None else dataclasses.replace(config, read_timeout=read_timeout)
+    if read_timeout is not None:
+        config = dataclasses.replace(config, read_timeout=read_timeout)
+    return config if helper_timeout is None else dataclasses.replace(config, helper_timeout=helper_timeout)
 
 
 # --- the environment: every variable imgtool reads -------------------------------------------------
@@ -226,6 +232,22 @@ def read_timeout() -> float:
         value = -1.0
     if not 0 < value <= 3600:
         raise UsageError(f"invalid IMGTOOL_READ_TIMEOUT {text!r}: give seconds between 0 and 3600, e.g. 60")
+    return value
+
+
+def helper_timeout() -> float:
+    """Seconds a docker-credential-* helper may take to answer: `$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`, default 30.
+    Raises UsageError."""
+    text = os.environ.get("IMGTOOL_CREDENTIAL_HELPER_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_HELPER_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise UsageError(f"invalid IMGTOOL_CREDENTIAL_HELPER_TIMEOUT {text!r}: give seconds between 0 and 3600, "
+                         "e.g. 30")
     return value
 
 

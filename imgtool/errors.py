@@ -80,6 +80,20 @@ class RegistryError(ImgtoolError):
     exit_code = EXIT_NETWORK
 
 
+class RegistryUnavailable(RegistryError):
+    """The registry answered a status worth trying again later (408, 425, 429, 5xx); `retry_after` is the
+    wait it asked for (`Retry-After`, seconds), or None."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, retry_after: Optional[float] = None):
+        super().__init__(message, hint)
+        self.retry_after = retry_after
+
+
+class Cancelled(ImgtoolError):
+    """A wait (a retry's back-off) ended because the run was cancelled: Ctrl-C, or a failure elsewhere
+    that already has its own error."""
+
+
 class NotFoundError(RegistryError):
     """The registry answered that a manifest, tag or blob does not exist."""
 

@@ -15,10 +15,10 @@ from .config import MirrorConfig
 from .delta import DeltaPlan, Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
 from .fsutil import NotRegularFile, open_regular
-from .mirrors import Resolution, resolve, sources_for
+from .mirrors import Clients, Resolution, resolve, sources_for
 from .model import Descriptor, Digest, ImageRef, Platform, PulledImage
 from .progress import Progress
-from .puller import PullStats, download
+from .puller import CONNECTIONS, JOBS, PullStats, download
 from .resolve import resolve_image
 from .selfbundle import bundle_tool
 from .store import Store
@@ -39,7 +39,8 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = 8
+    jobs: int = JOBS  # connections per source (--jobs)
+    max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
     force: bool = False
     probe_timeout: float = 5.0
     have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)
@@ -75,10 +76,11 @@ def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platfo
 
 
 def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progress: Progress,
-                 timeout: float = 5.0, pins=None) -> List[Resolution]:
+                 timeout: float = 5.0, pins=None, clients: Optional[Clients] = None) -> List[Resolution]:
     """Parse every reference (all first, so a typo fails before any network) and resolve each.
 
-    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag.
+    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag;
+    `clients`: the run's registry clients (None: new ones).
     """
     parsed: List[ImageRef] = []
     for text in refs:
@@ -89,7 +91,7 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
             parsed.append(ref)
     out = []
     for ref in parsed:
-        sources = sources_for(ref, config, mirror)
+        sources = sources_for(ref, config, mirror, clients)
         try:
             res = resolve(ref, sources, timeout)
         except NotFoundError as e:
@@ -114,6 +116,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         raise UsageError("nothing to fetch: give at least one image reference")
     if opts.jobs < 1 or opts.jobs > 64:
         raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
+    if opts.max_connections < 1 or opts.max_connections > 256:
+        raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
     if opts.layers not in transcode.MODES:
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
     if opts.output is not None:
@@ -121,14 +125,15 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     if opts.sign_key:
         signature.check_key(opts.sign_key)
     have, base = read_have(opts.have, opts.base)
+    clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
     for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
-        sources_for(config.parse_ref(text), config, opts.mirror)
+        sources_for(config.parse_ref(text), config, opts.mirror, clients)
     store.create()
     stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
     if stale:
         progress.note(stale)
     resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
-                               pins=opts.lock.pins() if opts.lock else None)
+                               pins=opts.lock.pins() if opts.lock else None, clients=clients)
     # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
     # before downloading (a failure here costs no download).
     tool = bundle_tool(store.root, progress) if opts.tool else {}
@@ -152,7 +157,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     if delta is not None:
         # before downloading: a delta the offline store could not hold whole is refused at no cost
         left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
-                                                 opts.probe_timeout)
+                                              opts.probe_timeout, clients)
         planned = writer.bundle_images(images, delta)
         omitted = {x.digest for im in planned for x in im.layers if x.omitted}
         needed = {x.digest for im in planned for x in im.layers if not x.omitted}
@@ -163,7 +168,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     check_space(images, store, output, skip, opts.layers, opts.compress, tool)
-    pull = _Pulling(pulled, store, progress, opts.jobs, skip, writer.archive_order(images, delta))
+    pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
+                    writer.archive_order(images, delta))
     check = None
     try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
         # the layers kept as served are checked against their diff_ids while the bundle is written
@@ -246,7 +252,7 @@ def _free(path: Path) -> int:
 class _Pulling:
     """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
 
-    def __init__(self, pulled, store: Store, progress: Progress, jobs: int, skip, order):
+    def __init__(self, pulled, store: Store, progress: Progress, jobs: Tuple[int, int], skip, order):
         self.store, self.stats = store, PullStats()
         self.error: Optional[BaseException] = None
         self.stop = threading.Event()
@@ -255,10 +261,10 @@ class _Pulling:
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, pulled, progress, jobs, skip, order) -> None:
-        try:
-            download(pulled, self.store, progress, jobs=jobs, skip=skip, stats=self.stats, order=order,
-                     cancel=self.stop)
+    def _run(self, pulled, progress, jobs: Tuple[int, int], skip, order) -> None:
+        try:  # jobs: (connections per source, at most at once)
+            download(pulled, self.store, progress, jobs=jobs[0], skip=skip, stats=self.stats, order=order,
+                     cancel=self.stop, connections=jobs[1])
         except BaseException as e:  # raised in the main thread by blob_path/finish
             self.error = e
         finally:

@@ -17,7 +17,7 @@ from .bundle.format import BundleImage
 from .config import MirrorConfig
 from .delta import DeltaPlan, InventoryImage, chain_ids
 from .errors import ImgtoolError, UsageError
-from .mirrors import resolve, sources_for
+from .mirrors import Clients, resolve, sources_for
 from .model import LAYER_COMPRESSION, Descriptor, Digest, Index, Manifest, Platform, PulledImage, parse_manifest
 from .progress import Progress
 from .resolve import resolve_image
@@ -27,7 +27,8 @@ LeftOut = List[Tuple[int, Digest]]  # (layer index, chain ID) of each layer an i
 
 
 def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorConfig, mirror: str, store: Store,
-               progress: Progress, timeout: float = 5.0) -> Tuple[List[LeftOut], Dict[Digest, Descriptor]]:
+               progress: Progress, timeout: float = 5.0, clients: Optional[Clients] = None
+               ) -> Tuple[List[LeftOut], Dict[Digest, Descriptor]]:
     """Each image's left-out layers, and the blob (by chain ID) the offline Docker holds each as, where known.
 
     Raises UsageError when the offline Docker is a containerd image store and the blobs of a left-out
@@ -44,7 +45,7 @@ def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorCo
         if not need:
             continue
         bases = [have.containerd[n] for n in need[-1][2] if n in have.containerd]
-        _look_up(bases, held, looked, config, mirror, store, timeout)
+        _look_up(bases, held, looked, config, mirror, store, timeout, clients)
         missing = [o for o in need if o[1] not in held]
         if missing:
             _say_missing(im, [i for i, _, _ in missing], bases, have.what, progress)
@@ -53,12 +54,12 @@ def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorCo
 
 def _look_up(bases: Sequence[InventoryImage], held: Dict[Digest, Descriptor],
              looked: Dict[str, Optional[Tuple[Descriptor, ...]]], config: MirrorConfig, mirror: str, store: Store,
-             timeout: float) -> None:
+             timeout: float, clients: Optional[Clients]) -> None:
     """Add to `held` the blobs of the first of `bases` (images holding the deepest left-out chain, so every
     chain below it) whose manifest the cache or a source has; `looked` remembers each base's answer."""
     for base in bases:
         if base.id not in looked:
-            looked[base.id] = _manifest_layers(base, config, mirror, store, timeout)
+            looked[base.id] = _manifest_layers(base, config, mirror, store, timeout, clients)
         found = looked[base.id]
         if found is not None:
             for chain, blob in zip(chain_ids(base.diff_ids), found):
@@ -84,7 +85,7 @@ def _say_missing(im: BundleImage, missing: Sequence[int], bases: Sequence[Invent
 
 
 def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, store: Store,
-                     timeout: float) -> Optional[Tuple[Descriptor, ...]]:
+                     timeout: float, clients: Optional[Clients]) -> Optional[Tuple[Descriptor, ...]]:
     """The layer blobs of the manifest `base.id` names (the containerd store's image ID), or None if not found."""
     try:
         digest, platform = Digest.parse(base.id), Platform.parse(base.platform)
@@ -102,7 +103,7 @@ def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, st
         # by tag: a Docker v2 manifest, loaded from a bundle as its OCI twin (bundle/layout.py)
         for wanted in (ref.with_digest(digest), ref.with_digest(None)):
             try:
-                res = resolve(wanted, sources_for(wanted, config, mirror), timeout)
+                res = resolve(wanted, sources_for(wanted, config, mirror, clients), timeout)
                 image = resolve_image(res, platform, store)
             except ImgtoolError:
                 continue

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from .config import Mirror, MirrorConfig
-from .errors import ImgtoolError, NotFoundError, RegistryError, UsageError
+from .errors import CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, UsageError
 from .model import Digest, ImageRef
 from .registry import RegistryClient
 
@@ -65,9 +65,28 @@ def direct_mirror(registry: str) -> Mirror:
     return Mirror(name=registry, registry=registry, url=f"https://{registry}")
 
 
-def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None) -> List[Source]:
-    """The sources serving `ref`'s registry in file order, their reads allowed to stall `config.read_timeout`
-    seconds; `only` forces one by name. Raises UsageError for an unknown `only` name.
+class Clients:
+    """One RegistryClient per mirror entry for a whole run, made when first needed: every reference a
+    verb resolves (and every check before) shares its endpoint's client, so its tokens, its kept-alive
+    connections and its login (a credential helper asked on the first 401) are had once per host."""
+
+    def __init__(self, config: MirrorConfig):
+        self.config = config
+        self._made: Dict[Mirror, RegistryClient] = {}
+
+    def client(self, m: Mirror) -> RegistryClient:
+        """The mirror's client (its reads allowed to stall `config.read_timeout` seconds)."""
+        if m not in self._made:
+            self._made[m] = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert,
+                                           read_timeout=self.config.read_timeout,
+                                           helper_timeout=self.config.helper_timeout)
+        return self._made[m]
+
+
+def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None,
+                clients: Optional[Clients] = None) -> List[Source]:
+    """The sources serving `ref`'s registry in file order, each with its mirror's client from `clients`
+    (None: new clients); `only` forces one by name. Raises UsageError for an unknown `only` name.
     """
     entries = [m for m in config.mirrors if m.registry == ref.registry]
     if only and only != "auto":
@@ -80,11 +99,11 @@ def sources_for(ref: ImageRef, config: MirrorConfig, only: Optional[str] = None)
         entries = chosen
     if not entries:
         entries = [direct_mirror(ref.registry)]
+    clients = clients if clients is not None else Clients(config)
     out = []
     for m in entries:
         repo = f"{m.prefix}/{ref.repository}" if m.prefix else ref.repository
-        client = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert, read_timeout=config.read_timeout)
-        out.append(Source(m, repo, client))
+        out.append(Source(m, repo, clients.client(m)))
     return out
 
 
@@ -100,6 +119,7 @@ class Probe:
     error: str = ""
     not_found: bool = False  # reachable, and answered that it does not have the reference
     stale: bool = False  # answered with a digest that differs from the chosen one
+    hint: Optional[str] = None  # what to do about `error`, when it is not the network's (a credential helper)
 
     def to_json(self) -> dict:
         return {
@@ -129,6 +149,8 @@ def _probe_one(source: Source, ref: ImageRef, timeout: float) -> Probe:
         p.latency = time.monotonic() - start
     except NotFoundError:
         p.error, p.not_found = f"{ref.reference} not found", True
+    except CredentialHelperError as e:
+        p.error, p.hint = e.message, e.hint
     except ImgtoolError as e:
         p.error = e.message
     return p
@@ -203,8 +225,9 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
         detail = "; ".join(f"{p.source.describe()}: {p.error or 'no answer'}" for p in probes)
         if missing and len(missing) == len([p for p in probes if p.reachable]):
             raise NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")
+        hints = [p.hint for p in probes if p.hint]  # a failing credential helper says what to do about it
         raise RegistryError(f"no source can serve {ref}: {detail}",
-                            hint="check the network or proxy, or force a source with --mirror NAME")
+                            hint=hints[0] if hints else "check the network or proxy, or force a source with --mirror NAME")
     notes, warnings = [], []
     answers = [(p, p.digest) for p in ok if p.digest]  # (probe, what it served): each of ok
     if ref.digest:

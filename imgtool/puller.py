@@ -9,22 +9,22 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Collection, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 
-from .errors import ImgtoolError, NotFoundError, RegistryError, VerifyError
+from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable, VerifyError
 from .mirrors import Source
 from .model import Descriptor, Digest, PulledImage, format_size
 from .progress import Bar, Progress
-from .registry import network_error_text
-from .resolve import NET_ERRORS
+from .registry import BlobStream
 from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
-JOBS = 8  # connections at once (--jobs); how the scheduler divides the work over them: Tuning
-_RETRIED = (RegistryError,) + NET_ERRORS  # a range's request failed: try again, maybe elsewhere
+JOBS = 8  # connections per source (--jobs); how the scheduler divides the work over them: Tuning
+CONNECTIONS = 32  # connections at once over every source (--max-connections)
 
 
 # --- blob download ---------------------------------------------------------
@@ -39,9 +39,6 @@ _RETRIED = (RegistryError,) + NET_ERRORS  # a range's request failed: try again,
 class Tuning:
     """How `download` divides blobs over its connections. Every default was chosen by measurement
     (docs/benchmarks.md); tests build smaller ones so that splits and steals happen on small blobs."""
-
-    per_source: int = 8
-    """At most this many of the connections go to one source at once."""
 
     big_blob: int = 64 * MiB
     """A blob at least this big is split into `segment`-sized ranges when it is opened."""
@@ -111,19 +108,49 @@ class PullStats:
             self.fresh.add(digest)
 
 
-class _SourcePool:
-    """Healthy sources with a connection cap each; a failing source is dropped for the run."""
+class _Slots:
+    """The connections each source may have at once (`per_source`, --jobs), shared by every image's pool:
+    a source is one endpoint however many images it serves."""
 
-    def __init__(self, sources: Sequence[Source], per_source: int):
+    def __init__(self, per_source: int):
+        self.per_source = per_source
+        self.sem: Dict[str, threading.Semaphore] = {}
+        self.busy: Dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def in_use(self, name: str) -> int:
+        with self.lock:
+            return self.busy.get(name, 0)
+
+    @contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """One of the source's connections, waiting for one to be free."""
+        with self.lock:
+            sem = self.sem.setdefault(name, threading.Semaphore(self.per_source))
+        with sem:
+            with self.lock:
+                self.busy[name] = self.busy.get(name, 0) + 1
+            try:
+                yield
+            finally:
+                with self.lock:
+                    self.busy[name] -= 1
+
+
+class _SourcePool:
+    """Healthy sources, their connections counted in the shared `_Slots`; a failing source is dropped for
+    the run."""
+
+    def __init__(self, sources: Sequence[Source], slots: _Slots):
         self.sources = list(sources)
-        self.sem = {s.name: threading.Semaphore(per_source) for s in self.sources}
+        self.slots = slots
         self.dead: Dict[str, str] = {}
         self.last_error: Dict[str, str] = {}
         self.lock = threading.Lock()
 
     def pick(self, preferred: int, exclude: Collection[str] = ()) -> Source:
-        """The live source at `preferred` (modulo), outside `exclude` while any is; raises RegistryError
-        when every source is dead."""
+        """The live source (outside `exclude` while any is) with the fewest connections in use, the one at
+        `preferred` (modulo) among equals; raises RegistryError when every source is dead."""
         with self.lock:
             live = [s for s in self.sources if s.name not in self.dead and s.name not in exclude]
             if not live:
@@ -133,7 +160,8 @@ class _SourcePool:
                                for s in self.sources)
             raise RegistryError(f"every source failed: {detail}",
                                 hint="check the network, or retry later: finished layers are kept in the cache")
-        return live[preferred % len(live)]
+        start = preferred % len(live)
+        return min(live[start:] + live[:start], key=lambda s: self.slots.in_use(s.name))
 
     def fail(self, source: Source, error: str, fatal: bool) -> None:
         with self.lock:
@@ -142,22 +170,20 @@ class _SourcePool:
                 self.dead[source.name] = error
 
 
-STRIKES = 3
+def _struck_out(failures: int, attempts: int) -> bool:
+    """Whether a range's `failures`-th failure drops the source it happened on, for the run.
 
-
-def _struck_out(failures: int) -> bool:
-    """Whether a range's `failures`-th network failure drops the source it happened on, for the run.
-
-    Every STRIKES-th one does. Failures are counted per range, not per source: each one also moves the
-    range's next try to the next live source, so with one source its third failure for a range drops
-    it, and with several, whichever fails the range the third, sixth, ... time is dropped. A single
-    reset only costs a retry.
+    Every `attempts`-th one does (the registry room's RetryPolicy: a request is tried that often). Failures
+    are counted per range, not per source: each one also moves the range's next try to the next live
+    source, so with one source its fourth failure for a range drops it, and with several, whichever fails
+    the range the fourth, eighth, ... time is dropped. A single reset only costs a retry.
     """
-    return failures % STRIKES == 0
+    return failures % attempts == 0
 
 
 class _Retries:
-    """One range's failures: which source to try next, which ones it no longer tries, how long to back off."""
+    """One range's failures: which source to try next, which ones it no longer tries, how long to back off
+    (by the source's RetryPolicy, the one the registry client applies to its own requests)."""
 
     def __init__(self, pool: _SourcePool):
         self.pool = pool
@@ -175,14 +201,17 @@ class _Retries:
         if len(self.out) >= len(self.pool.sources):
             raise RegistryError(f"blob {digest.short} is on no source: {error.message}") from error
 
-    def failed(self, source: Source, message: str) -> float:
-        """A network failure on `source` (it may strike out); returns the seconds to wait before the next try."""
+    def failed(self, source: Source, error: RegistryError) -> float:
+        """A failure on `source` (it may strike out); returns the seconds to wait before the next try: the
+        policy's back-off, or the `Retry-After` the registry asked for."""
+        policy = source.client.retry
         self.failures += 1
-        fatal = _struck_out(self.failures)
-        self.pool.fail(source, message, fatal=fatal)
+        fatal = _struck_out(self.failures, policy.attempts)
+        self.pool.fail(source, error.message, fatal=fatal)
         if fatal:
             self.out.add(source.name)
-        return min(0.2 * self.failures, 2.0)
+        retry_after = error.retry_after if isinstance(error, RegistryUnavailable) else None
+        return policy.delay(self.failures - 1, retry_after)
 
 
 BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
@@ -315,7 +344,7 @@ class _Scheduler:
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
     def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar: Bar, tuning: Tuning,
-                 stop: threading.Event):
+                 stop: threading.Event, per_source: int):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
         self.tuning = tuning
         self.queue: Deque[_Range] = deque()
@@ -328,6 +357,12 @@ class _Scheduler:
         self.stop = stop
         self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
+        self.slots = _Slots(per_source)
+        self.pools: Dict[int, _SourcePool] = {}
+
+    def pool(self, sources: Sequence[Source]) -> _SourcePool:
+        """The pool of an image's sources (one per list of sources), sharing the per-source slots."""
+        return self.pools.setdefault(id(sources), _SourcePool(sources, self.slots))
 
     # -- a worker --------------------------------------------------------------------------------
 
@@ -476,38 +511,39 @@ class _Scheduler:
         while rng.pos < rng.end and not self.stop.is_set():
             source = retries.next_source(rng.preferred)
             try:
-                with rng.blob.pool.sem[source.name]:
+                with self.slots.hold(source.name):
                     while rng.pos < rng.end and not self.stop.is_set():
                         self._request(source, rng)
             except NotFoundError as e:
                 retries.not_found(source, e, rng.blob.desc.digest)
-            except _RETRIED as e:
-                # one readable phrase ("connection reset", "timed out"), not urllib3's nested repr
-                message = e.message if isinstance(e, ImgtoolError) else f"{source.client.host}: {network_error_text(e)}"
-                time.sleep(retries.failed(source, message))
+            except RegistryError as e:  # the registry room's words: "HOST: connection reset", "... timed out"
+                try:
+                    source.client.retry.wait(retries.failed(source, e), self.stop)
+                except Cancelled:
+                    return  # stopped (Ctrl-C, or another worker's error): the caller is unwinding
 
     def _request(self, source: Source, rng: _Range) -> None:
-        """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial."""
+        """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial.
+        The client does not retry it: `_fetch` does, by the same policy, maybe from another source."""
         start, size = rng.pos, rng.blob.desc.size
         asked = self._ask(rng, False)
-        resp = source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked)
-        with resp:
-            read = getattr(resp.raw, "read1", None) or resp.raw.read  # read1: keep what arrived before a reset
-            if resp.status_code == 200:  # the server ignored Range: it sends the whole blob anyway,
+        with source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked,
+                                retry=False) as blob:
+            if blob.whole:  # the server ignored Range: it sends the whole blob anyway,
                 asked = self._ask(rng, True)  # so keep the rest of the range from this response
-                self._skip(read, start, source, rng)
+                self._skip(blob, start, source, rng)
             while rng.pos < asked and not self.stop.is_set():
-                chunk = self._read(read, min(READ_CHUNK, asked - rng.pos), source, rng)
+                chunk = self._read(blob, min(READ_CHUNK, asked - rng.pos), source, rng)
                 self._write(rng, chunk[:asked - rng.pos], source.name)
 
-    def _skip(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> None:
+    def _skip(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> None:
         """Read and drop the first `n` bytes of a response."""
         while n and not self.stop.is_set():
-            n -= len(self._read(read, min(READ_CHUNK, n), source, rng))
+            n -= len(self._read(blob, min(READ_CHUNK, n), source, rng))
 
-    def _read(self, read: Callable[..., bytes], n: int, source: Source, rng: _Range) -> bytes:
-        """Up to `n` raw bytes of the response; raises RegistryError if the connection closed early."""
-        chunk = read(n, decode_content=False)
+    def _read(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> bytes:
+        """Up to `n` raw bytes of the response; raises RegistryError if the connection broke or closed early."""
+        chunk = blob.read(n)
         if not chunk:
             raise RegistryError(f"{source.name}: connection closed after {format_size(rng.pos)} of "
                                 f"{format_size(rng.blob.desc.size)}")
@@ -585,10 +621,11 @@ class _Scheduler:
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
              jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
              order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
-             tuning: Tuning = DEFAULT_TUNING) -> PullStats:
+             tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    over at most `jobs` connections at once (`tuning.per_source` per source); returns what was transferred.
-    Setting `cancel` stops it (what arrived stays in the store's partial files for the next run).
+    over `jobs` connections per source, at most `connections` at once over all; returns what was
+    transferred. Setting `cancel` stops it (what arrived stays in the store's partial files for the next
+    run), and ends any wait before a retry at once.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
@@ -599,12 +636,12 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
         return stats
     total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
     with progress.bar(total, "download") as total_bar:
-        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event())
-        pools: Dict[int, _SourcePool] = {}
+        sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event(),
+                           max(1, jobs))
         for i, (desc, sources) in enumerate(todo):
-            pool = pools.setdefault(id(sources), _SourcePool(sources, tuning.per_source))
-            sched.queue.append(_Range.unopened(_Blob(desc, pool, 0, i)))
-        _run_workers(sched, max(1, jobs))
+            sched.queue.append(_Range.unopened(_Blob(desc, sched.pool(sources), 0, i)))
+        names = {s.name for _, sources in todo for s in sources}  # the shape: connections per source
+        _run_workers(sched, max(1, min(connections, max(1, jobs) * len(names))))
         if cancel is not None and cancel.is_set():
             return stats
         if sched.queue or sched.running:

@@ -2,12 +2,17 @@
 
 One `RegistryClient` per endpoint (a mirror's base URL). It speaks the anonymous
 bearer-token flow (`WWW-Authenticate: Bearer realm=...,service=...,scope=...`), Basic
-auth from `~/.docker/config.json`, retries transient failures with backoff (honouring
-`Retry-After`), and never logs or prints a credential or token.
+auth from `~/.docker/config.json` (looked up on the endpoint's first 401, once), retries transient
+failures by the one `RetryPolicy` (honouring `Retry-After`, every wait ending at once when the run is
+cancelled), and never logs or prints a credential or token.
+
+The transport (requests, or registry_http's stdlib client on Python 3.7/3.8) stays in this room: a
+blob is a `BlobStream`, and what a transport raises becomes a RegistryError here.
 """
 
 import base64
 import email.utils
+import http.client
 import json
 import os
 import random
@@ -16,13 +21,13 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
-from .config import docker_config_dir, proxy_variable
-from .errors import CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, TagListingRefused, UsageError
+from .config import DEFAULT_HELPER_TIMEOUT, docker_config_dir, proxy_variable
+from .errors import (Cancelled, CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable,
+                     TagListingRefused, UsageError)
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
@@ -30,7 +35,6 @@ if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see 
 
 USER_AGENT = "imgtool"
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-MAX_RETRY_AFTER = 60.0
 
 
 TRANSPORTS = ("requests", "http")
@@ -56,6 +60,20 @@ class _Net:
         self.error = lib.RequestException
         self.tls_error = lib.exceptions.SSLError
         self.proxy_error = lib.exceptions.ProxyError
+        # what reading a streamed body may raise: the library's own types and what they wrap
+        self.read_errors: tuple = (lib.RequestException, OSError, http.client.HTTPException)
+        if name == "requests":
+            import urllib3
+
+            self.read_errors += (urllib3.exceptions.HTTPError,)
+
+    def raw_reader(self, resp: "requests.Response") -> Callable[[int], bytes]:
+        """`read(n)`: up to n bytes of the body as they arrive, never content-decoded (b"" at its end)."""
+        if self.name == "http":
+            return resp.read1
+        raw = resp.raw
+        read = getattr(raw, "read1", None) or raw.read  # read1: keep what arrived before a reset
+        return lambda n: read(n, decode_content=False)
 
 
 def docker_config_path() -> str:
@@ -63,44 +81,23 @@ def docker_config_path() -> str:
     return os.path.join(docker_config_dir(), "config.json")
 
 
-def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tuple[str, str]]:
+def credentials_for(host: str, helper_timeout: float = DEFAULT_HELPER_TIMEOUT) -> Optional[Tuple[str, str]]:
     """(username, password) for a registry host as `docker login` stored them, or None.
 
-    Read with docker-py's own resolution (docker.auth) on the requests transport, and with its stdlib
-    twin (registry_http.docker_credentials) on the http one: a credential helper named by `credHelpers`
-    for this host or by `credsStore` (desktop keychains, `pass`), then the `auths` entries (with
-    legacy full-URL keys). An identity token (OAuth) is not a password: None. Raises
-    CredentialHelperError when a configured helper cannot be run or fails.
+    Resolved as docker-py's docker.auth resolves them (registry_http.docker_credentials, tested against
+    it; docker-py runs a helper with no timeout): a credential helper named by `credHelpers` for this host
+    or by `credsStore` (desktop keychains, `pass`), given `helper_timeout` seconds to answer, then the
+    `auths` entries (with legacy full-URL keys). An identity token (OAuth) is not a password: None.
+    Raises CredentialHelperError when a configured helper cannot be run, fails or does not answer in time.
     """
+    from . import registry_http
+
     path = docker_config_path()
     if not os.path.isfile(path):
         return None
-    if (transport or default_transport()) == "http":
-        from . import registry_http
-
-        def resolve():
-            return registry_http.docker_credentials(path, host)
-
-        helper_failed: tuple = (registry_http.HelperError,)
-
-        def words(e):
-            return e
-    else:
-        from docker.auth import load_config  # docker-py's credential-store support, nothing of its client
-        from docker.errors import DockerException
-
-        def resolve():
-            return load_config(config_path=path).resolve_authconfig(host)
-
-        helper_failed = (DockerException,)
-
-        def words(e):  # the helper's words (docker's StoreError), not docker-py's wrapper
-            return e.__cause__ if e.__cause__ is not None else e
     try:
-        with warnings.catch_warnings():  # docker-py also warns on stderr when a helper is missing
-            warnings.simplefilter("ignore")
-            entry = resolve()
-    except helper_failed as e:
+        entry = registry_http.docker_credentials(path, host, helper_timeout)
+    except registry_http.HelperError as e:
         store = None
         try:
             with open(path, encoding="utf-8") as f:
@@ -109,9 +106,14 @@ def credentials_for(host: str, transport: Optional[str] = None) -> Optional[Tupl
         except (OSError, ValueError, AttributeError):
             pass
         helper = f"docker-credential-{store}" if store else "the credential helper"
-        why = network_error_text(words(e))
+        if isinstance(e, registry_http.HelperTimeout):
+            raise CredentialHelperError(
+                f"{helper} named in {path} cannot give the credentials for {host}: it did not answer within "
+                f"{e.seconds:g} s ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT)",
+                hint=f"check that {helper} answers (`echo {host} | {helper} get`), or set "
+                     f"$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT higher, or remove credsStore/credHelpers from {path}") from e
         raise CredentialHelperError(
-            f"{helper} named in {path} cannot give the credentials for {host}: {why}",
+            f"{helper} named in {path} cannot give the credentials for {host}: {network_error_text(e)}",
             hint=f"install {helper} (or run `docker login {host}` again), or remove credsStore/credHelpers "
                  f"from {path}") from e
     except (OSError, ValueError, AttributeError, TypeError):
@@ -148,27 +150,92 @@ def registry_error_text(resp: "requests.Response") -> str:
 
 
 def _retry_after(resp: "requests.Response") -> Optional[float]:
+    """The seconds a 429/503's `Retry-After` asks for (a number or an HTTP date), or None."""
+    if resp.status_code not in (429, 503):
+        return None
     value = resp.headers.get("Retry-After")
     if not value:
         return None
     try:
-        return min(max(float(value), 0.0), MAX_RETRY_AFTER)
+        return max(float(value), 0.0)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
             return None
-        return min(max(parsed.timestamp() - time.time(), 0.0), MAX_RETRY_AFTER)
+        return None if parsed is None else max(parsed.timestamp() - time.time(), 0.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RetryPolicy:
+    """The one retry policy of the registry side: how often a request is tried, how long to wait between
+    tries. The client applies it to each request; the puller to each range of a blob (where a retry may go
+    to another source, so the client does not retry those again). Every wait ends at once on cancel."""
+
     attempts: int = 4
-    backoff: float = 0.5  # seconds, doubled each attempt, with jitter
+    """Tries of one request; a range's every `attempts`-th failure on a source drops that source."""
+
+    backoff: float = 0.5
+    """Seconds before the second try, doubled for each further one (at most `max_backoff`), with jitter."""
+
     max_backoff: float = 8.0
 
-    def delay(self, attempt: int) -> float:
+    max_retry_after: float = 60.0
+    """A registry's `Retry-After` is honoured up to this many seconds."""
+
+    def delay(self, attempt: int, retry_after: Optional[float] = None) -> float:
+        """Seconds to wait after the `attempt`-th failure (0-based), or what the registry asked for."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
         base = min(self.backoff * (2 ** attempt), self.max_backoff)
         return base * (0.5 + random.random() / 2)
+
+    @staticmethod
+    def wait(seconds: float, cancel: Optional[threading.Event]) -> None:
+        """Wait `seconds`, or until `cancel` is set: then raises Cancelled. Without an event the wait is
+        still one Ctrl-C ends in the main thread (a lock wait, which a signal interrupts)."""
+        if (cancel if cancel is not None else threading.Event()).wait(seconds):
+            raise Cancelled("cancelled while waiting to try again")
+
+
+class BlobStream:
+    """A blob's bytes as the registry sends them (never content-decoded), its transport hidden.
+
+    `whole` is True when the registry ignored the Range asked for and sends the whole blob (200, not
+    206). `read(n)` gives up to n bytes as they arrive (b"" at the end) and raises RegistryError when the
+    connection breaks or stalls; `close()` (or leaving `with`) ends the response.
+    """
+
+    def __init__(self, resp: "requests.Response", read: Callable[[int], bytes], errors: tuple, host: str):
+        self.whole = resp.status_code == 200
+        self._resp, self._read, self._errors, self._host = resp, read, errors, host
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes; raises RegistryError."""
+        try:
+            return self._read(n)
+        except self._errors as e:
+            raise RegistryError(f"{self._host}: {network_error_text(e)}") from e
+
+    def read_up_to(self, limit: int) -> bytes:
+        """The body until its end or `limit` bytes, whichever comes first; raises RegistryError."""
+        chunks, total = [], 0
+        while total < limit:
+            chunk = self.read(min(65536, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def __enter__(self) -> "BlobStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class RegistryClient:
@@ -181,7 +248,7 @@ class RegistryClient:
     def __init__(self, base_url: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
                  connect_timeout: float = 10.0, read_timeout: float = 60.0, retry: Optional[RetryPolicy] = None,
                  credentials: Optional[Tuple[str, str]] = None, use_docker_config: bool = True,
-                 transport: Optional[str] = None):
+                 transport: Optional[str] = None, helper_timeout: float = DEFAULT_HELPER_TIMEOUT):
         self.base_url = base_url.rstrip("/")
         split = urlsplit(self.base_url)
         if split.scheme not in ("http", "https") or not split.netloc:
@@ -194,11 +261,10 @@ class RegistryClient:
         self.retry = retry or RetryPolicy()
         self._credentials = credentials
         self._credential_problem: Optional[CredentialHelperError] = None
-        if credentials is None and use_docker_config:
-            try:
-                self._credentials = credentials_for(self.host, self._net.name)
-            except CredentialHelperError as e:  # anonymous for now; named if the registry asks for a login
-                self._credential_problem = e
+        # looked up on the first 401 (a credential helper may run), once: most registries never ask
+        self._looked_up = credentials is not None or not use_docker_config
+        self._helper_timeout = helper_timeout
+        self._login_lock = threading.Lock()
         self._tokens: Dict[str, str] = {}  # scope -> bearer token
         self._basic = False  # the registry asked for Basic auth
         self._lock = threading.Lock()
@@ -226,6 +292,18 @@ class RegistryClient:
                                       "connect directly")
         return RegistryError(f"{self.host}: {network_error_text(e)}")
 
+    def _login(self) -> Optional[Tuple[str, str]]:
+        """The credentials for this endpoint, looked up when a registry first asks (once, whichever thread
+        asks first); a helper that fails leaves us anonymous and is named if the registry then refuses."""
+        with self._login_lock:
+            if not self._looked_up:
+                self._looked_up = True
+                try:
+                    self._credentials = credentials_for(self.host, self._helper_timeout)
+                except CredentialHelperError as e:
+                    self._credential_problem = e
+            return self._credentials
+
     def _auth_header(self, scope: Optional[str]) -> Dict[str, str]:
         with self._lock:
             token = self._tokens.get(scope or "")
@@ -239,8 +317,9 @@ class RegistryClient:
     def _authenticate(self, resp: "requests.Response", scope: Optional[str]) -> bool:
         """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
         scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+        credentials = self._login()
         if scheme == "basic":
-            if not self._credentials or self._basic:
+            if not credentials or self._basic:
                 return False
             self._basic = True
             return True
@@ -252,7 +331,7 @@ class RegistryClient:
         want_scope = scope or params.get("scope")
         if want_scope:
             query["scope"] = want_scope
-        auth = self._credentials if self._credentials else None
+        auth = credentials if credentials else None
         try:
             r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
         except self._net.error as e:
@@ -276,13 +355,13 @@ class RegistryClient:
         return True
 
     def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
-                stream: bool = False, timeout=None, retry: bool = True, data: Optional[bytes] = None
-                ) -> "requests.Response":
-        """Send a request with auth and retries; returns the final response (any status).
+                stream: bool = False, timeout=None, retry: bool = True, data: Optional[bytes] = None,
+                cancel: Optional[threading.Event] = None) -> "requests.Response":
+        """Send a request with auth and retries (`self.retry`; none with `retry=False`); returns the final
+        response (any status). `data` (bytes, so a retry can send it again) is the request body; a wait
+        between tries ends when `cancel` is set.
 
-        `data` (bytes, so a retry can send it again) is the request body.
-
-        Raises RegistryError when the endpoint cannot be reached after the retries.
+        Raises RegistryError when the endpoint cannot be reached after the retries, Cancelled.
         """
         url = path if path.startswith(("http://", "https://")) else f"{self.base_url}{path}"
         attempts = self.retry.attempts if retry else 1
@@ -301,7 +380,7 @@ class RegistryClient:
                 attempt += 1
                 if attempt >= attempts:
                     raise self._unreachable(e, url) from e
-                time.sleep(self.retry.delay(attempt - 1))
+                self.retry.wait(self.retry.delay(attempt - 1), cancel)
                 continue
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
@@ -314,9 +393,8 @@ class RegistryClient:
             expired_redirect = resp.history and resp.status_code in (403, 410)
             if (resp.status_code in RETRY_STATUS or expired_redirect) and attempt + 1 < attempts:
                 attempt += 1
-                wait = _retry_after(resp) if resp.status_code in (429, 503) else None
                 resp.close()
-                time.sleep(wait if wait is not None else self.retry.delay(attempt - 1))
+                self.retry.wait(self.retry.delay(attempt - 1, _retry_after(resp)), cancel)
                 continue
             return resp
 
@@ -362,7 +440,10 @@ class RegistryClient:
             if head:
                 digest = _parse_digest_header(header_digest)
                 return b"", ctype, digest
-            data = _read_capped(resp, MAX_MANIFEST_BYTES, f"{self.host}/{repository} manifest {reference}")
+            try:
+                data = _read_capped(resp, MAX_MANIFEST_BYTES, f"{self.host}/{repository} manifest {reference}")
+            except self._net.error as e:
+                raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
         actual = Digest.of(data)
         wanted = expect or (Digest.parse(reference) if reference.startswith("sha256:") else None)
         if wanted is not None and actual != wanted:
@@ -370,23 +451,28 @@ class RegistryClient:
         return data, ctype, actual
 
     def blob(self, repository: str, digest: Digest, start: int = 0, end: Optional[int] = None,
-             timeout=None) -> "requests.Response":
-        """Open a raw (not content-decoded) blob stream for bytes [start, end).
+             timeout=None, retry: bool = True, cancel: Optional[threading.Event] = None) -> BlobStream:
+        """Open a raw (not content-decoded) stream of the blob's bytes [start, end).
 
-        The response is 206 for a satisfied range or 200 for the whole blob; the caller
-        checks which. Raises NotFoundError or RegistryError.
+        `stream.whole` says the registry sent the whole blob instead (it ignored Range). `retry=False`:
+        one try, for a caller that retries by the same policy itself (the puller, which may go elsewhere).
+        Raises NotFoundError, RegistryUnavailable (a status worth trying again; its Retry-After),
+        RegistryError, Cancelled.
         """
         headers = {"Accept-Encoding": "identity"}
         if start or end is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         resp = self.request("GET", f"/v2/{repository}/blobs/{digest}", scope=f"repository:{repository}:pull",
-                            headers=headers, stream=True, timeout=timeout)
+                            headers=headers, stream=True, timeout=timeout, retry=retry, cancel=cancel)
         if resp.status_code in (200, 206):
-            return resp
+            return BlobStream(resp, self._net.raw_reader(resp), self._net.read_errors, self.host)
         text = registry_error_text(resp)
         resp.close()
         if resp.status_code == 404:
             raise NotFoundError(f"{self.host}/{repository}: blob {digest.short} not found")
+        if resp.status_code in RETRY_STATUS or (resp.history and resp.status_code in (403, 410)):
+            raise RegistryUnavailable(f"{self.host}/{repository}: blob {digest.short}: {text}",
+                                      retry_after=_retry_after(resp))
         raise RegistryError(f"{self.host}/{repository}: blob {digest.short}: {text}")
 
     def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:

@@ -178,6 +178,14 @@ class Response:
                 return
             yield piece
 
+    def read1(self, n: int) -> bytes:
+        """Up to n bytes of a streamed body as they arrive (b"" at its end), as urllib3's `read1`."""
+        try:
+            return self._raw.read1(n)
+        except _NET_ERRORS as e:
+            self.close()
+            raise _translate(e, connecting=False) from e
+
     def iter_content(self, chunk_size: int = 1) -> Iterator[bytes]:
         """The body in pieces of up to chunk_size bytes, as they arrive (never decoded: identity only)."""
         if self._content is not None:
@@ -317,11 +325,20 @@ class HelperError(Exception):
     """A credential helper named in the config could not be run or failed (docker's StoreError words)."""
 
 
-def docker_credentials(path: str, host: str) -> Optional[dict]:
+class HelperTimeout(HelperError):
+    """A credential helper did not answer within `seconds` (it was killed)."""
+
+    def __init__(self, program: str, seconds: float):
+        super().__init__(f"{program} did not answer within {seconds:g} s")
+        self.program, self.seconds = program, seconds
+
+
+def docker_credentials(path: str, host: str, timeout: float = 30.0) -> Optional[dict]:
     """The auth entry for `host` as docker.auth's `load_config(path).resolve_authconfig(host)` returns it:
     {"Username", "Password"} from a helper, {"username", "password", ...} from `auths`, or None.
 
-    Raises HelperError when a helper is named for the host but cannot be run or fails; ValueError,
+    A helper gets `timeout` seconds (docker-py gives it forever). Raises HelperError when a helper is named
+    for the host but cannot be run or fails, HelperTimeout when it does not answer in time; ValueError,
     OSError when the file is not a docker config.
     """
     with open(path, encoding="utf-8") as f:
@@ -338,7 +355,7 @@ def docker_credentials(path: str, host: str) -> Optional[dict]:
         server = host if host and host != INDEX_NAME else INDEX_URL
         name = helpers.get(server) or store
         if name:
-            found = _helper_get(f"docker-credential-{name}", server)
+            found = _helper_get(f"docker-credential-{name}", server, timeout)
             if found is not None:
                 if found.get("Username") == TOKEN_USERNAME:
                     return {"ServerAddress": server, "IdentityToken": found.get("Secret")}
@@ -376,14 +393,16 @@ def _index_name(name: str) -> str:
     return INDEX_NAME if host == f"index.{INDEX_NAME}" else host
 
 
-def _helper_get(program: str, server: str) -> Optional[dict]:
+def _helper_get(program: str, server: str, timeout: float) -> Optional[dict]:
     """`PROGRAM get` with the server on stdin: its JSON, or None when it has no credentials for it."""
     exe = shutil.which(program)
     if exe is None:
         raise HelperError(f"{program} not installed or not available in PATH")
     try:
         out = subprocess.run([exe, "get"], input=server.encode("utf-8"), stdout=subprocess.PIPE,
-                             check=True).stdout  # the helper inherits imgtool's environment
+                             check=True, timeout=timeout).stdout  # the helper inherits imgtool's environment
+    except subprocess.TimeoutExpired as e:
+        raise HelperTimeout(program, timeout) from e
     except subprocess.CalledProcessError as e:
         said = (e.output or b"").decode("utf-8")
         if "credentials not found in native keychain" in said:

@@ -2,22 +2,16 @@
 
 `resolve_image` fetches the index and the platform manifest by digest from the first source that
 has them, and the config (a small blob) into the store; the blobs themselves are the puller's.
-Connected side only (requests): the offline verbs never import it.
+Connected side only: the offline verbs never import it. What the registry room's transport raises
+reaches here as RegistryError, never as the transport's own types.
 """
 
-import socket
 from typing import Sequence, Tuple
-
-import requests
-import urllib3
 
 from .errors import ImgtoolError, ManifestError, RegistryError, UsageError
 from .mirrors import Resolution, Source
 from .model import Descriptor, Digest, ImageConfig, Index, Manifest, Platform, PulledImage, parse_manifest
 from .store import Store
-
-# what a registry read raises besides ImgtoolError (the puller retries these too)
-NET_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError, socket.timeout, ConnectionError)
 
 
 def _manifest_from(sources: Sequence[Source], digest: Digest, what: str) -> Tuple[bytes, str, Source]:
@@ -87,9 +81,8 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
     errors = []
     for s in sources:
         try:
-            resp = s.client.blob(s.repository, desc.digest)
-            with resp:
-                data = resp.raw.read(desc.size + 1, decode_content=False)
+            with s.client.blob(s.repository, desc.digest) as blob:
+                data = blob.read_up_to(desc.size + 1)
             if len(data) != desc.size or Digest.of(data) != desc.digest:
                 errors.append(f"{s.describe()}: config blob failed its size/digest check")
                 continue
@@ -97,6 +90,4 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
             return data
         except ImgtoolError as e:
             errors.append(f"{s.describe()}: {e.message}")
-        except NET_ERRORS as e:
-            errors.append(f"{s.describe()}: {type(e).__name__}")
     raise RegistryError(f"cannot fetch config {desc.digest.short} from any source: " + "; ".join(errors))

@@ -490,3 +490,36 @@ def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(
     finally:
         proxy.close()
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_ctrl_c_during_a_retry_after_wait_ends_the_fetch_at_once(services, factory, mirrored, tmp_path):
+    """A registry answering 503 with `Retry-After: 60` to every layer: the wait before the retry is on the
+    run's cancel event, so Ctrl-C ends it at once (a plain sleep held the download thread, and exit, for
+    minutes). The signal is sent once the first layer request has reached the registry."""
+    idx = factory.multiarch(layers=2, layer_size=1 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    layers = {x.digest for x in idx.image("linux/amd64").layers}
+    proxy = FaultProxy(services.plain)
+    try:
+        busy = proxy.add(Fault("status", lambda m, p: m == "GET" and p.rsplit("/", 1)[-1] in layers, times=10_000,
+                               status=503, headers={"Retry-After": "60"}))
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        out, cache = tmp_path / "b", tmp_path / "cache"
+        proc = subprocess.Popen([sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors",
+                                 str(cfg), "-o", str(out), "-q"], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert busy.arrived.wait(120), "no layer request reached the registry"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)  # a hang fails here: the wait was 60 s per try
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == 130, err
+        assert err.splitlines() == [
+            f"error: interrupted: finished layers and partial downloads are kept in the cache ({cache}); "
+            "the bundle was not finished (it has no bundle.json)",
+            "hint: run the same command again to resume: it downloads only what is missing and finishes the bundle",
+        ]
+    finally:
+        proxy.close()

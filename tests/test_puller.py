@@ -316,7 +316,7 @@ def one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, **layer):
 
 def test_interrupted_blob_resumes_with_range(services, factory, mirrored, tmp_path):
     with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=3 << 20) as (proxy, cfg, layer, store):
-        cut = 1_000_000
+        cut = 600_000  # the source strikes out after RetryPolicy.attempts (4) resets: 2.4 MB, before the end
         proxy.add(Fault("reset", lambda m, p: m == "GET" and layer.digest in p, times=100, after=cut))
         # one connection: with more, idle ones would take over the back half of the blob and
         # (each resumed range moving 1 MB further) finish it despite the resets
@@ -701,3 +701,77 @@ def test_credentials_from_a_credential_helper(services, factory, tmp_path, uniq,
         f"error: no source can serve quay.io/{uniq}/vllm-ascend:v1: site ({services.tls}/{uniq}/vllm-ascend): "
         f"docker-credential-imgtooltest named in {home}/.docker/config.json cannot give the credentials for "
         f"{services.tls}: docker-credential-imgtooltest not installed or not available in PATH")
+
+
+def _helped_login(services, factory, tmp_path, uniq, helper_text):
+    """An image on the TLS registry (Basic auth), a mirrors.toml naming it, and a HOME whose config.json
+    names docker-credential-imgtooltest (`helper_text`) for it; returns (cfg, env, helper path)."""
+    idx = factory.multiarch(layers=2)
+    push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
+               verify=services.tls_ca)
+    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend",
+                       [("site", f"https://{services.tls}", "", f'ca_cert = "{services.tls_ca}"')])
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    (home / ".docker").mkdir(parents=True)
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-imgtooltest"
+    helper.write_text(helper_text)
+    helper.chmod(0o755)
+    (home / ".docker" / "config.json").write_text(json.dumps({"credHelpers": {services.tls: "imgtooltest"}}))
+    return cfg, {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}, helper
+
+
+def test_a_credential_helper_runs_once_per_fetch(services, factory, tmp_path, uniq):
+    """Credentials are looked up on the registry's first 401, once per host: fetch builds its clients once
+    (it built them for checking the input, again for resolving, and each looked its login up)."""
+    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq, HELPER.format(
+        host=services.tls, user=services.tls_user, password=services.tls_password))
+    env["IMGTOOL_CACHE"] = str(tmp_path / "cache")
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
+                env=env)
+    assert r.returncode == 0, r.stderr
+    assert Path(f"{helper}.asked").read_text().split() == [services.tls]  # asked once, for this host
+
+
+def test_a_hanging_credential_helper_is_one_error_naming_it_and_the_timeout(services, factory, tmp_path, uniq):
+    """docker-credential-* runs with a timeout ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT, default 30 s): a helper
+    that never answers (a keyring waiting for a desktop prompt) is named, with the time it was given."""
+    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq,
+                                     "#!/bin/sh\nexec sleep 3600\n")
+    env.update(IMGTOOL_CACHE=str(tmp_path / "cache"), IMGTOOL_CREDENTIAL_HELPER_TIMEOUT="1")
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
+                env=env)
+    path = Path(env["HOME"]) / ".docker" / "config.json"
+    assert (r.returncode, r.stderr.splitlines()) == (4, [
+        f"error: no source can serve quay.io/{uniq}/vllm-ascend:v1: site ({services.tls}/{uniq}/vllm-ascend): "
+        f"docker-credential-imgtooltest named in {path} cannot give the credentials for {services.tls}: "
+        "it did not answer within 1 s ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT)",
+        f"hint: check that docker-credential-imgtooltest answers (`echo {services.tls} | docker-credential-imgtooltest "
+        f"get`), or set $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT higher, or remove credsStore/credHelpers from {path}"]), r.stderr
+
+
+def test_connections_are_per_source_so_a_mirror_adds_its_own(services, factory, mirrored, tmp_path):
+    """`jobs` is connections per source: with one each, the registry and a mirror of it are asked at once
+    (it was one connection for the whole download). Each proxy holds every layer request until both have
+    one waiting, so the test sees the two at the same time, whatever the machine's speed."""
+    idx = factory.multiarch(layers=1, layer_size=4 << 20)
+    ms = mirrored(idx, tag="v1", targets=("upstream", "nju"))
+    layer = idx.image("linux/arm64/v8").layers[0]
+    quay, nju = FaultProxy(services.plain), FaultProxy(services.mirror)
+    gates = [p.gate(lambda m, path: m == "GET" and layer.digest in path, requests=0) for p in (quay, nju)]
+    cfg = mirrors_file(tmp_path, f"quay.io/{ms.repo}", [("quay", quay.url, ""), ("nju", nju.url, "")])
+    store, stats = Store(tmp_path / "c"), PullStats()
+    t = threading.Thread(target=pull, args=(cfg, "v1", "arm64", store), name="test-pull",
+                         kwargs=dict(jobs=1, stats=stats, tuning=Tuning(big_blob=1 << 20, segment=1 << 20)))
+    t.start()
+    try:
+        both = [g.reached.wait(30) for g in gates]
+    finally:
+        for g in gates:
+            g.release()
+        t.join(60)
+        quay.close()
+        nju.close()
+    assert both == [True, True]  # a request waiting at each source at once
+    assert not t.is_alive() and sum(stats.per_source.values()) == layer.size
+    assert set(stats.per_source) == {"quay", "nju"}

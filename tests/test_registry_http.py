@@ -13,8 +13,9 @@ import selectors
 import socket
 import socketserver
 import threading
+import warnings
 
-from imgtool import registry
+from imgtool import registry, registry_http
 from imgtool.errors import ImgtoolError
 from imgtool.model import Digest
 from imgtool.progress import choose
@@ -67,11 +68,10 @@ def test_reads_and_errors_are_the_same_through_both_transports(services, factory
     assert same(lambda t: list(client(t).tags(repo))) == ("ok", ["v1"])
     assert same(lambda t: (client(t).has_blob(repo, layer), client(t).has_blob(repo, ABSENT))) == ("ok", (True, False))
 
-    def ranged(t):
-        resp = client(t).blob(repo, layer, start=10, end=1010)
-        with resp:
-            return resp.status_code, b"".join(resp.iter_content(300))
-    assert same(ranged) == ("ok", (206, image.layers[0].blob[10:1010]))
+    def ranged(t):  # a BlobStream on both: the transport stays inside the registry room
+        with client(t).blob(repo, layer, start=10, end=1010) as blob:
+            return blob.whole, blob.read_up_to(300), blob.read_up_to(10_000)
+    assert same(ranged) == ("ok", (False, image.layers[0].blob[10:310], image.layers[0].blob[310:1010]))
 
     assert same(lambda t: client(t).manifest(repo, "v9")) == (
         "NotFoundError", f"{services.plain}/{repo}:v9 not found (MANIFEST_UNKNOWN: manifest unknown)", None, 4)
@@ -268,7 +268,8 @@ def _config(home, doc):
 
 
 def test_credentials_are_read_from_docker_config_as_docker_py_reads_them(tmp_path, monkeypatch):
-    """registry_http.docker_credentials against docker.auth: the same logins, the same refusals."""
+    """registry_http.docker_credentials (what imgtool resolves with, on both transports) against docker.auth:
+    the same logins, the same refusals."""
     home, bin_dir = tmp_path / "home", tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("HOME", str(home))
@@ -282,8 +283,13 @@ def test_credentials_are_read_from_docker_config_as_docker_py_reads_them(tmp_pat
     broken.chmod(0o755)
     basic = base64.b64encode(b"bob:pa:ss").decode()
 
+    path = home / ".docker" / "config.json"
+
     def both(host):
-        return same(lambda t: credentials_for(host, t))
+        """credentials_for's outcome, after its resolution (registry_http's, for every transport: it has a
+        helper timeout, docker-py has none) gave what docker-py's docker.auth gives."""
+        assert _resolved_by_docker_py(path, host) == _resolved_by_the_twin(path, host), host
+        return outcome(lambda: credentials_for(host))
 
     _config(home, {"auths": {"reg.example": {"auth": basic}, "https://legacy.example/v1/": {"auth": basic},
                              "token.example": {"identitytoken": "x"}, "helped.example:5000": {}}})
@@ -297,7 +303,6 @@ def test_credentials_are_read_from_docker_config_as_docker_py_reads_them(tmp_pat
                                    "gone.example": "missing"}})
     assert both("helped.example:5000") == ("ok", ("alice", "from-helper"))
     assert both("reg.example") == ("ok", None)
-    path = home / ".docker" / "config.json"
     assert both("locked.example") == (
         "CredentialHelperError", f"docker-credential-broken named in {path} cannot give the credentials for "
         'locked.example: Credentials store docker-credential-broken exited with "the keyring is locked ".',  # docker's words
@@ -308,6 +313,36 @@ def test_credentials_are_read_from_docker_config_as_docker_py_reads_them(tmp_pat
         "docker-credential-missing not installed or not available in PATH")
     path.write_text("{not json")
     assert both("reg.example") == ("ok", None)  # an unreadable config: anonymous, on both
+
+
+def _entry(entry):
+    if not isinstance(entry, dict):
+        return ("ok", None)
+    user, password = entry.get("Username") or entry.get("username"), entry.get("Password") or entry.get("password")
+    return ("ok", (user, password) if user and password is not None else None)
+
+
+def _resolved_by_docker_py(path, host):
+    from docker.auth import load_config
+    from docker.errors import DockerException
+
+    try:
+        with warnings.catch_warnings():  # docker-py warns on stderr when a helper is missing
+            warnings.simplefilter("ignore")
+            return _entry(load_config(config_path=str(path)).resolve_authconfig(host))
+    except DockerException as e:
+        return ("helper", str(e.__cause__ if e.__cause__ is not None else e))  # the helper's words (StoreError)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ("ok", None)  # an unreadable config: anonymous
+
+
+def _resolved_by_the_twin(path, host):
+    try:
+        return _entry(registry_http.docker_credentials(str(path), host))
+    except registry_http.HelperError as e:
+        return ("helper", str(e))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ("ok", None)  # an unreadable config: anonymous
 
 
 def test_a_dead_proxy_is_named_not_the_registry_through_both_transports(services, monkeypatch):

@@ -573,6 +573,8 @@ BAD_ARGS = {
     "size-negative": ["fetch", "v1", "--chunk-size", "-1G"],
     "size-huge": ["fetch", "v1", "--chunk-size", "9" * 400],
     "jobs-zero": ["fetch", "v1", "--jobs", "0"],
+    "max-connections-zero": ["fetch", "v1", "--max-connections", "0"],
+    "helper-timeout-bad": ["fetch", "v1", {"IMGTOOL_CREDENTIAL_HELPER_TIMEOUT": "soon"}],
     "output-is-a-file": ["fetch", "v1", "-o", "{file}"],
     "mirror-unknown": ["fetch", "v1", "--mirror", "nowhere"],
     "mirrors-file-missing": ["fetch", "v1", "--mirrors", "{tmp}/absent.toml"],

@@ -32,6 +32,7 @@ class Fault:
     rate: int = 0  # bytes/second for kind == "rate"
     used: int = 0
     released: threading.Event = field(default_factory=threading.Event, repr=False)
+    arrived: threading.Event = field(default_factory=threading.Event, repr=False)  # set once it is first used
 
     def release(self) -> None:
         """End a stall that has no `seconds` (the proxy's close() ends it too)."""
@@ -190,6 +191,7 @@ class FaultProxy:
             for f in self.faults:
                 if f.used < f.times and f.match(method, path):
                     f.used += 1
+                    f.arrived.set()
                     return f
         return None
 
