@@ -18,7 +18,12 @@ Kind = Union[type, Tuple[type, ...]]
 
 
 class Invalid(Exception):
-    """Raised by a key's `check` for a value it does not take: the key's `wrong` text is reported."""
+    """Raised by a key's `check` for a value it does not take: the key's `wrong` text is reported, or
+    the template given here (formatted as `wrong` is)."""
+
+    def __init__(self, template: str = "") -> None:
+        super().__init__(template)
+        self.template = template
 
 
 @dataclass(frozen=True)
@@ -90,9 +95,9 @@ class Table:
     def value(self, spec: Key, value: Any, fail: Fail, where: str = "") -> Any:
         """One key's value checked: its type, then its check."""
 
-        def wrong() -> Any:
-            return fail(spec.name, (spec.wrong or self.wrong).format(key=spec.name, where=where, what=spec.what,
-                                                                     value=value))
+        def wrong(template: str = "") -> Any:
+            template = template or spec.wrong or self.wrong
+            return fail(spec.name, template.format(key=spec.name, where=where, what=spec.what, value=value))
 
         if not is_a(value, spec.kind):
             return wrong()
@@ -100,8 +105,8 @@ class Table:
             return value
         try:
             return spec.check(value)
-        except Invalid:
-            return wrong()
+        except Invalid as e:
+            return wrong(e.template)
         except UsageError as e:
             return fail(spec.name, e.message)
 
