@@ -94,7 +94,7 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
             res = resolve(ref, sources, timeout)
         except NotFoundError as e:
             if pins and ref.tag and str(ref.with_digest(None)) in pins:
-                e.hint = "bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC"
+                raise e.restated(hint="bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC") from e
             raise
         for note in res.notes:
             progress.note(note)
