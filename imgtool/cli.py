@@ -8,6 +8,7 @@ exactly one place, `main()`.
 import json
 import sys
 import traceback
+from dataclasses import dataclass
 from typing import Optional
 
 import click
@@ -19,14 +20,27 @@ from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
 from .presets.run import RUNTIMES
 
-_STATE = {"debug": False, "quiet": False, "json": False, "json_printed": False}
-_VERB = {"path": ""}  # the verb being run, for errors click raises without a context
+@dataclass
+class _Run:
+    """What one run of the CLI learns as it parses, for main() to print its failure as asked: main() makes
+    one per call and hands it to click as the context object (no module state outlives a call)."""
+
+    debug: bool = False
+    quiet: bool = False
+    json: bool = False
+    json_printed: bool = False
+    verb: str = ""  # the verb being run (`imgtool fetch`), for errors click raises without a context
+
+
+def _run() -> _Run:
+    """This run's `_Run` (one is made on the root context when the CLI is called without main())."""
+    return click.get_current_context().ensure_object(_Run)
 
 
 def _set_flag(name):
     def callback(ctx, param, value):
         if value:
-            _STATE[name] = True
+            setattr(ctx.ensure_object(_Run), name, True)
         return value
 
     return callback
@@ -50,18 +64,18 @@ def json_option(what: str = "result"):
 
 def progress():
     """The progress reporter for this run (decided after all options are parsed)."""
-    return progress_mod.choose(_STATE["quiet"])
+    return progress_mod.choose(_run().quiet)
 
 
 def emit_json(obj) -> None:
-    _STATE["json_printed"] = True
+    _run().json_printed = True
     click.echo(json.dumps(obj, indent=2, sort_keys=False))
 
 
 MAX_PROBLEMS_SHOWN = 20  # a crafted bundle.json can make tens of thousands: --json lists them all
 
 
-def _failed(message: str, hint: Optional[str], code: int, problems=()) -> None:
+def _failed(run: _Run, message: str, hint: Optional[str], code: int, problems=()) -> None:
     """The one place a failure is printed: `error:` (+ the first problems, + `hint:`) on stderr, and
     with --json a JSON document on stdout unless the verb printed its own (verify's failed report)."""
     click.echo(f"error: {message}", err=True)
@@ -72,9 +86,9 @@ def _failed(message: str, hint: Optional[str], code: int, problems=()) -> None:
         click.echo(f"  - and {len(problems) - MAX_PROBLEMS_SHOWN} more (--json lists every one)", err=True)
     if hint:
         click.echo(f"hint: {hint}", err=True)
-    if _STATE["json"] and not _STATE["json_printed"]:
-        emit_json({"ok": False, "exit_code": code, "error": message, "hint": hint,
-                   "problems": [str(p) for p in problems]})
+    if run.json and not run.json_printed:
+        click.echo(json.dumps({"ok": False, "exit_code": code, "error": message, "hint": hint,
+                               "problems": [str(p) for p in problems]}, indent=2))
     sys.exit(code)
 
 
@@ -114,7 +128,7 @@ class _Verbs(click.Group):
             hint = (f"did you mean {close[0]}? " if close else "") + f"{ctx.command_path} -h lists the commands"
             raise _UsageError(f"unknown command {name!r}", ctx, hint)
         resolved = super().resolve_command(ctx, args)
-        _VERB["path"] = f"{ctx.command_path} {resolved[0]}"
+        ctx.ensure_object(_Run).verb = f"{ctx.command_path} {resolved[0]}"
         if resolved[0] in NEEDS_PY39 and sys.version_info < (3, 9):
             raise UsageError(f"imgtool {resolved[0]} needs Python 3.9 or newer; this is Python "
                              f"{sys.version_info[0]}.{sys.version_info[1]}",
@@ -122,13 +136,13 @@ class _Verbs(click.Group):
         return resolved
 
 
-def usage_lines(e: click.UsageError):
+def usage_lines(e: click.UsageError, verb: str = ""):
     """click's own usage error as our two lines: (error text, hint) without click's Usage block."""
     text = " ".join(e.format_message().split()).rstrip(".")
     text = text[:1].lower() + text[1:]
     hint = getattr(e, "hint", None)
     if hint is None:
-        where = e.ctx.command_path if e.ctx is not None else _VERB["path"] or "imgtool"
+        where = e.ctx.command_path if e.ctx is not None else verb or "imgtool"
         usage = " ".join(e.ctx.get_usage().split()) if e.ctx is not None else ""
         if isinstance(e, click.NoSuchOption):
             text = f"no such option: {e.option_name}"
@@ -1175,30 +1189,31 @@ def self_update(bundle_dir, expect, signers, as_json):
 def main(argv=None) -> None:
     """Console entry point: runs the CLI and maps every failure to one line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
+    run = _Run()
     try:
-        code = cli.main(args=args, prog_name="imgtool", standalone_mode=False)
+        code = cli.main(args=args, prog_name="imgtool", standalone_mode=False, obj=run)
     except ImgtoolError as e:
-        if _STATE["debug"]:
+        if run.debug:
             traceback.print_exc()
-        _failed(e.message, e.hint, e.exit_code, getattr(e, "problems", ()))  # VerifyError: every finding
+        _failed(run, e.message, e.hint, e.exit_code, getattr(e, "problems", ()))  # VerifyError: every finding
     except click.UsageError as e:  # click's own parsing (missing argument, bad choice...): our two lines
-        text, hint = usage_lines(e)
-        _STATE["json"] = _STATE["json"] or "--json" in args  # a parse error comes before --json's callback
-        _failed(text, hint, EXIT_USAGE)
+        text, hint = usage_lines(e, run.verb)
+        run.json = run.json or "--json" in args  # a parse error comes before --json's callback
+        _failed(run, text, hint, EXIT_USAGE)
     except click.exceptions.Abort as e:  # click turns Ctrl-C into Abort (after a new line on stderr)
-        _failed("interrupted" if isinstance(e.__context__, KeyboardInterrupt) else "aborted", None, 130)
+        _failed(run, "interrupted" if isinstance(e.__context__, KeyboardInterrupt) else "aborted", None, 130)
     except click.ClickException as e:  # not a usage error (click.FileError...): still the one printer
-        _failed(e.format_message(), None, e.exit_code if e.exit_code is not None else EXIT_USAGE)
+        _failed(run, e.format_message(), None, e.exit_code if e.exit_code is not None else EXIT_USAGE)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        _failed("interrupted", None, 130)
+        _failed(run, "interrupted", None, 130)
     except BrokenPipeError:
         sys.exit(EXIT_ERROR)
     except Exception as e:  # a bug: say so in one line unless --debug
-        if _STATE["debug"]:
+        if run.debug:
             traceback.print_exc()
-        _failed(f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it",
+        _failed(run, f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it",
                 EXIT_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -12,10 +12,11 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 from .errors import ConfigError, UsageError
 from .model import CARRIERS, FAT32_MAX, ImageRef, format_size, is_size, parse_size
+from .schema import Key, Table
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,68 +122,84 @@ def file_line(path: Path, line: Optional[int]) -> str:
     return f"{path}:{line}" if line else str(path)
 
 
-_MIRROR_KEYS = {"name": str, "registry": str, "url": str, "prefix": str, "insecure": bool, "ca_cert": str,
-                "upstream": bool}
-_MIRROR_REQUIRED = ("name", "registry", "url")
+def toml_fail(path: Path, text: str, table: Optional[str] = None, nth: int = 0,
+              label: str = "") -> Callable[[Optional[str], str], NoReturn]:
+    """A `schema.Fail` for a TOML file: raises ConfigError at `path:line` of the key (of the `nth`
+    `[[table]]`, whose header line a problem of the whole entry names), the message led by `label`."""
+
+    def fail(key: Optional[str], problem: str) -> NoReturn:
+        line = key_line(text, key, table, nth) if key or table else None
+        raise ConfigError(f"{file_line(path, line)}: {label}{problem}")
+
+    return fail
+
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_URL_RE = re.compile(r"^(https?)://([^/\s]+)(/\S*)?$")
+
+
+def _default_image(value: str) -> str:
+    ImageRef.parse("latest", value)
+    return value
+
+
+def _mirror_name(value: str) -> str:
+    if not _NAME_RE.match(value) or value == "auto":
+        raise UsageError(f"invalid name {value!r} (letters, digits, '.', '_', '-'; 'auto' is reserved)")
+    return value
+
+
+def _mirror_url(value: str) -> str:
+    if not _URL_RE.match(value.rstrip("/")):
+        raise UsageError(f"invalid url {value!r}: expected https://host[:port]")
+    return value
+
+
+def _registry_host(value: str) -> str:
+    if not value or "/" in value or any(c.isspace() for c in value):
+        raise UsageError(f"invalid registry {value!r}: expected a host like quay.io")
+    return value
+
+
+_MIRRORS_FILE = Table(
+    Key("default_image", str, check=_default_image, wrong='default_image must be a string like "quay.io/ascend/vllm-ascend"',
+        missing='default_image must be a string like "quay.io/ascend/vllm-ascend"', required=True),
+    Key("mirrors", list, wrong="mirrors must be an array of tables ([[mirrors]])"),
+)
+_MIRROR = Table(
+    Key("name", str, required=True, what="string", check=_mirror_name),
+    Key("registry", str, required=True, what="string", check=_registry_host),
+    Key("url", str, required=True, what="string", check=_mirror_url),
+    Key("prefix", str, what="string"),
+    Key("insecure", bool, what="boolean"),
+    Key("ca_cert", str, what="string"),
+    Key("upstream", bool, what="boolean"),
+    wrong="{key} must be a {what}",
+)
 
 
 def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
     """Validate a loaded mirrors.toml; raises ConfigError naming file, line and key."""
-    for key in data:
-        if key not in ("default_image", "mirrors"):
-            raise ConfigError(f"{file_line(path, key_line(text, key))}: unknown key {key!r} (expected default_image, mirrors)")
-    default_image = data.get("default_image")
-    if not isinstance(default_image, str):
-        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: default_image must be a string like "
-                          "\"quay.io/ascend/vllm-ascend\"")
-    try:
-        ImageRef.parse("latest", default_image)
-    except UsageError as e:
-        raise ConfigError(f"{file_line(path, key_line(text, 'default_image'))}: {e.message}") from e
-    entries = data.get("mirrors", [])
-    if not isinstance(entries, list):
-        raise ConfigError(f"{file_line(path, key_line(text, 'mirrors'))}: mirrors must be an array of tables ([[mirrors]])")
+    top = _MIRRORS_FILE.check(data, toml_fail(path, text))
     mirrors: List[Mirror] = []
     seen: Dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        label = f"mirrors[{i}]"
+    for i, entry in enumerate(top.get("mirrors", [])):
         if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: {label} must be a table")
-
-        def fail(key: Optional[str], problem: str, _i: int = i, _label: str = label) -> NoReturn:
-            raise ConfigError(f"{file_line(path, key_line(text, key, 'mirrors', _i))}: {_label}: {problem}")
-
-        for key, value in entry.items():
-            if key not in _MIRROR_KEYS:
-                fail(key, f"unknown key {key!r} (expected {', '.join(_MIRROR_KEYS)})")
-            if not isinstance(value, _MIRROR_KEYS[key]):
-                fail(key, f"{key} must be a {'boolean' if _MIRROR_KEYS[key] is bool else 'string'}")
-        for key in _MIRROR_REQUIRED:
-            if key not in entry:
-                fail(None, f"missing key {key!r}")
-        name = entry["name"]
-        if not _NAME_RE.match(name) or name == "auto":
-            fail("name", f"invalid name {name!r} (letters, digits, '.', '_', '-'; 'auto' is reserved)")
+            raise ConfigError(f"{path}: mirrors[{i}] must be a table")
+        fail = toml_fail(path, text, "mirrors", i, f"mirrors[{i}]: ")
+        values = _MIRROR.check(entry, fail)
+        name, url = values["name"], values["url"].rstrip("/")
         if name in seen:
             fail("name", f"duplicate name {name!r} (also mirrors[{seen[name]}])")
         seen[name] = i
-        url = entry["url"].rstrip("/")
-        insecure = entry.get("insecure", False)
-        m = re.match(r"^(https?)://([^/\s]+)(/\S*)?$", url)
-        if not m:
-            fail("url", f"invalid url {entry['url']!r}: expected https://host[:port]")
-        if m.group(1) == "http" and not insecure:
-            fail("url", f"url {entry['url']!r} uses http://; set insecure = true for this entry to allow it")
-        registry = entry["registry"]
-        if not registry or "/" in registry or any(c.isspace() for c in registry):
-            fail("registry", f"invalid registry {registry!r}: expected a host like quay.io")
-        prefix = entry.get("prefix", "").strip("/")
-        ca_cert = entry.get("ca_cert")
+        if url.startswith("http://") and not values.get("insecure", False):
+            fail("url", f"url {values['url']!r} uses http://; set insecure = true for this entry to allow it")
+        ca_cert = values.get("ca_cert")
         if ca_cert:
             ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
-        mirrors.append(Mirror(name, registry, url, prefix, insecure, ca_cert, entry.get("upstream")))
-    return MirrorConfig(default_image, tuple(mirrors), str(path))
+        mirrors.append(Mirror(name, values["registry"], url, values.get("prefix", "").strip("/"),
+                              values.get("insecure", False), ca_cert, values.get("upstream")))
+    return MirrorConfig(top["default_image"], tuple(mirrors), str(path))
 
 
 def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[Path]:

@@ -1,6 +1,9 @@
 """One exception root for imgtool; the CLI turns these into `error:`/`hint:` lines and exit codes."""
 
-from typing import Optional
+import copy
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar
+
+_E = TypeVar("_E", bound="ImgtoolError")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -30,6 +33,26 @@ class ImgtoolError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def restated(self: _E, message: Optional[str] = None, hint: Optional[str] = None) -> _E:
+        """A copy of this error (its type, exit code and fields) saying `message` and `hint` instead (None:
+        as it was), for a caller that adds what it knows: raise it `from` this one, which stays as caught."""
+        new = copy.copy(self)
+        new.message = self.message if message is None else message
+        new.hint = self.hint if hint is None else hint
+        new.args = (new.message,)
+        return new
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # copied (restated) field by field: the subclasses' __init__ signatures differ
+        return _rebuilt, (type(self), dict(self.__dict__), self.args)
+
+
+def _rebuilt(cls: Type[ImgtoolError], fields: Dict[str, Any], args: Tuple[Any, ...]) -> ImgtoolError:
+    new = cls.__new__(cls, *args)
+    new.__dict__.update(fields)
+    new.args = args
+    return new
 
 
 class UsageError(ImgtoolError):

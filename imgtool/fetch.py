@@ -8,7 +8,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import heldblobs, transcode
 from .config import MirrorConfig
@@ -96,7 +96,7 @@ def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progres
             res = resolve(ref, sources, timeout)
         except NotFoundError as e:
             if pins and ref.tag and str(ref.with_digest(None)) in pins:
-                e.hint = "bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC"
+                raise e.restated(hint="bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC") from e
             raise
         for note in res.notes:
             progress.note(note)
@@ -112,22 +112,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     Raises ImgtoolError subclasses."""
     from .bundle import signature, writer
 
-    if not opts.refs:
-        raise UsageError("nothing to fetch: give at least one image reference")
-    if opts.jobs < 1 or opts.jobs > 64:
-        raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
-    if opts.max_connections < 1 or opts.max_connections > 256:
-        raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
-    if opts.layers not in transcode.MODES:
-        raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
-    if opts.output is not None:
-        writer.check_output_dir(Path(opts.output), opts.force)
-    if opts.sign_key:
-        signature.check_key(opts.sign_key)
-    have, base = read_have(opts.have, opts.base)
     clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
-    for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
-        sources_for(config.parse_ref(text), config, opts.mirror, clients)
+    have, base = _check_input(config, opts, clients)
     store.create()
     stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
     if stale:
@@ -149,7 +135,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     images = [img for img, _ in pulled]
     output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
     writer.check_output_dir(output, opts.force)
-    skip = set()
+    skip: Set[Digest] = set()
     left_out: List[heldblobs.LeftOut] = []
     held: Dict[Digest, Descriptor] = {}
     # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
@@ -158,13 +144,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # before downloading: a delta the offline store could not hold whole is refused at no cost
         left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
                                               opts.probe_timeout, clients)
-        planned = writer.bundle_images(images, delta)
-        omitted = {x.digest for im in planned for x in im.layers if x.omitted}
-        needed = {x.digest for im in planned for x in im.layers if not x.omitted}
-        skip = omitted - needed
-        if skip:
-            progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
-                          "and are not downloaded")
+        skip = _not_downloaded(images, delta, progress)
     # The bundle is written while the layers download: the writer takes each blob, in archive order,
     # as soon as the store has it, so the disk writes the bundle while the network is still busy.
     check_space(images, store, output, skip, opts.layers, opts.compress, tool)
@@ -194,6 +174,42 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
         else None
     return FetchResult(images, stats, result, signed)
+
+
+def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> Tuple[Optional[Have], Optional[dict]]:
+    """Everything fetch can refuse before any work (exit 2): the options, the output directory, the
+    signing key, --have/--base, each reference and --mirror; returns what --have/--base read."""
+    from .bundle import signature, writer
+
+    if not opts.refs:
+        raise UsageError("nothing to fetch: give at least one image reference")
+    if opts.jobs < 1 or opts.jobs > 64:
+        raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
+    if opts.max_connections < 1 or opts.max_connections > 256:
+        raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
+    if opts.layers not in transcode.MODES:
+        raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
+    if opts.output is not None:
+        writer.check_output_dir(Path(opts.output), opts.force)
+    if opts.sign_key:
+        signature.check_key(opts.sign_key)
+    have, base = read_have(opts.have, opts.base)
+    for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
+        sources_for(config.parse_ref(text), config, opts.mirror, clients)
+    return have, base
+
+
+def _not_downloaded(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progress) -> Set[Digest]:
+    """The layer blobs a delta leaves out of every image (none needs them): not downloaded."""
+    from .bundle import writer
+
+    planned = writer.bundle_images(images, delta)
+    omitted = {x.digest for im in planned for x in im.layers if x.omitted}
+    skip = omitted - {x.digest for im in planned for x in im.layers if not x.omitted}
+    if skip:
+        progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
+                      "and are not downloaded")
+    return skip
 
 
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,

@@ -221,36 +221,40 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     probes = probe(sources, ref, timeout)
     ok = [p for p in probes if p.reachable and p.digest]
     if not ok:
-        missing = [p for p in probes if p.reachable and p.not_found]
-        detail = "; ".join(f"{p.source.describe()}: {p.error or 'no answer'}" for p in probes)
-        if missing and len(missing) == len([p for p in probes if p.reachable]):
-            raise NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")
-        hints = [p.hint for p in probes if p.hint]  # a failing credential helper says what to do about it
-        raise RegistryError(f"no source can serve {ref}: {detail}",
-                            hint=hints[0] if hints else "check the network or proxy, or force a source with --mirror NAME")
-    notes, warnings = [], []
-    answers = [(p, p.digest) for p in ok if p.digest]  # (probe, what it served): each of ok
-    if ref.digest:
-        chosen = ref.digest
-    else:
-        upstream = [digest for p, digest in answers if p.source.is_upstream]
-        if upstream:
-            chosen = upstream[0]
-        else:
-            # Upstream unreachable: the digest most sources agree on, ties to the fastest.
-            counts: Dict[Digest, int] = {}
-            for _, digest in answers:
-                counts[digest] = counts.get(digest, 0) + 1
-            fastest = sorted(answers, key=lambda a: a[0].latency or 0)
-            chosen = max(fastest, key=lambda a: counts[a[1]])[1]
-    for p, digest in answers:
-        if digest != chosen:
+        raise _none_serves(ref, probes)
+    chosen = ref.digest or _choose(ok)
+    warnings = []
+    for p in ok:
+        if p.digest != chosen:
             p.stale = True
-            warnings.append(f"mirror {p.source.name} serves {digest.short} for {ref.reference}, not {chosen.short} "
-                         f"(a stale cache?): not used for this image")
-    for p in probes:
-        if not p.reachable:
-            notes.append(f"source {p.source.name} unreachable: {p.error}")
+            warnings.append(f"mirror {p.source.name} serves {p.digest.short if p.digest else '-'} for "
+                            f"{ref.reference}, not {chosen.short} (a stale cache?): not used for this image")
+    notes = [f"source {p.source.name} unreachable: {p.error}" for p in probes if not p.reachable]
     healthy = sorted((p for p in ok if not p.stale), key=lambda p: p.latency or 0)
     return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes,
                       warnings)
+
+
+def _none_serves(ref: ImageRef, probes: List[Probe]) -> RegistryError:
+    """The error when no source answered with a digest: not found when every reachable one said so."""
+    reachable = [p for p in probes if p.reachable]
+    detail = "; ".join(f"{p.source.describe()}: {p.error or 'no answer'}" for p in probes)
+    if reachable and all(p.not_found for p in reachable):
+        return NotFoundError(f"{ref} not found: {detail}", hint="check the tag (imgtool tags) or the mirror list (imgtool mirrors)")
+    hints = [p.hint for p in probes if p.hint]  # a failing credential helper says what to do about it
+    return RegistryError(f"no source can serve {ref}: {detail}",
+                         hint=hints[0] if hints else "check the network or proxy, or force a source with --mirror NAME")
+
+
+def _choose(answers: List[Probe]) -> Digest:
+    """The digest a tag means: the upstream registry's answer; with upstream unreachable, the digest most
+    sources agree on, ties to the fastest."""
+    upstream = [p.digest for p in answers if p.source.is_upstream and p.digest]
+    if upstream:
+        return upstream[0]
+    counts: Dict[Digest, int] = {}
+    for p in answers:
+        if p.digest:
+            counts[p.digest] = counts.get(p.digest, 0) + 1
+    fastest = sorted(answers, key=lambda p: p.latency or 0)
+    return max((p.digest for p in fastest if p.digest), key=lambda d: counts[d])

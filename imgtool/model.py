@@ -251,49 +251,14 @@ class ImageRef:
         (on the default image's registry), `host[:port]/path:TAG`, and any of these with
         `@sha256:<hex>`.
         """
-        original = text
-        text = (text or "").strip()
-        bad = UsageError(
-            f"invalid image reference {original!r}",
-            hint="use a tag (v0.22.1rc1), NAME:TAG, host/path:tag or host/path@sha256:<hex>",
-        )
-        if not text or any(c.isspace() for c in text):
-            raise bad
-        digest = None
-        if "@" in text:
-            text, _, dig = text.partition("@")
-            try:
-                digest = Digest.parse(dig)
-            except UsageError:
-                raise UsageError(f"invalid digest in image reference {original!r}", hint="expected @sha256:<64 hex digits>") from None
-            if not text:
-                raise bad
+        ref = _RefText(text)
+        name, digest = ref.split_digest()
         default = _split_name(default_image)
         # A bare word is a tag of the default image (`v0.22.1rc1`, `main`).
-        if "/" not in text and ":" not in text and digest is None:
-            if not _TAG_RE.match(text):
-                raise bad
-            return cls(default[0], default[1], text, None)
-        tag = None
-        last = text.rsplit("/", 1)[-1]
-        if ":" in last:
-            name, _, tag = text.rpartition(":")
-            if not _TAG_RE.match(tag):
-                raise UsageError(f"invalid tag {tag!r} in image reference {original!r}", hint="a tag is up to 128 of [A-Za-z0-9_.-]")
-        else:
-            name = text
-        first, sep, rest = name.partition("/")
-        if sep and _looks_like_host(first):
-            registry, path = first, rest
-            if not _HOST_RE.match(registry):
-                raise bad
-        elif sep:
-            registry, path = default[0], name
-        else:
-            ns = default[1].rsplit("/", 1)[0] if "/" in default[1] else ""
-            registry, path = default[0], f"{ns}/{name}" if ns else name
-        if not _PATH_RE.match(path) or len(path) > 255:
-            raise bad
+        if "/" not in name and ":" not in name and digest is None:
+            return cls(default[0], default[1], ref.check(_TAG_RE, name), None)
+        name, tag = ref.split_tag(name)
+        registry, path = ref.place(name, default)
         if tag is None and digest is None:
             tag = "latest"
         return cls(registry, path, tag, digest)
@@ -323,6 +288,65 @@ class ImageRef:
         if self.digest:
             out += f"@{self.digest}"
         return out
+
+
+class _RefText:
+    """A reference as the user wrote it, taken apart step by step by ImageRef.parse; every step raises
+    UsageError naming the whole reference."""
+
+    HINT = "use a tag (v0.22.1rc1), NAME:TAG, host/path:tag or host/path@sha256:<hex>"
+
+    def __init__(self, original: str) -> None:
+        self.original = original
+        self.text = (original or "").strip()
+        if not self.text or any(c.isspace() for c in self.text):
+            raise self.bad()
+
+    def bad(self) -> UsageError:
+        return UsageError(f"invalid image reference {self.original!r}", hint=self.HINT)
+
+    def check(self, pattern: "re.Pattern[str]", text: str) -> str:
+        if not pattern.match(text):
+            raise self.bad()
+        return text
+
+    def split_digest(self) -> Tuple[str, Optional["Digest"]]:
+        """(NAME[:TAG], the digest after @ or None)."""
+        if "@" not in self.text:
+            return self.text, None
+        name, _, text = self.text.partition("@")
+        try:
+            digest = Digest.parse(text)
+        except UsageError:
+            raise UsageError(f"invalid digest in image reference {self.original!r}",
+                             hint="expected @sha256:<64 hex digits>") from None
+        if not name:
+            raise self.bad()
+        return name, digest
+
+    def split_tag(self, text: str) -> Tuple[str, Optional[str]]:
+        """(NAME, the tag after the last component's colon or None)."""
+        if ":" not in text.rsplit("/", 1)[-1]:
+            return text, None
+        name, _, tag = text.rpartition(":")
+        if not _TAG_RE.match(tag):
+            raise UsageError(f"invalid tag {tag!r} in image reference {self.original!r}",
+                             hint="a tag is up to 128 of [A-Za-z0-9_.-]")
+        return name, tag
+
+    def place(self, name: str, default: Tuple[str, str]) -> Tuple[str, str]:
+        """(registry, path): `host/path`, `path/name` on the default registry, or NAME in its namespace."""
+        first, sep, rest = name.partition("/")
+        if sep and _looks_like_host(first):
+            registry, path = self.check(_HOST_RE, first), rest
+        elif sep:
+            registry, path = default[0], name
+        else:
+            ns = default[1].rsplit("/", 1)[0] if "/" in default[1] else ""
+            registry, path = default[0], f"{ns}/{name}" if ns else name
+        if len(path) > 255:
+            raise self.bad()
+        return registry, self.check(_PATH_RE, path)
 
 
 def _split_name(image: str) -> Tuple[str, str]:

@@ -116,6 +116,12 @@ class TtyProgress(PlainProgress):
 
         tqdm.write(message, file=sys.stderr)
 
+    def warn(self, message):
+        """Above the bars, as a note (a print would land inside a bar's line and tear it)."""
+        from tqdm import tqdm
+
+        tqdm.write(f"warning: {message}", file=sys.stderr)
+
 
 def choose(quiet: bool) -> Progress:
     """The progress mode for this run: quiet, tqdm on a TTY, plain lines otherwise."""

@@ -467,7 +467,7 @@ class _Scheduler:
         """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges;
         returns the first of them for this worker (None: nothing to fetch)."""
         desc = blob.desc
-        unlock = self.store.lock_blob(desc.digest)
+        unlock = self.store.lock_blob(desc.digest, waiting=self.progress.note)
         try:
             partial = None if self.store.has(desc.digest, desc.size) else self.store.partial(desc.digest, desc.size)
         except BaseException:

@@ -21,7 +21,7 @@ import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from . import __version__
 from .bundle.format import TOOL_PYZ as TOOL_NAME
@@ -251,28 +251,32 @@ def _package(dist, notes: List[str]) -> Package:
     pkg = Package(name, dist.version, dist.metadata.get("Requires-Python") or "")
     names = {PurePosixPath(str(f)).as_posix() for f in dist.files}
     for rel in sorted(names):
-        parts = PurePosixPath(rel).parts
-        if not parts or parts[0] in ("..", "") or "__pycache__" in parts:
-            continue  # scripts in bin/, byte code
-        if parts[0].endswith(".dist-info"):
-            if rel.endswith("/METADATA") and len(parts) == 2 or _LICENSE.match(parts[-1]) or \
-                    (len(parts) > 2 and parts[1] == "licenses"):
-                pkg.files[rel] = Path(dist.locate_file(rel))
-            continue
-        if rel.endswith(_EXTENSIONS):
-            module = rel.rsplit("/", 1)[-1].split(".", 1)[0]
-            twin = (rel.rsplit("/", 1)[0] + "/" if "/" in rel else "") + module + ".py"
-            if not module.endswith("__mypyc") and twin not in names:  # mypyc helpers serve the .so files only
-                raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} {dist.version} needs compiled code "
-                                   f"({rel}) that has no pure-Python version",
-                                   hint=f"install a pure-Python release of {name}, or pass --no-tool")
-            continue
-        if rel.endswith(_SKIP_SUFFIXES) or rel.endswith(".pth"):
-            continue
-        pkg.files[rel] = Path(dist.locate_file(rel))
+        if _carried(rel, names, name, dist.version):
+            pkg.files[rel] = Path(dist.locate_file(rel))
     if any(r.endswith(_EXTENSIONS) for r in names):
         notes.append(f"{TOOL_NAME}: {name} {dist.version} goes in without its compiled speed-ups (pure Python)")
     return pkg
+
+
+def _carried(rel: str, names: Set[str], name: str, version: str) -> bool:
+    """Whether a distribution's file goes into the pyz: its modules and data, METADATA and licenses; not
+    scripts, byte code, .pth files nor compiled speed-ups of pure modules. Raises ImgtoolError for compiled
+    code with no pure-Python twin."""
+    parts = PurePosixPath(rel).parts
+    if not parts or parts[0] in ("..", "") or "__pycache__" in parts:
+        return False  # scripts in bin/, byte code
+    if parts[0].endswith(".dist-info"):
+        return bool(rel.endswith("/METADATA") and len(parts) == 2 or _LICENSE.match(parts[-1])
+                    or (len(parts) > 2 and parts[1] == "licenses"))
+    if rel.endswith(_EXTENSIONS):
+        module = rel.rsplit("/", 1)[-1].split(".", 1)[0]
+        twin = (rel.rsplit("/", 1)[0] + "/" if "/" in rel else "") + module + ".py"
+        if not module.endswith("__mypyc") and twin not in names:  # mypyc helpers serve the .so files only
+            raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} {version} needs compiled code ({rel}) that has no "
+                               f"pure-Python version",
+                               hint=f"install a pure-Python release of {name}, or pass --no-tool")
+        return False
+    return not (rel.endswith(_SKIP_SUFFIXES) or rel.endswith(".pth"))
 
 
 # A PEP 508 marker's tokens: a quoted string, a name (a marker variable or and/or/in/not), or operators

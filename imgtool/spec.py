@@ -14,20 +14,18 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .bundle.format import COMPRESSIONS
-from .config import MirrorConfig, file_line, key_line, parse_chunk_size, read_toml
+from .config import MirrorConfig, parse_chunk_size, read_toml, toml_fail
 from .errors import ConfigError, UsageError
 from .fsutil import write_atomic
 from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, json_object, utc_time
+from .schema import Invalid, Key, Table, one_of
 
 LOCK_NAME = "bundle.lock"
 LOCK_VERSION = 1
 MAX_LOCK_BYTES = 4 * 1024 * 1024
-
-_SPEC_KEYS = ("images", "arch", "platforms", "output", "chunk_size", "compress", "mirrors", "mirror")
-
 
 @dataclass(frozen=True)
 class Spec:
@@ -47,68 +45,66 @@ class Spec:
         return self.path.with_name(LOCK_NAME)
 
 
+def _images(values: List[Any]) -> Tuple[str, ...]:
+    if not values or not all(isinstance(x, str) and x.strip() for x in values):
+        raise Invalid()
+    seen: List[str] = []
+    for text in values:
+        if text.strip() in seen:
+            raise UsageError(f"image {text!r} is listed twice")
+        ImageRef.parse(text)
+        seen.append(text.strip())
+    return tuple(seen)
+
+
+def _platforms(value: Union[str, List[Any]]) -> Tuple[Platform, ...]:
+    values = [value] if isinstance(value, str) else value
+    if not values or not all(isinstance(x, str) for x in values):
+        raise Invalid()
+    platforms: List[Platform] = []
+    for text in values:
+        p = Platform.parse(text)
+        if p in platforms:
+            raise UsageError(f"platform {p} is listed twice")
+        platforms.append(p)
+    return tuple(platforms)
+
+
+def _text(value: str) -> str:
+    if not value.strip():
+        raise Invalid()
+    return value
+
+
+_PLATFORMS_WRONG = '{key} must be a non-empty array of strings like "arm64" or "linux/arm64"'
+_SPEC = Table(
+    Key("images", list, required=True, check=_images, wrong="images must be a non-empty array of image references (strings)",
+        missing='missing key \'images\' (e.g. images = ["v0.22.1rc1", "v0.22.1rc1-a3"])'),
+    Key("arch", (str, list), check=_platforms, wrong=_PLATFORMS_WRONG),
+    Key("platforms", (str, list), check=_platforms, wrong=_PLATFORMS_WRONG),
+    Key("output", str, check=_text, what="a non-empty string"),
+    Key("chunk_size", (str, int), check=lambda v: parse_chunk_size(str(v), "chunk_size"),
+        wrong='chunk_size must be a size like "4G" or a number of bytes'),
+    Key("compress", check=one_of(COMPRESSIONS, "invalid compress {value!r}: use one of {choices}")),
+    Key("mirrors", str, check=_text, what="a non-empty string"),
+    Key("mirror", str, check=_text, what="a non-empty string"),
+)
+
+
 def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
-
-    def fail(key: Optional[str], problem: str) -> NoReturn:
-        raise ConfigError(f"{file_line(path, key_line(text, key) if key else None)}: {problem}")
-
-    for key in data:
-        if key not in _SPEC_KEYS:
-            fail(key, f"unknown key {key!r} (expected {', '.join(_SPEC_KEYS)})")
-    images = data.get("images")
-    if images is None:
-        fail(None, 'missing key \'images\' (e.g. images = ["v0.22.1rc1", "v0.22.1rc1-a3"])')
-    if not isinstance(images, list) or not images or not all(isinstance(x, str) and x.strip() for x in images):
-        fail("images", "images must be a non-empty array of image references (strings)")
-    seen = set()
-    for text_ref in images:
-        if text_ref.strip() in seen:
-            fail("images", f"image {text_ref!r} is listed twice")
-        seen.add(text_ref.strip())
-        try:
-            ImageRef.parse(text_ref)
-        except UsageError as e:
-            fail("images", e.message)
-    if "arch" in data and "platforms" in data:
+    fail = toml_fail(path, text)
+    values = _SPEC.check(data, fail)
+    if "arch" in values and "platforms" in values:
         fail("platforms", "use arch or platforms, not both")
-    pkey = "platforms" if "platforms" in data else "arch"
-    raw = data.get(pkey)
-    if raw is None:
+    platforms = values.get("platforms", values.get("arch"))
+    if platforms is None:
         fail(None, 'missing key \'arch\' (e.g. arch = ["arm64", "amd64"]); a release bundle names its platforms')
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
-        fail(pkey, f"{pkey} must be a non-empty array of strings like \"arm64\" or \"linux/arm64\"")
-    platforms: List[Platform] = []
-    for item in raw:
-        try:
-            p = Platform.parse(item)
-        except UsageError as e:
-            fail(pkey, e.message)
-        if p in platforms:
-            fail(pkey, f"platform {p} is listed twice")
-        platforms.append(p)
-    chunk = data.get("chunk_size")
-    if chunk is not None:
-        if isinstance(chunk, bool) or not isinstance(chunk, (str, int)):
-            fail("chunk_size", 'chunk_size must be a size like "4G" or a number of bytes')
-        try:
-            chunk = parse_chunk_size(str(chunk), "chunk_size")
-        except UsageError as e:
-            fail("chunk_size", e.message)
-    compress = data.get("compress", "none")
-    if compress not in COMPRESSIONS:
-        fail("compress", f"invalid compress {compress!r}: use one of {', '.join(COMPRESSIONS)}")
-    for key in ("output", "mirrors", "mirror"):
-        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
-            fail(key, f"{key} must be a non-empty string")
-    output = data.get("output")
-    mirrors = data.get("mirrors")
+    mirrors = values.get("mirrors")
     if mirrors:
         mirrors = str((path.parent / os.path.expanduser(mirrors)).resolve())
-    return Spec(path, tuple(x.strip() for x in images), tuple(platforms), output, chunk, compress, mirrors,
-                data.get("mirror", "auto"))
+    return Spec(path, values["images"], platforms, values.get("output"), values.get("chunk_size"),
+                values.get("compress", "none"), mirrors, values.get("mirror", "auto"))
 
 
 def load_spec(path: str) -> Spec:

@@ -25,7 +25,7 @@ from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, write_atomic
-from .model import Digest, format_size
+from .model import Digest, format_size, json_object
 
 COPY_CHUNK = 1024 * 1024
 
@@ -51,6 +51,30 @@ def merge_ranges(ranges: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
+MAX_RECORD = 16 * 1024 * 1024  # a partial's record of done ranges (a few dozen bytes per range)
+
+
+def _partial_paths(root: Path, digest: Digest) -> Tuple[Path, Path]:
+    """(the sparse .part file, the .json record of its done ranges) of a blob being downloaded."""
+    part = root / "partial" / digest.algorithm / f"{digest.hex}.part"
+    return part, part.with_suffix(".json")
+
+
+def _read_record(path: Path, digest: Digest, size: int) -> Optional[List[Tuple[int, int]]]:
+    """The done ranges a partial's record holds, merged; None when there is none or it does not fit this
+    blob (another size or digest, a range outside it, torn or not JSON: the download starts over)."""
+    try:
+        obj = json_object(path.read_bytes(), MAX_RECORD, ValueError)
+        if obj.get("size") != size or obj.get("digest") != str(digest):
+            return None
+        ranges = [(int(a), int(b)) for a, b in obj.get("done", [])]
+    except (OSError, ValueError, TypeError):
+        return None
+    if any(a < 0 or b > size for a, b in ranges):
+        return None
+    return merge_ranges(ranges)
+
+
 class Partial:
     """A half-downloaded blob: a sparse file of the final size plus the ranges already written."""
 
@@ -59,8 +83,7 @@ class Partial:
 
     def __init__(self, store: "Store", digest: Digest, size: int):
         self.store, self.digest, self.size = store, digest, size
-        self.path = store.root / "partial" / digest.algorithm / f"{digest.hex}.part"
-        self.state_path = self.path.with_suffix(".json")
+        self.path, self.state_path = _partial_paths(store.root, digest)
         self._lock = threading.Lock()
         self._state_fd = -1  # the record, open for in-place rewrites after its first save
         self._state_len = 0
@@ -70,7 +93,7 @@ class Partial:
     def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            state = self._load_state()
+            state = _read_record(self.state_path, self.digest, self.size)
             if state is None or not self.path.exists() or self.path.stat().st_size != self.size:
                 self.done = []
                 with open(self.path, "wb") as f:
@@ -81,18 +104,6 @@ class Partial:
             self._fd = os.open(str(self.path), os.O_RDWR)
         except OSError as e:
             raise _disk_error(e, self.store.root) from e
-
-    def _load_state(self) -> Optional[List[Tuple[int, int]]]:
-        try:
-            obj = json.loads(self.state_path.read_text())
-            if obj.get("size") != self.size or obj.get("digest") != str(self.digest):
-                return None
-            ranges = [(int(a), int(b)) for a, b in obj.get("done", [])]
-            if any(a < 0 or b > self.size for a, b in ranges):
-                return None
-            return merge_ranges(ranges)
-        except (OSError, ValueError, TypeError, AttributeError):
-            return None
 
     def _save(self) -> None:
         """Persist the done ranges: first by temp file + rename, then by one pwrite at offset 0.
@@ -267,15 +278,23 @@ class Store:
             return False
         return size is None or st.st_size == size
 
-    def lock_blob(self, digest: Digest) -> Callable[[], None]:
-        """Take the per-blob lock (blocking: another imgtool may hold it); returns the release function."""
+    def lock_blob(self, digest: Digest, waiting: Optional[Callable[[str], None]] = None) -> Callable[[], None]:
+        """Take the per-blob lock; returns the release function. When another process holds it, say so
+        once through `waiting` (naming its pid, which each holder writes into the lock file), then block
+        until it lets go."""
         path = self.root / "locks" / f"{digest.hex}.lock"
         try:
             fd = os.open(str(path), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise _disk_error(e, self.root) from e
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting is not None:
+                    waiting(f"waiting for another imgtool fetching {digest.short}{_holder(fd)}")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            _stamp(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -292,10 +311,7 @@ class Store:
 
     def partial_bytes(self, digest: Digest, size: int) -> int:
         """How many bytes of this blob a previous run left in `partial/` (0 if none)."""
-        p = Partial.__new__(Partial)
-        p.digest, p.size = digest, size
-        p.state_path = self.root / "partial" / digest.algorithm / f"{digest.hex}.json"
-        state = Partial._load_state(p)
+        state = _read_record(_partial_paths(self.root, digest)[1], digest, size)
         return sum(b - a for a, b in state) if state else 0
 
     @contextmanager
@@ -395,6 +411,24 @@ class Store:
             write_atomic(self.root / "diffids" / digest.hex, diff_id.encode("ascii") + b"\n", 0o444)
         except OSError:
             pass
+
+
+def _holder(fd: int) -> str:
+    """" (pid N)": who holds a blob lock, as it wrote itself into the file ("" when it did not yet)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""
+
+
+def _stamp(fd: int) -> None:
+    """Write our pid into a blob lock we took, for whoever waits for it (best effort)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -303,18 +304,19 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
     ms = mirrored(idx, tag="v1", targets=("upstream",))
     proxy = FaultProxy(services.plain)
     try:
-        # slow enough that the whole image takes ~10 s: the Ctrl-C lands while bytes flow
+        # the layers' bytes are held after the first 1.5 MiB, and the rest is slow (~10 s): the Ctrl-C
+        # lands mid-download, a layer done and the next part-way, whatever this machine's speed
+        held = proxy.gate(lambda m, p: blob_path(p) and m == "GET", bytes=3 << 19)
         slow = proxy.add(Fault("rate", lambda m, p: blob_path(p) and m == "GET", times=10_000, rate=300_000))
         cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
         out, cache = tmp_path / "b", tmp_path / "cache"
         args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--jobs", "1", "-q")
         proc = subprocess.Popen([sys.executable, "-m", "imgtool", *args], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proxy.blob_bytes_sent() == 0:
-            time.sleep(0.05)
-        time.sleep(0.3)
+        assert held.reached.wait(60), "the fetch never reached the held bytes"
+        assert proxy.wait_delivered()  # what was let through is in imgtool's hands
         proc.send_signal(signal.SIGINT)
+        held.release()  # bytes flow again (slowly) while the interrupt is handled
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130
         assert err.splitlines()[-2:] == [
@@ -330,6 +332,52 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
         assert (out / "bundle.json").exists()
     finally:
         proxy.close()
+
+
+HOLD_BLOB_LOCK = """
+import sys
+from pathlib import Path
+from imgtool.model import Digest
+from imgtool.store import Store
+unlock = Store(Path(sys.argv[1])).lock_blob(Digest.parse(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.readline()
+unlock()
+"""
+
+
+def test_a_blob_another_imgtool_is_fetching_is_waited_for_and_said_once(services, factory, mirrored, tmp_path):
+    image = factory.image("amd64", layers=2, layer_size=1 << 16)
+    ms = mirrored(image, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out, cache = tmp_path / "b", tmp_path / "cache"
+    layer = image.layers[1].digest
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_BLOB_LOCK, str(cache), layer],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        proc = subprocess.Popen([sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors",
+                                 str(cfg), "-o", str(out)], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = f"waiting for another imgtool fetching {layer[7:19]} (pid {holder.pid})"
+        lines = []
+        hang = threading.Timer(120, proc.kill)  # silent waiting would hang here: that fails instead
+        hang.start()
+        for line in proc.stderr:  # it says so, and then waits: the fetch cannot end while the lock is held
+            lines.append(line.rstrip("\n"))
+            if line.rstrip("\n") == said:
+                break
+        hang.cancel()
+        assert lines and lines[-1] == said, lines
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert said not in err.splitlines()  # once
+        assert (out / "bundle.json").exists()
+    finally:
+        holder.kill()
+        holder.wait(30)
 
 
 def _export_killed_mid_layer(services, ref: str, cache: Path, out: Path, during=None):

@@ -7,6 +7,7 @@ shared base, locked, the tag moved, rebuilt from a fresh cache.
 import hashlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tarfile
@@ -16,6 +17,7 @@ import pytest
 
 from imgtool.errors import ConfigError, UsageError
 from imgtool.spec import load_spec, parse_created
+from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, push_image
 
 TAGS = ("v0.22.1rc1", "v0.22.1rc1-a3", "v0.22.1rc1-310p")
@@ -52,8 +54,11 @@ def files_of(bundle: Path) -> dict:
 @pytest.fixture
 def release(services, factory, uniq, tmp_path):
     """Three tags of one release on one shared base, pushed; returns (repo, base layers, indexes)."""
+    return _push_release(services, factory, f"{uniq}/vllm-ascend")
+
+
+def _push_release(services, factory, repo):
     base = [factory.layer(200_000), factory.layer(200_000)]
-    repo = f"{uniq}/vllm-ascend"
     indexes = {}
     for tag in TAGS:
         indexes[tag] = factory.multiarch(layers=1, base=base, layer_size=150_000)
@@ -61,90 +66,152 @@ def release(services, factory, uniq, tmp_path):
     return repo, base, indexes
 
 
-def test_spec_builds_locks_and_rebuilds_byte_identical_after_the_tag_moved(services, factory, release, tmp_path):
-    repo, base, indexes = release
-    root = tmp_path / "release"
-    root.mkdir()
-    spec = write_spec(root, services, repo)
+class Story:
+    """A release's life, one step at a time, each run once by the first test that needs it (and the
+    steps before it, in order): lock; fetch from the spec; the tag moves upstream; a rebuild from a fresh
+    cache; lock --update; the next release fetched and diffed against the first. Each test below asserts
+    one step, so a failure shows which step broke and the others still report."""
 
-    r = imgtool("lock", "-f", str(spec), cache=tmp_path / "c0")
-    assert r.returncode == 0, r.stderr
-    lock = json.loads((root / "bundle.lock").read_text())
+    def __init__(self, services, tmp):
+        self.services, self.tmp = services, tmp
+        self.factory = ImageFactory("test_spec.Story")
+        self.repo, self.base, self.indexes = _push_release(services, self.factory, f"t{secrets.token_hex(4)}/vllm-ascend")
+        self.root = tmp / "release"
+        self.root.mkdir()
+        self.spec = write_spec(self.root, services, self.repo)
+        self.lock_path = self.root / "bundle.lock"
+        self.first = tmp / "one"
+        self.done = {}
+
+    def step(self, name, run):
+        if name not in self.done:
+            self.done[name] = run()
+        return self.done[name]
+
+    def run(self, *args, cache, env=None):
+        r = imgtool(*args, cache=self.tmp / cache, env=env)
+        assert r.returncode == 0, f"imgtool {' '.join(args)}: {r.stderr}"
+        return r
+
+    def locked(self):
+        return self.step("lock", lambda: self.run("lock", "-f", str(self.spec), cache="c0"))
+
+    def fetched(self):
+        def fetch():
+            self.locked()
+            return self.run("fetch", "-f", str(self.spec), "-o", str(self.first), "--created", CREATED, "--json",
+                            cache="c1")
+        return self.step("fetch", fetch)
+
+    def moved(self):
+        def move():
+            self.fetched()
+            moved = self.factory.multiarch(layers=1, base=self.base, layer_size=150_000)
+            push_image(self.services.plain, self.repo, TAGS[0], moved)
+            return moved
+        return self.step("move", move)
+
+    def rebuilt(self):
+        def rebuild():
+            self.moved()
+            (self.tmp / "again").mkdir()
+            return self.run("fetch", "-f", str(self.spec), "-o", str(self.tmp / "again" / "one"), "-q", cache="c2",
+                            env={"SOURCE_DATE_EPOCH": "1748764800"})
+        return self.step("rebuild", rebuild)
+
+    def updated(self):
+        def update():
+            self.rebuilt()
+            return self.run("lock", "--update", "-f", str(self.spec), cache="c0")
+        return self.step("update", update)
+
+    def diffed(self):
+        def diff():
+            self.updated()
+            self.run("fetch", "-f", str(self.spec), "-o", str(self.tmp / "next"), "-q", cache="c1")
+            return json.loads(self.run("diff", str(self.first), str(self.tmp / "next"), "--json", cache="c1").stdout)
+        return self.step("diff", diff)
+
+
+@pytest.fixture(scope="module")
+def story(_services, tmp_path_factory):
+    return Story(_services, tmp_path_factory.mktemp("story"))
+
+
+def test_lock_pins_each_tag_and_platform_to_its_digests(story, services):
+    r = story.locked()
+    lock = json.loads(story.lock_path.read_text())
     assert lock["lock_version"] == 1 and lock["platforms"] == ["linux/arm64", "linux/amd64"]
     assert [(x["ref"], x["name"], x["digest"]) for x in lock["images"]] == [
-        (t, f"quay.io/{repo}:{t}", indexes[t].manifest_digest) for t in TAGS]
+        (t, f"quay.io/{story.repo}:{t}", story.indexes[t].manifest_digest) for t in TAGS]
     for x in lock["images"]:
-        idx = indexes[x["ref"]]
+        idx = story.indexes[x["ref"]]
         assert x["platforms"] == {"linux/arm64": idx.image("arm64").manifest_digest,
                                   "linux/amd64": idx.image("amd64").manifest_digest}
-        assert x["source"] == f"quay ({services.plain}/{repo})"
-    assert r.stdout.splitlines()[-1] == f"wrote {root / 'bundle.lock'}: 3 image(s) x 2 platform(s)"
+        assert x["source"] == f"quay ({services.plain}/{story.repo})"
+    assert r.stdout.splitlines()[-1] == f"wrote {story.lock_path}: 3 image(s) x 2 platform(s)"
 
-    r = imgtool("fetch", "-f", str(spec), "-o", str(tmp_path / "one"), "--created", CREATED, "--json",
-                cache=tmp_path / "c1")
-    assert r.returncode == 0, r.stderr
-    assert f"using {root / 'bundle.lock'}: 3 image(s) pinned by digest" in r.stderr
+
+def test_fetch_from_the_spec_uses_the_lock(story):
+    r = story.fetched()
+    assert f"using {story.lock_path}: 3 image(s) pinned by digest" in r.stderr
     out = json.loads(r.stdout)
-    assert (out["spec"], out["lock"]) == (str(spec), str(root / "bundle.lock"))
-    first = tmp_path / "one"
-    index = json.loads((first / "bundle.json").read_text())
+    assert (out["spec"], out["lock"]) == (str(story.spec), str(story.lock_path))
+    index = json.loads((story.first / "bundle.json").read_text())
     assert index["created"] == CREATED
     assert [(im["ref"], im["platform"]) for im in index["images"]] == [
-        (f"quay.io/{repo}:{t}", indexes[t].image(a).platform) for t in TAGS for a in ("arm64", "amd64")]
-    assert all(im["index_digest"] == indexes[im["ref"].rsplit(":", 1)[1]].manifest_digest for im in index["images"])
-    # one bundle; the shared base layers are stored once: the tar holds each distinct blob exactly once
+        (f"quay.io/{story.repo}:{t}", story.indexes[t].image(a).platform) for t in TAGS for a in ("arm64", "amd64")]
+    assert all(im["index_digest"] == story.indexes[im["ref"].rsplit(":", 1)[1]].manifest_digest
+               for im in index["images"])
+    assert len(index["parts"]) > 1
+
+
+def test_the_bundle_holds_each_blob_once_the_shared_base_included(story, tmp_path):
+    out = json.loads(story.fetched().stdout)
+    index = json.loads((story.first / "bundle.json").read_text())
     with open(tmp_path / "archive.tar", "wb") as whole:
         for part in index["parts"]:
-            whole.write((first / part["name"]).read_bytes())
+            whole.write((story.first / part["name"]).read_bytes())
     with tarfile.open(tmp_path / "archive.tar") as tar:
         names = [m.name for m in tar.getmembers()]
     blobs = {n.rsplit("/", 1)[1] for n in names if n.startswith("blobs/")}
-    images = [im for idx in indexes.values() for im in idx.images]
+    images = [im for idx in story.indexes.values() for im in idx.images]
     want = {layer.digest[7:] for im in images for layer in im.layers}
     want |= {im.config_digest[7:] for im in images} | {im.manifest_digest[7:] for im in images}
     assert len(names) == len(set(names)) and blobs == want
     assert out["blobs"] == len(want) == 2 + 6 + 6 + 6
-    assert sum(1 for n in names if n.endswith(base[0].digest[7:])) == 1
-    assert len(index["parts"]) > 1
+    assert sum(1 for n in names if n.endswith(story.base[0].digest[7:])) == 1
 
-    # the tag moves upstream after locking
-    moved = factory.multiarch(layers=1, base=base, layer_size=150_000)
-    push_image(services.plain, repo, TAGS[0], moved)
-    with RegistryClient(services.plain) as c:
-        assert c.head_manifest(repo, TAGS[0]) == moved.manifest_digest
 
-    # rebuild (same output name, elsewhere) from a fresh cache: the same bytes, bundle.json included
-    (tmp_path / "again").mkdir()
-    r = imgtool("fetch", "-f", str(spec), "-o", str(tmp_path / "again" / "one"), "-q", cache=tmp_path / "c2",
-                env={"SOURCE_DATE_EPOCH": "1748764800"})
-    assert r.returncode == 0, r.stderr
-    assert files_of(tmp_path / "again" / "one") == files_of(first)
+def test_a_rebuild_after_the_tag_moved_is_byte_identical(story, services):
+    story.rebuilt()
+    with RegistryClient(services.plain) as c:  # the tag did move: the lock, not the tag, decided
+        assert c.head_manifest(story.repo, TAGS[0]) == story.moved().manifest_digest
+    assert files_of(story.tmp / "again" / "one") == files_of(story.first)  # bundle.json included
 
-    # --update re-resolves and says what moved
-    r = imgtool("lock", "--update", "-f", str(spec), cache=tmp_path / "c0")
-    assert r.returncode == 0, r.stderr
-    old, new = indexes[TAGS[0]].manifest_digest, moved.manifest_digest
+
+def test_lock_update_says_what_moved_and_then_is_up_to_date(story):
+    r = story.updated()
+    old, new = story.indexes[TAGS[0]].manifest_digest, story.moved().manifest_digest
     assert r.stdout.splitlines() == [
-        f"moved      quay.io/{repo}:{TAGS[0]}: {old[7:19]} -> {new[7:19]} (linux/arm64, linux/amd64 changed)",
-        f"unchanged  quay.io/{repo}:{TAGS[1]}: {indexes[TAGS[1]].manifest_digest[7:19]}",
-        f"unchanged  quay.io/{repo}:{TAGS[2]}: {indexes[TAGS[2]].manifest_digest[7:19]}",
-        f"wrote {root / 'bundle.lock'}: 3 image(s) x 2 platform(s), 1 change(s)",
+        f"moved      quay.io/{story.repo}:{TAGS[0]}: {old[7:19]} -> {new[7:19]} (linux/arm64, linux/amd64 changed)",
+        f"unchanged  quay.io/{story.repo}:{TAGS[1]}: {story.indexes[TAGS[1]].manifest_digest[7:19]}",
+        f"unchanged  quay.io/{story.repo}:{TAGS[2]}: {story.indexes[TAGS[2]].manifest_digest[7:19]}",
+        f"wrote {story.lock_path}: 3 image(s) x 2 platform(s), 1 change(s)",
     ]
-    assert json.loads((root / "bundle.lock").read_text())["images"][0]["digest"] == new
-    r = imgtool("lock", "-f", str(spec), cache=tmp_path / "c0")
-    assert r.returncode == 0 and r.stdout.startswith(f"{root / 'bundle.lock'}: up to date with {spec}")
+    assert json.loads(story.lock_path.read_text())["images"][0]["digest"] == new
+    r = story.run("lock", "-f", str(story.spec), cache="c0")
+    assert r.stdout.startswith(f"{story.lock_path}: up to date with {story.spec}")
 
-    # the next release: what it shares with the last one
-    r = imgtool("fetch", "-f", str(spec), "-o", str(tmp_path / "next"), "-q", cache=tmp_path / "c1")
-    assert r.returncode == 0, r.stderr
-    r = imgtool("diff", str(first), str(tmp_path / "next"), "--json", cache=tmp_path / "c1")
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
+
+def test_the_next_release_says_what_it_shares_with_the_last(story):
+    d = story.diffed()
+    moved, indexes = story.moved(), story.indexes
     assert [(x["status"], x["name"].rsplit(":", 1)[1]) for x in d["images"]] == [
         (s, t) for s, t in (("changed", TAGS[0]), ("unchanged", TAGS[1]), ("unchanged", TAGS[2])) for _ in "ab"]
     assert d["platforms"]["both"] == ["linux/amd64", "linux/arm64/v8"]
     rows = {x["digest"]: x["status"] for x in d["layers"]}
-    assert [rows[x.digest] for x in base] == ["shared", "shared"]
+    assert [rows[x.digest] for x in story.base] == ["shared", "shared"]
     assert rows[moved.image("arm64").layers[-1].digest] == "added"
     assert rows[indexes[TAGS[0]].image("arm64").layers[-1].digest] == "removed"
     assert d["totals"]["added_bytes"] == sum(im.layers[-1].size for im in moved.images)

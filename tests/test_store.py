@@ -1,38 +1,52 @@
-"""store.Store: a waiter for a blob wakes when it is published, or when its producer gives up; no polling."""
+"""store.Store: each path of the blob cache on its own: waiting for a blob, the per-blob lock (and
+what a waiter is told), resumable partials (the record of done ranges, and every way it is refused),
+commit, blobs produced here, stale temp files, small blobs and remembered diff_ids."""
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
+import pytest
+
+from imgtool.errors import ImgtoolError, VerifyError
 from imgtool.model import Digest
-from imgtool.store import Store
+from imgtool.store import Store, merge_ranges
+
+DATA = bytes(range(256)) * 64  # 16 KiB
+DIGEST = Digest.of(DATA)
 
 
-def test_wait_for_wakes_on_publish_and_on_give_up(tmp_path):
-    store = Store(tmp_path / "cache")
-    data = b"a layer, more or less"
-    digest = Digest.of(data)
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "cache")
+
+
+# --- waiting for a blob ----------------------------------------------------------------------------
+
+
+def test_wait_for_wakes_when_the_blob_is_published(store):
     woke = {}
-
-    def wait(name, give_up):
-        woke[name] = store.wait_for(digest, give_up)
-
-    waiter = threading.Thread(target=wait, args=("published", lambda: False))
+    waiter = threading.Thread(target=lambda: woke.setdefault("here", store.wait_for(DIGEST, lambda: False)))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive()  # nothing arrived: it waits (on a Condition, not a sleep loop)
-    store.put_bytes(data)  # publishing announces it
+    store.put_bytes(DATA)  # publishing announces it
     waiter.join(10)
-    assert not waiter.is_alive() and woke["published"] is True
+    assert not waiter.is_alive() and woke["here"] is True
 
-    other = Digest.of(b"never comes")
-    stopped = threading.Event()
-    giver = threading.Thread(target=lambda: woke.__setitem__("gave up", store.wait_for(other, stopped.is_set)))
-    giver.start()
-    giver.join(0.2)
-    assert giver.is_alive()
+
+def test_wait_for_wakes_when_the_producer_gives_up(store):
+    woke, stopped = {}, threading.Event()
+    waiter = threading.Thread(target=lambda: woke.setdefault("here", store.wait_for(DIGEST, stopped.is_set)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
     stopped.set()
     store.announce()  # the producer stopping announces too
-    giver.join(10)
-    assert not giver.is_alive() and woke["gave up"] is False
+    waiter.join(10)
+    assert not waiter.is_alive() and woke["here"] is False
 
 
 def test_a_store_built_ahead_makes_its_directories_only_when_asked(tmp_path):
@@ -43,3 +57,186 @@ def test_a_store_built_ahead_makes_its_directories_only_when_asked(tmp_path):
     store.create()  # idempotent: fetch, lock and inspect each make sure
     assert sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*")) == [
         "blobs", "blobs/sha256", "diffids", "locks", "partial", "partial/sha256"]
+
+
+# --- the per-blob lock -----------------------------------------------------------------------------
+
+HOLDER = """
+import sys
+from pathlib import Path
+from imgtool.model import Digest
+from imgtool.store import Store
+unlock = Store(Path(sys.argv[1])).lock_blob(Digest.parse(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.readline()
+unlock()
+"""
+
+
+def test_an_uncontended_lock_says_nothing_and_names_its_holder(store):
+    said = []
+    unlock = store.lock_blob(DIGEST, waiting=said.append)
+    lock_file = store.root / "locks" / f"{DIGEST.hex}.lock"
+    assert said == [] and lock_file.read_text() == f"{os.getpid()}\n"
+    unlock()
+    store.lock_blob(DIGEST, waiting=said.append)()  # released: taken again at once
+    assert said == []
+
+
+def test_a_lock_another_process_holds_is_waited_for_after_saying_so_once(store):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.root), str(DIGEST)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        said, told = [], threading.Event()
+
+        def waiting(message):
+            said.append(message)
+            told.set()
+
+        got = {}
+        taker = threading.Thread(target=lambda: got.setdefault("unlock", store.lock_blob(DIGEST, waiting=waiting)))
+        taker.start()
+        assert told.wait(30), "lock_blob never said it was waiting"
+        assert taker.is_alive() and "unlock" not in got  # it said so, and waits
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        taker.join(30)
+        assert not taker.is_alive()
+        assert said == [f"waiting for another imgtool fetching {DIGEST.short} (pid {holder.pid})"]
+        got["unlock"]()
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+# --- resumable partials ----------------------------------------------------------------------------
+
+
+def test_merge_ranges_sorts_and_coalesces():
+    assert merge_ranges([(10, 20), (0, 5), (5, 8), (15, 30), (40, 40)]) == [(0, 8), (10, 30)]
+
+
+def test_a_partial_resumes_from_its_record_after_the_process_is_gone(store):
+    p = store.partial(DIGEST, len(DATA))
+    assert p.missing() == [(0, len(DATA))] and store.partial_bytes(DIGEST, len(DATA)) == 0
+    p.write(0, DATA[:4096])
+    p.write(8192, DATA[8192:10000])
+    p.close()  # as a kill leaves it: the record was written after each write
+    again = store.partial(DIGEST, len(DATA))
+    assert again.done_ranges() == [(0, 4096), (8192, 10000)]
+    assert again.missing() == [(4096, 8192), (10000, len(DATA))]
+    assert store.partial_bytes(DIGEST, len(DATA)) == 4096 + 10000 - 8192
+    again.close()
+
+
+@pytest.mark.parametrize("record", [
+    {"digest": str(Digest.of(b"other")), "size": len(DATA), "done": [[0, 100]]},
+    {"digest": str(DIGEST), "size": len(DATA) + 1, "done": [[0, 100]]},
+    {"digest": str(DIGEST), "size": len(DATA), "done": [[0, len(DATA) + 1]]},
+    {"digest": str(DIGEST), "size": len(DATA), "done": [[-1, 100]]},
+    {"digest": str(DIGEST), "size": len(DATA), "done": [["a", "b"]]},
+    {"digest": str(DIGEST), "size": len(DATA), "done": 7},
+    [0, 100],
+    "torn",
+])
+def test_a_record_that_does_not_fit_the_blob_starts_the_download_over(store, record):
+    p = store.partial(DIGEST, len(DATA))
+    p.write(0, DATA[:100])
+    p.close()
+    text = '{"digest": "sha256:' if record == "torn" else json.dumps(record)
+    p.state_path.write_text(text)
+    assert store.partial_bytes(DIGEST, len(DATA)) == 0
+    again = store.partial(DIGEST, len(DATA))
+    assert again.missing() == [(0, len(DATA))]
+    again.close()
+
+
+def test_a_partial_of_another_size_on_disk_starts_over(store):
+    p = store.partial(DIGEST, len(DATA))
+    p.write(0, DATA[:100])
+    p.close()
+    with open(p.path, "r+b") as f:
+        f.truncate(10)
+    again = store.partial(DIGEST, len(DATA))
+    assert again.missing() == [(0, len(DATA))] and again.path.stat().st_size == len(DATA)
+    again.close()
+
+
+def test_commit_publishes_a_checked_read_only_blob_and_forgets_the_record(store):
+    p = store.partial(DIGEST, len(DATA))
+    p.write(0, DATA)
+    final = p.commit()
+    assert final == store.blob_path(DIGEST) and final.read_bytes() == DATA
+    assert final.stat().st_mode & 0o777 == 0o444 and store.has(DIGEST, len(DATA))
+    assert not p.path.exists() and not p.state_path.exists()
+
+
+def test_commit_of_wrong_bytes_is_refused_and_the_partial_discarded(store):
+    p = store.partial(DIGEST, len(DATA))
+    p.write(0, bytes(len(DATA)))
+    with pytest.raises(VerifyError) as e:
+        p.commit()
+    assert e.value.message == f"blob {DIGEST} arrived with digest {Digest.of(bytes(len(DATA)))}"
+    assert not p.path.exists() and not p.state_path.exists() and not store.has(DIGEST)
+
+
+def test_commit_of_an_incomplete_blob_is_a_bug(store):
+    p = store.partial(DIGEST, len(DATA))
+    p.write(0, DATA[:10])
+    with pytest.raises(ImgtoolError) as e:
+        p.commit()
+    assert e.value.message == f"internal: commit of incomplete blob {DIGEST.short}"
+    p.close()
+
+
+# --- blobs produced here, and the temp files killed processes leave ---------------------------------
+
+
+def test_a_blob_produced_here_is_published_under_its_digest(store):
+    with store.new_blob("gzip") as w:
+        w.write(DATA[:100])
+        w.write(DATA[100:])
+        assert w.publish() == DIGEST
+    assert store.read_bytes(DIGEST) == DATA and list((store.root / "partial").glob("*.tmp")) == []
+
+
+def test_a_blob_left_unpublished_leaves_no_temp_file(store):
+    with pytest.raises(RuntimeError):
+        with store.new_blob("gzip") as w:
+            w.write(DATA)
+            raise RuntimeError("export failed")
+    assert list((store.root / "partial").glob("*.tmp")) == [] and not store.has(DIGEST)
+
+
+def test_remove_stale_takes_only_what_a_dead_process_left(store):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = store.root / "partial" / f"gzip.{int(dead.stdout)}.1.2.tmp"
+    stale.write_bytes(b"x" * 2048)
+    mine = store.temp_file("gzip")
+    mine.write_bytes(b"y")
+    assert store.remove_stale() == (f"removed 1 temp file (2.0 KiB) that killed imgtool processes left in "
+                                    f"{store.root / 'partial'}")
+    assert not stale.exists() and mine.exists()
+    assert store.remove_stale() is None
+
+
+# --- small blobs and remembered diff_ids -----------------------------------------------------------
+
+
+def test_put_bytes_checks_the_digest(store):
+    with pytest.raises(VerifyError) as e:
+        store.put_bytes(DATA, Digest.of(b"other"))
+    assert e.value.message == f"blob {Digest.of(b'other')} has digest {DIGEST}"
+    assert store.put_bytes(DATA, DIGEST) == DIGEST == store.put_bytes(DATA)
+
+
+def test_a_remembered_diff_id_is_read_back_and_a_damaged_one_ignored(store):
+    diff_id = str(Digest.of(b"tar"))
+    assert store.diff_id(DIGEST) is None
+    store.remember_diff_id(DIGEST, diff_id)
+    assert store.diff_id(DIGEST) == diff_id
+    path = store.root / "diffids" / DIGEST.hex
+    os.chmod(path, 0o644)
+    path.write_text("not a digest")
+    assert store.diff_id(DIGEST) is None

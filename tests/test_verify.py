@@ -165,6 +165,27 @@ def test_part_names_cannot_escape_the_directory(bundle):
                               "'../../etc/passwd'"
 
 
+@pytest.mark.parametrize("edit, problem", [
+    (lambda im: im.update(layers=3), "`images[0].layers` is not a list"),
+    (lambda im: im.pop("manifest_digest"), "`images[0].manifest_digest` is not a digest: None"),
+    (lambda im: im.update(manifest_size=-1), "`images[0].manifest_size` is not a size: -1"),
+    (lambda im: im.update(ref="v1"), "`images[0].ref` is not a canonical image reference: 'v1'"),
+    (lambda im: im.update(platform=7), "`images[0].platform` is not a string"),
+    (lambda im: im.update(platform="linux/sparc"), "`images[0].platform` is not a platform: 'linux/sparc'"),
+    (lambda im: im["layers"][0].update(media_type="x"), "`images[0].layers[0].media_type` is not a layer type: 'x'"),
+    (lambda im: im["layers"][1].update(omitted=True), "`images[0].layers[1].omitted` needs format version 2"),
+    (lambda im: im["layers"][0].update(diff_id="sha512:" + "a" * 128),
+     "`images[0].layers[0].diff_id`: only sha256 digests are supported"),
+])
+def test_bundle_json_image_errors_name_the_key(bundle, edit, problem):
+    doc = json.loads((bundle / "bundle.json").read_text())
+    doc["version"] = 1
+    edit(doc["images"][0])
+    (bundle / "bundle.json").write_text(json.dumps(doc))
+    r = imgtool("verify", str(bundle))
+    assert (r.returncode, err_lines(r)[0]) == (3, f"error: bundle.json is malformed: {problem}")
+
+
 def test_bad_blob_inside_sound_parts(tmp_path, factory):
     """A cache blob damaged before bundling: the parts match bundle.json, only the deep check sees it."""
     store = BlobDir(tmp_path / "blobs")

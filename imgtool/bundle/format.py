@@ -6,14 +6,16 @@ document, so it is validated strictly: names cannot escape the directory, digest
 well-formed, sizes are non-negative integers. See docs/bundle-format.md.
 """
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Callable, Collection, List, NoReturn, Optional, Tuple
 
 from ..delta import chain_ids
 from ..errors import UsageError, VerifyError
 from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, json_object
+from ..schema import Invalid, Key, Table
 
 FORMAT_NAME = "imgtool-bundle"
 FORMAT_VERSION = 3  # the newest this imgtool reads; 2 = delta bundles (layers left out)
@@ -223,19 +225,10 @@ class BundleIndex:
     def from_bytes(cls, data: bytes) -> "BundleIndex":
         """Parse and validate bundle.json; raises VerifyError naming what is wrong."""
         obj = json_object(data, MAX_BUNDLE_JSON, _bad)
-        if obj.get("format") != FORMAT_NAME:
-            raise VerifyError(f"not an imgtool bundle: bundle.json has format {obj.get('format')!r}, "
-                              f"expected {FORMAT_NAME!r}")
-        version = obj.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise _bad(f"bad version {version!r}")
-        if version > FORMAT_VERSION:
-            raise VerifyError(f"bundle format version {version} is newer than this imgtool understands "
-                              f"({FORMAT_VERSION})", hint="upgrade imgtool on this host")
-        images = _list(obj, "images")
-        if not images:
+        version = _version(obj)
+        parsed_images = tuple(_image(x, i, version) for i, x in enumerate(_list(obj, "images")))
+        if not parsed_images:
             raise _bad("it lists no images")
-        parsed_images = tuple(_image(x, i, version) for i, x in enumerate(images))
         refs = [(im.ref, im.platform.architecture) for im in parsed_images]
         if len(set(refs)) != len(refs):  # one tag may be held for several architectures, each once
             raise _bad("an image reference is listed twice")
@@ -244,13 +237,7 @@ class BundleIndex:
         if not parts:
             raise _bad("it lists no parts")
         files = tuple(_part(x, f"files[{i}]") for i, x in enumerate(_list(obj, "files", required=False)))
-        names = [p.name for p in parts + files]
-        if len(set(names)) != len(names):
-            raise _bad("a file name is listed twice")
-        if sum(p.size for p in parts) != archive.size:
-            raise _bad("the parts' sizes do not add up to the archive size")
-        if archive.compression == "none" and archive.size != archive.tar_size:
-            raise _bad("archive size and tar size differ for an uncompressed archive")
+        _check_sizes(archive, parts, files)
         base = obj.get("base")
         if base is not None and not isinstance(base, dict):
             raise _bad("`base` is not an object")
@@ -264,6 +251,31 @@ class BundleIndex:
             base=base,
             legacy_names=version < UNNAMED_MULTIARCH_VERSION,
         )
+
+
+def _version(obj: dict) -> int:
+    """bundle.json's format version, when this imgtool reads it; raises VerifyError."""
+    if obj.get("format") != FORMAT_NAME:
+        raise VerifyError(f"not an imgtool bundle: bundle.json has format {obj.get('format')!r}, "
+                          f"expected {FORMAT_NAME!r}")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _bad(f"bad version {version!r}")
+    if version > FORMAT_VERSION:
+        raise VerifyError(f"bundle format version {version} is newer than this imgtool understands "
+                          f"({FORMAT_VERSION})", hint="upgrade imgtool on this host")
+    return version
+
+
+def _check_sizes(archive: "Archive", parts: Tuple["Part", ...], files: Tuple["Part", ...]) -> None:
+    """Every file named once, the parts adding up to the archive; raises VerifyError."""
+    names = [p.name for p in parts + files]
+    if len(set(names)) != len(names):
+        raise _bad("a file name is listed twice")
+    if sum(p.size for p in parts) != archive.size:
+        raise _bad("the parts' sizes do not add up to the archive size")
+    if archive.compression == "none" and archive.size != archive.tar_size:
+        raise _bad("archive size and tar size differ for an uncompressed archive")
 
 
 def _bad(why: str) -> VerifyError:
@@ -316,68 +328,146 @@ def _sha256_hex(obj: dict, where: str) -> str:
     return v
 
 
-def _image(x, i: int, version: int = 1) -> BundleImage:
-    where = f"images[{i}]."
-    if not isinstance(x, dict):
-        raise _bad(f"images[{i}] is not an object")
-    ref = _str(x, "ref", where)
+def _fail(key: Optional[str], problem: str) -> NoReturn:
+    raise _bad(problem)
+
+
+def _size_value(value: int) -> int:
+    if value < 0:
+        raise Invalid()
+    return value
+
+
+def _sha256(value: object) -> Digest:
+    try:
+        digest = Digest.parse(value if isinstance(value, str) else "")
+    except UsageError:
+        raise Invalid() from None
+    if digest.algorithm != "sha256":
+        raise Invalid("`{where}{key}`: only sha256 digests are supported")
+    return digest
+
+
+def _ref(ref: str) -> str:
     try:
         parsed = ImageRef.parse(ref)
     except UsageError:
-        raise _bad(f"`{where}ref` is not an image reference: {ref!r}") from None
+        raise Invalid("`{where}{key}` is not an image reference: {value!r}") from None
     if str(parsed) != ref and parsed.tagged != ref:
-        raise _bad(f"`{where}ref` is not a canonical image reference: {ref!r}")
+        raise Invalid("`{where}{key}` is not a canonical image reference: {value!r}")
+    return ref
+
+
+def _platform(text: str) -> Platform:
     try:
-        platform = Platform.parse(_str(x, "platform", where))
+        return Platform.parse(text)
     except UsageError:
-        raise _bad(f"`{where}platform` is not a platform: {x.get('platform')!r}") from None
-    media = _str(x, "manifest_media_type", where)
-    if media not in MANIFEST_TYPES:
-        raise _bad(f"`{where}manifest_media_type` is not an image manifest type: {media!r}")
-    layers = []
-    for j, layer in enumerate(_list(x, "layers")):
-        lw = f"{where}layers[{j}]."
-        if not isinstance(layer, dict):
-            raise _bad(f"{lw[:-1]} is not an object")
-        lmedia = _str(layer, "media_type", lw)
-        if lmedia not in LAYER_COMPRESSION:
-            raise _bad(f"`{lw}media_type` is not a layer type: {lmedia!r}")
-        omitted = layer.get("omitted", False) is True
-        if omitted and version < 2:
-            raise _bad(f"`{lw}omitted` needs format version 2")
-        provided = layer.get("provided_by") or []
-        if not isinstance(provided, list) or not all(isinstance(n, str) for n in provided):
-            raise _bad(f"`{lw}provided_by` is not a list of names")
-        layers.append(Layer(_digest(layer, "digest", lw), _size(layer, "size", lw),
-                            _digest(layer, "diff_id", lw), lmedia, omitted,
-                            _digest(layer, "chain_id", lw) if omitted else None, tuple(provided) if omitted else (),
-                            _size(layer, "unpacked_size", lw) if "unpacked_size" in layer else None))
+        raise Invalid("`{where}{key}` is not a platform: {value!r}") from None
+
+
+def _choice(choices: Collection[str], what: str) -> Callable[[str], str]:
+    def checked(value: str) -> str:
+        if value not in choices:
+            raise Invalid("`{where}{key}` is not " + what + ": {value!r}")
+        return value
+
+    return checked
+
+
+def _names(values: object) -> Tuple[str, ...]:
+    values = values or []
+    if not isinstance(values, list) or not all(isinstance(n, str) for n in values):
+        raise Invalid()
+    return tuple(values)
+
+
+_STRING = "`{where}{key}` is not a string"
+_SIZE = Key("", int, True, check=_size_value, wrong="`{where}{key}` is not a size: {value!r}")
+_DIGEST = Key("", object, True, check=_sha256, wrong="`{where}{key}` is not a digest: {value!r}")
+
+
+def _size_key(name: str, required: bool = True) -> Key:
+    return dataclasses.replace(_SIZE, name=name, required=required)
+
+
+def _digest_key(name: str, required: bool = True) -> Key:
+    return dataclasses.replace(_DIGEST, name=name, required=required)
+
+
+# What bundle.json says of an image (images[i]) and of each of its layers.
+_LAYER = Table(
+    _digest_key("digest"),
+    _size_key("size"),
+    _digest_key("diff_id"),
+    Key("media_type", str, True, check=_choice(LAYER_COMPRESSION, "a layer type")),
+    Key("omitted", object),
+    Key("provided_by", object, check=_names, wrong="`{where}{key}` is not a list of names"),
+    Key("chain_id", object),  # read only when the layer is omitted
+    _size_key("unpacked_size", required=False),
+    wrong=_STRING,
+)
+_IMAGE = Table(
+    Key("ref", str, True, check=_ref),
+    Key("platform", str, True, check=_platform),
+    Key("manifest_media_type", str, True, check=_choice(MANIFEST_TYPES, "an image manifest type")),
+    Key("layers", list, True, wrong="`{where}{key}` is not a list"),
+    Key("source", object),
+    _digest_key("index_digest", required=False),
+    _digest_key("manifest_digest"),
+    _size_key("manifest_size"),
+    _digest_key("image_id"),
+    _size_key("config_size"),
+    Key("upstream", dict, wrong="`{where}{key}` is not an object"),
+    wrong=_STRING,
+)
+
+
+def _checked(table: Table, obj: object, where: str) -> dict:
+    """`obj` checked against `table`: a required key absent (or null) is reported as of the wrong type, an
+    optional one that is null is absent; other keys are left alone (a newer imgtool's additions)."""
+    if not isinstance(obj, dict):
+        raise _bad(f"{where[:-1]} is not an object")
+    values = {k: v for k, v in obj.items() if v is not None}
+    values.update((k, None) for k in table.required if k not in values)
+    return table.check(values, _fail, where, unknown=False)
+
+
+def _image(x: object, i: int, version: int = 1) -> BundleImage:
+    where = f"images[{i}]."
+    v = _checked(_IMAGE, x, where)
+    layers = tuple(_layer(layer, f"{where}layers[{j}].", version) for j, layer in enumerate(v["layers"]))
     if any(layer.omitted for layer in layers):
         for j, (layer, chain) in enumerate(zip(layers, chain_ids([x.diff_id for x in layers]))):
             if layer.omitted and layer.chain_id != chain:
                 raise _bad(f"`{where}layers[{j}].chain_id` does not follow from the diff_ids")
-    source = x.get("source")
+    source = v.get("source")
     return BundleImage(
-        ref=ref,
-        source=source if isinstance(source, str) else "",
-        platform=platform,
-        index_digest=_optional_digest(x, "index_digest", where),
-        manifest_digest=_digest(x, "manifest_digest", where),
-        manifest_media_type=media,
-        manifest_size=_size(x, "manifest_size", where),
-        image_id=_digest(x, "image_id", where),
-        config_size=_size(x, "config_size", where),
-        layers=tuple(layers),
-        upstream=_upstream(x.get("upstream"), where),
+        ref=v["ref"], source=source if isinstance(source, str) else "", platform=v["platform"],
+        index_digest=v.get("index_digest"), manifest_digest=v["manifest_digest"],
+        manifest_media_type=v["manifest_media_type"], manifest_size=v["manifest_size"], image_id=v["image_id"],
+        config_size=v["config_size"], layers=layers, upstream=_upstream(v.get("upstream"), where),
     )
+
+
+def _layer(x: object, where: str, version: int) -> Layer:
+    omitted = isinstance(x, dict) and x.get("omitted", False) is True
+    if omitted and version < 2:
+        raise _bad(f"`{where}omitted` needs format version 2")
+    table = _LAYER if not omitted else _OMITTED_LAYER
+    v = _checked(table, x, where)
+    return Layer(v["digest"], v["size"], v["diff_id"], v["media_type"], omitted, v.get("chain_id") if omitted else None,
+                 tuple(v.get("provided_by") or ()) if omitted else (), v.get("unpacked_size"))
+
+
+# an omitted layer names the chain it completes
+_OMITTED_LAYER = Table(*(_digest_key("chain_id") if k.name == "chain_id" else k for k in _LAYER.keys.values()),
+                       wrong=_STRING)
 
 
 def _upstream(x, where: str) -> Optional[dict]:
     """bundle.json's record of rewritten layers: checked for the fields push and describe read."""
     if x is None:
         return None
-    if not isinstance(x, dict):
-        raise _bad(f"`{where}upstream` is not an object")
     _digest(x, "manifest_digest", where + "upstream.")
     _str(x, "layers", where + "upstream.")
     return x

@@ -178,18 +178,7 @@ class _Walk:
 
     def _member(self, name: str, linkname: str, kind: bytes, size: int, raw: bytes, start: int) -> None:
         data_start = self.offset
-        bad = _path_problem(name)
-        if bad is None and kind in _LINK_KINDS:
-            target = f" to {linkname!r}" if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
-            bad = f"is {_LINK_KINDS[kind]}{target}: the archive may hold only regular files"
-        elif bad is None and kind not in (tarfile.REGTYPE, tarfile.AREGTYPE):
-            bad = f"has tar type {kind!r}: the archive may hold only regular files"
-        elif bad is None and name not in self.expected:
-            bad = "is not listed by bundle.json"
-        elif bad is None and name in self.seen:
-            bad = "appears twice"
-        elif bad is None and size != self.expected[name].member.size:
-            bad = f"is {size} bytes, but bundle.json implies {self.expected[name].member.size}"
+        bad = self._refusal(name, linkname, kind, size)
         if bad is not None:
             self.problem(f"archive member {name!r} {bad}", start, data_start + size)
             self.skip(size + layout.padding(size))
@@ -233,6 +222,24 @@ class _Walk:
         pad = self.read_exact(layout.padding(size))
         if pad.strip(b"\0"):
             self.problem(f"the archive has non-zero padding after {name}", data_start + size)
+
+    def _refusal(self, name: str, linkname: str, kind: bytes, size: int) -> Optional[str]:
+        """Why a member may not be in the archive (its path, its type, not listed, twice, its size), or None."""
+        bad = _path_problem(name)
+        if bad is not None:
+            return bad
+        if kind in _LINK_KINDS:
+            target = f" to {linkname!r}" if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+            return f"is {_LINK_KINDS[kind]}{target}: the archive may hold only regular files"
+        if kind not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            return f"has tar type {kind!r}: the archive may hold only regular files"
+        if name not in self.expected:
+            return "is not listed by bundle.json"
+        if name in self.seen:
+            return "appears twice"
+        if size != self.expected[name].member.size:
+            return f"is {size} bytes, but bundle.json implies {self.expected[name].member.size}"
+        return None
 
     def _trailer(self, start: int) -> None:
         nonzero = []

@@ -7,11 +7,12 @@ bad values); the values themselves are checked by the parsers in `preset.py`.
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 from ..config import find_user_file, key_line, read_toml
 from ..errors import ConfigError, UsageError
 from ..model import parse_size
+from ..schema import Key, Table, strings
 from .preset import (ENV_NAME_RE, NETWORK_RE, EnvPreset, MultiNode, Port, Preset, PresetSet, parse_cards,
                      parse_mount, parse_resource_name)
 
@@ -19,26 +20,62 @@ BUILTIN_PRESETS = Path(__file__).with_name("presets.toml")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
-_PRESET_KEYS = {
-    "description": "a string",
-    "extends": "a preset name",
-    "cards": 'a card range like "0-7"',
-    "min_cards": "an integer",
-    "devices": "an array of device paths",
-    "mounts": "an array of mounts",
-    "shm_size": 'a size like "1g"',
-    "network": '"bridge" or "host"',
-    "ports": 'an array like ["8000:8000"]',
-    "env": "a table of NAME = \"value\"",
-    "tag_suffixes": 'an array like ["-a3", "-a3-openeuler"]',
-    "privileged": "true or false",
-    "multi_node": "true or false",
-    "aliases": 'an array of other names like ["950dt"]',
-    "resource_name": 'an extended resource like "huawei.com/Ascend910", or "" for none',
-}
-_OPTIONAL_KEYS = ("extends", "aliases", "resource_name")
 _MULTI_NODE_KEYS = ("network", "mounts")
 _ENV_PRESET_KEYS = ("description", "env")
+
+
+def _strings_of(check: Callable[[str], Any]) -> Callable[[List[Any]], Tuple[Any, ...]]:
+    """An array of strings, each through `check` (UsageError: its message; a non-string: the key's text)."""
+    return lambda values: tuple(check(v) for v in strings(values))
+
+
+def _device(path: str) -> str:
+    if not path.startswith("/dev/") or any(c.isspace() for c in path):
+        raise UsageError(f"invalid device {path!r}: expected a path under /dev/")
+    return path
+
+
+def _suffixes(values: List[Any]) -> Tuple[str, ...]:
+    for v in values:
+        if not isinstance(v, str) or (v and not re.match(r"^-[A-Za-z0-9_.-]+$", v)):
+            raise UsageError(f"invalid tag suffix {v!r}: expected \"\" or like \"-a3\"")
+    if not values:
+        raise UsageError("needs at least one suffix (\"\" for none)")
+    return tuple(values)
+
+
+def _alias(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise UsageError(f"invalid alias {value!r} (letters, digits, '-', '_')")
+    return value
+
+
+def _network(value: str) -> str:
+    if not NETWORK_RE.match(value):
+        raise UsageError(f"invalid network {value!r}: expected bridge, host or a network name")
+    return value
+
+
+# What a [presets.NAME] table may hold; a new preset needs every key but extends, aliases and resource_name.
+_PRESET = Table(
+    Key("description", str, True, "a string", lambda v: " ".join(v.split())),
+    Key("extends", str, False, "a preset name"),
+    Key("cards", (str, int), True, 'a card range like "0-7"', parse_cards),
+    Key("min_cards", int, True, "an integer"),
+    Key("devices", list, True, "an array of device paths", _strings_of(_device)),
+    Key("mounts", list, True, "an array of mounts", lambda vs: tuple(parse_mount(v) for v in vs)),
+    Key("shm_size", str, True, 'a size like "1g"', lambda v: parse_size(v, "size")),
+    Key("network", str, True, '"bridge" or "host"', _network),
+    Key("ports", list, True, 'an array like ["8000:8000"]', _strings_of(Port.parse)),
+    Key("env", dict, True, "a table of NAME = \"value\"", lambda v: _env_pairs(v)),
+    Key("tag_suffixes", list, True, 'an array like ["-a3", "-a3-openeuler"]', _suffixes),
+    Key("privileged", bool, True, "true or false"),
+    Key("multi_node", bool, True, "true or false"),
+    Key("aliases", list, False, 'an array of other names like ["950dt"]', _strings_of(_alias)),
+    Key("resource_name", str, False, 'an extended resource like "huawei.com/Ascend910", or "" for none',
+        lambda v: v and parse_resource_name(v)),
+    wrong="must be {what}",
+)
 
 
 def find_presets_file(option: Optional[str]) -> Optional[Path]:
@@ -65,26 +102,51 @@ class _Layer:
         line = _table_key_line(self.text, table, key)
         return f"{self.path}:{line}" if line else str(self.path)
 
+    def fail(self, table: Optional[str] = None, label: str = "") -> Callable[[Optional[str], str], NoReturn]:
+        """A `schema.Fail` naming the line of a key of `[table]` (top level: the key's own table or line)."""
+
+        def fail(key: Optional[str], problem: str) -> NoReturn:
+            where = self.where(table, key) if table is not None else self.where(key)
+            raise ConfigError(f"{where}: {label}{problem}")
+
+        return fail
+
 
 # A resolved preset table: key -> (value, layer it came from, table name in that layer).
 _Resolved = Dict[str, Tuple[Any, _Layer, str]]
 _ORIGIN = "<origin>"
 
 
+_FILE = Table(Key("presets", dict), Key("multi_node", dict), Key("env_presets", dict),
+              wrong="{key} must be a table ([{key}...])")
+_MULTI_NODE = Table(*(Key(k) for k in _MULTI_NODE_KEYS))
+_ENV_PRESET = Table(*(Key(k) for k in _ENV_PRESET_KEYS))
+
+
 def _build(layers: List[_Layer]) -> PresetSet:
     for layer in layers:
-        for key, value in layer.data.items():
-            if key not in ("presets", "multi_node", "env_presets"):
-                raise ConfigError(f"{layer.where(key)}: unknown key {key!r} "
-                                  "(expected presets, multi_node, env_presets)")
-            if not isinstance(value, dict):
-                raise ConfigError(f"{layer.where(key)}: {key} must be a table ([{key}...])")
+        _FILE.check(layer.data, layer.fail())
     resolved: Dict[str, _Resolved] = {}
     for layer in layers:
         resolved = _resolve_layer(layer, resolved)
     presets = tuple(_make_preset(name, table) for name, table in resolved.items())
     if not presets:
         raise ConfigError(f"{layers[-1].path}: no presets defined")
+    _check_aliases(presets, resolved)
+    multi: _Resolved = {}
+    env_tables: Dict[str, _Resolved] = {}
+    for layer in layers:
+        mn = layer.data.get("multi_node", {})
+        _MULTI_NODE.check_unknown(mn, layer.fail("multi_node", "multi_node: "))
+        multi.update((key, (value, layer, "multi_node")) for key, value in mn.items())
+        for name, table in layer.data.get("env_presets", {}).items():
+            _merge_env_preset(layer, name, table, env_tables.setdefault(name, {}))
+    env_presets = tuple(_make_env_preset(n, t) for n, t in env_tables.items())
+    return PresetSet(presets, _make_multi_node(multi, layers[0]), env_presets, tuple(str(la.path) for la in layers))
+
+
+def _check_aliases(presets: Tuple[Preset, ...], resolved: Dict[str, _Resolved]) -> None:
+    """No alias names another preset (case does not count)."""
     taken = {p.name.lower(): p.name for p in presets}
     for p in presets:
         for a in p.aliases:
@@ -92,31 +154,18 @@ def _build(layers: List[_Layer]) -> PresetSet:
                 _fail(resolved[p.name]["aliases"], "aliases", f"{a!r} already names preset {taken[a.lower()]}", p.name)
             taken[a.lower()] = p.name
 
-    multi: _Resolved = {}
-    env_tables: Dict[str, _Resolved] = {}
-    for layer in layers:
-        mn = layer.data.get("multi_node", {})
-        for key, value in mn.items():
-            if key not in _MULTI_NODE_KEYS:
-                raise ConfigError(f"{layer.where('multi_node', key)}: multi_node: unknown key {key!r} "
-                                  f"(expected {', '.join(_MULTI_NODE_KEYS)})")
-            multi[key] = (value, layer, "multi_node")
-        for name, table in layer.data.get("env_presets", {}).items():
-            label = f"env_presets.{name}"
-            if not isinstance(table, dict):
-                raise ConfigError(f"{layer.where(label)}: {label} must be a table")
-            if not _NAME_RE.match(name):
-                raise ConfigError(f"{layer.where(label)}: invalid env preset name {name!r}")
-            merged = env_tables.setdefault(name, {})
-            for key, value in table.items():
-                if key not in _ENV_PRESET_KEYS:
-                    raise ConfigError(f"{layer.where(label, key)}: {label}: unknown key {key!r} "
-                                      "(expected description, env)")
-                merged[key] = (value, layer, label)
-            if not merged:  # an empty table: nothing to name a line by later
-                raise ConfigError(f"{layer.where(label)}: {label} is empty (expected description, env)")
-    env_presets = tuple(_make_env_preset(n, t) for n, t in env_tables.items())
-    return PresetSet(presets, _make_multi_node(multi, layers[0]), env_presets, tuple(str(la.path) for la in layers))
+
+def _merge_env_preset(layer: _Layer, name: str, table: Any, merged: _Resolved) -> None:
+    """One file's [env_presets.NAME] over what the files below said of it."""
+    label = f"env_presets.{name}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{layer.where(label)}: {label} must be a table")
+    if not _NAME_RE.match(name):
+        raise ConfigError(f"{layer.where(label)}: invalid env preset name {name!r}")
+    _ENV_PRESET.check_unknown(table, layer.fail(label, f"{label}: "))
+    merged.update((key, (value, layer, label)) for key, value in table.items())
+    if not merged:  # an empty table: nothing to name a line by later
+        raise ConfigError(f"{layer.where(label)}: {label} is empty (expected description, env)")
 
 
 def _resolve_layer(layer: _Layer, below: Dict[str, _Resolved]) -> Dict[str, _Resolved]:
@@ -134,10 +183,7 @@ def _resolve_layer(layer: _Layer, below: Dict[str, _Resolved]) -> Dict[str, _Res
             raise ConfigError(f"{layer.where(label)}: {label} must be a table")
         if not _NAME_RE.match(name):
             raise ConfigError(f"{layer.where(label)}: invalid preset name {name!r} (letters, digits, '-', '_')")
-        for key in table:
-            if key not in _PRESET_KEYS:
-                raise ConfigError(f"{layer.where(label, key)}: {label}: unknown key {key!r} "
-                                  f"(expected {', '.join(_PRESET_KEYS)})")
+        _PRESET.check_unknown(table, layer.fail(label, f"{label}: "))
         parent = table.get("extends")
         if parent is not None:
             if not isinstance(parent, str):
@@ -169,97 +215,32 @@ def _resolve_layer(layer: _Layer, below: Dict[str, _Resolved]) -> Dict[str, _Res
     return out
 
 
-def _fail(origin: Tuple[Any, _Layer, str], key: str, problem: str, preset: str):
+def _fail(origin: Tuple[Any, _Layer, str], key: str, problem: str, preset: str) -> NoReturn:
     _, layer, table = origin
     raise ConfigError(f"{layer.where('presets.' + table, key)}: presets.{preset}.{key}: {problem}")
 
 
 def _make_preset(name: str, table: _Resolved) -> Preset:
-    required = [k for k in _PRESET_KEYS if k not in _OPTIONAL_KEYS]
-    missing = [k for k in required if k not in table]
+    missing = [k for k in _PRESET.required if k not in table]
     if missing:
         _, layer, table_name = table[_ORIGIN]
         where = layer.where(f"presets.{table_name}")
         raise ConfigError(f"{where}: presets.{name}: missing {', '.join(missing)} "
                           "(a new preset needs every key, or extends = \"a2\")")
 
-    def get(key, kind, check=None):
-        origin = table[key]
-        value = origin[0]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            _fail(origin, key, f"must be {_PRESET_KEYS[key]}", name)
-        if check is not None:
-            try:
-                return check(value)
-            except UsageError as e:
-                _fail(origin, key, e.message, name)
-        return value
+    def fail(key: Optional[str], problem: str) -> NoReturn:
+        if key is None:
+            _, layer, table_name = table[_ORIGIN]
+            raise ConfigError(f"{layer.where(f'presets.{table_name}')}: presets.{name}: {problem}")
+        _fail(table[key], key, problem, name)
 
-    def strings(key, check_each=None):
-        values = get(key, list)
-        out = []
-        for v in values:
-            if not isinstance(v, str):
-                _fail(table[key], key, f"must be {_PRESET_KEYS[key]}", name)
-            if check_each is not None:
-                try:
-                    v = check_each(v)
-                except UsageError as e:
-                    _fail(table[key], key, e.message, name)
-            out.append(v)
-        return tuple(out)
-
-    def device(path):
-        if not path.startswith("/dev/") or any(c.isspace() for c in path):
-            raise UsageError(f"invalid device {path!r}: expected a path under /dev/")
-        return path
-
-    def mounts(values):
-        if not isinstance(values, list):
-            raise UsageError(f"must be {_PRESET_KEYS['mounts']}")
-        return tuple(parse_mount(v) for v in values)
-
-    def suffixes(values):
-        out = []
-        for v in values:
-            if not isinstance(v, str) or (v and not re.match(r"^-[A-Za-z0-9_.-]+$", v)):
-                raise UsageError(f"invalid tag suffix {v!r}: expected \"\" or like \"-a3\"")
-            out.append(v)
-        if not out:
-            raise UsageError("needs at least one suffix (\"\" for none)")
-        return tuple(out)
-
-    def alias(value):
-        if not _NAME_RE.match(value):
-            raise UsageError(f"invalid alias {value!r} (letters, digits, '-', '_')")
-        return value
-
-    def network(value):
-        if not NETWORK_RE.match(value):
-            raise UsageError(f"invalid network {value!r}: expected bridge, host or a network name")
-        return value
-
-    card_list = get("cards", (str, int), parse_cards)
-    min_cards = get("min_cards", int)
-    if not 0 <= min_cards <= len(card_list):
-        _fail(table["min_cards"], "min_cards", f"must be between 0 and the number of cards ({len(card_list)})", name)
-    return Preset(
-        name=name,
-        description=" ".join(get("description", str).split()),
-        cards=card_list,
-        min_cards=min_cards,
-        devices=strings("devices", device),
-        mounts=get("mounts", list, mounts),
-        shm_size=get("shm_size", str, lambda v: parse_size(v, "size")),
-        network=get("network", str, network),
-        ports=strings("ports", Port.parse),
-        env=get("env", dict, _env_pairs),
-        tag_suffixes=get("tag_suffixes", list, suffixes),
-        privileged=get("privileged", bool),
-        multi_node=get("multi_node", bool),
-        aliases=strings("aliases", alias) if "aliases" in table else (),
-        resource_name=get("resource_name", str, lambda v: v and parse_resource_name(v)) if "resource_name" in table else "",
-    )
+    v = _PRESET.check({k: t[0] for k, t in table.items() if k not in (_ORIGIN, "extends")}, fail, unknown=False)
+    if not 0 <= v["min_cards"] <= len(v["cards"]):
+        fail("min_cards", f"must be between 0 and the number of cards ({len(v['cards'])})")
+    return Preset(name=name, description=v["description"], cards=v["cards"], min_cards=v["min_cards"],
+                  devices=v["devices"], mounts=v["mounts"], shm_size=v["shm_size"], network=v["network"],
+                  ports=v["ports"], env=v["env"], tag_suffixes=v["tag_suffixes"], privileged=v["privileged"],
+                  multi_node=v["multi_node"], aliases=v.get("aliases", ()), resource_name=v.get("resource_name", ""))
 
 
 def _env_pairs(values: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:

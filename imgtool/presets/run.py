@@ -135,60 +135,33 @@ class RunSpec:
 # --- building a run ----------------------------------------------------------
 
 
+# Options checked on their own: (option, attribute, whether a value is refused, why).
+_OPTION_RULES: Tuple[Tuple[str, str, Callable[[Optional[str]], bool], str], ...] = (
+    ("--net", "network", lambda v: bool(v) and not NETWORK_RE.match(v or ""),
+     "expected host, bridge, none or a network name"),
+    ("--name", "name", lambda v: v is not None and not CONTAINER_NAME_RE.match(v),
+     "letters, digits, '_', '.', '-', starting with a letter or digit"),
+)
+
+
 def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image: str = "") -> RunSpec:
     """The container the user asked for: preset + options, validated; raises UsageError."""
     if options.runtime not in PROGRAMS:
         raise UsageError(f"invalid runtime {options.runtime!r}: expected {' or '.join(RUNTIMES)}")
     preset = presets.get(preset_name)
-    if not explicit_cards(options.devices):
-        cards = preset.cards
-    else:
-        try:
-            cards = parse_cards(options.devices)
-        except UsageError:
-            raise UsageError(f"invalid --devices {options.devices!r}: expected card numbers like 0,1 or 0-7, or all") from None
-        outside = [c for c in cards if c not in preset.cards]
-        if outside:
-            raise UsageError(f"invalid --devices {options.devices!r}: card {outside[0]} is outside preset "
-                             f"{preset.name}'s range {format_cards(preset.cards)}")
-    if len(cards) < preset.min_cards:
-        raise UsageError(f"invalid --devices {options.devices!r}: preset {preset.name} needs at least "
-                         f"{preset.min_cards} cards")
+    cards = _cards(preset, options.devices)
     shm = parse_size(options.shm_size, "--shm-size") if options.shm_size is not None else preset.shm_size
-
-    mounts = list(preset.mounts)
-    network = preset.network
-    if options.multi_node:
-        if not preset.multi_node:
-            multi = [p.name for p in presets.presets if p.multi_node]
-            raise UsageError(f"--multi-node does not apply to preset {preset.name}; it applies to: {', '.join(multi)}")
-        network = presets.multi_node.network
-        mounts += [m for m in presets.multi_node.mounts if m.container not in {x.container for x in mounts}]
-    if options.network:
-        if not NETWORK_RE.match(options.network):
-            raise UsageError(f"invalid --net {options.network!r}: expected host, bridge, none or a network name")
-        network = options.network
-    for v in options.volumes:
-        m = parse_mount(v, "--volume")
-        mounts = [x for x in mounts if x.container != m.container]
-        mounts.append(Mount(m.host, m.container, m.readonly, create=False, user=True))
-
+    network, mounts = _network_and_mounts(presets, preset, options)
+    for option, attr, refused, why in _OPTION_RULES:
+        if refused(getattr(options, attr)):
+            raise UsageError(f"invalid {option} {getattr(options, attr)!r}: {why}")
     env: Dict[str, str] = dict(preset.env)
     for name in options.env_presets:
         env.update(presets.env_preset(name).env)
-    for item in options.env:
-        k, v = parse_env(item)
-        env[k] = v
-
-    ports = preset.ports
-    if options.publish:
-        ports = tuple(Port.parse(p, "--publish") for p in options.publish)
+    env.update(parse_env(item) for item in options.env)
+    ports = tuple(Port.parse(p, "--publish") for p in options.publish) if options.publish else preset.ports
     if network in ("host", "none") or network.startswith("container:"):
         ports = ()  # Docker discards published ports on these networks anyway
-    if options.name is not None and not CONTAINER_NAME_RE.match(options.name):
-        raise UsageError(f"invalid --name {options.name!r}: "
-                         "letters, digits, '_', '.', '-', starting with a letter or digit")
-
     return RunSpec(
         preset=preset.name,
         image=image,
@@ -208,6 +181,44 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         interactive=options.interactive,
         runtime=options.runtime,
     )
+
+
+def _cards(preset: Preset, devices: Optional[str]) -> Tuple[int, ...]:
+    """The cards --devices names within the preset's range (the preset's own without it); raises UsageError."""
+    if not explicit_cards(devices):
+        cards = preset.cards
+    else:
+        try:
+            cards = parse_cards(devices)
+        except UsageError:
+            raise UsageError(f"invalid --devices {devices!r}: expected card numbers like 0,1 or 0-7, or all") from None
+        outside = [c for c in cards if c not in preset.cards]
+        if outside:
+            raise UsageError(f"invalid --devices {devices!r}: card {outside[0]} is outside preset "
+                             f"{preset.name}'s range {format_cards(preset.cards)}")
+    if len(cards) < preset.min_cards:
+        raise UsageError(f"invalid --devices {devices!r}: preset {preset.name} needs at least "
+                         f"{preset.min_cards} cards")
+    return tuple(cards)
+
+
+def _network_and_mounts(presets: PresetSet, preset: Preset, options: RunOptions) -> Tuple[str, List[Mount]]:
+    """The network (--multi-node's, then --net) and the mounts (--multi-node's added, --volume over them)."""
+    mounts = list(preset.mounts)
+    network = preset.network
+    if options.multi_node:
+        if not preset.multi_node:
+            multi = [p.name for p in presets.presets if p.multi_node]
+            raise UsageError(f"--multi-node does not apply to preset {preset.name}; it applies to: {', '.join(multi)}")
+        network = presets.multi_node.network
+        mounts += [m for m in presets.multi_node.mounts if m.container not in {x.container for x in mounts}]
+    if options.network:
+        network = options.network
+    for v in options.volumes:
+        m = parse_mount(v, "--volume")
+        mounts = [x for x in mounts if x.container != m.container]
+        mounts.append(Mount(m.host, m.container, m.readonly, create=False, user=True))
+    return network, mounts
 
 
 def explicit_cards(devices: Optional[str]) -> bool:
@@ -270,31 +281,37 @@ def fit_to_host(spec: RunSpec, presets: PresetSet, devices_given: bool, allow_mi
     leaves them (and absent cards) out; --volume paths must always exist.
     """
     preset = presets.get(spec.preset)
-    present = tuple(c for c in spec.cards if exists(CARD_DEVICE.format(c)))
-    absent_cards = [CARD_DEVICE.format(c) for c in spec.cards if c not in present]
-    absent_devices = [d for d in spec.devices if not exists(d)]
-    absent_mounts = [m for m in spec.mounts if not m.create and not exists(m.host)]
-    user_missing = [m.host for m in absent_mounts if m.user]
+    absent = _Absent(spec, exists)
+    user_missing = [m.host for m in absent.mounts if m.user]
     if user_missing:
         raise ImgtoolError(f"--volume host path not found: {', '.join(user_missing)}",
                            hint="create it first or fix the path")
     if allow_missing:
-        left_out = absent_cards + absent_devices + [m.host for m in absent_mounts]
-        kept = replace(spec, cards=present, devices=tuple(d for d in spec.devices if d not in absent_devices),
-                        mounts=tuple(m for m in spec.mounts if m not in absent_mounts))
-        return kept, left_out
+        kept = replace(spec, cards=absent.present, devices=tuple(d for d in spec.devices if d not in absent.devices),
+                       mounts=tuple(m for m in spec.mounts if m not in absent.mounts))
+        return kept, absent.cards + absent.devices + [m.host for m in absent.mounts]
     hint = ("is the Ascend driver installed (npu-smi info)? "
             "--allow-missing-devices starts the container without what is absent")
-    if not present:
+    if not absent.present:
         raise ImgtoolError(f"no Ascend cards found on this host: none of /dev/davinci[{format_cards(spec.cards)}] exist",
                            hint=hint)
-    if not devices_given and len(present) < preset.min_cards:
+    if not devices_given and len(absent.present) < preset.min_cards:
         raise ImgtoolError(f"preset {preset.name} needs at least {preset.min_cards} cards; this host has "
-                           f"{len(present)}: {', '.join(CARD_DEVICE.format(c) for c in present)}", hint=hint)
-    missing = (absent_cards if devices_given else []) + absent_devices + [m.host for m in absent_mounts]
+                           f"{len(absent.present)}: {', '.join(CARD_DEVICE.format(c) for c in absent.present)}", hint=hint)
+    missing = (absent.cards if devices_given else []) + absent.devices + [m.host for m in absent.mounts]
     if missing:
         raise ImgtoolError(f"not found on this host: {', '.join(missing)}", hint=hint)
-    return replace(spec, cards=present), []
+    return replace(spec, cards=absent.present), []
+
+
+class _Absent:
+    """What of a spec this host lacks: card nodes, management devices, host paths to mount (not created)."""
+
+    def __init__(self, spec: RunSpec, exists: Callable[[str], bool]) -> None:
+        self.present = tuple(c for c in spec.cards if exists(CARD_DEVICE.format(c)))
+        self.cards = [CARD_DEVICE.format(c) for c in spec.cards if c not in self.present]
+        self.devices = [d for d in spec.devices if not exists(d)]
+        self.mounts = [m for m in spec.mounts if not m.create and not exists(m.host)]
 
 
 # --- rendering -----------------------------------------------------------------

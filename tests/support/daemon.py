@@ -3,7 +3,7 @@
 import os
 import shutil
 import subprocess
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Union
 
 
 class DockerCLIError(RuntimeError):
@@ -132,12 +132,6 @@ class DaemonCleanup:
 
     def container(self, *names: str) -> None:
         self.containers.extend(names)
-
-    def loaded_since(self, before: Sequence[str]) -> List[str]:
-        """Register every image ID that is new compared to `before` (cli.image_ids())."""
-        new = sorted(set(self.cli.image_ids()) - set(before))
-        self.images.extend(new)
-        return new
 
     def run(self) -> List[str]:
         """Remove everything registered; returns error messages (removal is best effort)."""

@@ -143,10 +143,6 @@ class Image:
         return len(self.config_bytes)
 
     @property
-    def config_media_type(self) -> str:
-        return MEDIA_TYPES[self.media][1]
-
-    @property
     def manifest_size(self) -> int:
         return len(self.manifest_bytes)
 
@@ -167,11 +163,6 @@ class Image:
     @property
     def diff_ids(self) -> List[str]:
         return [layer.diff_id for layer in self.layers]
-
-    @property
-    def blob_size(self) -> int:
-        """Bytes to download for this image: config + compressed layers."""
-        return self.config_size + sum(layer.size for layer in self.layers)
 
     def blobs(self) -> Dict[str, bytes]:
         """Every blob by digest: config first, then layers bottom-up."""

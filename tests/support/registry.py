@@ -201,10 +201,6 @@ class RegistryClient:
                         f"get blob {repo}@{digest}", ok=(200,))
         return r.content
 
-    def delete_blob(self, repo: str, digest: str) -> None:
-        self._check(self.request("DELETE", f"/v2/{repo}/blobs/{digest}", repo),
-                    f"delete blob {repo}@{digest}", ok=(202,))
-
     def delete_manifest(self, repo: str, digest: str) -> None:
         """Delete a manifest by digest; distribution drops every tag pointing at it too."""
         self._check(self.request("DELETE", f"/v2/{repo}/manifests/{digest}", repo),
@@ -259,12 +255,6 @@ def delete_tag(registry: str, repo: str, tag: str, scheme: str = "http", auth: A
                verify: Verify = None) -> Optional[str]:
     with RegistryClient(registry, scheme, auth, verify) as c:
         return c.delete_tag(repo, tag)
-
-
-def move_tag(registry: str, repo: str, tag: str, image_or_index: ImageOrIndex,
-             scheme: str = "http", auth: Auth = None, verify: Verify = None) -> str:
-    """Point `tag` at another (pushed here if needed) image; returns the new digest."""
-    return push_image(registry, repo, tag, image_or_index, scheme, auth, verify)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,10 +115,6 @@ class Services:
         return env
 
     @property
-    def docker_socket(self) -> str:
-        return self.docker_host[len("unix://"):]
-
-    @property
     def tls_auth(self):
         return (self.tls_user, self.tls_password)
 

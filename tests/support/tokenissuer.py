@@ -17,7 +17,6 @@ assert how many tokens a client asked for.
 """
 
 import base64
-import hashlib
 import json
 import secrets
 import threading
@@ -280,8 +279,3 @@ class TokenIssuer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def token_fingerprint(token: str) -> str:
-    """Short stable id of a token, for comparing tokens in assertions without printing them."""
-    return hashlib.sha256(token.encode()).hexdigest()[:12]
