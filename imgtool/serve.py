@@ -332,30 +332,33 @@ class _Handler(BaseHTTPRequestHandler):
         if DIGEST.match(ref):
             digest = Digest.parse(ref)
         elif TAG.match(ref):
-            digests = repo.tags.get(ref)
-            if not digests:
+            found = repo.resolve(ref)
+            if found is None:
                 raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no tag {ref} in the bundles served here")
-            if len(digests) > 1:
-                raise _Refusal(404, "MANIFEST_UNKNOWN",
-                               f"{repo.name}:{ref} is held for {len(digests)} platforms and the bundle keeps no "
-                               "index to serve under the tag: pull a platform by digest "
-                               f"({', '.join(f'{repo.manifests[d].platform} {d}' for d in digests)})")
-            digest = digests[0]
+            digest = found
         else:
             raise _Refusal(400, "DIGEST_INVALID" if ":" in ref else "TAG_INVALID", "invalid tag or digest")
         manifest = repo.manifests.get(digest)
+        if manifest is None and digest in repo.upstream:
+            tag = repo.upstream[digest]
+            raise _Refusal(404, "MANIFEST_UNKNOWN",
+                           f"{repo.name}@{digest} is upstream's index of tag {tag}, which the bundles do not keep "
+                           f"(they hold its platform manifests): pull {repo.name}:{tag} (here {repo.resolve(tag)}), "
+                           "or a platform manifest by digest")
         blob = self.server.catalog.blobs.get(digest)
-        if manifest is None or blob is None:
+        if manifest is None or (blob is None and manifest.data is None):
             raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no manifest {digest} in the bundles served here")
         headers = [("Docker-Content-Digest", str(digest)), ("Etag", f'"{digest}"')]
         if head:
+            size = blob.size if blob is not None else len(manifest.data or b"")
             self.send_response(200)
-            for k, v in [API_VERSION, ("Content-Type", manifest.media_type),
-                         ("Content-Length", str(blob.size))] + headers:
+            for k, v in [API_VERSION, ("Content-Type", manifest.media_type), ("Content-Length", str(size))] + headers:
                 self.send_header(k, v)
             self.end_headers()
             return
-        self._send(200, self.server.parts.read(blob), False, headers, manifest.media_type)
+        # a generated index is a function of bundle.json, which verify checked; a manifest is read and checked
+        data = self.server.parts.read(blob) if blob is not None else manifest.data or b""
+        self._send(200, data, False, headers, manifest.media_type)
 
     def _blob(self, repo: Repository, ref: str, head: bool) -> None:
         if not DIGEST.match(ref):
@@ -440,10 +443,10 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         for conflict in catalog.conflicts:
             say(f"note: {conflict} differs between the bundles: the first bundle's is served")
         for repo in catalog.repositories.values():
-            for tag, digests in repo.tags.items():
-                if len(digests) > 1:
-                    say(f"note: {repo.name}:{tag} is held for {len(digests)} platforms and the bundle keeps no index: "
-                        "nodes pull it by digest")
+            for tag, digest in sorted(repo.indexes.items()):
+                platforms = ", ".join(repo.manifests[d].platform for d in repo.tags[tag])
+                say(f"note: {repo.name}:{tag} is served as an index of the {len(repo.tags[tag])} platforms the "
+                    f"bundle holds ({platforms}): {digest}, not upstream's digest")
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         server.stop()  # first: the requests cut short are logged and counted

@@ -25,7 +25,7 @@ import requests
 
 from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.reader import read_index
-from imgtool.model import OCI_MANIFEST, Digest
+from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest
 from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
@@ -526,24 +526,106 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
 
 
-def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, serving, tmp_path):
-    store = BlobDir(tmp_path / "blobs")
-    amd, arm = factory.image("amd64", layers=1), factory.image("arm64", layers=1)
-    out = tmp_path / "bundle"
-    write(out, [store.pulled(amd, f"{REPO}:v3"), store.pulled(arm, f"{REPO}:v3")], store)
+@pytest.fixture
+def two_arch(services, factory, mirrored, tmp_path):
+    """A tag published upstream as a Docker manifest list over amd64 and arm64, fetched as users do
+    (`fetch --arch amd64,arm64`), served: (server factory args, bundle, the upstream index, the repo path)."""
+    idx = factory.multiarch(("amd64", "arm64"), layers=2, media="docker")
+    ms = mirrored(idx, tag="v3", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "both"
+    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out),
+                "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx, ms.repo
+
+
+def served_index(idx) -> bytes:
+    """The index serve answers under the tag: a manifest list over the platforms the bundle holds, the same bytes
+    `imgtool push` publishes."""
+    return json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": [
+        {"mediaType": im.manifest_media_type, "digest": im.manifest_digest, "size": len(im.manifest_bytes),
+         "platform": {"os": "linux", "architecture": im.architecture,
+                      **({"variant": "v8"} if im.architecture == "arm64" else {})}}
+        for im in idx.images]}, separators=(",", ":")).encode()
+
+
+def test_a_tag_held_for_several_architectures_is_served_as_an_index(two_arch, serving, tmp_path):
+    out, idx, repo = two_arch
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v3"
+    body = served_index(idx)
+    digest = str(Digest.of(body))
+    assert s.proc.stdout.readline().rstrip("\n") == f"  quay.io/{repo}: v3"
     assert s.proc.stdout.readline().rstrip("\n") == (
-        f"note: {REPO}:v3 is held for 2 platforms and the bundle keeps no index: nodes pull it by digest")
-    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/v3")
+        f"note: quay.io/{repo}:v3 is served as an index of the 2 platforms the bundle holds (linux/amd64, "
+        f"linux/arm64/v8): {digest}, not upstream's digest")
+    for ref in ("v3", digest):
+        r = requests.get(f"{s.url}/v2/{repo}/manifests/{ref}")
+        assert (r.status_code, r.content, r.headers["Content-Type"], r.headers["Docker-Content-Digest"]) == \
+            (200, body, DOCKER_LIST, digest)
+        h = requests.head(f"{s.url}/v2/{repo}/manifests/{ref}?ns=quay.io")
+        assert (h.status_code, h.headers["Docker-Content-Digest"], int(h.headers["Content-Length"]), h.content) == \
+            (200, digest, len(body), b"")
+    for image in idx.images:
+        r = requests.get(f"{s.url}/v2/{repo}/manifests/{image.manifest_digest}")
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+    # upstream's index digest (a Pod pinned by it): the bundle does not keep those bytes; the 404 says what to pull
+    r = requests.get(f"{s.url}/v2/{repo}/manifests/{idx.manifest_digest}")
     assert (r.status_code, errors(r)) == (404, ["MANIFEST_UNKNOWN"])
     assert r.json()["errors"][0]["message"] == (
-        f"{REPO}:v3 is held for 2 platforms and the bundle keeps no index to serve under the tag: pull a platform "
-        f"by digest (linux/amd64 {amd.manifest_digest}, linux/arm64/v8 {arm.manifest_digest})")
-    for image in (amd, arm):
-        r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/{image.manifest_digest}")
-        assert (r.status_code, r.content) == (200, image.manifest_bytes)
-    assert requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list").json()["tags"] == ["v3"]
+        f"quay.io/{repo}@{idx.manifest_digest} is upstream's index of tag v3, which the bundles do not keep (they "
+        f"hold its platform manifests): pull quay.io/{repo}:v3 (here {digest}), or a platform manifest by digest")
+
+    # skopeo: every platform (--all), one by --override-arch; digests are the bundle's (the platforms' upstream's)
+    r = subprocess.run(["skopeo", "copy", "--retry-times", "0", "--all", "--src-tls-verify=false",
+                        f"docker://{s.hostport}/{repo}:v3", f"oci:{tmp_path / 'all'}:pulled"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = oci_blobs(tmp_path / "all")
+    assert got["manifest"] == digest
+    assert {d.split(":")[1] for im in idx.images for d in im.blobs()} | {digest.split(":")[1]} == set(got["blobs"])
+    r = subprocess.run(["skopeo", "--override-arch", "arm64", "copy", "--retry-times", "0", "--src-tls-verify=false",
+                        f"docker://{s.hostport}/{repo}:v3", f"oci:{tmp_path / 'arm'}:pulled"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    arm = idx.image("arm64")
+    assert {x.digest.split(":")[1] for x in arm.layers} <= set(oci_blobs(tmp_path / "arm")["blobs"])
+    assert s.stop().returncode == 130
+
+
+@pytest.mark.parametrize("engine", ["20.10", "26.1"], indirect=True)
+def test_docker_pulls_its_platform_of_a_two_arch_tag(two_arch, serving, docker_cli, docker_cleanup):
+    out, idx, repo = two_arch
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    ref = f"{s.hostport}/{repo}:v3"
+    mine = idx.image(host_arch())
+    docker_cleanup.image(ref, mine.config_digest)
+    docker_cli("pull", ref)  # the engine's own platform, by tag
+    assert docker_cli.holds(ref, mine)
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_containerd_pulls_a_platform_of_a_two_arch_tag_through_the_mirror(two_arch, arch, services, serving,
+                                                                          tmp_path):
+    out, idx, repo = two_arch
+    node = ContainerdNode("containerd-1.7", services)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    ref = f"quay.io/{repo}:v3"
+    node.removals.append(ref)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), "--platform", f"linux/{arch}", ref, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[1:3] for row in node.refs() if row[0] == ref] == [[DOCKER_LIST, str(Digest.of(served_index(idx)))]]
+        manifest = idx.image(arch).manifest_digest
+        assert any(f"/v2/{repo}/manifests/{manifest}?ns=quay.io 200" in line for line in s.log()), s.log()
+    finally:
+        assert node.cleanup() == []
 
 
 def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serving, tmp_path):

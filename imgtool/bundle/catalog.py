@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model import OCI_MANIFEST, Digest
 from . import layout
-from .format import BundleIndex
+from .format import BundleImage, BundleIndex
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -55,9 +55,13 @@ class Blob:
 
 @dataclass(frozen=True)
 class Manifest:
+    """A manifest a repository answers: a platform manifest the parts hold, or (`data`) the index over the
+    platforms of a tag held for several, generated from bundle.json (layout.platform_index)."""
+
     digest: Digest
     media_type: str
-    platform: str
+    platform: str  # "index" for a generated index
+    data: Optional[bytes] = None
 
 
 @dataclass
@@ -69,6 +73,15 @@ class Repository:
     tags: Dict[str, List[Digest]] = field(default_factory=dict)  # several: one per platform of a multi-arch tag
     manifests: Dict[Digest, Manifest] = field(default_factory=dict)
     blobs: set = field(default_factory=set)  # digests of its configs, layers and manifests
+    indexes: Dict[str, Digest] = field(default_factory=dict)  # a tag held for several platforms -> its index
+    upstream: Dict[Digest, str] = field(default_factory=dict)  # upstream's index digest -> the tag it was
+
+    def resolve(self, tag: str) -> Optional[Digest]:
+        """The manifest a tag names: its platform manifest, or the index over its platforms; None: no such tag."""
+        digests = self.tags.get(tag)
+        if not digests:
+            return None
+        return self.indexes[tag] if len(digests) > 1 else digests[0]
 
     @property
     def name(self) -> str:
@@ -98,7 +111,7 @@ class Catalog:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,
                                                    p.member.media_type)
-        seen: Dict[Tuple[str, str, str], List[Digest]] = {}
+        seen: Dict[Tuple[str, str, str], List[BundleImage]] = {}
         for image in index.images:
             ref = image.image_ref
             key = (_registry(ref.registry), ref.repository)
@@ -113,13 +126,22 @@ class Catalog:
             repo.blobs.add(image.image_id)
             repo.blobs.update(x.digest for x in image.layers if not x.omitted)
             if ref.tag:
-                seen.setdefault(key + (ref.tag,), []).append(image.manifest_digest)
-        for (registry, path, tag), digests in seen.items():
+                seen.setdefault(key + (ref.tag,), []).append(image)
+        for (registry, path, tag), images in seen.items():
             repo = self.repositories[(registry, path)]
+            digests = [im.manifest_digest for im in images]
             if tag in repo.tags and repo.tags[tag] != digests:
                 self.conflicts.append(f"{repo.name}:{tag}")
                 continue
             repo.tags[tag] = digests
+            for im in images:
+                if im.index_digest is not None:
+                    repo.upstream.setdefault(im.index_digest, tag)
+            if len(images) > 1:
+                media, data = layout.platform_index(images)
+                digest = Digest.of(data)
+                repo.indexes[tag] = digest
+                repo.manifests.setdefault(digest, Manifest(digest, media, "index", data))
 
     def repository(self, name: str, ns: Optional[str] = None) -> Optional[Repository]:
         """The repository a request names: `ascend/vllm-ascend` (with containerd's `?ns=quay.io`, or alone when
