@@ -227,6 +227,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wait = self.server.settings.timeout
         self.idle = False
         self.request.settimeout(self.wait)
+        # headers and a small body are two writes: with Nagle's algorithm the second waits for the client's delayed
+        # ACK (40 ms per manifest, config and /v2/ on a kept-alive connection); blobs go out in full segments anyway
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().setup()
         self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
 

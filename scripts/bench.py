@@ -848,6 +848,9 @@ class Bench:
         if a.only_load:
             self.run_loads()
             return
+        if a.only_serve:
+            self.serve_pulls()
+            return
         fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
                     ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
                     ("fetch.curl", lambda: self.curl_raw(), False),
@@ -1171,6 +1174,9 @@ def main(argv=None) -> int:
     p.add_argument("--only-load", action="store_true",
                    help="only load: every Docker engine, containerd and Podman against their own load/import "
                         "(the bundle fetched once, untimed); no memory check at the small size")
+    p.add_argument("--only-serve", action="store_true",
+                   help="only serve: 1, 4 and 8 pulls from imgtool serve against the registry (the bundle fetched "
+                        "once, untimed); no memory check at the small size")
     p.add_argument("--seed", default="bench1")
     args = p.parse_args(argv)
     if args.quick:
@@ -1195,7 +1201,7 @@ def main(argv=None) -> int:
         small_rss: Dict[str, int] = {}
         sb = Bench(args, env, small_meta, f"{ns}/vllm-ascend-small")
         try:
-            if not args.only_load:
+            if not (args.only_load or args.only_serve):
                 log("memory at the small size")
                 small_rss = sb.run_small()
         finally:
