@@ -27,11 +27,11 @@ from urllib.parse import parse_qs
 
 from . import __version__
 from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
-from .bundle.inplace import InPlaceBlobs
+from .bundle.inplace import InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
 from .errors import BlobDamaged, Interrupted, UsageError
-from .model import Digest
+from .model import Digest, format_size
 from .progress import Progress
 
 MAX_CLIENTS = 64  # connections served at once; more wait in the listen backlog
@@ -69,24 +69,33 @@ def parse_listen(text: str) -> Tuple[str, int]:
     return m.group("v6") or m.group("host") or "0.0.0.0", int(m.group("port"))
 
 
-def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress) -> Catalog:
-    """Each bundle read, refused when compressed, then checked as `verify --quick` does under the signature
-    policy; raises UsageError (not a bundle, compressed), VerifyError/SignatureError (refused)."""
+def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress,
+                 unpack_to: Optional[Path] = None) -> Tuple[Catalog, Dict[int, Path]]:
+    """Each bundle read, then checked as `verify --quick` does under the signature policy; a compressed one
+    unpacked into `unpack_to` (refused without it). The catalog, and each compressed bundle's unpacked archive;
+    raises UsageError (not a bundle, compressed without --unpack-to), VerifyError/SignatureError (refused),
+    ImgtoolError (no room to unpack)."""
     indexes = []
     for d in dirs:
         index, _ = read_index(Path(d))
-        if index.archive.compression != "none":
+        if index.archive.compression != "none" and unpack_to is None:
             raise UsageError(f"cannot serve {d}: it is a {index.archive.compression}-compressed bundle, whose blobs "
                              "cannot be read in place; nothing is served",
-                             hint="fetch (or export) the bundle without --compress to serve it; `imgtool load` "
-                                  "takes it as it is")
+                             hint=f"serve it with --unpack-to DIR (unpacked once there: "
+                                  f"{format_size(index.archive.tar_size)}), or fetch it without --compress")
         indexes.append(index)
+    if unpack_to is not None and any(index.archive.compression != "none" for index in indexes):
+        require_unpack_dir(unpack_to)
     for d in dirs:
         report = verify_bundle(Path(d), quick=True, progress=progress, signers=signers, doing="serve")
         for w in report.warnings:
             progress.warn(w)
         report.raise_if_bad("serve")
-    return Catalog(indexes)
+    unpacked = {}
+    for b, (d, index) in enumerate(zip(dirs, indexes)):
+        if index.archive.compression != "none" and unpack_to is not None:
+            unpacked[b] = unpack_archive(Path(d), index, unpack_to, progress)
+    return Catalog(indexes), unpacked
 
 
 class _Refusal(Exception):
@@ -423,11 +432,11 @@ def _interrupt(signum, frame) -> None:
 
 
 def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Callable[[str], None],
-          log: Callable[[str], None]) -> Served:
+          log: Callable[[str], None], unpacked: Optional[Dict[int, Path]] = None) -> Served:
     """Answer the distribution API from the catalog's bundles until Ctrl-C or SIGTERM; raises UsageError (cannot
     listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
     started = time.monotonic()
-    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog), log)
+    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog, unpacked), log)
     old = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
         old = signal.signal(signal.SIGTERM, _interrupt)
@@ -443,6 +452,9 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
             if index.is_delta:
                 say(f"note: {d} is a delta bundle: the {len(index.omitted_chains())} layers it leaves out are not "
                     "served; only nodes that hold them already can pull its images")
+        for b, path in sorted((unpacked or {}).items()):
+            say(f"note: {dirs[b]} is {catalog.indexes[b].archive.compression}-compressed: served from its archive "
+                f"unpacked into {path}")
         for conflict in catalog.conflicts:
             say(f"note: {conflict} differs between the bundles: the first bundle's is served")
         for repo in catalog.repositories.values():

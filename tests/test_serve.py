@@ -28,7 +28,7 @@ from imgtool import serve
 from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.inplace import InPlaceBlobs
 from imgtool.bundle.reader import read_index
-from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest
+from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest, format_size
 from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
@@ -254,10 +254,12 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     write(packed, [store.pulled(vllm, f"{REPO}:v1")], store, compress="gzip")
     r = imgtool("serve", str(packed), "--listen", "127.0.0.1:0")
     assert r.returncode == 2
+    tar_size = read_index(packed)[0].archive.tar_size
     assert r.stderr.splitlines() == [
         f"error: cannot serve {packed}: it is a gzip-compressed bundle, whose blobs cannot be read in place; "
         "nothing is served",
-        "hint: fetch (or export) the bundle without --compress to serve it; `imgtool load` takes it as it is"]
+        f"hint: serve it with --unpack-to DIR (unpacked once there: {format_size(tar_size)}), or fetch it without "
+        "--compress"]
 
     plain = tmp_path / "plain"
     write(plain, [store.pulled(vllm, f"{REPO}:v1")], store)
@@ -288,6 +290,62 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     r = imgtool("serve", str(plain), "--listen", "localhost")
     assert (r.returncode, r.stderr.splitlines()) == (
         2, ["error: invalid --listen 'localhost': expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000"])
+
+
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_a_compressed_bundle_is_served_from_its_archive_unpacked_once(compress, factory, serving, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=3)
+    out = tmp_path / "packed"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store, compress=compress, chunk_size=700 * 1024)
+    index, _ = read_index(out)
+    cache = tmp_path / "unpacked"
+    r = imgtool("serve", str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert (r.returncode, r.stderr.splitlines()) == (2, [f"error: --unpack-to {cache} is not a directory",
+                                                         "hint: create it, on a disk with room for the unpacked archive"])
+    cache.mkdir()
+    unpacked = cache / f"{index.archive.sha256}.tar"
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v1"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {out} is {compress}-compressed: served from its archive unpacked into {unpacked}")
+    assert unpacked.stat().st_size == index.archive.tar_size and [p.name for p in cache.iterdir()] == [unpacked.name]
+    r = skopeo_copy(f"{s.hostport}/ascend/vllm-ascend:v1", tmp_path / "oci", "--src-tls-verify=false")
+    assert r.returncode == 0, r.stderr
+    layers = {x.digest.split(":")[1]: x.size for x in image.layers}
+    assert layers.items() <= oci_blobs(tmp_path / "oci")["blobs"].items()
+    assert s.stop().returncode == 130
+
+    # the next start takes the unpacked archive as it is; a blob damaged in it is refused per request, never served
+    inode = unpacked.stat().st_ino
+    layer = image.layers[1]
+    blob = Catalog([index]).blobs[Digest.parse(layer.digest)]
+    os.chmod(unpacked, 0o644)
+    with open(unpacked, "r+b") as f:
+        f.seek(blob.start + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert unpacked.stat().st_ino == inode
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{layer.digest}")
+    assert (r.status_code, errors(r)) == (500, ["UNKNOWN"])
+    assert r.json()["errors"][0]["message"] == (
+        f"layer 2 of {REPO}:v1 (blob {layer.digest[7:19]}) is damaged in the unpacked archive {unpacked} of {out}: "
+        "its sha256 differs from its digest; it is not served")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{image.layers[0].digest}")
+    assert hashlib.sha256(r.content).hexdigest() == image.layers[0].digest.split(":")[1]
+    s.stop()
+
+    # a part damaged in the bundle: refused at start (verify --quick), nothing unpacked
+    unpacked.unlink()
+    part = parts_of(out)[0]
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))
+    r = imgtool("serve", str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert (r.returncode, r.stdout, list(cache.iterdir())) == (3, "", [])
+    assert r.stderr.splitlines()[-2] == f"error: refusing to serve: {out}: 1 problem; nothing is served"
 
 
 def test_a_part_damaged_while_served_is_refused_per_request_never_served_wrong(bundle, serving):

@@ -89,7 +89,7 @@ class Repository:
 
 
 class Catalog:
-    """The repositories, and every blob's place, of one or more uncompressed bundles (the first wins a digest)."""
+    """The repositories, and every blob's place, of one or more bundles (the first wins a digest)."""
 
     def __init__(self, indexes: Sequence[BundleIndex]):
         self.indexes = list(indexes)
@@ -97,15 +97,19 @@ class Catalog:
         self.blobs: Dict[Digest, Blob] = {}
         self.conflicts: List[str] = []  # tags two bundles hold differently: the first bundle's is served
         self._starts: List[List[int]] = []
+        self._sizes: List[List[int]] = []  # each bundle's files the blobs lie in: its parts, or its unpacked archive
         for b, index in enumerate(self.indexes):
             self._add(b, index)
 
     def _add(self, b: int, index: BundleIndex) -> None:
+        # a compressed bundle is served from its archive unpacked into one file (inplace.unpack_archive): one "part"
+        sizes = [p.size for p in index.parts] if index.archive.compression == "none" else [index.archive.tar_size]
         starts, pos = [], 0
-        for part in index.parts:
+        for size in sizes:
             starts.append(pos)
-            pos += part.size
+            pos += size
         self._starts.append(starts)
+        self._sizes.append(sizes)
         placed, _ = layout.place(layout.members(index.images, index.legacy_names))
         for p in placed:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
@@ -163,14 +167,15 @@ class Catalog:
                       for registry, path in self.repositories)
 
     def spans(self, blob: Blob, start: int = 0, end: Optional[int] = None) -> List[Span]:
-        """Bytes [start, end) of the blob as pieces of the part files holding them, in order."""
+        """Bytes [start, end) of the blob as pieces of the part files holding them (of a compressed bundle: of its
+        unpacked archive, part 0), in order."""
         end = blob.size if end is None else end
-        index, starts = self.indexes[blob.bundle], self._starts[blob.bundle]
+        sizes, starts = self._sizes[blob.bundle], self._starts[blob.bundle]
         pos, stop = blob.start + start, blob.start + end
         out = []
         i = max(bisect.bisect_right(starts, pos) - 1, 0)
         while pos < stop:
-            part_end = starts[i] + index.parts[i].size
+            part_end = starts[i] + sizes[i]
             n = min(stop, part_end) - pos
             if n > 0:
                 out.append(Span(blob.bundle, i, pos - starts[i], n))
