@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from . import __version__
 from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
@@ -312,8 +312,15 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps({"errors": [{"code": r.code, "message": r.message, "detail": {}}]}).encode()
         self._send(r.status, body, head, r.headers)
 
-    def _json(self, obj: dict, head: bool) -> None:
-        self._send(200, json.dumps(obj).encode(), head)
+    def _json(self, obj: dict, head: bool, headers: Sequence[Tuple[str, str]] = ()) -> None:
+        self._send(200, json.dumps(obj).encode(), head, headers)
+
+    def _listing(self, key: str, items: List[str], params: Dict[str, List[str]], head: bool, **fields: str) -> None:
+        """A page of a sorted list (`?n=N&last=X`), with the API's `Link: <…>; rel="next"` while more follow."""
+        page, more = _page(items, params)
+        path = self.path.partition("?")[0]
+        link = [("Link", f'<{path}?n={len(page)}&last={quote(page[-1], safe="/")}>; rel="next"')] if more else []
+        self._json({**fields, key: page}, head, link)
 
     def _route(self, head: bool) -> None:
         if self.command not in ("GET", "HEAD"):
@@ -323,7 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/v2", "/v2/"):
             return self._json({}, head)
         if path == "/v2/_catalog":
-            return self._json({"repositories": _page(self.server.catalog.names(), params)}, head)
+            return self._listing("repositories", self.server.catalog.names(), params, head)
         m = _TAGS.match(path) or _PATH.match(path)
         if not m:
             raise _Refusal(404, "NOT_FOUND", "no such endpoint of the distribution API")
@@ -335,7 +342,7 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             raise _Refusal(404, "NAME_UNKNOWN", f"repository {name} is not in the bundles served here")
         if "kind" not in m.groupdict():
-            return self._json({"name": name, "tags": _page(sorted(repo.tags), params)}, head)
+            return self._listing("tags", sorted(repo.tags), params, head, name=name)
         if m.group("kind") == "manifests":
             return self._manifest(repo, m.group("ref"), head)
         return self._blob(repo, m.group("ref"), head)
@@ -407,13 +414,15 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
-def _page(items: List[str], params: Dict[str, List[str]]) -> List[str]:
-    """`?last=X&n=N` pagination of a sorted list, as the distribution API's."""
+def _page(items: List[str], params: Dict[str, List[str]]) -> Tuple[List[str], bool]:
+    """`?last=X&n=N` pagination of a sorted list, as the distribution API's: the page, and whether more follow."""
     last = params.get("last", [None])[-1]
     if last is not None:
         items = [x for x in items if x > last]
     n = params.get("n", [""])[-1]
-    return items[:int(n)] if n.isdigit() else items
+    if not n.isdigit():
+        return items, False
+    return items[:int(n)], 0 < int(n) < len(items)
 
 
 def _printable(text: str, limit: int = 300) -> str:

@@ -731,3 +731,22 @@ def test_every_connection_sends_without_nagles_delay(bundle):
         server.stop()
         thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def test_tags_and_catalog_pages_say_where_the_next_one_is(factory, serving, tmp_path):
+    """`?n=` pages carry the distribution API's `Link: <…>; rel="next"` while more follow, so clients that page
+    (skopeo list-tags, crane ls) get every tag."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=1)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:{tag}") for tag in ("a", "b", "c")], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list?n=2")
+    assert (r.json()["tags"], r.headers["Link"]) == (["a", "b"], '</v2/ascend/vllm-ascend/tags/list?n=2&last=b>; rel="next"')
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list?n=2&last=b")
+    assert (r.json()["tags"], "Link" in r.headers) == (["c"], False)
+    r = requests.get(f"{s.url}/v2/_catalog?n=1")
+    assert (r.json()["repositories"], "Link" in r.headers) == (["ascend/vllm-ascend"], False)
+    r = subprocess.run(["skopeo", "list-tags", "--tls-verify=false", f"docker://{s.hostport}/ascend/vllm-ascend"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["Tags"] == ["a", "b", "c"], r.stderr
