@@ -784,7 +784,7 @@ class Bench:
                 if line.startswith("VmHWM:"):
                     self.rss.setdefault("serve", []).append(int(line.split()[1]))
         finally:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)  # a background job ignores SIGINT; serve stops on SIGTERM as on Ctrl-C
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
