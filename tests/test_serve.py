@@ -456,6 +456,14 @@ def test_over_tls_with_the_test_ca(bundle, serving, services, tmp_path):
     r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci2")  # no CA: refused by the client
     assert r.returncode != 0 and "x509" in r.stderr
     assert requests.get(f"{s.url}/v2/", verify=services.tls_ca).status_code == 200
+    # over TLS blobs are copied, not sendfile'd: whole, and a range, across two parts
+    vllm = bundle[1]
+    layer = crossing_layer(out, vllm)
+    data = vllm.blobs()[layer]
+    url = f"{s.url}/v2/ascend/vllm-ascend/blobs/{layer}"
+    assert requests.get(url, verify=services.tls_ca).content == data
+    r = requests.get(url, verify=services.tls_ca, headers={"Range": f"bytes=3-{len(data) - 2}"})
+    assert (r.status_code, r.content) == (206, data[3:-1])
 
 
 # Docker's containerd image store (26.1-containerd) does not take loopback registries as insecure by default;
