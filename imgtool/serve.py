@@ -11,10 +11,12 @@ it runs from imgtool.pyz on Python 3.7.
 """
 
 import json
+import os
 import re
 import signal
 import socket
 import ssl
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -410,12 +412,38 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(self.connection, ssl.SSLSocket):
                     n = _copy(f, self.connection, span.offset, span.length)
                 else:
-                    n = self.connection.sendfile(f, span.offset, span.length)
+                    n = _sendfile(f, self.connection, span.offset, span.length, self.wait)
             self.sent += n
             if n != span.length:  # the part shrank under us: the answer is cut, the client sees it short
                 self.close_connection = True
                 self.note = "a part file shrank while it was sent"
                 return
+
+
+def _sendfile(f, conn: socket.socket, offset: int, length: int, timeout: float) -> int:
+    """`length` bytes of file `f` from `offset` sent on `conn` by the kernel: how many (fewer: the file ended);
+    raises socket.timeout when the client took nothing for `timeout` seconds.
+
+    socket.sendfile on a socket with a timeout (non-blocking underneath) sends what fits in the socket buffer, then
+    polls, then wakes a Python thread to send the next piece: on a loaded host each wakeup waits for the CPU and the
+    GIL. Blocking sendfile with SO_SNDTIMEO lets the kernel send the whole span in one call, the timeout its own."""
+    seconds = int(timeout)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+    conn.settimeout(None)
+    sent = 0
+    try:
+        while sent < length:
+            try:
+                n = os.sendfile(conn.fileno(), f.fileno(), offset + sent, length - sent)
+            except BlockingIOError:  # SO_SNDTIMEO passed without a byte taken
+                raise socket.timeout("timed out") from None
+            if n == 0:
+                break
+            sent += n
+    finally:
+        conn.settimeout(timeout)
+    return sent
 
 
 def _copy(f, conn: socket.socket, offset: int, length: int) -> int:
