@@ -1,4 +1,5 @@
-"""`imgtool serve`: a read-only OCI distribution endpoint straight from bundles (no copy, no unpacking).
+"""`imgtool serve`: a read-only OCI distribution endpoint straight from bundles (no copy, no unpacking; a
+compressed bundle only from its archive unpacked once with --unpack-to).
 
 Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
