@@ -6,6 +6,7 @@ exactly one place, `main()`.
 """
 
 import json
+import pathlib
 import sys
 import traceback
 from dataclasses import dataclass
@@ -909,13 +910,17 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
               help="Connections served at once; more wait until one ends.")
 @click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True, metavar="SECONDS",
               help="A client silent (or not reading) this long is disconnected.")
+@click.option("--unpack-to", type=click.Path(file_okay=False, path_type=pathlib.Path), metavar="DIR",
+              help="Serve a --compress'ed bundle from its archive unpacked once into DIR (needs the tar's size; kept "
+                   "for the next start). Uncompressed bundles are always served in place.")
 @signers_option
 @common
-def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, signers):
+def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_to, signers):
     """Serve bundles as a read-only registry, so every node of a cluster pulls from this one.
 
-    The OCI distribution API straight from the bundles' parts (no copy, no unpacking): manifests by
-    tag and digest, blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is served as
+    The OCI distribution API straight from the bundles' parts (no copy, no unpacking; a --compress'ed
+    bundle only with --unpack-to): manifests by tag and digest (a tag held for several architectures
+    as an index of them), blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is served as
     ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror requests
     (hosts.toml), so pods keep their upstream image names. Each bundle must pass `verify --quick`
     and the signature policy first; each blob's digest is checked before it is first served.
@@ -929,10 +934,10 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, signers)
         raise UsageError("--tls-cert and --tls-key go together", hint="give both, or neither for plain HTTP")
     for d in bundle_dirs:
         _bundle_usage(d, None)
-    catalog = open_bundles(bundle_dirs, signers=signers, progress=progress())
+    catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
     settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
     run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
-               log=lambda line: click.echo(line, err=True))
+               log=lambda line: click.echo(line, err=True), unpacked=unpacked)
 
 
 @cli.command()

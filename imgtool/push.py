@@ -12,7 +12,6 @@ Target repository = NAMESPACE + the image's repository path without its registry
 `reg.local:5000/mirror/ascend/vllm-ascend:v1`.
 """
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,9 +19,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .bundle.format import BundleImage
+from .bundle.layout import platform_index
 from .bundle.reader import BlobReader, read_index
 from .errors import ImgtoolError, RegistryError, UsageError
-from .model import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, Digest, format_size
+from .model import Digest, format_size
 from .progress import Progress
 from .registry import RegistryClient
 
@@ -233,8 +233,8 @@ def _push_manifest(client: RegistryClient, reader: BlobReader, host: str, repo: 
 
 def _push_index(client: RegistryClient, host: str, repo: str, tag: str, images: List[BundleImage],
                 result: PushResult) -> None:
-    """An index over the platforms of a multi-arch tag, under the tag (build_index)."""
-    media, body = build_index(images)
+    """An index over the platforms of a multi-arch tag, under the tag (layout.platform_index, as `serve` answers it)."""
+    media, body = platform_index(images)
     digest = client.put_manifest(repo, tag, body, media) or Digest.of(body)
     upstream = images[0].index_digest
     result.indexes.append({"target": f"{host}/{repo}:{tag}", "digest": str(digest),
@@ -246,17 +246,6 @@ def _push_index(client: RegistryClient, host: str, repo: str, tag: str, images: 
             f"{digest.short} differs from upstream's {upstream.short} (pull by tag, or by "
             "the platform manifest digests" + (")" if any(im.upstream for im in images) else
                                               ", which are upstream's)"))
-
-
-def build_index(images: List[BundleImage]) -> Tuple[str, bytes]:
-    """An index over the platform manifests of one tag: (media type, bytes). The bundle does not keep
-    the upstream index, so its digest differs from upstream's (other platforms, attestations, spacing)."""
-    docker = all(im.manifest_media_type == DOCKER_MANIFEST for im in images)
-    media = DOCKER_LIST if docker else OCI_INDEX
-    doc = {"schemaVersion": 2, "mediaType": media,
-           "manifests": [{"mediaType": im.manifest_media_type, "digest": str(im.manifest_digest),
-                          "size": im.manifest_size, "platform": im.platform.to_json()} for im in images]}
-    return media, json.dumps(doc, separators=(",", ":")).encode()
 
 
 def _upload(client: RegistryClient, reader: BlobReader, repo: str, digest: Digest, url: Optional[str], bar,

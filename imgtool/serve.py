@@ -1,4 +1,5 @@
-"""`imgtool serve`: a read-only OCI distribution endpoint straight from bundles (no copy, no unpacking).
+"""`imgtool serve`: a read-only OCI distribution endpoint straight from bundles (no copy, no unpacking; a
+compressed bundle only from its archive unpacked once with --unpack-to).
 
 Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
@@ -11,10 +12,12 @@ it runs from imgtool.pyz on Python 3.7.
 """
 
 import json
+import os
 import re
 import signal
 import socket
 import ssl
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,15 +26,15 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from . import __version__
 from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
-from .bundle.inplace import InPlaceBlobs
+from .bundle.inplace import InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
 from .errors import BlobDamaged, Interrupted, UsageError
-from .model import Digest
+from .model import Digest, format_size
 from .progress import Progress
 
 MAX_CLIENTS = 64  # connections served at once; more wait in the listen backlog
@@ -69,24 +72,33 @@ def parse_listen(text: str) -> Tuple[str, int]:
     return m.group("v6") or m.group("host") or "0.0.0.0", int(m.group("port"))
 
 
-def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress) -> Catalog:
-    """Each bundle read, refused when compressed, then checked as `verify --quick` does under the signature
-    policy; raises UsageError (not a bundle, compressed), VerifyError/SignatureError (refused)."""
+def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress,
+                 unpack_to: Optional[Path] = None) -> Tuple[Catalog, Dict[int, Path]]:
+    """Each bundle read, then checked as `verify --quick` does under the signature policy; a compressed one
+    unpacked into `unpack_to` (refused without it). The catalog, and each compressed bundle's unpacked archive;
+    raises UsageError (not a bundle, compressed without --unpack-to), VerifyError/SignatureError (refused),
+    ImgtoolError (no room to unpack)."""
     indexes = []
     for d in dirs:
         index, _ = read_index(Path(d))
-        if index.archive.compression != "none":
+        if index.archive.compression != "none" and unpack_to is None:
             raise UsageError(f"cannot serve {d}: it is a {index.archive.compression}-compressed bundle, whose blobs "
                              "cannot be read in place; nothing is served",
-                             hint="fetch (or export) the bundle without --compress to serve it; `imgtool load` "
-                                  "takes it as it is")
+                             hint=f"serve it with --unpack-to DIR (unpacked once there: "
+                                  f"{format_size(index.archive.tar_size)}), or fetch it without --compress")
         indexes.append(index)
+    if unpack_to is not None and any(index.archive.compression != "none" for index in indexes):
+        require_unpack_dir(unpack_to)
     for d in dirs:
         report = verify_bundle(Path(d), quick=True, progress=progress, signers=signers, doing="serve")
         for w in report.warnings:
             progress.warn(w)
         report.raise_if_bad("serve")
-    return Catalog(indexes)
+    unpacked = {}
+    for b, (d, index) in enumerate(zip(dirs, indexes)):
+        if index.archive.compression != "none" and unpack_to is not None:
+            unpacked[b] = unpack_archive(Path(d), index, unpack_to, progress)
+    return Catalog(indexes), unpacked
 
 
 class _Refusal(Exception):
@@ -227,6 +239,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wait = self.server.settings.timeout
         self.idle = False
         self.request.settimeout(self.wait)
+        # headers and a small body are two writes: with Nagle's algorithm the second waits for the client's delayed
+        # ACK (40 ms per manifest, config and /v2/ on a kept-alive connection); blobs go out in full segments anyway
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().setup()
         self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
 
@@ -300,8 +315,15 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps({"errors": [{"code": r.code, "message": r.message, "detail": {}}]}).encode()
         self._send(r.status, body, head, r.headers)
 
-    def _json(self, obj: dict, head: bool) -> None:
-        self._send(200, json.dumps(obj).encode(), head)
+    def _json(self, obj: dict, head: bool, headers: Sequence[Tuple[str, str]] = ()) -> None:
+        self._send(200, json.dumps(obj).encode(), head, headers)
+
+    def _listing(self, key: str, items: List[str], params: Dict[str, List[str]], head: bool, **fields: str) -> None:
+        """A page of a sorted list (`?n=N&last=X`), with the API's `Link: <…>; rel="next"` while more follow."""
+        page, more = _page(items, params)
+        path = self.path.partition("?")[0]
+        link = [("Link", f'<{path}?n={len(page)}&last={quote(page[-1], safe="/")}>; rel="next"')] if more else []
+        self._json({**fields, key: page}, head, link)
 
     def _route(self, head: bool) -> None:
         if self.command not in ("GET", "HEAD"):
@@ -311,7 +333,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/v2", "/v2/"):
             return self._json({}, head)
         if path == "/v2/_catalog":
-            return self._json({"repositories": _page(self.server.catalog.names(), params)}, head)
+            return self._listing("repositories", self.server.catalog.names(), params, head)
         m = _TAGS.match(path) or _PATH.match(path)
         if not m:
             raise _Refusal(404, "NOT_FOUND", "no such endpoint of the distribution API")
@@ -323,7 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             raise _Refusal(404, "NAME_UNKNOWN", f"repository {name} is not in the bundles served here")
         if "kind" not in m.groupdict():
-            return self._json({"name": name, "tags": _page(sorted(repo.tags), params)}, head)
+            return self._listing("tags", sorted(repo.tags), params, head, name=name)
         if m.group("kind") == "manifests":
             return self._manifest(repo, m.group("ref"), head)
         return self._blob(repo, m.group("ref"), head)
@@ -332,30 +354,33 @@ class _Handler(BaseHTTPRequestHandler):
         if DIGEST.match(ref):
             digest = Digest.parse(ref)
         elif TAG.match(ref):
-            digests = repo.tags.get(ref)
-            if not digests:
+            found = repo.resolve(ref)
+            if found is None:
                 raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no tag {ref} in the bundles served here")
-            if len(digests) > 1:
-                raise _Refusal(404, "MANIFEST_UNKNOWN",
-                               f"{repo.name}:{ref} is held for {len(digests)} platforms and the bundle keeps no "
-                               "index to serve under the tag: pull a platform by digest "
-                               f"({', '.join(f'{repo.manifests[d].platform} {d}' for d in digests)})")
-            digest = digests[0]
+            digest = found
         else:
             raise _Refusal(400, "DIGEST_INVALID" if ":" in ref else "TAG_INVALID", "invalid tag or digest")
         manifest = repo.manifests.get(digest)
+        if manifest is None and digest in repo.upstream:
+            tag = repo.upstream[digest]
+            raise _Refusal(404, "MANIFEST_UNKNOWN",
+                           f"{repo.name}@{digest} is upstream's index of tag {tag}, which the bundles do not keep "
+                           f"(they hold its platform manifests): pull {repo.name}:{tag} (here {repo.resolve(tag)}), "
+                           "or a platform manifest by digest")
         blob = self.server.catalog.blobs.get(digest)
-        if manifest is None or blob is None:
+        if manifest is None or (blob is None and manifest.data is None):
             raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no manifest {digest} in the bundles served here")
         headers = [("Docker-Content-Digest", str(digest)), ("Etag", f'"{digest}"')]
         if head:
+            size = blob.size if blob is not None else len(manifest.data or b"")
             self.send_response(200)
-            for k, v in [API_VERSION, ("Content-Type", manifest.media_type),
-                         ("Content-Length", str(blob.size))] + headers:
+            for k, v in [API_VERSION, ("Content-Type", manifest.media_type), ("Content-Length", str(size))] + headers:
                 self.send_header(k, v)
             self.end_headers()
             return
-        self._send(200, self.server.parts.read(blob), False, headers, manifest.media_type)
+        # a generated index is a function of bundle.json, which verify checked; a manifest is read and checked
+        data = self.server.parts.read(blob) if blob is not None else manifest.data or b""
+        self._send(200, data, False, headers, manifest.media_type)
 
     def _blob(self, repo: Repository, ref: str, head: bool) -> None:
         if not DIGEST.match(ref):
@@ -380,11 +405,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._sendfile(blob, start, end)
 
     def _sendfile(self, blob: Blob, start: int, end: int) -> None:
-        """The bytes from the part files with sendfile (one call per part the range crosses)."""
+        """The bytes from the part files with sendfile (one call per part the range crosses); over TLS, which
+        sendfile cannot encrypt, copied in 1 MiB pieces (socket.sendfile's fallback sends 8 KiB at a time)."""
         parts = self.server.parts
         for span in self.server.catalog.spans(blob, start, end):
             with parts.open(blob, span.part) as f:
-                n = self.connection.sendfile(f, span.offset, span.length)
+                if isinstance(self.connection, ssl.SSLSocket):
+                    n = _copy(f, self.connection, span.offset, span.length)
+                else:
+                    n = _sendfile(f, self.connection, span.offset, span.length, self.wait)
             self.sent += n
             if n != span.length:  # the part shrank under us: the answer is cut, the client sees it short
                 self.close_connection = True
@@ -392,13 +421,57 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
-def _page(items: List[str], params: Dict[str, List[str]]) -> List[str]:
-    """`?last=X&n=N` pagination of a sorted list, as the distribution API's."""
+def _sendfile(f, conn: socket.socket, offset: int, length: int, timeout: float) -> int:
+    """`length` bytes of file `f` from `offset` sent on `conn` by the kernel: how many (fewer: the file ended);
+    raises socket.timeout when the client took nothing for `timeout` seconds.
+
+    socket.sendfile on a socket with a timeout (non-blocking underneath) sends what fits in the socket buffer, then
+    polls, then wakes a Python thread to send the next piece: on a loaded host each wakeup waits for the CPU and the
+    GIL. Blocking sendfile with SO_SNDTIMEO lets the kernel send the whole span in one call, the timeout its own."""
+    seconds = int(timeout)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                    struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
+    conn.settimeout(None)
+    sent = 0
+    try:
+        while sent < length:
+            try:
+                n = os.sendfile(conn.fileno(), f.fileno(), offset + sent, length - sent)
+            except BlockingIOError:  # SO_SNDTIMEO passed without a byte taken
+                raise socket.timeout("timed out") from None
+            if n == 0:
+                break
+            sent += n
+    finally:
+        conn.settimeout(timeout)
+    return sent
+
+
+def _copy(f, conn: socket.socket, offset: int, length: int) -> int:
+    """`length` bytes of file `f` from `offset` sent on `conn` through one 1 MiB buffer: how many (fewer: the file
+    ended)."""
+    buf = bytearray(min(length, 1 << 20) or 1)
+    view = memoryview(buf)
+    f.seek(offset)
+    sent = 0
+    while sent < length:
+        n = f.readinto(view[:min(length - sent, len(buf))])
+        if not n:
+            break
+        conn.sendall(view[:n])
+        sent += n
+    return sent
+
+
+def _page(items: List[str], params: Dict[str, List[str]]) -> Tuple[List[str], bool]:
+    """`?last=X&n=N` pagination of a sorted list, as the distribution API's: the page, and whether more follow."""
     last = params.get("last", [None])[-1]
     if last is not None:
         items = [x for x in items if x > last]
     n = params.get("n", [""])[-1]
-    return items[:int(n)] if n.isdigit() else items
+    if not n.isdigit():
+        return items, False
+    return items[:int(n)], 0 < int(n) < len(items)
 
 
 def _printable(text: str, limit: int = 300) -> str:
@@ -417,11 +490,11 @@ def _interrupt(signum, frame) -> None:
 
 
 def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Callable[[str], None],
-          log: Callable[[str], None]) -> Served:
+          log: Callable[[str], None], unpacked: Optional[Dict[int, Path]] = None) -> Served:
     """Answer the distribution API from the catalog's bundles until Ctrl-C or SIGTERM; raises UsageError (cannot
     listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
     started = time.monotonic()
-    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog), log)
+    server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog, unpacked), log)
     old = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
         old = signal.signal(signal.SIGTERM, _interrupt)
@@ -437,13 +510,16 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
             if index.is_delta:
                 say(f"note: {d} is a delta bundle: the {len(index.omitted_chains())} layers it leaves out are not "
                     "served; only nodes that hold them already can pull its images")
+        for b, path in sorted((unpacked or {}).items()):
+            say(f"note: {dirs[b]} is {catalog.indexes[b].archive.compression}-compressed: served from its archive "
+                f"unpacked into {path}")
         for conflict in catalog.conflicts:
             say(f"note: {conflict} differs between the bundles: the first bundle's is served")
         for repo in catalog.repositories.values():
-            for tag, digests in repo.tags.items():
-                if len(digests) > 1:
-                    say(f"note: {repo.name}:{tag} is held for {len(digests)} platforms and the bundle keeps no index: "
-                        "nodes pull it by digest")
+            for tag, digest in sorted(repo.indexes.items()):
+                platforms = ", ".join(repo.manifests[d].platform for d in repo.tags[tag])
+                say(f"note: {repo.name}:{tag} is served as an index of the {len(repo.tags[tag])} platforms the "
+                    f"bundle holds ({platforms}): {digest}, not upstream's digest")
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         server.stop()  # first: the requests cut short are logged and counted

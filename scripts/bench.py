@@ -129,6 +129,43 @@ def run(cmd, env=None, cwd=None, shell=False, check=True, rss=False) -> Result:
     return Result(seconds, usage_kb, p.returncode, out)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A kB value of /proc/PID/status (VmHWM, VmRSS)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def listener_pid(port: int) -> Optional[int]:
+    """The process listening on a loopback TCP port (the registry), found through /proc; None when not ours to see."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f[9])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
 def imgtool_cmd() -> List[str]:
     exe = Path(sys.executable).with_name("imgtool")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "imgtool"]
@@ -787,33 +824,31 @@ class Bench:
         return Result(seconds, 0, max(r.rc for r in done), "")
 
     def serve_pulls(self) -> None:
-        """1/4/8 pulls at once from `imgtool serve` and from the registry, alternating; the server's CPU seconds
-        (user + sys, from /proc) per batch and its peak RSS go to self.cpu and self.rss."""
+        """1/4/8 pulls at once from `imgtool serve` and from the registry, alternating; each server's CPU seconds
+        (user + sys, from /proc) per batch go to self.cpu, serve's peak RSS and the registry's RSS to self.rss."""
         proc, hostport = self.serve_start()
-        ticks = os.sysconf("SC_CLK_TCK")
+        registry_pid = listener_pid(int(self.env.registry.rsplit(":", 1)[1]))
 
-        def cpu() -> float:
-            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks
-
-        def timed_serve(n: int) -> Result:
-            before = cpu()
-            res = self.pulls(hostport, n)
-            self.cpu.setdefault(f"pull{n}.serve", []).append(cpu() - before)
+        def timed(n: int, key: str, pid: Optional[int], where: str) -> Result:
+            before = cpu_seconds(pid) if pid else 0.0
+            res = self.pulls(where, n)
+            if pid:
+                self.cpu.setdefault(key, []).append(cpu_seconds(pid) - before)
             return res
 
         try:
             self.pulls(hostport, 1)  # untimed: each blob's digest is checked once, when first served
             self.pulls(self.env.registry, 1)
             for n in SERVE_PULLS:
-                self.alternate([(f"pull{n}.serve", lambda n=n: timed_serve(n), False),
-                                (f"pull{n}.registry", lambda n=n: self.pulls(self.env.registry, n), False)],
+                self.alternate([(f"pull{n}.serve", lambda n=n: timed(n, f"pull{n}.serve", proc.pid, hostport), False),
+                                (f"pull{n}.registry", lambda n=n: timed(n, f"pull{n}.registry", registry_pid,
+                                                                        self.env.registry), False)],
                                self.args.runs)
-            for line in open(f"/proc/{proc.pid}/status"):
-                if line.startswith("VmHWM:"):
-                    self.rss.setdefault("serve", []).append(int(line.split()[1]))
+            self.rss.setdefault("serve", []).append(proc_status(proc.pid, "VmHWM"))
+            if registry_pid:  # its peak would be its pushes': what it holds after the pulls
+                self.rss.setdefault("registry", []).append(proc_status(registry_pid, "VmRSS"))
         finally:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)  # a background job ignores SIGINT; serve stops on SIGTERM as on Ctrl-C
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -879,6 +914,9 @@ class Bench:
             return
         if a.only_constrained:
             self.run_constrained()
+            return
+        if a.only_serve:
+            self.serve_pulls()
             return
         fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
                     ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
@@ -1105,7 +1143,7 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
     for n in SERVE_PULLS:
         target(f"{n} pull(s) at once from serve: throughput ≥ the registry's", ratio(f"pull{n}.registry", f"pull{n}.serve"),
                lambda v: v >= 1.0, "{:.2f}× the registry's")
-    peak = max([max(v) for k, v in b.rss.items() if k != "serve"] + list(small_rss.values()) or [0]) * 1024 / MB
+    peak = max([max(v) for k, v in b.rss.items() if k not in ("serve", "registry")] + list(small_rss.values()) or [0]) * 1024 / MB
     target("peak RSS ≤ 100 MB at both sizes", peak, lambda v: v <= 100, "{:.1f} MB max")
 
     def over(keys):
@@ -1133,15 +1171,18 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "The kept bundle served by `imgtool serve` on loopback (plain HTTP); the same arm64 image pulled from the "
               "distribution registry (`docker-registry`, filesystem storage, page cache warm) through its two-arch "
               "manifest list. One untimed pull from each first (serve checks each blob's digest when it first "
-              "serves it). CPU: the server process's user + system seconds per batch (from /proc), median.", "",
-              "| pulls at once | serve MB/s | registry MB/s | serve CPU s | serve peak RSS |", "|---:|---:|---:|---:|---:|"]
+              "serves it). serve / registry: the registry's median time over serve's (above 1: serve is faster). CPU: each "
+              "server process's user + system seconds per batch (from /proc; the registry found by its port), median. "
+              "RSS: serve's peak; the registry's after the pulls (its peak is its pushes').", "",
+              "| pulls at once | serve MB/s | registry MB/s | serve / registry | serve CPU s | registry CPU s | "
+              "serve peak RSS | registry RSS |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in SERVE_PULLS:
         s_t, r_t = med(b, f"pull{n}.serve"), med(b, f"pull{n}.registry")
-        c = b.cpu.get(f"pull{n}.serve")
-        rss = max(b.rss.get("serve", [0]))
-        lines.append(f"| {n} | {n * csize / MB / s_t:.0f} | {n * csize / MB / r_t:.0f} | "
-                     f"{statistics.median(c):.2f} | {rss / 1024:.0f} MiB |" if s_t and r_t and c else
-                     f"| {n} | skipped | | | |")
+        c, rc = b.cpu.get(f"pull{n}.serve"), b.cpu.get(f"pull{n}.registry")
+        rss, r_rss = max(b.rss.get("serve", [0])), max(b.rss.get("registry", [0]))
+        lines.append(f"| {n} | {n * csize / MB / s_t:.0f} | {n * csize / MB / r_t:.0f} | {r_t / s_t:.2f} | "
+                     f"{statistics.median(c):.2f} | {statistics.median(rc) if rc else 0:.2f} | {rss / 1024:.0f} MiB | "
+                     f"{r_rss / 1024:.0f} MiB |" if s_t and r_t and c else f"| {n} | skipped | | | | | | |")
     lines += ["", "## Peak memory (RSS) of imgtool", "",
               f"Two image sizes: {compressed_size(small_meta) / MB:.0f} MB and {csize / MB:.0f} MB compressed "
               "(the big one: the maximum over the timed runs above).", "",
@@ -1205,6 +1246,9 @@ def main(argv=None) -> int:
                         "--docker-pull); no memory check at the small size")
     p.add_argument("--docker-pull", action=argparse.BooleanOptionalAction, default=True,
                    help="time docker pull on the constrained link (slow)")
+    p.add_argument("--only-serve", action="store_true",
+                   help="only serve: 1, 4 and 8 pulls from imgtool serve against the registry (the bundle fetched "
+                        "once, untimed); no memory check at the small size")
     p.add_argument("--seed", default="bench1")
     args = p.parse_args(argv)
     if args.quick:
@@ -1229,7 +1273,7 @@ def main(argv=None) -> int:
         small_rss: Dict[str, int] = {}
         sb = Bench(args, env, small_meta, f"{ns}/vllm-ascend-small")
         try:
-            if not args.only_load and not args.only_constrained:
+            if not (args.only_load or args.only_constrained or args.only_serve):
                 log("memory at the small size")
                 small_rss = sb.run_small()
         finally:

@@ -51,3 +51,21 @@ def test_valid_names():
     for bad in ("", "..", "../etc/passwd", "a/../b", "/etc/passwd", "a//b", "a/b/", "%2e%2e/x", "a b", "a/.hidden",
                 "a\x00b", "A" * 600):
         assert not valid_name(bad), bad
+
+
+def test_a_compressed_bundles_blobs_are_spans_of_its_unpacked_archive(factory, tmp_path):
+    import gzip
+
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=2)
+    out = tmp_path / "b"
+    write(out, [store.pulled(image, "quay.io/ascend/vllm-ascend:v1")], store, chunk_size=700 * 1024, compress="gzip")
+    index, _ = read_index(out)
+    assert len(index.parts) > 1
+    tar = gzip.decompress(b"".join((out / p.name).read_bytes() for p in index.parts))
+    catalog = Catalog([index])
+    for digest, data in image.blobs().items():
+        blob = next(b for d, b in catalog.blobs.items() if str(d) == digest)
+        assert [(s.part, s.length) for s in catalog.spans(blob)] == [(0, len(data))]
+        span = catalog.spans(blob)[0]
+        assert tar[span.offset:span.offset + span.length] == data

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -23,9 +24,11 @@ from typing import List, Optional
 import pytest
 import requests
 
+from imgtool import serve
 from imgtool.bundle.catalog import Catalog
+from imgtool.bundle.inplace import InPlaceBlobs
 from imgtool.bundle.reader import read_index
-from imgtool.model import OCI_MANIFEST, Digest
+from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest, format_size
 from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
@@ -251,10 +254,12 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     write(packed, [store.pulled(vllm, f"{REPO}:v1")], store, compress="gzip")
     r = imgtool("serve", str(packed), "--listen", "127.0.0.1:0")
     assert r.returncode == 2
+    tar_size = read_index(packed)[0].archive.tar_size
     assert r.stderr.splitlines() == [
         f"error: cannot serve {packed}: it is a gzip-compressed bundle, whose blobs cannot be read in place; "
         "nothing is served",
-        "hint: fetch (or export) the bundle without --compress to serve it; `imgtool load` takes it as it is"]
+        f"hint: serve it with --unpack-to DIR (unpacked once there: {format_size(tar_size)}), or fetch it without "
+        "--compress"]
 
     plain = tmp_path / "plain"
     write(plain, [store.pulled(vllm, f"{REPO}:v1")], store)
@@ -285,6 +290,62 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     r = imgtool("serve", str(plain), "--listen", "localhost")
     assert (r.returncode, r.stderr.splitlines()) == (
         2, ["error: invalid --listen 'localhost': expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000"])
+
+
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_a_compressed_bundle_is_served_from_its_archive_unpacked_once(compress, factory, serving, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=3)
+    out = tmp_path / "packed"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store, compress=compress, chunk_size=700 * 1024)
+    index, _ = read_index(out)
+    cache = tmp_path / "unpacked"
+    r = imgtool("serve", str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert (r.returncode, r.stderr.splitlines()) == (2, [f"error: --unpack-to {cache} is not a directory",
+                                                         "hint: create it, on a disk with room for the unpacked archive"])
+    cache.mkdir()
+    unpacked = cache / f"{index.archive.sha256}.tar"
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v1"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: {out} is {compress}-compressed: served from its archive unpacked into {unpacked}")
+    assert unpacked.stat().st_size == index.archive.tar_size and [p.name for p in cache.iterdir()] == [unpacked.name]
+    r = skopeo_copy(f"{s.hostport}/ascend/vllm-ascend:v1", tmp_path / "oci", "--src-tls-verify=false")
+    assert r.returncode == 0, r.stderr
+    layers = {x.digest.split(":")[1]: x.size for x in image.layers}
+    assert layers.items() <= oci_blobs(tmp_path / "oci")["blobs"].items()
+    assert s.stop().returncode == 130
+
+    # the next start takes the unpacked archive as it is; a blob damaged in it is refused per request, never served
+    inode = unpacked.stat().st_ino
+    layer = image.layers[1]
+    blob = Catalog([index]).blobs[Digest.parse(layer.digest)]
+    os.chmod(unpacked, 0o644)
+    with open(unpacked, "r+b") as f:
+        f.seek(blob.start + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert unpacked.stat().st_ino == inode
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{layer.digest}")
+    assert (r.status_code, errors(r)) == (500, ["UNKNOWN"])
+    assert r.json()["errors"][0]["message"] == (
+        f"layer 2 of {REPO}:v1 (blob {layer.digest[7:19]}) is damaged in the unpacked archive {unpacked} of {out}: "
+        "its sha256 differs from its digest; it is not served")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{image.layers[0].digest}")
+    assert hashlib.sha256(r.content).hexdigest() == image.layers[0].digest.split(":")[1]
+    s.stop()
+
+    # a part damaged in the bundle: refused at start (verify --quick), nothing unpacked
+    unpacked.unlink()
+    part = parts_of(out)[0]
+    data = bytearray(part.read_bytes())
+    data[-1] ^= 0xFF
+    part.write_bytes(bytes(data))
+    r = imgtool("serve", str(out), "--listen", "127.0.0.1:0", "--unpack-to", str(cache))
+    assert (r.returncode, r.stdout, list(cache.iterdir())) == (3, "", [])
+    assert r.stderr.splitlines()[-2] == f"error: refusing to serve: {out}: 1 problem; nothing is served"
 
 
 def test_a_part_damaged_while_served_is_refused_per_request_never_served_wrong(bundle, serving):
@@ -395,6 +456,14 @@ def test_over_tls_with_the_test_ca(bundle, serving, services, tmp_path):
     r = skopeo_copy(f"{s.hostport}/ascend/cann:8.2", tmp_path / "oci2")  # no CA: refused by the client
     assert r.returncode != 0 and "x509" in r.stderr
     assert requests.get(f"{s.url}/v2/", verify=services.tls_ca).status_code == 200
+    # over TLS blobs are copied, not sendfile'd: whole, and a range, across two parts
+    vllm = bundle[1]
+    layer = crossing_layer(out, vllm)
+    data = vllm.blobs()[layer]
+    url = f"{s.url}/v2/ascend/vllm-ascend/blobs/{layer}"
+    assert requests.get(url, verify=services.tls_ca).content == data
+    r = requests.get(url, verify=services.tls_ca, headers={"Range": f"bytes=3-{len(data) - 2}"})
+    assert (r.status_code, r.content) == (206, data[3:-1])
 
 
 # Docker's containerd image store (26.1-containerd) does not take loopback registries as insecure by default;
@@ -526,24 +595,110 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
 
 
-def test_a_tag_held_for_several_architectures_is_served_by_digest(factory, serving, tmp_path):
-    store = BlobDir(tmp_path / "blobs")
-    amd, arm = factory.image("amd64", layers=1), factory.image("arm64", layers=1)
-    out = tmp_path / "bundle"
-    write(out, [store.pulled(amd, f"{REPO}:v3"), store.pulled(arm, f"{REPO}:v3")], store)
+@pytest.fixture
+def two_arch(services, factory, mirrored, tmp_path):
+    """A tag published upstream as a Docker manifest list over amd64 and arm64, fetched as users do
+    (`fetch --arch amd64,arm64`), served: (server factory args, bundle, the upstream index, the repo path)."""
+    idx = factory.multiarch(("amd64", "arm64"), layers=2, media="docker")
+    ms = mirrored(idx, tag="v3", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "both"
+    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out),
+                "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx, ms.repo
+
+
+def served_index(idx) -> bytes:
+    """The index serve answers under the tag: a manifest list over the platforms the bundle holds, the same bytes
+    `imgtool push` publishes."""
+    return json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": [
+        {"mediaType": im.manifest_media_type, "digest": im.manifest_digest, "size": len(im.manifest_bytes),
+         "platform": {"os": "linux", "architecture": im.architecture,
+                      **({"variant": "v8"} if im.architecture == "arm64" else {})}}
+        for im in idx.images]}, separators=(",", ":")).encode()
+
+
+def test_a_tag_held_for_several_architectures_is_served_as_an_index(two_arch, serving, tmp_path):
+    out, idx, repo = two_arch
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    assert s.proc.stdout.readline().rstrip("\n") == f"  {REPO}: v3"
+    body = served_index(idx)
+    digest = str(Digest.of(body))
+    assert s.proc.stdout.readline().rstrip("\n") == f"  quay.io/{repo}: v3"
     assert s.proc.stdout.readline().rstrip("\n") == (
-        f"note: {REPO}:v3 is held for 2 platforms and the bundle keeps no index: nodes pull it by digest")
-    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/v3")
+        f"note: quay.io/{repo}:v3 is served as an index of the 2 platforms the bundle holds (linux/amd64, "
+        f"linux/arm64/v8): {digest}, not upstream's digest")
+    for ref in ("v3", digest):
+        r = requests.get(f"{s.url}/v2/{repo}/manifests/{ref}")
+        assert (r.status_code, r.content, r.headers["Content-Type"], r.headers["Docker-Content-Digest"]) == \
+            (200, body, DOCKER_LIST, digest)
+        h = requests.head(f"{s.url}/v2/{repo}/manifests/{ref}?ns=quay.io")
+        assert (h.status_code, h.headers["Docker-Content-Digest"], int(h.headers["Content-Length"]), h.content) == \
+            (200, digest, len(body), b"")
+    for image in idx.images:
+        r = requests.get(f"{s.url}/v2/{repo}/manifests/{image.manifest_digest}")
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+    # upstream's index digest (a Pod pinned by it): the bundle does not keep those bytes; the 404 says what to pull
+    r = requests.get(f"{s.url}/v2/{repo}/manifests/{idx.manifest_digest}")
     assert (r.status_code, errors(r)) == (404, ["MANIFEST_UNKNOWN"])
     assert r.json()["errors"][0]["message"] == (
-        f"{REPO}:v3 is held for 2 platforms and the bundle keeps no index to serve under the tag: pull a platform "
-        f"by digest (linux/amd64 {amd.manifest_digest}, linux/arm64/v8 {arm.manifest_digest})")
-    for image in (amd, arm):
-        r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/manifests/{image.manifest_digest}")
-        assert (r.status_code, r.content) == (200, image.manifest_bytes)
-    assert requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list").json()["tags"] == ["v3"]
+        f"quay.io/{repo}@{idx.manifest_digest} is upstream's index of tag v3, which the bundles do not keep (they "
+        f"hold its platform manifests): pull quay.io/{repo}:v3 (here {digest}), or a platform manifest by digest")
+
+    # skopeo: every platform (--all) into a dir: (which keeps manifests as served; oci: would convert the Docker
+    # manifests), one platform by --override-arch; digests are the bundle's (the platforms' upstream's)
+    r = subprocess.run(["skopeo", "copy", "--retry-times", "0", "--all", "--src-tls-verify=false",
+                        f"docker://{s.hostport}/{repo}:v3", f"dir:{tmp_path / 'all'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "all" / "manifest.json").read_bytes() == body
+    for image in idx.images:
+        assert (tmp_path / "all" / f"{image.manifest_digest[7:]}.manifest.json").read_bytes() == image.manifest_bytes
+    blobs = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "all").iterdir()
+             if "manifest" not in p.name and p.name != "version"}
+    assert blobs == {d[7:]: d[7:] for im in idx.images for d in im.blobs() if d != im.manifest_digest}
+    r = subprocess.run(["skopeo", "--override-arch", "arm64", "copy", "--retry-times", "0", "--src-tls-verify=false",
+                        f"docker://{s.hostport}/{repo}:v3", f"oci:{tmp_path / 'arm'}:pulled"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    arm = idx.image("arm64")
+    assert {x.digest.split(":")[1] for x in arm.layers} <= set(oci_blobs(tmp_path / "arm")["blobs"])
+    assert s.stop().returncode == 130
+
+
+@pytest.mark.parametrize("engine", ["20.10", "26.1"], indirect=True)
+def test_docker_pulls_its_platform_of_a_two_arch_tag(two_arch, serving, docker_cli, docker_cleanup):
+    out, idx, repo = two_arch
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    ref = f"{s.hostport}/{repo}:v3"
+    mine = idx.image(host_arch())
+    docker_cleanup.image(ref, mine.config_digest)
+    docker_cli("pull", ref)  # the engine's own platform, by tag
+    assert docker_cli.holds(ref, mine)
+
+
+@pytest.mark.parametrize("arch", ["amd64", "arm64"])
+def test_containerd_pulls_a_platform_of_a_two_arch_tag_through_the_mirror(two_arch, arch, services, serving,
+                                                                          tmp_path):
+    out, idx, repo = two_arch
+    node = ContainerdNode("containerd-1.7", services)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    ref = f"quay.io/{repo}:v3"
+    node.removals.append(ref)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), "--platform", f"linux/{arch}", ref, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[1:3] for row in node.refs() if row[0] == ref] == [[DOCKER_LIST, str(Digest.of(served_index(idx)))]]
+        manifest = idx.image(arch).manifest_digest
+        assert any(f"/v2/{repo}/manifests/{manifest}?ns=quay.io 200" in line for line in s.log()), s.log()
+    finally:
+        assert node.cleanup() == []
 
 
 def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serving, tmp_path):
@@ -558,3 +713,52 @@ def test_a_delta_bundle_is_served_without_the_layers_it_leaves_out(factory, serv
     assert (r.status_code, errors(r)) == (404, ["BLOB_UNKNOWN"])
     r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/blobs/{new.layers[2].digest}")
     assert hashlib.sha256(r.content).hexdigest() == new.layers[2].digest.split(":")[1]
+
+
+def test_every_connection_sends_without_nagles_delay(bundle):
+    """TCP_NODELAY on every connection: an answer written as headers, then body, is not held back (Nagle's
+    algorithm waiting for the client's delayed ACK: 40 ms for each manifest and config on a kept-alive connection,
+    what made 1 and 4 pulls slower than the distribution registry's). In process: the option is on the server's
+    side of the socket."""
+    out, _, _ = bundle
+    index, _ = read_index(out)
+    catalog = Catalog([index])
+    server = serve._Server(serve.Settings(host="127.0.0.1", port=0), catalog, InPlaceBlobs([out], catalog),
+                           lambda line: None)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=60) as c:
+            c.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while not got.endswith(b"\r\n\r\n{}"):
+                chunk = c.recv(4096)
+                assert chunk, got
+                got += chunk
+            with server.active_lock:
+                held = list(server.active)
+            assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in held] == [1]
+    finally:
+        server.shutdown()
+        server.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+
+
+def test_tags_and_catalog_pages_say_where_the_next_one_is(factory, serving, tmp_path):
+    """`?n=` pages carry the distribution API's `Link: <…>; rel="next"` while more follow, so clients that page
+    (skopeo list-tags, crane ls) get every tag."""
+    store = BlobDir(tmp_path / "blobs")
+    image = factory.image(host_arch(), layers=1)
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:{tag}") for tag in ("a", "b", "c")], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list?n=2")
+    assert (r.json()["tags"], r.headers["Link"]) == (["a", "b"], '</v2/ascend/vllm-ascend/tags/list?n=2&last=b>; rel="next"')
+    r = requests.get(f"{s.url}/v2/ascend/vllm-ascend/tags/list?n=2&last=b")
+    assert (r.json()["tags"], "Link" in r.headers) == (["c"], False)
+    r = requests.get(f"{s.url}/v2/_catalog?n=1")
+    assert (r.json()["repositories"], "Link" in r.headers) == (["ascend/vllm-ascend"], False)
+    r = subprocess.run(["skopeo", "list-tags", "--tls-verify=false", f"docker://{s.hostport}/ascend/vllm-ascend"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["Tags"] == ["a", "b", "c"], r.stderr

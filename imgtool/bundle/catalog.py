@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model import OCI_MANIFEST, Digest
 from . import layout
-from .format import BundleIndex
+from .format import BundleImage, BundleIndex
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -55,9 +55,13 @@ class Blob:
 
 @dataclass(frozen=True)
 class Manifest:
+    """A manifest a repository answers: a platform manifest the parts hold, or (`data`) the index over the
+    platforms of a tag held for several, generated from bundle.json (layout.platform_index)."""
+
     digest: Digest
     media_type: str
-    platform: str
+    platform: str  # "index" for a generated index
+    data: Optional[bytes] = None
 
 
 @dataclass
@@ -69,6 +73,15 @@ class Repository:
     tags: Dict[str, List[Digest]] = field(default_factory=dict)  # several: one per platform of a multi-arch tag
     manifests: Dict[Digest, Manifest] = field(default_factory=dict)
     blobs: set = field(default_factory=set)  # digests of its configs, layers and manifests
+    indexes: Dict[str, Digest] = field(default_factory=dict)  # a tag held for several platforms -> its index
+    upstream: Dict[Digest, str] = field(default_factory=dict)  # upstream's index digest -> the tag it was
+
+    def resolve(self, tag: str) -> Optional[Digest]:
+        """The manifest a tag names: its platform manifest, or the index over its platforms; None: no such tag."""
+        digests = self.tags.get(tag)
+        if not digests:
+            return None
+        return self.indexes[tag] if len(digests) > 1 else digests[0]
 
     @property
     def name(self) -> str:
@@ -76,7 +89,7 @@ class Repository:
 
 
 class Catalog:
-    """The repositories, and every blob's place, of one or more uncompressed bundles (the first wins a digest)."""
+    """The repositories, and every blob's place, of one or more bundles (the first wins a digest)."""
 
     def __init__(self, indexes: Sequence[BundleIndex]):
         self.indexes = list(indexes)
@@ -84,21 +97,25 @@ class Catalog:
         self.blobs: Dict[Digest, Blob] = {}
         self.conflicts: List[str] = []  # tags two bundles hold differently: the first bundle's is served
         self._starts: List[List[int]] = []
+        self._sizes: List[List[int]] = []  # each bundle's files the blobs lie in: its parts, or its unpacked archive
         for b, index in enumerate(self.indexes):
             self._add(b, index)
 
     def _add(self, b: int, index: BundleIndex) -> None:
+        # a compressed bundle is served from its archive unpacked into one file (inplace.unpack_archive): one "part"
+        sizes = [p.size for p in index.parts] if index.archive.compression == "none" else [index.archive.tar_size]
         starts, pos = [], 0
-        for part in index.parts:
+        for size in sizes:
             starts.append(pos)
-            pos += part.size
+            pos += size
         self._starts.append(starts)
+        self._sizes.append(sizes)
         placed, _ = layout.place(layout.members(index.images, index.legacy_names))
         for p in placed:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,
                                                    p.member.media_type)
-        seen: Dict[Tuple[str, str, str], List[Digest]] = {}
+        seen: Dict[Tuple[str, str, str], List[BundleImage]] = {}
         for image in index.images:
             ref = image.image_ref
             key = (_registry(ref.registry), ref.repository)
@@ -113,13 +130,22 @@ class Catalog:
             repo.blobs.add(image.image_id)
             repo.blobs.update(x.digest for x in image.layers if not x.omitted)
             if ref.tag:
-                seen.setdefault(key + (ref.tag,), []).append(image.manifest_digest)
-        for (registry, path, tag), digests in seen.items():
+                seen.setdefault(key + (ref.tag,), []).append(image)
+        for (registry, path, tag), images in seen.items():
             repo = self.repositories[(registry, path)]
+            digests = [im.manifest_digest for im in images]
             if tag in repo.tags and repo.tags[tag] != digests:
                 self.conflicts.append(f"{repo.name}:{tag}")
                 continue
             repo.tags[tag] = digests
+            for im in images:
+                if im.index_digest is not None:
+                    repo.upstream.setdefault(im.index_digest, tag)
+            if len(images) > 1:
+                media, data = layout.platform_index(images)
+                digest = Digest.of(data)
+                repo.indexes[tag] = digest
+                repo.manifests.setdefault(digest, Manifest(digest, media, "index", data))
 
     def repository(self, name: str, ns: Optional[str] = None) -> Optional[Repository]:
         """The repository a request names: `ascend/vllm-ascend` (with containerd's `?ns=quay.io`, or alone when
@@ -141,14 +167,15 @@ class Catalog:
                       for registry, path in self.repositories)
 
     def spans(self, blob: Blob, start: int = 0, end: Optional[int] = None) -> List[Span]:
-        """Bytes [start, end) of the blob as pieces of the part files holding them, in order."""
+        """Bytes [start, end) of the blob as pieces of the part files holding them (of a compressed bundle: of its
+        unpacked archive, part 0), in order."""
         end = blob.size if end is None else end
-        index, starts = self.indexes[blob.bundle], self._starts[blob.bundle]
+        sizes, starts = self._sizes[blob.bundle], self._starts[blob.bundle]
         pos, stop = blob.start + start, blob.start + end
         out = []
         i = max(bisect.bisect_right(starts, pos) - 1, 0)
         while pos < stop:
-            part_end = starts[i] + index.parts[i].size
+            part_end = starts[i] + sizes[i]
             n = min(stop, part_end) - pos
             if n > 0:
                 out.append(Span(blob.bundle, i, pos - starts[i], n))

@@ -6,25 +6,102 @@ never handed out. The bytes themselves go out with sendfile from `open`'s file, 
 """
 
 import hashlib
+import io
 import os
+import shutil
 import threading
 from pathlib import Path
-from typing import BinaryIO, Dict, Iterator, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
-from ..errors import BlobDamaged
-from ..fsutil import NotRegularFile, open_regular
-from ..model import Digest
+from ..errors import BlobDamaged, ImgtoolError, UsageError, VerifyError
+from ..fsutil import NotRegularFile, fsync_dir, open_regular, require_regular
+from ..model import Digest, format_size
+from ..progress import Progress
 from .catalog import Blob, Catalog
 from .format import BundleIndex, part_label
+from .reader import HASH_READ, DecodeError, PartsStream, decompressed
+
+
+def unpacked_name(index: BundleIndex) -> str:
+    """The file a compressed bundle's archive is unpacked into: named by the compressed archive's sha256."""
+    return f"{index.archive.sha256}.tar"
+
+
+def require_unpack_dir(into: Path) -> Path:
+    """`into` when it is a directory; raises UsageError."""
+    if not Path(into).is_dir():
+        raise UsageError(f"--unpack-to {into} is not a directory",
+                         hint="create it, on a disk with room for the unpacked archive")
+    return Path(into)
+
+
+def unpack_archive(bundle_dir: Path, index: BundleIndex, into: Path, progress: Progress) -> Path:
+    """A compressed bundle's archive decompressed once into `into` (unpacked_name), each part checked against
+    bundle.json on the way, written atomically; a file already there at the tar's size is taken as it is (every
+    blob is still checked against its digest before it is first served). Raises UsageError (`into` not a
+    directory), ImgtoolError (too little space, cannot write), VerifyError (a part missing or damaged, the
+    stream not decodable or not the tar's size)."""
+    into = require_unpack_dir(into)
+    target = into / unpacked_name(index)
+    try:
+        if require_regular(target).st_size == index.archive.tar_size:
+            return target
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise UsageError(f"cannot use {target}: {e.strerror or e}", hint="remove it") from None
+    free = shutil.disk_usage(str(into)).free
+    if free < index.archive.tar_size:
+        raise ImgtoolError(f"cannot unpack {bundle_dir} into {into}: it needs {format_size(index.archive.tar_size)}, "
+                           f"{format_size(free)} free", hint="give --unpack-to a directory on a disk with room")
+    partial = into / f".{target.name}.{os.getpid()}.partial"
+    written = 0
+    try:
+        with PartsStream(Path(bundle_dir), index, strict=True) as raw, open(partial, "wb") as out, \
+                progress.bar(index.archive.tar_size, f"unpacking {Path(bundle_dir).name}") as bar:
+            stream = decompressed(raw, index.archive.compression)
+            while True:
+                try:
+                    data = stream.read(HASH_READ)
+                except DecodeError as e:
+                    raise VerifyError(f"cannot unpack {bundle_dir}: its archive is {e}",
+                                      hint="run `imgtool verify` on the bundle and re-copy the parts it names") from None
+                if not data:
+                    break
+                written += len(data)
+                if written > index.archive.tar_size:
+                    break
+                out.write(data)
+                bar.update(len(data))
+            raw.drain()
+            if written != index.archive.tar_size:
+                raise VerifyError(f"cannot unpack {bundle_dir}: its archive unpacks to "
+                                  f"{'more than ' if written > index.archive.tar_size else ''}{written} bytes, "
+                                  f"bundle.json says {index.archive.tar_size}",
+                                  hint="run `imgtool verify` on the bundle")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(partial, 0o444)
+        os.replace(partial, target)
+        fsync_dir(into)
+    except OSError as e:
+        raise ImgtoolError(f"cannot unpack {bundle_dir} into {into}: {e.strerror or e}",
+                           hint="give --unpack-to a writable directory with room for the unpacked archive") from None
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return target
 
 
 class InPlaceBlobs:
-    """Blobs read in place from the bundles' part files, each blob's digest checked before it is first served
-    (again when a part holding it changed since: its inode, size, mtime or ctime), a manifest's on every read."""
+    """Blobs read in place from the bundles' part files (a compressed bundle's: from its unpacked archive), each
+    blob's digest checked before it is first served (again when a file holding it changed since: its inode, size,
+    mtime or ctime), a manifest's on every read."""
 
-    def __init__(self, dirs: Sequence[Path], catalog: Catalog):
+    def __init__(self, dirs: Sequence[Path], catalog: Catalog, unpacked: Optional[Dict[int, Path]] = None):
         self.dirs = [Path(d) for d in dirs]
         self.catalog = catalog
+        self.unpacked = dict(unpacked or {})  # bundle -> its archive unpacked, for a compressed bundle
         self._lock = threading.Lock()
         self._locks: Dict[Digest, threading.Lock] = {}
         # digest -> (the stat of its parts when it was checked, whether it matched)
@@ -34,9 +111,15 @@ class InPlaceBlobs:
         return self.catalog.indexes[bundle]
 
     def _path(self, bundle: int, part: int) -> Path:
+        if bundle in self.unpacked:
+            return self.unpacked[bundle]
         return self.dirs[bundle] / self._index(bundle).parts[part].name
 
     def _problem(self, blob: Blob, part: int, what: str) -> BlobDamaged:
+        if blob.bundle in self.unpacked:
+            return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) cannot be served: the unpacked archive "
+                               f"{self.unpacked[blob.bundle]} of {self.dirs[blob.bundle]} {what}",
+                               hint="remove it and start imgtool serve again (it unpacks the bundle anew)")
         index = self._index(blob.bundle)
         label = part_label(part, len(index.parts))
         return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) cannot be served: {label} "
@@ -63,16 +146,36 @@ class InPlaceBlobs:
             stamp = self._stamp(blob)
             known = self._checked.get(blob.digest)
             if known is None or known[0] != stamp:
-                sha = hashlib.sha256()
-                for chunk in self.chunks(blob, 0, blob.size):
-                    sha.update(chunk)
-                known = (stamp, sha.hexdigest() == blob.digest.hex)
+                known = (stamp, self._sha256(blob) == blob.digest.hex)
                 if self._stamp(blob) == stamp:  # a part changing while it was read is checked again next time
                     self._checked[blob.digest] = known
             if not known[1]:
                 raise self._damaged(blob)
 
+    def _sha256(self, blob: Blob) -> str:
+        """The blob's sha256 read from its files into one 1 MiB buffer (fresh 4 MiB reads in every worker thread
+        left tens of MiB in glibc's per-thread arenas); raises BlobDamaged (a file missing or short)."""
+        sha = hashlib.sha256()
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        for span in self.catalog.spans(blob):
+            with self.open(blob, span.part) as f:
+                f.seek(span.offset)
+                left = span.length
+                while left:
+                    n = f.readinto(view[:min(left, len(buf))])
+                    if not n:
+                        raise self._problem(blob, span.part, "is truncated")
+                    sha.update(view[:n])
+                    left -= n
+        return sha.hexdigest()
+
     def _damaged(self, blob: Blob) -> BlobDamaged:
+        if blob.bundle in self.unpacked:
+            return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) is damaged in the unpacked archive "
+                               f"{self.unpacked[blob.bundle]} of {self.dirs[blob.bundle]}: its sha256 differs from its "
+                               "digest; it is not served",
+                               hint="remove it and start imgtool serve again (it unpacks the bundle anew)")
         index = self._index(blob.bundle)
         parts = sorted({s.part for s in self.catalog.spans(blob)})
         where = ", ".join(part_label(p, len(index.parts)) for p in parts)
@@ -93,7 +196,7 @@ class InPlaceBlobs:
                     left -= len(data)
                     yield data
 
-    def open(self, blob: Blob, part: int) -> BinaryIO:
+    def open(self, blob: Blob, part: int) -> io.FileIO:
         try:
             return open_regular(self._path(blob.bundle, part))
         except NotRegularFile as e:

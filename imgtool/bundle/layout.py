@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, OCI_CONFIG, OCI_INDEX,
-                     OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
+from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, OCI_CONFIG,
+                     OCI_INDEX, OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
 from .format import BundleImage
 from .ustar import BLOCK
 from .ustar import header as _ustar_header
@@ -98,6 +98,22 @@ def oci_manifest(image: BundleImage) -> Optional[bytes]:
                     "size": x.size} for x in image.layers],
     }
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def platform_index(images: Sequence[BundleImage]) -> Tuple[str, bytes]:
+    """An index over the platform manifests of one tag held for several platforms: (media type, bytes).
+
+    A Docker manifest list when every platform manifest is Docker v2, else an OCI index. The bundle keeps the
+    platform manifests, not upstream's index, so this one's digest differs from upstream's (upstream lists other
+    platforms, attestations, its own spacing); `push` publishes it under the tag and `serve` answers it there:
+    the same bytes, so the same digest, from both.
+    """
+    docker = all(im.manifest_media_type == DOCKER_MANIFEST for im in images)
+    media = DOCKER_LIST if docker else OCI_INDEX
+    doc = {"schemaVersion": 2, "mediaType": media,
+           "manifests": [{"mediaType": im.manifest_media_type, "digest": str(im.manifest_digest),
+                          "size": im.manifest_size, "platform": im.platform.to_json()} for im in images]}
+    return media, json.dumps(doc, separators=(",", ":")).encode()
 
 
 def oci_descriptor_digest(image: BundleImage) -> Digest:
