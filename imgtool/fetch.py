@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from . import heldblobs, transcode
+from . import gz, heldblobs, transcode
 from .config import MirrorConfig
 from .delta import Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
@@ -48,6 +48,7 @@ class FetchOptions:
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
+    gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
 
@@ -116,6 +117,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
     if opts.layers not in transcode.MODES:
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
+    gzip = gz.compressor(1, opts.gzip_library)
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
     if opts.sign_key:
@@ -166,14 +168,17 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
         # the layers kept as served are checked against their diff_ids while the bundle is written
         check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
+        gzipped = opts.layers == "compat" and any(transcode.changes(im, opts.layers, skip) for im in images)
         if any(transcode.changes(im, opts.layers, skip) for im in images):
             # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
             # each as soon as its blob is downloaded; a gzip image (compat) never comes here
-            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip)
+            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
+                                                gzip=gzip, order=writer.archive_order(images, have))
         if left_out:
             images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
+                                     gzip=gzip, gzipped_layers=gzipped,
                                      have=have, base=base, created=opts.created, extra_files=tool,
                                      verified=pull.stats.fresh, before_seal=check.wait)
     except BaseException:
