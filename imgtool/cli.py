@@ -177,6 +177,10 @@ tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
 sign_key_option = click.option("--sign-key", metavar="KEY",
                                help="Sign bundle.json once the bundle is complete (bundle.json.sig): an SSH private key, "
                                     "or the .pub of a key in ssh-agent.")
+gzip_library_option = click.option(
+    "--gzip-library", type=click.Choice(["auto", "isal", "zlib"]), default="auto", show_default=True,
+    help="What gzips the layers imgtool compresses and a gzip archive: ISA-L (the isal package, several times faster) "
+         "when installed, else zlib; bundle.json records it. zlib rebuilds a bundle made without isal byte for byte.")
 mirror_option = click.option("--mirror", default="auto", show_default=True, metavar="NAME|auto",
                              help="Force one source from mirrors.toml, or probe all and use the healthy ones.")
 
@@ -277,6 +281,7 @@ def _signed_offline_line(bundle_dir) -> str:
               help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
                    "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
                    "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
+@gzip_library_option
 @click.option("--jobs", type=int, default=8, show_default=True,
               help="Connections to each source (a registry and its mirrors are each a source).")
 @click.option("--max-connections", type=int, default=32, show_default=True,
@@ -290,8 +295,8 @@ def _signed_offline_line(bundle_dir) -> str:
 @sign_key_option
 @json_option("result")
 @common
-def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers, jobs,
-          max_connections, force, have, base, tool, sign_key, as_json):
+def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers,
+          gzip_library, jobs, max_connections, force, have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -306,7 +311,8 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     config = _registries(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs,
-                        max_connections=max_connections, force=force, have=have, base=base, tool=tool, layers=layers, sign_key=sign_key,
+                        max_connections=max_connections, force=force, have=have, base=base, tool=tool, layers=layers,
+                        sign_key=sign_key, gzip_library=gzip_library,
                         created=parse_created(created, source_date_epoch()))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if _given(option)}
@@ -329,14 +335,16 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 @click.option("--chunk-size", metavar="SIZE", help=CHUNK_SIZE_HELP)
 @click.option("--compress", type=click.Choice(COMPRESSIONS), default="none", show_default=True,
               help="Compress the whole archive (layers are gzip-compressed anyway).")
-@click.option("--gzip-level", type=int, default=1, show_default=True, help="gzip level for the layers, 1 (fast) to 9 (small).")
+@click.option("--gzip-level", type=int, default=1, show_default=True,
+              help="gzip level for the layers, 1 (fast: ISA-L when installed) to 9 (small); 2-9 are zlib's.")
+@gzip_library_option
 @click.option("--jobs", type=int, default=0, help="Compression threads (default: the CPU count).")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @tool_option
 @sign_key_option
 @json_option("result")
 @common
-def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, sign_key, as_json):
+def export(images, output, chunk_size, compress, gzip_level, gzip_library, jobs, force, tool, sign_key, as_json):
     """Write a bundle from images already in the local Docker (for users who pulled with docker).
 
     IMAGES are names as `docker images` shows them (or IDs of tagged images). Layers arrive
@@ -348,7 +356,8 @@ def export(images, output, chunk_size, compress, gzip_level, jobs, force, tool, 
     from .export import ExportOptions, check_options, export as do_export
 
     opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
-                         gzip_level=gzip_level, jobs=jobs, force=force, tool=tool, sign_key=sign_key)
+                         gzip_level=gzip_level, gzip_library=gzip_library, jobs=jobs, force=force, tool=tool,
+                         sign_key=sign_key)
     _warn_chunk_size(opts.chunk_size)
     check_options(opts)  # bad input is exit 2 before Docker is asked
     with open_daemon(host=docker_host()) as daemon:

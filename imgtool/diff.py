@@ -52,6 +52,13 @@ class Side:
     kind: str  # bundle | inventory
     images: Tuple[SideImage, ...]
     containerd_store: bool = False  # an inventory of a Docker with the containerd image store
+    gzip: Optional[dict] = None  # a bundle's `gzip`: what compressed the layers imgtool rewrote or exported
+
+    def compressor(self) -> str:
+        """What gzip-compressed this side's layers, in words ("isal level 2")."""
+        if self.gzip is None:
+            return "an unrecorded compressor (the registry's, or an older imgtool's)"
+        return f"{self.gzip.get('library')} level {self.gzip.get('level')}"
 
     def describe(self) -> str:
         plats = sorted({im.platform for im in self.images})
@@ -109,7 +116,7 @@ def _from_bundle(path: str, index) -> Side:
                                   + [str(x) for x in pulled if x]))
         images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids,
                                 str(runtime_image_id(im, True))))
-    return Side(path, "bundle", tuple(images))
+    return Side(path, "bundle", tuple(images), gzip=index.gzip)
 
 
 @dataclass
@@ -144,6 +151,23 @@ class Diff:
     images: List[ImageRow]
     platforms: Dict[str, List[str]]  # added, removed, both
     layers: List[LayerRow]
+    recompressed: int = 0  # shared layers (same content) held as other gzip bytes on each side
+
+    @property
+    def only_compression(self) -> bool:
+        """The two sides hold the same images, layer for layer, and differ only in how layers were gzipped."""
+        return bool(self.recompressed) and all(r.status == "unchanged" for r in self.images) and \
+            all(r.status == "shared" for r in self.layers)
+
+    def compression_line(self) -> Optional[str]:
+        """What `describe` says about layers whose content is shared but whose gzip bytes differ."""
+        if not self.recompressed:
+            return None
+        old, new = self.old.compressor(), self.new.compressor()
+        how = f"{old} in old, {new} in new" if old != new else f"{old} on both sides (another library version?)"
+        lead = "the bundles differ only by their gzip compressor" if self.only_compression else \
+            f"{self.recompressed} shared layer(s) are other gzip bytes of the same content"
+        return f"{lead}: the layers were compressed by {how}"
 
     def _bytes(self, statuses) -> Optional[int]:
         """Compressed bytes of the distinct blobs of the rows with these statuses (None: unknown)."""
@@ -168,7 +192,9 @@ class Diff:
         return {"old": {"path": self.old.path, "kind": self.old.kind},
                 "new": {"path": self.new.path, "kind": self.new.kind},
                 "images": [r.to_json() for r in self.images], "platforms": self.platforms,
-                "layers": [r.to_json() for r in self.layers], "totals": self.totals}
+                "layers": [r.to_json() for r in self.layers], "totals": self.totals,
+                "recompressed": {"layers": self.recompressed, "only_compression": self.only_compression,
+                                 "old": self.old.gzip, "new": self.new.gzip}}
 
     def describe(self) -> List[str]:
         """The text report, line by line."""
@@ -190,6 +216,9 @@ class Diff:
             shown = lr.layer.digest.short if lr.layer.digest else "diff " + lr.layer.diff_id.short
             names = ", ".join(lr.images[:3]) + (f" +{len(lr.images) - 3} more" if len(lr.images) > 3 else "")
             out.append(f"  {lr.status:<7}  {shown:<17}  {size(lr.layer.size):>10}  {names}")
+        line = self.compression_line()
+        if line:
+            out.append(line)
         if t["new_bytes"] is not None and t["added_bytes"] is not None and t["new_bytes"]:
             saved = t["new_bytes"] - t["added_bytes"]
             out.append(f"delta: a bundle of new against old (imgtool fetch --base OLD) carries "
@@ -208,7 +237,7 @@ def diff_sides(old: Side, new: Side) -> Diff:
     new_p = sorted({im.platform for im in new.images})
     platforms = {"added": [p for p in new_p if p not in old_p], "removed": [p for p in old_p if p not in new_p],
                  "both": [p for p in new_p if p in old_p]}
-    return Diff(old, new, _image_rows(old, new), platforms, _layer_rows(old, new))
+    return Diff(old, new, _image_rows(old, new), platforms, _layer_rows(old, new), _recompressed(old, new))
 
 
 def _image_rows(old: Side, new: Side) -> List[ImageRow]:
@@ -237,6 +266,16 @@ def _layer_rows(old: Side, new: Side) -> List[LayerRow]:
               for chain, (layer, users) in new_chains.items()]
     return layers + [LayerRow("removed", layer, users)
                      for chain, (layer, users) in old_chains.items() if chain not in new_chains]
+
+
+def _recompressed(old: Side, new: Side) -> int:
+    """Layers both sides hold (the same chain) as different blobs: compressed by another compressor."""
+    old_chains = _chains(old)
+    count = 0
+    for chain, (layer, _) in _chains(new).items():
+        before = old_chains.get(chain)
+        count += bool(before and before[0].digest and layer.digest and before[0].digest != layer.digest)
+    return count
 
 
 def _chains(side: Side) -> Dict[Digest, Tuple[SideLayer, List[str]]]:

@@ -2,9 +2,10 @@
 
 `docker save` of a graphdriver store hands layers over uncompressed. Each layer is
 gzip-compressed on the way into the blob store as a series of independent gzip members of
-4 MiB of input each, compressed in parallel (zlib releases the GIL); multi-member gzip is plain
-gzip to every reader, Docker 1.10+ included. Compression is deterministic (fixed level, mtime 0),
-so the same layer always gets the same digest and is stored once.
+4 MiB of input each, compressed in parallel through gz.py (ISA-L when installed, else zlib);
+multi-member gzip is plain gzip to every reader, Docker 1.10+ included. Compression is
+deterministic (fixed library and level, no time in the header), so the same layer always gets
+the same digest with the same compressor and is stored once.
 
 The containerd image store (Docker 29's default) saves the registry's compressed blobs instead
 (the layer members are gzip or zstd). A gzip layer is kept byte for byte (its diff_id checked
@@ -13,19 +14,17 @@ gzip-compressed as above. The output is a PulledImage per image, so the bundle w
 rest exactly as for `fetch`: `export` is the verb's core function, as `fetch.fetch` is fetch's.
 """
 
-import gzip
 import hashlib
 import io
 import json
 import os
 import tarfile
-import zlib
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from . import gz
 from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
@@ -112,9 +111,9 @@ class _ZstdLayer:
         return self._r.read(CHUNK if n is None or n < 0 else n)
 
 
-def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int,
-                     bar) -> Tuple[str, Digest, int]:
-    """A saved layer of any form into the store as gzip: (diff_id, gzip digest, gzip size).
+def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
+                     bar) -> Tuple[str, Digest, int, bool]:
+    """A saved layer of any form into the store as gzip: (diff_id, gzip digest, gzip size, compressed here).
 
     Uncompressed (graphdriver store): gzip-compressed here. gzip (containerd store): kept as it is.
     zstd (containerd store): decompressed, then gzip-compressed here. Raises ExportError.
@@ -122,63 +121,55 @@ def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, 
     head = reader.read(4) or b""
     whole = _Prepend(head, reader)
     if head.startswith(GZIP_MAGIC):
-        return keep_gzip_layer(whole, what, store, bar)
+        return keep_gzip_layer(whole, what, store, bar) + (False,)
     if head == ZSTD_MAGIC:
-        return compress_layer(_ZstdLayer(whole, what), store, pool, jobs, level, bar)
-    return compress_layer(whole, store, pool, jobs, level, bar)
+        return compress_layer(_ZstdLayer(whole, what), store, pool, jobs, gzip, bar) + (True,)
+    return compress_layer(whole, store, pool, jobs, gzip, bar) + (True,)
 
 
 def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, int]:
     """Store a gzip layer byte for byte, decompressing it on the way for its diff_id; raises ExportError."""
     diff = hashlib.sha256()
-    z = zlib.decompressobj(31)
-    ended = False  # the last gzip member seen is complete
+    inflate = gz.Inflate()
     try:
         with store.new_blob("export") as blob:
             for chunk in iter(lambda: reader.read(CHUNK), b""):
                 blob.write(chunk)
                 bar.update(len(chunk))
-                while chunk:  # a multi-member gzip: a fresh decompressor for each member
-                    if ended:
-                        z = zlib.decompressobj(31)
-                    diff.update(z.decompress(chunk))
-                    ended = z.eof
-                    chunk = z.unused_data if ended else b""
-            if not ended:
-                raise ExportError(f"{what}: the gzip layer docker save gave ends early")
+                for piece in inflate.feed(chunk):
+                    diff.update(piece)
+            try:
+                inflate.end()
+            except gz.GzipError:
+                raise ExportError(f"{what}: the gzip layer docker save gave ends early") from None
             digest = blob.publish()
-    except zlib.error as e:
+    except gz.GzipError as e:
         raise ExportError(f"{what}: docker save gave a gzip layer that cannot be decompressed ({e})") from e
     return f"sha256:{diff.hexdigest()}", digest, blob.size
 
 
-def _compress(data: bytes, level: int) -> bytes:
-    return gzip.compress(data, compresslevel=level, mtime=0)
-
-
-def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int, bar) -> Tuple[str, Digest, int]:
-    """gzip a layer stream into the store; returns (diff_id, gzip digest, gzip size)."""
+def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
+                   bar) -> Tuple[str, Digest, int]:
+    """gzip a layer stream into the store (members of gz.MEMBER bytes, at most 2 per job in flight);
+    returns (diff_id, gzip digest, gzip size)."""
     diff = hashlib.sha256()
-    pending: deque = deque()
     with store.new_blob("export") as blob:
-        def drain(limit):
-            while len(pending) > limit:
-                blob.write(pending.popleft().result())
-
-        for chunk in iter(lambda: reader.read(CHUNK), b""):
-            diff.update(chunk)
-            bar.update(len(chunk))
-            pending.append(pool.submit(_compress, chunk, level))
-            drain(jobs * 2)  # bounded: memory does not grow with the layer
-        drain(0)
-        if blob.size == 0:  # an empty stream still needs to be a valid gzip file
-            blob.write(_compress(b"", level))
+        members = gz.Members(gzip, pool, blob.write, jobs * 2)  # bounded: memory does not grow with the layer
+        try:
+            for chunk in iter(lambda: reader.read(CHUNK), b""):
+                diff.update(chunk)
+                bar.update(len(chunk))
+                members.feed(chunk)
+            members.close()
+        except BaseException:
+            members.abandon()
+            raise
         digest = blob.publish()
     return f"sha256:{diff.hexdigest()}", digest, blob.size
 
 
-def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs: int, level: int,
-                progress: Progress) -> PulledImage:
+def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
+                progress: Progress, made: Set[Digest]) -> PulledImage:
     info = daemon.inspect(name)
     ref = docker_name(name) if not name.startswith("sha256:") else None
     if ref is None:
@@ -189,7 +180,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
         ref = docker_name(tags[0])
     want_diff_ids = list((info.get("RootFS") or {}).get("Layers") or [])
     total = int(info.get("Size") or 0)
-    compressed: Dict[str, Tuple[str, Digest, int]] = {}  # member name -> (diff_id, digest, size)
+    compressed: Dict[str, Tuple[str, Digest, int, bool]] = {}  # member name -> (diff_id, digest, size, gzipped here)
     small: Dict[str, bytes] = {}
     with progress.bar(total or None, f"export {ref.tagged}") as bar:
         tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), CHUNK), mode="r|")
@@ -200,7 +191,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
             if member.size <= SMALL:
                 small[member.name] = f.read()
                 continue
-            compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, level, bar)
+            compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, gzip, bar)
     try:
         entries = json.loads(small["manifest.json"])
         entry = entries[0]
@@ -212,14 +203,16 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     diff_ids: List[str] = []
     for member_name in layer_names:
         if member_name in compressed:
-            diff_id, digest, size = compressed[member_name]
+            diff_id, digest, size, here = compressed[member_name]
         elif member_name in small:
-            diff_id, digest, size = layer_into_store(io.BytesIO(small[member_name]), f"{name}: {member_name}", store,
-                                                     pool, jobs, level, Bar())
+            diff_id, digest, size, here = layer_into_store(io.BytesIO(small[member_name]), f"{name}: {member_name}",
+                                                           store, pool, jobs, gzip, Bar())
         else:
             raise ExportError(f"docker save of {name}: layer {member_name} is missing from the archive")
         diff_ids.append(diff_id)
         layers.append(Descriptor(DOCKER_LAYER_GZIP, digest, size))
+        if here:
+            made.add(digest)
     try:
         config = ImageConfig.parse(config_bytes)
     except ManifestError as e:  # Docker's own output, not a registry's: exit 5, not 4
@@ -239,17 +232,17 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
 
 
 def export_images(names: Sequence[str], daemon, store: Store, progress: Progress, jobs: int = 0,
-                  level: int = 1) -> List[PulledImage]:
-    """Save each image from Docker and store its layers gzip-compressed; raises ImgtoolError."""
+                  gzip: Optional[gz.Gzip] = None, made: Optional[Set[Digest]] = None) -> List[PulledImage]:
+    """Save each image from Docker and store its layers gzip-compressed (by `gzip`, default gz.compressor());
+    the digests of the layers compressed here are added to `made`. Raises ImgtoolError."""
     if not names:
         raise UsageError("nothing to export: name at least one local image")
-    if not 1 <= level <= 9:
-        raise UsageError(f"invalid --gzip-level {level}: use 1 (fast) to 9 (small)")
+    gzip = gzip or gz.compressor()
     jobs = jobs or max(1, os.cpu_count() or 1)
     out: List[PulledImage] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for name in names:
-            image = _export_one(name, daemon, store, pool, jobs, level, progress)
+            image = _export_one(name, daemon, store, pool, jobs, gzip, progress, made if made is not None else set())
             if all(image.image_id != o.image_id or image.ref != o.ref for o in out):
                 out.append(image)
     return out
@@ -264,6 +257,7 @@ class ExportOptions:
     chunk_size: Optional[int] = None
     compress: str = "none"
     gzip_level: int = 1
+    gzip_library: str = "auto"  # gz.LIBRARIES: ISA-L when installed, or zlib (tests force either)
     jobs: int = 0  # compression threads; 0: the CPU count
     force: bool = False
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
@@ -283,6 +277,7 @@ def check_options(opts: ExportOptions) -> None:
     Raises UsageError, SshKeygenMissing."""
     from .bundle import signature, writer
 
+    gz.compressor(opts.gzip_level, opts.gzip_library)
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
     if opts.sign_key:
@@ -299,11 +294,13 @@ def export(opts: ExportOptions, daemon: "Daemon", store: Store, progress: Progre
     stale = store.remove_stale()  # what a killed export left: nothing can resume it
     if stale:
         progress.note(stale)
-    images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, level=opts.gzip_level)
+    gzip = gz.compressor(opts.gzip_level, opts.gzip_library)
+    made: Set[Digest] = set()
+    images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, gzip=gzip, made=made)
     out = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
     writer.check_output_dir(out, opts.force)
     result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
-                                 force=opts.force, progress=progress,
+                                 force=opts.force, progress=progress, gzip=gzip, gzipped_layers=bool(made),
                                  extra_files=bundle_tool(store.root, progress) if opts.tool else {})
     signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
         else None

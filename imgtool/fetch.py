@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import heldblobs, transcode
+from . import gz, heldblobs, transcode
 from .config import MirrorConfig
 from .delta import DeltaPlan, Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
@@ -49,6 +49,7 @@ class FetchOptions:
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
+    gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
 
@@ -114,6 +115,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
 
     clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
     have, base = _check_input(config, opts, clients)
+    gzip = gz.compressor(1, opts.gzip_library)
     store.create()
     stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
     if stale:
@@ -154,14 +156,17 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
         # the layers kept as served are checked against their diff_ids while the bundle is written
         check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
+        gzipped = opts.layers == "compat" and any(transcode.changes(im, opts.layers, skip) for im in images)
         if any(transcode.changes(im, opts.layers, skip) for im in images):
             # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
             # each as soon as its blob is downloaded; a gzip image (compat) never comes here
-            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip)
+            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
+                                                gzip=gzip, order=writer.archive_order(images, delta))
         if left_out:
             images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
         result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
                                      compress=opts.compress, force=opts.force, progress=progress,
+                                     gzip=gzip, gzipped_layers=gzipped,
                                      delta=delta, created=opts.created, extra_files=tool,
                                      verified=pull.stats.fresh, before_seal=check.wait)
     except BaseException:

@@ -8,9 +8,10 @@ The pyz is built from what is installed in the running environment (importlib.me
 distribution's file list), so building needs no network. Compiled extension files (.so/.pyd)
 are left out; a package whose extension modules have no pure-Python twin is refused, except
 zstandard, which imgtool imports only for zstd bundles (reader/writer say what to install when
-it is missing). Entries are sorted, timestamps fixed at 1980-01-01, modes fixed, compression
-level fixed: the same installed versions give a byte-identical pyz. Built pyz files are kept
-in `$IMGTOOL_CACHE/tool/`, keyed by imgtool's sources and the dependencies' versions.
+it is missing), and isal (ISA-L's gzip), for which gz.py uses zlib: the same results, slower.
+Entries are sorted, timestamps fixed at 1980-01-01, modes fixed, compression level fixed: the
+same installed versions give a byte-identical pyz. Built pyz files are kept in `$IMGTOOL_CACHE/tool/`,
+keyed by imgtool's sources and the dependencies' versions.
 """
 
 import hashlib
@@ -32,7 +33,7 @@ from .fsutil import write_atomic
 # their own requirements are followed from the installed metadata.
 ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
 # Compiled, and imported only where needed: left out of the pyz on purpose.
-LAZY = ("zstandard",)
+LAZY = ("zstandard", "isal")  # isal: gz.py falls back to zlib (the same bytes, slower)
 MIN_PYTHON = (3, 9)
 # The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) and push run on
 # 3.7 too: Kylin V10's system python3. cli.py refuses the others below 3.9; daemon.py and registry.py

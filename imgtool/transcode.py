@@ -4,8 +4,10 @@ Docker before 23.0 (Kylin V10's 18.09, the 19.03/20.10 of many hosts) reads a zs
 layer as a plain tar and fails with `archive/tar: invalid tar header` (vllm-ascend FAQ 19). So by
 default (`compat`) fetch rewrites such layers as gzip on the connected side: the registry's blob
 (already checked against its digest) is decompressed as a stream and gzip-compressed in
-independent 4 MiB members in parallel, as `export` does, while its diff_id is checked against the
-config. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
+independent 4 MiB members in parallel, as `export` does (gz.py: ISA-L when installed, else zlib),
+while its diff_id is checked against the config. Several layers are rewritten at once (each as
+soon as its blob is downloaded), sharing one pool, so one core is never left idle waiting for a
+single layer's stream. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
 gzip blobs, and bundle.json keeps the upstream manifest digest and what changed (`upstream`).
 `plain` writes every layer uncompressed, as `docker save` does; `as-is` keeps the registry's bytes.
 A layer kept as the registry serves it (any layer with `as-is`, gzip ones with `compat`) is checked
@@ -14,17 +16,16 @@ its blob is in the store, while the bundle is written, so a layer that is not th
 refused at fetch, not by `verify` on the offline side.
 """
 
-import gzip
 import hashlib
 import json
 import os
 import threading
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple
 
+from . import gz
 from .errors import ImgtoolError, UsageError, VerifyError
 from .export import CHUNK, compress_layer
 from .model import (DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, LAYER_COMPRESSION, OCI_LAYER, OCI_LAYER_GZIP,
@@ -33,7 +34,6 @@ from .progress import Bar, Progress
 from .store import Store
 
 MODES = ("compat", "as-is", "plain")
-GZIP_LEVEL = 1  # as export's default: the layer is read once more by Docker, size matters less than time
 # media type of the rewritten layer, by manifest type and target compression
 _TARGET_TYPE = {(DOCKER_MANIFEST, "gzip"): DOCKER_LAYER_GZIP, (DOCKER_MANIFEST, "none"): DOCKER_LAYER}
 
@@ -67,7 +67,7 @@ class _Counting:
 def _decompressed(f, compression: str, what: str):
     """(reader of the layer's tar, the exceptions a damaged stream raises)."""
     if compression == "gzip":
-        return gzip.GzipFile(fileobj=f, mode="rb"), (EOFError, gzip.BadGzipFile, zlib.error)
+        return gz.Reader(f, read_size=CHUNK), (gz.GzipError,)
     if compression == "zstd":
         try:
             import zstandard
@@ -90,9 +90,10 @@ def _store_plain(reader, store: Store, bar) -> Tuple[str, Digest, int]:
     return str(digest), digest, blob.size
 
 
-def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool: ThreadPoolExecutor, jobs: int,
-                  what: str, bar=None) -> Tuple[str, Descriptor, int]:
-    """One stored layer blob rewritten as `target` ("gzip" or "none"): (diff_id, new blob, unpacked size).
+def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool: ThreadPoolExecutor, ahead: int,
+                  what: str, bar=None, gzip: Optional[gz.Gzip] = None) -> Tuple[str, Descriptor, int]:
+    """One stored layer blob rewritten as `target` ("gzip" by `gzip`, or "none"): (diff_id, new blob, unpacked
+    size); at most `ahead` gzip members of it in flight on `pool`.
 
     Raises VerifyError when the blob does not decompress; UsageError without zstandard."""
     with open(path, "rb") as f:
@@ -100,9 +101,7 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
         counting = _Counting(reader)
         try:
             if target == "gzip":
-                # at most `jobs` members in flight (compress_layer allows 2 per job it is given): every
-                # worker stays busy, and memory stays near the fetch's own (issue 8's 100 MB target)
-                diff_id, digest, size = compress_layer(counting, store, pool, max(1, jobs // 2), GZIP_LEVEL,
+                diff_id, digest, size = compress_layer(counting, store, pool, max(1, ahead // 2), gzip or gz.compressor(),
                                                        bar or Bar())
             else:
                 diff_id, digest, size = _store_plain(counting, store, bar or Bar())
@@ -110,7 +109,6 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
             raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
                               hint="the registry's blob matched its digest; report it to the image's publisher") from e
     return diff_id, Descriptor("", digest, size), counting.count
-
 
 
 class LayerCheck:
@@ -153,38 +151,16 @@ class LayerCheck:
                                    "again gives the same bytes); report it to the image's publisher")
 
     def _unpacked_digest(self, path: Path, compression: str, what: str) -> Optional[str]:
-        """sha256 of the layer's tar (None when stopped). gzip through zlib itself, in 1 MiB reads: GzipFile's
-        Python-level reads cost ~10 % more, and zlib checks each member's CRC as GzipFile does."""
+        """sha256 of the layer's tar (None when stopped); the layers are checked `jobs` at a time."""
         sha = hashlib.sha256()
         with open(path, "rb") as f:
+            reader, damaged = _decompressed(f, compression, what)
             try:
-                if compression == "gzip":
-                    z, ended = zlib.decompressobj(31), False
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        if self._stop.is_set():
-                            return None
-                        while chunk:  # a multi-member gzip: a fresh decompressor for each member
-                            if ended and not chunk.strip(b"\0"):
-                                break  # zeros after the last member: padding, as gzip and GzipFile read it
-                            if ended:
-                                z = zlib.decompressobj(31)
-                            sha.update(z.decompress(chunk, CHUNK))
-                            chunk = z.unconsumed_tail
-                            ended = z.eof
-                            if ended:
-                                chunk = z.unused_data + chunk
-                    if not ended:
-                        raise EOFError("the gzip stream ends early")
-                else:
-                    reader, damaged = _decompressed(f, compression, what)
-                    try:
-                        for chunk in iter(lambda: reader.read(CHUNK), b""):
-                            if self._stop.is_set():
-                                return None
-                            sha.update(chunk)
-                    except damaged as e:
-                        raise EOFError(str(e)) from e
-            except (EOFError, zlib.error) as e:
+                for chunk in iter(lambda: reader.read(CHUNK), b""):
+                    if self._stop.is_set():
+                        return None
+                    sha.update(chunk)
+            except damaged as e:
                 raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
                                   hint="the registry's blob matched its digest; report it to the image's "
                                        "publisher") from e
@@ -203,46 +179,72 @@ class LayerCheck:
 
 
 def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
-                     progress: Progress, skip: Collection[Digest] = (), jobs: int = 0) -> List[PulledImage]:
-    """Each image with the layers `mode` rewrites rewritten, a new manifest, and `upstream` recorded.
+                     progress: Progress, skip: Collection[Digest] = (), jobs: int = 0,
+                     gzip: Optional[gz.Gzip] = None, order: Sequence[Digest] = ()) -> List[PulledImage]:
+    """Each image with the layers `mode` rewrites rewritten (gzip by `gzip`, default gz.compressor()), a new
+    manifest, and `upstream` recorded.
 
     Images with nothing to rewrite come back unchanged. `blob_path` waits for a blob to be downloaded.
+    Layers are rewritten several at a time (at least 2), in `order` (the download's: fetch downloads in archive
+    order), their gzip members sharing one pool of `jobs` threads (about 2 x jobs members in flight in all:
+    memory does not grow with the image).
     Raises VerifyError when a rewritten layer's diff_id differs from the config's."""
     jobs = jobs or max(1, os.cpu_count() or 1)
-    done: Dict[Digest, Tuple[Descriptor, int]] = {}  # a layer shared by images is rewritten once
-    out: List[PulledImage] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for image in images:
-            which = changes(image, mode, skip)
-            if not which:
-                out.append(image)
-                continue
-            target = "gzip" if mode == "compat" else "none"
-            layers = list(image.manifest.layers)
-            unpacked: List[Optional[int]] = [None] * len(layers)
-            for i in which:
-                old = layers[i]
-                comp = LAYER_COMPRESSION.get(old.media_type, "none")
-                what = f"layer {i + 1} of {image.ref.tagged} ({old.digest})"
-                if old.digest not in done:
-                    path = blob_path(old.digest)  # waits until the download brought it
-                    with progress.bar(None, f"{'gzip' if target == 'gzip' else 'unpack'} layer {i + 1} "
-                                            f"({comp}, {format_size(old.size)})") as bar:
-                        diff_id, new, size = rewrite_layer(path, comp, target, store, pool, jobs, what, bar)
-                    want = str(image.config.diff_ids[i])
-                    if diff_id != want:
-                        raise VerifyError(f"{what}: its content has diff_id {diff_id}, the config says {want}",
-                                          hint="the registry serves a layer that does not belong to this image")
-                    done[old.digest] = (new, size)
-                new, size = done[old.digest]
-                media = _TARGET_TYPE.get((image.manifest.media_type, target)) or \
-                    (OCI_LAYER_GZIP if target == "gzip" else OCI_LAYER)
-                layers[i] = Descriptor(media, new.digest, new.size)
-                unpacked[i] = size
-            out.append(_rewritten(image, layers, which, unpacked, mode, store))
-            progress.note(f"{image.ref.tagged} ({image.platform}): {len(which)} of {len(layers)} layers rewritten "
-                          f"{'as gzip' if target == 'gzip' else 'uncompressed'} (--layers {mode}); the image ID "
-                          f"is unchanged, its manifest digest is now {out[-1].manifest_digest}")
+    gzip = gzip or gz.compressor()
+    target = "gzip" if mode == "compat" else "none"
+    parallel = max(2, (jobs + 1) // 2)
+    rank = {d: n for n, d in enumerate(order)}
+    plan = [(image, changes(image, mode, skip)) for image in images]
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="gzip") as pool, \
+            ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="rewrite") as layers_pool:
+        done: Dict[Digest, Future] = {}  # a layer shared by images is rewritten once
+
+        def rewrite(image: PulledImage, i: int) -> Tuple[Descriptor, int]:
+            old = image.manifest.layers[i]
+            comp = LAYER_COMPRESSION.get(old.media_type, "none")
+            what = f"layer {i + 1} of {image.ref.tagged} ({old.digest})"
+            path = blob_path(old.digest)  # waits until the download brought it
+            with progress.bar(None, f"{'gzip' if target == 'gzip' else 'unpack'} layer {i + 1} "
+                                    f"({comp}, {format_size(old.size)})") as bar:
+                diff_id, new, size = rewrite_layer(path, comp, target, store, pool, max(2, 2 * jobs // parallel),
+                                                   what, bar, gzip)
+            want = str(image.config.diff_ids[i])
+            if diff_id != want:
+                raise VerifyError(f"{what}: its content has diff_id {diff_id}, the config says {want}",
+                                  hint="the registry serves a layer that does not belong to this image")
+            return new, size
+
+        try:
+            todo: Dict[Digest, Tuple[PulledImage, int]] = {}
+            for image, which in plan:
+                for i in which:
+                    todo.setdefault(image.manifest.layers[i].digest, (image, i))
+            for digest in sorted(todo, key=lambda d: rank.get(d, len(rank))):  # stable: manifest order otherwise
+                done[digest] = layers_pool.submit(rewrite, *todo[digest])
+            out = [_rewritten_all(image, which, mode, target, done, store, progress) if which else image
+                   for image, which in plan]
+        except BaseException:
+            for f in done.values():
+                f.cancel()
+            raise
+    return out
+
+
+def _rewritten_all(image: PulledImage, which: List[int], mode: str, target: str, done: Dict[Digest, Future],
+                   store: Store, progress: Progress) -> PulledImage:
+    """The image once the layers `which` are rewritten (waits for them; raises what a rewrite raised)."""
+    layers = list(image.manifest.layers)
+    unpacked: List[Optional[int]] = [None] * len(layers)
+    for i in which:
+        new, size = done[layers[i].digest].result()
+        media = _TARGET_TYPE.get((image.manifest.media_type, target)) or \
+            (OCI_LAYER_GZIP if target == "gzip" else OCI_LAYER)
+        layers[i] = Descriptor(media, new.digest, new.size)
+        unpacked[i] = size
+    out = _rewritten(image, layers, which, unpacked, mode, store)
+    progress.note(f"{image.ref.tagged} ({image.platform}): {len(which)} of {len(layers)} layers rewritten "
+                  f"{'as gzip' if target == 'gzip' else 'uncompressed'} (--layers {mode}); the image ID "
+                  f"is unchanged, its manifest digest is now {out.manifest_digest}")
     return out
 
 

@@ -918,6 +918,9 @@ class Bench:
         if a.only_serve:
             self.serve_pulls()
             return
+        if a.only_gzip:
+            gzip_runs(self)
+            return
         fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
                     ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
                     ("fetch.curl", lambda: self.curl_raw(), False),
@@ -954,6 +957,7 @@ class Bench:
                 got = self.overdownload(a.rate * MB if slow else 0, kill)
                 self.sent.setdefault(key, []).append(got)
                 log(f"  over.{key}: {100 * (got[0] / compressed_size(self.meta) - 1):+.2f}% {got[1]}")
+        gzip_runs(self)
 
     def run_small(self) -> Dict[str, int]:
         """Every imgtool command once on this (smaller) image: peak RSS only."""
@@ -975,6 +979,117 @@ class Bench:
     def cleanup(self) -> None:
         self.docker_rmi()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# gzip through ISA-L (issue 27): fetch --layers compat, full verify and export against their anchors
+
+
+def _timed_cpu(b: Bench, key: str, cmd, **kw) -> Result:
+    """run(cmd) with the CPU seconds (user + sys) of the command, children included, in b.cpu[key]."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = run(cmd, **kw)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    b.cpu.setdefault(key, []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return res
+
+
+def gzip_runs(b: Bench) -> None:
+    """ISA-L against zlib and the peers, alternating, b.args.runs times each: `fetch --layers compat` of the zstd
+    twin against `skopeo copy --dest-compress-format gzip --dest-compress-level 1`; full `verify` against the
+    zlib path (imgtool.pyz on this Python with no site-packages: what a host without isal runs); `export` of
+    the loaded image against `docker save | pigz -1` and `docker save > /dev/null` (the floor)."""
+    runs, zref = b.args.runs, f"{b.env.registry}/{b.repo}-zstd:v1"
+
+    def compat(lib: str):
+        def go() -> Result:
+            out, cache = b.fresh("gz-bundle"), b.fresh("gz-cache")
+            res = _timed_cpu(b, f"gz.compat.{lib}", imgtool_cmd() + [
+                "-q", "fetch", zref, "--arch", "arm64", "-o", str(out), "--no-tool", "--created",
+                "2025-01-01T00:00:00Z", "--layers", "compat", "--gzip-library", lib],
+                env=dict(b.base_env, IMGTOOL_CACHE=str(cache)), rss=True)
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+            return res
+        return go
+
+    def skopeo_gzip() -> Result:
+        out = b.fresh("gz-oci")
+        res = _timed_cpu(b, "gz.compat.skopeo", b.skopeo + [
+            "copy", "-q", "--src-tls-verify=false", "--dest-compress-format", "gzip", "--dest-compress-level", "1",
+            f"docker://{zref}", f"oci:{out}:v1"], env=b.base_env)
+        shutil.rmtree(out, ignore_errors=True)
+        return res
+
+    log(f"gzip: fetch --layers compat of the zstd image, ISA-L / zlib / skopeo gzip level 1 ({runs} runs each)")
+    b.alternate([("gz.compat.isal", compat("isal"), True), ("gz.compat.zlib", compat("zlib"), True),
+                 ("gz.compat.skopeo", skopeo_gzip, False)], runs)
+
+    pyz = b.tmp / "zlib.pyz"
+    run(imgtool_cmd() + ["-q", "self-bundle", "-o", str(pyz)])
+    log(f"gzip: full verify, ISA-L / zlib ({runs} runs each)")
+    b.alternate([("gz.verify.isal", lambda: _timed_cpu(b, "gz.verify.isal", imgtool_cmd() + [
+                     "-q", "verify", str(b.bundle)], rss=True), True),
+                 ("gz.verify.zlib", lambda: _timed_cpu(b, "gz.verify.zlib", [
+                     sys.executable, "-I", "-S", str(pyz), "-q", "verify", str(b.bundle)], rss=True), True)], runs)
+
+    def export(lib: str):
+        def go() -> Result:
+            out, cache = b.fresh("gz-export"), b.fresh("gz-cache")
+            res = _timed_cpu(b, f"gz.export.{lib}", imgtool_cmd() + [
+                "-q", "export", b.ref(), "-o", str(out), "--no-tool", "--gzip-library", lib],
+                env=dict(b.base_env, IMGTOOL_CACHE=str(cache)), rss=True)
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+            return res
+        return go
+
+    def save(into: str, key: str):
+        def go() -> Result:
+            return _timed_cpu(b, key, f"set -o pipefail; {' '.join(b.docker)} save {b.ref()} {into}",
+                              env=b.base_env, shell=True)
+        return go
+
+    b.imgtool_load()
+    log(f"gzip: export of the loaded image, ISA-L / zlib / docker save | pigz -1 / docker save ({runs} runs each)")
+    b.alternate([("gz.export.isal", export("isal"), True), ("gz.export.zlib", export("zlib"), True),
+                 ("gz.export.pigz", save(f"| pigz -1 > {b.tmp / 'gz-save.tar.gz'}", "gz.export.pigz"), False),
+                 ("gz.export.save", save("> /dev/null", "gz.export.save"), False)], runs)
+    (b.tmp / "gz-save.tar.gz").unlink(missing_ok=True)
+    b.docker_rmi()
+
+
+# (job, imgtool key, zlib key, anchors: (what, key, target ratio of imgtool's time to it))
+GZIP_ROWS = [
+    ("fetch --layers compat of the zstd image", "gz.compat.isal", "gz.compat.zlib",
+     [("skopeo copy --dest-compress-format gzip --dest-compress-level 1", "gz.compat.skopeo", 0.5)]),
+    ("full verify", "gz.verify.isal", "gz.verify.zlib", [("the zlib path (imgtool.pyz, no isal)", "gz.verify.zlib", 0.5)]),
+    ("export of the loaded image", "gz.export.isal", "gz.export.zlib",
+     [("docker save \\| pigz -1", "gz.export.pigz", 0.5), ("docker save > /dev/null (the floor)", "gz.export.save", 1.1)]),
+]
+
+
+def gzip_report(b: Bench) -> List[str]:
+    """The gzip rows: medians, CPU seconds and each ratio against its anchor and target (issue 27)."""
+    def cpu(key: str) -> str:
+        v = b.cpu.get(key)
+        return f"{statistics.median(v):.1f}" if v else ""
+
+    lines = ["", "## gzip through ISA-L (issue 27)", "",
+             "Medians of the same run, alternating; CPU = user + sys seconds of the process and its children.", "",
+             "| job | ISA-L s (CPU) | zlib s (CPU) | anchor | anchor s (CPU) | ISA-L ÷ anchor | target | met |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
+    for job, mine, theirs, anchors in GZIP_ROWS:
+        m, z = med(b, mine), med(b, theirs)
+        for what, key, goal in anchors:
+            a = med(b, key)
+            ratio = m / a if m and a else None
+            lines.append(f"| {job} | {m or 0:.2f} ({cpu(mine)}) | {z or 0:.2f} ({cpu(theirs)}) | {what} | "
+                         f"{a or 0:.2f} ({cpu(key)}) | {'' if ratio is None else f'{ratio:.2f}'} | ≤ {goal:g} | "
+                         f"{'' if ratio is None else ('yes' if ratio <= goal else 'no')} |")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1219,6 +1334,7 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "- Before every timed run the script calls sync (untimed), so no tool pays in its own fsyncs for the "
               "write-back of what the previous one left dirty (the FAQ recipe leaves gigabytes).",
               "- Peak RSS is GNU time's maximum resident set size of the imgtool process."]
+    lines += gzip_report(b)
     lines += ["", "## Raw timings (seconds, in run order)", ""]
     for key, v in b.times.items():
         lines.append(f"- `{key}`: " + ", ".join(f"{x:.2f}" for x in v))
@@ -1249,6 +1365,8 @@ def main(argv=None) -> int:
     p.add_argument("--only-serve", action="store_true",
                    help="only serve: 1, 4 and 8 pulls from imgtool serve against the registry (the bundle fetched "
                         "once, untimed); no memory check at the small size")
+    p.add_argument("--only-gzip", action="store_true",
+                   help="only the gzip rows (issue 27): fetch --layers compat, full verify, export (ISA-L, zlib, peers)")
     p.add_argument("--seed", default="bench1")
     args = p.parse_args(argv)
     if args.quick:
@@ -1273,7 +1391,7 @@ def main(argv=None) -> int:
         small_rss: Dict[str, int] = {}
         sb = Bench(args, env, small_meta, f"{ns}/vllm-ascend-small")
         try:
-            if not (args.only_load or args.only_constrained or args.only_serve):
+            if not (args.only_load or args.only_constrained or args.only_serve or args.only_gzip):
                 log("memory at the small size")
                 small_rss = sb.run_small()
         finally:

@@ -97,6 +97,13 @@ def _names(p):
             yield from (a.name for a in node.names)
 
 
+def test_only_gz_py_gzips_and_gunzips():
+    # one room picks ISA-L or zlib and writes reproducible members: a second importer would bypass both
+    users = {p.relative_to(PKG).as_posix() for p in modules()
+             if any(t in ("zlib", "gzip", "isal") for t, _ in imports_of(p))}
+    assert users == {"gz.py"}, users
+
+
 def test_only_progress_imports_tqdm():
     users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "tqdm" for t, _ in imports_of(p))}
     assert users <= {"progress.py"}, users

@@ -39,6 +39,10 @@ def test_non_editable_install_into_a_fresh_venv(tmp_path):
     where = subprocess.run([str(venv / "bin/python"), "-c", "import imgtool; print(imgtool.__file__)"],
                            capture_output=True, text=True, env=env, cwd=tmp_path)
     assert str(venv) in where.stdout  # the installed copy, not the checkout
+    # isal comes with it: gzip through ISA-L (gz.py falls back to zlib only where it is missing, as in the pyz)
+    isal = subprocess.run([str(venv / "bin/python"), "-c", "from imgtool import gz; print(gz.compressor())"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert isal.stdout.strip() == "isal level 2", isal.stderr
     helptext = subprocess.run([exe, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path).stdout
     for verb in ("fetch", "verify", "load", "inspect", "mirrors", "export", "push", "inventory", "presets",
                  "run-flags", "run", "doctor", "tags", "lock", "diff", "self-bundle"):

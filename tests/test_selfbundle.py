@@ -24,7 +24,7 @@ from tests.support.images import host_arch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPS = ("click", "requests", "urllib3", "idna", "certifi", "charset_normalizer", "docker", "tqdm", "tomli",
-        "zstandard", "imgtool")
+        "zstandard", "isal", "imgtool")
 
 
 def _importable(python):
@@ -162,13 +162,13 @@ def test_builds_are_byte_identical_and_cached(tmp_path, monkeypatch):
         assert {"__main__.py", "imgtool/cli.py", "imgtool/mirrors.toml", "click/core.py", "requests/api.py",
                 "docker/api/client.py", "charset_normalizer/md.py", "tomli/_parser.py",
                 "certifi/cacert.pem"} <= set(names)
-        assert not [n for n in names if re.search(r"\.(so|pyd|pyc)$|__pycache__|/RECORD$|^zstandard/", n)]
+        assert not [n for n in names if re.search(r"\.(so|pyd|pyc)$|__pycache__|/RECORD$|^(zstandard|isal)/", n)]
         manifest = json.loads(z.read("imgtool-pyz.json"))
     assert manifest["imgtool_version"] == __version__
     # it starts on Kylin's 3.7 (offline verbs and push); every verb needs 3.9
     assert (manifest["requires_python"], manifest["requires_python_every_verb"]) == (">=3.7", ">=3.9")
     assert a.to_json()["requires_python"] == ">=3.7" and a.warnings == []
-    assert manifest["packages"] == a.packages and manifest["left_out"] == ["zstandard"]
+    assert manifest["packages"] == a.packages and manifest["left_out"] == ["zstandard", "isal"]
     assert (tmp_path / "a.pyz").read_bytes().startswith(b"#!/usr/bin/env python3\n")
 
     first = selfbundle.cached_tool(tmp_path / "cache")

@@ -208,7 +208,7 @@ def test_bad_blob_inside_sound_parts(tmp_path, factory):
     assert parts_holding(out, victim).startswith("in parts ")  # 1 MiB parts: a ~1 MiB layer spans two
     # gzip's own CRC catches the flipped byte before the diff_id comparison would
     assert lines[2].startswith(f"  - layer 3 of {REPO}:v1 (blob {victim.short}) cannot be decompressed: "
-                               "not valid gzip data (CRC check failed")
+                               "not valid gzip data: damaged deflate data or CRC (in parts ")
     assert len(lines) == 3
 
 

@@ -165,6 +165,9 @@ class BundleIndex:
     base: Optional[dict] = None  # delta bundles: {"kind": "inventory"|"bundle", "name", "images": [names]}
     # read from a bundle of format version 1 or 2: its index.json names every platform of a multi-arch tag
     legacy_names: bool = False
+    # what gzip-compressed the layers imgtool rewrote or exported and a gzip archive: {"library": "isal"|"zlib",
+    # "level": the library's own}; None when imgtool compressed nothing (or an older imgtool wrote the bundle)
+    gzip: Optional[dict] = None
 
     @property
     def layer_bytes(self) -> int:
@@ -216,6 +219,8 @@ class BundleIndex:
         }
         if self.base is not None:
             out["base"] = self.base
+        if self.gzip is not None:
+            out["gzip"] = self.gzip
         return out
 
     def to_bytes(self) -> bytes:
@@ -241,6 +246,12 @@ class BundleIndex:
         base = obj.get("base")
         if base is not None and not isinstance(base, dict):
             raise _bad("`base` is not an object")
+        gzip = obj.get("gzip")
+        if gzip is not None:
+            if not isinstance(gzip, dict):
+                raise _bad("`gzip` is not an object")
+            _str(gzip, "library", "gzip.")
+            _size(gzip, "level", "gzip.")
         return cls(
             created=_str(obj, "created"),
             imgtool_version=_str(obj, "imgtool_version"),
@@ -250,6 +261,7 @@ class BundleIndex:
             files=files,
             base=base,
             legacy_names=version < UNNAMED_MULTIARCH_VERSION,
+            gzip=gzip,
         )
 
 

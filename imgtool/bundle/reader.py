@@ -5,14 +5,13 @@ checked (walk.py) or handed to Docker (load.py).
 """
 
 import bisect
-import gzip
 import hashlib
 import os
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple
 
+from .. import gz
 from ..errors import UsageError, VerifyError
 from ..fsutil import NotRegularFile, open_regular, require_regular
 from ..worker import Worker
@@ -274,14 +273,16 @@ class _ZstdReader:
 
 
 class _GzipReader:
+    """gz.py's reader: ISA-L where the installed package brings it, zlib in imgtool.pyz."""
+
     def __init__(self, raw):
-        self.r = gzip.GzipFile(fileobj=raw, mode="rb")
+        self.r = gz.Reader(raw, read_size=READ_SIZE)
 
     def read(self, n: int) -> bytes:
         try:
             return self.r.read(n)
-        except (OSError, EOFError, zlib.error) as e:
-            raise DecodeError(f"not valid gzip data ({e})") from e
+        except gz.GzipError as e:
+            raise DecodeError(f"not valid gzip data: {e}") from e
 
 
 class _RawReader:

@@ -5,8 +5,8 @@ exactly the header imgtool writes, the implied size, and content matching the di
 name. Paths with `..` or a leading `/`, links, devices, FIFOs, directories, unknown or
 duplicate names, wrong sizes and bytes after the end are reported, so a bundle that passes
 is byte-for-byte what the writer would produce from its bundle.json. Layers can also be
-decompressed on worker threads (zlib releases the GIL) to check their diff_ids and measure
-their unpacked size.
+decompressed on worker threads (gz.py: ISA-L or zlib, both release the GIL) to check their
+diff_ids and measure their unpacked size, the inflate and the hash of each on threads of their own.
 """
 
 import hashlib
@@ -47,23 +47,30 @@ class WalkResult:
 def layer_digester(media_type: str, slots: threading.Semaphore):
     """A Worker target: decompress one layer fed to it and return (diff_id, unpacked size).
 
-    Raises DecodeError; releases its slot (the walk runs at most `jobs` of them) however it ends.
+    The unpacked bytes are hashed on a thread of their own: inflating (gz.py: ISA-L or zlib) and sha256 both
+    release the GIL, so one layer keeps two cores busy instead of one. Raises DecodeError; releases its slot
+    (the walk runs at most `jobs` of them) however it ends.
     """
     def run(feed) -> Tuple[str, int]:
         try:
             reader = decompressed(feed, LAYER_COMPRESSION.get(media_type, "gzip"))
-            sha = hashlib.sha256()
-            size = 0
-            while True:
-                data = reader.read(READ_SIZE)
-                if not data:
-                    return "sha256:" + sha.hexdigest(), size
-                sha.update(data)
-                size += len(data)
+            with Worker(_sha256_and_size, "diff-id-sha256") as hasher:
+                for data in iter(lambda: reader.read(READ_SIZE), b""):
+                    hasher.put(data)
+                return hasher.result()
         finally:
             slots.release()
 
     return run
+
+
+def _sha256_and_size(feed) -> Tuple[str, int]:
+    sha = hashlib.sha256()
+    size = 0
+    for data in feed:
+        sha.update(data)
+        size += len(data)
+    return "sha256:" + sha.hexdigest(), size
 
 
 class _Walk:
@@ -195,7 +202,8 @@ class _Walk:
         job = None
         if member.kind == "layer" and self.check_diff_ids:
             self.slots.acquire()
-            job = Worker(layer_digester(member.media_type, self.slots), f"diff-id-{member.digest.short}")
+            # 16 MiB of read-ahead per layer: the walk moves on to the next layer while this one inflates
+            job = Worker(layer_digester(member.media_type, self.slots), f"diff-id-{member.digest.short}", maxsize=16)
             self.jobs.append((member, job))
 
         def sink(data: bytes) -> None:

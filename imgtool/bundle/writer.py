@@ -13,13 +13,12 @@ import os
 import re
 import shlex
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
-from .. import __version__
+from .. import __version__, gz
 from ..delta import DeltaPlan, describe_requirements, requirements
 from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
@@ -33,7 +32,6 @@ from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
 SYNC_BEHIND = 64 * 1024 * 1024  # start write-back every this many bytes, so the closing fsync is short
-GZIP_LEVEL = 1  # layers are already gzip: a higher level buys almost nothing, and costs minutes
 ZSTD_LEVEL = 3
 _PART_RE = re.compile(r"\.part[0-9]{3,}$")
 _OWN_SUFFIXES = (".tar", ".tar.gz", ".tar.zst")
@@ -245,8 +243,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
                  created: Optional[str] = None, delta: Optional[DeltaPlan] = None,
                  extra_files: Optional[Dict[str, Path]] = None,
-                 verified: Collection[Digest] = (), before_seal: Optional[Callable[[], None]] = None
-                 ) -> BundleResult:
+                 verified: Collection[Digest] = (), before_seal: Optional[Callable[[], None]] = None,
+                 gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -258,21 +256,26 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     and recorded in bundle.json (with the plan's `base`, where the offline side's chains came from).
     `before_seal` runs once every byte is written, before the parts get their names: what it raises
     leaves no bundle (fetch's diff_id check of the layers it keeps as served).
+    `gzip` compresses a gzip archive (level 1: the layers are already gzip; default gz.compressor()); bundle.json
+    records it (`gzip`) when it did, or when the caller's layers were compressed by it (`gzipped_layers`),
+    so two builds that differ only by it can be told apart.
     """
     started = time.monotonic()
     plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress)
+    gzip = gzip or gz.compressor()
     check_output_dir(plan.out_dir, force)
     warnings = _prepare_dir(plan.out_dir, force)
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
     try:
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
         with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single) as sink:
-            _stream_archive(plan, sink, blob_path, verified, progress)
+            _stream_archive(plan, sink, blob_path, verified, progress, gzip)
             if before_seal is not None:
                 before_seal()
             parts, archive = _seal_archive(plan, sink, written)
             index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
-                                base=_delta_base(plan.images, delta.base if delta else None))
+                                base=_delta_base(plan.images, delta.base if delta else None),
+                                gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None)
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
             doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
@@ -353,13 +356,13 @@ def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
 
 
 def _stream_archive(plan: BundlePlan, sink: "_PartSink", blob_path: Callable[[Digest], Path],
-                    verified: Collection[Digest], progress: Progress) -> None:
+                    verified: Collection[Digest], progress: Progress, gzip: gz.Gzip) -> None:
     """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`.
 
     `verified` is read as the write goes on (fetch adds blobs to it while it downloads): never copied.
     """
-    with progress.bar(plan.tar_size, "writing bundle") as bar:
-        stream = _compressor(plan.compress, sink, plan.tar_size)
+    with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
+                                                                          gzip) as stream:
         for p in plan.placed:
             member = p.member
             stream.write(p.header)
@@ -570,18 +573,33 @@ class _Plain:
     def finish(self):
         pass
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
 
 class _Gzip(_Plain):
-    def __init__(self, sink):
+    """gzip members of gz.MEMBER bytes each (gz.py: fixed header, so reproducible), compressed on a pool of one
+    thread per core, two per thread in flight; the pool ends on every path."""
+
+    def __init__(self, sink, gzip: gz.Gzip):
         super().__init__(sink)
-        # zlib directly: the gzip module would put a timestamp in the header (not reproducible)
-        self.z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+        jobs = max(1, os.cpu_count() or 1)
+        self.pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="archive-gzip")
+        self.members = gz.Members(gzip, self.pool, sink.write, 2 * jobs)
 
     def write(self, data):
-        self.sink.write(self.z.compress(data))
+        self.members.feed(data)
 
     def finish(self):
-        self.sink.write(self.z.flush())
+        self.members.close()
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:
+            self.members.abandon()
+        self.pool.shutdown(wait=True)
 
 
 class _Zstd(_Plain):
@@ -605,9 +623,9 @@ class _Zstd(_Plain):
         self.w.flush(zstandard.FLUSH_FRAME)
 
 
-def _compressor(compress: str, sink: _PartSink, tar_size: int):
+def _compressor(compress: str, sink: _PartSink, tar_size: int, gzip: gz.Gzip) -> _Plain:
     if compress == "gzip":
-        return _Gzip(sink)
+        return _Gzip(sink, gzip)
     if compress == "zstd":
         return _Zstd(sink, tar_size)
     return _Plain(sink)
