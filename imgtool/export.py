@@ -168,21 +168,17 @@ def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gz
     return f"sha256:{diff.hexdigest()}", digest, blob.size
 
 
+_Layer = Tuple[str, Digest, int, bool]  # (diff_id, digest, size, gzipped here)
+
+
 def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
                 progress: Progress, made: Set[Digest]) -> PulledImage:
+    """One image saved from Docker, its layers gzip-compressed into the store, as a PulledImage."""
     info = daemon.inspect(name)
-    ref = docker_name(name) if not name.startswith("sha256:") else None
-    if ref is None:
-        tags = info.get("RepoTags") or []
-        if not tags:
-            raise UsageError(f"image {name} has no tag; export needs a name to give it in the bundle",
-                             hint="tag it first: docker tag ID NAME:TAG")
-        ref = docker_name(tags[0])
-    want_diff_ids = list((info.get("RootFS") or {}).get("Layers") or [])
-    total = int(info.get("Size") or 0)
-    compressed: Dict[str, Tuple[str, Digest, int, bool]] = {}  # member name -> (diff_id, digest, size, gzipped here)
+    ref = _export_name(name, info)
+    compressed: Dict[str, _Layer] = {}  # member name -> what layer_into_store made of it
     small: Dict[str, bytes] = {}
-    with progress.bar(total or None, f"export {ref.tagged}") as bar:
+    with progress.bar(int(info.get("Size") or 0) or None, f"export {ref.tagged}") as bar:
         tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), CHUNK), mode="r|")
         for member in tar:
             f = tar.extractfile(member) if member.isfile() else None  # None for anything but a file
@@ -192,13 +188,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
                 small[member.name] = f.read()
                 continue
             compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, gzip, bar)
-    try:
-        entries = json.loads(small["manifest.json"])
-        entry = entries[0]
-        config_bytes = small[entry["Config"]]
-        layer_names = list(entry["Layers"])
-    except (KeyError, IndexError, ValueError, TypeError) as e:
-        raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})") from e
+    config_bytes, layer_names = _saved_manifest(name, small)
     layers: List[Descriptor] = []
     diff_ids: List[str] = []
     for member_name in layer_names:
@@ -213,12 +203,7 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
         layers.append(Descriptor(DOCKER_LAYER_GZIP, digest, size))
         if here:
             made.add(digest)
-    try:
-        config = ImageConfig.parse(config_bytes)
-    except ManifestError as e:  # Docker's own output, not a registry's: exit 5, not 4
-        raise ExportError(f"docker save of {name} gave an image config imgtool cannot read: {e.message}") from e
-    if [str(d) for d in config.diff_ids] != diff_ids or (want_diff_ids and diff_ids != want_diff_ids):
-        raise ExportError(f"docker save of {name} does not match the image's layers (diff_ids differ)")
+    config = _saved_config(name, config_bytes, diff_ids, list((info.get("RootFS") or {}).get("Layers") or []))
     config_digest = store.put_bytes(config_bytes)
     manifest = Manifest(DOCKER_MANIFEST, Descriptor(DOCKER_CONFIG, config_digest, len(config_bytes)), tuple(layers))
     manifest_bytes = json.dumps({
@@ -229,6 +214,38 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     return PulledImage(ref=ref, source="docker daemon", platform=config.platform, index_digest=None,
                        manifest_digest=Digest.of(manifest_bytes), manifest_bytes=manifest_bytes, manifest=manifest,
                        config_bytes=config_bytes, config=config)
+
+
+def _export_name(name: str, info: dict) -> ImageRef:
+    """The name the image gets in the bundle: the one asked for, or an ID's first tag; raises UsageError."""
+    if not name.startswith("sha256:"):
+        return docker_name(name)
+    tags = info.get("RepoTags") or []
+    if not tags:
+        raise UsageError(f"image {name} has no tag; export needs a name to give it in the bundle",
+                         hint="tag it first: docker tag ID NAME:TAG")
+    return docker_name(tags[0])
+
+
+def _saved_manifest(name: str, small: Dict[str, bytes]) -> Tuple[bytes, List[str]]:
+    """The config bytes and layer member names docker save's manifest.json names; raises ExportError."""
+    try:
+        entry = json.loads(small["manifest.json"])[0]
+        return small[entry["Config"]], list(entry["Layers"])
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ExportError(f"docker save of {name} gave an archive without a usable manifest.json ({e})") from e
+
+
+def _saved_config(name: str, config_bytes: bytes, diff_ids: List[str], want: List[str]) -> ImageConfig:
+    """The saved config, its diff_ids those of the layers compressed (and the image's, `want`, when Docker
+    said); raises ExportError."""
+    try:
+        config = ImageConfig.parse(config_bytes)
+    except ManifestError as e:  # Docker's own output, not a registry's: exit 5, not 4
+        raise ExportError(f"docker save of {name} gave an image config imgtool cannot read: {e.message}") from e
+    if [str(d) for d in config.diff_ids] != diff_ids or (want and diff_ids != want):
+        raise ExportError(f"docker save of {name} does not match the image's layers (diff_ids differ)")
+    return config
 
 
 def export_images(names: Sequence[str], daemon, store: Store, progress: Progress, jobs: int = 0,

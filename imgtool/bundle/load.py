@@ -131,6 +131,48 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     index, raw = read_index(bundle_dir)
     verdict = enforce(bundle_dir, raw, signers, doing="load")
     facts = daemon.info()
+    plan = _plan(index, daemon, facts, tags, arch, all_platforms)
+    report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
+    warnings = list(report.warnings) + _arch_warnings(plan.view, facts.arch, facts.title)
+    if plan.loaded:
+        images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
+        _digest_refs(daemon, facts, plan.view, plan.ids)
+        return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
+                          warnings=warnings, signature=verdict)
+
+    if plan.view.is_delta:
+        check_base(bundle_dir, plan.view, daemon, facts.title)
+    warnings = _compatibility(index, facts, None, force) + warnings
+    for w in warnings:
+        progress.warn(w)
+    sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs)
+    images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
+    _digest_refs(daemon, facts, plan.view, plan.ids)
+    images += _confirm_others(daemon, facts, plan)
+    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
+                      time.monotonic() - started, warnings, verdict)
+
+
+@dataclass
+class _Plan:
+    """What a load sends and names: `view` is the bundle with the images to name (one platform per tag),
+    `others` the further platforms --all-platforms loads, each with the ID this runtime gives it."""
+
+    view: BundleIndex
+    wanted: Dict[str, List[str]]  # extra tags (--tag) per image
+    ids: Dict[str, str]  # ref -> the ID this runtime gives it
+    present: Dict[str, Optional["ImageInfo"]]  # ref -> what the runtime holds under that ID
+    others: List[BundleImage]
+    other_ids: List[str]
+    loaded: bool  # the runtime holds every one already: nothing to send
+
+    @property
+    def loading(self) -> List[Tuple[BundleImage, str]]:
+        return [(im, self.ids[im.ref]) for im in self.view.images] + list(zip(self.others, self.other_ids))
+
+
+def _plan(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Sequence[str], arch: Optional[str],
+          all_platforms: bool) -> _Plan:
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
     wanted = parse_tags(tags, view)
@@ -139,41 +181,38 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     others = [im for im in index.images if im not in view.images] if all_platforms else []
     other_ids = [str(layout.runtime_image_id(im, facts.containerd_store)) for im in others]
     loaded = all(present.values()) and all(daemon.image_info(i) is not None for i in other_ids)
+    return _Plan(view, wanted, ids, present, others, other_ids, loaded)
 
-    # Before Docker sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part
-    # there at its size. When something is wrong, or nothing will be streamed (and so checked on
-    # the way), check the whole bundle as verify does, so every problem is named at once.
+
+def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
+                  whole: bool, progress: Progress, jobs: int) -> VerifyReport:
+    """Before the runtime sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part there
+    at its size. When something is wrong, or nothing will be streamed (and so checked on the way: `whole`),
+    check the whole bundle as verify does, so every problem is named at once; raises VerifyError."""
     report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), signature=verdict)
     if verdict.warning:
         report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
-    if report.problems or stat_parts(bundle_dir, index) or (loaded and not quick):
+    if report.problems or stat_parts(bundle_dir, index) or whole:
         check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
     report.raise_if_bad("load")
-    warnings = list(report.warnings) + _arch_warnings(view, facts.arch, facts.title)
-    if loaded:
-        images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
-        _digest_refs(daemon, facts, view, ids)
-        return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=warnings, signature=verdict)
+    return report
 
-    if view.is_delta:
-        check_base(bundle_dir, view, daemon, facts.title)
-    warnings = _compatibility(index, facts, None, force) + warnings
-    for w in warnings:
-        progress.warn(w)
 
+def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
+          report: VerifyReport, progress: Progress, jobs: int) -> int:
+    """Stream the checked archive into the runtime; on any failure remove what it registered. A stream cut
+    short (or what Podman applied, refused) is then checked whole, naming every damaged part (VerifyError)."""
     try:
         try:
-            outgoing = list(view.images) + others
-            loading = [(im, ids[im.ref]) for im in view.images] + list(zip(others, other_ids))
-            sent = _stream(bundle_dir, index, daemon, facts, progress, outgoing,
-                           _outgoing_meta(index, view.images, others, facts.runtime))
+            sent = _stream(bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
+                           _outgoing_meta(index, plan.view.images, plan.others, facts.runtime))
             if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
-                _check_applied(daemon, facts, loading)
+                _check_applied(daemon, facts, plan.loading)
+            return sent
         except BaseException:
             try:
-                _forget_failed_load(daemon, loading, present)
+                _forget_failed_load(daemon, plan.loading, plan.present)
             except DaemonError as e:  # the runtime gone mid-way: its own error is the story, this a warning
                 progress.warn(f"could not check for what the failed load left in {facts.title}: {e.message}")
             raise
@@ -186,16 +225,18 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
         report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded") from e
-    images = _tag_and_confirm(daemon, facts, view, wanted, present, ids)
-    _digest_refs(daemon, facts, view, ids)
-    for im, image_id in zip(others, other_ids):
+
+
+def _confirm_others(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan) -> List[LoadedImage]:
+    """The further platforms --all-platforms loaded, each found in the runtime by its ID; raises DaemonError."""
+    out = []
+    for im, image_id in zip(plan.others, plan.other_ids):
         info = daemon.image_info(image_id)
         if info is None:
             raise DaemonError(f"{LOAD_VERB.get(facts.runtime, 'load')} finished, but {im.ref} for {im.platform} "
                               f"(ID {image_id[7:19]}) is not in {facts.title}")
-        images.append(LoadedImage(im.ref, [], str(im.image_id), info.id, str(im.platform), info.size, False))
-    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
-                      time.monotonic() - started, warnings, verdict)
+        out.append(LoadedImage(im.ref, [], str(im.image_id), info.id, str(im.platform), info.size, False))
+    return out
 
 
 def select_images(index: BundleIndex, arch: str, explicit: bool) -> List[BundleImage]:
@@ -379,11 +420,33 @@ def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Seq
     placed, tar_size = layout.place(layout.members(index.images, index.legacy_names))
     subset = bool(selected) and len(selected) < len(index.images)
     keep = {m.name for m in layout.members(selected)} if subset else None
+    archive = _Archive(read)
+    out = consumed = 0
+    for p in placed:
+        consumed += len(p.header) + p.member.size + layout.padding(p.member.size)
+        send = keep is None or p.member.name in keep
+        for piece in _checked_member(archive, p, send, replace.get(p.member.name), hashes, diff_ids):
+            out += len(piece[0])
+            yield piece
+    for data in archive.take(tar_size - consumed):
+        if data.strip(b"\0"):
+            raise _Cut("the archive has data after its end-of-archive marker")
+    if read(READ_SIZE):  # the last read ended the last part: its sha256 was checked then
+        raise _Cut("the archive is longer than bundle.json says")
+    end = out + 2 * layout.BLOCK
+    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD)), False
 
-    def take(n: int) -> Iterator[bytes]:
+
+class _Archive:
+    """The archive read in exact amounts; raises _Cut where it cannot be."""
+
+    def __init__(self, read: Callable[[int], bytes]):
+        self.read = read
+
+    def take(self, n: int) -> Iterator[bytes]:
         while n > 0:
             try:
-                data = read(min(n, READ_SIZE))
+                data = self.read(min(n, READ_SIZE))
             except DecodeError as e:
                 raise _Cut(f"the archive cannot be decompressed: {e}") from e
             if not data:
@@ -391,45 +454,38 @@ def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Seq
             n -= len(data)
             yield data
 
-    out = consumed = 0
-    for p in placed:
-        m = p.member
-        pad = layout.padding(m.size)
-        consumed += len(p.header) + m.size + pad
-        if b"".join(take(len(p.header))) != p.header:
-            raise _Cut(f"archive member {m.name} is not where bundle.json puts it")
-        send = keep is None or m.name in keep
-        content = replace.get(m.name)
-        if send and content is not None:
-            data = layout.header(m.name, len(content)) + content + bytes(layout.padding(len(content)))
-            out += len(data)
-            yield data, True
-        elif send:
-            out += len(p.header)
-            yield p.header, False
-        job = diff_ids.start(m) if diff_ids is not None and send and m.kind == "layer" else None
-        for data in take(m.size):
-            hashes.put(data)
-            if job is not None:
-                job.put(data)
-            if send and content is None:
-                out += len(data)
-                yield data, True
+    def exactly(self, n: int) -> bytes:
+        return b"".join(self.take(n))
+
+
+def _checked_member(archive: _Archive, p: layout.Placed, send: bool, content: Optional[bytes], hashes: Worker,
+                    diff_ids: Optional[_DiffIds]) -> Iterator[Tuple[bytes, bool]]:
+    """One member: its header as bundle.json implies it, its data hashed (and, for a layer sent, its diff_id
+    computed when `diff_ids` is given), zero padding; what goes out is the member, or `content` in its place,
+    or nothing when it is not `send`."""
+    m = p.member
+    pad = layout.padding(m.size)
+    if archive.exactly(len(p.header)) != p.header:
+        raise _Cut(f"archive member {m.name} is not where bundle.json puts it")
+    if send and content is not None:
+        yield layout.header(m.name, len(content)) + content + bytes(layout.padding(len(content))), True
+    elif send:
+        yield p.header, False
+    forward = send and content is None
+    job = diff_ids.start(m) if diff_ids is not None and send and m.kind == "layer" else None
+    for data in archive.take(m.size):
+        hashes.put(data)
         if job is not None:
-            job.close()
-        hashes.put(m)
-        if b"".join(take(pad)).strip(b"\0"):
-            raise _Cut(f"the archive has non-zero padding after {m.name}")
-        if send and content is None:
-            out += pad
-            yield bytes(pad), False
-    for data in take(tar_size - consumed):
-        if data.strip(b"\0"):
-            raise _Cut("the archive has data after its end-of-archive marker")
-    if read(READ_SIZE):  # the last read ended the last part: its sha256 was checked then
-        raise _Cut("the archive is longer than bundle.json says")
-    end = out + 2 * layout.BLOCK
-    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD)), False
+            job.put(data)
+        if forward:
+            yield data, True
+    if job is not None:
+        job.close()
+    hashes.put(m)
+    if archive.exactly(pad).strip(b"\0"):
+        raise _Cut(f"the archive has non-zero padding after {m.name}")
+    if forward:
+        yield bytes(pad), False
 
 
 def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", progress: Progress,
