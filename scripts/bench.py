@@ -1222,7 +1222,15 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               f"{args.rate:g} MB/s = {big['size'] / MB / args.rate:.1f} s.",
               "- Before every timed run the script calls sync (untimed), so no tool pays in its own fsyncs for the "
               "write-back of what the previous one left dirty (the FAQ recipe leaves gigabytes).",
-              "- Peak RSS is GNU time's maximum resident set size of the imgtool process."]
+              "- Peak RSS is GNU time's maximum resident set size of the imgtool process.",
+              "- The image is generated (scripts/benchimage.py): each layer's files are slices of three seeded pools "
+              "(code-like text ~3.6:1, binary-like bytes ~2.4:1, random bytes 1:1) in the shares of what the layer "
+              "stands for; `--scale 1` is the real size. Its generation is cached and not measured.",
+              "- delta: `imgtool fetch …:v2 --base` the kept `:v1` bundle, from a fresh cache: only the layers the "
+              "next release changed are downloaded and written; issue 27's delta row is its bundle's bytes over the "
+              "kept full bundle's.",
+              "- Targets of issue 27: a ratio is imgtool's time over the anchor's (\"× faster\": the anchor's over "
+              "imgtool's); a row whose anchor this run did not measure says so."]
     lines += ["", "## Raw timings (seconds, in run order)", ""]
     for key, v in b.times.items():
         lines.append(f"- `{key}`: " + ", ".join(f"{x:.2f}" for x in v))
@@ -1277,6 +1285,7 @@ def main(argv=None) -> int:
         os.environ["DOCKER_HOST"] = env.docker_host
         info = machine()
         ns = "bench" + secrets.token_hex(3)
+        log("pushing the images to the registry")
         push_image(env.registry, f"{ns}/vllm-ascend", "v1", meta)
         push_image(env.registry, f"{ns}/vllm-ascend", "v2", next_release(meta))
         push_zstd(env.registry, f"{ns}/vllm-ascend-zstd", meta, build_zstd_twin(meta))
