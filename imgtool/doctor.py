@@ -11,13 +11,14 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from .bundle.hostcheck import Check, space_check, storage_check, zstd_check
-from .errors import ImgtoolError
+from .bundle.hostcheck import Check, held_chains, space_check, storage_check, zstd_check
+from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
 from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
 
 if TYPE_CHECKING:
     from .bundle.format import BundleIndex
+    from .runtime import Runtime
 
 UNREACHABLE_ADVICE = {
     "docker": "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group",
@@ -40,6 +41,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
             runtime = open_runtime(replace(choice, runtime=name), timeout=15)
             try:
                 facts = runtime.info()
+                held = _held(runtime) if index is not None and facts.local else frozenset()
             finally:
                 runtime.close()
         except ImgtoolError as e:
@@ -51,7 +53,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
         if zstd is not None:
             checks.append(zstd)
         checks.append(storage_check(facts))
-        checks.append(space_check(facts, index))
+        checks.append(space_check(facts, index, held_chains=held))
     for check in absent:
         if found:  # another runtime is here: this one's absence is a fact, not a failure
             check = Check(check.name, "info", check.detail)
@@ -59,6 +61,14 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
     if found and choice.runtime == "auto":
         checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto)"))
     return found
+
+
+def _held(runtime: "Runtime") -> frozenset:
+    """The layer chains the runtime holds (not unpacked again by a load); none when it cannot list them."""
+    try:
+        return held_chains(runtime)
+    except DaemonError:
+        return frozenset()
 
 
 def _describe(facts: RuntimeInfo) -> str:

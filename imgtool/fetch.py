@@ -220,14 +220,16 @@ def _not_downloaded(images: Sequence[PulledImage], delta: DeltaPlan, progress: P
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
                 extra_files) -> None:
     """Refuse up front when the cache's or the output's file system has less free space than the fetch
-    surely needs (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
+    will write (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
     load's space refusal).
 
-    A lower bound, so that it never refuses a fetch that would fit: the cache needs the blobs it lacks
-    (less what a killed run left in partial/) plus a rewritten copy of each layer `layers` rewrites (at
-    least its compressed size); the output needs every blob the bundle holds and the extra files, with
-    --compress only the layers that stay compressed. Layers a delta leaves out (`skip`) need nothing."""
-    from .model import LAYER_COMPRESSION, format_size
+    From the manifests' sizes: the cache needs the blobs it lacks (less what a killed run left in
+    partial/) plus the copy of each layer `layers` rewrites; the output needs every blob the bundle
+    holds and the extra files, with --compress only the layers that stay compressed. A rewritten
+    layer's size is not known before it is written: a zstd layer as gzip (compat) is counted at
+    model.GZIP_PER_ZSTD times its size, a layer unpacked (plain) at model.UNPACKED_PER_COMPRESSED
+    times. Layers a delta leaves out (`skip`) need nothing."""
+    from .model import GZIP_PER_ZSTD, LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED, format_size
 
     blobs = {}
     for im in images:
@@ -239,9 +241,11 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
         if not store.has(digest, size):
             cache_need += size - store.partial_bytes(digest, size)
         if digest in rewritten:
-            cache_need += size
-        kept = media_type and LAYER_COMPRESSION.get(media_type) != "none" and not (digest in rewritten and layers == "plain")
-        if compress == "none" or kept:
+            new = int(size * (GZIP_PER_ZSTD if layers == "compat" else UNPACKED_PER_COMPRESSED))
+            cache_need += new
+            # in the bundle: as rewritten, or (plain, --compress) compressed again, about as it came
+            out_need += new if layers == "compat" or compress == "none" else size
+        elif compress == "none" or (media_type and LAYER_COMPRESSION.get(media_type) != "none"):
             out_need += size
     out_need += sum(Path(p).stat().st_size for p in extra_files.values())
     out_fs = output
@@ -252,17 +256,20 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
         free = {"cache": _free(store.root), "out": _free(out_fs)}
     except OSError:
         return  # nothing to measure with: the writes say what is wrong, as before
+    estimated = {"compat": f" (zstd layers rewritten as gzip are counted at {GZIP_PER_ZSTD:g}x their size)",
+                 "plain": f" (layers unpacked are counted at {UNPACKED_PER_COMPRESSED:g}x their compressed size)"}
+    hint = SPACE_HINT.format(estimated[layers] if rewritten else "")
     if same and cache_need + out_need > free["cache"]:
         raise ImgtoolError(f"not enough space: fetch needs {format_size(cache_need)} in {store.root} and "
-                           f"{format_size(out_need)} in {output} ({format_size(free['cache'])} free)", hint=SPACE_HINT)
+                           f"{format_size(out_need)} in {output} ({format_size(free['cache'])} free)", hint=hint)
     short = [f"{format_size(need)} in {where} ({format_size(free[key])} free)"
              for key, need, where in (("cache", cache_need, store.root), ("out", out_need, output))
              if not same and need > free[key]]
     if short:
-        raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=SPACE_HINT)
+        raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=hint)
 
 
-SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"
+SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger disk{}; nothing was downloaded"
 
 
 def _free(path: Path) -> int:

@@ -45,6 +45,12 @@ LAYER_COMPRESSION = {
     OCI_LAYER_ZSTD: "zstd",
 }
 
+# Sizes planned before the bytes exist (the space checks of fetch, load and doctor): a layer's
+# unpacked size per compressed byte, where no record says it (vllm-ascend: ~15 GB of ~6.5 GB), and a
+# zstd layer's size once rewritten as gzip level 1 (zlib or ISA-L: ~1.1-1.2x what zstd level 3 wrote).
+UNPACKED_PER_COMPRESSED = 2.5
+GZIP_PER_ZSTD = 1.1
+
 # JSON documents are read into memory, so their size is capped.
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 MAX_CONFIG_BYTES = 32 * 1024 * 1024

@@ -120,3 +120,47 @@ def test_checks_without_a_daemon_do_not_raise(monkeypatch, tmp_path):
     checks = run_checks(str(tmp_path / "no-bundle"), choice=Choice(runtime="docker"))
     assert [c.name for c in checks][:2] == ["bundle", "docker"]
     assert checks[0].status == "fail" and checks[0].detail == f"no such bundle directory: {tmp_path / 'no-bundle'}"
+
+
+@pytest.mark.runtimes
+def test_space_need_is_what_the_runtime_stages_and_keeps_less_the_layers_it_holds(node, engine, factory, tmp_path):
+    """doctor's space line (load's refusal says the same): Docker's graphdriver unpacks the whole archive
+    under <root>/tmp before it registers the layers (moby image/tarexport/load.go), the containerd store
+    keeps the compressed blobs and unpacks them into snapshots, Podman loads from a copy of the archive;
+    once the runtime holds the previous release, its layers are not counted as unpacked again."""
+    from imgtool.bundle.format import BundleIndex
+    from imgtool.model import format_size
+
+    base = factory.layers(2)
+    store = BlobDir(tmp_path / "blobs")
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    write(v1, [store.pulled(factory.image(host_arch(), layers=1, base=base), f"{REPO}:v1")], store)
+    write(v2, [store.pulled(factory.image(host_arch(), layers=1, base=base), f"{REPO}:v2")], store)
+    index = BundleIndex.from_bytes((v2 / "bundle.json").read_bytes())
+    layers = index.images[0].layers
+    title = {"docker": "Docker", "containerd": "containerd", "podman": "Podman"}[node.kind]
+
+    def space() -> str:
+        r = imgtool("doctor", str(v2), "--json", "--runtime", node.kind, env=node.env)
+        return next(c["detail"] for c in json.loads(r.stdout) if c["name"] == "space")
+
+    def how(fresh, held, detail) -> str:
+        kept = sum(x.size for x in fresh)
+        unpacked = sum(int(x.size * 2.5) if x.unpacked_size is None else x.unpacked_size for x in fresh)
+        tail = f"; {held} layers {title} holds already are not unpacked again" if held else ""
+        if node.kind == "containerd" or engine == "26.1-containerd":
+            return (f"the bundle needs about {format_size(kept + unpacked)} ({format_size(kept)} of compressed layers "
+                    f"kept in the content store + {format_size(unpacked)} unpacked into snapshots{tail})")
+        if node.kind == "podman":
+            return f"+ {format_size(unpacked)} unpacked{tail})"
+        tar, root = index.archive.tar_size, detail.split(" free under ")[1].split("; ")[0]
+        return (f"the bundle needs about {format_size(tar + unpacked)} ({format_size(tar)} for the archive Docker "
+                f"unpacks into {root}/tmp before it registers the layers + {format_size(unpacked)} unpacked{tail})")
+
+    before = space()
+    assert how(layers, 0, before) in before, before
+    r = imgtool("load", str(v1), env=node.env)
+    assert r.returncode == 0, r.stderr
+    node.remove_later(f"{REPO}:v1")
+    after = space()
+    assert how(layers[2:], 2, after) in after, after

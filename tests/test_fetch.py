@@ -19,6 +19,7 @@ from imgtool.model import format_size
 from tests.support.images import write_docker_archive
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
+from tests.support.smallfs import fill, free_bytes, small_fs
 
 DEAD = "http://127.0.0.1:1"
 
@@ -498,46 +499,76 @@ def test_a_passphrase_key_without_a_terminal_is_refused_before_the_download(serv
         proxy.close()
 
 
+def test_compat_rewrite_is_counted_at_its_gzip_size_and_refused_up_front(services, factory, mirrored, tmp_path):
+    """`--layers compat` writes each zstd layer again as gzip (level 1: bigger than the zstd) into the
+    cache and the bundle. On a real ext4 file system with room for the zstd blobs and two copies at their
+    zstd size, but not at the gzip estimate (1.1x), fetch refuses before a layer is asked for, naming
+    the bytes it needs and what is free; before, it counted the rewrite at the zstd size, started, and
+    failed half-way with the disk full."""
+    image = factory.zstd_twin(factory.image("amd64", layers=3, layer_size=2 << 20))
+    ms = mirrored(factory.index([image]), tag="z1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        with small_fs(tmp_path / "disk", 48 << 20) as disk:
+            zstd = sum(x.size for x in image.layers)
+            gzip = sum(int(x.size * 1.1) for x in image.layers)  # the estimate of each rewritten layer
+            old, new = 3 * zstd + image.config_size, zstd + 2 * gzip + image.config_size
+            fill(disk, (old + new) // 2 + (64 << 10))
+            cache, out = disk / "cache", disk / "z1"
+            r = imgtool("fetch", "z1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                        "--layers", "compat", env={"IMGTOOL_CACHE": str(cache)})
+            assert (r.returncode, r.stderr.splitlines()[-2:]) == (1, [
+                f"error: not enough space: fetch needs {format_size(zstd + gzip)} in {cache} and "
+                f"{format_size(gzip + image.config_size)} in {out} ({format_size(free_bytes(disk))} free)",
+                "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk (zstd layers rewritten "
+                "as gzip are counted at 1.1x their size); nothing was downloaded"]), r.stderr
+            assert not [rec for rec in proxy.records if blob_path(rec.path) and rec.path.rsplit(":", 1)[1]
+                        in {x.digest.split(":")[1] for x in image.layers}]
+            assert not out.exists()
+            assert not list((cache / "blobs" / "sha256").iterdir()) or all(
+                p.stat().st_size < 4096 for p in (cache / "blobs" / "sha256").iterdir())  # the config only
+    finally:
+        proxy.close()
+
+
 def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(services, factory, mirrored,
                                                                                  tmp_path):
-    """The cache and the output on one 20 MiB file system: a 13 MiB image needs it twice (the blobs in the
-    cache, the bundle beside them), so fetch refuses before downloading; a delta against the bundle of the
-    previous tag needs only the new layer, and fits."""
+    """The cache and the output on one 20 MiB file system (ext4, loop-mounted): a 13 MiB image needs it
+    twice (the blobs in the cache, the bundle beside them), so fetch refuses before downloading; a delta
+    against the bundle of the previous tag needs only the new layer, and fits."""
     base = factory.layers(2, 6 << 20)
     old, new = factory.image("amd64", layers=0, base=base), factory.image("amd64", layers=1, base=base,
                                                                           layer_size=1 << 20)
     ms = mirrored(old, tag="v1", targets=("upstream",))
     push_image(services.plain, ms.repo, "v2", new)
     proxy = FaultProxy(services.plain)
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], check=True)
     try:
         cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
         r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "v1"), "--no-tool",
                     env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
         assert r.returncode == 0, r.stderr
         proxy.clear()
-        cache, out = disk / "cache", disk / "v2"
-        r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
-                    env={"IMGTOOL_CACHE": str(cache)})
-        st = os.statvfs(disk)
-        layers = sum(x.size for x in new.layers)
-        assert (r.returncode, r.stderr.splitlines()[-2:]) == (1, [
-            f"error: not enough space: fetch needs {format_size(layers)} in {cache} and "
-            f"{format_size(layers + new.config_size)} in {out} ({format_size(st.f_bavail * st.f_frsize)} free)",
-            "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"]), \
-            r.stderr
-        assert not [rec for rec in proxy.records if blob_path(rec.path) and rec.path.rsplit(":", 1)[1]
-                    in {x.digest.split(":")[1] for x in new.layers}]
-        assert not out.exists()
-        r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
-                    "--base", str(tmp_path / "v1"), env={"IMGTOOL_CACHE": str(cache)})
-        assert r.returncode == 0, r.stderr
-        assert imgtool("verify", str(out)).returncode == 0
+        with small_fs(tmp_path / "disk", 20 << 20) as disk:
+            cache, out = disk / "cache", disk / "v2"
+            r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                        env={"IMGTOOL_CACHE": str(cache)})
+            st = os.statvfs(disk)
+            layers = sum(x.size for x in new.layers)
+            assert (r.returncode, r.stderr.splitlines()[-2:]) == (1, [
+                f"error: not enough space: fetch needs {format_size(layers)} in {cache} and "
+                f"{format_size(layers + new.config_size)} in {out} ({format_size(st.f_bavail * st.f_frsize)} free)",
+                "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"]), \
+                r.stderr
+            assert not [rec for rec in proxy.records if blob_path(rec.path) and rec.path.rsplit(":", 1)[1]
+                        in {x.digest.split(":")[1] for x in new.layers}]
+            assert not out.exists()
+            r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                        "--base", str(tmp_path / "v1"), env={"IMGTOOL_CACHE": str(cache)})
+            assert r.returncode == 0, r.stderr
+            assert imgtool("verify", str(out)).returncode == 0
     finally:
         proxy.close()
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_ctrl_c_during_a_retry_after_wait_ends_the_fetch_at_once(services, factory, mirrored, tmp_path):

@@ -214,7 +214,8 @@ def test_the_space_check_uses_the_unpacked_sizes_fetch_learnt(engine, services, 
     r = imgtool("doctor", str(out), docker_host=services.docker_host)
     space = next(line for line in r.stdout.splitlines() if " space " in line)
     tar = index.archive.tar_size
-    assert (f"the bundle needs about {format_size(need)} ({format_size(tar)} for the upload while loading + "
+    assert (f"the bundle needs about {format_size(need)} ({format_size(tar)} for the archive Docker unpacks into "
+            f"{space.split(' free under ')[1].split('; ')[0]}/tmp before it registers the layers + "
             f"{format_size(need - tar)} unpacked)") in space, space
 
 

@@ -1,23 +1,27 @@
 """Can this Docker host take this bundle? The checks `load` refuses or warns on and `doctor` lists.
 
-One set of words and thresholds for both: zstd layers against Docker's version, the storage driver,
-and free space under Docker's root against what the load needs (the upload Docker unpacks under
-<root>/tmp plus the unpacked layers). `facts` is a daemon.DaemonInfo: this module asks Docker
-nothing itself, it only reads the statvfs of a local root dir.
+One set of words and thresholds for both: zstd layers against the runtime's version, the storage
+driver, and free space under the runtime's root against what the load needs there, as the runtime
+stages and stores images (`need_for`: Docker's graphdriver unpacks the whole archive under
+<root>/tmp before it registers the layers; the containerd store keeps the compressed blobs and
+unpacks them into snapshots; Podman loads from a copy of the archive) less the layers it holds
+already. `facts` is a runtime.RuntimeInfo: this module asks the runtime nothing itself, it only
+reads the statvfs of a local root dir.
 """
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, AbstractSet, Optional
 
-from ..model import format_size
+from ..delta import chain_ids
+from ..model import UNPACKED_PER_COMPRESSED, Digest, format_size
 from .format import BundleIndex
 from .texts import ZSTD_REMEDY, zstd_layer_refs
 
 if TYPE_CHECKING:
-    from ..runtime import RuntimeInfo
+    from ..runtime import Runtime, RuntimeInfo
 
-TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the upload while loading
+TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the archive staged (or kept) while loading
 FREE_SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
 
 
@@ -32,14 +36,83 @@ class Check:
         return {"name": self.name, "status": self.status, "detail": self.detail, "advice": self.advice}
 
 
-def need_bytes(index: BundleIndex, unpacked: Optional[int] = None) -> int:
-    """Space Docker needs to load the bundle: the upload it unpacks under <root>/tmp, plus the layers."""
-    if unpacked is None:  # each layer's unpacked size where fetch learnt it, else the typical gzip ratio
-        seen = {x.digest: x for im in index.images for x in im.layers if not x.omitted}
-        known = sum(x.unpacked_size for x in seen.values() if x.unpacked_size is not None)
-        unknown = sum(x.size for x in seen.values() if x.unpacked_size is None)
-        unpacked = known + int(unknown * 2.5)
-    return index.archive.tar_size + unpacked
+@dataclass(frozen=True)
+class Need:
+    """What loading a bundle writes where the runtime keeps its images, by what the runtime does with it."""
+
+    staged: int  # the archive copied whole before a layer is registered, removed after (Docker's <root>/tmp)
+    kept: int  # compressed layers the runtime keeps (containerd's content store)
+    unpacked: int  # layers unpacked into the store: those whose chain it does not hold already
+    held: int  # layers whose chain the runtime holds already: not unpacked (nor kept) again
+
+    @property
+    def total(self) -> int:
+        return self.staged + self.kept + self.unpacked
+
+
+def need_for(index: BundleIndex, facts: "RuntimeInfo", held_chains: AbstractSet[Digest] = frozenset(),
+             unpacked: Optional[int] = None) -> Need:
+    """Space the runtime needs under its root to load the bundle, as it stages and stores images.
+
+    Docker with its graphdriver store unpacks the whole upload under <root>/tmp (image/tarexport/load.go:
+    every member, even of layers it holds) and then registers each layer it lacks, unpacked; the
+    containerd store (containerd, and Docker's containerd image store) writes the blobs into its
+    content store, where they stay, and unpacks into snapshots; Podman loads from a whole copy of the
+    archive in its staging dir (counted here when that is on the root's file system). A layer's
+    unpacked size is what fetch learnt, else model.UNPACKED_PER_COMPRESSED times its size."""
+    layers: dict = {}  # chain ID -> (compressed, unpacked) of the layers the bundle carries
+    held = 0
+    for im in index.images:
+        chains = chain_ids([x.diff_id for x in im.layers])
+        for layer, chain in zip(im.layers, chains):
+            if layer.omitted or chain in layers:
+                continue
+            if chain in held_chains:
+                held += 1
+                layers[chain] = None
+                continue
+            size = layer.unpacked_size if layer.unpacked_size is not None else int(layer.size * UNPACKED_PER_COMPRESSED)
+            layers[chain] = (layer.size, size)
+    fresh = [x for x in layers.values() if x is not None]
+    total_unpacked = sum(u for _, u in fresh) if unpacked is None else unpacked
+    if facts.containerd_store:
+        return Need(0, sum(c for c, _ in fresh), total_unpacked, held)
+    staged = index.archive.tar_size
+    if facts.runtime == "podman" and not _same_fs(facts.staging_dir, facts.root_dir):
+        staged = 0  # _staging_check holds the copy against its own file system
+    return Need(staged, 0, total_unpacked, held)
+
+
+def held_chains(runtime: "Runtime") -> frozenset:
+    """The layer chain IDs the runtime holds (every layer of its images); raises DaemonError."""
+    present = set()
+    for im in runtime.inventory():
+        present.update(chain_ids(im.diff_ids))
+    return frozenset(present)
+
+
+def describe_need(need: Need, facts: "RuntimeInfo") -> str:
+    """The need in words: how much, and what the runtime does with it."""
+    root = facts.root_dir or "its root"
+    if facts.containerd_store:
+        how = (f"{format_size(need.kept)} of compressed layers kept in the content store + "
+               f"{format_size(need.unpacked)} unpacked into snapshots")
+    elif facts.runtime == "podman":
+        how = (f"{format_size(need.staged)} for the copy of the archive Podman loads from ({facts.staging_dir}) + "
+               if need.staged else "") + f"{format_size(need.unpacked)} unpacked"
+    else:
+        how = (f"{format_size(need.staged)} for the archive {facts.title} unpacks into {root}/tmp before it "
+               f"registers the layers + {format_size(need.unpacked)} unpacked")
+    held = (f"; {need.held} layer{'s' if need.held != 1 else ''} {facts.title} holds already "
+            f"{'are' if need.held != 1 else 'is'} not unpacked again") if need.held else ""
+    return f"the bundle needs about {format_size(need.total)} ({how}{held})"
+
+
+def _same_fs(a: str, b: str) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return True  # not measurable here: count it, as one file system
 
 
 def zstd_check(index: BundleIndex, facts: "RuntimeInfo") -> Optional[Check]:
@@ -74,14 +147,13 @@ def storage_check(facts: "RuntimeInfo") -> Check:
     return Check("storage", "ok", where)
 
 
-def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Optional[int] = None) -> Check:
-    """Free space under Docker's root against what loading `index` needs (a typical image without one)."""
+def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Optional[int] = None,
+                held_chains: AbstractSet[Digest] = frozenset()) -> Check:
+    """Free space under the runtime's root against what loading `index` needs (a typical image without one);
+    `held_chains`: the layer chains the runtime holds already (not unpacked again)."""
     root = facts.root_dir
-    need = need_bytes(index, unpacked) if index is not None else None
-    how = ""
-    if index is not None and need is not None:
-        how = (f"the bundle needs about {format_size(need)} ({format_size(index.archive.tar_size)} for the upload "
-               f"while loading + {format_size(need - index.archive.tar_size)} unpacked)")
+    need = need_for(index, facts, held_chains, unpacked) if index is not None else None
+    how = describe_need(need, facts) if need is not None else ""
     if not facts.local or not root or not os.path.isdir(root):
         return Check("space", "info", f"cannot check free space under {root or 'the Docker root dir'} from here "
                      f"(daemon at {facts.host})" + (f"; {how}" if how else ""))
@@ -91,7 +163,7 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
     if staged is not None:
         return staged
     if need is not None:
-        if free < need:
+        if free < need.total:
             return Check("space", "fail", f"not enough space for {facts.title} under {root}: {how}, "
                          f"{format_size(free)} is free", FREE_SPACE_ADVICE)
         return Check("space", "ok", f"{format_size(free)} free under {root}; {how}")
@@ -108,7 +180,7 @@ def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Option
     if index is None or not stage or not os.path.isdir(stage) or not os.path.isdir(facts.root_dir):
         return None
     if os.stat(stage).st_dev == os.stat(facts.root_dir).st_dev:
-        return None  # one file system: need_bytes already counts the archive (the "upload while loading")
+        return None  # one file system: need_for already counts the archive
     st = os.statvfs(stage)
     free = st.f_bavail * st.f_frsize
     if free >= index.archive.tar_size:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..delta import chain_ids, describe_requirements, missing_chains, requirements
+from ..delta import describe_requirements, missing_chains, requirements
 from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from ..model import Digest, Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
@@ -140,9 +140,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
-    if plan.view.is_delta:
-        check_base(bundle_dir, plan.view, daemon, facts.title)
-    warnings = _compatibility(index, facts, None, force) + warnings
+    warnings = _before_sending(bundle_dir, index, daemon, facts, plan, force) + warnings
     for w in warnings:
         progress.warn(w)
     sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs)
@@ -197,6 +195,23 @@ def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Ver
         check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
     report.raise_if_bad("load")
     return report
+
+
+def _before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
+                    force: bool) -> List[str]:
+    """A delta's base there, then what this runtime can take (space, zstd, storage) of what will be sent, less
+    the layer chains it already holds; returns the warnings, raises what refuses the load."""
+    held: frozenset = frozenset()
+    if plan.view.is_delta:  # it needs the runtime's chains
+        held = hostcheck.held_chains(daemon)
+        check_base(bundle_dir, plan.view, daemon, facts.title, held)
+    elif facts.local:  # for the space check only: without them, every layer counts as unpacked here
+        try:
+            held = hostcheck.held_chains(daemon)
+        except DaemonError:
+            pass
+    outgoing = list(plan.view.images) + plan.others
+    return _compatibility(dataclasses.replace(index, images=tuple(outgoing)), facts, None, force, held)
 
 
 def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
@@ -261,12 +276,13 @@ def select_images(index: BundleIndex, arch: str, explicit: bool) -> List[BundleI
     return out
 
 
-def check_base(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", title: str = "Docker") -> None:
+def check_base(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", title: str = "Docker",
+               present: Optional[frozenset] = None) -> None:
     """A delta bundle loads only where the runtime (`title`: Docker, containerd, Podman) holds every chain it
-    leaves out; raises ImgtoolError naming the images (and the base bundle) to load first."""
-    present = set()
-    for im in daemon.inventory():
-        present.update(chain_ids(im.diff_ids))
+    leaves out (`present`: its chains, asked for when not given); raises ImgtoolError naming the images
+    (and the base bundle) to load first."""
+    if present is None:
+        present = hostcheck.held_chains(daemon)
     needed = index.omitted_chains()
     missing = missing_chains(needed, present)
     if not missing:
@@ -288,8 +304,10 @@ def _has_tags(daemon: "Runtime", info: "ImageInfo", names: Sequence[str]) -> boo
     return all(familiar(daemon.stored_name(n)) in have for n in names)
 
 
-def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[int], force: bool) -> List[str]:
-    """Refuse what this Docker cannot take (the checks doctor lists: hostcheck); return the warnings."""
+def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[int], force: bool,
+                   held: frozenset = frozenset()) -> List[str]:
+    """Refuse what this runtime cannot take (the checks doctor lists: hostcheck; `held`: the layer chains it
+    holds, not unpacked again); return the warnings."""
     zstd = hostcheck.zstd_check(index, facts)
     if zstd is not None:  # this runtime cannot read the bundle: the runtime's limit, exit 5 as load.sh's
         raise DaemonError(f"{zstd.detail}; nothing was loaded", hint=zstd.advice)
@@ -297,7 +315,7 @@ def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[
     storage = hostcheck.storage_check(facts)
     if storage.status == "warn":
         warnings.append(f"storage: {storage.detail}: {storage.advice}")
-    space = hostcheck.space_check(facts, index, unpacked)
+    space = hostcheck.space_check(facts, index, unpacked, held)
     if space.status == "fail" and not force:
         raise ImgtoolError(space.detail, hint=f"{space.advice}; or pass --force to try anyway")
     if space.status == "fail":
