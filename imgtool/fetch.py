@@ -127,58 +127,90 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     tool = bundle_tool(store.root, progress) if opts.tool else {}
     progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
                   + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
-    pulled: List[tuple] = []
+    pulled = _platform_images(resolutions, opts, store)
+    images = [img for img, _ in pulled]
+    output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
+    writer.check_output_dir(output, opts.force)
+    # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
+    delta = None if have is None else DeltaPlan.make(have, base, images)
+    skip: Set[Digest] = set()
+    left_out: List[heldblobs.LeftOut] = []
+    held: Dict[Digest, Descriptor] = {}
+    if delta is not None:
+        # before downloading: a delta the offline store could not hold whole is refused at no cost
+        left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
+                                              opts.probe_timeout, clients)
+        skip = _not_downloaded(images, delta, progress)
+    check_space(images, store, output, skip, opts.layers, opts.compress, tool)
+    # The bundle is written while the layers download: the writer takes each blob, in archive order,
+    # as soon as the store has it, so the disk writes the bundle while the network is still busy.
+    pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
+                    writer.archive_order(images, delta))
+    written = _Written(output, opts, store, progress, delta, gzip, tool)
+    images, result = written.while_pulling(pull, images, skip, left_out, held)
+    stats = pull.finish()
+    signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+        else None
+    return FetchResult(images, stats, result, signed)
+
+
+def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, store: Store
+                     ) -> List[Tuple[PulledImage, list]]:
+    """Each reference's image for each platform asked (index -> manifest -> config, into the store), checked
+    against the lock, with the sources that serve it."""
+    pulled = []
     for res in resolutions:
         for platform in opts.platforms:
             image = resolve_image(res, platform, store)
             if opts.lock:
                 opts.lock.check(image, platform)
             pulled.append((image, res.sources))
-    images = [img for img, _ in pulled]
-    output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
-    writer.check_output_dir(output, opts.force)
-    skip: Set[Digest] = set()
-    left_out: List[heldblobs.LeftOut] = []
-    held: Dict[Digest, Descriptor] = {}
-    # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
-    delta = None if have is None else DeltaPlan.make(have, base, images)
-    if delta is not None:
-        # before downloading: a delta the offline store could not hold whole is refused at no cost
-        left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
-                                              opts.probe_timeout, clients)
-        skip = _not_downloaded(images, delta, progress)
-    # The bundle is written while the layers download: the writer takes each blob, in archive order,
-    # as soon as the store has it, so the disk writes the bundle while the network is still busy.
-    check_space(images, store, output, skip, opts.layers, opts.compress, tool)
-    pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
-                    writer.archive_order(images, delta))
-    check = None
-    try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
-        # the layers kept as served are checked against their diff_ids while the bundle is written
-        check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
-        gzipped = opts.layers == "compat" and any(transcode.changes(im, opts.layers, skip) for im in images)
-        if any(transcode.changes(im, opts.layers, skip) for im in images):
-            # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
-            # each as soon as its blob is downloaded; a gzip image (compat) never comes here
-            images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
-                                                gzip=gzip, order=writer.archive_order(images, delta))
-        if left_out:
-            images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
-        result = writer.write_bundle(output, images, pull.blob_path, chunk_size=opts.chunk_size,
-                                     compress=opts.compress, force=opts.force, progress=progress,
-                                     gzip=gzip, gzipped_layers=gzipped,
-                                     delta=delta, created=opts.created, extra_files=tool,
-                                     verified=pull.stats.fresh, before_seal=check.wait)
-    except BaseException:
-        pull.cancel()  # finished layers and partial ones stay in the cache for the next run
-        raise
-    finally:
-        if check is not None:
-            check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
-    stats = pull.finish()
-    signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
-        else None
-    return FetchResult(images, stats, result, signed)
+    return pulled
+
+
+@dataclass
+class _Written:
+    """The bundle written while the layers download: what it needs besides the images."""
+
+    output: Path
+    opts: FetchOptions
+    store: Store
+    progress: Progress
+    delta: Optional[DeltaPlan]
+    gzip: "gz.Gzip"
+    tool: Dict[str, Path]
+
+    def while_pulling(self, pull: "_Pulling", images: List[PulledImage], skip: Set[Digest],
+                      left_out: List["heldblobs.LeftOut"], held: Dict[Digest, Descriptor]
+                      ) -> Tuple[List[PulledImage], "BundleResult"]:
+        """Rewrite the layers --layers asks to (as each arrives), then write the bundle, the layers kept as
+        served checked against their diff_ids before it is sealed; every path ends the download."""
+        from .bundle import writer
+
+        opts, store, progress = self.opts, self.store, self.progress
+        check = None
+        try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
+            check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
+            gzipped = opts.layers == "compat" and any(transcode.changes(im, opts.layers, skip) for im in images)
+            if any(transcode.changes(im, opts.layers, skip) for im in images):
+                # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
+                # each as soon as its blob is downloaded; a gzip image (compat) never comes here
+                images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
+                                                    gzip=self.gzip, order=writer.archive_order(images, self.delta))
+            if left_out:
+                images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
+            result = writer.write_bundle(self.output, images, pull.blob_path, chunk_size=opts.chunk_size,
+                                         compress=opts.compress, force=opts.force, progress=progress,
+                                         gzip=self.gzip, gzipped_layers=gzipped,
+                                         delta=self.delta, created=opts.created, extra_files=self.tool,
+                                         verified=pull.stats.fresh, before_seal=check.wait)
+        except BaseException:
+            pull.cancel()  # finished layers and partial ones stay in the cache for the next run
+            raise
+        finally:
+            if check is not None:
+                check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
+        return images, result
 
 
 def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> Tuple[Optional[Have], Optional[dict]]:
@@ -229,24 +261,9 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
     layer's size is not known before it is written: a zstd layer as gzip (compat) is counted at
     model.GZIP_PER_ZSTD times its size, a layer unpacked (plain) at model.UNPACKED_PER_COMPRESSED
     times. Layers a delta leaves out (`skip`) need nothing."""
-    from .model import GZIP_PER_ZSTD, LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED, format_size
+    from .model import GZIP_PER_ZSTD, UNPACKED_PER_COMPRESSED, format_size
 
-    blobs = {}
-    for im in images:
-        blobs[im.manifest.config.digest] = (im.manifest.config.size, "")
-        blobs.update((d.digest, (d.size, d.media_type)) for d in im.manifest.layers if d.digest not in skip)
-    rewritten = {im.manifest.layers[i].digest for im in images for i in transcode.changes(im, layers, skip)}
-    cache_need = out_need = 0
-    for digest, (size, media_type) in blobs.items():
-        if not store.has(digest, size):
-            cache_need += size - store.partial_bytes(digest, size)
-        if digest in rewritten:
-            new = int(size * (GZIP_PER_ZSTD if layers == "compat" else UNPACKED_PER_COMPRESSED))
-            cache_need += new
-            # in the bundle: as rewritten, or (plain, --compress) compressed again, about as it came
-            out_need += new if layers == "compat" or compress == "none" else size
-        elif compress == "none" or (media_type and LAYER_COMPRESSION.get(media_type) != "none"):
-            out_need += size
+    cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress)
     out_need += sum(Path(p).stat().st_size for p in extra_files.values())
     out_fs = output
     while not out_fs.exists() and out_fs.parent != out_fs:
@@ -267,6 +284,30 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
              if not same and need > free[key]]
     if short:
         raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=hint)
+
+
+def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str, compress: str
+                  ) -> Tuple[int, int, bool]:
+    """(bytes the cache needs, bytes the output needs without the extra files, whether a layer is rewritten)."""
+    from .model import GZIP_PER_ZSTD, LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED
+
+    blobs = {}
+    for im in images:
+        blobs[im.manifest.config.digest] = (im.manifest.config.size, "")
+        blobs.update((d.digest, (d.size, d.media_type)) for d in im.manifest.layers if d.digest not in skip)
+    rewritten = {im.manifest.layers[i].digest for im in images for i in transcode.changes(im, layers, skip)}
+    cache_need = out_need = 0
+    for digest, (size, media_type) in blobs.items():
+        if not store.has(digest, size):
+            cache_need += size - store.partial_bytes(digest, size)
+        if digest in rewritten:
+            new = int(size * (GZIP_PER_ZSTD if layers == "compat" else UNPACKED_PER_COMPRESSED))
+            cache_need += new
+            # in the bundle: as rewritten, or (plain, --compress) compressed again, about as it came
+            out_need += new if layers == "compat" or compress == "none" else size
+        elif compress == "none" or (media_type and LAYER_COMPRESSION.get(media_type) != "none"):
+            out_need += size
+    return cache_need, out_need, bool(rewritten)
 
 
 SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger disk{}; nothing was downloaded"
