@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Before and after, in one run: two versions of imgtool on the same image, alternating.
+
+    eval "$(scripts/services.sh env)"          # the test services (a registry, Docker 20.10)
+    scripts/compare.py eeac0db --scale 0.05    # that commit against this checkout
+
+The older version is checked out (git worktree) and installed into its own venv under --work-dir;
+this checkout runs as `python -m imgtool`. Each round runs, for each version in turn: `fetch` of the
+bench image (scripts/benchimage.py, this host's platform) with a fresh cache, the full `verify` of
+that bundle, and `load` into Docker 20.10 (the image removed before each load). Prints the medians,
+each one's peak RSS, and the ratio after/before: above 1 is slower now. Not product code.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (the image generator, the registry push, the command runner)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def old_imgtool(rev: str, work: Path) -> List[str]:
+    """The command running imgtool at `rev`, installed once into work/old-REV."""
+    where = work / f"old-{rev}"
+    python = where / "venv" / "bin" / "python"
+    if not python.exists():
+        if where.exists():
+            shutil.rmtree(where)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where / "src"), rev], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(where / "src")], check=True)
+    return [str(python), "-m", "imgtool"]
+
+
+def timed(cmd: List[str], env: Dict[str, str]) -> Tuple[float, int]:
+    r = bench.run(cmd, env=env, rss=True)
+    return r.seconds, r.rss_kb
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old", help="the git revision to compare against (e.g. the round's first commit)")
+    p.add_argument("--scale", type=float, default=0.05, help="bench image scale (1 = the real image)")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", default="bench1")
+    p.add_argument("--work-dir", default="/tmp/imgtool-compare")
+    args = p.parse_args(argv)
+    registry, docker_host = os.environ.get("IMGTOOL_TEST_REGISTRY_PLAIN"), os.environ.get("IMGTOOL_TEST_DOCKER_HOST")
+    if not registry or not docker_host:
+        sys.exit('compare.py: the test services are not running: eval "$(scripts/services.sh env)"')
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    versions = {"before": old_imgtool(args.old, work), "after": [sys.executable, "-m", "imgtool"]}
+    meta = bench.build_image(work / "images", args.scale, args.seed, full=False)
+    repo = f"cmp{os.getpid()}/vllm-ascend"
+    bench.push_image(registry, repo, "v1", meta)
+    mirrors = work / "mirrors.toml"
+    mirrors.write_text(f'default_image = "{registry}/{repo}"\n[[mirrors]]\nname = "local"\n'
+                       f'registry = "{registry}"\nurl = "http://{registry}"\nupstream = true\ninsecure = true\n')
+    ref = f"{registry}/{repo}:v1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_"))}
+    env["DOCKER_HOST"] = docker_host
+    docker = ["docker", "-H", docker_host]
+    times: Dict[str, List[float]] = {}
+    rss: Dict[str, int] = {}
+    for n in range(args.runs):
+        for name, cmd in (versions.items() if n % 2 == 0 else reversed(list(versions.items()))):
+            out, cache = work / f"bundle-{name}", work / f"cache-{name}"
+            for d in (out, cache):
+                shutil.rmtree(d, ignore_errors=True)
+            e = dict(env, IMGTOOL_CACHE=str(cache))
+            for job, argv_ in (("fetch", ["fetch", ref, "--mirrors", str(mirrors), "-o", str(out)]),
+                               ("verify", ["verify", str(out)]),
+                               ("load", ["load", str(out), "--runtime", "docker"])):
+                if job == "load":
+                    subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
+                seconds, kb = timed(cmd + ["-q", *argv_], e)
+                times.setdefault(f"{job}.{name}", []).append(seconds)
+                rss[f"{job}.{name}"] = max(rss.get(f"{job}.{name}", 0), kb)
+                print(f"run {n + 1} {name:6} {job:6} {seconds:7.2f} s", file=sys.stderr, flush=True)
+    subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
+    print(f"| job | before ({args.old}) | after | after/before | peak RSS before | after |")
+    print("|---|---|---|---|---|---|")
+    for job in ("fetch", "verify", "load"):
+        b, a = statistics.median(times[f"{job}.before"]), statistics.median(times[f"{job}.after"])
+        print(f"| {job} | {b:.2f} s | {a:.2f} s | {a / b:.2f} | {rss[f'{job}.before'] // 1024} MiB "
+              f"| {rss[f'{job}.after'] // 1024} MiB |")
+    print(f"\nscale {args.scale:g}, {args.runs} runs each, alternating; load average at the end "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
