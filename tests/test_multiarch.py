@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from imgtool.bundle.format import BundleIndex
-from tests.support.bundles import imgtool
+from tests.support.bundles import fetch_two_arch, imgtool
 from tests.support.images import host_arch
 
 OTHER = {"amd64": "arm64", "arm64": "amd64"}[host_arch()]
@@ -17,16 +17,8 @@ OTHER = {"amd64": "arm64", "arm64": "amd64"}[host_arch()]
 
 @pytest.fixture
 def two_arch(services, factory, mirrored, tmp_path):
-    idx = factory.multiarch(("amd64", "arm64"), layers=2, media="oci")
-    ms = mirrored(idx, tag="v3", targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
-    out = tmp_path / "both"
-    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out),
-                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
-    assert r.returncode == 0, r.stderr
-    return out, idx, f"quay.io/{ms.repo}:v3"
+    out, idx, repo = fetch_two_arch(services, factory, mirrored, tmp_path, "oci")
+    return out, idx, f"quay.io/{repo}:v3"
 
 
 def test_fetch_holds_both_with_the_index_digest(two_arch):

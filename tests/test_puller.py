@@ -672,26 +672,13 @@ fi
 def test_credentials_from_a_credential_helper(services, factory, tmp_path, uniq, how):
     """`docker login` with a credential helper (desktops, `pass`) leaves no secret in config.json:
     imgtool asks the helper, as docker does."""
-    idx = factory.multiarch()
-    push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
-               verify=services.tls_ca)
-    cfg = mirrors_file(tmp_path, f"quay.io/{uniq}/vllm-ascend",
-                       [("site", f"https://{services.tls}", "", f'ca_cert = "{services.tls_ca}"')])
-    home, bin_dir = tmp_path / "home", tmp_path / "bin"
-    (home / ".docker").mkdir(parents=True)
-    bin_dir.mkdir()
-    helper = bin_dir / "docker-credential-imgtooltest"
-    helper.write_text(HELPER.format(host=services.tls, user=services.tls_user, password=services.tls_password))
-    helper.chmod(0o755)
-    config = {"auths": {services.tls: {}}}  # what docker login writes next to a helper: no secret
-    config.update({"credsStore": "imgtooltest"} if how == "credsStore" else
-                  {"credHelpers": {services.tls: "imgtooltest"}})
-    (home / ".docker" / "config.json").write_text(json.dumps(config))
-    env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    cfg, env, helper, idx = _helped_login(services, factory, tmp_path, uniq, HELPER.format(
+        host=services.tls, user=services.tls_user, password=services.tls_password), how=how)
+    home = Path(env["HOME"])
     r = imgtool("inspect", "v1", "--mirrors", str(cfg), "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["digest"] == idx.manifest_digest
-    assert (bin_dir / "docker-credential-imgtooltest.asked").read_text().split() == [services.tls]
+    assert Path(f"{helper}.asked").read_text().split() == [services.tls]
     assert services.tls_password not in r.stdout + r.stderr
 
     # the helper named but not installed: the registry's 401 is explained by it
@@ -703,9 +690,11 @@ def test_credentials_from_a_credential_helper(services, factory, tmp_path, uniq,
         f"{services.tls}: docker-credential-imgtooltest not installed or not available in PATH")
 
 
-def _helped_login(services, factory, tmp_path, uniq, helper_text):
+def _helped_login(services, factory, tmp_path, uniq, helper_text, how="credHelpers"):
     """An image on the TLS registry (Basic auth), a mirrors.toml naming it, and a HOME whose config.json
-    names docker-credential-imgtooltest (`helper_text`) for it; returns (cfg, env, helper path)."""
+    names docker-credential-imgtooltest (`helper_text`) for it, as `how` (credHelpers, or credsStore: every
+    registry's helper, beside an auths entry without a secret, as docker login writes it); returns (cfg, env,
+    helper path, the image pushed)."""
     idx = factory.multiarch(layers=2)
     push_image(services.tls, f"{uniq}/vllm-ascend", "v1", idx, scheme="https", auth=services.tls_auth,
                verify=services.tls_ca)
@@ -717,14 +706,16 @@ def _helped_login(services, factory, tmp_path, uniq, helper_text):
     helper = bin_dir / "docker-credential-imgtooltest"
     helper.write_text(helper_text)
     helper.chmod(0o755)
-    (home / ".docker" / "config.json").write_text(json.dumps({"credHelpers": {services.tls: "imgtooltest"}}))
-    return cfg, {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}, helper
+    config = {"credHelpers": {services.tls: "imgtooltest"}} if how == "credHelpers" else \
+        {"auths": {services.tls: {}}, "credsStore": "imgtooltest"}
+    (home / ".docker" / "config.json").write_text(json.dumps(config))
+    return cfg, {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}, helper, idx
 
 
 def test_a_credential_helper_runs_once_per_fetch(services, factory, tmp_path, uniq):
     """Credentials are looked up on the registry's first 401, once per host: fetch builds its clients once
     (it built them for checking the input, again for resolving, and each looked its login up)."""
-    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq, HELPER.format(
+    cfg, env, helper, _ = _helped_login(services, factory, tmp_path, uniq, HELPER.format(
         host=services.tls, user=services.tls_user, password=services.tls_password))
     env["IMGTOOL_CACHE"] = str(tmp_path / "cache")
     r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
@@ -736,7 +727,7 @@ def test_a_credential_helper_runs_once_per_fetch(services, factory, tmp_path, un
 def test_a_hanging_credential_helper_is_one_error_naming_it_and_the_timeout(services, factory, tmp_path, uniq):
     """docker-credential-* runs with a timeout ($IMGTOOL_CREDENTIAL_HELPER_TIMEOUT, default 30 s): a helper
     that never answers (a keyring waiting for a desktop prompt) is named, with the time it was given."""
-    cfg, env, helper = _helped_login(services, factory, tmp_path, uniq,
+    cfg, env, helper, _ = _helped_login(services, factory, tmp_path, uniq,
                                      "#!/bin/sh\nexec sleep 3600\n")
     env.update(IMGTOOL_CACHE=str(tmp_path / "cache"), IMGTOOL_CREDENTIAL_HELPER_TIMEOUT="1")
     r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",

@@ -29,7 +29,7 @@ from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.inplace import InPlaceBlobs
 from imgtool.bundle.reader import read_index
 from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest, format_size
-from tests.support.bundles import BlobDir, imgtool, parts_of, random_layer, simple_image, write, write_delta
+from tests.support.bundles import BlobDir, fetch_two_arch, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
 from tests.test_selfbundle import old_python
@@ -599,16 +599,7 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
 def two_arch(services, factory, mirrored, tmp_path):
     """A tag published upstream as a Docker manifest list over amd64 and arm64, fetched as users do
     (`fetch --arch amd64,arm64`), served: (server factory args, bundle, the upstream index, the repo path)."""
-    idx = factory.multiarch(("amd64", "arm64"), layers=2, media="docker")
-    ms = mirrored(idx, tag="v3", targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
-    out = tmp_path / "both"
-    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out),
-                "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
-    assert r.returncode == 0, r.stderr
-    return out, idx, ms.repo
+    return fetch_two_arch(services, factory, mirrored, tmp_path, "docker", "--chunk-size", "1M")
 
 
 def served_index(idx) -> bytes:

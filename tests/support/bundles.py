@@ -273,3 +273,18 @@ def fetch_from_registry(services, factory, mirrored, tmp_path: Path, *extra: str
                 "--chunk-size", "1M", *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     return out, idx.image(host_arch()), f"quay.io/{ms.repo}:v0.22.1rc1", r
+
+
+def fetch_two_arch(services, factory, mirrored, tmp_path: Path, media: str, *extra: str):
+    """A tag (v3) published upstream as an index over amd64 and arm64 (`media`: docker, oci), fetched as users
+    do (`fetch --arch amd64,arm64`) into tmp_path/both; returns (bundle dir, the index, its repository path)."""
+    idx = factory.multiarch(("amd64", "arm64"), layers=2, media=media)
+    ms = mirrored(idx, tag="v3", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "both"
+    r = imgtool("fetch", "--no-tool", "v3", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o", str(out), *extra,
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    return out, idx, ms.repo
