@@ -6,7 +6,7 @@
 
 The older version is checked out (git worktree) and installed into its own venv under --work-dir;
 this checkout runs as `python -m imgtool`. Each round runs, for each version in turn: `fetch` of the
-bench image (scripts/benchimage.py, this host's platform) with a fresh cache, the full `verify` of
+bench image's arm64 platform (scripts/benchimage.py: the vllm-ascend-shaped one) with a fresh cache, the full `verify` of
 that bundle, and `load` into Docker 20.10 (the image removed before each load). Prints the medians,
 each one's peak RSS, and the ratio after/before: above 1 is slower now. Not product code.
 """
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             for d in (out, cache):
                 shutil.rmtree(d, ignore_errors=True)
             e = dict(env, IMGTOOL_CACHE=str(cache))
-            for job, argv_ in (("fetch", ["fetch", ref, "--mirrors", str(mirrors), "-o", str(out)]),
+            for job, argv_ in (("fetch", ["fetch", ref, "--arch", "arm64", "--mirrors", str(mirrors), "-o", str(out)]),
                                ("verify", ["verify", str(out)]),
                                ("load", ["load", str(out), "--runtime", "docker"])):
                 if job == "load":
