@@ -240,31 +240,26 @@ def cache_dir() -> Path:
 
 def read_timeout() -> float:
     """Seconds a blob or manifest read may stall: `$IMGTOOL_READ_TIMEOUT`, default 60. Raises UsageError."""
-    text = os.environ.get("IMGTOOL_READ_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_READ_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise UsageError(f"invalid IMGTOOL_READ_TIMEOUT {text!r}: give seconds between 0 and 3600, e.g. 60")
-    return value
+    return _seconds("IMGTOOL_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)
 
 
 def helper_timeout() -> float:
     """Seconds a docker-credential-* helper may take to answer: `$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`, default 30.
     Raises UsageError."""
-    text = os.environ.get("IMGTOOL_CREDENTIAL_HELPER_TIMEOUT", "").strip()
+    return _seconds("IMGTOOL_CREDENTIAL_HELPER_TIMEOUT", DEFAULT_HELPER_TIMEOUT)
+
+
+def _seconds(name: str, default: float) -> float:
+    """A variable holding seconds, above 0 and at most 3600; `default` when unset or blank. Raises UsageError."""
+    text = os.environ.get(name, "").strip()
     if not text:
-        return DEFAULT_HELPER_TIMEOUT
+        return default
     try:
         value = float(text)
     except ValueError:
         value = -1.0
     if not 0 < value <= 3600:
-        raise UsageError(f"invalid IMGTOOL_CREDENTIAL_HELPER_TIMEOUT {text!r}: give seconds between 0 and 3600, "
-                         "e.g. 30")
+        raise UsageError(f"invalid {name} {text!r}: give seconds between 0 and 3600, e.g. {default:g}")
     return value
 
 
