@@ -191,8 +191,9 @@ class _Written:
         check = None
         try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
             check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
-            gzipped = opts.layers == "compat" and any(transcode.changes(im, opts.layers, skip) for im in images)
-            if any(transcode.changes(im, opts.layers, skip) for im in images):
+            rewrites = any(transcode.changes(im, opts.layers, skip) for im in images)
+            gzipped = opts.layers == "compat" and rewrites  # the rewritten layers are gzip (bundle.json says by what)
+            if rewrites:
                 # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
                 # each as soon as its blob is downloaded; a gzip image (compat) never comes here
                 images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
