@@ -282,7 +282,7 @@ def _signed_offline_line(bundle_dir) -> str:
                    "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
                    "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
 @gzip_library_option
-@click.option("--jobs", type=int, default=8, show_default=True,
+@click.option("--jobs", type=int, default=12, show_default=True,
               help="Connections to each source (a registry and its mirrors are each a source).")
 @click.option("--max-connections", type=int, default=32, show_default=True,
               help="Connections at once over every source.")

@@ -105,11 +105,13 @@ class RegistryError(ImgtoolError):
 
 class RegistryUnavailable(RegistryError):
     """The registry answered a status worth trying again later (408, 425, 429, 5xx); `retry_after` is the
-    wait it asked for (`Retry-After`, seconds), or None."""
+    wait it asked for (`Retry-After`, seconds), or None; `status` the HTTP status when there was one."""
 
-    def __init__(self, message: str, hint: Optional[str] = None, retry_after: Optional[float] = None):
+    def __init__(self, message: str, hint: Optional[str] = None, retry_after: Optional[float] = None,
+                 status: Optional[int] = None):
         super().__init__(message, hint)
         self.retry_after = retry_after
+        self.status = status
 
 
 class Cancelled(ImgtoolError):

@@ -23,7 +23,7 @@ from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
-JOBS = 8  # connections per source (--jobs); how the scheduler divides the work over them: Tuning
+JOBS = 12  # connections per source (--jobs; why 12: docs/design.md); how the scheduler divides the work: Tuning
 CONNECTIONS = 32  # connections at once over every source (--max-connections)
 
 
@@ -82,6 +82,7 @@ class PullStats:
     bytes_cached: int = 0
     resumed_bytes: int = 0
     per_source: Dict[str, int] = field(default_factory=dict)
+    connections_lowered: Dict[str, int] = field(default_factory=dict)  # source -> its cap after a 429/503
     fresh: Set[Digest] = field(default_factory=set)  # downloaded and digest-checked by this process
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -89,6 +90,13 @@ class PullStats:
         with self.lock:
             self.bytes_downloaded += n
             self.per_source[source] = self.per_source.get(source, 0) + n
+
+    def lowered(self, source: str, cap: int) -> bool:
+        """The source's connections were capped at `cap`; True the first time for that source."""
+        with self.lock:
+            first = source not in self.connections_lowered
+            self.connections_lowered[source] = cap
+            return first
 
     def cached(self, size: int) -> None:
         """A blob of `size` bytes was in the store already."""
@@ -110,31 +118,47 @@ class PullStats:
 
 class _Slots:
     """The connections each source may have at once (`per_source`, --jobs), shared by every image's pool:
-    a source is one endpoint however many images it serves."""
+    a source is one endpoint however many images it serves.
+
+    A source that answers 429 or 503 while others of its connections are open is asking for fewer
+    (a mirror's per-client connection limit): `slow_down` lowers its cap to the connections still open,
+    for the rest of the run, instead of counting a failure that would drop the source."""
 
     def __init__(self, per_source: int):
         self.per_source = per_source
-        self.sem: Dict[str, threading.Semaphore] = {}
+        self.cap: Dict[str, int] = {}
         self.busy: Dict[str, int] = {}
-        self.lock = threading.Lock()
+        self.cond = threading.Condition()
 
     def in_use(self, name: str) -> int:
-        with self.lock:
+        with self.cond:
             return self.busy.get(name, 0)
 
     @contextmanager
     def hold(self, name: str) -> Iterator[None]:
         """One of the source's connections, waiting for one to be free."""
-        with self.lock:
-            sem = self.sem.setdefault(name, threading.Semaphore(self.per_source))
-        with sem:
-            with self.lock:
-                self.busy[name] = self.busy.get(name, 0) + 1
-            try:
-                yield
-            finally:
-                with self.lock:
-                    self.busy[name] -= 1
+        with self.cond:
+            while self.busy.get(name, 0) >= self.cap.get(name, self.per_source):
+                self.cond.wait()
+            self.busy[name] = self.busy.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.busy[name] -= 1
+                self.cond.notify_all()
+
+    def slow_down(self, name: str) -> Optional[int]:
+        """The source refused a connection's request with 429/503 (that connection's slot is released): its
+        cap becomes the connections still open to it. Returns the new cap, or None when no other one is
+        open (the refusal is then a failure like any other)."""
+        with self.cond:
+            others = self.busy.get(name, 0)
+            cap = self.cap.get(name, self.per_source)
+            if others < 1 or cap <= 1:
+                return None
+            self.cap[name] = min(cap - 1, others)
+            return self.cap[name]
 
 
 class _SourcePool:
@@ -168,6 +192,12 @@ class _SourcePool:
             self.last_error[source.name] = error
             if fatal:
                 self.dead[source.name] = error
+
+
+def _asks_for_fewer(error: RegistryError) -> bool:
+    """429 Too Many Requests or 503 Service Unavailable: what a server limiting each client's connections
+    answers (nginx's limit_conn: 503)."""
+    return isinstance(error, RegistryUnavailable) and error.status in (429, 503)
 
 
 def _struck_out(failures: int, attempts: int) -> bool:
@@ -517,8 +547,14 @@ class _Scheduler:
             except NotFoundError as e:
                 retries.not_found(source, e, rng.blob.desc.digest)
             except RegistryError as e:  # the registry room's words: "HOST: connection reset", "... timed out"
+                lowered = self.slots.slow_down(source.name) if _asks_for_fewer(e) else None
+                if lowered is not None and self.stats.lowered(source.name, lowered):
+                    self.progress.warn(f"{source.name} refused a connection while {lowered} others were open "
+                                       f"({e.message}): fewer connections to it from now on")
                 try:
-                    source.client.retry.wait(retries.failed(source, e), self.stop)
+                    source.client.retry.wait(retries.failed(source, e) if lowered is None
+                                             else source.client.retry.delay(0, getattr(e, "retry_after", None)),
+                                             self.stop)
                 except Cancelled:
                     return  # stopped (Ctrl-C, or another worker's error): the caller is unwinding
 

@@ -472,7 +472,7 @@ class RegistryClient:
             raise NotFoundError(f"{self.host}/{repository}: blob {digest.short} not found")
         if resp.status_code in RETRY_STATUS or (resp.history and resp.status_code in (403, 410)):
             raise RegistryUnavailable(f"{self.host}/{repository}: blob {digest.short}: {text}",
-                                      retry_after=_retry_after(resp))
+                                      retry_after=_retry_after(resp), status=resp.status_code)
         raise RegistryError(f"{self.host}/{repository}: blob {digest.short}: {text}")
 
     def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:

@@ -381,6 +381,37 @@ def unpacked_size(meta: dict) -> int:
 # a per-connection rate limit (the constrained link)
 
 
+PROXY_CHUNK = 256 * 1024  # 13 ms at 20 MB/s: fewer wake-ups, the same rate
+F_SETPIPE_SZ = 1031
+
+
+class _Splice:
+    """Bytes from one socket to another through a pipe, never copied through Python (os.splice: Linux, Python
+    3.10+), so the proxy takes as little of the 2 cores as it can from the tools it measures. The descriptors
+    stay valid until both directions ended (ThrottleProxy._serve closes the sockets)."""
+
+    def __init__(self, src, dst):
+        self.src, self.dst = src.fileno(), dst.fileno()
+        self.r, self.w = os.pipe()
+        try:
+            import fcntl
+
+            fcntl.fcntl(self.w, F_SETPIPE_SZ, PROXY_CHUNK)
+        except OSError:  # a smaller pipe moves the same bytes in more steps
+            pass
+
+    def once(self, most: int) -> int:
+        n = os.splice(self.src, self.w, most)
+        left = n
+        while left:
+            left -= os.splice(self.r, self.dst, left)
+        return n
+
+    def close(self) -> None:
+        os.close(self.r)
+        os.close(self.w)
+
+
 class ThrottleProxy:
     """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s (0: no limit).
 
@@ -419,35 +450,46 @@ class ThrottleProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=self._pipe, args=(client, server, None, False), daemon=True).start()
+        up = threading.Thread(target=self._pipe, args=(client, server, None, False), daemon=True)
+        up.start()
         self._pipe(server, client, self.rate, True)
+        up.join()  # the sockets are closed only once neither direction uses their descriptors
+        client.close()
+        server.close()
 
     def _pipe(self, src, dst, rate, count):
         due = time.monotonic()  # when the bytes sent so far may have left at `rate`
+        move = _Splice(src, dst) if hasattr(os, "splice") else None  # zero-copy: the proxy is not the bottleneck
         try:
             while True:
-                data = src.recv(64 * 1024)
-                if not data:
+                n = move.once(PROXY_CHUNK) if move else self._copy(src, dst)
+                if not n:
                     break
-                dst.sendall(data)
                 if count:
                     with self.lock:
-                        self.sent += len(data)
+                        self.sent += n
                 if rate:
                     # an idle (kept-alive) connection earns at most 50 ms of credit, not a burst
                     now = time.monotonic()
-                    due = max(due, now - 0.05) + len(data) / rate
+                    due = max(due, now - 0.05) + n / rate
                     if due > now:
                         time.sleep(due - now)
         except OSError:
             pass
         finally:
-            for s in (src, dst):
+            if move:
+                move.close()
+            for s in (src, dst):  # ends the other direction's blocking read; _serve closes them
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-                s.close()
+
+    @staticmethod
+    def _copy(src, dst) -> int:
+        data = src.recv(PROXY_CHUNK)
+        dst.sendall(data)
+        return len(data)
 
     def close(self):
         self.stopping = True
@@ -474,6 +516,7 @@ class Bench:
         self.bundle: Optional[Path] = None
         self.bundle_size = self.archive_size = 0
         self.delta_sizes: List[int] = []  # bytes of each delta bundle of the next release
+        self.stage_rates: Dict[str, float] = {}  # stage_rates(): CPU seconds per byte of each stage
 
     def ref(self, registry: Optional[str] = None) -> str:
         return f"{registry or self.env.registry}/{self.repo}:v1"
@@ -832,6 +875,18 @@ class Bench:
         if a.only_gzip:
             gzip_runs(self)
             return
+        if a.only_targets:  # issue 27's table, nothing else: what a --scale 1 run has time for
+            self.alternate([("fetch.imgtool", lambda: self.imgtool_fetch(), True),
+                            ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False)], a.runs)
+            log("delta bundle of the next release")
+            self.alternate([("delta.imgtool", self.delta_fetch, True)], a.runs)
+            log("load on Docker 20.10")
+            self.alternate([("load.imgtool", self.imgtool_load, True), ("load.docker", self.docker_load, False)],
+                           a.runs)
+            self.docker_rmi()
+            self.run_constrained()
+            gzip_runs(self)
+            return
         fetchers = [("fetch.imgtool", lambda: self.imgtool_fetch(), True),
                     ("fetch.skopeo_oci", lambda: self.skopeo_oci(), False),
                     ("fetch.curl", lambda: self.curl_raw(), False),
@@ -966,11 +1021,35 @@ def gzip_runs(b: Bench) -> None:
                               env=b.base_env, shell=True)
         return go
 
+    def save_floor() -> Result:
+        """docker save into nothing: its wall (the floor) and when its first byte came (gz.export.save_first:
+        Docker 20.10 writes every layer into its own tmp directory before it sends a byte)."""
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        p = subprocess.Popen(b.docker + ["save", b.ref()], stdout=subprocess.PIPE, env=b.base_env)
+        first = None
+        while True:
+            chunk = p.stdout.read(1024 * 1024)
+            if first is None:
+                first = time.monotonic() - t0
+            if not chunk:
+                break
+        rc = p.wait()
+        seconds = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        b.cpu.setdefault("gz.export.save", []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        b.times.setdefault("gz.export.save_first", []).append(first or seconds)
+        if rc:
+            raise RuntimeError(f"docker save exited {rc}")
+        return Result(seconds, 0, rc, "")
+
     b.imgtool_load()
     log(f"gzip: export of the loaded image, ISA-L / zlib / docker save | pigz -1 / docker save ({runs} runs each)")
     b.alternate([("gz.export.isal", export("isal"), True), ("gz.export.zlib", export("zlib"), True),
                  ("gz.export.pigz", save(f"| pigz -1 > {b.tmp / 'gz-save.tar.gz'}", "gz.export.pigz"), False),
-                 ("gz.export.save", save("> /dev/null", "gz.export.save"), False)], runs)
+                 ("gz.export.save", save_floor, False)], runs)
     (b.tmp / "gz-save.tar.gz").unlink(missing_ok=True)
     b.docker_rmi()
 
@@ -1003,6 +1082,145 @@ def gzip_report(b: Bench) -> List[str]:
             lines.append(f"| {job} | {m or 0:.2f} ({cpu(mine)}) | {z or 0:.2f} ({cpu(theirs)}) | {what} | "
                          f"{a or 0:.2f} ({cpu(key)}) | {'' if ratio is None else f'{ratio:.2f}'} | ≤ {goal:g} | "
                          f"{'' if ratio is None else ('yes' if ratio <= goal else 'no')} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# where the time goes: CPU per stage (issue 27)
+
+STAGE_SAMPLE = 128 * 1024 * 1024  # unpacked bytes of each layer the stages are timed on
+
+
+def _cpu_timed(fn) -> float:
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
+def _gzip_prefix(path: Path, want: int) -> Tuple[bytes, bytes]:
+    """The first bytes of a gzip blob that inflate to at least `want` bytes, and what they inflate to."""
+    import zlib
+
+    d, raw, tar = zlib.decompressobj(31), bytearray(), bytearray()
+    with open(path, "rb") as f:
+        while len(tar) < want and not d.eof:
+            chunk = f.read(1024 * 1024)
+            if not chunk:
+                break
+            raw += chunk
+            tar += d.decompress(chunk)
+    return bytes(raw), bytes(tar)
+
+
+def _time_stages(raw: bytes, tar: bytes, zstd_blob: Path, add) -> int:
+    """Each stage once over one layer's sample, its CPU seconds to add(stage, seconds, bytes); returns the bytes
+    ISA-L level 2 made of `tar`."""
+    import hashlib
+    import zlib
+
+    import zstandard
+    from isal import isal_zlib
+
+    member = 4 * 1024 * 1024
+    pieces = [tar[i:i + member] for i in range(0, len(tar), member)]
+    out = [0]
+
+    def deflate(lib, level: int, count: bool) -> None:
+        for x in pieces:
+            c = lib.compressobj(level, zlib.DEFLATED, -15)
+            n = len(c.compress(x)) + len(c.flush())
+            out[0] += n if count else 0
+
+    add("isal_inflate", _cpu_timed(lambda: isal_zlib.decompressobj(31).decompress(raw)), len(tar))
+    add("zlib_inflate", _cpu_timed(lambda: zlib.decompressobj(31).decompress(raw)), len(tar))
+    with open(zstd_blob, "rb") as f:
+        zr = zstandard.ZstdDecompressor().stream_reader(f, read_size=member, read_across_frames=True)
+        add("zstd_inflate", _cpu_timed(lambda: [zr.read(member) for _ in pieces]), len(tar))
+    add("sha256", _cpu_timed(lambda: hashlib.sha256(tar).digest()), len(tar))
+    add("crc32", _cpu_timed(lambda: isal_zlib.crc32(tar)), len(tar))
+    add("isal_deflate", _cpu_timed(lambda: deflate(isal_zlib, 2, True)), len(tar))
+    add("zlib_deflate", _cpu_timed(lambda: deflate(zlib, 1, False)), len(tar))
+    return out[0]
+
+
+def stage_rates(meta: dict) -> Dict[str, float]:
+    """CPU seconds per byte of each stage the gzip jobs are made of, each timed on one thread over the first
+    STAGE_SAMPLE unpacked bytes of every arm64 layer: the registry's gzip blob (level 6), its zstd twin, and the
+    unpacked tar. Keys: sha256 (per byte hashed), zstd_inflate, isal_deflate, zlib_deflate, isal_inflate,
+    zlib_inflate, crc32 (per unpacked byte); isal_ratio (unpacked / ISA-L level 2 output)."""
+    blobs = Path(meta["dir"]) / "blobs"
+    spent: Dict[str, float] = {}
+    sizes: Dict[str, int] = {}
+
+    def add(key: str, seconds: float, n: int) -> None:
+        spent[key] = spent.get(key, 0.0) + seconds
+        sizes[key] = sizes.get(key, 0) + n
+
+    out_bytes = 0
+    for layer, twin in zip(arm(meta)["layers"], build_zstd_twin(meta)["layers"]):
+        raw, tar = _gzip_prefix(blobs / layer["digest"].split(":")[1], STAGE_SAMPLE)
+        if tar:
+            out_bytes += _time_stages(raw, tar, blobs / twin["digest"].split(":")[1], add)
+    rates = {k: spent[k] / sizes[k] for k in spent}
+    rates["isal_ratio"] = sizes["isal_deflate"] / max(1, out_bytes)
+    return rates
+
+
+def stage_report(b: "Bench", meta: dict, rates: Dict[str, float]) -> List[str]:
+    """Each gzip job as the sum of its stages' CPU (rates x this image's bytes), the floor that sum puts on
+    the wall on this machine's cores, and the ratio to the anchor that floor allows."""
+    u, g = unpacked_size(meta), compressed_size(meta)
+    z = sum(x["size"] for x in build_zstd_twin(meta)["layers"])
+    g1 = u / rates["isal_ratio"]
+    cores = os.cpu_count() or 1
+
+    def sha(n: float) -> float:
+        return rates["sha256"] * n
+
+    jobs = [
+        ("fetch --layers compat (ISA-L)", "gz.compat.isal", "gz.compat.skopeo", [
+            ("sha256 of the zstd blobs (download check)", sha(z)), ("zstd inflate", rates["zstd_inflate"] * u),
+            ("sha256 of the tars (diff_id check)", sha(u)), ("ISA-L deflate, level 2", rates["isal_deflate"] * u),
+            ("crc32 of the members", rates["crc32"] * u), ("sha256 of the gzip blobs (their digests)", sha(g1)),
+            ("sha256 of the bundle's parts", sha(g1))]),
+        ("full verify (ISA-L)", "gz.verify.isal", "gz.verify.zlib", [
+            ("sha256 of the parts", sha(g)), ("sha256 of the blobs", sha(g)),
+            ("ISA-L inflate", rates["isal_inflate"] * u), ("sha256 of the tars (diff_ids)", sha(u))]),
+        ("full verify (zlib)", "gz.verify.zlib", None, [
+            ("sha256 of the parts", sha(g)), ("sha256 of the blobs", sha(g)),
+            ("zlib inflate", rates["zlib_inflate"] * u), ("sha256 of the tars (diff_ids)", sha(u))]),
+        ("export (ISA-L), imgtool's side", "gz.export.isal", "gz.export.save", [
+            ("sha256 of the tars (diff_ids)", sha(u)), ("ISA-L deflate, level 2", rates["isal_deflate"] * u),
+            ("crc32 of the members", rates["crc32"] * u), ("sha256 of the gzip blobs", sha(g1)),
+            ("sha256 of the bundle's parts", sha(g1))]),
+    ]
+    lines = ["", "## Where the time goes: CPU per stage", "",
+             f"Each stage timed on one thread (`time.thread_time`) over the first {STAGE_SAMPLE // 2**20} MiB "
+             "unpacked of every arm64 layer, then scaled to this image's bytes "
+             f"({u / MB:.0f} MB unpacked, {g / MB:.0f} MB gzip level 6, {z / MB:.0f} MB zstd, ~{g1 / MB:.0f} MB "
+             "as ISA-L level 2 writes it). Rates, MB/s on one core: "
+             + ", ".join(f"{k.replace('_', ' ')} {1 / v / MB:.0f}" for k, v in sorted(rates.items())
+                         if k != "isal_ratio" and v > 0)
+             + f". The floor: the stages' CPU spread perfectly over the {cores} cores (reading, writing, "
+             "Python and the kernel's copies not counted, so the true floor is higher).", "",
+             "| job | stages (CPU s) | sum CPU s | measured CPU s | floor on the cores s | measured s | anchor s "
+             "| floor ÷ anchor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for job, key, anchor, stages in jobs:
+        total = sum(x for _, x in stages)
+        cpu = b.cpu.get(key)
+        m, a = med(b, key), med(b, anchor) if anchor else None
+        floor = total / cores
+        lines.append(f"| {job} | " + "; ".join(f"{what} {x:.1f}" for what, x in stages)
+                     + f" | {total:.1f} | {statistics.median(cpu) if cpu else 0:.1f} | {floor:.1f} | "
+                     f"{m or 0:.1f} | {a or 0:.1f} | {f'{floor / a:.2f}' if a else ''} |")
+    save, first = med(b, "gz.export.save"), med(b, "gz.export.save_first")
+    if save and first is not None:
+        total = sum(x for _, x in jobs[-1][3])
+        floor = max(save, first + total / cores)
+        lines += ["", f"Export: `docker save` sent its first byte after {first:.1f} s of its {save:.1f} s (medians; Docker "
+                  "20.10 writes every layer into <root>/tmp before it sends any): imgtool's work can only start then, "
+                  f"so its floor is max({save:.1f}, {first:.1f} + {total:.1f} / {cores}) = {floor:.1f} s, "
+                  f"{floor / save:.2f}× `docker save > /dev/null`; measured {med(b, 'gz.export.isal') or 0:.1f} s."]
     return lines
 
 
@@ -1347,6 +1565,8 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "- Targets of issue 27: a ratio is imgtool's time over the anchor's (\"× faster\": the anchor's over "
               "imgtool's); a row whose anchor this run did not measure says so."]
     lines += gzip_report(b)
+    if b.stage_rates:
+        lines += stage_report(b, meta, b.stage_rates)
     lines += ["", "## Raw timings (seconds, in run order)", ""]
     for key, v in b.times.items():
         lines.append(f"- `{key}`: " + ", ".join(f"{x:.2f}" for x in v))
@@ -1379,6 +1599,9 @@ def main(argv=None) -> int:
     p.add_argument("--only-serve", action="store_true",
                    help="only serve: 1, 4 and 8 pulls from imgtool serve against the registry (the bundle fetched "
                         "once, untimed); no memory check at the small size")
+    p.add_argument("--only-targets", action="store_true",
+                   help="only issue 27's targets: fetch and skopeo, the delta, load on Docker 20.10, the constrained "
+                        "link, the gzip rows, and the CPU per stage (what a --scale 1 run has time for)")
     p.add_argument("--only-gzip", action="store_true",
                    help="only the gzip rows (issue 27): fetch --layers compat, full verify, export (ISA-L, zlib, peers)")
     p.add_argument("--seed", default="bench1", help="the image's seed: the same seed and scale give the same tar bytes everywhere")
@@ -1419,6 +1642,9 @@ def main(argv=None) -> int:
         b = Bench(args, env, meta, f"{ns}/vllm-ascend")
         try:
             b.run_all()
+            if not (args.only_load or args.only_constrained or args.only_serve):
+                log("where the time goes: CPU per stage")
+                b.stage_rates = stage_rates(meta)
             b.bundle_size = sum(f.stat().st_size for f in b.bundle.iterdir() if f.is_file())
             b.archive_size = b.archive_path().stat().st_size
             text = report(b, meta, small_meta, small_rss, info, args, time.monotonic() - started)

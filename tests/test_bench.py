@@ -78,6 +78,13 @@ def test_bench_quick_writes_every_row(services, tmp_path):
         row = re.search(rf"^\| {n} \| ([0-9]+) \| ([0-9]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9]+) MiB \| "
                         r"([0-9]+) MiB \|$", text, re.M)
         assert row and int(row.group(6)) > 5 and int(row.group(7)) > 5, f"no serve row for {n} pulls"
+    # where the time goes: each gzip job's stages with their CPU seconds, the floor they allow, the anchor
+    stages = table(section(text, "## Where the time goes: CPU per stage"))
+    assert [r[0] for r in stages] == ["fetch --layers compat (ISA-L)", "full verify (ISA-L)", "full verify (zlib)",
+                                      "export (ISA-L), imgtool's side"]
+    assert all(re.fullmatch(r"[0-9.]+", r[2]) and re.fullmatch(r"[0-9.]+", r[4]) for r in stages), stages
+    assert "ISA-L inflate" in stages[1][1] and "zlib inflate" in stages[2][1]
+    assert re.search(r"^Export: `docker save` sent its first byte after [0-9.]+ s of its [0-9.]+ s", text, re.M)
     # the work directory keeps only the built images (cached), no run scratch space
     assert not list((tmp_path / "work").glob("run-*"))
 
@@ -103,8 +110,8 @@ def test_throttle_proxy_holds_a_connection_to_its_rate(services, registry, uniq)
             for chunk in r.iter_content(64 * 1024):
                 got += chunk
                 # what may have arrived by now: rate x time, plus the 50 ms of credit the proxy
-                # allows and the 64 KiB it sends before its first sleep
-                allowed = rate * (time.monotonic() - t0 + 0.05) + 64 * 1024
+                # allows and the chunk it sends before its first sleep
+                allowed = rate * (time.monotonic() - t0 + 0.05) + bench.PROXY_CHUNK
                 if len(got) > allowed:
                     ahead.append((len(got), int(allowed)))
     finally:

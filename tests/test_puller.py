@@ -7,6 +7,7 @@ Mirrors are local registries standing in for quay.io (plain), DaoCloud (prefix p
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -415,6 +416,27 @@ def test_429_retry_after_is_honoured(services, factory, mirrored, tmp_path):
         image, _, stats, _ = pull(cfg, "v1", "arm64", store)
         assert time.monotonic() - start >= 2.0
         assert stats.blobs_downloaded == 1
+
+
+def test_a_source_limiting_connections_keeps_the_ones_it_allows(services, factory, mirrored, tmp_path):
+    """A registry that answers 503 to a client over 2 connections at once (nginx's limit_conn), fetched with 8:
+    the source is not dropped as failing (counted as failures, the refusals dropped it: "every source failed");
+    its connections come down to what it allows, one warning says so, and the blob arrives whole."""
+    with one_layer_behind_a_proxy(services, factory, mirrored, tmp_path, layer_size=24 << 20) as (proxy, cfg, layer, store):
+        blob_get = lambda m, p: m == "GET" and layer.digest in p  # noqa: E731
+        proxy.limit_connections(blob_get, 2)
+        proxy.add(Fault("rate", blob_get, times=1000, rate=4_000_000))  # connections stay open long enough to meet
+        image, _, stats, notes = pull(cfg, "v1", "arm64", store, jobs=8,
+                                      tuning=Tuning(big_blob=1 << 20, segment=1 << 20, request=512 << 10))
+        assert_store_holds(store, image)
+        # lowered at least once (each refusal lowers it to the connections then open, which a refusal seen late can
+        # still count above 2), and the source kept: the one source finished the blob
+        assert proxy.refused >= 1 and 1 <= stats.connections_lowered["quay"] <= 7 and stats.blobs_downloaded == 1
+        warned = [x for x in notes.lines if x.startswith("warning: ")]
+        assert len(warned) == 1, notes.lines
+        assert re.fullmatch(rf"warning: quay refused a connection while [1-7] others were open \({re.escape(proxy.hostport)}"
+                            rf"/.*: blob {Digest.parse(layer.digest).short}: HTTP 503 Service Unavailable\): "
+                            "fewer connections to it from now on", warned[0]), warned[0]
 
 
 def test_big_blob_is_fetched_in_ranges_from_two_sources(services, factory, mirrored, tmp_path):

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+; the type only matters to the check
         bytes_cached: int
         resumed_bytes: int
         per_source: Dict[str, int]
+        connections_lowered: Dict[str, int]  # a source that answered 429/503: the connections it was left
 
 
 @dataclass
@@ -113,7 +114,8 @@ class BundleResult:
         if stats is not None:
             out["download"] = {"bytes_downloaded": stats.bytes_downloaded, "blobs_downloaded": stats.blobs_downloaded,
                                "blobs_cached": stats.blobs_cached, "bytes_cached": stats.bytes_cached,
-                               "resumed_bytes": stats.resumed_bytes, "per_source": dict(stats.per_source)}
+                               "resumed_bytes": stats.resumed_bytes, "per_source": dict(stats.per_source),
+                               "connections_lowered": dict(stats.connections_lowered)}
         out["warnings"] = list(self.warnings)
         return out
 

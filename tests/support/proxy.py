@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 CHUNK = 256 * 1024
 
@@ -101,6 +101,8 @@ class FaultProxy:
         self.lock = threading.Lock()
         self._expiring = {}  # token -> (deadline, real path)
         self.gates: List[Gate] = []
+        self.limit: Optional[Tuple[Callable[[str, str], bool], int]] = None  # limit_connections
+        self.in_flight = self.refused = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -186,6 +188,26 @@ class FaultProxy:
             return sum(r.sent for r in self.records
                        if (blob_path(r.path) or r.path.startswith("/cdn/")) and r.method == "GET")
 
+    def limit_connections(self, match: Callable[[str, str], bool], n: int) -> None:
+        """Answer 503 to a matching request while `n` matching ones are being answered, as nginx's limit_conn
+        does for a client over its limit; `refused` counts them."""
+        self.limit = (match, n)
+
+    def _admit(self, method: str, path: str) -> Optional[bool]:
+        """None: not limited; True: counted in flight (call _leave); False: over the limit."""
+        if self.limit is None or not self.limit[0](method, path):
+            return None
+        with self.lock:
+            if self.in_flight >= self.limit[1]:
+                self.refused += 1
+                return False
+            self.in_flight += 1
+            return True
+
+    def _leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
     def _take_fault(self, method: str, path: str) -> Optional[Fault]:
         with self.lock:
             for f in self.faults:
@@ -218,6 +240,18 @@ class FaultProxy:
                 self._reply(h, rec, 403, b"<Error>Request has expired</Error>", {"Content-Type": "application/xml"})
                 return
             path = real
+        admitted = self._admit(method, path)
+        if admitted is False:
+            self._reply(h, rec, 503, b"<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>",
+                        {"Content-Type": "text/html"})
+            return
+        try:
+            self._forward(h, rec, method, path, body, fault, gates)
+        finally:
+            if admitted:
+                self._leave()
+
+    def _forward(self, h, rec: Record, method: str, path: str, body, fault: Optional[Fault], gates: List[Gate]) -> None:
         if fault and fault.kind == "status":
             self._reply(h, rec, fault.status, b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}',
                         dict({"Content-Type": "application/json"}, **fault.headers))
