@@ -55,6 +55,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchimage  # noqa: E402  (scripts/ is not a package)
+from imgtool.puller import JOBS as IMGTOOL_JOBS  # noqa: E402  (fetch's connections per source: the link's floor)
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
@@ -1548,9 +1549,10 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "same pass that streams the parts into Docker, holding back the last bytes until all of them matched "
               "(a mismatch cuts the upload short and Docker drops it); Docker checks diff_ids itself. Most of both "
               "times is Docker's own work (unpacking the layers).",
-              f"- constrained link: imgtool opens 8 connections per source (`--jobs`; at most 32 in all), so its floor "
-              f"is {csize / MB:.0f} MB / (8 × {args.rate:g} MB/s) = {csize / MB / 8 / args.rate:.1f} s with one source and "
-              f"{csize / MB / 16 / args.rate:.1f} s with two (each behind its own proxy); skopeo and docker "
+              f"- constrained link: imgtool opens {IMGTOOL_JOBS} connections per source (`--jobs`; at most 32 in all), "
+              f"so its floor is {csize / MB:.0f} MB / ({IMGTOOL_JOBS} × {args.rate:g} MB/s) = "
+              f"{csize / MB / IMGTOOL_JOBS / args.rate:.1f} s with one source and "
+              f"{csize / MB / (2 * IMGTOOL_JOBS) / args.rate:.1f} s with two (each behind its own proxy); skopeo and docker "
               f"use one connection per layer, so they wait for the biggest layer: {big['size'] / MB:.0f} MB / "
               f"{args.rate:g} MB/s = {big['size'] / MB / args.rate:.1f} s.",
               "- Before every timed run the script calls sync (untimed), so no tool pays in its own fsyncs for the "
