@@ -120,14 +120,16 @@ class _Slots:
     """The connections each source may have at once (`per_source`, --jobs), shared by every image's pool:
     a source is one endpoint however many images it serves.
 
-    A source that answers 429 or 503 while others of its connections are open is asking for fewer
-    (a mirror's per-client connection limit): `slow_down` lowers its cap to the connections still open,
-    for the rest of the run, instead of counting a failure that would drop the source."""
+    A source that answers 429 or 503 while others of its connections are downloading from it is asking
+    for fewer (a mirror's per-client connection limit): `slow_down` lowers its cap to the connections
+    still downloading, for the rest of the run, instead of counting a failure that would drop the source.
+    A source refusing every connection (down, or restarting) is failing, not limiting: no lowering."""
 
     def __init__(self, per_source: int):
         self.per_source = per_source
         self.cap: Dict[str, int] = {}
         self.busy: Dict[str, int] = {}
+        self.flowing: Dict[str, int] = {}  # connections receiving a blob's bytes from the source now
         self.cond = threading.Condition()
 
     def in_use(self, name: str) -> int:
@@ -148,12 +150,23 @@ class _Slots:
                 self.busy[name] -= 1
                 self.cond.notify_all()
 
+    @contextmanager
+    def receiving(self, name: str) -> Iterator[None]:
+        """A connection of the source is receiving an answer's bytes (the source said yes to it)."""
+        with self.cond:
+            self.flowing[name] = self.flowing.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.flowing[name] -= 1
+
     def slow_down(self, name: str) -> Optional[int]:
         """The source refused a connection's request with 429/503 (that connection's slot is released): its
-        cap becomes the connections still open to it. Returns the new cap, or None when no other one is
-        open (the refusal is then a failure like any other)."""
+        cap becomes the connections still receiving from it. Returns the new cap, or None when none is
+        (the refusal is then a failure like any other)."""
         with self.cond:
-            others = self.busy.get(name, 0)
+            others = self.flowing.get(name, 0)
             cap = self.cap.get(name, self.per_source)
             if others < 1 or cap <= 1:
                 return None
@@ -549,7 +562,7 @@ class _Scheduler:
             except RegistryError as e:  # the registry room's words: "HOST: connection reset", "... timed out"
                 lowered = self.slots.slow_down(source.name) if _asks_for_fewer(e) else None
                 if lowered is not None and self.stats.lowered(source.name, lowered):
-                    self.progress.warn(f"{source.name} refused a connection while {lowered} others were open "
+                    self.progress.warn(f"{source.name} refused a connection while {lowered} others were downloading "
                                        f"({e.message}): fewer connections to it from now on")
                 try:
                     source.client.retry.wait(retries.failed(source, e) if lowered is None
@@ -564,7 +577,7 @@ class _Scheduler:
         start, size = rng.pos, rng.blob.desc.size
         asked = self._ask(rng, False)
         with source.client.blob(source.repository, rng.blob.desc.digest, start, None if asked == size else asked,
-                                retry=False) as blob:
+                                retry=False) as blob, self.slots.receiving(source.name):
             if blob.whole:  # the server ignored Range: it sends the whole blob anyway,
                 asked = self._ask(rng, True)  # so keep the rest of the range from this response
                 self._skip(blob, start, source, rng)

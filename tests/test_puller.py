@@ -434,7 +434,7 @@ def test_a_source_limiting_connections_keeps_the_ones_it_allows(services, factor
         assert proxy.refused >= 1 and 1 <= stats.connections_lowered["quay"] <= 7 and stats.blobs_downloaded == 1
         warned = [x for x in notes.lines if x.startswith("warning: ")]
         assert len(warned) == 1, notes.lines
-        assert re.fullmatch(rf"warning: quay refused a connection while [1-7] others were open \({re.escape(proxy.hostport)}"
+        assert re.fullmatch(rf"warning: quay refused a connection while [1-7] others were downloading \({re.escape(proxy.hostport)}"
                             rf"/.*: blob {Digest.parse(layer.digest).short}: HTTP 503 Service Unavailable\): "
                             "fewer connections to it from now on", warned[0]), warned[0]
 
