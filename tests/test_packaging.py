@@ -1,5 +1,6 @@
 """What `pip install .` ships: every package and every data file the code reads beside itself."""
 
+import shutil
 from pathlib import Path
 
 from imgtool.config import read_toml
@@ -20,14 +21,26 @@ def test_every_package_and_data_file_is_in_pyproject():
             assert f.name in shipped, f"{name}/{f.name} is missing from [tool.setuptools.package-data]"
 
 
+_NOT_SOURCES = shutil.ignore_patterns(".venv*", ".git", "*.egg-info", "build", "__pycache__", ".pytest_cache", ".hypothesis")
+
+
+def _the_tree_alone(directory, names):
+    """copytree's ignore: what is not source, and any symlink that leads out of the tree (a developer's venv)."""
+    ignored = set(_NOT_SOURCES(directory, names))
+    for name in names:
+        path = Path(directory) / name
+        if path.is_symlink() and ROOT not in path.resolve().parents:
+            ignored.add(name)
+    return ignored
+
+
 def test_non_editable_install_into_a_fresh_venv(tmp_path):
     """`pip install .` (not editable) gives a working `imgtool` with its data files."""
-    import shutil
     import subprocess
     import sys
 
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "*.egg-info", "build", "__pycache__"))
+    shutil.copytree(ROOT, src, symlinks=True, ignore=_the_tree_alone)
     venv = tmp_path / "venv"
     # exactly what a user does: a fresh venv, `pip install .` with its dependencies from the index
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

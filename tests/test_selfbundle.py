@@ -21,6 +21,7 @@ from imgtool import __version__, selfbundle
 from imgtool.errors import ImgtoolError
 from tests.support.bundles import fetch_from_registry, imgtool, parts_of
 from tests.support.images import host_arch
+from tests.support.pythons import pyenv_python, pyenv_root
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPS = ("click", "requests", "urllib3", "idna", "certifi", "charset_normalizer", "docker", "tqdm", "tomli",
@@ -253,21 +254,10 @@ OLD_PYTHONS = ("3.7", "3.8")  # Kylin V10 / openEuler 20.03 ship 3.7; Ubuntu 20.
 KYLIN_PYTHON = ("3.7",)
 
 
-def _pyenv_root() -> str:
-    return subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip() or \
-        os.path.expanduser("~/.pyenv")
-
-
-def pyenv_python(version):
-    """The newest pyenv python3.X (`pyenv root`/versions), or None."""
-    found = sorted(Path(_pyenv_root(), "versions").glob(f"{version}.*/bin/python{version}"))
-    return str(found[-1]) if found else None
-
-
 def old_python(version):
     """pyenv's python3.X, run isolated (-I): that Python's standard library and nothing else."""
     found = pyenv_python(version)
-    assert found, f"python{version} is not under {_pyenv_root()}/versions: the Kylin test needs it (never a skip)"
+    assert found, f"python{version} is not under {pyenv_root()}/versions: the Kylin test needs it (never a skip)"
     return [found, "-I"]
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from imgtool.bundle import layout, ustar
+from tests.support.pythons import pyenv_python, pyenv_root
 
 ROOT = Path(__file__).resolve().parents[1]
-PYENV_VERSIONS = Path("/root/.pyenv/versions")
 PYTHONS = ("3.6", "3.7", "3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
 GiB = 2 ** 30
 
@@ -57,9 +57,9 @@ def test_headers_match_the_ones_bundles_already_hold():
 
 
 def _interpreter(version):
-    found = sorted(PYENV_VERSIONS.glob(version + ".*/bin/python" + version))
-    assert found, "python%s is not under %s: the header test needs every interpreter" % (version, PYENV_VERSIONS)
-    return found[-1]
+    found = pyenv_python(version)
+    assert found, "python%s is not under %s/versions: the header test needs every interpreter" % (version, pyenv_root())
+    return found
 
 
 @pytest.mark.parametrize("version", PYTHONS)
