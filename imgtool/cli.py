@@ -18,7 +18,7 @@ from . import __version__
 from . import progress as progress_mod
 from .bundle.format import COMPRESSIONS
 from .config import carriers_help
-from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError
+from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError, exit_codes_help
 from .presets.run import RUNTIMES
 
 @dataclass
@@ -154,7 +154,7 @@ def usage_lines(e: click.UsageError, verb: str = ""):
     return text, hint
 
 
-@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Verbs, context_settings={"help_option_names": ["-h", "--help"]}, epilog=exit_codes_help())
 @click.version_option(__version__, "--version", prog_name="imgtool", message="%(prog)s %(version)s")
 @common
 def cli():

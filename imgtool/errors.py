@@ -13,12 +13,29 @@ EXIT_NETWORK = 4
 EXIT_DOCKER = 5
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
+# What each code means, as the user reads it: the top-level --help and the README's table are this text
+# (tests/test_errors.py holds README.md, docs/presets.md and docs/reliability.md to it).
+EXIT_MEANINGS = (
+    (EXIT_OK, "ok"),
+    (EXIT_ERROR, "error"),
+    (EXIT_USAGE, "bad usage or input (reference, platform, size, config file, path)"),
+    (EXIT_VERIFY, "verification failed (also: a signature refused under an allowed_signers policy)"),
+    (EXIT_NETWORK, "registry or network"),
+    (EXIT_DOCKER, "the container runtime: Docker daemon, containerd (`ctr`), Podman (unreachable, refused, or none found)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C; `serve` also on SIGTERM)"),
+)
+
 
 def one_line(what: object, limit: int = 300) -> str:
     """An exception's (or a daemon's, a server's) text as one line of a message: whitespace and
     newlines collapsed, cut to `limit` characters with `...`."""
     text = " ".join(str(what).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def exit_codes_help() -> str:
+    """The exit codes as the top-level --help shows them (click keeps a paragraph after \\b as written)."""
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:<3} {meaning}" for code, meaning in EXIT_MEANINGS)
 
 
 class ImgtoolError(Exception):

@@ -1,10 +1,14 @@
 """errors.py: an error restated by a caller that knows more is a new error of the same kind; the caught
-one stays as it was (issue 28 item 8: exceptions were mutated after they were caught)."""
+one stays as it was (issue 28 item 8: exceptions were mutated after they were caught). The exit codes
+every doc and the top-level help name are errors.py's."""
+
+import re
+from pathlib import Path
 
 import pytest
 
 from imgtool.bundle.signature import sign_written
-from imgtool.errors import ImgtoolError, ProgramFailed, SignatureError, VerifyError
+from imgtool.errors import EXIT_MEANINGS, ImgtoolError, ProgramFailed, SignatureError, VerifyError
 
 
 @pytest.mark.parametrize("error", [
@@ -31,3 +35,42 @@ def test_sign_written_says_the_bundle_is_unsigned_without_changing_what_it_caugh
     assert e.value.message == f"the bundle {tmp_path / 'nowhere'} is complete but not signed: {cause.message}"
     assert not cause.message.startswith("the bundle")
     assert e.value.hint.endswith(f"sign it: imgtool sign {tmp_path / 'nowhere'} --key key")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table(path, heading, columns):
+    """The rows of the first table under `heading` in a doc: cells of each row with `columns` cells."""
+    section = (ROOT / path).read_text(encoding="utf-8").split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("|")]
+    return [r for r in rows if len(r) == columns and r[0] not in ("code", "refusal") and not set(r[0]) <= {"-"}]
+
+
+def test_every_exit_code_table_says_what_errors_py_says():
+    # a table that explains a code starts with its general meaning's head ("bad usage or input", "the container runtime")
+    meanings = {code: re.split(r" \(|:", meaning, maxsplit=1)[0] for code, meaning in EXIT_MEANINGS}
+    # README: the whole table, word for word
+    assert [(int(code), meaning) for code, meaning in _table("README.md", "## Exit codes", 2)] == list(EXIT_MEANINGS)
+    # the run presets' codes and the offline refusals' codes: each one of errors.py's, explained from its
+    # general meaning on
+    run = _table("docs/presets.md", "## Exit codes", 2)
+    assert [int(code) for code, _ in run] == [0, 1, 2, 5]
+    for code, meaning in run:
+        assert meaning.startswith(meanings[int(code)]), (code, meaning)
+    refusals = _table("docs/reliability.md", "## Exit codes: imgtool and load.sh agree (issue 24 item 12)", 4)
+    assert len(refusals) == 9
+    for refusal, by_imgtool, by_load_sh, why in refusals:
+        assert by_imgtool == by_load_sh, refusal
+        assert why.startswith(meanings[int(by_imgtool)]), (refusal, why)
+
+
+def test_the_top_level_help_lists_the_exit_codes():
+    from click.testing import CliRunner
+
+    from imgtool.cli import cli
+
+    out = CliRunner().invoke(cli, ["--help"]).output
+    listed = out.split("Exit codes:\n", 1)[1].splitlines()
+    assert [line.split(None, 1) for line in listed if line.strip()] == [[str(c), m] for c, m in EXIT_MEANINGS]

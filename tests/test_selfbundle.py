@@ -154,6 +154,13 @@ def test_the_pyz_fetches_too_and_copies_itself(services, factory, mirrored, tmp_
 def test_builds_are_byte_identical_and_cached(tmp_path, monkeypatch):
     a, b = selfbundle.build(tmp_path / "a.pyz"), selfbundle.build(tmp_path / "b.pyz")
     assert (tmp_path / "a.pyz").read_bytes() == (tmp_path / "b.pyz").read_bytes() and a.sha256 == b.sha256
+    # the size the README promises, in English and in Chinese, is the size built (within 10 %)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    stated = re.findall(r"`imgtool.pyz` \(≈([0-9.]+) MB\)|imgtool 本身，约 ([0-9.]+) MB", readme)
+    assert len(stated) == 2, stated
+    built = (tmp_path / "a.pyz").stat().st_size / 1e6
+    for said in (float(en or zh) for en, zh in stated):
+        assert abs(said - built) <= 0.1 * built, f"README says the pyz is {said} MB; it is {built:.2f} MB"
     with zipfile.ZipFile(tmp_path / "a.pyz") as z:
         infos = z.infolist()
         names = [i.filename for i in infos]
