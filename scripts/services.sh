@@ -3,6 +3,7 @@
 # and four distribution registries on loopback, all under one state dir, all started and stopped
 # by this script only.
 #
+#   scripts/services.sh packages  install the Debian packages the suite uses, if missing; start nothing
 #   scripts/services.sh up      start everything (installs the Debian packages first if missing)
 #   scripts/services.sh env     print `export IMGTOOL_TEST_...=...` lines (eval-able)
 #   scripts/services.sh status  say whether the services are up
@@ -35,6 +36,7 @@
 set -euo pipefail
 
 S="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-svc}"
+SLOT="${IMGTOOL_SERVICES_SLOT:-0}"  # which set of services this is (scripts/test.sh starts one per worker)
 TOKEN_SERVICE="imgtool-test-registry"
 TOKEN_ISSUER="imgtool-test-issuer"
 TLS_USER="imgtool"
@@ -52,12 +54,13 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_SLOT,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
 
 case "$S" in /*) ;; *) die "IMGTOOL_SERVICES_DIR must be an absolute path (got $S)";; esac
+case "$SLOT" in [0-7]) ;; *) die "IMGTOOL_SERVICES_SLOT must be 0-7 (got $SLOT)";; esac
 S="${S%/}"
 [ "${#S}" -le 60 ] || die "state dir path too long for unix sockets (${#S} > 60 chars): $S"
 
@@ -141,8 +144,10 @@ our_shims() {
 free_ports() { # N free loopback TCP ports, all bound at once so they differ
     # Chosen below the kernel's ephemeral range: the token issuer's port stays unbound until
     # pytest starts it, and any port-0 bind by a test in between (serve, fault proxies) draws
-    # from the ephemeral range, so it can never take a port reserved here.
-    python3 - "$1" <<'EOF'
+    # from the ephemeral range, so it can never take a port reserved here. Each set of services
+    # (IMGTOOL_SERVICES_SLOT, one per pytest-xdist worker) draws from a range of its own, so one
+    # set's issuer port, unbound until its worker starts, is never another set's.
+    python3 - "$1" "$SLOT" <<'EOF'
 import random, socket, sys
 try:
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -150,12 +155,14 @@ try:
 except (OSError, ValueError, IndexError):
     low = 32768
 low = min(low, 32768)
+span = 1500
+start = max(1024, low - 12000) + int(sys.argv[2]) * span
 socks = []
 rng = random.SystemRandom()
 while len(socks) < int(sys.argv[1]):
     s = socket.socket()
     try:
-        s.bind(("127.0.0.1", rng.randrange(max(1024, low - 12000), low)))
+        s.bind(("127.0.0.1", rng.randrange(start, start + span)))
     except OSError:
         s.close()
         continue
@@ -733,6 +740,7 @@ up() {
 # ---------------------------------------------------------------------------------------------
 
 case "${1:-}" in
+packages) ensure_packages ;;
 up) up ;;
 down) down ;;
 env)
@@ -743,7 +751,7 @@ status)
     if all_running; then say "up ($S)"; else say "not running ($S)"; exit 1; fi
     ;;
 *)
-    echo "usage: $0 up|down|env|status" >&2
+    echo "usage: $0 packages|up|down|env|status" >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The test command of the project: venv, ruff, real services up, pytest, services down (always).
+# The test command of the project: venv, ruff and mypy, then the suite in two tiers.
 #
-#   scripts/test.sh                 # = python -m pytest -q tests
-#   scripts/test.sh -k registry -x  # any pytest arguments
+#   scripts/test.sh                 # both tiers: the fast tier (no service: no daemon, registry or
+#                                   # runtime) first, stopping at its first failure, before any service
+#                                   # starts; then the services up, the tests that need them, services down
+#   scripts/test.sh --fast [ARGS]   # the fast tier alone (starts nothing); ARGS go to pytest
+#   scripts/test.sh ARGS...         # services up, then pytest ARGS as given (e.g. -q tests/test_load.py -x)
 #
+# The services tier runs on $IMGTOOL_TEST_WORKERS pytest-xdist workers (default 2), each with a set of
+# services of its own (below).
 # Exits with pytest's code; "no tests ran" (5) counts as a failure like any other nonzero code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,18 +39,71 @@ fi
 "$VENV/bin/python" -m ruff check imgtool tests scripts
 "$VENV/bin/python" -m mypy
 
+mode=args
+if [ "${1:-}" = "--fast" ]; then
+    mode=fast
+    shift
+elif [ "$#" -eq 0 ]; then
+    mode=all
+fi
+
+# The tools the tests run (skopeo, ssh-keygen, busybox, pigz, ...): installed if missing, nothing started.
+scripts/services.sh packages
+
+if [ "$mode" != args ]; then
+    # The fast tier cannot reach a service even where an earlier `eval "$(scripts/services.sh env)"` left
+    # its variables: every IMGTOOL_TEST_* but the data seed is unset for it.
+    unset_services=()
+    for v in $(compgen -e); do
+        case "$v" in IMGTOOL_TEST_SEED) ;; IMGTOOL_TEST_*) unset_services+=(-u "$v") ;; esac
+    done
+    echo "test.sh: the fast tier (tests that need no service)" >&2
+    env "${unset_services[@]}" "$VENV/bin/python" -m pytest -q -x -m "not services" -p no:xdist tests "$@"
+    [ "$mode" = fast ] && exit 0
+fi
+
+# One set of services per worker, each its own dockerds, containerds, Podman storage, registries and
+# token issuer (state dirs $IMGTOOL_SERVICES_DIR, then -1, -2, ...; port ranges from IMGTOOL_SERVICES_SLOT on,
+# so two checkouts tested at once on one machine give each a different IMGTOOL_SERVICES_DIR and SLOT):
+# no two workers ever share a runtime, so a test that compares a runtime's images before and after sees
+# only its own. ARGS runs get one set unless IMGTOOL_TEST_WORKERS is given (then pass -n yourself).
+if [ "$mode" = all ]; then
+    workers="${IMGTOOL_TEST_WORKERS:-2}"
+else
+    workers="${IMGTOOL_TEST_WORKERS:-1}"
+fi
+case "$workers" in [1-8]) ;; *) echo "test.sh: IMGTOOL_TEST_WORKERS must be 1-8 (got $workers)" >&2; exit 2;; esac
+base_dir="${IMGTOOL_SERVICES_DIR:-/tmp/imgtool-svc}"
+set_dirs=()
+for ((i = 0; i < workers; i++)); do
+    if [ "$i" -eq 0 ]; then set_dirs+=("$base_dir"); else set_dirs+=("$base_dir-$i"); fi
+done
+
 # shellcheck disable=SC2317  # called by the EXIT trap
 services_down() {
-    scripts/services.sh down || echo "test.sh: warning: scripts/services.sh down failed" >&2
+    local dir
+    for dir in "${set_dirs[@]}"; do
+        IMGTOOL_SERVICES_DIR="$dir" scripts/services.sh down \
+            || echo "test.sh: warning: scripts/services.sh down failed for $dir" >&2
+    done
 }
 trap services_down EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-scripts/services.sh up
-eval "$(scripts/services.sh env)"
+env_files=()
+for ((i = 0; i < workers; i++)); do
+    IMGTOOL_SERVICES_DIR="${set_dirs[$i]}" IMGTOOL_SERVICES_SLOT="$((${IMGTOOL_SERVICES_SLOT:-0} + i))" scripts/services.sh up
+    env_files+=("${set_dirs[$i]}/env.sh")
+done
+# the first set for this process (and a run without workers); worker gwN reads set N (tests/conftest.py)
+eval "$(IMGTOOL_SERVICES_DIR="${set_dirs[0]}" scripts/services.sh env)"
+export IMGTOOL_TEST_SERVICE_SETS="${env_files[*]}"
 
-[ "$#" -gt 0 ] || set -- -q tests
+if [ "$mode" = all ]; then
+    echo "test.sh: the services tier on $workers workers, one set of services each" >&2
+    set -- -q -m services -n "$workers" tests
+fi
 rc=0
 "$VENV/bin/python" -m pytest "$@" || rc=$?
 exit "$rc"

@@ -17,6 +17,7 @@ mirrored        mirrored(image, tag="v1") -> MirrorSet: quay.io / DaoCloud / NJU
 """
 
 import hashlib
+import os
 import secrets
 import subprocess
 
@@ -26,15 +27,31 @@ from tests.support.daemon import DaemonCleanup, DockerCLI
 from tests.support.runtimes import RUNTIMES, Node, node_for
 from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, publish_mirrored
-from tests.support.services import Services, ServicesNotRunning
+from tests.support.services import Services, ServicesNotRunning, worker_environment
 from tests.support.tokenissuer import TokenIssuer
 
 ENGINES = ("20.10", "26.1", "26.1-containerd")  # scripts/services.sh starts each; CI runs them all
 
 
 def pytest_configure(config):
+    # a pytest-xdist worker reaches its own set of services (scripts/test.sh starts one per worker), never
+    # another worker's: set before any fixture or helper reads the IMGTOOL_TEST_* variables
+    try:
+        os.environ.update(worker_environment())
+    except (ServicesNotRunning, OSError) as e:
+        raise pytest.UsageError(str(e)) from None
     config.addinivalue_line("markers", "engines: run the test once on every Docker engine of the matrix")
     config.addinivalue_line("markers", "runtimes: run the test once on every Docker engine, containerd and Podman")
+    config.addinivalue_line("markers", "services: reaches a registry, dockerd, containerd or Podman (set from the fixtures "
+                                       "it uses; scripts/test.sh runs the others first, before the services start)")
+
+
+def pytest_collection_modifyitems(config, items):
+    # The two tiers of scripts/test.sh: a test that reaches a service (anything built on `_services`: a
+    # registry, a dockerd, containerd, Podman) is marked `services`; the rest run first, before any starts.
+    for item in items:
+        if "_services" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.services)
 
 
 def pytest_generate_tests(metafunc):

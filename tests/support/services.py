@@ -1,6 +1,7 @@
 """The real services started by scripts/services.sh, as described by its IMGTOOL_TEST_* variables."""
 
 import os
+import shlex
 import socket
 from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Tuple
@@ -153,3 +154,29 @@ class Services:
                 "test services are not answering: " + "; ".join(dead)
                 + ": run scripts/test.sh (or scripts/services.sh up)"
             )
+
+
+def worker_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The IMGTOOL_TEST_* variables of this pytest-xdist worker's own set of services ({} outside a worker).
+
+    scripts/test.sh starts one set per worker and names their env files in IMGTOOL_TEST_SERVICE_SETS;
+    worker gwN takes set N, so no two workers share a dockerd, containerd, Podman storage or registry.
+    Raises ServicesNotRunning when the worker has no set of its own."""
+    env = os.environ if environ is None else environ
+    worker = env.get("PYTEST_XDIST_WORKER", "")
+    if not worker:
+        return {}
+    sets = env.get("IMGTOOL_TEST_SERVICE_SETS", "").split()
+    index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else -1
+    if not 0 <= index < len(sets):
+        raise ServicesNotRunning(f"pytest-xdist worker {worker} has no set of services of its own "
+                                 f"(IMGTOOL_TEST_SERVICE_SETS names {len(sets)}): run scripts/test.sh, "
+                                 "or give IMGTOOL_TEST_WORKERS as many sets as -n workers")
+    found = {}
+    with open(sets[index], encoding="utf-8") as f:
+        for line in f:
+            words = shlex.split(line)
+            if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+                name, value = words[1].split("=", 1)
+                found[name] = value
+    return found
