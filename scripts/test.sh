@@ -57,8 +57,8 @@ if [ "$mode" != args ]; then
     for v in $(compgen -e); do
         case "$v" in IMGTOOL_TEST_SEED) ;; IMGTOOL_TEST_*) unset_services+=(-u "$v") ;; esac
     done
-    echo "test.sh: the fast tier (tests that need no service)" >&2
-    env "${unset_services[@]}" "$VENV/bin/python" -m pytest -q -x -m "not services" -p no:xdist tests "$@"
+    echo "test.sh: the fast tier (tests that need no service) on ${IMGTOOL_TEST_WORKERS:-2} workers" >&2
+    env "${unset_services[@]}" "$VENV/bin/python" -m pytest -q -x -m "not services" -n "${IMGTOOL_TEST_WORKERS:-2}" tests "$@"
     [ "$mode" = fast ] && exit 0
 fi
 
