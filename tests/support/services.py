@@ -157,16 +157,17 @@ class Services:
 
 
 def worker_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """The IMGTOOL_TEST_* variables of this pytest-xdist worker's own set of services ({} outside a worker).
+    """The IMGTOOL_TEST_* variables of this pytest-xdist worker's own set of services ({} outside a worker or
+    where no services were started).
 
     scripts/test.sh starts one set per worker and names their env files in IMGTOOL_TEST_SERVICE_SETS;
     worker gwN takes set N, so no two workers share a dockerd, containerd, Podman storage or registry.
     Raises ServicesNotRunning when the worker has no set of its own."""
     env = os.environ if environ is None else environ
     worker = env.get("PYTEST_XDIST_WORKER", "")
-    if not worker:
-        return {}
     sets = env.get("IMGTOOL_TEST_SERVICE_SETS", "").split()
+    if not worker or not sets:
+        return {}  # one process, or no services at all (the fast tier): nothing to choose
     index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else -1
     if not 0 <= index < len(sets):
         raise ServicesNotRunning(f"pytest-xdist worker {worker} has no set of services of its own "
