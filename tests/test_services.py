@@ -437,3 +437,23 @@ def test_the_demo_runs_without_a_terminal_and_prints_no_colour(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "\n$ imgtool verify vllm-ascend-v0.22.1rc1-" in r.stdout and "demo done:" in r.stdout
     assert "\x1b" not in r.stdout and "\x1b" not in r.stderr
+
+
+def test_each_worker_reaches_its_own_set_of_services(tmp_path):
+    """scripts/test.sh starts a set of services per pytest-xdist worker; worker gwN reads set N, never another's."""
+    from tests.support.services import ServicesNotRunning, worker_environment
+
+    files = []
+    for n in range(2):
+        f = tmp_path / f"env{n}.sh"
+        f.write_text(f"export IMGTOOL_TEST_SERVICES_DIR=/tmp/imgtool-svc-{n}\n"
+                     f"export IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:2{n}000\n")
+        files.append(str(f))
+    sets = " ".join(files)
+    assert worker_environment({"PYTEST_XDIST_WORKER": "gw1", "IMGTOOL_TEST_SERVICE_SETS": sets}) == {
+        "IMGTOOL_TEST_SERVICES_DIR": "/tmp/imgtool-svc-1", "IMGTOOL_TEST_REGISTRY_PLAIN": "127.0.0.1:21000"}
+    assert worker_environment({"IMGTOOL_TEST_SERVICE_SETS": sets}) == {}  # not a worker: the first set, as exported
+    assert worker_environment({"PYTEST_XDIST_WORKER": "gw0"}) == {}  # the fast tier: no services at all
+    with pytest.raises(ServicesNotRunning) as e:
+        worker_environment({"PYTEST_XDIST_WORKER": "gw2", "IMGTOOL_TEST_SERVICE_SETS": sets})
+    assert str(e.value).startswith("pytest-xdist worker gw2 has no set of services of its own (IMGTOOL_TEST_SERVICE_SETS names 2)")
