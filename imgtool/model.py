@@ -233,6 +233,13 @@ def json_object(data: bytes, limit: int, bad: Callable[[str], Exception]) -> dic
     return obj
 
 
+def is_platform(text: object) -> bool:
+    """Whether `text` is `os/architecture[/variant]` of OCI tokens (known architectures or not), as inventories
+    and messages write a platform."""
+    parts = text.split("/") if isinstance(text, str) else []
+    return 2 <= len(parts) <= 3 and all(_PLATFORM_PART.match(p) for p in parts)
+
+
 def is_tag(text: object) -> bool:
     """Whether `text` is a tag in the distribution spec's grammar: up to 128 of [A-Za-z0-9_.-], not led by . or -."""
     return isinstance(text, str) and _TAG_RE.match(text) is not None
