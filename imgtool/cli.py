@@ -20,6 +20,7 @@ from .bundle.format import COMPRESSIONS
 from .config import carriers_help
 from .errors import EXIT_ERROR, EXIT_USAGE, ImgtoolError, UsageError, exit_codes_help
 from .presets.run import RUNTIMES
+from .text import for_terminal
 
 @dataclass
 class _Run:
@@ -79,14 +80,14 @@ MAX_PROBLEMS_SHOWN = 20  # a crafted bundle.json can make tens of thousands: --j
 def _failed(run: _Run, message: str, hint: Optional[str], code: int, problems=()) -> None:
     """The one place a failure is printed: `error:` (+ the first problems, + `hint:`) on stderr, and
     with --json a JSON document on stdout unless the verb printed its own (verify's failed report)."""
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {for_terminal(message)}", err=True)
     problems = list(problems)
     for problem in problems[:MAX_PROBLEMS_SHOWN]:
-        click.echo(f"  - {problem}", err=True)
+        click.echo(f"  - {for_terminal(problem)}", err=True)
     if len(problems) > MAX_PROBLEMS_SHOWN:
         click.echo(f"  - and {len(problems) - MAX_PROBLEMS_SHOWN} more (--json lists every one)", err=True)
     if hint:
-        click.echo(f"hint: {hint}", err=True)
+        click.echo(f"hint: {for_terminal(hint)}", err=True)
     if run.json and not run.json_printed:
         click.echo(json.dumps({"ok": False, "exit_code": code, "error": message, "hint": hint,
                                "problems": [str(p) for p in problems]}, indent=2))
@@ -94,8 +95,8 @@ def _failed(run: _Run, message: str, hint: Optional[str], code: int, problems=()
 
 
 def table(rows, headers) -> str:
-    """A plain left-aligned text table."""
-    rows = [[str(c) for c in r] for r in rows]
+    """A plain left-aligned text table, one line per row (a cell's control characters escaped)."""
+    rows = [[for_terminal(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     out = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths)).rstrip()]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -386,7 +387,8 @@ def inspect(ref, mirror, mirrors_file, as_json):
                            "compressed_size": p.size, "layers": p.layers} for p in r.platforms],
         })
         return
-    click.echo(f"{r.ref.tagged}\ndigest:  {r.digest}\ntype:    {r.media_type}\nsource:  {r.source.describe()}\n")
+    click.echo("\n".join(for_terminal(line) for line in (r.ref.tagged, f"digest:  {r.digest}", f"type:    {r.media_type}",
+                                                          f"source:  {r.source.describe()}")) + "\n")
     click.echo(table([(str(p.platform), format_size(p.size), p.layers, str(p.manifest_digest)) for p in r.platforms],
                      ["platform", "compressed", "layers", "manifest digest"]))
 
@@ -793,7 +795,7 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
         click.echo(f"ok: {report.dir}: {len(report.index.images)} image(s); {what}; "
                    f"{format_size(report.bytes_read)} in {report.seconds:.1f} s")
         for im in report.index.images:
-            click.echo(f"  {im.ref}  {im.platform}  ID {im.image_id.short}")
+            click.echo(for_terminal(f"  {im.ref}  {im.platform}  ID {im.image_id.short}"))
         if report.index.is_delta:
             from .delta import describe_requirements, requirements
 

@@ -134,8 +134,8 @@ def toml_fail(path: Path, text: str, table: Optional[str] = None, nth: int = 0,
     return fail
 
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_URL_RE = re.compile(r"^(https?)://([^/\s]+)(/\S*)?$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` lets a final newline through
+_URL_RE = re.compile(r"(https?)://([^/\s]+)(/\S*)?\Z")
 
 
 def _default_image(value: str) -> str:

@@ -11,10 +11,10 @@ which layers of the images being bundled are covered. It does no I/O.
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import UsageError
-from .model import Descriptor, Digest, PulledImage, json_object
+from .model import Descriptor, Digest, PulledImage, is_docker_name, is_platform, json_object
 
 INVENTORY_FORMAT = "imgtool-inventory"
 INVENTORY_VERSION = 1
@@ -97,12 +97,38 @@ class Inventory:
                 diffs = tuple(Digest.parse(d) for d in x["diff_ids"])
             except (UsageError, TypeError, AttributeError):
                 raise bad(f"images[{i}].diff_ids holds something that is not a digest") from None
-            tags = tuple(t for t in (x.get("tags") or []) if isinstance(t, str))
-            images.append(InventoryImage(x["id"], tags, str(x.get("platform") or ""), diffs))
+            images.append(InventoryImage(_image_id(x["id"], f"images[{i}].id", bad),
+                                         _names(x.get("tags") or [], f"images[{i}].tags", bad),
+                                         _platform(x.get("platform") or "", f"images[{i}].platform", bad), diffs))
         daemon = obj.get("daemon")
         if not isinstance(daemon, dict):
             daemon = {}
         return cls(str(obj.get("created") or ""), daemon, tuple(images))
+
+
+# An inventory's names reach load.sh's base check, bundle.json and messages: each is checked against its
+# grammar here, where it enters (docs/security.md).
+def _image_id(value: str, where: str, bad: Callable[[str], UsageError]) -> str:
+    try:
+        Digest.parse(value)
+    except UsageError:
+        raise bad(f"{where} is not an image ID (sha256:<64 hex digits>): {value!r}") from None
+    return value
+
+
+def _names(values: object, where: str, bad: Callable[[str], UsageError]) -> Tuple[str, ...]:
+    if not isinstance(values, list):
+        raise bad(f"{where} is not a list")
+    for j, name in enumerate(values):
+        if not is_docker_name(name):
+            raise bad(f"{where}[{j}] is not an image name ([HOST[:PORT]/]PATH[:TAG]): {name!r}")
+    return tuple(values)
+
+
+def _platform(value: object, where: str, bad: Callable[[str], UsageError]) -> str:
+    if value and not is_platform(value):
+        raise bad(f"{where} is not a platform (os/architecture[/variant]): {value!r}")
+    return str(value)
 
 
 @dataclass

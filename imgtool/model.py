@@ -58,7 +58,9 @@ MAX_CONFIG_BYTES = 32 * 1024 * 1024
 
 # --- digests ---------------------------------------------------------------
 
-_DIGEST_RE = re.compile(r"^(sha256):([a-f0-9]{64})$|^(sha512):([a-f0-9]{128})$")
+# Every grammar below is matched whole (`\Z`, or fullmatch): `$` also matches before a final newline, so
+# "sha256:...\n" or "base:v1\n" would pass.
+_DIGEST_RE = re.compile(r"(sha256):([a-f0-9]{64})\Z|(sha512):([a-f0-9]{128})\Z")
 
 
 @dataclass(frozen=True, order=True)
@@ -118,7 +120,7 @@ _ARCH_ALIASES = {
 }
 _ARCH_VARIANT_FROM_ALIAS = {"armv7l": "v7", "armhf": "v7"}
 _DEFAULT_VARIANT = {"arm64": "v8"}
-_PLATFORM_PART = re.compile(r"^[a-z0-9_.-]+$")
+_PLATFORM_PART = re.compile(r"[a-z0-9_.-]{1,64}\Z")  # OCI: os, architecture, variant are short tokens
 
 
 @dataclass(frozen=True)
@@ -150,11 +152,21 @@ class Platform:
         return cls(os_name, _ARCH_ALIASES[arch], variant)
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Platform":
-        """Build from an index entry's `platform` or an image config; tolerant of missing os."""
-        arch = str(obj.get("architecture") or "")
-        arch = _ARCH_ALIASES.get(arch, arch)
-        return cls(str(obj.get("os") or "linux"), arch, obj.get("variant") or None)
+    def from_json(cls, obj: dict, where: str = "platform") -> "Platform":
+        """Build from an index entry's `platform` or an image config; tolerant of a missing os. Each field
+        given must be OCI's short lowercase token (`[a-z0-9._-]`): these strings come from registries and
+        reach messages and load.sh. Raises ManifestError naming `where`."""
+        values = {}
+        for key in ("os", "architecture", "variant"):
+            value = obj.get(key)
+            if value is None or value == "":
+                continue
+            if not isinstance(value, str) or not _PLATFORM_PART.match(value):
+                raise ManifestError(f"malformed {where}: `{key}` is not a platform token: {value!r}",
+                                    hint="expected a short lowercase word such as linux, arm64, v8 ([a-z0-9._-])")
+            values[key] = value
+        arch = values.get("architecture", "")
+        return cls(values.get("os", "linux"), _ARCH_ALIASES.get(arch, arch), values.get("variant"))
 
     @classmethod
     def host(cls) -> "Platform":
@@ -174,6 +186,13 @@ class Platform:
             return True
         return self.normalized_variant() == wanted.normalized_variant()
 
+    def agrees(self, other: "Platform") -> bool:
+        """True when two statements about one image fit (an index entry and its config): the same os and
+        architecture, and the same variant where both name one (arm64 and arm64/v8 agree)."""
+        if self.os != other.os or self.architecture != other.architecture:
+            return False
+        return not (self.variant and other.variant) or self.normalized_variant() == other.normalized_variant()
+
     def to_json(self) -> dict:
         out = {"os": self.os, "architecture": self.architecture}
         if self.variant:
@@ -192,10 +211,10 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = rf"(?:localhost|{_LABEL}(?:\.{_LABEL})*|\[[0-9a-fA-F:]+\])(?::[0-9]{{1,5}})?"
-_PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(rf"^{_TAG}$")
-_HOST_RE = re.compile(rf"^{_HOST}$")
-_DOCKER_NAME_RE = re.compile(rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?$")
+_PATH_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*\Z")
+_TAG_RE = re.compile(rf"{_TAG}\Z")
+_HOST_RE = re.compile(rf"{_HOST}\Z")
+_DOCKER_NAME_RE = re.compile(rf"(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::{_TAG})?\Z")
 
 
 def json_object(data: bytes, limit: int, bad: Callable[[str], Exception]) -> dict:
@@ -214,9 +233,21 @@ def json_object(data: bytes, limit: int, bad: Callable[[str], Exception]) -> dic
     return obj
 
 
+def is_platform(text: object) -> bool:
+    """Whether `text` is `os/architecture[/variant]` of OCI tokens (known architectures or not), as inventories
+    and messages write a platform."""
+    parts = text.split("/") if isinstance(text, str) else []
+    return 2 <= len(parts) <= 3 and all(_PLATFORM_PART.match(p) for p in parts)
+
+
+def is_tag(text: object) -> bool:
+    """Whether `text` is a tag in the distribution spec's grammar: up to 128 of [A-Za-z0-9_.-], not led by . or -."""
+    return isinstance(text, str) and _TAG_RE.match(text) is not None
+
+
 def is_docker_name(name: str) -> bool:
     """Whether `name` is a name `docker tag` takes: [HOST[:PORT]/]PATH[:TAG] (no digest)."""
-    return _DOCKER_NAME_RE.match(name) is not None
+    return isinstance(name, str) and _DOCKER_NAME_RE.match(name) is not None
 
 
 def familiar(name: str) -> str:
@@ -396,7 +427,7 @@ class Descriptor:
             media_type=str(obj.get("mediaType") or ""),
             digest=digest,
             size=size,
-            platform=Platform.from_json(plat) if isinstance(plat, dict) else None,
+            platform=Platform.from_json(plat, f"{where}'s platform") if isinstance(plat, dict) else None,
             annotations={str(k): str(v) for k, v in annotations.items()},
         )
 
@@ -496,7 +527,7 @@ class ImageConfig:
             diff_ids = tuple(Digest.parse(d) for d in rootfs.get("diff_ids") or [])
         except (ValueError, UnicodeDecodeError, AttributeError, UsageError) as e:
             raise ManifestError(f"malformed image config: {e}") from e
-        return cls(Platform.from_json(obj), diff_ids)
+        return cls(Platform.from_json(obj, "image config"), diff_ids)
 
 
 # --- times -----------------------------------------------------------------

@@ -11,6 +11,8 @@ from typing import Optional
 
 from .model import format_size
 
+from .text import for_terminal
+
 
 class Bar:
     """A byte or item counter; `update(n)` is thread-safe."""
@@ -39,7 +41,7 @@ class Progress:
 
     def warn(self, message: str) -> None:
         """A warning line (stderr); shown even with --quiet."""
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        print(f"warning: {for_terminal(message)}", file=sys.stderr, flush=True)
 
 
 class _PlainBar(Bar):
@@ -83,7 +85,7 @@ class PlainProgress(Progress):
         return _PlainBar(total, desc, unit, self.interval)
 
     def note(self, message):
-        print(message, file=sys.stderr, flush=True)
+        print(for_terminal(message), file=sys.stderr, flush=True)
 
 
 class _TqdmBar(Bar):
@@ -114,13 +116,13 @@ class TtyProgress(PlainProgress):
     def note(self, message):
         from tqdm import tqdm
 
-        tqdm.write(message, file=sys.stderr)
+        tqdm.write(for_terminal(message), file=sys.stderr)
 
     def warn(self, message):
         """Above the bars, as a note (a print would land inside a bar's line and tear it)."""
         from tqdm import tqdm
 
-        tqdm.write(f"warning: {message}", file=sys.stderr)
+        tqdm.write(f"warning: {for_terminal(message)}", file=sys.stderr)
 
 
 def choose(quiet: bool) -> Progress:

@@ -36,6 +36,7 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
     data, ctype, source = _manifest_from(resolution.sources, resolution.digest, "manifest")
     parsed = parse_manifest(data, ctype)
     index_digest = None
+    listed = None  # the platform the index says the chosen manifest is for
     if isinstance(parsed, Index):
         index_digest = resolution.digest
         try:
@@ -47,17 +48,26 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
         parsed = parse_manifest(data, ctype)
         if not isinstance(parsed, Manifest):
             raise ManifestError(f"{ref.tagged}: the index entry for {entry.platform} is not an image manifest")
-        manifest_digest = entry.digest
+        manifest_digest, listed = entry.digest, entry.platform
     else:
         manifest_digest = resolution.digest
     manifest: Manifest = parsed
     config_bytes = fetch_small_blob(resolution.sources, manifest.config, store)
-    config = ImageConfig.parse(config_bytes)
+    try:
+        config = ImageConfig.parse(config_bytes)
+    except ManifestError as e:
+        raise e.restated(f"{ref.tagged}: {e.message}") from e
     if index_digest is None and not config.platform.satisfies(platform):
         raise UsageError(
             f"{ref.tagged} is a single-platform image for {config.platform}, not {platform}",
             hint=f"use --platform {config.platform} if that is what you want; imgtool never copies the wrong architecture silently",
         )
+    if listed is not None and not (config.platform.agrees(listed) and config.platform.satisfies(platform)):
+        raise ManifestError(
+            f"{ref.tagged}: the image index lists manifest {manifest_digest.short} as {listed}, but its config "
+            f"says {config.platform}; refusing it for {platform}",
+            hint=f"the source that served it ({source.describe()}) is inconsistent: try another with --mirror NAME, "
+                 "or tell the image's publisher")
     if len(config.diff_ids) != len(manifest.layers):
         raise ManifestError(f"{ref.tagged}: the config lists {len(config.diff_ids)} diff_ids for {len(manifest.layers)} layers")
     return PulledImage(

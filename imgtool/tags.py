@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 
 from .errors import ImgtoolError, RegistryError, TagListingRefused
 from .mirrors import Source, reachable
+from .model import is_tag
 from .releases import TagInfo
 
 
@@ -39,7 +40,13 @@ def list_tags(sources: Sequence[Source], repository_hint: str, pattern: Optional
                 notes.append(f"{source.name}: {message}; skipped")
             errors.append(f"{source.describe()}: {message}")
             continue
-        infos = [TagInfo.parse(n) for n in names if not pattern or fnmatch.fnmatch(n, pattern)]
+        # A listed name outside the distribution spec's tag grammar is no tag of this repository: it would
+        # reach the terminal (escape sequences, a forged line), so it is left out and counted.
+        tags = [n for n in names if is_tag(n)]
+        if len(tags) < len(names):
+            notes.append(f"{source.name}: {len(names) - len(tags)} listed name(s) are not tags "
+                         "(the distribution spec's grammar); left out")
+        infos = [TagInfo.parse(n) for n in tags if not pattern or fnmatch.fnmatch(n, pattern)]
         infos.sort(key=TagInfo.sort_key, reverse=True)
         return TagList(source, infos, notes)
     hint = ("check the network or proxy (HTTPS_PROXY), or the URLs in mirrors.toml (imgtool mirrors)" if not alive

@@ -284,3 +284,68 @@ def test_one_run_of_the_cli_leaves_nothing_to_the_next(tmp_path, capsys):
         main(["verify", nowhere])
     out, err = capsys.readouterr()
     assert (e.value.code, out, err) == (2, "", f"error: no such bundle directory: {nowhere}\n")
+
+
+# --- issue 35, case 6: a registry's strings reach the terminal as one escaped line each ---------------------
+
+FORGED = "\x1b[2J\x1b]0;owned\x07\nerror: forged line\r"
+
+
+@pytest.fixture
+def lying_registry(services, factory, mirrored, tmp_path):
+    """A quay.io whose answers a FaultProxy rewrites, and a mirrors.toml naming only it."""
+    from tests.support.proxy import FaultProxy
+
+    ms = mirrored(factory.image("amd64", layers=1), tag="v0.9.1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "{proxy.url}"\nupstream = true\ninsecure = true\n')
+    yield proxy, cfg, ms
+    proxy.close()
+
+
+def test_tags_a_registry_lists_that_are_not_tags_are_left_out(lying_registry):
+    from tests.support.proxy import Fault
+
+    proxy, cfg, ms = lying_registry
+    listed = ["v0.9.1", f"v0.9.2{FORGED}", "\x1b]0;owned\x07", "v0.9.0"]
+    proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=200, times=10,
+                    body=json.dumps({"name": ms.repo, "tags": listed}).encode()))
+    r = imgtool("tags", "--mirrors", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["TAG     RELEASE  HARDWARE  OS", "v0.9.1  v0.9.1   a2        ubuntu",
+                                     "v0.9.0  v0.9.0   a2        ubuntu"]
+    assert r.stderr.splitlines() == ["quay: 2 listed name(s) are not tags (the distribution spec's grammar); left out"]
+
+
+def test_a_registry_error_message_is_one_escaped_line(lying_registry):
+    from tests.support.proxy import Fault
+
+    proxy, cfg, ms = lying_registry
+    body = json.dumps({"errors": [{"code": "DENIED", "message": FORGED}]}).encode()
+    proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=400, times=10, body=body))
+    r = imgtool("tags", "--mirrors", str(cfg), "-q")
+    assert r.returncode == 4
+    said = f"{proxy.hostport}/{ms.repo}: tag list: DENIED: \\x1b[2J\\x1b]0;owned\\x07\\nerror: forged line\\r"
+    assert r.stderr.splitlines() == [
+        f"error: no source lists the tags of quay.io/{ms.repo}: quay ({proxy.hostport}/{ms.repo}): {said}",
+        "hint: force a source that lists tags with --mirror NAME"]
+
+
+def test_inspect_refuses_an_index_whose_variant_is_an_escape_sequence(services, factory, mirrored, tmp_path):
+    arm = factory.image("arm64", layers=1, variant="v8\x1b[2J\nlinux/amd64  1 MiB  1  sha256:forged")
+    ms = mirrored(factory.index([arm, factory.image("amd64", layers=1)]), tag="v1", targets=("upstream",))
+    r = imgtool("inspect", "v1", "--mirrors", str(_plain_mirrors(tmp_path, services, ms)))
+    assert r.returncode == 1, r.stderr  # inspect's one error for "no source could be inspected"
+    assert r.stdout == ""
+    assert [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
+        f"error: cannot inspect: quay ({services.plain}/{ms.repo}): malformed index entry's platform: `variant` is "
+        "not a platform token: 'v8\\x1b[2J\\nlinux/amd64  1 MiB  1  sha256:forged'"]
+
+
+def _plain_mirrors(tmp_path, services, ms):
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    return cfg

@@ -373,3 +373,43 @@ def test_a_zstd_delta_for_the_containerd_store_names_a_base_bundle_s_blobs(servi
     assert r.returncode == 0, r.stderr
     assert docker_cli.inspect_image(new_ref)["RootFS"]["Layers"] == new.diff_ids
     _save_push_export(services, docker_cli, tmp_path, new_ref, pushed, env)
+
+
+def _inventory(image, tags) -> dict:
+    return {"format": "imgtool-inventory", "version": 1, "created": "2026-01-01T00:00:00Z", "daemon": {},
+            "images": [{"id": image.config_digest, "tags": tags, "platform": image.platform,
+                        "diff_ids": image.diff_ids}]}
+
+
+def test_an_inventory_name_with_commands_is_refused_and_a_bundle_json_naming_one_fails_verify(two_tags, tmp_path):
+    """Issue 35, case 2: an inventory naming ``base:v0$(touch X)`touch Y` `` gave a delta whose load.sh ran both
+    commands in its base check (quotes were stripped, $ and backticks were not), and `imgtool verify` accepted
+    that bundle. The name is not a name: fetch refuses the inventory (exit 2), verify the bundle.json (exit 3)."""
+    cfg, ms, old, new = two_tags
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    hostile = f"base:v0$(touch {tmp_path}/x)`touch {tmp_path}/y`"
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps(_inventory(old, [hostile])))
+    out = tmp_path / "delta"
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(out), "--have", str(inv), env=env)
+    assert r.returncode == 2, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
+        f"error: {inv} is not an imgtool inventory: images[0].tags[0] is not an image name ([HOST[:PORT]/]PATH[:TAG]): "
+        f"{hostile!r}",
+        "hint: write one on the offline host with `imgtool inventory -o FILE`"]
+    assert not out.exists()
+
+    inv.write_text(json.dumps(_inventory(old, ["base:v0"])))
+    r = imgtool("fetch", "--no-tool", "v2", "--mirrors", str(cfg), "-o", str(out), "--have", str(inv), env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "bundle.json").read_text())
+    for layer in doc["images"][0]["layers"]:
+        if layer.get("omitted"):
+            layer["provided_by"] = [hostile]
+    doc["base"]["images"] = [hostile]
+    (out / "bundle.json").write_text(json.dumps(doc, indent=2) + "\n")
+    r = imgtool("verify", str(out))
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[0] == (
+        "error: bundle.json is malformed: `images[0].layers[0].provided_by` is not a list of names")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

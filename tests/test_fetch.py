@@ -602,3 +602,51 @@ def test_ctrl_c_during_a_retry_after_wait_ends_the_fetch_at_once(services, facto
         ]
     finally:
         proxy.close()
+
+
+# --- strings from outside are data (issue 35, cases 1 and 6) ------------------------------------------------
+
+
+def error_lines(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+
+
+def test_a_config_whose_variant_is_a_command_is_refused_and_nothing_is_written(services, factory, mirrored, tmp_path):
+    """Case 1: a mirror's config with `"variant": "v8\\ntouch X\\n#"` used to be written raw into a comment
+    line of load.sh (whose next line was then the command) with exit 0."""
+    marker = tmp_path / "owned"
+    image = factory.image("arm64", layers=1, variant=f"v8\ntouch {marker}\n#")
+    ms = mirrored(image, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / "b"
+    r = imgtool("fetch", "v1", "--arch", "arm64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 4, r.stderr
+    assert error_lines(r) == [
+        f"error: quay.io/{ms.repo}:v1: malformed image config: `variant` is not a platform token: "
+        f"'v8\\ntouch {marker}\\n#'",
+        "hint: expected a short lowercase word such as linux, arm64, v8 ([a-z0-9._-])"]
+    assert not (out / "load.sh").exists() and not (out / "bundle.json").exists()
+    assert not marker.exists()
+
+
+def test_an_index_entry_whose_config_says_another_architecture_is_refused_naming_both(services, factory, mirrored,
+                                                                                      tmp_path):
+    """Case 1: an index entry saying amd64 whose config says arm64 gave `fetch --arch amd64` an arm64 bundle."""
+    import dataclasses
+
+    arm = factory.image("arm64", layers=1)
+    liar = dataclasses.replace(arm, architecture="amd64", variant=None)  # the same manifest, listed as amd64
+    index = factory.index([liar, factory.image("s390x", layers=1)])
+    ms = mirrored(index, tag="v1", targets=("upstream",))
+    cfg = write_mirrors(tmp_path, ms.repo, [("quay", f"http://{services.plain}", "", True)])
+    out = tmp_path / "b"
+    r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 4, r.stderr
+    assert error_lines(r) == [
+        f"error: quay.io/{ms.repo}:v1: the image index lists manifest {arm.manifest_digest[7:19]} as linux/amd64, "
+        "but its config says linux/arm64/v8; refusing it for linux/amd64",
+        f"hint: the source that served it (quay ({services.plain}/{ms.repo})) is inconsistent: try another "
+        "with --mirror NAME, or tell the image's publisher"]
+    assert not (out / "bundle.json").exists()

@@ -175,7 +175,7 @@ def test_the_signature_policy_is_pure():
     assert {full for top, full in imports_of(PKG / "trust.py") if top == "."} <= {".errors", ".bundle.format"}
 
 
-FOUNDATION = {"errors", "model", "schema", "fsutil", "progress"}  # and `from . import __version__`, which names no module
+FOUNDATION = {"errors", "model", "schema", "fsutil", "progress", "text"}  # and `from . import __version__`, which names no module
 
 
 def _design_table():

@@ -156,3 +156,32 @@ def test_parse_manifest_checks():
 def test_image_config():
     cfg = ImageConfig.parse(json.dumps({"architecture": "aarch64", "os": "linux", "rootfs": {"diff_ids": [D]}}).encode())
     assert str(cfg.platform) == "linux/arm64" and cfg.diff_ids == (Digest.parse(D),)
+
+
+def test_grammars_are_matched_whole_not_up_to_a_final_newline():
+    """issue 35: `$` also matches before a final newline, so "sha256:<hex>\\n" was a digest and "base:v0\\n" a
+    name `docker tag` takes (it then reached load.sh)."""
+    from imgtool.model import is_tag
+
+    good = "sha256:" + "a" * 64
+    assert str(Digest.parse(good)) == good
+    with pytest.raises(UsageError):
+        Digest.parse(good + "\n")
+    assert is_docker_name("base:v0") and not is_docker_name("base:v0\n")
+    assert is_tag("v0.9.1") and not is_tag("v0.9.1\n")
+    from imgtool.bundle import catalog
+
+    assert not catalog.DIGEST.match(good + "\n") and not catalog.TAG.match("v1\n")
+    assert catalog.valid_name("ascend/vllm") and not catalog.valid_name("ascend/vllm\n")
+
+
+def test_platform_fields_from_a_registry_are_oci_tokens():
+    assert Platform.from_json({"os": "linux", "architecture": "arm64", "variant": "v8"}) == Platform("linux", "arm64", "v8")
+    for field, value in (("variant", "v8\ntouch /tmp/x\n#"), ("architecture", "amd64\x1b[2J"), ("os", "Linux"),
+                         ("variant", 8), ("architecture", "x" * 65)):
+        with pytest.raises(ManifestError) as e:
+            Platform.from_json({"os": "linux", "architecture": "arm64", field: value}, "image config")
+        assert e.value.message == f"malformed image config: `{field}` is not a platform token: {value!r}"
+    assert Platform("linux", "arm64").agrees(Platform("linux", "arm64", "v8"))
+    assert not Platform("linux", "amd64").agrees(Platform("linux", "arm64", "v8"))
+    assert not Platform("linux", "arm", "v6").agrees(Platform("linux", "arm", "v7"))

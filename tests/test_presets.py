@@ -468,6 +468,12 @@ def test_presets_lists_every_preset_with_a_description(home):
     (["run-flags", "a2", "--env-preset", "fast"],
      "error: unknown --env-preset 'fast'; known: deterministic, expandable-segments"),
     (["run-flags", "a2", "-e", "NOVALUE"], "error: invalid --env 'NOVALUE': expected NAME=VALUE"),
+    # issue 35: names ending in a newline passed (a regex `$` matches before a final newline)
+    (["run-flags", "a2", "--name", "vllm\n"],
+     "error: invalid --name 'vllm\\n': letters, digits, '_', '.', '-', starting with a letter or digit"),
+    (["run-flags", "a2", "--net", "host\n"],
+     "error: invalid --net 'host\\n': expected host, bridge, none or a network name"),
+    (["run-flags", "a2", "-e", "HOME\n=/x"], "error: invalid --env 'HOME\\n=/x': expected NAME=VALUE"),
     (["run-flags", "a2", "-v", "models:/models"],
      "error: invalid --volume 'models:/models': host and container paths must be absolute, without spaces"),
     (["run-flags", "a2", "-p", "http"],

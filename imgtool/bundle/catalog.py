@@ -14,10 +14,10 @@ from ..model import OCI_MANIFEST, Digest
 from . import layout
 from .format import BundleImage, BundleIndex
 
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")  # matched whole: `$` lets a final newline through
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 # a repository name as a request may give it: path components, the first possibly a registry host[:port]
-_COMPONENT = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?::[0-9]{1,5})?$")
+_COMPONENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?::[0-9]{1,5})?\Z")
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
 
 

@@ -14,8 +14,9 @@ from typing import Callable, Collection, List, NoReturn, Optional, Tuple
 
 from ..delta import chain_ids
 from ..errors import UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, json_object
+from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, is_docker_name, json_object
 from ..schema import Invalid, Key, Table
+from ..text import is_printable
 
 FORMAT_NAME = "imgtool-bundle"
 FORMAT_VERSION = 3  # the newest this imgtool reads; 2 = delta bundles (layers left out)
@@ -243,9 +244,7 @@ class BundleIndex:
             raise _bad("it lists no parts")
         files = tuple(_part(x, f"files[{i}]") for i, x in enumerate(_list(obj, "files", required=False)))
         _check_sizes(archive, parts, files)
-        base = obj.get("base")
-        if base is not None and not isinstance(base, dict):
-            raise _bad("`base` is not an object")
+        base = _base(obj.get("base"))
         gzip = obj.get("gzip")
         if gzip is not None:
             if not isinstance(gzip, dict):
@@ -253,8 +252,8 @@ class BundleIndex:
             _str(gzip, "library", "gzip.")
             _size(gzip, "level", "gzip.")
         return cls(
-            created=_str(obj, "created"),
-            imgtool_version=_str(obj, "imgtool_version"),
+            created=_printable(obj, "created"),
+            imgtool_version=_printable(obj, "imgtool_version"),
             images=parsed_images,
             archive=archive,
             parts=parts,
@@ -309,6 +308,28 @@ def _str(obj: dict, key: str, where: str = "") -> str:
     if not isinstance(v, str):
         raise _bad(f"`{where}{key}` is not a string")
     return v
+
+
+def _printable(obj: dict, key: str, where: str = "") -> str:
+    v = _str(obj, key, where)
+    if not is_printable(v):
+        raise _bad(f"`{where}{key}` is not printable text: {v!r}")
+    return v
+
+
+def _base(x: object) -> Optional[dict]:
+    """A delta's `base`: what it was made against (kind and name: printable text) and the images it needs."""
+    if x is None:
+        return None
+    if not isinstance(x, dict):
+        raise _bad("`base` is not an object")
+    for key in ("kind", "name"):
+        if key in x:
+            _printable(x, key, "base.")
+    images = x.get("images", [])
+    if not isinstance(images, list) or not all(is_docker_name(n) for n in images):
+        raise _bad(f"`base.images` is not a list of image names: {images!r}")
+    return x
 
 
 def _size(obj: dict, key: str, where: str) -> int:
@@ -387,10 +408,19 @@ def _choice(choices: Collection[str], what: str) -> Callable[[str], str]:
 
 
 def _names(values: object) -> Tuple[str, ...]:
+    """Image names (a delta's providers, which load.sh's base check asks the runtime for): each in the grammar
+    `docker tag` takes."""
     values = values or []
-    if not isinstance(values, list) or not all(isinstance(n, str) for n in values):
+    if not isinstance(values, list) or not all(is_docker_name(n) for n in values):
         raise Invalid()
     return tuple(values)
+
+
+def _text(value: str) -> str:
+    """Free text (where an image came from, when and by what imgtool it was packed): one printable line."""
+    if not is_printable(value):
+        raise Invalid("`{where}{key}` is not printable text: {value!r}")
+    return value
 
 
 _STRING = "`{where}{key}` is not a string"
@@ -423,7 +453,7 @@ _IMAGE = Table(
     Key("platform", str, True, check=_platform),
     Key("manifest_media_type", str, True, check=_choice(MANIFEST_TYPES, "an image manifest type")),
     Key("layers", list, True, wrong="`{where}{key}` is not a list"),
-    Key("source", object),
+    Key("source", str, check=_text),
     _digest_key("index_digest", required=False),
     _digest_key("manifest_digest"),
     _size_key("manifest_size"),

@@ -6,6 +6,7 @@ from .. import __version__
 from ..delta import describe_requirements, requirements
 from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
 from ..sshsig import NAMESPACE
+from ..text import for_terminal, sh_quote
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
@@ -16,12 +17,14 @@ ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with i
 
 def load_sh(index: BundleIndex) -> bytes:
     """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load (or
-    ctr images import, or podman load)."""
-    parts = " ".join(f"'{p.name}'" for p in index.parts)  # names are [A-Za-z0-9._+-] only
-    sizes = "\n".join(f"check_size '{p.name}' {p.size}" for p in index.parts)
+    ctr images import, or podman load).
+
+    Every value of bundle.json reaches the script through `text.sh_quote` (or is an int), and only where the
+    script needs it: a value is data to sh, never code (docs/security.md)."""
+    parts = " ".join(sh_quote(p.name) for p in index.parts)
+    sizes = "\n".join(f"check_size {sh_quote(p.name)} {int(p.size)}" for p in index.parts)
     decompress = _DECOMPRESS[index.archive.compression]
     tool = decompress.split()[0] if decompress else ""
-    refs = "\n".join(f"#   {im.ref} ({im.platform})" for im in index.images)
     need_tool = "" if not decompress else f"""
 if ! command -v {tool} >/dev/null 2>&1; then
     echo "load.sh: error: {tool} is not installed; the archive is {index.archive.compression}-compressed" >&2
@@ -32,8 +35,7 @@ fi
     pipe = f"cat -- {parts} | {decompress} | load_into" if decompress else f"cat -- {parts} | load_into"
     text = f"""#!/bin/sh
 # Load this imgtool bundle into Docker, containerd or Podman on a host without Python or imgtool.
-# Written by imgtool {__version__}. Images:
-{refs}
+# Written by imgtool {__version__}. README.txt and bundle.json list the images.
 set -u
 
 usage() {{
@@ -331,9 +333,10 @@ def _platform_check(index: BundleIndex) -> str:
     held = ", ".join(sorted({str(im.platform) for im in index.images}))
     return f"""
 if [ "$runtime" = containerd ]; then
+    held={sh_quote(held)}
     case "$arch" in
-        {"|".join(arches)}) ;;
-        *) echo "load.sh: error: this bundle holds no image for this host's platform $platform (it holds {held}), and containerd imports only the host's; nothing was loaded" >&2
+        {"|".join(sh_quote(a) for a in arches)}) ;;
+        *) printf "load.sh: error: this bundle holds no image for this host's platform %s (it holds %s), and containerd imports only the host's; nothing was loaded\\n" "$platform" "$held" >&2
            echo "load.sh: fetch it again with --arch $arch" >&2
            exit 1 ;;
     esac
@@ -398,7 +401,6 @@ def _zstd_layers_check(index: BundleIndex) -> str:
     refs = zstd_layer_refs(index)
     if not refs:
         return ""
-    names = ", ".join(refs).replace("'", "").replace('"', "")
     return f"""
 # zstd-compressed layers: Docker reads them only from 23.0 on; an older one fails with
 # "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload. containerd (1.5+)
@@ -408,7 +410,7 @@ if [ "$runtime" = docker ]; then
     case "${{server%%.*}}" in
         ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
         *) if [ "${{server%%.*}}" -lt 23 ]; then
-            echo "load.sh: error: this bundle has zstd-compressed layers ({names}), which Docker $server cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded" >&2
+            printf "load.sh: error: this bundle has zstd-compressed layers (%s), which Docker %s cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded\\n" {sh_quote(", ".join(refs))} "$server" >&2
             echo "load.sh: {ZSTD_REMEDY}" >&2
             exit 5
         fi ;;
@@ -426,18 +428,18 @@ def _multiarch_check(index: BundleIndex) -> str:
     refs = _multiarch_refs(index)
     if not refs:
         return ""
-    names = ", ".join(refs).replace("'", "").replace('"', "")
     how = f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load ."
     return f"""
 # A tag held for several architectures: load.sh names the host's one after the load, by image ID.
+multiarch={sh_quote(", ".join(refs))}
 if [ "$runtime" = docker ] && \\
         bounded $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
-    echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded" >&2
+    printf 'load.sh: error: this bundle holds %s for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded\\n' "$multiarch" >&2
     echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
     exit 5
 fi
 if [ "$runtime" = containerd ]; then
-    echo "load.sh: error: this bundle holds {names} for several architectures, and load.sh cannot load and name the right one in containerd (ctr imports only the images the archive names, and these are unnamed there so that no platform takes another's name); nothing was loaded" >&2
+    printf "load.sh: error: this bundle holds %s for several architectures, and load.sh cannot load and name the right one in containerd (ctr imports only the images the archive names, and these are unnamed there so that no platform takes another's name); nothing was loaded\\n" "$multiarch" >&2
     echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
     exit 5
 fi
@@ -465,9 +467,9 @@ def _tag_multiarch(index: BundleIndex) -> str:
              "fi",
              'case "$arch" in']
     for arch in sorted({im.platform.architecture for ims in multi.values() for im in ims}):
-        cmds = [f"tag_image {im.image_id} '{im.repo_tag}'" for ims in multi.values() for im in ims
+        cmds = [f"tag_image {sh_quote(im.image_id)} {sh_quote(im.repo_tag)}" for ims in multi.values() for im in ims
                 if im.platform.architecture == arch]
-        lines.append(f"    {arch}) {' && '.join(cmds)} || exit 5 ;;")
+        lines.append(f"    {sh_quote(arch)}) {' && '.join(cmds)} || exit 5 ;;")
     lines.append('    *) echo "load.sh: warning: this bundle has no image for the $runtime architecture $arch; '
                  'nothing was named" >&2 ;;')
     lines.append("esac")
@@ -480,25 +482,25 @@ def _base_check(index: BundleIndex) -> str:
     if not index.is_delta:
         return ""
     def what(names: Sequence[str]) -> str:
-        return describe_requirements([tuple(names)]).replace("'", "").replace('"', "")
+        return sh_quote(describe_requirements([tuple(names)]))
 
     checks = []
     for names in requirements(index.omitted_chains()):
-        quoted = " ".join("'" + n.replace("'", "") + "'" for n in names)
-        checks.append(f'    has_one_of {quoted} || lacking "{what(names)}"')
+        quoted = " ".join(sh_quote(n) for n in names)
+        checks.append(f'    has_one_of {quoted} || lacking {what(names)}')
     # A snapshot keeps its parents: per image, the deepest left-out chain stands for all below it.
     chains = []
     for im in index.images:
         omitted = [x for x in im.layers if x.omitted and x.chain_id is not None]
         if omitted and (omitted[-1].chain_id, omitted[-1].provided_by) not in chains:
             chains.append((omitted[-1].chain_id, omitted[-1].provided_by))
-    snapshots = "\n".join(f'    has_chain {chain} || lacking "{what(names)}"' for chain, names in chains)
+    snapshots = "\n".join(f'    has_chain {sh_quote(chain)} || lacking {what(names)}' for chain, names in chains)
     body = "\n".join(checks)
     return f"""
 # A delta bundle: some layer files are left out because the runtime should already hold them;
 # any one image of each list provides them (containerd: their layers, unpacked).
 lacking() {{
-    echo "load.sh: error: this is a delta bundle and $lacks lacks $1; load that image (its bundle) first" >&2
+    printf 'load.sh: error: this is a delta bundle and %s lacks %s; load that image (its bundle) first\\n' "$lacks" "$1" >&2
     exit 1
 }}
 has_one_of() {{
@@ -522,14 +524,16 @@ fi
 
 
 def _image_lines(index: BundleIndex) -> List[str]:
-    width = max(len(im.ref) for im in index.images)
-    return [f"    {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id}"
-            for im in index.images]
+    """README.txt's list of images, one line each (values as `text.for_terminal` shows them: it is read with cat)."""
+    refs = [for_terminal(im.ref) for im in index.images]
+    width = max(len(ref) for ref in refs)
+    return [f"    {ref.ljust(width)}  {for_terminal(im.platform)}  {format_size(im.size)}  ID {im.image_id}"
+            for ref, im in zip(refs, index.images)]
 
 
 def _runtimes_en(index: BundleIndex, unpack: str) -> str:
     """README.txt: load.sh on a Kubernetes node (containerd) and on Podman, and iSula by hand (untested)."""
-    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+    arch = for_terminal(index.images[0].platform.architecture) if len({im.platform.architecture for im in index.images}) == 1 \
         else "<this host's: amd64, arm64>"
     multi = ("\n  A tag held for several architectures (as here) cannot be named by load.sh in containerd:\n"
              "  load it with imgtool load (or the pyz), which imports and names this host's platform.") \
@@ -560,7 +564,7 @@ iSula (openEuler's iSulad; not tested)
 
 
 def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
-    arch = index.images[0].platform.architecture if len({im.platform.architecture for im in index.images}) == 1 \
+    arch = for_terminal(index.images[0].platform.architecture) if len({im.platform.architecture for im in index.images}) == 1 \
         else "<本机架构：amd64、arm64>"
     multi = ("\n  同一标签含多个架构的镜像（本镜像包即是）load.sh 无法在 containerd 中命名：\n"
              "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
@@ -589,7 +593,8 @@ iSula（openEuler 的 iSulad；未经测试）
 def readme(index: BundleIndex) -> bytes:
     """README.txt for the person carrying the bundle, in English and Chinese."""
     images = "\n".join(_image_lines(index))
-    arches = ", ".join(sorted({im.platform.architecture for im in index.images}))
+    arches = for_terminal(", ".join(sorted({im.platform.architecture for im in index.images})))
+    created = for_terminal(index.created)
     n = len(index.parts)
     first, last = index.parts[0].name, index.parts[-1].name
     parts_en = f"{n} part(s): {first}" + (f" ... {last}" if n > 1 else "")
@@ -616,7 +621,7 @@ def readme(index: BundleIndex) -> bytes:
                   f"  {FAT32_MAX:,} bytes): use exFAT, NTFS, ext4 or UDF, or fetch with --chunk-size fat32.")
         fat_zh = (f"最大的分卷为 {largest:,} 字节，超过 FAT32 的单个文件上限（{FAT32_MAX:,} 字节）：\n"
                   "  请用 exFAT、NTFS、ext4 或 UDF 格式的介质，或用 --chunk-size fat32 重新获取。")
-    zstd = zstd_layer_refs(index)
+    zstd = [for_terminal(ref) for ref in zstd_layer_refs(index)]
     zstd_en = ("\nThis bundle HAS zstd layers (" + ", ".join(zstd) + "): load.sh refuses them on Docker before 23.0;\n"
                "upgrade Docker, or fetch it again with --layers compat (the default).") if zstd else \
         " This bundle has none: its layers are gzip or plain tar."
@@ -625,7 +630,7 @@ def readme(index: BundleIndex) -> bytes:
     text = f"""imgtool bundle
 ==============
 
-Container images, packed by imgtool {__version__} at {index.created}:
+Container images, packed by imgtool {__version__} at {created}:
 {images}
 
 Architecture: {arches}. The offline host must match: `uname -m` prints aarch64 for arm64,
@@ -682,7 +687,7 @@ An image of another architecture loads fine and fails only at `docker run` with
 imgtool 离线镜像包
 ==================
 
-本目录包含以下容器镜像（由 imgtool {__version__} 于 {index.created} 打包）：
+本目录包含以下容器镜像（由 imgtool {__version__} 于 {created} 打包）：
 {images}
 
 架构：{arches}。离线主机须与之相同：`uname -m` 输出 aarch64 即 arm64，x86_64 即 amd64。

@@ -18,7 +18,7 @@ from .preset import (ENV_NAME_RE, NETWORK_RE, EnvPreset, MultiNode, Port, Preset
 
 BUILTIN_PRESETS = Path(__file__).with_name("presets.toml")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 
 _MULTI_NODE_KEYS = ("network", "mounts")
 _ENV_PRESET_KEYS = ("description", "env")
@@ -37,7 +37,7 @@ def _device(path: str) -> str:
 
 def _suffixes(values: List[Any]) -> Tuple[str, ...]:
     for v in values:
-        if not isinstance(v, str) or (v and not re.match(r"^-[A-Za-z0-9_.-]+$", v)):
+        if not isinstance(v, str) or (v and not re.match(r"-[A-Za-z0-9_.-]+\Z", v)):
             raise UsageError(f"invalid tag suffix {v!r}: expected \"\" or like \"-a3\"")
     if not values:
         raise UsageError("needs at least one suffix (\"\" for none)")

@@ -10,15 +10,16 @@ from typing import Any, Iterable, List, Optional, Set, Tuple
 
 from ..errors import UsageError
 
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# matched whole (\Z): `$` also matches before a final newline, and "NAME\n" passed --name, --net and -e
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # what Docker takes as a container or network name
-CONTAINER_NAME_RE = re.compile(rf"^{_NAME}$")
-NETWORK_RE = re.compile(rf"^(?:{_NAME}|container:{_NAME})$")
+CONTAINER_NAME_RE = re.compile(rf"{_NAME}\Z")
+NETWORK_RE = re.compile(rf"(?:{_NAME}|container:{_NAME})\Z")
 # An extended resource: a domain prefix, "/", a name (Kubernetes' qualified name rules, e.g. huawei.com/Ascend910)
 RESOURCE_NAME_RE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
                               r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 _PORT_RE = re.compile(r"^(?:(?P<ip>[0-9]{1,3}(?:\.[0-9]{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
-                      r"(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?P<proto>tcp|udp|sctp))?$")
+                      r"(?:(?P<host>[0-9]{1,5}):)?(?P<container>[0-9]{1,5})(?:/(?P<proto>tcp|udp|sctp))?\Z")
 
 
 # --- values ------------------------------------------------------------------

@@ -30,6 +30,7 @@ class Fault:
     headers: dict = field(default_factory=dict)
     seconds: float = 0.0  # stall length (0: until release()), or redirect lifetime
     rate: int = 0  # bytes/second for kind == "rate"
+    body: Optional[bytes] = None  # kind == "status": the body answered (default: a distribution error "injected")
     used: int = 0
     released: threading.Event = field(default_factory=threading.Event, repr=False)
     arrived: threading.Event = field(default_factory=threading.Event, repr=False)  # set once it is first used
@@ -253,8 +254,8 @@ class FaultProxy:
 
     def _forward(self, h, rec: Record, method: str, path: str, body, fault: Optional[Fault], gates: List[Gate]) -> None:
         if fault and fault.kind == "status":
-            self._reply(h, rec, fault.status, b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}',
-                        dict({"Content-Type": "application/json"}, **fault.headers))
+            body = fault.body if fault.body is not None else b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}'
+            self._reply(h, rec, fault.status, body, dict({"Content-Type": "application/json"}, **fault.headers))
             return
         if fault and fault.kind == "expiring_redirect":
             token = f"t{len(self._expiring)}x{int(time.monotonic() * 1000)}"
