@@ -88,10 +88,49 @@ def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
         raise ConfigError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from e
+    deep = too_deep(text)
+    if deep is not None:  # the parser recurses per level: past ~300 a RecursionError, never a message
+        raise ConfigError(f"{path}:{deep}: invalid TOML: arrays or inline tables nested more than {MAX_TOML_DEPTH} deep")
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from e
+
+
+MAX_TOML_DEPTH = 64  # imgtool's files nest 3 deep; tomllib and tomli recurse once per level
+
+
+def too_deep(text: str) -> Optional[int]:
+    """The line where `[` and `{` (outside strings and comments) nest deeper than MAX_TOML_DEPTH, or None."""
+    depth, line, i, n = 0, 1, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                if c == '"' and text[j] == "\\":
+                    j += 1  # an escaped character, the quote included
+                elif text[j] == "\n" and len(quote) == 1:
+                    break  # an unclosed one-line string: the parser says so
+                j += 1
+            line += text.count("\n", i, j)
+            i = j + len(quote)
+            continue
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_TOML_DEPTH:
+                return line
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
 
 
 def key_line(text: str, key: Optional[str], table: Optional[str] = None, nth: int = 0) -> Optional[int]:

@@ -96,3 +96,24 @@ def test_env_variable_file_is_used(tmp_path):
     import os
     r = run("mirrors", env={**os.environ, "IMGTOOL_MIRRORS": str(f)})
     assert r.returncode == 2 and str(f) in r.stderr
+
+
+DEEP = "default_image = \"quay.io/ascend/vllm-ascend\"\n# [[[[ in a comment, \"[[[[\" in a string: not nesting\nx = \"[[[[\"\ndeep = " \
+    + "[" * 5000 + "]" * 5000 + "\n"
+
+
+@pytest.mark.parametrize("verb,option", [("mirrors", "--mirrors"), ("presets", "IMGTOOL_PRESETS"), ("lock", "-f")])
+def test_a_deeply_nested_toml_file_is_one_line_naming_its_line(tmp_path, verb, option):
+    """mirrors.toml, presets.toml, a bundle spec: nesting that makes the TOML parser recurse past Python's limit
+    is one line with file:line, exit 2 (it was `internal error: RecursionError`), before any network."""
+    import os
+
+    f = tmp_path / "deep.toml"
+    f.write_text(DEEP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
+    if option.startswith("IMGTOOL"):
+        r = run(verb, env=dict(env, **{option: str(f)}))
+    else:
+        r = run(verb, option, str(f), env=env)
+    assert (r.returncode, r.stderr) == (2, f"error: {f}:4: invalid TOML: arrays or inline tables nested more "
+                                           "than 64 deep\n")
