@@ -897,9 +897,13 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
     NAMESPACE/ + the image's path without its registry host:
     quay.io/ascend/vllm-ascend:v1 --to reg:5000/ai  ->  reg:5000/ai/ascend/vllm-ascend:v1
     """
+    from .config import network_waits
     from .push import push_bundle
 
-    result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress())
+    net = network_waits()  # $IMGTOOL_READ_TIMEOUT, $IMGTOOL_RESPONSE_TIMEOUT, $IMGTOOL_MIN_RATE, as the other verbs
+    waits = {"read_timeout": net.read_timeout, "response_timeout": net.response_timeout, "min_rate": net.min_rate,
+             "helper_timeout": net.helper_timeout}
+    result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress(), waits=waits)
     for w in result.warnings:  # digests that differ from upstream's: said on stderr, as load's warnings are
         progress().warn(w)
     if as_json:
