@@ -313,7 +313,10 @@ def min_rate() -> int:
     text = os.environ.get("IMGTOOL_MIN_RATE", "").strip()
     if not text:
         return DEFAULT_MIN_RATE
-    rate = parse_size(text, "IMGTOOL_MIN_RATE") if is_size(text) else 0
+    try:
+        rate = parse_size(text, "IMGTOOL_MIN_RATE") if is_size(text) else 0
+    except UsageError:  # zero, or past any size: one message for every bad value
+        rate = 0
     if not 1 <= rate <= 1024 ** 3:
         raise UsageError(f"invalid IMGTOOL_MIN_RATE {text!r}: give bytes per second between 1 and 1G, e.g. "
                          f"{DEFAULT_MIN_RATE} or 10K")

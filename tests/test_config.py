@@ -117,3 +117,16 @@ def test_a_deeply_nested_toml_file_is_one_line_naming_its_line(tmp_path, verb, o
         r = run(verb, option, str(f), env=env)
     assert (r.returncode, r.stderr) == (2, f"error: {f}:4: invalid TOML: arrays or inline tables nested more "
                                            "than 64 deep\n")
+
+
+@pytest.mark.parametrize("name,value,said", [
+    ("IMGTOOL_RESPONSE_TIMEOUT", "0", "invalid IMGTOOL_RESPONSE_TIMEOUT '0': give seconds between 0 and 3600, e.g. 120"),
+    ("IMGTOOL_MIN_RATE", "fast", "invalid IMGTOOL_MIN_RATE 'fast': give bytes per second between 1 and 1G, e.g. 1024 or 10K"),
+    ("IMGTOOL_MIN_RATE", "0", "invalid IMGTOOL_MIN_RATE '0': give bytes per second between 1 and 1G, e.g. 1024 or 10K"),
+])
+def test_a_bad_wait_variable_is_exit_2_before_any_network(tmp_path, name, value, said):
+    import os
+
+    for verb in (["mirrors", "v1"], ["tags"], ["push", str(tmp_path), "--to", "127.0.0.1:1"]):
+        r = run(*verb, env=dict(os.environ, **{name: value}))
+        assert (r.returncode, r.stderr) == (2, f"error: {said}\n"), verb
