@@ -208,11 +208,11 @@ def _given(name) -> bool:
 
 
 def _registries(mirrors_file):
-    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT and $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT read
-    once, here."""
-    from .config import helper_timeout, load_mirrors, read_timeout
+    """The registry verbs' MirrorConfig, with $IMGTOOL_READ_TIMEOUT, $IMGTOOL_RESPONSE_TIMEOUT, $IMGTOOL_MIN_RATE
+    and $IMGTOOL_CREDENTIAL_HELPER_TIMEOUT read once, here."""
+    from .config import load_mirrors, network_waits
 
-    return load_mirrors(mirrors_file, read_timeout(), helper_timeout())
+    return load_mirrors(mirrors_file, waits=network_waits())
 
 
 def _store():
@@ -899,9 +899,13 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
     NAMESPACE/ + the image's path without its registry host:
     quay.io/ascend/vllm-ascend:v1 --to reg:5000/ai  ->  reg:5000/ai/ascend/vllm-ascend:v1
     """
+    from .config import network_waits
     from .push import push_bundle
 
-    result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress())
+    net = network_waits()  # $IMGTOOL_READ_TIMEOUT, $IMGTOOL_RESPONSE_TIMEOUT, $IMGTOOL_MIN_RATE, as the other verbs
+    waits = {"read_timeout": net.read_timeout, "response_timeout": net.response_timeout, "min_rate": net.min_rate,
+             "helper_timeout": net.helper_timeout}
+    result = push_bundle(bundle_dir, to, insecure=insecure, ca_cert=ca_cert, progress=progress(), waits=waits)
     for w in result.warnings:  # digests that differ from upstream's: said on stderr, as load's warnings are
         progress().warn(w)
     if as_json:
@@ -1080,11 +1084,12 @@ def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
 
     `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
     """
-    from .config import helper_timeout, read_timeout
+    from .config import network_waits
     from .lock import lock_spec
 
-    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, read_timeout(), _store(),
-                       progress(), helper_timeout())
+    waits = network_waits()
+    result = lock_spec(spec_file, update, mirror if _given("mirror") else None, mirrors_file, waits.read_timeout,
+                       _store(), progress(), waits.helper_timeout, waits=waits)
     spec, lock = result.spec, result.lock
     if as_json:
         emit_json(result.to_json())

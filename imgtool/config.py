@@ -26,6 +26,7 @@ else:  # pragma: no cover - exercised on old Pythons
 BUILTIN_MIRRORS = Path(__file__).with_name("mirrors.toml")
 DEFAULT_READ_TIMEOUT = 60.0  # seconds a registry read may stall
 DEFAULT_HELPER_TIMEOUT = 30.0  # seconds a docker-credential-* helper may take to answer
+DEFAULT_MIN_RATE = 1024  # bytes/s a blob's body must average over each read timeout spent waiting for it
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,18 @@ class Mirror:
 @dataclass(frozen=True)
 class MirrorConfig:
     """How imgtool reaches registries: the whole mirrors.toml (the default image and the mirror entries,
-    in file order), how long a read may stall (`$IMGTOOL_READ_TIMEOUT`) and a credential helper may take
-    (`$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`), each read once by cli.py."""
+    in file order), how long a read may stall (`$IMGTOOL_READ_TIMEOUT`), a whole answer may take
+    (`$IMGTOOL_RESPONSE_TIMEOUT`; None: twice the read timeout), how slowly a blob may come
+    (`$IMGTOOL_MIN_RATE`) and a credential helper may take (`$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`), each read
+    once by cli.py."""
 
     default_image: str
     mirrors: Tuple[Mirror, ...]
     path: str
     read_timeout: float = DEFAULT_READ_TIMEOUT
     helper_timeout: float = DEFAULT_HELPER_TIMEOUT
+    response_timeout: Optional[float] = None
+    min_rate: int = DEFAULT_MIN_RATE
 
     def parse_ref(self, text: str) -> ImageRef:
         """Parse a user reference against this config's default image; raises UsageError."""
@@ -88,10 +93,49 @@ def read_toml(path: Path) -> Tuple[Dict[str, Any], str]:
         raise ConfigError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from e
+    deep = too_deep(text)
+    if deep is not None:  # the parser recurses per level: past ~300 a RecursionError, never a message
+        raise ConfigError(f"{path}:{deep}: invalid TOML: arrays or inline tables nested more than {MAX_TOML_DEPTH} deep")
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from e
+
+
+MAX_TOML_DEPTH = 64  # imgtool's files nest 3 deep; tomllib and tomli recurse once per level
+
+
+def too_deep(text: str) -> Optional[int]:
+    """The line where `[` and `{` (outside strings and comments) nest deeper than MAX_TOML_DEPTH, or None."""
+    depth, line, i, n = 0, 1, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                if c == '"' and text[j] == "\\":
+                    j += 1  # an escaped character, the quote included
+                elif text[j] == "\n" and len(quote) == 1:
+                    break  # an unclosed one-line string: the parser says so
+                j += 1
+            line += text.count("\n", i, j)
+            i = j + len(quote)
+            continue
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_TOML_DEPTH:
+                return line
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
 
 
 def key_line(text: str, key: Optional[str], table: Optional[str] = None, nth: int = 0) -> Optional[int]:
@@ -219,15 +263,27 @@ def find_mirrors_file(option: Optional[str]) -> Path:
 
 
 def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None,
-                 helper_timeout: Optional[float] = None) -> MirrorConfig:
+                 helper_timeout: Optional[float] = None, waits: Optional[MirrorConfig] = None) -> MirrorConfig:
     """Find, read and validate the mirrors configuration; `read_timeout`/`helper_timeout` None: the
-    defaults, 60 s and 30 s (cli.py passes `read_timeout()`, `helper_timeout()`). Raises ConfigError."""
+    defaults, 60 s and 30 s (cli.py passes `read_timeout()`, `helper_timeout()`), or with `waits`, every
+    wait of that configuration (cli.py's `_registries`). Raises ConfigError."""
     path = find_mirrors_file(option)
     data, text = read_toml(path)
     config = parse_mirrors(data, text, path)
+    if waits is not None:
+        config = dataclasses.replace(config, read_timeout=waits.read_timeout, helper_timeout=waits.helper_timeout,
+                                     response_timeout=waits.response_timeout, min_rate=waits.min_rate)
     if read_timeout is not None:
         config = dataclasses.replace(config, read_timeout=read_timeout)
     return config if helper_timeout is None else dataclasses.replace(config, helper_timeout=helper_timeout)
+
+
+def network_waits() -> MirrorConfig:
+    """The environment's waits for the network (`$IMGTOOL_READ_TIMEOUT`, `$IMGTOOL_RESPONSE_TIMEOUT`,
+    `$IMGTOOL_MIN_RATE`, `$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`) as the fields of an empty MirrorConfig, for
+    `load_mirrors(waits=...)`. Raises UsageError."""
+    return MirrorConfig("", (), "", read_timeout=read_timeout(), helper_timeout=helper_timeout(),
+                        response_timeout=response_timeout(), min_rate=min_rate())
 
 
 # --- the environment: every variable imgtool reads -------------------------------------------------
@@ -241,6 +297,30 @@ def cache_dir() -> Path:
 def read_timeout() -> float:
     """Seconds a blob or manifest read may stall: `$IMGTOOL_READ_TIMEOUT`, default 60. Raises UsageError."""
     return _seconds("IMGTOOL_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)
+
+
+def response_timeout() -> Optional[float]:
+    """Seconds a registry's answer may take to send its headers, and then a small answer (a manifest, a tag
+    page, a token) its body: `$IMGTOOL_RESPONSE_TIMEOUT`, default None (twice the read timeout: 120 s).
+    Raises UsageError."""
+    text = os.environ.get("IMGTOOL_RESPONSE_TIMEOUT", "").strip()
+    return _seconds("IMGTOOL_RESPONSE_TIMEOUT", 120.0) if text else None
+
+
+def min_rate() -> int:
+    """Bytes a second a blob's body must average over each read timeout spent waiting for it:
+    `$IMGTOOL_MIN_RATE` (a number, or with a unit: 10K), default 1024. Raises UsageError."""
+    text = os.environ.get("IMGTOOL_MIN_RATE", "").strip()
+    if not text:
+        return DEFAULT_MIN_RATE
+    try:
+        rate = parse_size(text, "IMGTOOL_MIN_RATE") if is_size(text) else 0
+    except UsageError:  # zero, or past any size: one message for every bad value
+        rate = 0
+    if not 1 <= rate <= 1024 ** 3:
+        raise UsageError(f"invalid IMGTOOL_MIN_RATE {text!r}: give bytes per second between 1 and 1G, e.g. "
+                         f"{DEFAULT_MIN_RATE} or 10K")
+    return rate
 
 
 def helper_timeout() -> float:

@@ -144,6 +144,11 @@ class TagListingRefused(RegistryError):
     """The registry (or mirror) does not list a repository's tags to us (401/403/404/405)."""
 
 
+class LoginWithheld(RegistryError):
+    """A registry refused access after imgtool kept its login from where the registry sent it (a plain-HTTP
+    token service, plain HTTP itself): the hint says why and what would allow it."""
+
+
 class ManifestError(RegistryError):
     """A manifest, index or config document is malformed or of an unsupported kind.
 

@@ -35,7 +35,7 @@ def spec_fetch_options(spec_file: str, opts: FetchOptions, config: MirrorConfig,
                          hint=f"edit arch in {spec_file}, then run imgtool lock --update -f {spec_file}")
     spec = load_spec(spec_file)
     if spec.mirrors and "mirrors" not in given:
-        config = load_mirrors(spec.mirrors, config.read_timeout, config.helper_timeout)
+        config = load_mirrors(spec.mirrors, waits=config)
     changes: Dict[str, Any] = {"refs": spec.images, "platforms": spec.platforms}
     for key in SPEC_DEFAULTS:
         if key not in given:
@@ -67,14 +67,15 @@ class LockResult:
 
 
 def lock_spec(spec_file: str, update: bool, mirror: Optional[str], mirrors_file: Optional[str], read_timeout: float,
-              store: Store, progress: Progress, helper_timeout: Optional[float] = None) -> LockResult:
+              store: Store, progress: Progress, helper_timeout: Optional[float] = None,
+              waits: Optional[MirrorConfig] = None) -> LockResult:
     """Pin a spec's images in bundle.lock beside it, unless a fitting lock is there and not `update`.
 
     `mirror` None: the spec's; the platform manifests and configs are read through `store`.
     Raises ConfigError (a lock that does not fit), UsageError, RegistryError.
     """
     spec = load_spec(spec_file)
-    config = load_mirrors(mirrors_file or spec.mirrors, read_timeout, helper_timeout)
+    config = load_mirrors(mirrors_file or spec.mirrors, read_timeout, helper_timeout, waits=waits)
     old = read_lock(spec.lock_path)
     if old is not None and not update:
         old.require_fit(spec, config)

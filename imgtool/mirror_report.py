@@ -46,7 +46,7 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
 
     if text:
         ref = config.parse_ref(text)
-        return MirrorReport(ref, "", probe(sources_for(ref, config), ref, timeout))
+        return MirrorReport(ref, "", probe(sources_for(ref, config), ref, timeout, body=True))
     base = config.parse_ref("latest")
     sources = sources_for(base, config)
     try:
@@ -59,4 +59,4 @@ def mirror_report(config: MirrorConfig, text: Optional[str], timeout: float = 5.
     newest = [t for t in releases if t.release == releases[0].release]
     tag = next((t for t in newest if not t.variant), newest[0]).tag
     ref = dataclasses.replace(base, tag=tag)
-    return MirrorReport(ref, f"the newest release {listed.source.name} lists", probe(sources, ref, timeout))
+    return MirrorReport(ref, f"the newest release {listed.source.name} lists", probe(sources, ref, timeout, body=True))

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from urllib.parse import urlsplit
 
 from .config import Mirror, MirrorConfig
-from .errors import CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, UsageError
+from .errors import CredentialHelperError, ImgtoolError, LoginWithheld, NotFoundError, RegistryError, UsageError
 from .model import Digest, ImageRef
 from .registry import RegistryClient
 
@@ -79,7 +79,9 @@ class Clients:
         if m not in self._made:
             self._made[m] = RegistryClient(m.url, insecure=m.insecure, ca_cert=m.ca_cert,
                                            read_timeout=self.config.read_timeout,
-                                           helper_timeout=self.config.helper_timeout)
+                                           helper_timeout=self.config.helper_timeout,
+                                           response_timeout=self.config.response_timeout,
+                                           min_rate=self.config.min_rate)
         return self._made[m]
 
 
@@ -135,13 +137,13 @@ class Probe:
         }
 
 
-def _probe_one(source: Source, ref: ImageRef, timeout: float) -> Probe:
+def _probe_one(source: Source, ref: ImageRef, timeout: float, body: bool = False) -> Probe:
     p = Probe(source)
     start = time.monotonic()
     try:
         source.client.ping(timeout=(timeout, timeout))
         p.reachable = True
-        _, ctype, digest = source.client.manifest(source.repository, ref.reference, head=True,
+        _, ctype, digest = source.client.manifest(source.repository, ref.reference, head=not body,
                                                   timeout=(timeout, timeout))
         if digest is None:  # some registries omit Docker-Content-Digest on HEAD
             _, ctype, digest = source.client.manifest(source.repository, ref.reference, timeout=(timeout, timeout))
@@ -149,19 +151,20 @@ def _probe_one(source: Source, ref: ImageRef, timeout: float) -> Probe:
         p.latency = time.monotonic() - start
     except NotFoundError:
         p.error, p.not_found = f"{ref.reference} not found", True
-    except CredentialHelperError as e:
+    except (CredentialHelperError, LoginWithheld) as e:  # what to do about it is not the network's
         p.error, p.hint = e.message, e.hint
     except ImgtoolError as e:
         p.error = e.message
     return p
 
 
-def probe(sources: List[Source], ref: ImageRef, timeout: float = 5.0) -> List[Probe]:
-    """Probe every source in parallel; results in the sources' order."""
+def probe(sources: List[Source], ref: ImageRef, timeout: float = 5.0, body: bool = False) -> List[Probe]:
+    """Probe every source in parallel; results in the sources' order. `body`: GET the manifest (a source must
+    send an answer's body in time too, as `imgtool mirrors` checks), not only HEAD it."""
     if not sources:
         return []
     with ThreadPoolExecutor(max_workers=min(8, len(sources))) as pool:
-        return list(pool.map(lambda s: _probe_one(s, ref, timeout), sources))
+        return list(pool.map(lambda s: _probe_one(s, ref, timeout, body), sources))
 
 
 def reachable(sources: List[Source], timeout: float = 5.0):

@@ -16,7 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .bundle.format import BundleImage
 from .bundle.layout import platform_index
@@ -93,11 +93,11 @@ def target_repository(namespace: str, image: BundleImage) -> str:
     return f"{namespace}/{repo}" if namespace else repo
 
 
-def _client(host: str, insecure: bool, ca_cert: Optional[str]) -> Tuple[RegistryClient, str]:
+def _client(host: str, insecure: bool, ca_cert: Optional[str], waits: Dict[str, Any]) -> Tuple[RegistryClient, str]:
     """An HTTPS client; with --insecure, unverified HTTPS or else plain HTTP (as dockerd's insecure-registries)."""
     if ca_cert and not Path(ca_cert).is_file():
         raise UsageError(f"--ca-cert {ca_cert}: no such file")
-    client = RegistryClient(f"https://{host}", insecure=insecure, ca_cert=ca_cert)
+    client = RegistryClient(f"https://{host}", insecure=insecure, ca_cert=ca_cert, **waits)
     try:
         client.ping()
         return client, "https"
@@ -105,21 +105,22 @@ def _client(host: str, insecure: bool, ca_cert: Optional[str]) -> Tuple[Registry
         if not insecure:
             raise RegistryError(f"cannot reach the registry {host} over HTTPS: {e.message}",
                                 hint="give its CA with --ca-cert FILE, or --insecure for a plain-HTTP registry") from e
-    client = RegistryClient(f"http://{host}", insecure=True)
+    client = RegistryClient(f"http://{host}", insecure=True, **waits)
     client.ping()
     return client, "http"
 
 
 def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
-                progress: Progress, chunk: int = CHUNK) -> PushResult:
-    """Push every image of the bundle to the registry `to`; raises UsageError, VerifyError, RegistryError,
-    ImgtoolError (a delta bundle whose base the registry lacks)."""
+                progress: Progress, chunk: int = CHUNK, waits: Optional[Dict[str, Any]] = None) -> PushResult:
+    """Push every image of the bundle to the registry `to`; `waits`: the client's read_timeout, response_timeout
+    and min_rate (cli.py's, from the environment; None: the defaults). Raises UsageError, VerifyError,
+    RegistryError, ImgtoolError (a delta bundle whose base the registry lacks)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, _ = read_index(bundle_dir)
     reader = BlobReader(bundle_dir, index)
     host, namespace = parse_target(to)
-    client, scheme = _client(host, insecure, ca_cert)
+    client, scheme = _client(host, insecure, ca_cert, waits or {})
     targets = [(im, target_repository(namespace, im)) for im in index.images]
     _check_delta_base(client, targets, bundle_dir, host, to)
     result = PushResult(host, scheme, [])

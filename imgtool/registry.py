@@ -22,13 +22,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import urljoin, urlsplit
 
-from .config import DEFAULT_HELPER_TIMEOUT, docker_config_dir, proxy_variable
-from .errors import (Cancelled, CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable,
-                     TagListingRefused, UsageError)
-from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest
+from . import deadline
+from .config import DEFAULT_HELPER_TIMEOUT, DEFAULT_MIN_RATE, docker_config_dir, proxy_variable
+from .errors import (Cancelled, CredentialHelperError, ImgtoolError, LoginWithheld, NotFoundError, RegistryError,
+                     RegistryUnavailable, TagListingRefused, UsageError)
+from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest, format_size, json_object
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
     import requests
@@ -38,6 +39,47 @@ RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
 TRANSPORTS = ("requests", "http")
+
+MAX_ANSWER_BYTES = MAX_MANIFEST_BYTES  # any answer read whole (JSON: a tag page, a token, an error)
+MAX_ERROR_BYTES = 64 * 1024  # what an error's body is read for: its message
+MAX_TAG_PAGES = 1000  # a repository's tag list: a registry that links pages forever stops here,
+MAX_TAGS = 100_000  # or at this many tags (quay.io's busiest repositories list a few thousand),
+MAX_TAG_LIST_BYTES = 16 * 1024 * 1024  # or at this many bytes of pages in all
+
+
+Origin = Tuple[str, str, int]
+
+
+def origin(url: str) -> Origin:
+    """(scheme, host, port) of a URL, the port filled in: what a login is stored for. Raises ValueError."""
+    split = urlsplit(url)
+    scheme = split.scheme.lower()
+    port = split.port  # ValueError for a malformed port
+    if scheme not in ("http", "https") or not split.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return scheme, split.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def _netloc(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+class Answer:
+    """A registry's answer read whole (its body at most a cap): the status, headers and URL of the transport's
+    response, without the transport."""
+
+    def __init__(self, resp: "requests.Response", body: bytes):
+        self.status_code, self.reason, self.headers = resp.status_code, resp.reason, resp.headers
+        self.url, self.history, self.body = resp.url, resp.history, body
+
+    def close(self) -> None:
+        pass  # read and released already
+
+    def __enter__(self) -> "Answer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 def default_transport() -> str:
@@ -137,14 +179,14 @@ def parse_challenge(header: str) -> Tuple[str, Dict[str, str]]:
     return scheme.lower(), params
 
 
-def registry_error_text(resp: "requests.Response") -> str:
-    """The distribution error message of a response, or its status line."""
+def registry_error_text(resp: Answer) -> str:
+    """The distribution error message of an answer, or its status line."""
     try:
-        errors = resp.json().get("errors") or []
+        errors = json_object(resp.body, MAX_ERROR_BYTES, ValueError).get("errors") or []
         parts = [f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors if isinstance(e, dict)]
         if parts:
-            return "; ".join(parts)[:300]
-    except (ValueError, AttributeError):
+            return "; ".join(str(p) for p in parts)[:300]
+    except (ValueError, AttributeError, TypeError):
         pass
     return f"HTTP {resp.status_code} {resp.reason or ''}".strip()
 
@@ -206,16 +248,24 @@ class BlobStream:
     connection breaks or stalls; `close()` (or leaving `with`) ends the response.
     """
 
-    def __init__(self, resp: "requests.Response", read: Callable[[int], bytes], errors: tuple, host: str):
+    def __init__(self, resp: "requests.Response", read: Callable[[int], bytes], errors: tuple, host: str,
+                 rate: deadline.Rate):
         self.whole = resp.status_code == 200
-        self._resp, self._read, self._errors, self._host = resp, read, errors, host
+        self._resp, self._read, self._errors, self._host, self._rate = resp, read, errors, host, rate
 
     def read(self, n: int) -> bytes:
-        """Up to n bytes; raises RegistryError."""
+        """Up to n bytes; raises RegistryError (also when the bytes come slower than the rate asked for)."""
+        start = time.monotonic()
         try:
-            return self._read(n)
+            chunk = self._read(n)
         except self._errors as e:
             raise RegistryError(f"{self._host}: {network_error_text(e)}") from e
+        short = self._rate.add(len(chunk), time.monotonic() - start)
+        if short is not None:
+            self.close()
+            raise RegistryError(f"{self._host}: sent too slowly: {short[0]} bytes in {short[1]:.0f} s, under "
+                                f"{self._rate.floor} bytes/s ($IMGTOOL_MIN_RATE)")
+        return chunk
 
     def read_up_to(self, limit: int) -> bytes:
         """The body until its end or `limit` bytes, whichever comes first; raises RegistryError."""
@@ -243,24 +293,37 @@ class RegistryClient:
 
     `transport` is "requests" or "http" (registry_http's stdlib client, for Python 3.7/3.8); by
     default requests where it runs (default_transport). Both give the same answers and errors.
+
+    A login (Basic, or a bearer token got with it) goes only to the endpoint's own origin (scheme, host,
+    port), and to the token service its 401 names when the endpoint is reached over TLS; never over plain
+    HTTP unless `insecure`; never to a `Link`, a `Location` or a redirect on another origin.
     """
 
     def __init__(self, base_url: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
                  connect_timeout: float = 10.0, read_timeout: float = 60.0, retry: Optional[RetryPolicy] = None,
                  credentials: Optional[Tuple[str, str]] = None, use_docker_config: bool = True,
-                 transport: Optional[str] = None, helper_timeout: float = DEFAULT_HELPER_TIMEOUT):
+                 transport: Optional[str] = None, helper_timeout: float = DEFAULT_HELPER_TIMEOUT,
+                 response_timeout: Optional[float] = None, min_rate: int = DEFAULT_MIN_RATE):
         self.base_url = base_url.rstrip("/")
         split = urlsplit(self.base_url)
-        if split.scheme not in ("http", "https") or not split.netloc:
-            raise UsageError(f"invalid registry URL {base_url!r}")
+        try:
+            self._origin = origin(self.base_url)
+        except ValueError:
+            raise UsageError(f"invalid registry URL {base_url!r}") from None
         self.host = split.netloc
         self._net = _Net(transport or default_transport())
+        self._insecure = insecure
         # Passed on every call: a Session's own `verify` loses to $REQUESTS_CA_BUNDLE.
         self.verify = False if insecure else (ca_cert or True)
         self.timeout = (connect_timeout, read_timeout)
+        # an answer's headers (and a small answer's body, again) within this; a blob's body at `min_rate`
+        # bytes/s over each `read_timeout` seconds spent waiting for it
+        self.response_timeout = response_timeout or 2 * read_timeout
+        self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
         self._credentials = credentials
         self._credential_problem: Optional[CredentialHelperError] = None
+        self._withheld: Optional[str] = None  # why the login was not sent to the token service named
         # looked up on the first 401 (a credential helper may run), once: most registries never ask
         self._looked_up = credentials is not None or not use_docker_config
         self._helper_timeout = helper_timeout
@@ -277,10 +340,13 @@ class RegistryClient:
         if s is None:
             s = self._net.lib.Session()
             s.headers["User-Agent"] = USER_AGENT
+            s.headers["Accept-Encoding"] = "identity"  # as registry_http asks: a byte cap is a cap on what arrives
             if self._net.name == "requests":
-                adapter = self._net.lib.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=16, max_retries=0)
+                adapter = _watched_adapter()(pool_connections=4, pool_maxsize=16, max_retries=0)
                 s.mount("http://", adapter)
                 s.mount("https://", adapter)
+            else:
+                s.on_send = deadline.attach
             self._local.session = s
         return s
 
@@ -304,64 +370,178 @@ class RegistryClient:
                     self._credential_problem = e
             return self._credentials
 
-    def _auth_header(self, scope: Optional[str]) -> Dict[str, str]:
+    def _may_send_login(self, url: str, realm: bool = False) -> bool:
+        """Whether this endpoint's login (or a token got with it) may go to `url`: its own origin, or (`realm`)
+        the token service it named when reached over TLS; plain HTTP only for an `insecure` endpoint."""
+        try:
+            there = origin(url)
+        except ValueError:
+            return False
+        if there[0] != "https" and not self._insecure:
+            return False
+        if there == self._origin:
+            return True
+        return realm and (self._origin[0] == "https" or self._insecure)
+
+    def _same_origin(self, url: str) -> bool:
+        try:
+            return origin(url) == self._origin
+        except ValueError:
+            return False
+
+    def _auth_header(self, scope: Optional[str], url: str) -> Dict[str, str]:
+        """What proves who we are to `url`: nothing unless it is this endpoint (a token was got with the
+        login only where `_may_send_login` allowed it)."""
+        if not self._same_origin(url):
+            return {}
         with self._lock:
             token = self._tokens.get(scope or "")
         if token:
             return {"Authorization": f"Bearer {token}"}
-        if self._basic and self._credentials:
+        if self._basic and self._credentials and self._may_send_login(url):
             raw = base64.b64encode(":".join(self._credentials).encode()).decode()
             return {"Authorization": f"Basic {raw}"}
         return {}
 
-    def _authenticate(self, resp: "requests.Response", scope: Optional[str]) -> bool:
+    def _authenticate(self, resp: Answer, scope: Optional[str]) -> bool:
         """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
         scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
         credentials = self._login()
         if scheme == "basic":
+            if credentials and not self._may_send_login(self.base_url):
+                self._withheld = (f"imgtool sends the login for {self.host} over plain HTTP only to a registry "
+                                  "marked insecure (insecure = true in mirrors.toml, or --insecure)")
+                return False
             if not credentials or self._basic:
                 return False
             self._basic = True
             return True
-        if scheme != "bearer" or not params.get("realm"):
+        realm = params.get("realm") or ""
+        if scheme != "bearer" or not realm:
             return False
+        try:
+            origin(realm)
+        except ValueError:
+            raise RegistryError(f"{self.host}: its 401 names a token service that is not an http(s) URL: "
+                                f"{realm[:200]!r}") from None
         query = {}
         if params.get("service"):
             query["service"] = params["service"]
         want_scope = scope or params.get("scope")
         if want_scope:
             query["scope"] = want_scope
-        auth = credentials if credentials else None
-        try:
-            r = self._session().get(params["realm"], params=query, auth=auth, timeout=self.timeout, verify=self.verify)
-        except self._net.error as e:
-            if isinstance(e, self._net.proxy_error):
-                raise self._unreachable(e, params["realm"]) from e
-            raise RegistryError(f"{self.host}: token request to {urlsplit(params['realm']).netloc} failed: {network_error_text(e)}") from e
+        auth = None
+        if credentials and self._may_send_login(realm, realm=True):
+            auth = credentials
+        elif credentials:
+            self._withheld = (f"imgtool did not send the login for {self.host} to the token service it names, "
+                              f"{realm[:200]}: that is plain HTTP (mark {self.host} insecure in mirrors.toml, or "
+                              "--insecure, only if you trust the network)")
+        r = self._token_answer(realm, query, auth)
         if r.status_code in (401, 403):
             raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
                                     "check the credentials for this registry in ~/.docker/config.json (docker login)")
         if r.status_code != 200:
             raise RegistryError(f"{self.host}: token request failed: {registry_error_text(r)}")
         try:
-            body = r.json()
+            body = json_object(r.body, MAX_ANSWER_BYTES, ValueError)
             token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):
+        except ValueError:
             token = None
-        if not token:
+        if not token or not isinstance(token, str):
             raise RegistryError(f"{self.host}: the token service answered without a token")
         with self._lock:
-            self._tokens[scope or ""] = str(token)
+            self._tokens[scope or ""] = token
         return True
 
-    def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
-                stream: bool = False, timeout=None, retry: bool = True, data: Optional[bytes] = None,
-                cancel: Optional[threading.Event] = None) -> "requests.Response":
-        """Send a request with auth and retries (`self.retry`; none with `retry=False`); returns the final
-        response (any status). `data` (bytes, so a retry can send it again) is the request body; a wait
-        between tries ends when `cancel` is set.
+    def _token_answer(self, realm: str, query: Dict[str, str], auth: Optional[Tuple[str, str]]) -> Answer:
+        """The token service's whole answer (capped). Raises RegistryError."""
+        seconds = self.response_timeout
+        try:
+            with deadline.watching(seconds) as watch:
+                r = self._session().get(realm, params=query, auth=auth, timeout=self.timeout, verify=self.verify,
+                                        stream=True)
+            if watch.expired:
+                r.close()
+                raise self._too_slow(seconds)
+            return Answer(r, self._whole(r, MAX_ANSWER_BYTES, f"{self.host}: the token service's answer", seconds))
+        except self._net.error as e:
+            if watch.expired:
+                raise self._too_slow(seconds) from e
+            if isinstance(e, self._net.proxy_error):
+                raise self._unreachable(e, realm) from e
+            raise RegistryError(f"{self.host}: token request to {_netloc(realm)} failed: {network_error_text(e)}") from e
 
-        Raises RegistryError when the endpoint cannot be reached after the retries, Cancelled.
+    def _seconds(self, timeout) -> float:
+        """The response timeout for a call given `timeout` (None, seconds, or (connect, read)): twice its read
+        timeout when that is shorter than the client's (a probe's few seconds)."""
+        read = timeout[1] if isinstance(timeout, (tuple, list)) else timeout
+        return self.response_timeout if read is None else min(self.response_timeout, 2 * read)
+
+    def _too_slow(self, seconds: float) -> RegistryError:
+        return RegistryError(f"{self.host}: answered too slowly: not complete within {seconds:g} s "
+                             "($IMGTOOL_RESPONSE_TIMEOUT)")
+
+    def _answer(self, resp: "requests.Response", limit: int) -> Answer:
+        """An answer whose body only says why (an error): what of it arrives, at most `limit` bytes."""
+        try:
+            return Answer(resp, self._whole(resp, limit, self.host))
+        except (ImgtoolError, *self._net.read_errors):
+            return Answer(resp, b"")
+        finally:
+            resp.close()
+
+    def _whole(self, resp: "requests.Response", limit: int, what: str, seconds: Optional[float] = None) -> bytes:
+        """A streamed body read to its end (which releases the connection for the next request), at most
+        `limit` bytes, within `seconds` (the response timeout); raises RegistryError past either (the response
+        closed), and the transport's errors."""
+        read = self._net.raw_reader(resp)
+        seconds = seconds or self.response_timeout
+        due = time.monotonic() + seconds
+        chunks: List[bytes] = []
+        total = 0
+        try:
+            while True:
+                chunk = read(65536)  # returns with what has arrived: a dripping body comes back here each time
+                if not chunk:
+                    resp.close()  # read to its end: the connection goes back to the pool
+                    return b"".join(chunks)
+                total += len(chunk)
+                if total > limit:
+                    raise RegistryError(f"{what}: larger than {format_size(limit)}; imgtool stops reading there")
+                if time.monotonic() > due:
+                    raise self._too_slow(seconds)
+                chunks.append(chunk)
+        except BaseException:
+            resp.close()
+            raise
+
+    def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
+                timeout=None, retry: bool = True, data: Optional[bytes] = None,
+                cancel: Optional[threading.Event] = None, limit: int = MAX_ANSWER_BYTES, what: str = "") -> Answer:
+        """Send a request with auth and retries and read its whole answer (at most `limit` bytes; `what` names
+        it past that). Raises RegistryError (unreachable after the retries, too large, too slow), Cancelled."""
+        resp = self.open(method, path, scope=scope, headers=headers, timeout=timeout, retry=retry, data=data,
+                         cancel=cancel)
+        if isinstance(resp, Answer):
+            return resp
+        try:
+            body = self._whole(resp, limit, what or f"{self.host}: the answer to {method} {urlsplit(resp.url).path}",
+                               self._seconds(timeout))
+        except self._net.read_errors as e:
+            raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+        return Answer(resp, body)
+
+    def open(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
+             timeout=None, retry: bool = True, data: Optional[bytes] = None,
+             cancel: Optional[threading.Event] = None) -> Union["requests.Response", Answer]:
+        """Send a request with auth and retries (`self.retry`; none with `retry=False`); returns the final
+        response (any status), its body not yet read (a refusal of the login: read, as an Answer). `data`
+        (bytes, so a retry can send it again) is the request body; a wait between tries ends when `cancel` is set.
+
+        Raises RegistryError when the endpoint cannot be reached after the retries, when the answer's headers
+        do not arrive within the response timeout (not tried again: the source is too slow), or when an answer
+        from another origin (a `Link`, a `Location`, a redirect) asks for a login; Cancelled.
         """
         url = path if path.startswith(("http://", "https://")) else f"{self.base_url}{path}"
         attempts = self.retry.attempts if retry else 1
@@ -369,27 +549,40 @@ class RegistryClient:
         attempt = 0
         while True:
             hdrs = dict(headers or {})
-            hdrs.update(self._auth_header(scope))
+            hdrs.update(self._auth_header(scope, url))
+            seconds = self._seconds(timeout) + len(data or b"") / self.min_rate  # a body to send: at the rate
             try:
-                resp = self._session().request(method, url, headers=hdrs, stream=stream, timeout=timeout or self.timeout,
-                                               allow_redirects=True, verify=self.verify, data=data)
-            except self._net.tls_error as e:
-                raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
-                                    hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you trust the network") from e
+                with deadline.watching(seconds) as watch:
+                    resp = self._session().request(method, url, headers=hdrs, stream=True,
+                                                   timeout=timeout or self.timeout, allow_redirects=True,
+                                                   verify=self.verify, data=data)
             except self._net.error as e:
+                if watch.expired:  # its socket shut by the watchdog: the source is too slow, not down
+                    raise self._too_slow(seconds) from e
+                if isinstance(e, self._net.tls_error):
+                    raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
+                                        hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you "
+                                             "trust the network") from e
                 attempt += 1
                 if attempt >= attempts:
                     raise self._unreachable(e, url) from e
                 self.retry.wait(self.retry.delay(attempt - 1), cancel)
                 continue
+            if watch.expired:  # the headers came in just as the deadline passed: the body is cut off
+                resp.close()
+                raise self._too_slow(seconds)
+            if resp.status_code == 401 and not self._same_origin(resp.url):
+                resp.close()
+                raise RegistryError(f"{self.host} sent imgtool on to {_netloc(resp.url)}, which asks for a login: "
+                                    f"imgtool sends the login for {self.host} to {self.host} only")
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
                 with self._lock:  # a stale token: drop it and ask again
                     self._tokens.pop(scope or "", None)
-                resp.close()
-                if self._authenticate(resp, scope):
+                refusal = self._answer(resp, MAX_ERROR_BYTES)  # read first: the token service may share its connection
+                if self._authenticate(refusal, scope):
                     continue
-                return resp
+                return refusal
             expired_redirect = resp.history and resp.status_code in (403, 410)
             if (resp.status_code in RETRY_STATUS or expired_redirect) and attempt + 1 < attempts:
                 attempt += 1
@@ -403,14 +596,21 @@ class RegistryClient:
     def ping(self, timeout: Tuple[float, float] = (3.0, 5.0)) -> float:
         """GET /v2/; returns the latency in seconds. 401 counts as alive. Raises RegistryError."""
         start = time.monotonic()
+        seconds = self._seconds(timeout)
         try:
-            resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify)
+            with deadline.watching(seconds) as watch:
+                resp = self._session().get(f"{self.base_url}/v2/", timeout=timeout, verify=self.verify, stream=True)
+            if watch.expired:
+                resp.close()
+                raise self._too_slow(seconds)
+            self._whole(resp, MAX_ERROR_BYTES, f"{self.host}: /v2/", seconds)
         except self._net.tls_error as e:
             raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}") from e
-        except self._net.error as e:
+        except self._net.read_errors as e:
+            if watch.expired:
+                raise self._too_slow(seconds) from e
             raise self._unreachable(e, f"{self.base_url}/v2/") from e
         elapsed = time.monotonic() - start
-        resp.close()
         if resp.status_code not in (200, 401):
             raise RegistryError(f"{self.host}: /v2/ answered HTTP {resp.status_code}")
         return elapsed
@@ -424,26 +624,23 @@ class RegistryClient:
         """
         scope = f"repository:{repository}:pull"
         resp = self.request("HEAD" if head else "GET", f"/v2/{repository}/manifests/{reference}", scope=scope,
-                            headers={"Accept": ACCEPT_MANIFESTS}, stream=True, timeout=timeout)
-        with resp:
-            if resp.status_code == 404:
-                said = registry_error_text(resp) if not head else "HTTP 404"
-                raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({said})")
-            if resp.status_code == 401:
-                raise self._auth_failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
-                                        f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
-            if resp.status_code != 200:
-                detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
-                raise RegistryError(f"{self.host}/{repository}: manifest {reference}: {detail}")
-            ctype = resp.headers.get("Content-Type", "").split(";")[0].strip()
-            header_digest = resp.headers.get("Docker-Content-Digest")
-            if head:
-                digest = _parse_digest_header(header_digest)
-                return b"", ctype, digest
-            try:
-                data = _read_capped(resp, MAX_MANIFEST_BYTES, f"{self.host}/{repository} manifest {reference}")
-            except self._net.error as e:
-                raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+                            headers={"Accept": ACCEPT_MANIFESTS}, timeout=timeout, limit=MAX_MANIFEST_BYTES,
+                            what=f"{self.host}/{repository} manifest {reference}")
+        if resp.status_code == 404:
+            said = registry_error_text(resp) if not head else "HTTP 404"
+            raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({said})")
+        if resp.status_code == 401:
+            raise self._auth_failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
+                                    f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
+        if resp.status_code != 200:
+            detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
+            raise RegistryError(f"{self.host}/{repository}: manifest {reference}: {detail}")
+        ctype = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        header_digest = resp.headers.get("Docker-Content-Digest")
+        if head:
+            digest = _parse_digest_header(header_digest)
+            return b"", ctype, digest
+        data = resp.body
         actual = Digest.of(data)
         wanted = expect or (Digest.parse(reference) if reference.startswith("sha256:") else None)
         if wanted is not None and actual != wanted:
@@ -462,12 +659,13 @@ class RegistryClient:
         headers = {"Accept-Encoding": "identity"}
         if start or end is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        resp = self.request("GET", f"/v2/{repository}/blobs/{digest}", scope=f"repository:{repository}:pull",
-                            headers=headers, stream=True, timeout=timeout, retry=retry, cancel=cancel)
-        if resp.status_code in (200, 206):
-            return BlobStream(resp, self._net.raw_reader(resp), self._net.read_errors, self.host)
-        text = registry_error_text(resp)
-        resp.close()
+        resp = self.open("GET", f"/v2/{repository}/blobs/{digest}", scope=f"repository:{repository}:pull",
+                         headers=headers, timeout=timeout, retry=retry, cancel=cancel)
+        if resp.status_code in (200, 206) and not isinstance(resp, Answer):
+            return BlobStream(resp, self._net.raw_reader(resp), self._net.read_errors, self.host,
+                              deadline.Rate(self.min_rate, self.timeout[1]))
+        answer = resp if isinstance(resp, Answer) else self._answer(resp, MAX_ERROR_BYTES)
+        text = registry_error_text(answer)
         if resp.status_code == 404:
             raise NotFoundError(f"{self.host}/{repository}: blob {digest.short} not found")
         if resp.status_code in RETRY_STATUS or (resp.history and resp.status_code in (403, 410)):
@@ -476,25 +674,52 @@ class RegistryClient:
         raise RegistryError(f"{self.host}/{repository}: blob {digest.short}: {text}")
 
     def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:
-        """Every tag of a repository, following `Link` pagination. Raises RegistryError."""
-        path = f"{self.base_url}/v2/{repository}/tags/list?n={page_size}"
-        seen = {path}
-        while path:
-            resp = self.request("GET", path, scope=f"repository:{repository}:pull")
+        """Every tag of a repository, following `Link` pagination, at most MAX_TAGS tags in MAX_TAG_PAGES pages
+        of MAX_TAG_LIST_BYTES in all. Raises RegistryError (TagListingRefused), one line for any answer that
+        is not a tag list."""
+        where = f"{self.host}/{repository} tag list"
+        url = f"{self.base_url}/v2/{repository}/tags/list?n={page_size}"
+        seen = {url}
+        pages = count = size = 0
+        while url:
+            pages += 1
+            if pages > MAX_TAG_PAGES:
+                raise RegistryError(f"{where}: more than {MAX_TAG_PAGES} pages; imgtool stops reading there")
+            resp = self.request("GET", url, scope=f"repository:{repository}:pull", what=where,
+                                limit=min(MAX_ANSWER_BYTES, MAX_TAG_LIST_BYTES - size))
             if resp.status_code in (401, 403, 404, 405):
                 raise TagListingRefused(f"{self.host}/{repository}: tag listing refused (HTTP {resp.status_code})")
             if resp.status_code != 200:
                 raise RegistryError(f"{self.host}/{repository}: tag list: {registry_error_text(resp)}")
-            for tag in (resp.json().get("tags") or []):
-                yield tag
-            link = resp.headers.get("Link", "")
-            m = re.match(r"<([^>]+)>", link)
-            # RFC 8288: a relative link is relative to the URL that answered, not to base_url
-            path = urljoin(resp.url, m.group(1)) if m else ""
-            if path in seen:  # a server that links a page to itself must not loop us forever
+            size += len(resp.body)
+            doc = json_object(resp.body, MAX_ANSWER_BYTES, lambda why: RegistryError(f"{where}: {why}"))
+            tags = doc.get("tags") or []
+            if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                raise RegistryError(f"{where}: \"tags\" is not a list of strings")
+            count += len(tags)
+            if count > MAX_TAGS:
+                raise RegistryError(f"{where}: more than {MAX_TAGS} tags; imgtool stops reading there")
+            yield from tags
+            url = self._next_page(resp, where)
+            if url in seen:  # a server that links a page to itself must not loop us forever
                 break
-            seen.add(path)
+            seen.add(url)
 
+    @staticmethod
+    def _next_page(resp: Answer, where: str) -> str:
+        """The URL a tag page's `Link` names ("" for none); RFC 8288: relative to the URL that answered."""
+        link = resp.headers.get("Link") or ""
+        if not link:
+            return ""
+        m = re.match(r"\s*<([^<>]*)>", link)
+        try:
+            if not m:
+                raise ValueError(link)
+            url = urljoin(resp.url, m.group(1).strip())
+            origin(url)
+        except ValueError:
+            raise RegistryError(f"{where}: a malformed Link header {link[:200]!r}") from None
+        return url
 
     # -- pushing (imgtool push) -------------------------------------------
 
@@ -503,12 +728,15 @@ class RegistryClient:
         return f"repository:{repository}:pull,push"
 
     def _auth_failed(self, message: str, hint: str) -> ImgtoolError:
-        """The registry wants credentials it did not get: when a credential helper failed, that is why."""
+        """The registry wants credentials it did not get: when a credential helper failed, that is why; when
+        the login was kept from a plain-HTTP token service, that is."""
         if self._credential_problem is not None:
             return self._credential_problem
+        if self._withheld is not None:
+            return LoginWithheld(message, hint=self._withheld)
         return RegistryError(message, hint=hint)
 
-    def _push_failed(self, resp: "requests.Response", repository: str, what: str) -> ImgtoolError:
+    def _push_failed(self, resp: Answer, repository: str, what: str) -> ImgtoolError:
         if resp.status_code in (401, 403):
             return self._auth_failed(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
                                      f"{registry_error_text(resp)})",
@@ -519,7 +747,6 @@ class RegistryClient:
     def has_blob(self, repository: str, digest: Digest) -> bool:
         """HEAD the blob in `repository` (push scope, so the token serves the upload too). Raises RegistryError."""
         resp = self.request("HEAD", f"/v2/{repository}/blobs/{digest}", scope=self.push_scope(repository))
-        resp.close()
         if resp.status_code == 200:
             return True
         if resp.status_code == 404:
@@ -530,37 +757,33 @@ class RegistryClient:
         """Cross-repository mount; None when mounted, else the upload URL the registry opened instead."""
         resp = self.request("POST", f"/v2/{repository}/blobs/uploads/?mount={digest}&from={source_repository}",
                             scope=self.push_scope(repository), data=b"", retry=False)
-        resp.close()
         if resp.status_code == 201:
             return None
         if resp.status_code == 202 and resp.headers.get("Location"):
-            return self._absolute(resp.headers["Location"])
+            return self._absolute(resp.headers["Location"], repository)
         raise self._push_failed(resp, repository, f"mount of blob {digest.short}")
 
     def start_upload(self, repository: str) -> str:
         """Open an upload session; returns its URL. Raises RegistryError."""
         resp = self.request("POST", f"/v2/{repository}/blobs/uploads/", scope=self.push_scope(repository), data=b"")
-        resp.close()
         if resp.status_code != 202 or not resp.headers.get("Location"):
             raise self._push_failed(resp, repository, "starting an upload")
-        return self._absolute(resp.headers["Location"])
+        return self._absolute(resp.headers["Location"], repository)
 
     def upload_chunk(self, repository: str, url: str, data: bytes, start: int) -> str:
         """PATCH bytes [start, start+len) to the session; returns the next URL. Raises RegistryError."""
         headers = {"Content-Type": "application/octet-stream",
                    "Content-Range": f"{start}-{start + len(data) - 1}"}
         resp = self.request("PATCH", url, scope=self.push_scope(repository), headers=headers, data=data, retry=False)
-        resp.close()
         if resp.status_code != 202 or not resp.headers.get("Location"):
             raise self._push_failed(resp, repository, f"uploading bytes {start}-{start + len(data) - 1}")
-        return self._absolute(resp.headers["Location"])
+        return self._absolute(resp.headers["Location"], repository)
 
     def finish_upload(self, repository: str, url: str, digest: Digest, data: bytes = b"") -> None:
         """PUT ?digest= (with the last bytes, or all of a small blob). Raises RegistryError."""
         sep = "&" if "?" in url else "?"
         resp = self.request("PUT", f"{url}{sep}digest={digest}", scope=self.push_scope(repository),
                             headers={"Content-Type": "application/octet-stream"}, data=data, retry=False)
-        resp.close()
         if resp.status_code not in (201, 204):
             raise self._push_failed(resp, repository, f"blob {digest.short}")
 
@@ -568,15 +791,73 @@ class RegistryClient:
         """PUT the manifest bytes as they are (so its digest stays); returns the registry's digest."""
         resp = self.request("PUT", f"/v2/{repository}/manifests/{reference}", scope=self.push_scope(repository),
                             headers={"Content-Type": media_type}, data=data)
-        resp.close()
         if resp.status_code not in (200, 201, 202):
             raise self._push_failed(resp, repository, f"manifest {reference}")
         return _parse_digest_header(resp.headers.get("Docker-Content-Digest"))
 
-    def _absolute(self, location: str) -> str:
-        if location.startswith(("http://", "https://")):
-            return location
-        return self.base_url + ("" if location.startswith("/") else "/") + location
+    def _absolute(self, location: str, repository: str) -> str:
+        """An upload `Location` as a URL (relative to the endpoint); raises RegistryError when malformed. One on
+        another origin is used without the login (see `open`)."""
+        url = location if location.startswith(("http://", "https://")) else (
+            self.base_url + ("" if location.startswith("/") else "/") + location)
+        try:
+            origin(url)
+        except ValueError:
+            raise RegistryError(f"{self.host}/{repository}: the registry answered with a malformed upload Location "
+                                f"{location[:200]!r}") from None
+        return url
+
+
+_ADAPTER: Optional[type] = None
+
+
+def _watched_adapter() -> type:
+    """requests' HTTPAdapter whose urllib3 connections tell `deadline` which socket an answer arrives on (made
+    once, on first use: requests and urllib3 are imported only where they run)."""
+    global _ADAPTER
+    if _ADAPTER is None:
+        import requests.adapters
+        from urllib3.connection import HTTPConnection, HTTPSConnection
+        from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+        class Watched(HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.attach(self)
+
+            def request(self, *args, **kwargs):
+                deadline.attach(self)
+                return super().request(*args, **kwargs)
+
+        class WatchedTLS(HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.attach(self)
+
+            def request(self, *args, **kwargs):
+                deadline.attach(self)
+                return super().request(*args, **kwargs)
+
+        class Pool(HTTPConnectionPool):
+            ConnectionCls = Watched
+
+        class PoolTLS(HTTPSConnectionPool):
+            ConnectionCls = WatchedTLS
+
+        pools = {"http": Pool, "https": PoolTLS}
+
+        class Adapter(requests.adapters.HTTPAdapter):
+            def init_poolmanager(self, *args, **kwargs):
+                super().init_poolmanager(*args, **kwargs)
+                self.poolmanager.pool_classes_by_scheme = pools
+
+            def proxy_manager_for(self, *args, **kwargs):
+                manager = super().proxy_manager_for(*args, **kwargs)
+                manager.pool_classes_by_scheme = pools
+                return manager
+
+        _ADAPTER = Adapter
+    return _ADAPTER
 
 
 def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
@@ -584,16 +865,6 @@ def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
         return Digest.parse(value.strip()) if value else None
     except UsageError:
         return None
-
-
-def _read_capped(resp: "requests.Response", limit: int, what: str) -> bytes:
-    chunks, total = [], 0
-    for chunk in resp.iter_content(65536):
-        total += len(chunk)
-        if total > limit:
-            raise RegistryError(f"{what} is larger than {limit} bytes; refusing to read it")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def proxy_named(url: str) -> str:

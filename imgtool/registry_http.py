@@ -17,7 +17,7 @@ import socket
 import ssl
 import subprocess
 import urllib.request
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import SplitResult, unquote, urlencode, urljoin, urlsplit
 
 MAX_REDIRECTS = 10
@@ -58,6 +58,24 @@ class ReadTimeout(Timeout):
 
 class TooManyRedirects(RequestException):
     """More than MAX_REDIRECTS redirects."""
+
+
+class InvalidURL(RequestException, ValueError):
+    """A URL (a redirect's Location) that cannot be parsed."""
+
+
+def _strips_auth(old: str, new: str) -> bool:
+    """Whether a redirect from `old` to `new` drops the Authorization header: requests' `should_strip_auth`
+    (another host, port or scheme; http -> https on the default ports keeps it). Raises ValueError."""
+    a, b = urlsplit(old), urlsplit(new)
+    if a.hostname != b.hostname:
+        return True
+    if a.scheme == "http" and a.port in (80, None) and b.scheme == "https" and b.port in (443, None):
+        return False
+    default = ({"http": 80, "https": 443}.get(a.scheme), None)
+    if a.scheme == b.scheme and a.port in default and b.port in default:
+        return False
+    return a.port != b.port or a.scheme != b.scheme
 
 
 class exceptions:  # noqa: N801 - `requests.exceptions.SSLError` reads the same on both transports
@@ -179,12 +197,16 @@ class Response:
             yield piece
 
     def read1(self, n: int) -> bytes:
-        """Up to n bytes of a streamed body as they arrive (b"" at its end), as urllib3's `read1`."""
+        """Up to n bytes of a streamed body as they arrive (b"" at its end), as urllib3's `read1`; at its end
+        the answer is done with, so its connection serves the next request (as urllib3 releases it)."""
         try:
-            return self._raw.read1(n)
+            data = self._raw.read1(n)
         except _NET_ERRORS as e:
             self.close()
             raise _translate(e, connecting=False) from e
+        if not data and n:
+            self._raw.close()  # http.client leaves a HEAD's or a read1-ended answer open: the next request waits on it
+        return data
 
     def iter_content(self, chunk_size: int = 1) -> Iterator[bytes]:
         """The body in pieces of up to chunk_size bytes, as they arrive (never decoded: identity only)."""
@@ -227,6 +249,9 @@ class Session:
     def __init__(self) -> None:
         self.headers: Dict[str, str] = {"Accept": "*/*"}
         self._conns: Dict[tuple, http.client.HTTPConnection] = {}
+        # called with the (connected) connection a request is about to be sent on: the registry room watches
+        # it for the answer's deadline (as it hooks urllib3's connections on the requests transport)
+        self.on_send: Optional[Callable[[http.client.HTTPConnection], None]] = None
 
     def get(self, url: str, **kwargs) -> Response:
         return self.request("GET", url, **kwargs)
@@ -252,8 +277,12 @@ class Session:
             history.append(resp)
             if len(history) > MAX_REDIRECTS:
                 raise TooManyRedirects(f"exceeded {MAX_REDIRECTS} redirects")
-            target = urljoin(url, location)
-            if urlsplit(target).netloc != urlsplit(url).netloc:
+            try:
+                target = urljoin(url, location)
+                strip = _strips_auth(url, target)
+            except ValueError:
+                raise InvalidURL(f"a malformed redirect Location {location[:200]!r}") from None
+            if strip:
                 hdrs.pop("Authorization", None)  # a token is for the registry, not for its storage backend
             if resp.status_code in (301, 302, 303) and method not in ("GET", "HEAD"):
                 method, data = "GET", None  # as browsers and requests do
@@ -294,6 +323,8 @@ class Session:
                 if connecting:
                     conn.connect()
                 connecting = False
+                if self.on_send is not None:
+                    self.on_send(conn)
                 conn.request(method, target, body=data, headers=headers)
                 raw = conn.getresponse()
                 break

@@ -96,3 +96,37 @@ def test_env_variable_file_is_used(tmp_path):
     import os
     r = run("mirrors", env={**os.environ, "IMGTOOL_MIRRORS": str(f)})
     assert r.returncode == 2 and str(f) in r.stderr
+
+
+DEEP = "default_image = \"quay.io/ascend/vllm-ascend\"\n# [[[[ in a comment, \"[[[[\" in a string: not nesting\nx = \"[[[[\"\ndeep = " \
+    + "[" * 5000 + "]" * 5000 + "\n"
+
+
+@pytest.mark.parametrize("verb,option", [("mirrors", "--mirrors"), ("presets", "IMGTOOL_PRESETS"), ("lock", "-f")])
+def test_a_deeply_nested_toml_file_is_one_line_naming_its_line(tmp_path, verb, option):
+    """mirrors.toml, presets.toml, a bundle spec: nesting that makes the TOML parser recurse past Python's limit
+    is one line with file:line, exit 2 (it was `internal error: RecursionError`), before any network."""
+    import os
+
+    f = tmp_path / "deep.toml"
+    f.write_text(DEEP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGTOOL_PRESETS", "IMGTOOL_MIRRORS"))}
+    if option.startswith("IMGTOOL"):
+        r = run(verb, env=dict(env, **{option: str(f)}))
+    else:
+        r = run(verb, option, str(f), env=env)
+    assert (r.returncode, r.stderr) == (2, f"error: {f}:4: invalid TOML: arrays or inline tables nested more "
+                                           "than 64 deep\n")
+
+
+@pytest.mark.parametrize("name,value,said", [
+    ("IMGTOOL_RESPONSE_TIMEOUT", "0", "invalid IMGTOOL_RESPONSE_TIMEOUT '0': give seconds between 0 and 3600, e.g. 120"),
+    ("IMGTOOL_MIN_RATE", "fast", "invalid IMGTOOL_MIN_RATE 'fast': give bytes per second between 1 and 1G, e.g. 1024 or 10K"),
+    ("IMGTOOL_MIN_RATE", "0", "invalid IMGTOOL_MIN_RATE '0': give bytes per second between 1 and 1G, e.g. 1024 or 10K"),
+])
+def test_a_bad_wait_variable_is_exit_2_before_any_network(tmp_path, name, value, said):
+    import os
+
+    for verb in (["mirrors", "v1"], ["tags"], ["push", str(tmp_path), "--to", "127.0.0.1:1"]):
+        r = run(*verb, env=dict(os.environ, **{name: value}))
+        assert (r.returncode, r.stderr) == (2, f"error: {said}\n"), verb

@@ -8,6 +8,7 @@ and how many body bytes it sent, so tests can assert what was transferred.
 
 import http.client
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,10 @@ CHUNK = 256 * 1024
 @dataclass
 class Fault:
     """One scripted misbehaviour: `kind` is reset|status|flip|stall|short|expiring_redirect|rate|no_range
-    (the Range header is dropped: the whole blob comes back with 200)."""
+    (the Range header is dropped: the whole blob comes back with 200)|headers (the upstream's answer with its
+    headers passed through `edit`)|redirect (307 to `location` + the path: another host)|drip (the whole
+    answer, status line and headers included, one byte every `seconds`)|drip_body (the headers at once, the
+    body one byte every `seconds`). A `status` answer's body is `body` when given."""
 
     kind: str
     match: Callable[[str, str], bool]  # (method, path) -> bool
@@ -30,7 +34,9 @@ class Fault:
     headers: dict = field(default_factory=dict)
     seconds: float = 0.0  # stall length (0: until release()), or redirect lifetime
     rate: int = 0  # bytes/second for kind == "rate"
-    body: Optional[bytes] = None  # kind == "status": the body answered (default: a distribution error "injected")
+    body: Optional[bytes] = None  # status: the body instead of a distribution error
+    edit: Optional[Callable[[List[Tuple[str, str]]], List[Tuple[str, str]]]] = None  # headers: the new headers
+    location: str = ""  # redirect: where to (a base URL; the request's path is appended)
     used: int = 0
     released: threading.Event = field(default_factory=threading.Event, repr=False)
     arrived: threading.Event = field(default_factory=threading.Event, repr=False)  # set once it is first used
@@ -86,6 +92,7 @@ class Record:
     range: Optional[str]
     status: int = 0
     sent: int = 0
+    authorization: Optional[str] = None  # the Authorization header the client sent
 
 
 def blob_path(path: str) -> bool:
@@ -95,8 +102,12 @@ def blob_path(path: str) -> bool:
 class FaultProxy:
     """Start with `FaultProxy("127.0.0.1:5000")`; `url` is where clients connect."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, *, tls: Optional[Tuple[str, str]] = None, upstream_ca: Optional[str] = None):
+        """`tls`: (certificate, key) to answer HTTPS; `upstream_ca`: the upstream speaks HTTPS, checked
+        against this CA."""
         self.upstream = upstream
+        self.scheme = "https" if tls else "http"
+        self.upstream_ca = upstream_ca
         self.faults: List[Fault] = []
         self.records: List[Record] = []
         self.lock = threading.Lock()
@@ -123,6 +134,10 @@ class FaultProxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -132,7 +147,7 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
-        return f"http://{self.hostport}"
+        return f"{self.scheme}://{self.hostport}"
 
     def add(self, fault: Fault) -> Fault:
         with self.lock:
@@ -222,7 +237,7 @@ class FaultProxy:
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         method, path = h.command, h.path
-        rec = Record(method, path, h.headers.get("Range"))
+        rec = Record(method, path, h.headers.get("Range"), authorization=h.headers.get("Authorization"))
         with self.lock:
             self.records.append(rec)
         length = int(h.headers.get("Content-Length") or 0)
@@ -254,8 +269,11 @@ class FaultProxy:
 
     def _forward(self, h, rec: Record, method: str, path: str, body, fault: Optional[Fault], gates: List[Gate]) -> None:
         if fault and fault.kind == "status":
-            body = fault.body if fault.body is not None else b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}'
+            body = b'{"errors":[{"code":"UNAVAILABLE","message":"injected"}]}' if fault.body is None else fault.body
             self._reply(h, rec, fault.status, body, dict({"Content-Type": "application/json"}, **fault.headers))
+            return
+        if fault and fault.kind == "redirect":
+            self._reply(h, rec, 307, b"", {"Location": fault.location + path})
             return
         if fault and fault.kind == "expiring_redirect":
             token = f"t{len(self._expiring)}x{int(time.monotonic() * 1000)}"
@@ -264,17 +282,30 @@ class FaultProxy:
             return
         drop = ("host", "connection", "accept-encoding") + (("range",) if fault and fault.kind == "no_range" else ())
         headers = {k: v for k, v in h.headers.items() if k.lower() not in drop}
-        conn = http.client.HTTPConnection(self.upstream, timeout=60)
+        if self.upstream_ca:
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.upstream, timeout=60, context=ssl.create_default_context(cafile=self.upstream_ca))
+        else:
+            conn = http.client.HTTPConnection(self.upstream, timeout=60)
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             rec.status = resp.status
-            h.send_response(resp.status)
+            out = []
             for k, v in resp.getheaders():
                 if k.lower() in ("connection", "transfer-encoding"):
                     continue
-                if k.lower() == "location" and v.startswith(f"http://{self.upstream}"):
-                    v = self.url + v[len(f"http://{self.upstream}"):]
+                for scheme in ("http", "https"):
+                    if k.lower() == "location" and v.startswith(f"{scheme}://{self.upstream}"):
+                        v = self.url + v[len(f"{scheme}://{self.upstream}"):]
+                out.append((k, v))
+            if fault and fault.kind == "headers" and fault.edit is not None:
+                out = fault.edit(out)
+            if fault and fault.kind in ("drip", "drip_body"):
+                self._drip(h, rec, resp, out, fault)
+                return
+            h.send_response(resp.status)
+            for k, v in out:
                 h.send_header(k, v)
             h.send_header("Connection", "close")
             h.end_headers()
@@ -341,6 +372,26 @@ class FaultProxy:
             sent += len(chunk)
             rec.sent = sent
         h.wfile.flush()
+
+    def _drip(self, h, rec: Record, resp, headers: List[Tuple[str, str]], fault: Fault) -> None:
+        """The answer one byte every `fault.seconds` (its head at once for drip_body), until it is sent or the
+        proxy closes (a client that gave up)."""
+        head = f"HTTP/1.1 {resp.status} {resp.reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+        head += "Connection: close\r\n\r\n"
+        body = resp.read() if h.command != "HEAD" else b""
+        if fault.kind == "drip_body":
+            h.wfile.write(head.encode("latin-1"))
+            h.wfile.flush()
+            data = body
+        else:
+            data = head.encode("latin-1") + body
+        h.close_connection = True
+        for i in range(len(data)):
+            if fault.released.wait(fault.seconds):
+                return
+            h.wfile.write(data[i:i + 1])
+            h.wfile.flush()
+            rec.sent += 1
 
     def _reply(self, h, rec: Record, status: int, body: bytes, headers: dict) -> None:
         rec.status = status
