@@ -935,7 +935,7 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
     and the signature policy first; each blob's digest is checked before it is first served.
     One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
     """
-    from .serve import Settings, open_bundles, parse_listen
+    from .serve import Settings, hold_bundles, open_bundles, parse_listen
     from .serve import serve as run_server
 
     host, port = parse_listen(listen)
@@ -943,10 +943,11 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
         raise UsageError("--tls-cert and --tls-key go together", hint="give both, or neither for plain HTTP")
     for d in bundle_dirs:
         _bundle_usage(d, None)
-    catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
-    settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
-    run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
-               log=lambda line: click.echo(line, err=True), unpacked=unpacked)
+    with hold_bundles(bundle_dirs):  # from before the check until the server stops: nothing replaces them meanwhile
+        catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
+        settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
+        run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
+                   log=lambda line: click.echo(line, err=True), unpacked=unpacked)
 
 
 @cli.command()

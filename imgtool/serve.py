@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer
@@ -33,6 +34,7 @@ from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
 from .bundle.inplace import InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
+from .dirlock import lock_served
 from .errors import BlobDamaged, Interrupted, UsageError
 from .model import Digest, format_size
 from .progress import Progress
@@ -99,6 +101,22 @@ def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Prog
         if index.archive.compression != "none" and unpack_to is not None:
             unpacked[b] = unpack_archive(Path(d), index, unpack_to, progress)
     return Catalog(indexes), unpacked
+
+
+def hold_bundles(dirs: Sequence[Path]) -> ExitStack:
+    """The bundle directories' shared locks (dirlock.py), held while they are served: `fetch --force` and
+    `export --force` refuse to replace a served bundle, naming this server. Raises DirectoryBusy while a fetch
+    or export writes one of them."""
+    held = ExitStack()
+    try:
+        for d in dirs:
+            lock = lock_served(Path(d))
+            if lock is not None:  # None: this user cannot write there, so neither replace it
+                held.enter_context(lock)
+    except BaseException:
+        held.close()
+        raise
+    return held
 
 
 class _Refusal(Exception):

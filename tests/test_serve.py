@@ -595,6 +595,40 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
 
 
+def test_a_served_bundle_is_not_replaced_by_fetch_force(services, factory, mirrored, tmp_path, serving):
+    """Issue 35 case 10: `fetch --force` replaced a directory `imgtool serve` was serving, which then answered 500.
+    serve holds the directory's lock (shared): fetch --force refuses, naming the server, and the server serves on;
+    once it stops, the lock file is gone and the same fetch replaces the bundle. A serve of a directory a fetch is
+    writing refuses, naming the fetch."""
+    out, idx, repo = fetch_two_arch(services, factory, mirrored, tmp_path, "oci")
+    before = (out / "bundle.json").read_bytes()
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    again = ["fetch", "--no-tool", "v3", "--arch", "amd64", "--mirrors", str(tmp_path / "mirrors.toml"), "-o", str(out),
+             "--force", "-q"]
+    r = imgtool(*again, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 1, r.stderr
+    assert [x for x in r.stderr.splitlines() if x.startswith(("error:", "hint:"))] == [
+        f"error: {out} is being served by imgtool serve (pid {s.proc.pid}); it was not changed",
+        "hint: stop that server first, or write the new bundle to another --output"]
+    assert (out / "bundle.json").read_bytes() == before
+    layer = idx.image("amd64").layers[0].digest
+    got = requests.get(f"{s.url}/v2/{repo}/blobs/{layer}", timeout=60)
+    assert (got.status_code, hashlib.sha256(got.content).hexdigest()) == (200, layer.split(":")[1])
+    assert "unexpected file" not in "\n".join(s.log())  # the lock file is the bundle directory's own
+    assert s.stop().returncode == 130
+    assert not (out / ".imgtool-lock").exists()
+    r = imgtool(*again, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert (out / "bundle.json").read_bytes() != before
+    from imgtool.dirlock import lock_output
+
+    with lock_output(out, "fetch"):
+        refused = imgtool("serve", str(out), "--listen", "127.0.0.1:0")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == f"error: {out} is being written by imgtool fetch (pid {os.getpid()}); " \
+                                             "nothing was done"
+
+
 @pytest.fixture
 def two_arch(services, factory, mirrored, tmp_path):
     """A tag published upstream as a Docker manifest list over amd64 and arm64, fetched as users do

@@ -17,7 +17,7 @@ from ..errors import VerifyError
 from ..fsutil import NotRegularFile, open_regular
 from ..progress import Progress
 from ..trust import Verdict
-from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
+from .format import BUNDLE_JSON, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
 from .signature import enforce
 from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
                      stat_parts)
@@ -142,7 +142,7 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
                 report.problems.append(Problem(message + f"; copy {f.name} again from the source medium"))
             else:
                 report.warnings.append(message)
-    known = {BUNDLE_JSON, SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT} | {p.name for p in index.parts} | \
+    known = {BUNDLE_JSON, SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, LOCK_NAME} | {p.name for p in index.parts} | \
         {f.name for f in index.files}
     try:
         stray = sorted(entry.name for entry in os.scandir(bundle_dir) if entry.name not in known)

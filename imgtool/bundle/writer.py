@@ -27,7 +27,7 @@ from ..progress import Progress
 from ..worker import Worker
 from . import layout, texts
 from .reader import sha256_of
-from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ,
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ,
                      Archive, BundleImage, BundleIndex, Layer, Part)
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
@@ -183,7 +183,8 @@ def default_bundle_name(images: Sequence[PulledImage]) -> str:
 def _is_ours(path: Path) -> bool:
     """A file the writer makes (parts, archive, texts, pyz, its temp files)."""
     name = path.name
-    return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ) or name.endswith(_OWN_SUFFIXES)
+    return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ, LOCK_NAME)
+                               or name.endswith(_OWN_SUFFIXES)
                                or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
 
 
@@ -639,6 +640,8 @@ def _clear_old_bundle(out_dir: Path) -> List[str]:
     fsync_dir(out_dir, strict=True)
     left = []
     for path in sorted(out_dir.iterdir()):
+        if path.name == LOCK_NAME:
+            continue  # the lock this run holds (dirlock.py): removed when it lets go
         if _is_ours(path):
             path.unlink()
         else:
