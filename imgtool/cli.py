@@ -1182,21 +1182,28 @@ def self_install(prefix, as_json):
 @cli.command("self-update")
 @click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--expect", metavar="SHA256", help="The sha256 of the bundle's bundle.json, published with the release.")
+@click.option("--allow-downgrade", is_flag=True,
+              help="Install DIR's imgtool even when it is older than (or another build of) this one.")
 @signers_option
 @json_option("result")
 @common
-def self_update(bundle_dir, expect, signers, as_json):
+def self_update(bundle_dir, expect, allow_downgrade, signers, as_json):
     """Replace the installed imgtool with the imgtool.pyz of bundle DIR, once this copy verified DIR.
 
     DIR's bundle.json must be signed by a key the site's allowed_signers lists, or match --expect;
-    its imgtool.pyz must match what that bundle.json records. Otherwise exit 3, nothing replaced.
+    its imgtool.pyz must match what that bundle.json records, and be newer than this imgtool
+    (an older one only with --allow-downgrade: an old release, still signed, may lack a fix).
+    Otherwise exit 3, nothing replaced. The same version: said, nothing replaced, exit 0.
     """
     from .install import self_update as update
 
     _bundle_usage(bundle_dir, expect)
-    done = update(bundle_dir, expect=expect, signers=signers)
+    done = update(bundle_dir, expect=expect, signers=signers, allow_downgrade=allow_downgrade)
     if as_json:
         emit_json(done.to_json())
+        return
+    if done.unchanged:
+        click.echo(done.unchanged)
         return
     click.echo(f"updated imgtool {done.previous} -> {done.version}: {done.pyz} (sha256 {done.sha256})")
 
