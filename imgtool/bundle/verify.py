@@ -19,8 +19,8 @@ from ..progress import Progress
 from ..trust import Verdict
 from .format import BUNDLE_JSON, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
 from .signature import enforce
-from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
-                     stat_parts)
+from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, part_unreadable,
+                     read_index, stat_parts)
 from .walk import walk_archive
 
 
@@ -188,7 +188,7 @@ def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyRep
                 report.problems.append(part_problem(index, i, f"is not a regular file ({e.kind})"))
                 continue
             except OSError as e:
-                report.problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
+                report.problems.append(part_unreadable(index, i, bundle_dir / index.parts[i].name, e))
                 continue
             report.parts_checked += 1
             report.bytes_read += index.parts[i].size
