@@ -144,3 +144,29 @@ def test_podman_without_a_record_of_the_layers_it_applied_is_a_runtime_error(run
         "so imgtool cannot confirm them; it was removed again",
         f"check Podman's storage ({room.info().root_dir}), then load again", 5)
     assert node.leftovers(before) == []
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_each_runtime_is_told_its_own_way_to_free_space(runnable, node, tiny_tmpfs, tmp_path):
+    """Issue 35 case 10: containerd and Podman were told `docker image prune`. Podman's storage on a 1 MiB tmpfs
+    (a storage.conf of its own): load refuses with Podman's own advice; containerd's words from the same check."""
+    from imgtool.bundle.hostcheck import space_check
+    from imgtool.bundle.reader import read_index
+    from imgtool.runtime import RuntimeInfo
+
+    out, _ = runnable()
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{tiny_tmpfs}/storage"\nrunroot = "{tmp_path}/run"\n')
+    r = imgtool("load", str(out), env=dict(node.env, CONTAINERS_STORAGE_CONF=str(conf)))
+    assert r.returncode == 1, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.startswith(("error:", "hint:"))]
+    assert lines[0].startswith(f"error: not enough space for Podman under {tiny_tmpfs}/storage: the bundle needs about ")
+    assert lines[1] == ("hint: free space there (podman image prune, podman system df), or move Podman's graphroot "
+                        "(storage.conf); or pass --force to try anyway")
+    index, _ = read_index(out)
+    containerd = RuntimeInfo("/run/containerd/containerd.sock", "1.7.24", "", "overlayfs", str(tiny_tmpfs), "amd64",
+                             "linux", True, image_store="containerd", runtime="containerd", namespace="k8s.io")
+    check = space_check(containerd, index)
+    assert (check.status, check.advice) == ("fail", "free space there (ctr -n k8s.io images prune --all; on a "
+                                            "Kubernetes node crictl rmi --prune), or move containerd's root (root in "
+                                            "/etc/containerd/config.toml)")

@@ -25,6 +25,16 @@ TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the a
 FREE_SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
 
 
+def free_space_advice(facts: "RuntimeInfo") -> str:
+    """How to make room where this runtime keeps images, in its own tools' words."""
+    if facts.runtime == "containerd":
+        return (f"free space there (ctr -n {facts.namespace or 'k8s.io'} images prune --all; on a Kubernetes node "
+                "crictl rmi --prune), or move containerd's root (root in /etc/containerd/config.toml)")
+    if facts.runtime == "podman":
+        return "free space there (podman image prune, podman system df), or move Podman's graphroot (storage.conf)"
+    return FREE_SPACE_ADVICE
+
+
 @dataclass
 class Check:
     name: str
@@ -165,7 +175,7 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
     if need is not None:
         if free < need.total:
             return Check("space", "fail", f"not enough space for {facts.title} under {root}: {how}, "
-                         f"{format_size(free)} is free", FREE_SPACE_ADVICE)
+                         f"{format_size(free)} is free", free_space_advice(facts))
         return Check("space", "ok", f"{format_size(free)} free under {root}; {how}")
     if free < TYPICAL_NEED:
         return Check("space", "warn", f"{format_size(free)} free under {root}",
