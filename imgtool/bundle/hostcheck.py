@@ -140,6 +140,9 @@ def storage_check(facts: "RuntimeInfo") -> Check:
     if facts.runtime == "containerd":
         return Check("storage", "ok", f"containerd's content store and {facts.driver} snapshotter under "
                      f"{facts.root_dir}, namespace {facts.namespace}: image IDs are manifest digests")
+    if facts.runtime == "podman" and facts.unmade:
+        return Check("storage", "info", f"containers-storage ({facts.driver}) under {facts.root_dir}: not there yet "
+                     "(Podman makes it on first use)")
     if facts.runtime == "podman":
         return Check("storage", "warn" if facts.driver == "vfs" else "ok",
                      f"containers-storage ({facts.driver}) under {facts.root_dir}",
@@ -164,6 +167,8 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
     root = facts.root_dir
     need = need_for(index, facts, held_chains, unpacked) if index is not None else None
     how = describe_need(need, facts) if need is not None else ""
+    if facts.unmade and root and not os.path.isdir(root):
+        root = _made_part(root)  # where the storage will be made: the space there is what it will have
     if not facts.local or not root or not os.path.isdir(root):
         return Check("space", "info", f"cannot check free space under {root or 'the Docker root dir'} from here "
                      f"(daemon at {facts.host})" + (f"; {how}" if how else ""))
@@ -181,6 +186,13 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
         return Check("space", "warn", f"{format_size(free)} free under {root}",
                      f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
     return Check("space", "ok", f"{format_size(free)} free under {root}")
+
+
+def _made_part(path: str) -> str:
+    """The nearest directory of `path` that exists (where a storage not made yet will be made)."""
+    while path and not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Optional[Check]:
