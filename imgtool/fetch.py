@@ -132,7 +132,6 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         pulled = _platform_images(resolutions, opts, store)
         images = [img for img, _ in pulled]
         output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
-        locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
         writer.check_output_dir(output, opts.force)
         # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
         delta = None if have is None else DeltaPlan.make(have, base, images)
@@ -145,6 +144,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
                                                   opts.probe_timeout, clients)
             skip = _not_downloaded(images, delta, progress)
         check_space(images, store, output, skip, opts.layers, opts.compress, tool)
+        locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
         # The bundle is written while the layers download: the writer takes each blob, in archive order,
         # as soon as the store has it, so the disk writes the bundle while the network is still busy.
         pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
