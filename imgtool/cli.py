@@ -941,7 +941,7 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
     and the signature policy first; each blob's digest is checked before it is first served.
     One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
     """
-    from .serve import Settings, open_bundles, parse_listen
+    from .serve import Settings, hold_bundles, open_bundles, parse_listen
     from .serve import serve as run_server
 
     host, port = parse_listen(listen)
@@ -949,10 +949,11 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
         raise UsageError("--tls-cert and --tls-key go together", hint="give both, or neither for plain HTTP")
     for d in bundle_dirs:
         _bundle_usage(d, None)
-    catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
-    settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
-    run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
-               log=lambda line: click.echo(line, err=True), unpacked=unpacked)
+    with hold_bundles(bundle_dirs):  # from before the check until the server stops: nothing replaces them meanwhile
+        catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
+        settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
+        run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
+                   log=lambda line: click.echo(line, err=True), unpacked=unpacked)
 
 
 @cli.command()
@@ -1188,21 +1189,28 @@ def self_install(prefix, as_json):
 @cli.command("self-update")
 @click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--expect", metavar="SHA256", help="The sha256 of the bundle's bundle.json, published with the release.")
+@click.option("--allow-downgrade", is_flag=True,
+              help="Install DIR's imgtool even when it is older than (or another build of) this one.")
 @signers_option
 @json_option("result")
 @common
-def self_update(bundle_dir, expect, signers, as_json):
+def self_update(bundle_dir, expect, allow_downgrade, signers, as_json):
     """Replace the installed imgtool with the imgtool.pyz of bundle DIR, once this copy verified DIR.
 
     DIR's bundle.json must be signed by a key the site's allowed_signers lists, or match --expect;
-    its imgtool.pyz must match what that bundle.json records. Otherwise exit 3, nothing replaced.
+    its imgtool.pyz must match what that bundle.json records, and be newer than this imgtool
+    (an older one only with --allow-downgrade: an old release, still signed, may lack a fix).
+    Otherwise exit 3, nothing replaced. The same version: said, nothing replaced, exit 0.
     """
     from .install import self_update as update
 
     _bundle_usage(bundle_dir, expect)
-    done = update(bundle_dir, expect=expect, signers=signers)
+    done = update(bundle_dir, expect=expect, signers=signers, allow_downgrade=allow_downgrade)
     if as_json:
         emit_json(done.to_json())
+        return
+    if done.unchanged:
+        click.echo(done.unchanged)
         return
     click.echo(f"updated imgtool {done.previous} -> {done.version}: {done.pyz} (sha256 {done.sha256})")
 

@@ -435,6 +435,8 @@ def _size(n: int) -> str:
 
 def runtime_environment() -> Dict[str, str]:
     """The variables the runtimes' own tools read, as `docker`, `ctr` and `podman` do: DOCKER_HOST
-    (docker_host()), CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging; those set)."""
-    names = ("CONTAINERD_ADDRESS", "CONTAINERD_NAMESPACE", "TMPDIR")
+    (docker_host()), CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging), and where Podman's
+    storage.conf is (CONTAINERS_STORAGE_CONF, XDG_CONFIG_HOME, XDG_DATA_HOME: doctor reads it; those set)."""
+    names = ("CONTAINERD_ADDRESS", "CONTAINERD_NAMESPACE", "TMPDIR", "CONTAINERS_STORAGE_CONF", "XDG_CONFIG_HOME",
+             "XDG_DATA_HOME")
     return dict({name: os.environ[name] for name in names if os.environ.get(name)}, DOCKER_HOST=docker_host())

@@ -4,7 +4,8 @@ Checks the runtimes (Docker, containerd, Podman: each found, its version, storag
 namespace, free space where its images land, against the bundle's need when DIR is given), the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
-Reads only; never loads anything.
+Reads only; never loads anything, nor creates anything (Podman's storage is not asked for when it is not
+there yet: any podman command but `--version` would create it).
 """
 
 import shutil
@@ -38,7 +39,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
     absent: List[Check] = []
     for name in names:
         try:
-            runtime = open_runtime(replace(choice, runtime=name), timeout=15)
+            runtime = open_runtime(replace(choice, runtime=name), timeout=15, create=False)  # doctor creates nothing
             try:
                 facts = runtime.info()
                 held = _held(runtime) if index is not None and facts.local else frozenset()
@@ -76,6 +77,9 @@ def _describe(facts: RuntimeInfo) -> str:
         return f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"
     if facts.runtime == "containerd":
         return f"containerd {facts.version} at {facts.host}, namespace {facts.namespace}"
+    if facts.unmade:
+        return (f"Podman {facts.version}, no storage yet ({facts.root_dir}): not asked more, as `podman info` would "
+                "create it")
     return f"Podman {facts.version}"
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from . import gz
+from . import dirlock, gz
 from .errors import ExportError, ManifestError, UsageError
 from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
@@ -339,10 +339,11 @@ def export(opts: ExportOptions, daemon: "Daemon", store: Store, progress: Progre
     made: Set[Digest] = set()
     images = export_images(opts.names, daemon, store, progress, jobs=opts.jobs, gzip=gzip, made=made)
     out = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
-    writer.check_output_dir(out, opts.force)
-    result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
-                                 force=opts.force, progress=progress, gzip=gzip, gzipped_layers=bool(made),
-                                 extra_files=bundle_tool(store.root, progress) if opts.tool else {})
-    signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
-        else None
+    with dirlock.lock_output(out, "export"):  # a second run into it refuses, naming this one; so does a served one
+        writer.check_output_dir(out, opts.force)
+        result = writer.write_bundle(out, images, store.blob_path, chunk_size=opts.chunk_size, compress=opts.compress,
+                                     force=opts.force, progress=progress, gzip=gzip, gzipped_layers=bool(made),
+                                     extra_files=bundle_tool(store.root, progress) if opts.tool else {})
+        signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+            else None
     return ExportResult(images, result, signed)

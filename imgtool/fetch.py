@@ -6,11 +6,12 @@ them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) 
 
 import os
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import gz, heldblobs, transcode
+from . import dirlock, gz, heldblobs, transcode
 from .config import MirrorConfig
 from .delta import DeltaPlan, Have, Inventory, have_from_inventory
 from .errors import ImgtoolError, NotFoundError, UsageError
@@ -115,43 +116,45 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
 
     clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
     have, base = _check_input(config, opts, clients)
-    gzip = gz.compressor(1, opts.gzip_library)
-    store.create()
-    stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
-    if stale:
-        progress.note(stale)
-    resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
-                               pins=opts.lock.pins() if opts.lock else None, clients=clients)
-    # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
-    # before downloading (a failure here costs no download).
-    tool = bundle_tool(store.root, progress) if opts.tool else {}
-    progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
-                  + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
-    pulled = _platform_images(resolutions, opts, store)
-    images = [img for img, _ in pulled]
-    output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
-    writer.check_output_dir(output, opts.force)
-    # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
-    delta = None if have is None else DeltaPlan.make(have, base, images)
-    skip: Set[Digest] = set()
-    left_out: List[heldblobs.LeftOut] = []
-    held: Dict[Digest, Descriptor] = {}
-    if delta is not None:
-        # before downloading: a delta the offline store could not hold whole is refused at no cost
-        left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
-                                              opts.probe_timeout, clients)
-        skip = _not_downloaded(images, delta, progress)
-    check_space(images, store, output, skip, opts.layers, opts.compress, tool)
-    # The bundle is written while the layers download: the writer takes each blob, in archive order,
-    # as soon as the store has it, so the disk writes the bundle while the network is still busy.
-    pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
-                    writer.archive_order(images, delta))
-    written = _Written(output, opts, store, progress, delta, gzip, tool)
-    images, result = written.while_pulling(pull, images, skip, left_out, held)
-    stats = pull.finish()
-    signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
-        else None
-    return FetchResult(images, stats, result, signed)
+    with ExitStack() as locks:  # the output's lock (dirlock.py), from before the first blob until the bundle is signed
+        gzip = gz.compressor(1, opts.gzip_library)
+        store.create()
+        stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
+        if stale:
+            progress.note(stale)
+        resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
+                                   pins=opts.lock.pins() if opts.lock else None, clients=clients)
+        # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
+        # before downloading (a failure here costs no download).
+        tool = bundle_tool(store.root, progress) if opts.tool else {}
+        progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
+                      + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
+        pulled = _platform_images(resolutions, opts, store)
+        images = [img for img, _ in pulled]
+        output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
+        writer.check_output_dir(output, opts.force)
+        # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
+        delta = None if have is None else DeltaPlan.make(have, base, images)
+        skip: Set[Digest] = set()
+        left_out: List[heldblobs.LeftOut] = []
+        held: Dict[Digest, Descriptor] = {}
+        if delta is not None:
+            # before downloading: a delta the offline store could not hold whole is refused at no cost
+            left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
+                                                  opts.probe_timeout, clients)
+            skip = _not_downloaded(images, delta, progress)
+        check_space(images, store, output, skip, opts.layers, opts.compress, tool)
+        locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
+        # The bundle is written while the layers download: the writer takes each blob, in archive order,
+        # as soon as the store has it, so the disk writes the bundle while the network is still busy.
+        pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
+                        writer.archive_order(images, delta))
+        written = _Written(output, opts, store, progress, delta, gzip, tool)
+        images, result = written.while_pulling(pull, images, skip, left_out, held)
+        stats = pull.finish()
+        signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+            else None
+        return FetchResult(images, stats, result, signed)
 
 
 def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, store: Store

@@ -15,6 +15,7 @@ Offline side: Python 3.7 syntax and the standard library only.
 import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 import zipfile
@@ -44,10 +45,12 @@ class Installed(NamedTuple):
     sha256: str
     version: str
     previous: Optional[str] = None  # self-update: the version it replaced
+    unchanged: Optional[str] = None  # self-update of the version installed already: why nothing was replaced
 
     def to_json(self) -> dict:
         return {"pyz": str(self.pyz), "launcher": str(self.launcher) if self.launcher else None,
-                "python": self.python, "sha256": self.sha256, "version": self.version, "previous": self.previous}
+                "python": self.python, "sha256": self.sha256, "version": self.version, "previous": self.previous,
+                "updated": self.unchanged is None}
 
 
 def pyz_version(data: bytes) -> str:
@@ -100,10 +103,12 @@ def self_install(prefix: Path, python: Optional[str] = None) -> Installed:
     return Installed(pyz, launcher, python, sha, version)
 
 
-def self_update(bundle_dir: Path, *, expect: Optional[str] = None, signers: Optional[str] = None) -> Installed:
+def self_update(bundle_dir: Path, *, expect: Optional[str] = None, signers: Optional[str] = None,
+                allow_downgrade: bool = False) -> Installed:
     """Replace the installed imgtool.pyz (the one running) with BUNDLE_DIR's, only when this copy verified the
     bundle: a signature the site's policy allows, or bundle.json matching --expect; the pyz must match what
-    bundle.json records for it. Raises UsageError, SignatureError/VerifyError (exit 3), ImgtoolError."""
+    bundle.json records for it; an older imgtool only with `allow_downgrade` (the same version is left in place and
+    `unchanged` says so). Raises UsageError, SignatureError/VerifyError (exit 3), ImgtoolError."""
     me = running_pyz()
     if me is None or me.parent.name != LIB_DIR.name or me.parent.parent.name != LIB_DIR.parent.name:
         where = me or Path(os.path.abspath(__file__)).parent
@@ -141,11 +146,62 @@ def self_update(bundle_dir: Path, *, expect: Optional[str] = None, signers: Opti
         raise VerifyError(f"refusing to update imgtool from {bundle_dir}: {TOOL_PYZ} does not match the verified "
                           "bundle.json (it was changed after the bundle was made); nothing was updated",
                           hint=f"copy {TOOL_PYZ} again from the source medium")
-    previous = __version__
+    previous, version = __version__, pyz_version(data)
+    same = None if allow_downgrade else _refuse_older(bundle_dir, version, previous, me, entry.sha256)
+    if same is not None:
+        return Installed(me, None, sys.executable, entry.sha256, version, previous, same)
     try:
         write_atomic(me, data, 0o644)
         fsync_dir(me.parent)
     except OSError as e:
         raise ImgtoolError(f"cannot replace {me}: {e.strerror or e}",
                            hint="run it as the user who installed imgtool (root for /usr/local)") from e
-    return Installed(me, None, sys.executable, entry.sha256, pyz_version(data) or "?", previous)
+    return Installed(me, None, sys.executable, entry.sha256, version or "?", previous)
+
+
+def _refuse_older(bundle_dir: Path, version: str, installed: str, me: Path, sha256: str) -> Optional[str]:
+    """Refuse a pyz older than the installed imgtool (a signed old release with a fixed hole is still signed), or
+    one naming no version; for the same version, what to say instead of replacing it. Raises VerifyError."""
+    key, mine = version_key(version), version_key(installed)
+    if key is None or mine is None:
+        raise VerifyError(f"refusing to update imgtool from {bundle_dir}: cannot compare its {TOOL_PYZ}'s version "
+                          f"({version or 'none given'}) with this {installed}; nothing was updated",
+                          hint="pass --allow-downgrade to install it anyway")
+    if key < mine:
+        raise VerifyError(f"refusing to update imgtool from {bundle_dir}: its {TOOL_PYZ} is imgtool {version}, older "
+                          f"than this {installed}; nothing was updated",
+                          hint="an older release may lack a fix; to go back on purpose pass --allow-downgrade")
+    if key == mine:
+        return (f"imgtool is already {installed} ({me}); nothing was updated"
+                + ("" if _sha256_of(me) == sha256 else f" ({bundle_dir}'s {TOOL_PYZ} is another build of {version}: "
+                   "--allow-downgrade installs it)"))
+    return None
+
+
+def _sha256_of(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+_VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)(?:[-_.]?(a|alpha|b|beta|rc|c|pre|preview)[-_.]?(\d*))?"
+                      r"(?:[-_.]?(post|rev|r)[-_.]?(\d*))?(?:[-_.]?(dev)[-_.]?(\d*))?(?:\+[a-z0-9.]+)?$", re.I)
+_PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "rc": 2, "c": 2, "pre": 2, "preview": 2}
+
+
+def version_key(text: str) -> Optional[tuple]:
+    """A PEP 440 version as a key that sorts as pip does (1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 < 1.0.post1; the local
+    part ignored); None when `text` is not one."""
+    m = _VERSION.match(text.strip())
+    if not m:
+        return None
+    release = tuple(int(x) for x in m.group(1).split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    pre = (_PRE[m.group(2).lower()], int(m.group(3) or 0)) if m.group(2) else (3, 0)  # 3: no pre-release sorts after
+    post = int(m.group(5) or 0) if m.group(4) else -1
+    dev = int(m.group(7) or 0) if m.group(6) else float("inf")
+    if m.group(6) and not m.group(2) and not m.group(4):
+        pre = (-1, 0)  # 1.0.dev1 sorts before 1.0a1
+    return release, pre, post, dev

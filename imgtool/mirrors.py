@@ -230,8 +230,17 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     for p in ok:
         if p.digest != chosen:
             p.stale = True
-            warnings.append(f"mirror {p.source.name} serves {p.digest.short if p.digest else '-'} for "
-                            f"{ref.reference}, not {chosen.short} (a stale cache?): not used for this image")
+            if ref.digest:  # asked by digest: another answer is other content under that name, not an old tag
+                warnings.append(f"mirror {p.source.describe()} answered {ref.reference} with a manifest whose digest "
+                                f"is {p.digest}: expected {chosen}, got {p.digest}; not used")
+            else:
+                warnings.append(f"mirror {p.source.name} serves {p.digest.short if p.digest else '-'} for "
+                                f"{ref.reference}, not {chosen.short} (a stale cache?): not used for this image")
+    if ref.digest and not any(not p.stale for p in ok):
+        detail = "; ".join(f"{p.source.describe()}: expected {chosen}, got {p.digest}" for p in ok)
+        raise RegistryError(f"no source serves {ref} under its digest: {detail}",
+                            hint="a digest names its content: these sources (or a proxy between) answer with other "
+                                 "content; try another source with --mirror NAME")
     notes = [f"source {p.source.name} unreachable: {p.error}" for p in probes if not p.reachable]
     healthy = sorted((p for p in ok if not p.stale), key=lambda p: p.latency or 0)
     return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes,

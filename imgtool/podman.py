@@ -13,6 +13,7 @@ Standard library only (the offline side runs on 3.7).
 
 import json
 import os
+import re
 import sys
 import tempfile
 from dataclasses import replace
@@ -36,12 +37,18 @@ INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get inst
 class Podman:
     """The operations load, inventory and doctor need of Podman (runtime.Runtime); errors are DaemonError."""
 
-    def __init__(self, timeout: Optional[float] = LOAD_TIMEOUT, staging_dir: str = "/var/tmp", quick: float = QUICK):
+    def __init__(self, timeout: Optional[float] = LOAD_TIMEOUT, staging_dir: str = "/var/tmp", quick: float = QUICK,
+                 create: bool = True, env: Optional[Dict[str, str]] = None):
         self.timeout = timeout or LOAD_TIMEOUT
         self.quick = quick  # a listing, an inspect, `podman info`
         self.staging_dir = staging_dir  # where podman load would copy a piped archive ($TMPDIR, else /var/tmp)
         self.podman = Program(["podman"], "Podman", install_hint=INSTALL_HINT)
-        self._info = self._read_info()
+        # Every podman command but `--version` opens containers/storage first (podman's root command sets up its
+        # runtime before any subcommand runs), and opening it makes the graphroot, runroot and their lock files:
+        # `podman info` (and `podman version`) on a host where Podman never ran create /var/lib/containers/storage.
+        # Asked not to create (doctor), a storage that storage.conf says is not there yet is left unmade.
+        self.unmade = None if create else _unmade_storage(env or {}, os.geteuid())
+        self._info = self._read_info() if self.unmade is None else self._version_only(*self.unmade)
 
     def close(self) -> None:
         pass
@@ -66,6 +73,15 @@ class Podman:
             raise DaemonError(f"cannot use Podman: {e.output}", hint="check `podman info` as this user") from e
         return doc if isinstance(doc, dict) else {}
 
+    def _version_only(self, root: str, driver: str) -> dict:
+        """What `podman --version` (which opens no storage) and storage.conf say, in `podman info`'s shape."""
+        try:
+            text = self.podman.run(["--version"], timeout=self.quick, what="--version")
+        except ProgramFailed as e:
+            raise DaemonError(f"cannot use Podman: {e.output}", hint="check `podman --version` as this user") from e
+        version = text.strip().rsplit(" ", 1)[-1] if text.strip() else "unknown"
+        return {"version": {"Version": version}, "store": {"graphRoot": root, "graphDriverName": driver or "overlay"}}
+
     def info(self) -> RuntimeInfo:
         from .model import Platform
 
@@ -79,7 +95,7 @@ class Podman:
                            root_dir=str(store.get("graphRoot") or ""), arch=arch or Platform.host().architecture,
                            os=str(host.get("os") or "linux"), local=True, image_store="containers-storage",
                            runtime="podman", staging_dir=self.staging_dir,
-                           reports_applied_diff_ids=self._records_readable())
+                           reports_applied_diff_ids=self._records_readable(), unmade=self.unmade is not None)
 
     def _inspect(self, ids: List[str]) -> List[dict]:
         try:
@@ -95,6 +111,8 @@ class Podman:
         return _image(docs[0]) if docs else None
 
     def images_by_id(self) -> Dict[str, ImageInfo]:
+        if self.unmade is not None:
+            return {}  # no storage: no image, and `podman images` would make the storage
         out = {}
         for entry in self._json(["images", "--all", "--format", "json"], "images") or []:
             image_id = _sha(entry.get("Id"))
@@ -300,7 +318,7 @@ class Podman:
         from .errors import UsageError
         from .model import Digest
 
-        ids = sorted(self.images_by_id())
+        ids = sorted(self.images_by_id())  # none while the storage is unmade
         out = []
         for d in self._inspect(ids) if ids else []:
             try:
@@ -310,6 +328,63 @@ class Podman:
             image = _image(d)
             out.append(InventoryImage(image.id, image.tags, image.platform, diff_ids))
         return out
+
+
+_CONF_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.-]+)\s*\]\s*(?:#.*)?$")
+_CONF_KEY = re.compile(r"""^\s*([A-Za-z0-9_]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|'([^']*)')\s*(?:#.*)?$""")
+
+
+def _storage_conf(path: str) -> Optional[Dict[str, str]]:
+    """The string keys of storage.conf's [storage] table (graphroot, driver, rootless_storage_path), read as
+    containers/storage's TOML would for these plain keys; None when the file is not there or not readable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read(1 << 20).splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    out: Dict[str, str] = {}
+    table = ""
+    for line in lines:
+        m = _CONF_TABLE.match(line)
+        if m:
+            table = m.group(1)
+            continue
+        m = _CONF_KEY.match(line)
+        if m and table == "storage":
+            value = m.group(2) if m.group(2) is not None else m.group(3)
+            out[m.group(1)] = value.replace('\\"', '"').replace("\\\\", "\\") if m.group(2) is not None else value
+    return out
+
+
+def _unmade_storage(env: Dict[str, str], euid: int) -> Optional[Tuple[str, str]]:
+    """(graphroot, driver) when the storage Podman would open for this user is not there yet, as containers/storage
+    finds it (CONTAINERS_STORAGE_CONF; rootless: $XDG_CONFIG_HOME/containers/storage.conf, else the system file's
+    rootless_storage_path, else $XDG_DATA_HOME/containers/storage; root: /etc/containers/storage.conf, else
+    /usr/share/containers/storage.conf, else /var/lib/containers/storage); None when it is there."""
+    import pwd
+
+    try:
+        home = pwd.getpwuid(euid).pw_dir
+    except KeyError:
+        home = "/"
+    system = _storage_conf("/etc/containers/storage.conf")
+    if system is None:
+        system = _storage_conf("/usr/share/containers/storage.conf")
+    own_path = env.get("CONTAINERS_STORAGE_CONF") or (
+        os.path.join(env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "containers", "storage.conf")
+        if euid != 0 else "")
+    own = _storage_conf(own_path) if own_path else None
+    conf = own if own is not None else (system or {})
+    if euid == 0:
+        root = conf.get("graphroot") or "/var/lib/containers/storage"
+    elif own is not None and own.get("graphroot"):
+        root = own["graphroot"]
+    else:
+        data = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+        root = (system or {}).get("rootless_storage_path") or os.path.join(data, "containers", "storage")
+        for name, value in (("$HOME", home), ("$UID", str(euid))):
+            root = root.replace(name, value)
+    return None if os.path.isdir(root) else (root, conf.get("driver") or "")
 
 
 def _make_cache_dirs(spec: "RunSpec") -> None:

@@ -23,7 +23,8 @@ def _manifest_from(sources: Sequence[Source], digest: Digest, what: str) -> Tupl
             return data, ctype, s
         except ImgtoolError as e:
             errors.append(f"{s.describe()}: {e.message}")
-    raise RegistryError(f"cannot fetch the {what} {digest.short} from any source: " + "; ".join(errors))
+    raise RegistryError(f"cannot fetch the {what} {digest.short} from any source: "
+                        + ("; ".join(errors) or "no source is left that serves it"))
 
 
 def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> PulledImage:
@@ -93,11 +94,14 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
         try:
             with s.client.blob(s.repository, desc.digest) as blob:
                 data = blob.read_up_to(desc.size + 1)
-            if len(data) != desc.size or Digest.of(data) != desc.digest:
-                errors.append(f"{s.describe()}: config blob failed its size/digest check")
+            got = Digest.of(data)
+            if len(data) != desc.size or got != desc.digest:
+                errors.append(f"{s.describe()}: config blob: expected {desc.digest} ({desc.size} bytes), got {got} "
+                              f"({len(data)}{'+' if len(data) > desc.size else ''} bytes)")
                 continue
             store.put_bytes(data, desc.digest)
             return data
         except ImgtoolError as e:
             errors.append(f"{s.describe()}: {e.message}")
-    raise RegistryError(f"cannot fetch config {desc.digest.short} from any source: " + "; ".join(errors))
+    raise RegistryError(f"cannot fetch config {desc.digest.short} from any source: "
+                        + ("; ".join(errors) or "no source is left that serves it"))

@@ -40,6 +40,7 @@ class RuntimeInfo:
     namespace: str = ""  # containerd's namespace (k8s.io on a Kubernetes node)
     staging_dir: str = ""  # where the runtime copies the whole archive before it reads it (Podman: /var/tmp)
     reports_applied_diff_ids: bool = False  # Runtime.applied_diff_ids answers (Podman: its storage's records)
+    unmade: bool = False  # no image storage yet (Podman before its first use): nothing was asked that would make it
 
     @property
     def title(self) -> str:
@@ -140,6 +141,7 @@ class Choice:
     address: str = DEFAULT_CONTAINERD_ADDRESS
     namespace: str = DEFAULT_CONTAINERD_NAMESPACE
     tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
+    podman_env: Tuple[Tuple[str, str], ...] = ()  # where Podman's storage.conf is (CONTAINERS_STORAGE_CONF, XDG_*)
 
     @classmethod
     def from_options(cls, runtime: Optional[str], address: Optional[str], namespace: Optional[str],
@@ -153,16 +155,21 @@ class Choice:
         if address.startswith("unix://"):
             address = address[len("unix://"):]
         namespace = namespace or env.get("CONTAINERD_NAMESPACE") or DEFAULT_CONTAINERD_NAMESPACE
-        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp")
+        podman_env = tuple((k, env[k]) for k in ("CONTAINERS_STORAGE_CONF", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
+                           if env.get(k))
+        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp",
+                   podman_env)
 
 
-def open_runtime(choice: Choice, timeout: Optional[int] = 3600) -> "Runtime":
+def open_runtime(choice: Choice, timeout: Optional[int] = 3600, create: bool = True) -> "Runtime":
     """The runtime `choice` names, opened; with "auto", the first that answers of Docker, containerd,
-    Podman. Raises DaemonError (naming what each said when none answers), UsageError."""
+    Podman. `create=False` (doctor): a runtime without image storage yet is opened without asking it anything
+    that would make it (its facts say `unmade`). Raises DaemonError (naming what each said when none answers),
+    UsageError."""
     openers: Dict[str, Callable[[], "Runtime"]] = {
         "docker": lambda: _docker(timeout, choice.docker_host),
         "containerd": lambda: _containerd(choice, timeout),
-        "podman": lambda: _podman(timeout, choice.tmpdir),
+        "podman": lambda: _podman(timeout, choice, create),
     }
     if choice.runtime != "auto":
         return openers[choice.runtime]()
@@ -189,8 +196,8 @@ def _containerd(choice: Choice, timeout: Optional[int]) -> "Runtime":
     return Containerd(choice.address, choice.namespace, timeout=timeout)
 
 
-def _podman(timeout: Optional[int], tmpdir: str) -> "Runtime":
+def _podman(timeout: Optional[int], choice: Choice, create: bool) -> "Runtime":
     from .podman import Podman
 
-    return Podman(timeout=timeout, staging_dir=tmpdir)
+    return Podman(timeout=timeout, staging_dir=choice.tmpdir, create=create, env=dict(choice.podman_env))
 

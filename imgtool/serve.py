@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import TCPServer
@@ -33,6 +34,7 @@ from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
 from .bundle.inplace import InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
+from .dirlock import lock_served
 from .errors import BlobDamaged, Interrupted, UsageError
 from .model import Digest, format_size
 from .progress import Progress
@@ -45,7 +47,8 @@ API_VERSION = ("Docker-Distribution-API-Version", "registry/2.0")
 
 _PATH = re.compile(r"^/v2/(?P<name>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]*)$")
 _TAGS = re.compile(r"^/v2/(?P<name>.+)/tags/list$")
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")  # 19 digits: past any size; longer is malformed, not a number
+MAX_BODY = 64 * 1024  # a GET or HEAD has no use for a body: one this small is read and dropped, a bigger one refused
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,22 @@ def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Prog
     return Catalog(indexes), unpacked
 
 
+def hold_bundles(dirs: Sequence[Path]) -> ExitStack:
+    """The bundle directories' shared locks (dirlock.py), held while they are served: `fetch --force` and
+    `export --force` refuse to replace a served bundle, naming this server. Raises DirectoryBusy while a fetch
+    or export writes one of them."""
+    held = ExitStack()
+    try:
+        for d in dirs:
+            lock = lock_served(Path(d))
+            if lock is not None:  # None: this user cannot write there, so neither replace it
+                held.enter_context(lock)
+    except BaseException:
+        held.close()
+        raise
+    return held
+
+
 class _Refusal(Exception):
     """An error document to answer with: status, distribution error code, message."""
 
@@ -110,28 +129,32 @@ class _Refusal(Exception):
 
 
 def parse_range(header: Optional[str], size: int) -> Optional[Tuple[int, int]]:
-    """A single `bytes=` range as [start, end), None for none (or one to ignore, as RFC 9110 lets a server);
-    raises _Refusal 416 for a range past the end."""
-    m = _RANGE.match((header or "").strip())
-    if not m or not (m.group(1) or m.group(2)):
+    """A single `bytes=` range as [start, end), None when there is no Range header; raises _Refusal 416 for any
+    other Range: past the end, last before first, several ranges, another unit, numbers of more than 19 digits
+    (int() of thousands of digits raised ValueError and dropped the connection), anything malformed."""
+    if header is None:
         return None
+    m = _RANGE.match(header.strip())
+    if not m or not (m.group(1) or m.group(2)):
+        raise _unsatisfiable(header, size, "is not one range of bytes=FIRST-LAST, bytes=FIRST- or bytes=-SUFFIX")
     first, last = m.group(1), m.group(2)
     if not first:
         n = int(last)
         if n == 0 or size == 0:
-            raise _past_end(header, size)
+            raise _unsatisfiable(header, size)
         return max(size - n, 0), size
     start = int(first)
     if last and int(last) < start:
-        return None
+        raise _unsatisfiable(header, size, "ends before it starts")
     if start >= size:
-        raise _past_end(header, size)
+        raise _unsatisfiable(header, size)
     return start, min(int(last) + 1, size) if last else size
 
 
-def _past_end(header: Optional[str], size: int) -> _Refusal:
-    return _Refusal(416, "SIZE_INVALID", f"range {header} is not within the blob ({size} bytes)",
-                    [("Content-Range", f"bytes */{size}")])
+def _unsatisfiable(header: str, size: int, why: str = "") -> _Refusal:
+    what = _printable(header, 80)
+    return _Refusal(416, "SIZE_INVALID", f"range {what} {why}" if why else
+                    f"range {what} is not within the blob ({size} bytes)", [("Content-Range", f"bytes */{size}")])
 
 
 class _Server(HTTPServer):
@@ -273,6 +296,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _logged(self, head: bool) -> None:
         try:
+            self._drop_body()
             self._route(head)
         except _Refusal as r:
             self._refuse(r, head)
@@ -287,6 +311,32 @@ class _Handler(BaseHTTPRequestHandler):
                     f"{self.sent} {time.monotonic() - self.started:.3f}s")
             self.server.log(line + (f" ({self.note})" if self.note else ""), request=True)
 
+    def _drop_body(self) -> None:
+        """Read a request's body (Content-Length, at most MAX_BODY) and drop it, so it is never parsed as the next
+        request; refuse one that is chunked (411) or too big or unreadable in length (413, 400), and close."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.close_connection = True
+            raise _Refusal(411, "UNSUPPORTED", "a request body must have a Content-Length (no Transfer-Encoding)")
+        length = self.headers.get_all("Content-Length") or []
+        if not length:
+            return
+        if len(set(length)) != 1 or not re.match(r"^\d{1,19}$", length[0].strip()):
+            self.close_connection = True
+            raise _Refusal(400, "UNSUPPORTED", "malformed Content-Length")
+        n = int(length[0])
+        if n > MAX_BODY:
+            self.close_connection = True
+            raise _Refusal(413, "UNSUPPORTED", f"a request body of {n} bytes (at most {MAX_BODY} are read)")
+        if self.command not in ("GET", "HEAD"):
+            self.close_connection = True  # a write is refused whatever it sends: not read, the connection ends
+            return
+        while n > 0:
+            got = self.rfile.read(min(n, MAX_BODY))
+            if not got:
+                self.close_connection = True
+                raise ConnectionError("the client ended the connection in a request body")
+            n -= len(got)
+
     def do_GET(self) -> None:
         self._logged(False)
 
@@ -294,7 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._logged(True)
 
     def _write_refused(self) -> None:
-        self.close_connection = True  # its body (if any) is not read
+        self.close_connection = True  # its body (if any) is not read: the connection ends with the answer
         self._logged(False)
 
     do_POST = do_PUT = do_PATCH = do_DELETE = _write_refused

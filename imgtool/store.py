@@ -396,19 +396,27 @@ class Store:
         """The diff_id (sha256 of the unpacked tar) found for this layer blob by an earlier check, or None.
 
         A function of the blob's bytes, which its digest pins: a later fetch need not unpack it again."""
+        found = self.unpacked(digest)
+        return found[0] if found else None
+
+    def unpacked(self, digest: Digest) -> Optional[Tuple[str, Optional[int]]]:
+        """(diff_id, unpacked size or None when an older imgtool recorded only the diff_id) of an earlier check."""
         try:
-            text = (self.root / "diffids" / digest.hex).read_text(encoding="ascii").strip()
+            lines = (self.root / "diffids" / digest.hex).read_text(encoding="ascii").split()
         except (OSError, UnicodeDecodeError):
             return None
         try:
-            return str(Digest.parse(text))
+            diff_id = str(Digest.parse(lines[0])) if lines else ""
         except ImgtoolError:
             return None
+        size = int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None
+        return (diff_id, size) if diff_id else None
 
-    def remember_diff_id(self, digest: Digest, diff_id: str) -> None:
-        """Record what a check found (best effort: a full disk only costs a later check)."""
+    def remember_diff_id(self, digest: Digest, diff_id: str, size: Optional[int] = None) -> None:
+        """Record what a check found, the unpacked size too (best effort: a full disk only costs a later check)."""
+        text = diff_id + ("" if size is None else f"\n{size}") + "\n"
         try:
-            write_atomic(self.root / "diffids" / digest.hex, diff_id.encode("ascii") + b"\n", 0o444)
+            write_atomic(self.root / "diffids" / digest.hex, text.encode("ascii"), 0o444)
         except OSError:
             pass
 

@@ -119,6 +119,7 @@ class LayerCheck:
     def __init__(self, images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
                  skip: Collection[Digest] = (), jobs: int = 0):
         self._stop, self._store = threading.Event(), store
+        self.sizes: Dict[Digest, int] = {}  # each checked layer blob's unpacked size (for bundle.json)
         self._pool = ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1),
                                         thread_name_prefix="diff-id")
         self._futures: List[Future] = []
@@ -137,22 +138,27 @@ class LayerCheck:
         compression = LAYER_COMPRESSION.get(layer.media_type, "gzip")
         if compression == "none":  # the blob is the tar: its digest, checked on arrival, is its diff_id
             got: Optional[str] = str(layer.digest)
+            self.sizes[layer.digest] = layer.size
         else:
             path = blob_path(layer.digest)  # waits until the download brought it
-            got = self._store.diff_id(layer.digest)  # found by an earlier fetch: the blob is the same bytes
-            if got is None:
-                got = self._unpacked_digest(path, compression, what)
-                if got is None:
+            known = self._store.unpacked(layer.digest)  # found by an earlier fetch: the blob is the same bytes
+            if known is not None and known[1] is not None:
+                got, self.sizes[layer.digest] = known[0], known[1]
+            else:  # never checked, or by an imgtool that did not record the size
+                measured = self._unpacked_digest(path, compression, what)
+                if measured is None:
                     return  # stopped
-                self._store.remember_diff_id(layer.digest, got)
+                got, self.sizes[layer.digest] = measured
+                self._store.remember_diff_id(layer.digest, measured[0], measured[1])
         if got != want:
             raise VerifyError(f"{what}: its content has diff_id {got}, the config says {want}",
                               hint="the registry serves a layer that does not belong to this image (fetching "
                                    "again gives the same bytes); report it to the image's publisher")
 
-    def _unpacked_digest(self, path: Path, compression: str, what: str) -> Optional[str]:
-        """sha256 of the layer's tar (None when stopped); the layers are checked `jobs` at a time."""
+    def _unpacked_digest(self, path: Path, compression: str, what: str) -> Optional[Tuple[str, int]]:
+        """sha256 of the layer's tar and its size (None when stopped); the layers are checked `jobs` at a time."""
         sha = hashlib.sha256()
+        size = 0
         with open(path, "rb") as f:
             reader, damaged = _decompressed(f, compression, what)
             try:
@@ -160,16 +166,19 @@ class LayerCheck:
                     if self._stop.is_set():
                         return None
                     sha.update(chunk)
+                    size += len(chunk)
             except damaged as e:
                 raise VerifyError(f"{what} cannot be decompressed as {compression}: {e}",
                                   hint="the registry's blob matched its digest; report it to the image's "
                                        "publisher") from e
-        return "sha256:" + sha.hexdigest()
+        return "sha256:" + sha.hexdigest(), size
 
-    def wait(self) -> None:
-        """Every layer checked; raises the first layer's error (VerifyError, or the download's)."""
+    def wait(self) -> Dict[Digest, int]:
+        """Every layer checked; raises the first layer's error (VerifyError, or the download's). Returns each checked
+        layer blob's unpacked size, which bundle.json records (load and doctor count them, not an estimate)."""
         for future in self._futures:
             future.result()
+        return dict(self.sizes)
 
     def close(self) -> None:
         """Stop the checks still running and join every thread (a blob not yet downloaded must be

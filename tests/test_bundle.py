@@ -395,7 +395,7 @@ def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mir
         "nothing was kept",
         "hint: free space there, or choose another --output",
     ]
-    assert not (out / "bundle.json").exists() and list(out.iterdir()) == []
+    assert not out.exists()  # made by this fetch (its lock, dirlock.py) and left empty: removed with the lock
 
 
 @pytest.mark.engines

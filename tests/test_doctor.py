@@ -164,3 +164,29 @@ def test_space_need_is_what_the_runtime_stages_and_keeps_less_the_layers_it_hold
     node.remove_later(f"{REPO}:v1")
     after = space()
     assert how(layers[2:], 2, after) in after, after
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_doctor_creates_no_podman_storage(node, bundle, tmp_path):
+    """Issue 35 case 10: `imgtool doctor` ran `podman info`, which made /var/lib/containers/storage on a host where
+    Podman had never run (every podman command but --version opens, so makes, its storage). A storage.conf naming
+    a storage not there yet: doctor says so, asks Podman only its version, measures the space where the storage
+    will be, and leaves nothing behind."""
+    fresh = tmp_path / "fresh"
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{fresh}/storage"\nrunroot = "{fresh}/run"\n')
+    env = dict(node.env, CONTAINERS_STORAGE_CONF=str(conf))
+    out = bundle(host_arch())
+    for runtime in ("podman", "auto"):
+        r = imgtool("doctor", str(out), "--runtime", runtime, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        by = rows(r)
+        assert by["podman"] == (f"OK    podman       Podman 4.3.1, no storage yet ({fresh}/storage): not asked more, "
+                                "as `podman info` would create it")
+        assert by["storage"] == (f"INFO  storage      containers-storage (overlay) under {fresh}/storage: not there yet "
+                                 "(Podman makes it on first use)")
+        assert by["space"].startswith("OK    space        ") and f" free under {tmp_path}; the bundle needs" in by["space"]
+        assert not fresh.exists()
+    r = imgtool("doctor", "--runtime", "podman", env=node.env)  # a storage that is there: asked as before
+    assert rows(r)["storage"] == ("OK    storage      containers-storage (overlay) under "
+                                  f"{os.path.dirname(node.env['CONTAINERS_STORAGE_CONF'])}/storage")

@@ -650,3 +650,30 @@ def test_an_index_entry_whose_config_says_another_architecture_is_refused_naming
         f"hint: the source that served it (quay ({services.plain}/{ms.repo})) is inconsistent: try another "
         "with --mirror NAME, or tell the image's publisher"]
     assert not (out / "bundle.json").exists()
+
+
+def test_a_digest_mismatch_says_expected_and_got_and_names_the_source(services, factory, mirrored, tmp_path):
+    """Issue 35 case 10: an image asked for by digest, whose only source answers with another digest (a proxy in
+    front of the registry rewrites Docker-Content-Digest), ended `from any source: ` with an empty reason after a
+    warning blaming "a stale cache?". Now one line names the source with the digest expected and the one it got."""
+    idx, other = factory.multiarch(layers=1), factory.multiarch(layers=1)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    proxy = FaultProxy(services.plain)
+    try:
+        proxy.add(Fault("status", lambda m, p: m == "HEAD" and idx.manifest_digest in p, times=100, status=200,
+                        headers={"Docker-Content-Digest": other.manifest_digest,
+                                 "Content-Type": idx.manifest_media_type}))
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        ref = f"quay.io/{ms.repo}@{idx.manifest_digest}"
+        r = imgtool("fetch", ref, "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / "b"), "--no-tool",
+                    env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+        source = f"quay ({proxy.hostport}/{ms.repo})"
+        assert r.returncode == 4, r.stderr
+        assert [x for x in r.stderr.splitlines() if x.startswith(("error:", "hint:", "warning:"))] == [
+            f"error: no source serves {ref} under its digest: {source}: expected {idx.manifest_digest}, "
+            f"got {other.manifest_digest}",
+            "hint: a digest names its content: these sources (or a proxy between) answer with other content; try "
+            "another source with --mirror NAME"]
+        assert not (tmp_path / "b").exists()
+    finally:
+        proxy.close()

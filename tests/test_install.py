@@ -5,13 +5,19 @@ The installed copy runs on Kylin's Python 3.7 (pyenv's, under `env -i`), as on a
 """
 
 import hashlib
+import io
+import json
 import os
+import re
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from imgtool import __version__
 from tests.support.bundles import fetch_from_registry, imgtool, parts_of
+from tests.support.images import host_arch
 from tests.test_selfbundle import old_python
 
 HANG = 120
@@ -141,8 +147,8 @@ def test_self_update_only_from_a_bundle_the_installed_copy_verified(services, fa
     (nxt / "imgtool.pyz").write_bytes(pristine)
     r = update("--expect", expect)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("updated imgtool ") and r.stdout.rstrip().endswith(
-        f": {installed} (sha256 {sha256(nxt / 'imgtool.pyz')})")
+    assert pristine == before  # the same imgtool: said, nothing replaced (test_self_update_refuses_an_older_imgtool...)
+    assert r.stdout.rstrip() == f"imgtool is already {__version__} ({installed}); nothing was updated"
     assert installed.read_bytes() == pristine
 
     # signed by a key the user's policy lists: no --expect needed
@@ -156,6 +162,59 @@ def test_self_update_only_from_a_bundle_the_installed_copy_verified(services, fa
     policy.write_text(f"release@example.com {pub[0]} {pub[1]}\n")
     r = update()
     assert r.returncode == 0, r.stderr
+
+
+def with_version(data: bytes, version: str) -> bytes:
+    """imgtool.pyz `data` rebuilt to say (and, run, to be) imgtool `version`: its imgtool-pyz.json and __version__."""
+    out = io.BytesIO()
+    out.write(data[:data.index(b"\n") + 1])  # the #! line
+    with zipfile.ZipFile(io.BytesIO(data)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for info in src.infolist():
+            body = src.read(info)
+            if info.filename == "imgtool-pyz.json":
+                body = json.dumps(dict(json.loads(body), imgtool_version=version)).encode()
+            elif info.filename == "imgtool/__init__.py":
+                body = re.sub(rb'__version__ = "[^"]*"', f'__version__ = "{version}"'.encode(), body)
+            z.writestr(info, body)
+    return out.getvalue()
+
+
+def test_self_update_refuses_an_older_imgtool_unless_asked(services, factory, mirrored, tmp_path):
+    """Issue 35 case 8: a signed (here: --expect'ed) older release was installed ("updated imgtool 0.1.0 -> 0.0.1",
+    exit 0). Now: refused, exit 3, unless --allow-downgrade; newer goes in; the same version is said, not replaced."""
+    (tmp_path / "a").mkdir()
+    current, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path / "a")
+    cache = tmp_path / "a" / "cache"
+    (tool,) = (cache / "tool").glob("*.pyz")  # the pyz fetch puts in bundles: made to say 0.0.1 for the next fetch
+    tool.write_bytes(with_version(tool.read_bytes(), "0.0.1"))
+    old = tmp_path / "old"
+    r = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors", str(tmp_path / "a" / "mirrors.toml"),
+                "-o", str(old), "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(cache)})
+    assert r.returncode == 0, r.stderr
+    prefix, home = tmp_path / "prefix", tmp_path / "home"
+    home.mkdir()
+    assert install(current / "imgtool.pyz", prefix, home).returncode == 0
+    installed = prefix / "lib/imgtool/imgtool.pyz"
+
+    def update(bundle, *args):
+        return run([str(prefix / "bin/imgtool"), "self-update", str(bundle), "--expect", sha256(bundle / "bundle.json"),
+                    *args], cwd=tmp_path, env=clean_env(home))
+
+    r = update(old)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert err_lines(r) == [f"error: refusing to update imgtool from {old}: its imgtool.pyz is imgtool 0.0.1, older "
+                            f"than this {__version__}; nothing was updated",
+                            "hint: an older release may lack a fix; to go back on purpose pass --allow-downgrade"]
+    assert installed.read_bytes() == (current / "imgtool.pyz").read_bytes()
+    r = update(old, "--allow-downgrade")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"updated imgtool {__version__} -> 0.0.1: {installed} ")
+    assert installed.read_bytes() == (old / "imgtool.pyz").read_bytes()
+    r = update(current)  # the installed 0.0.1 takes the newer one
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"updated imgtool 0.0.1 -> {__version__}: {installed} ")
+    r = update(current)
+    assert (r.returncode, r.stdout.rstrip()) == (0, f"imgtool is already {__version__} ({installed}); nothing was updated")
 
 
 # --- the README's offline procedure, followed literally, against every edit the issue tried ------------

@@ -314,6 +314,35 @@ def test_two_fetches_sharing_one_cache_both_succeed_and_download_each_blob_once(
     assert sent <= w.total + 64 * 1024, f"{sent} bytes for {w.total} bytes of blobs"  # configs may come twice
 
 
+def test_a_second_fetch_into_an_output_being_written_refuses_naming_the_first(w):
+    """Issue 35 case 7: two fetches into one -o both exited 0 with different bundles, the directory holding one
+    and the other's parts as debris. The first is held at its first layer (the gate), so it holds the output's
+    lock; the second (another architecture, from the other registry, past the gate) refuses at once, naming it."""
+    gate = w.proxy.gate(w.on_layer, requests=0)
+    out = w.root / "out-together" / "vllm-ascend"
+    out.parent.mkdir(exist_ok=True)
+    first = start("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "--chunk-size", "1M",
+                  "-q", env={"IMGTOOL_CACHE": str(w.root / "cache-together-1")})
+    try:
+        assert gate.reached.wait(120), "the first fetch never asked for a layer"
+        direct = mirrors_toml(w.root / "direct.toml", w.repo, [("nju", f"http://{w.proxy2.upstream}")])
+        second = run("fetch", TAG, "--arch", "amd64", "--mirrors", str(direct), "-o", str(out), "--chunk-size", "1M",
+                     "-q", env={"IMGTOOL_CACHE": str(w.root / "cache-together-2")})
+        assert second.returncode == 1, second.stderr
+        assert err_lines(second) == [f"error: {out} is being written by imgtool fetch (pid {first.pid}); nothing was done",
+                                     "hint: wait for it to finish, or choose another directory"]
+        forced = run("fetch", TAG, "--arch", "amd64", "--mirrors", str(direct), "-o", str(out), "--force", "-q",
+                     env={"IMGTOOL_CACHE": str(w.root / "cache-together-2")})
+        assert (forced.returncode, err_lines(forced)[0]) == (1, err_lines(second)[0])
+    finally:
+        gate.release()
+        _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert fingerprint(out) == w.clean  # the first's bundle, whole, and nothing of the second's
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["bundle.json", "SHA256SUMS", "load.sh", "README.txt", "imgtool.pyz"] + list(w.clean[1]))  # the lock is gone
+
+
 # --- disk full --------------------------------------------------------------------------------------
 
 

@@ -516,6 +516,54 @@ def read_until_closed(c: socket.socket) -> bytes:
         data += chunk
 
 
+def answers(data: bytes) -> List[tuple]:
+    """The (status, headers, body) of each response in `data`, in order (bodies by Content-Length)."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        n = int(headers.get("content-length", "0"))
+        out.append((int(lines[0].split(" ", 2)[1]), headers, rest[:n]))
+        data = rest[n:]
+    return out
+
+
+def test_malformed_ranges_and_request_bodies_get_an_answer_never_a_dropped_connection(bundle, serving):
+    """Issue 35 case 9: `Range: bytes=1-<5000 digits>` dropped the connection (ValueError from int()), and a GET's
+    body was parsed as the next request. Every Range that is not one satisfiable bytes range is 416 with
+    `Content-Range: bytes */SIZE`; a body is read and dropped (Content-Length up to 64 KiB), a bigger or chunked one
+    is refused (413, 411) and the connection closed."""
+    out, vllm, _ = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    layer = vllm.layers[0]
+    size = len(vllm.blobs()[layer.digest])
+    blob = f"/v2/ascend/vllm-ascend/blobs/{layer.digest}"
+
+    def exchange(raw: bytes) -> List[tuple]:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as c:
+            c.sendall(raw)
+            return answers(read_until_closed(c))
+
+    for value in ("bytes=1-" + "9" * 5000, "bytes=" + "1" * 20 + "-", "bytes=5-2", "bytes=0-1,4-5", "items=0-1",
+                  "bytes=abc", "bytes=-", "bytes=--1", "bytes=0-1 x", f"bytes={size}-"):
+        got = exchange(f"GET {blob} HTTP/1.1\r\nHost: x\r\nRange: {value}\r\nConnection: close\r\n\r\n".encode())
+        assert [(a[0], a[1].get("content-range"), json.loads(a[2])["errors"][0]["code"]) for a in got] == \
+            [(416, f"bytes */{size}", "SIZE_INVALID")], value[:40]
+    # a body that reads as a request is read as a body: two requests, two answers, no DELETE
+    smuggled = b"DELETE /v2/ascend/vllm-ascend/manifests/v1 HTTP/1.1\r\nHost: x\r\n\r\n"
+    got = exchange(f"GET /v2/ HTTP/1.1\r\nHost: x\r\nContent-Length: {len(smuggled)}\r\n\r\n".encode() + smuggled
+                   + b"GET /v2/_catalog HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert [(a[0], a[2]) for a in got] == [(200, b"{}"), (200, b'{"repositories": ["ascend/cann", "ascend/vllm-ascend"]}')]
+    # chunked, too big, malformed: refused and the connection closed (what follows is never read as a request)
+    for head, status in ((b"Transfer-Encoding: chunked\r\n", 411), (b"Content-Length: 65537\r\n", 413),
+                         (b"Content-Length: 1x\r\n", 400), (b"Content-Length: 1\r\nContent-Length: 2\r\n", 400)):
+        got = exchange(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n" + smuggled)
+        assert [a[0] for a in got] == [status], head
+    assert not [line for line in s.log() if " DELETE " in line or "connection ended" in line]
+    assert s.stop().returncode == 130
+
+
 def stalled_download(port: int, layer) -> socket.socket:
     """A client that asks for the blob and reads only the status line."""
     reader = socket.socket()
@@ -593,6 +641,40 @@ def test_serves_from_the_pyz_on_kylins_python_3_7(bundle, serving, tmp_path):
     assert oci_blobs(tmp_path / "oci")["manifest"] == cann.manifest_digest
     stopped = s.stop()
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr
+
+
+def test_a_served_bundle_is_not_replaced_by_fetch_force(services, factory, mirrored, tmp_path, serving):
+    """Issue 35 case 10: `fetch --force` replaced a directory `imgtool serve` was serving, which then answered 500.
+    serve holds the directory's lock (shared): fetch --force refuses, naming the server, and the server serves on;
+    once it stops, the lock file is gone and the same fetch replaces the bundle. A serve of a directory a fetch is
+    writing refuses, naming the fetch."""
+    out, idx, repo = fetch_two_arch(services, factory, mirrored, tmp_path, "oci")
+    before = (out / "bundle.json").read_bytes()
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    again = ["fetch", "--no-tool", "v3", "--arch", "amd64", "--mirrors", str(tmp_path / "mirrors.toml"), "-o", str(out),
+             "--force", "-q"]
+    r = imgtool(*again, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 1, r.stderr
+    assert [x for x in r.stderr.splitlines() if x.startswith(("error:", "hint:"))] == [
+        f"error: {out} is being served by imgtool serve (pid {s.proc.pid}); it was not changed",
+        "hint: stop that server first, or write the new bundle to another --output"]
+    assert (out / "bundle.json").read_bytes() == before
+    layer = idx.image("amd64").layers[0].digest
+    got = requests.get(f"{s.url}/v2/{repo}/blobs/{layer}", timeout=60)
+    assert (got.status_code, hashlib.sha256(got.content).hexdigest()) == (200, layer.split(":")[1])
+    assert "unexpected file" not in "\n".join(s.log())  # the lock file is the bundle directory's own
+    assert s.stop().returncode == 130
+    assert not (out / ".imgtool-lock").exists()
+    r = imgtool(*again, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert (out / "bundle.json").read_bytes() != before
+    from imgtool.dirlock import lock_output
+
+    with lock_output(out, "fetch"):
+        refused = imgtool("serve", str(out), "--listen", "127.0.0.1:0")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == f"error: {out} is being written by imgtool fetch (pid {os.getpid()}); " \
+                                             "nothing was done"
 
 
 @pytest.fixture

@@ -266,3 +266,29 @@ def test_damaged_compressed_bundle_ends_naming_the_part(tmp_path, factory, compr
         f"  - part 001 ({part.name}) is damaged: its sha256 differs from bundle.json; "
         "re-copy part 001 from the source medium",
     ]
+
+
+def as_unprivileged(*args: str):
+    """imgtool run by root without the capabilities that bypass file permissions (CAP_DAC_OVERRIDE,
+    CAP_DAC_READ_SEARCH), so a file's mode applies to it as to any user."""
+    import subprocess
+    import sys
+
+    return subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m", "imgtool",
+                           *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_part_without_read_permission_is_named_as_that_not_as_damage(bundle):
+    """Issue 35 case 10: a part this user may not read was called damaged ("re-copy it from the source medium"),
+    which re-copying does not fix. Now it is named as a permission problem, with the path and what to do."""
+    part = parts_of(bundle)[1]
+    part.chmod(0)
+    said = (f"part 002 ({part.name}) cannot be read by this user: permission denied (owner root, mode 0000): {part}; "
+            f"it is not damaged: let this user read it (chmod a+r {part}, or chown it), or run as its owner")
+    for quick in ((), ("--quick",)):
+        r = as_unprivileged("verify", str(bundle), *quick)
+        assert r.returncode == 3, r.stderr
+        assert said in err_lines(r)[0] + "\n".join(err_lines(r)[1:]), (quick, r.stderr)
+        assert "re-copy" not in r.stderr
+    part.chmod(0o644)
+    assert as_unprivileged("verify", str(bundle)).returncode == 0

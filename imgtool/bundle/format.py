@@ -31,6 +31,7 @@ SIGNATURE = "bundle.json.sig"  # SSH signature over bundle.json's bytes (imgtool
 LOAD_SH = "load.sh"
 README_TXT = "README.txt"
 TOOL_PYZ = "imgtool.pyz"  # imgtool and its pure-Python dependencies (selfbundle.py); optional
+LOCK_NAME = ".imgtool-lock"  # flock'd while fetch/export write the directory and serve serves it (dirlock.py)
 COMPRESSIONS = ("none", "gzip", "zstd")
 ARCHIVE_SUFFIX = {"none": ".tar", "gzip": ".tar.gz", "zstd": ".tar.zst"}
 

@@ -19,7 +19,7 @@ from ..model import Digest, format_size
 from ..progress import Progress
 from .catalog import Blob, Catalog
 from .format import BundleIndex, part_label
-from .reader import HASH_READ, DecodeError, PartsStream, decompressed
+from .reader import HASH_READ, DecodeError, PartsStream, decompressed, unreadable
 
 
 def unpacked_name(index: BundleIndex) -> str:
@@ -115,6 +115,14 @@ class InPlaceBlobs:
             return self.unpacked[bundle]
         return self.dirs[bundle] / self._index(bundle).parts[part].name
 
+    def _unreadable(self, blob: Blob, part: int, e: OSError) -> BlobDamaged:
+        """A part (or the unpacked archive) this user may not read: said as that, with its remedy, not as damage."""
+        path = self.unpacked.get(blob.bundle) or self._path(blob.bundle, part)
+        words = unreadable(Path(path), e)
+        if words is None:
+            return self._problem(blob, part, f"cannot be read ({e.strerror})")
+        return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) cannot be served: {words[0]}", hint=words[1])
+
     def _problem(self, blob: Blob, part: int, what: str) -> BlobDamaged:
         if blob.bundle in self.unpacked:
             return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) cannot be served: the unpacked archive "
@@ -133,7 +141,7 @@ class InPlaceBlobs:
             try:
                 st = os.stat(self._path(blob.bundle, part))
             except OSError as e:
-                raise self._problem(blob, part, f"cannot be read ({e.strerror})") from None
+                raise self._unreadable(blob, part, e) from None
             out.append((part, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return tuple(out)
 
@@ -202,7 +210,7 @@ class InPlaceBlobs:
         except NotRegularFile as e:
             raise self._problem(blob, part, f"is not a regular file ({e.kind})") from None
         except OSError as e:
-            raise self._problem(blob, part, f"cannot be read ({e.strerror})") from None
+            raise self._unreadable(blob, part, e) from None
 
     def read(self, blob: Blob) -> bytes:
         """A small blob (a manifest) whole, its digest checked on every read; raises BlobDamaged."""

@@ -5,8 +5,10 @@ checked (walk.py) or handed to Docker (load.py).
 """
 
 import bisect
+import errno
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple
@@ -65,6 +67,35 @@ def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
     return BundleIndex.from_bytes(data), data
 
 
+def unreadable(path: Path, e: OSError) -> Optional[Tuple[str, str]]:
+    """For a file this user may not read (EACCES, EPERM): what to say instead of `cannot be read`, and what to do
+    (it is not damaged: re-copying would not help); None for any other error."""
+    if e.errno not in (errno.EACCES, errno.EPERM):
+        return None
+    try:
+        st = os.stat(str(path))
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except (ImportError, KeyError):
+            owner = f"uid {st.st_uid}"
+        whose = f" (owner {owner}, mode {stat.S_IMODE(st.st_mode):04o})"
+    except OSError:  # the directory itself is closed to this user
+        whose = ""
+    return (f"cannot be read by this user: permission denied{whose}: {path}",
+            f"it is not damaged: let this user read it (chmod a+r {path}, or chown it), or run as its owner")
+
+
+def part_unreadable(index: BundleIndex, i: int, path: Path, e: OSError) -> Problem:
+    """A part that cannot be opened: a permission problem said as one (with the remedy), else `cannot be read`."""
+    words = unreadable(path, e)
+    if words is None:
+        return part_problem(index, i, f"cannot be read ({e.strerror})")
+    label = part_label(i, len(index.parts))
+    return Problem(f"{label} ({index.parts[i].name}) {words[0]}; {words[1]}", (i,), kind="permission")
+
+
 def part_problem(index: BundleIndex, i: int, what: str) -> Problem:
     label = part_label(i, len(index.parts))
     name = index.parts[i].name
@@ -85,7 +116,7 @@ def stat_parts(bundle_dir: Path, index: BundleIndex) -> List[Problem]:
             problems.append(part_problem(index, i, f"is not a regular file ({e.kind})"))
             continue
         except OSError as e:
-            problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
+            problems.append(part_unreadable(index, i, bundle_dir / part.name, e))
             continue
         if size < part.size:
             problems.append(part_problem(index, i, f"is truncated: {size} of {part.size} bytes"))
@@ -153,7 +184,7 @@ class PartsStream:
         except NotRegularFile as e:
             raise VerifyError(part_problem(self.index, self.i, f"is not a regular file ({e.kind})").message) from None
         except OSError as e:
-            raise VerifyError(part_problem(self.index, self.i, f"cannot be read ({e.strerror})").message) from None
+            raise VerifyError(part_unreadable(self.index, self.i, self.dir / part.name, e).message) from None
         size = os.fstat(self.f.fileno()).st_size
         if size != part.size:
             self.f.close()
@@ -345,7 +376,7 @@ class BlobReader:
             except NotRegularFile as e:
                 raise VerifyError(part_problem(self.index, i, f"is not a regular file ({e.kind})").message) from None
             except OSError as e:
-                raise VerifyError(part_problem(self.index, i, f"cannot be read ({e.strerror})").message) from e
+                raise VerifyError(part_unreadable(self.index, i, self.dir / part.name, e).message) from e
             with f:
                 f.seek(pos - part_start)
                 stop = min(end, part_start + part.size)

@@ -17,10 +17,10 @@ from ..errors import VerifyError
 from ..fsutil import NotRegularFile, open_regular
 from ..progress import Progress
 from ..trust import Verdict
-from .format import BUNDLE_JSON, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
+from .format import BUNDLE_JSON, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
 from .signature import enforce
-from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, read_index,
-                     stat_parts)
+from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, part_unreadable,
+                     read_index, stat_parts)
 from .walk import walk_archive
 
 
@@ -142,7 +142,7 @@ def check_metadata(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e
                 report.problems.append(Problem(message + f"; copy {f.name} again from the source medium"))
             else:
                 report.warnings.append(message)
-    known = {BUNDLE_JSON, SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT} | {p.name for p in index.parts} | \
+    known = {BUNDLE_JSON, SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, LOCK_NAME} | {p.name for p in index.parts} | \
         {f.name for f in index.files}
     try:
         stray = sorted(entry.name for entry in os.scandir(bundle_dir) if entry.name not in known)
@@ -188,7 +188,7 @@ def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyRep
                 report.problems.append(part_problem(index, i, f"is not a regular file ({e.kind})"))
                 continue
             except OSError as e:
-                report.problems.append(part_problem(index, i, f"cannot be read ({e.strerror})"))
+                report.problems.append(part_unreadable(index, i, bundle_dir / index.parts[i].name, e))
                 continue
             report.parts_checked += 1
             report.bytes_read += index.parts[i].size

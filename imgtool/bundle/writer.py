@@ -27,7 +27,7 @@ from ..progress import Progress
 from ..worker import Worker
 from . import layout, texts
 from .reader import sha256_of
-from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ,
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ,
                      Archive, BundleImage, BundleIndex, Layer, Part)
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
@@ -183,7 +183,8 @@ def default_bundle_name(images: Sequence[PulledImage]) -> str:
 def _is_ours(path: Path) -> bool:
     """A file the writer makes (parts, archive, texts, pyz, its temp files)."""
     name = path.name
-    return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ) or name.endswith(_OWN_SUFFIXES)
+    return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ, LOCK_NAME)
+                               or name.endswith(_OWN_SUFFIXES)
                                or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
 
 
@@ -245,7 +246,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
                  created: Optional[str] = None, delta: Optional[DeltaPlan] = None,
                  extra_files: Optional[Dict[str, Path]] = None,
-                 verified: Collection[Digest] = (), before_seal: Optional[Callable[[], None]] = None,
+                 verified: Collection[Digest] = (),
+                 before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
                  gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
@@ -257,7 +259,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     With `delta` it is a delta bundle: the layers it plans to leave out are left out of the archive
     and recorded in bundle.json (with the plan's `base`, where the offline side's chains came from).
     `before_seal` runs once every byte is written, before the parts get their names: what it raises
-    leaves no bundle (fetch's diff_id check of the layers it keeps as served).
+    leaves no bundle (fetch's diff_id check of the layers it keeps as served); what it returns (layer blob ->
+    unpacked size, as that check measured) is recorded in bundle.json for layers whose size `images` lack.
     `gzip` compresses a gzip archive (level 1: the layers are already gzip; default gz.compressor()); bundle.json
     records it (`gzip`) when it did, or when the caller's layers were compressed by it (`gzipped_layers`),
     so two builds that differ only by it can be told apart.
@@ -272,10 +275,9 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
         with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single) as sink:
             _stream_archive(plan, sink, blob_path, verified, progress, gzip)
-            if before_seal is not None:
-                before_seal()
+            sizes = before_seal() if before_seal is not None else None
             parts, archive = _seal_archive(plan, sink, written)
-            index = BundleIndex(created or _now(), __version__, plan.images, archive, tuple(parts),
+            index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
                                 base=_delta_base(plan.images, delta.base if delta else None),
                                 gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None)
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
@@ -393,6 +395,13 @@ def _seal_archive(plan: BundlePlan, sink: "_PartSink", written: List[Path]) -> T
         parts = [Part(plan.archive_name, parts[0].size, parts[0].sha256)]
     written += [plan.out_dir / p.name for p in parts]
     return parts, Archive(plan.archive_name, plan.compress, sum(p.size for p in parts), archive_sha, plan.tar_size)
+
+
+def _with_sizes(images: Sequence[BundleImage], sizes: Dict[Digest, int]) -> Tuple[BundleImage, ...]:
+    """The images with the unpacked sizes measured while writing, for layers that had none."""
+    return tuple(dataclasses.replace(im, layers=tuple(
+        dataclasses.replace(x, unpacked_size=sizes[x.digest]) if x.unpacked_size is None and x.digest in sizes else x
+        for x in im.layers)) for im in images)
 
 
 def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:
@@ -639,6 +648,8 @@ def _clear_old_bundle(out_dir: Path) -> List[str]:
     fsync_dir(out_dir, strict=True)
     left = []
     for path in sorted(out_dir.iterdir()):
+        if path.name == LOCK_NAME:
+            continue  # the lock this run holds (dirlock.py): removed when it lets go
         if _is_ours(path):
             path.unlink()
         else:
