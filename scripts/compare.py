@@ -7,7 +7,8 @@
 The older version is checked out (git worktree) and installed into its own venv under --work-dir;
 this checkout runs as `python -m imgtool`. Each round runs, for each version in turn: `fetch` of the
 bench image's arm64 platform (scripts/benchimage.py: the vllm-ascend-shaped one) with a fresh cache, the full `verify` of
-that bundle, and `load` into Docker 20.10 (the image removed before each load). Prints the medians,
+that bundle, and `load` into Docker 20.10 and into containerd 1.7's k8s.io (where the services run it; the
+image removed before each load). Prints the medians,
 each one's peak RSS, and the ratio after/before: above 1 is slower now. Not product code.
 """
 
@@ -69,6 +70,9 @@ def main(argv=None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_"))}
     env["DOCKER_HOST"] = docker_host
     docker = ["docker", "-H", docker_host]
+    # containerd 1.7 (a Kubernetes node's), where the test services run it: the same load into k8s.io
+    containerd = dict(item.split("=", 1) for item in os.environ.get("IMGTOOL_TEST_CONTAINERDS", "").split()).get("1.7")
+    jobs = ["fetch", "verify", "load"] + (["load-containerd"] if containerd else [])
     times: Dict[str, List[float]] = {}
     rss: Dict[str, int] = {}
     for n in range(args.runs):
@@ -79,17 +83,25 @@ def main(argv=None) -> int:
             e = dict(env, IMGTOOL_CACHE=str(cache))
             for job, argv_ in (("fetch", ["fetch", ref, "--arch", "arm64", "--mirrors", str(mirrors), "-o", str(out)]),
                                ("verify", ["verify", str(out)]),
-                               ("load", ["load", str(out), "--runtime", "docker"])):
+                               ("load", ["load", str(out), "--runtime", "docker"]),
+                               ("load-containerd", ["load", str(out), "--runtime", "containerd", "--address", str(containerd)])):
+                if job not in jobs:
+                    continue
                 if job == "load":
                     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
+                if job == "load-containerd":
+                    subprocess.run(["ctr", "--address", str(containerd), "-n", "k8s.io", "images", "rm", "--sync", ref],
+                                   capture_output=True)
                 seconds, kb = timed(cmd + ["-q", *argv_], e)
                 times.setdefault(f"{job}.{name}", []).append(seconds)
                 rss[f"{job}.{name}"] = max(rss.get(f"{job}.{name}", 0), kb)
                 print(f"run {n + 1} {name:6} {job:6} {seconds:7.2f} s", file=sys.stderr, flush=True)
     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
+    if containerd:
+        subprocess.run(["ctr", "--address", containerd, "-n", "k8s.io", "images", "rm", "--sync", ref], capture_output=True)
     print(f"| job | before ({args.old}) | after | after/before | peak RSS before | after |")
     print("|---|---|---|---|---|---|")
-    for job in ("fetch", "verify", "load"):
+    for job in jobs:
         b, a = statistics.median(times[f"{job}.before"]), statistics.median(times[f"{job}.after"])
         print(f"| {job} | {b:.2f} s | {a:.2f} s | {a / b:.2f} | {rss[f'{job}.before'] // 1024} MiB "
               f"| {rss[f'{job}.after'] // 1024} MiB |")
