@@ -743,15 +743,32 @@ def runtime_options(f):
     f = click.option("--runtime", "runtime", type=click.Choice(["auto", "docker", "containerd", "podman"]),
                      default="auto", show_default=True,
                      help="Where images go: Docker (DOCKER_HOST), containerd (a Kubernetes node) or Podman; "
-                          "auto: Docker if its socket answers, else containerd if its socket answers, else Podman.")(f)
+                          "auto: on a Kubernetes node the kubelet's runtime (its configuration says which), "
+                          "elsewhere Docker if its socket answers, else containerd if its socket answers, else Podman.")(f)
     return f
 
 
 def _runtime_choice(runtime, address, namespace):
+    """The runtime options, the runtimes' variables and this node's kubelet (read-only), as a Choice; the
+    kubelet's files that cannot be read are said on stderr."""
+    from . import kubelet
     from .config import runtime_environment
     from .runtime import Choice
 
-    return Choice.from_options(runtime, address, namespace, runtime_environment())
+    warnings: list = []
+    found = kubelet.find(warnings)
+    for w in dict.fromkeys(warnings):
+        progress().warn(w)
+    return Choice.from_options(runtime, address, namespace, runtime_environment(), kubelet=found)
+
+
+def _say_choice(choice) -> None:
+    """Why auto chose the kubelet's runtime, or that the choice sends images where the kubelet does not look."""
+    p = progress()
+    if choice.reason():
+        p.note(choice.reason())
+    if choice.elsewhere():
+        p.warn(choice.elsewhere() + ": Pods on this node will not find the images there")
 
 
 def _bundle_usage(bundle_dir, expect) -> None:
@@ -832,7 +849,8 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     stream into the runtime; the first mismatch cuts the upload short, the runtime drops what it
     got and nothing is loaded (the runtime checks each layer's diff_id itself). Missing or
     wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
-    On a Kubernetes node (containerd), the image goes into the k8s.io namespace, unpacked.
+    On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
+    namespace k8s.io, unpacked; cri-dockerd: Docker).
     """
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
@@ -843,11 +861,12 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     choice = _runtime_choice(runtime, address, namespace)
     read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
     p = progress()
+    _say_choice(choice)
     with open_runtime(choice) as daemon:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
                              arch=arch, signers=signers, all_platforms=all_platforms)
     if as_json:
-        emit_json(result.to_json())
+        emit_json(dict(result.to_json(), runtime_choice=choice.reason() or None))
         return
     if not result.sent:
         for w in result.warnings:

@@ -1,7 +1,9 @@
 """`imgtool doctor [DIR]`: a checklist for the offline host, each failure with what to do.
 
 Checks the runtimes (Docker, containerd, Podman: each found, its version, storage or snapshotter,
-namespace, free space where its images land, against the bundle's need when DIR is given), the architecture (against the bundle's),
+namespace, free space where its images land, against the bundle's need when DIR is given), on a
+Kubernetes node the kubelet's runtime (and whether the choice sends images elsewhere), the
+architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
 Reads only; never loads anything.
@@ -55,12 +57,34 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
         checks.append(storage_check(facts))
         checks.append(space_check(facts, index, held_chains=held))
     for check in absent:
-        if found:  # another runtime is here: this one's absence is a fact, not a failure
-            check = Check(check.name, "info", check.detail)
+        if found and not (choice.follows_kubelet and check.name == choice.effective):
+            check = Check(check.name, "info", check.detail)  # another runtime is here: this one's absence is a fact
         checks.append(check)
-    if found and choice.runtime == "auto":
+    if choice.follows_kubelet and choice.kubelet is not None:  # auto loads into the kubelet's runtime, and no other
+        found.sort(key=lambda f: f.runtime != choice.effective)
+        if found and found[0].runtime == choice.effective:
+            checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto: "
+                                                 f"the kubelet's, from {choice.kubelet.source})"))
+    elif found and choice.runtime == "auto":
         checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto)"))
     return found
+
+
+def kubelet_checks(checks: List[Check], choice: Choice, found: List[RuntimeInfo], index: Optional["BundleIndex"]) -> None:
+    """On a Kubernetes node: the kubelet's runtime, and a warning when the choice sends images elsewhere."""
+    k = choice.kubelet
+    if k is None:
+        return
+    theirs = [f for f in found if f.runtime == k.runtime]
+    if choice.elsewhere():
+        checks.append(Check("kubelet", "warn", choice.elsewhere(),
+                            "Pods on this node will not find the images there: leave --runtime at auto (and --address, "
+                            "--namespace, CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE unset) to load where the kubelet looks"))
+    elif choice.follows_kubelet and not theirs:
+        checks.append(Check("kubelet", "fail", f"the kubelet uses {k.describe()}, which does not answer",
+                            "start it; imgtool load --runtime auto loads only there"))
+    else:
+        checks.append(Check("kubelet", "ok", f"the kubelet uses {k.describe()}"))
 
 
 def _held(runtime: "Runtime") -> frozenset:
@@ -129,7 +153,9 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
         except ImgtoolError as e:
             checks.append(Check("bundle", "fail", e.message, e.hint or ""))
 
-    found = runtime_checks(checks, index, choice or Choice())
+    choice = choice or Choice()
+    found = runtime_checks(checks, index, choice)
+    kubelet_checks(checks, choice, found, index)
     facts = found[0] if found else None
     host_arch = facts.arch if facts is not None else Platform.host().architecture
     if index is not None:

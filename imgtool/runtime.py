@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optio
 
 from .errors import DaemonError, UsageError
 
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
+
 RUNTIMES = ("docker", "containerd", "podman")
 CHOICES = ("auto",) + RUNTIMES
 TITLES = {"docker": "Docker", "containerd": "containerd", "podman": "Podman"}
@@ -133,39 +136,99 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
 @dataclass(frozen=True)
 class Choice:
-    """Which runtime to open and where: --runtime, --address, --namespace (and their variables)."""
+    """Which runtime to open and where: --runtime, --address, --namespace (and their variables), and on a
+    Kubernetes node the kubelet's runtime, which --runtime auto follows."""
 
     runtime: str = "auto"
     docker_host: Optional[str] = None  # None: config's (DOCKER_HOST or the default socket)
     address: str = DEFAULT_CONTAINERD_ADDRESS
     namespace: str = DEFAULT_CONTAINERD_NAMESPACE
     tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
+    kubelet: Optional["Kubelet"] = None  # this node's kubelet (kubelet.find()), None off Kubernetes
 
     @classmethod
     def from_options(cls, runtime: Optional[str], address: Optional[str], namespace: Optional[str],
-                     env: Mapping[str, str]) -> "Choice":
+                     env: Mapping[str, str], kubelet: Optional["Kubelet"] = None) -> "Choice":
         """--runtime/--address/--namespace, else $CONTAINERD_ADDRESS/$CONTAINERD_NAMESPACE (as ctr reads
-        them; `env` is config.runtime_environment()), else the defaults; raises UsageError."""
+        them; `env` is config.runtime_environment()), else on a Kubernetes node the kubelet's endpoint, else
+        the defaults; raises UsageError."""
         runtime = (runtime or "auto").lower()
         if runtime not in CHOICES:
             raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(CHOICES)}")
-        address = address or env.get("CONTAINERD_ADDRESS") or DEFAULT_CONTAINERD_ADDRESS
+        kubelets = kubelet.address if kubelet is not None and kubelet.runtime == "containerd" else None
+        address = address or env.get("CONTAINERD_ADDRESS") or kubelets or DEFAULT_CONTAINERD_ADDRESS
         if address.startswith("unix://"):
             address = address[len("unix://"):]
         namespace = namespace or env.get("CONTAINERD_NAMESPACE") or DEFAULT_CONTAINERD_NAMESPACE
-        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp")
+        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp",
+                   kubelet)
+
+    @property
+    def follows_kubelet(self) -> bool:
+        """--runtime auto on a node whose kubelet uses a runtime imgtool loads into: that one, and no other."""
+        return self.runtime == "auto" and self.kubelet is not None and self.kubelet.runtime in RUNTIMES
+
+    @property
+    def effective(self) -> str:
+        """The runtime a load goes to: --runtime's, the kubelet's under auto, else "auto" (the first that answers)."""
+        return self.kubelet.runtime if self.follows_kubelet and self.kubelet is not None else self.runtime
+
+    def reason(self) -> str:
+        """Why auto chose the runtime, one line ("" when it did not follow a kubelet)."""
+        if not self.follows_kubelet or self.kubelet is None:
+            return ""
+        if self.kubelet.runtime == "containerd":
+            return f"runtime: containerd at unix://{self.address}, namespace {self.namespace} " \
+                   f"(the kubelet's, from {self.kubelet.source})"
+        return f"runtime: Docker (the kubelet's, through cri-dockerd at {self.kubelet.endpoint}, " \
+               f"from {self.kubelet.source})"
+
+    def elsewhere(self) -> str:
+        """Where this choice sends images that the kubelet does not read them from, in words ("" when it
+        sends them where the kubelet reads, or there is no kubelet)."""
+        k = self.kubelet
+        if k is None:
+            return ""
+        if k.runtime not in RUNTIMES:
+            return f"the kubelet uses {k.runtime} at {k.endpoint} (from {k.source}), which imgtool does not " \
+                   "load into"
+        theirs = f"the kubelet reads images from {TITLES[k.runtime]} at {k.endpoint} (from {k.source})"
+        runtime = self.effective
+        if runtime not in (k.runtime, "auto"):
+            return f"{theirs}, but --runtime {runtime} sends them to {TITLES[runtime]}"
+        if k.runtime == "containerd" and runtime == "containerd":
+            if not _same_socket(self.address, k.address):
+                return f"{theirs}, but this load goes to containerd at {self.address} (--address or CONTAINERD_ADDRESS)"
+            if self.namespace != DEFAULT_CONTAINERD_NAMESPACE:
+                return f"{theirs}, namespace {DEFAULT_CONTAINERD_NAMESPACE}, but this load goes to namespace " \
+                       f"{self.namespace} (--namespace or CONTAINERD_NAMESPACE)"
+        return ""
+
+
+def _same_socket(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def open_runtime(choice: Choice, timeout: Optional[int] = 3600) -> "Runtime":
-    """The runtime `choice` names, opened; with "auto", the first that answers of Docker, containerd,
-    Podman. Raises DaemonError (naming what each said when none answers), UsageError."""
+    """The runtime `choice` names, opened; with "auto", the kubelet's on a Kubernetes node (and no other),
+    elsewhere the first that answers of Docker, containerd, Podman. Raises DaemonError (naming what each
+    said when none answers), UsageError."""
     openers: Dict[str, Callable[[], "Runtime"]] = {
         "docker": lambda: _docker(timeout, choice.docker_host),
         "containerd": lambda: _containerd(choice, timeout),
         "podman": lambda: _podman(timeout, choice.tmpdir),
     }
-    if choice.runtime != "auto":
-        return openers[choice.runtime]()
+    if choice.effective != "auto":
+        if not choice.follows_kubelet:
+            return openers[choice.effective]()
+        try:  # the kubelet's runtime, or none: another that answers is not where Pods look
+            return openers[choice.effective]()
+        except DaemonError as e:
+            raise DaemonError(f"the kubelet's runtime does not answer: {e.message}",
+                              hint="start it, or choose another runtime with --runtime (Pods will not find the "
+                                   "images there)") from e
     said = []
     for name in RUNTIMES:
         try:
