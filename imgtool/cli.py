@@ -838,11 +838,15 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
 @click.option("--quick", is_flag=True,
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
+@click.option("--no-pin", is_flag=True,
+              help="On containerd, leave the images unpinned (by default they are labelled io.cri-containerd.pinned="
+                   "pinned, which the kubelet's image GC skips on containerd 1.7+).")
 @signers_option
 @runtime_options
 @json_option("result")
 @common
-def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, runtime, address, namespace, as_json):
+def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, signers, runtime, address, namespace,
+         as_json):
     """Check a bundle, then stream it into Docker, containerd or Podman and confirm it.
 
     Every part's sha256, every tar header and every blob's digest are checked while the parts
@@ -850,7 +854,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     got and nothing is loaded (the runtime checks each layer's diff_id itself). Missing or
     wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
     On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
-    namespace k8s.io, unpacked; cri-dockerd: Docker).
+    namespace k8s.io, unpacked and pinned; cri-dockerd: Docker).
     """
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
@@ -864,13 +868,17 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     _say_choice(choice)
     with open_runtime(choice) as daemon:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch, signers=signers, all_platforms=all_platforms)
+                             arch=arch, signers=signers, all_platforms=all_platforms, pin=not no_pin)
     if as_json:
         emit_json(dict(result.to_json(), runtime_choice=choice.reason() or None))
         return
     if not result.sent:
         for w in result.warnings:
             p.warn(w)
+    pinned = [im.ref for im in result.images if im.pinned]
+    if pinned:
+        p.note(f"pinned: {', '.join(pinned)} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps "
+               "them on containerd 1.7+)")
     rows = [(", ".join(im.tags) or im.ref, im.docker_id[7:19], im.platform, format_size(im.size)) for im in result.images]
     click.echo(table(rows, ["name", "id", "platform", "size"]))
     where = _runtime_title(result.daemon)

@@ -20,6 +20,7 @@ from .runtime import ImageInfo, RuntimeInfo
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
+PINNED = "io.cri-containerd.pinned=pinned"  # the CRI plugin reports such images pinned (1.7+): no kubelet GC
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4,
           "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4}
 
@@ -76,14 +77,29 @@ class Containerd:
 
     def _listing(self) -> List[Tuple[str, str, str, int]]:
         """`ctr images ls`: (name, target digest, platforms, size) of every image record."""
+        return [(name, digest, platforms, size) for name, digest, platforms, size, _ in self._rows()]
+
+    def _rows(self) -> List[Tuple[str, str, str, int, str]]:
+        """`ctr images ls`: (name, target digest, platforms, size, labels) of every image record."""
         out = []
         for line in self.ctr.run(["images", "ls"]).splitlines()[1:]:
             f = line.split()
             if len(f) < 6:
                 continue
             size = int(float(f[3]) * _UNITS.get(f[4], 1)) if _number(f[3]) else 0
-            out.append((f[0], f[2], f[5], size))
+            out.append((f[0], f[2], f[5], size, f[6] if len(f) > 6 else ""))
         return out
+
+    def pinned(self) -> Set[str]:
+        """The image IDs that carry the CRI's pinned label on a name."""
+        return {digest for _, digest, _, _, labels in self._rows() if PINNED in labels.split(",")}
+
+    def pin(self, image_id: str) -> bool:
+        """Label every name of the image `io.cri-containerd.pinned=pinned`: the CRI plugin (1.7+) then reports it
+        pinned and the kubelet's image GC leaves it; raises DaemonError."""
+        for name in sorted({n for n, digest, _, _ in self._listing() if digest == image_id}):
+            self.ctr.run(["images", "label", name, PINNED], what=f"images label {name}")
+        return True
 
     def images_by_id(self) -> Dict[str, ImageInfo]:
         """Every image by its ID (manifest digest), from one listing; raises DaemonError."""
@@ -182,6 +198,7 @@ class Containerd:
         from .delta import InventoryImage
 
         out = []
+        pinned = self.pinned()
         for digest, info in self.images_by_id().items():
             doc = self._content(digest)
             if doc is None:
@@ -193,7 +210,7 @@ class Containerd:
                     continue
                 if not platform:
                     platform = "/".join(str(config.get(k)) for k in ("os", "architecture", "variant") if config.get(k))
-                out.append(InventoryImage(image_id, info.tags, platform, diff_ids))
+                out.append(InventoryImage(image_id, info.tags, platform, diff_ids, pinned=digest in pinned))
         return out
 
     def _platform_manifests(self, digest: str, doc: dict, platform: str) -> List[Tuple[str, dict, str]]:

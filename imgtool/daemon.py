@@ -237,6 +237,11 @@ class Daemon:
         except self.errors as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {one_line(e)}") from e
 
+    def pin(self, image_id: str) -> bool:
+        """False: Docker has no kubelet image GC to keep the image from (a kubelet on cri-dockerd pins by its own
+        flags only)."""
+        return False
+
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """None: Docker checks every layer against its diff_id itself while it loads."""
         return None

@@ -2,8 +2,8 @@
 
 Checks the runtimes (Docker, containerd, Podman: each found, its version, storage or snapshotter,
 namespace, free space where its images land, against the bundle's need when DIR is given), on a
-Kubernetes node the kubelet's runtime (and whether the choice sends images elsewhere), the
-architecture (against the bundle's),
+Kubernetes node the kubelet's runtime (and whether the choice sends images elsewhere) and its image
+GC thresholds against the image filesystem's use, the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
 Reads only; never loads anything.
@@ -13,13 +13,16 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from .bundle.hostcheck import Check, held_chains, space_check, storage_check, zstd_check
+import os
+
+from .bundle.hostcheck import Check, held_chains, need_for, space_check, storage_check, zstd_check
 from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
 from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
 
 if TYPE_CHECKING:
     from .bundle.format import BundleIndex
+    from .kubelet import Kubelet
     from .runtime import Runtime
 
 UNREACHABLE_ADVICE = {
@@ -71,7 +74,8 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
 
 
 def kubelet_checks(checks: List[Check], choice: Choice, found: List[RuntimeInfo], index: Optional["BundleIndex"]) -> None:
-    """On a Kubernetes node: the kubelet's runtime, and a warning when the choice sends images elsewhere."""
+    """On a Kubernetes node: the kubelet's runtime, a warning when the choice sends images elsewhere, and the
+    image filesystem's use against the kubelet's image GC thresholds."""
     k = choice.kubelet
     if k is None:
         return
@@ -85,6 +89,36 @@ def kubelet_checks(checks: List[Check], choice: Choice, found: List[RuntimeInfo]
                             "start it; imgtool load --runtime auto loads only there"))
     else:
         checks.append(Check("kubelet", "ok", f"the kubelet uses {k.describe()}"))
+    if theirs:
+        checks.append(image_gc_check(theirs[0], k, index))
+
+
+def image_gc_check(facts: RuntimeInfo, k: "Kubelet", index: Optional["BundleIndex"]) -> Check:
+    """The image filesystem's use (where the runtime keeps images) against imageGCHighThresholdPercent."""
+    where = k.gc_source or "the kubelet's default"
+    gc = f"the kubelet's image GC removes unused images above {k.gc_high}% (imageGCHighThresholdPercent, {where}) " \
+         f"down to {k.gc_low}%"
+    if not facts.local or not facts.root_dir or not os.path.isdir(facts.root_dir):
+        return Check("image-gc", "info", f"cannot read the image filesystem's use from here; {gc}")
+    st = os.statvfs(facts.root_dir)
+    total = st.f_blocks * st.f_frsize
+    used = total - st.f_bavail * st.f_frsize
+    if total <= 0:
+        return Check("image-gc", "info", f"cannot read the image filesystem's use under {facts.root_dir}; {gc}")
+    now = 100 * used // total
+    after = ""
+    if index is not None:
+        need = need_for(index, facts, frozenset(), None)
+        later = 100 * (used + need.total) // total
+        after = f", about {later}% with this bundle loaded"
+        now = max(now, later)
+    pinned = "; imgtool pins what it loads (containerd 1.7+ reports it pinned, and the GC leaves it)" \
+        if facts.runtime == "containerd" else "; Docker cannot pin an image for the kubelet"
+    detail = f"image filesystem {facts.root_dir}: {100 * used // total}% used{after}; {gc}{pinned}"
+    if now >= k.gc_high:
+        return Check("image-gc", "warn", detail, "free space there, or the kubelet will remove unpinned images no "
+                     "running container uses (an air-gapped node cannot pull them back)")
+    return Check("image-gc", "ok", detail)
 
 
 def _held(runtime: "Runtime") -> frozenset:

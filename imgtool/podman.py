@@ -143,6 +143,10 @@ class Podman:
             return None
         return [x for x in images if isinstance(x, dict)], layers
 
+    def pin(self, image_id: str) -> bool:
+        """False: no kubelet reads Podman's images through a CRI that honours a pin."""
+        return False
+
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """The diff_ids Podman's storage computed while it applied the image's layers, bottom first (its
         layers.json `diff-digest`: the content's, not the config's word); None when not known."""

@@ -189,6 +189,11 @@ def kube_node(tmp_path: Path, socket: str, **config) -> SimulatedNode:
     return SimulatedNode(tmp_path / "node", kubelet_args=[f"--config={conf}", f"--container-runtime-endpoint=unix://{socket}"])
 
 
+def pinned_on(version: str) -> bool:
+    """containerd's CRI reports an image labelled io.cri-containerd.pinned=pinned as pinned from 1.7 (measured)."""
+    return version != "1.6"
+
+
 @pytest.mark.parametrize("version", ["1.6", "1.7"])
 def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_gets_nothing(version, services, bundle,
                                                                                              tmp_path):
@@ -207,8 +212,33 @@ def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_g
         assert docker.image_ids() == before  # Docker answered, and got nothing
         status = cri.status(f"{REPO}:v1")
         assert status is not None and status.id == image.config_digest
+        assert status.pinned is pinned_on(version)
+        rows = [line.split() for line in ctr(socket, "images", "ls").stdout.splitlines()[1:]]
+        assert [row[-1] for row in rows if row[0] == f"{REPO}:v1"] == [
+            "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
         top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
         assert top in ctr(socket, "snapshots", "ls").stdout  # unpacked
+        inv = node.run([sys.executable, "-m", "imgtool", "inventory"], env=clean_env(DOCKER_HOST=services.docker_host))
+        assert inv.returncode == 0, inv.stderr
+        mine = [im for im in json.loads(inv.stdout)["images"] if f"{REPO}:v1" in im["tags"]]
+        assert [im["pinned"] for im in mine] == [True]
+    finally:
+        cri.close()
+        remove_from(socket, image)
+
+
+def test_no_pin_leaves_the_image_unpinned(services, bundle, tmp_path):
+    out, image = bundle
+    socket = services.containerd("1.7")
+    node = kube_node(tmp_path, socket)
+    cri = ImageService(socket)
+    try:
+        r = node.run([sys.executable, "-m", "imgtool", "load", str(out), "--no-pin"], env=clean_env())
+        assert r.returncode == 0, r.stderr
+        status = cri.status(f"{REPO}:v1")
+        assert status is not None and status.pinned is False
+        rows = [line.split() for line in ctr(socket, "images", "ls").stdout.splitlines()[1:]]
+        assert [row[-1] for row in rows if row[0] == f"{REPO}:v1"] == ["io.cri-containerd.image=managed"]
     finally:
         cri.close()
         remove_from(socket, image)
@@ -234,7 +264,7 @@ def test_the_pyz_on_kylins_python_loads_into_the_kubelets_containerd(services, f
         assert f"runtime: containerd at unix://{socket}, namespace k8s.io (the kubelet's" in r.stderr
         assert docker.image_ids() == before
         status = cri.status(ref)
-        assert status is not None and status.id == image.config_digest
+        assert status is not None and status.id == image.config_digest and status.pinned
     finally:
         cri.close()
         remove_from(socket, image, ref.rsplit(":", 1)[0])
@@ -273,7 +303,8 @@ def test_without_a_kubelet_auto_is_what_it_was(services, bundle, tmp_path, docke
 def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewhere(services, bundle, tmp_path):
     out, _ = bundle
     socket = services.containerd("1.7")
-    node = kube_node(tmp_path, socket)
+    node = kube_node(tmp_path, socket, imageGCHighThresholdPercent=90)
+    conf = tmp_path / "config.yaml"
     env = clean_env(DOCKER_HOST=services.docker_host)
     r = node.run([sys.executable, "-m", "imgtool", "doctor"], env=env)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -284,6 +315,9 @@ def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewh
     assert any(line.startswith("OK    runtime      imgtool load uses containerd 1.7.") and
                line.endswith(f"namespace k8s.io (--runtime auto: the kubelet's, from {source})") for line in lines)
     assert any(line.startswith("OK    docker       Docker 20.10") for line in lines)  # Docker is here, and not used
+    gc = [line for line in lines if line.startswith(("OK    image-gc", "WARN  image-gc"))]
+    assert len(gc) == 1 and f"the kubelet's image GC removes unused images above 90% (imageGCHighThresholdPercent, " \
+                            f"{conf}) down to 80%" in gc[0], lines
 
     r = node.run([sys.executable, "-m", "imgtool", "doctor", "--runtime", "docker"], env=env)
     assert f"WARN  kubelet      the kubelet reads images from containerd at unix://{socket} (from {source}), but " \

@@ -60,10 +60,12 @@ class LoadedImage:
     platform: str
     size: int  # as Docker reports it (unpacked)
     was_present: bool
+    pinned: bool = False  # labelled for the CRI as pinned: the kubelet's image GC leaves it (containerd)
 
     def to_json(self) -> dict:
         return {"ref": self.ref, "tags": self.tags, "image_id": self.image_id, "docker_id": self.docker_id,
-                "platform": self.platform, "size": self.size, "was_present": self.was_present}
+                "platform": self.platform, "size": self.size, "was_present": self.was_present,
+                "pinned": self.pinned}
 
 
 @dataclass
@@ -113,14 +115,17 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 
 def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
                 force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False) -> LoadResult:
+                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False,
+                pin: bool = True) -> LoadResult:
     """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
     Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
     `all_platforms` every platform's image is loaded too, kept by ID (on containerd, which keeps only
     named images, by digest: REPO@sha256:...) while the tag names the runtime's.
     When the runtime already holds every image, nothing is sent, but the bundle is checked all the same
-    (every part and blob; with quick, every part present at its size) before a tag is added.
+    (every part and blob; with quick, every part present at its size) before a tag is added. With `pin`
+    (the default), each image is pinned where the runtime can (containerd's CRI label), so the kubelet's
+    image GC leaves it.
     Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
     asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
     incompatible Docker, a delta bundle's base missing), DaemonError.
@@ -137,6 +142,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     if plan.loaded:
         images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
         _digest_refs(daemon, facts, plan.view, plan.ids)
+        _pin(daemon, images, plan.ids, pin)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
@@ -146,6 +152,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs)
     images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
     _digest_refs(daemon, facts, plan.view, plan.ids)
+    _pin(daemon, images, plan.ids, pin)
     images += _confirm_others(daemon, facts, plan)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings, verdict)
@@ -180,6 +187,13 @@ def _plan(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Seq
     other_ids = [str(layout.runtime_image_id(im, facts.containerd_store)) for im in others]
     loaded = all(present.values()) and all(daemon.image_info(i) is not None for i in other_ids)
     return _Plan(view, wanted, ids, present, others, other_ids, loaded)
+
+
+def _pin(daemon: "Runtime", images: List[LoadedImage], ids: Dict[str, str], pin: bool) -> None:
+    """Pin each image where the runtime can (the kubelet's image GC then leaves it)."""
+    if pin:
+        for loaded in images:
+            loaded.pinned = daemon.pin(ids[loaded.ref])
 
 
 def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
