@@ -875,6 +875,9 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     if not result.sent:
         for w in result.warnings:
             p.warn(w)
+    for im in result.images:
+        if im.finished:
+            p.note(f"finished {im.ref}: an earlier load had left it unfinished ({im.finished})")
     pinned = [im.ref for im in result.images if im.pinned]
     if pinned:
         p.note(f"pinned: {', '.join(pinned)} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps "

@@ -9,7 +9,7 @@ else containerd if its socket answers, else Podman if installed).
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import DaemonError, UsageError
 
@@ -101,6 +101,15 @@ class ImageInfo:
         return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """What a runtime holds of a recorded image that is not yet all of it (containerd: content missing, or not
+    unpacked into the snapshotter, as a killed import or unpack leaves it)."""
+
+    reason: str  # in words: "it is not unpacked into overlayfs"
+    needs_import: bool = False  # True: blobs are missing, the archive must be imported again; False: unpack it
+
+
 if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never imports it
     from typing import Protocol
 
@@ -126,6 +135,10 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
         def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]: ...
 
         def applied_diff_ids(self, image_id: str) -> Optional[List[str]]: ...
+
+        def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]: ...
+
+        def finish(self, image_id: str) -> None: ...
 
         def pin(self, image_id: str) -> bool: ...
 

@@ -8,8 +8,11 @@ dockerd answers too. The CRI's ImageStatus (what the kubelet asks) must report t
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -328,3 +331,134 @@ def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewh
         for line in r.stdout.splitlines()), r.stdout
     r = node.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "docker"], env=env)
     assert "warning: the kubelet reads images from containerd" in r.stderr, r.stderr
+
+
+# --- complete means unpacked: containerd killed during the unpack ---------------------------------------
+
+def _containerd_config(d: Path) -> str:
+    """As scripts/services.sh writes a node's containerd: everything under `d`, the CRI plugin on."""
+    return f"""version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    Root = "{d}/runc/k8s.io"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/conf"
+"""
+
+
+class OwnContainerd:
+    """A containerd of this test alone (its own root, state and socket), which it may kill and start again."""
+
+    def __init__(self, services, version: str):
+        self.dir = Path(tempfile.mkdtemp(prefix="ik", dir="/tmp"))  # short: a unix socket path is at most 107 bytes
+        for sub in ("root", "state", "opt", "runc", "cni/bin", "cni/conf"):
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "config.toml").write_text(_containerd_config(self.dir))
+        self.socket = str(self.dir / "c.sock")
+        debs = os.environ.get("IMGTOOL_DEBS_CACHE") or str(Path.home() / ".cache/imgtool-test/trixie")
+        self.bin = "/usr/bin" if version == "1.6" else f"{debs}/root/usr/bin"  # as scripts/services.sh's runtime_bin
+        self.proc = None
+
+    def start(self) -> None:
+        log = open(self.dir / "containerd.log", "ab")
+        self.proc = subprocess.Popen([f"{self.bin}/containerd", "--config", str(self.dir / "config.toml")],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                     env=dict(os.environ, PATH=f"{self.bin}:{os.environ.get('PATH', '')}"))
+        log.close()
+        for _ in range(300):
+            if ctr(self.socket, "--timeout", "2s", "version", check=False).returncode == 0:
+                return
+            assert self.proc.poll() is None, (self.dir / "containerd.log").read_text()[-2000:]
+            time.sleep(0.1)
+        raise AssertionError("the test's containerd did not answer")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)  # the PID this test started, nothing else
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        subprocess.run(["umount", "-R", str(self.dir / "root")], capture_output=True)
+        subprocess.run(["rm", "-rf", str(self.dir)], capture_output=True)
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_containerd_killed_during_the_unpack_is_finished_by_the_next_load(version, services, factory, tmp_path):
+    """SIGKILL to containerd once imgtool's unpack has begun (ctr events: an extract snapshot prepared): the image
+    is recorded and complete but not unpacked, imgtool's lease and its extract snapshot remain. containerd is
+    started again on the same root; the next load finishes the unpack, removes only that debris, and the CRI
+    reports the image."""
+    image = factory.image(host_arch(), layers=2, layer_size=[256 * 1024, 48 * 1024 * 1024])
+    store = BlobDir(tmp_path / "blobs")
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store)
+    own = OwnContainerd(services, version)
+    try:
+        own.start()
+        # another tool's lease and snapshot, which imgtool must never touch
+        ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
+        events = subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+        load = subprocess.Popen([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                 "--address", own.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=clean_env())
+        assert events.stdout is not None
+        for line in events.stdout:
+            if "/snapshot/prepare" in line and '"extract-' in line:
+                own.kill()
+                break
+        events.kill()
+        events.wait()
+        _, err = load.communicate(timeout=300)
+        assert load.returncode == 5, err
+        own.start()  # the same root
+        leases = ctr(own.socket, "leases", "ls", "-q").stdout.split()
+        assert "someone-else" in leases and any(x.startswith("imgtool-unpack.") for x in leases), leases
+        assert "extract-" in ctr(own.socket, "snapshots", "ls").stdout
+        names = ctr(own.socket, "images", "ls", "-q").stdout.split()
+        assert f"{REPO}:v1" in names  # recorded before the unpack
+
+        again = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                "--address", own.socket], capture_output=True, text=True, env=clean_env(), timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert f"{REPO}:v1 is in containerd, but it is not unpacked into overlayfs: finishing it ..." in again.stderr
+        assert "already loaded: nothing sent to containerd" in again.stdout
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        snapshots = ctr(own.socket, "snapshots", "ls").stdout
+        assert top in snapshots and "extract-" not in snapshots
+        assert ctr(own.socket, "leases", "ls", "-q").stdout.split() == ["someone-else"]
+        cri = ImageService(own.socket)
+        try:
+            status = cri.status(f"{REPO}:v1")
+        finally:
+            cri.close()
+        assert status is not None and status.id == image.config_digest
+        third = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                "--address", own.socket], capture_output=True, text=True, env=clean_env(), timeout=600)
+        assert third.returncode == 0 and "finishing" not in third.stderr, third.stderr
+    finally:
+        own.stop()

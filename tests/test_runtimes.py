@@ -50,6 +50,7 @@ def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, n
     again = imgtool("load", str(out), env=node.env)  # nothing sent; the names stay as they are
     assert again.returncode == 0 and sorted(r[0] for r in node.refs() if r[2] == node.bundle_id(image)) == sorted(refs)
     assert node.labels(f"{REPO}:v1") == "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"
+    assert node.ctr("leases", "ls", "-q").stdout.split() == []  # imgtool's unpack lease went with the unpack
     top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
     assert top in node.snapshot().items["snapshot"]  # unpacked: the whole chain is a committed snapshot
     assert node.run(f"{REPO}:v1", "echo", "ran-on-a-node").strip() == "ran-on-a-node"
