@@ -197,7 +197,7 @@ class Containerd:
         diff_ids = self._diff_ids_of(image_id)
         missing = self.incomplete(image_id, diff_ids) if diff_ids is not None else Unfinished("its config cannot be read")
         if missing:
-            raise DaemonError(f"containerd could not unpack {name}: {missing.reason} ({said})",
+            raise DaemonError(f"containerd could not unpack {name} ({missing.reason}): {said}",
                               hint="check containerd's log and free space, then load again")
 
     def _diff_ids_of(self, image_id: str) -> Optional[List[str]]:
