@@ -303,8 +303,10 @@ def test_without_a_kubelet_auto_is_what_it_was(services, bundle, tmp_path, docke
     assert ctr(socket, "images", "ls", "-q").stdout.split() == before
 
 
-def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewhere(services, bundle, tmp_path):
+def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewhere(services, bundle, tmp_path,
+                                                                                  docker_cleanup):
     out, _ = bundle
+    docker_cleanup.image(f"{REPO}:v1")  # the load --runtime docker below goes there, warned
     socket = services.containerd("1.7")
     node = kube_node(tmp_path, socket, imageGCHighThresholdPercent=90)
     conf = tmp_path / "config.yaml"
