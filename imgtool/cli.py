@@ -745,15 +745,32 @@ def runtime_options(f):
     f = click.option("--runtime", "runtime", type=click.Choice(["auto", "docker", "containerd", "podman"]),
                      default="auto", show_default=True,
                      help="Where images go: Docker (DOCKER_HOST), containerd (a Kubernetes node) or Podman; "
-                          "auto: Docker if its socket answers, else containerd if its socket answers, else Podman.")(f)
+                          "auto: on a Kubernetes node the kubelet's runtime (its configuration says which), "
+                          "elsewhere Docker if its socket answers, else containerd if its socket answers, else Podman.")(f)
     return f
 
 
 def _runtime_choice(runtime, address, namespace):
+    """The runtime options, the runtimes' variables and this node's kubelet (read-only), as a Choice; the
+    kubelet's files that cannot be read are said on stderr."""
+    from . import kubelet
     from .config import runtime_environment
     from .runtime import Choice
 
-    return Choice.from_options(runtime, address, namespace, runtime_environment())
+    warnings: list = []
+    found = kubelet.find(warnings)
+    for w in dict.fromkeys(warnings):
+        progress().warn(w)
+    return Choice.from_options(runtime, address, namespace, runtime_environment(), kubelet=found)
+
+
+def _say_choice(choice) -> None:
+    """Why auto chose the kubelet's runtime, or that the choice sends images where the kubelet does not look."""
+    p = progress()
+    if choice.reason():
+        p.note(choice.reason())
+    if choice.elsewhere():
+        p.warn(choice.elsewhere() + ": Pods on this node will not find the images there")
 
 
 def _bundle_usage(bundle_dir, expect) -> None:
@@ -823,18 +840,23 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
 @click.option("--quick", is_flag=True,
               help="When Docker already holds the images: check only that every part is there at its size "
                    "(default: also every part's sha256 and every blob) before tagging.")
+@click.option("--no-pin", is_flag=True,
+              help="On containerd, leave the images unpinned (by default they are labelled io.cri-containerd.pinned="
+                   "pinned, which the kubelet's image GC skips on containerd 1.7+).")
 @signers_option
 @runtime_options
 @json_option("result")
 @common
-def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, runtime, address, namespace, as_json):
+def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, signers, runtime, address, namespace,
+         as_json):
     """Check a bundle, then stream it into Docker, containerd or Podman and confirm it.
 
     Every part's sha256, every tar header and every blob's digest are checked while the parts
     stream into the runtime; the first mismatch cuts the upload short, the runtime drops what it
     got and nothing is loaded (the runtime checks each layer's diff_id itself). Missing or
     wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
-    On a Kubernetes node (containerd), the image goes into the k8s.io namespace, unpacked.
+    On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
+    namespace k8s.io, unpacked and pinned; cri-dockerd: Docker).
     """
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
@@ -845,15 +867,23 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, signers, r
     choice = _runtime_choice(runtime, address, namespace)
     read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
     p = progress()
+    _say_choice(choice)
     with open_runtime(choice) as daemon:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch, signers=signers, all_platforms=all_platforms)
+                             arch=arch, signers=signers, all_platforms=all_platforms, pin=not no_pin)
     if as_json:
-        emit_json(result.to_json())
+        emit_json(dict(result.to_json(), runtime_choice=choice.reason() or None))
         return
     if not result.sent:
         for w in result.warnings:
             p.warn(w)
+    for im in result.images:
+        if im.finished:
+            p.note(f"finished {im.ref}: an earlier load had left it unfinished ({im.finished})")
+    pinned = [im.ref for im in result.images if im.pinned]
+    if pinned:
+        p.note(f"pinned: {', '.join(pinned)} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps "
+               "them on containerd 1.7+)")
     rows = [(", ".join(im.tags) or im.ref, im.docker_id[7:19], im.platform, format_size(im.size)) for im in result.images]
     click.echo(table(rows, ["name", "id", "platform", "size"]))
     where = _runtime_title(result.daemon)

@@ -5,21 +5,31 @@ An image's ID here is its manifest digest (what `ctr images ls` lists as DIGEST)
 fully qualified (docker.io/library/x:1). An import reads the whole archive into the content store
 under a lease before it creates an image record, so an archive cut short leaves no record; what it
 ingested is removed here (`ctr content rm`), so a refused load leaves nothing behind.
+
+An image record is not yet an image the kubelet can run: the import leaves the unpacking into the
+snapshotter to imgtool (`--no-unpack`), which unpacks each image it loads with `ctr images mount`, the
+one ctr command that runs an unpack under a lease the caller names: `imgtool-unpack.<pid>.<start>`,
+so what a killed unpack leaves (that lease, its `extract-…` snapshot) is known for imgtool's own and is
+removed by the next load, which finishes the unpack; nothing of another tool's is ever touched.
 Standard library only (the offline side runs on Python 3.7).
 """
 
 import json
 import os
+import shutil
 import socket
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+import tempfile
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .errors import DaemonError, ProgramFailed, UsageError
 from .model import Digest
 from .program import Program
-from .runtime import ImageInfo, RuntimeInfo
+from .runtime import ImageInfo, RuntimeInfo, Unfinished
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
+PINNED = "io.cri-containerd.pinned=pinned"  # the CRI plugin reports such images pinned (1.7+): no kubelet GC
+LEASE_PREFIX = "imgtool-unpack."  # imgtool-unpack.<pid>.<its start time>: the lease of an unpack of imgtool's
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4,
           "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4}
 
@@ -37,6 +47,7 @@ class Containerd:
         self.ctr = Program(["ctr", "--address", address, "--namespace", namespace], "containerd",
                            install_hint=INSTALL_HINT)
         self._version = self._server_version()
+        self._unpacks = 0  # unpacks run by this process: each under a lease of its own
 
     def close(self) -> None:
         pass
@@ -76,14 +87,29 @@ class Containerd:
 
     def _listing(self) -> List[Tuple[str, str, str, int]]:
         """`ctr images ls`: (name, target digest, platforms, size) of every image record."""
+        return [(name, digest, platforms, size) for name, digest, platforms, size, _ in self._rows()]
+
+    def _rows(self) -> List[Tuple[str, str, str, int, str]]:
+        """`ctr images ls`: (name, target digest, platforms, size, labels) of every image record."""
         out = []
         for line in self.ctr.run(["images", "ls"]).splitlines()[1:]:
             f = line.split()
             if len(f) < 6:
                 continue
             size = int(float(f[3]) * _UNITS.get(f[4], 1)) if _number(f[3]) else 0
-            out.append((f[0], f[2], f[5], size))
+            out.append((f[0], f[2], f[5], size, f[6] if len(f) > 6 else ""))
         return out
+
+    def pinned(self) -> Set[str]:
+        """The image IDs that carry the CRI's pinned label on a name."""
+        return {digest for _, digest, _, _, labels in self._rows() if PINNED in labels.split(",")}
+
+    def pin(self, image_id: str) -> bool:
+        """Label every name of the image `io.cri-containerd.pinned=pinned`: the CRI plugin (1.7+) then reports it
+        pinned and the kubelet's image GC leaves it; raises DaemonError."""
+        for name in sorted({n for n, digest, _, _ in self._listing() if digest == image_id}):
+            self.ctr.run(["images", "label", name, PINNED], what=f"images label {name}")
+        return True
 
     def images_by_id(self) -> Dict[str, ImageInfo]:
         """Every image by its ID (manifest digest), from one listing; raises DaemonError."""
@@ -106,6 +132,97 @@ class Containerd:
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """None: containerd checks every layer against its diff_id itself while it unpacks."""
         return None
+
+    def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]:
+        """What is missing of a recorded image, or None when it is complete (manifest, config and every layer
+        in the content store) and unpacked (its top layer chain a committed snapshot of the snapshotter,
+        which its config holds on to); raises DaemonError."""
+        from .delta import chain_ids
+
+        manifest = self._content(image_id)
+        if manifest is None or "layers" not in manifest:
+            return Unfinished("its manifest is not in the content store", needs_import=True)
+        config = str((manifest.get("config") or {}).get("digest") or "")
+        blobs = self._labels()
+        wanted = [config] + [str(x.get("digest") or "") for x in manifest.get("layers") or [] if isinstance(x, dict)]
+        missing = [d for d in wanted if d not in blobs]
+        if missing:
+            return Unfinished(f"{len(missing)} of its blobs are not in the content store", needs_import=True)
+        if not diff_ids:
+            return None
+        top = str(chain_ids(tuple(Digest.parse(d) for d in diff_ids))[-1])
+        try:
+            info = json.loads(self.ctr.run(["snapshots", "--snapshotter", self.snapshotter, "info", top],
+                                           what="snapshots info"))
+        except ProgramFailed:
+            return Unfinished(f"it is not unpacked into {self.snapshotter}")
+        except ValueError:
+            info = {}
+        if str(info.get("Kind") or info.get("kind") or "").lower() not in ("committed", "2"):
+            return Unfinished(f"it is not unpacked into {self.snapshotter}")
+        if blobs.get(config, {}).get(f"containerd.io/gc.ref.snapshot.{self.snapshotter}") != top:
+            return Unfinished(f"its unpacked layers in {self.snapshotter} are not recorded with it")
+        return None
+
+    def _labels(self) -> Dict[str, Dict[str, str]]:
+        """`ctr content ls`: every blob's labels by digest."""
+        out: Dict[str, Dict[str, str]] = {}
+        for line in self.ctr.run(["content", "ls"]).splitlines()[1:]:
+            f = line.split("\t")
+            if not f or not f[0].startswith("sha256:"):
+                continue
+            labels = f[-1] if len(f) >= 4 else ""
+            out[f[0]] = dict(x.partition("=")[::2] for x in labels.split(",") if "=" in x)
+        return out
+
+    def finish(self, image_id: str) -> None:
+        """Unpack a recorded, complete image into the snapshotter under a lease of imgtool's, then remove what
+        earlier unpacks of imgtool's, stopped midway (containerd or imgtool killed), left: their leases and
+        with them their unfinished snapshots. Raises DaemonError when the image is still not unpacked."""
+        rows = [(n, platforms) for n, digest, platforms, _ in self._listing() if digest == image_id]
+        if not rows:
+            raise DaemonError(f"cannot unpack {image_id[:19]}: containerd has no such image")
+        name, platforms = sorted(rows, key=lambda r: (r[0].startswith("sha256:"), "@" in r[0], r[0]))[0]
+        self._unpacks += 1
+        lease = f"{LEASE_PREFIX}{_process_mark(os.getpid())}.{self._unpacks}"
+        where = tempfile.mkdtemp(prefix="imgtool-unpack-")
+        try:  # the target does not exist: ctr unpacks under the lease it names, then fails to mount and lets go
+            args = ["images", "mount", "--snapshotter", self.snapshotter]
+            if platforms.count("/") in (1, 2) and "," not in platforms:  # one platform (not "-", not a list)
+                args += ["--platform", platforms]
+            said = self.ctr.outcome(args + [name, lease], self.timeout, cwd=where)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+        self._drop_stale_leases()
+        diff_ids = self._diff_ids_of(image_id)
+        missing = self.incomplete(image_id, diff_ids) if diff_ids is not None else Unfinished("its config cannot be read")
+        if missing:
+            raise DaemonError(f"containerd could not unpack {name} ({missing.reason}): {said}",
+                              hint="check containerd's log and free space, then load again")
+
+    def _diff_ids_of(self, image_id: str) -> Optional[List[str]]:
+        manifest = self._content(image_id) or {}
+        config = self._content(str((manifest.get("config") or {}).get("digest") or ""))
+        found = None if config is None else _diff_ids(config)
+        return None if found is None else [str(d) for d in found]
+
+    def _drop_stale_leases(self) -> None:
+        """Delete imgtool's unpack leases whose process is gone (never another's, never a live one's); the
+        garbage collection that follows (--sync) removes the snapshots only they held."""
+        try:
+            lines = self.ctr.run(["leases", "ls"]).splitlines()[1:]
+        except DaemonError:
+            return
+        stale = []
+        for line in lines:
+            lease = line.split()[0] if line.split() else ""
+            if lease.startswith(LEASE_PREFIX) and not _alive(lease[len(LEASE_PREFIX):]):
+                stale.append(lease)
+        for lease in stale:
+            try:
+                self.ctr.run(["leases", "delete", "--sync", lease], what="leases delete")
+            except DaemonError:
+                pass  # it expires by itself (24 h) and containerd's GC then collects what it held
 
     def stored_name(self, name: str) -> str:
         """containerd's form of a name: fully qualified, as Docker's reference normalization gives it."""
@@ -133,7 +250,7 @@ class Containerd:
         (image records, blobs) that was not here before is removed. Raises DaemonError, or what the
         chunks raised.
         """
-        args = ["images", "import"]
+        args = ["images", "import", "--no-unpack"]  # unpacked under imgtool's own lease: finish()
         if len(set(platforms)) == 1:
             args += ["--platform", platforms[0]]
         elif platforms:
@@ -182,6 +299,7 @@ class Containerd:
         from .delta import InventoryImage
 
         out = []
+        pinned = self.pinned()
         for digest, info in self.images_by_id().items():
             doc = self._content(digest)
             if doc is None:
@@ -193,7 +311,7 @@ class Containerd:
                     continue
                 if not platform:
                     platform = "/".join(str(config.get(k)) for k in ("os", "architecture", "variant") if config.get(k))
-                out.append(InventoryImage(image_id, info.tags, platform, diff_ids))
+                out.append(InventoryImage(image_id, info.tags, platform, diff_ids, pinned=digest in pinned))
         return out
 
     def _platform_manifests(self, digest: str, doc: dict, platform: str) -> List[Tuple[str, dict, str]]:
@@ -211,6 +329,28 @@ class Containerd:
             if child is not None:
                 out.append((str(entry.get("digest")), child, name))
         return out
+
+
+def _process_mark(pid: int) -> str:
+    """<pid>.<its start time in clock ticks since boot>: a process, never mistaken for a later one of that pid."""
+    return f"{pid}.{_start_time(pid)}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return ""
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else ""  # field 22 of stat; fields[0] is field 3
+
+
+def _alive(mark: str) -> bool:
+    """The process a lease's mark names still runs (the same pid, started at the same time)."""
+    pid, _, rest = mark.partition(".")
+    start = rest.partition(".")[0]
+    return pid.isdigit() and bool(start) and _start_time(int(pid)) == start
 
 
 def _diff_ids(config: dict) -> Optional[Tuple[Digest, ...]]:

@@ -4,10 +4,10 @@ Everything the product asks of a local Docker goes through here: version and sto
 facts, load, image inspection, inventory, save, and container runs.
 """
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 from .errors import DaemonError, UsageError, one_line
-from .runtime import ImageInfo, RuntimeInfo
+from .runtime import ImageInfo, RuntimeInfo, Unfinished
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host: Optional[str] = None):
@@ -236,6 +236,18 @@ class Daemon:
             pass
         except self.errors as e:
             raise DaemonError(f"cannot remove image {image_id[:19]}: {one_line(e)}") from e
+
+    def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]:
+        """None: Docker records an image only once its layers are in place."""
+        return None
+
+    def finish(self, image_id: str) -> None:
+        """Nothing to finish: see incomplete."""
+
+    def pin(self, image_id: str) -> bool:
+        """False: Docker has no kubelet image GC to keep the image from (a kubelet on cri-dockerd pins by its own
+        flags only)."""
+        return False
 
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """None: Docker checks every layer against its diff_id itself while it loads."""

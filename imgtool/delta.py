@@ -41,6 +41,7 @@ class InventoryImage:
     tags: Tuple[str, ...]
     platform: str
     diff_ids: Tuple[Digest, ...]
+    pinned: Optional[bool] = None  # the kubelet's image GC skips it (containerd's CRI label); None: no such thing here
 
     @property
     def name(self) -> str:
@@ -48,9 +49,12 @@ class InventoryImage:
         return self.tags[0] if self.tags else self.id.split(":")[-1][:12]
 
     def to_json(self) -> dict:
-        return {"id": self.id, "tags": list(self.tags), "platform": self.platform,
-                "diff_ids": [str(d) for d in self.diff_ids],
-                "chain_id": str(chain_ids(self.diff_ids)[-1]) if self.diff_ids else None}
+        out: Dict[str, object] = {"id": self.id, "tags": list(self.tags), "platform": self.platform,
+                                  "diff_ids": [str(d) for d in self.diff_ids],
+                                  "chain_id": str(chain_ids(self.diff_ids)[-1]) if self.diff_ids else None}
+        if self.pinned is not None:
+            out["pinned"] = self.pinned
+        return out
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """`imgtool doctor [DIR]`: a checklist for the offline host, each failure with what to do.
 
 Checks the runtimes (Docker, containerd, Podman: each found, its version, storage or snapshotter,
-namespace, free space where its images land, against the bundle's need when DIR is given), the architecture (against the bundle's),
+namespace, free space where its images land, against the bundle's need when DIR is given), on a
+Kubernetes node the kubelet's runtime (and whether the choice sends images elsewhere) and its image
+GC thresholds against the image filesystem's use, the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
 Reads only; never loads anything, nor creates anything (Podman's storage is not asked for when it is not
@@ -12,13 +14,16 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from .bundle.hostcheck import Check, held_chains, space_check, storage_check, zstd_check
+import os
+
+from .bundle.hostcheck import Check, held_chains, need_for, space_check, storage_check, zstd_check
 from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
 from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
 
 if TYPE_CHECKING:
     from .bundle.format import BundleIndex
+    from .kubelet import Kubelet
     from .runtime import Runtime
 
 UNREACHABLE_ADVICE = {
@@ -56,12 +61,65 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
         checks.append(storage_check(facts))
         checks.append(space_check(facts, index, held_chains=held))
     for check in absent:
-        if found:  # another runtime is here: this one's absence is a fact, not a failure
-            check = Check(check.name, "info", check.detail)
+        if found and not (choice.follows_kubelet and check.name == choice.effective):
+            check = Check(check.name, "info", check.detail)  # another runtime is here: this one's absence is a fact
         checks.append(check)
-    if found and choice.runtime == "auto":
+    if choice.follows_kubelet and choice.kubelet is not None:  # auto loads into the kubelet's runtime, and no other
+        found.sort(key=lambda f: f.runtime != choice.effective)
+        if found and found[0].runtime == choice.effective:
+            checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto: "
+                                                 f"the kubelet's, from {choice.kubelet.source})"))
+    elif found and choice.runtime == "auto":
         checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto)"))
     return found
+
+
+def kubelet_checks(checks: List[Check], choice: Choice, found: List[RuntimeInfo], index: Optional["BundleIndex"]) -> None:
+    """On a Kubernetes node: the kubelet's runtime, a warning when the choice sends images elsewhere, and the
+    image filesystem's use against the kubelet's image GC thresholds."""
+    k = choice.kubelet
+    if k is None:
+        return
+    theirs = [f for f in found if f.runtime == k.runtime]
+    if choice.elsewhere():
+        checks.append(Check("kubelet", "warn", choice.elsewhere(),
+                            "Pods on this node will not find the images there: leave --runtime at auto (and --address, "
+                            "--namespace, CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE unset) to load where the kubelet looks"))
+    elif choice.follows_kubelet and not theirs:
+        checks.append(Check("kubelet", "fail", f"the kubelet uses {k.describe()}, which does not answer",
+                            "start it; imgtool load --runtime auto loads only there"))
+    else:
+        checks.append(Check("kubelet", "ok", f"the kubelet uses {k.describe()}"))
+    if theirs:
+        checks.append(image_gc_check(theirs[0], k, index))
+
+
+def image_gc_check(facts: RuntimeInfo, k: "Kubelet", index: Optional["BundleIndex"]) -> Check:
+    """The image filesystem's use (where the runtime keeps images) against imageGCHighThresholdPercent."""
+    where = k.gc_source or "the kubelet's default"
+    gc = f"the kubelet's image GC removes unused images above {k.gc_high}% (imageGCHighThresholdPercent, {where}) " \
+         f"down to {k.gc_low}%"
+    if not facts.local or not facts.root_dir or not os.path.isdir(facts.root_dir):
+        return Check("image-gc", "info", f"cannot read the image filesystem's use from here; {gc}")
+    st = os.statvfs(facts.root_dir)
+    total = st.f_blocks * st.f_frsize
+    used = total - st.f_bavail * st.f_frsize
+    if total <= 0:
+        return Check("image-gc", "info", f"cannot read the image filesystem's use under {facts.root_dir}; {gc}")
+    now = 100 * used // total
+    after = ""
+    if index is not None:
+        need = need_for(index, facts, frozenset(), None)
+        later = 100 * (used + need.total) // total
+        after = f", about {later}% with this bundle loaded"
+        now = max(now, later)
+    pinned = "; imgtool pins what it loads (containerd 1.7+ reports it pinned, and the GC leaves it)" \
+        if facts.runtime == "containerd" else "; Docker cannot pin an image for the kubelet"
+    detail = f"image filesystem {facts.root_dir}: {100 * used // total}% used{after}; {gc}{pinned}"
+    if now >= k.gc_high:
+        return Check("image-gc", "warn", detail, "free space there, or the kubelet will remove unpinned images no "
+                     "running container uses (an air-gapped node cannot pull them back)")
+    return Check("image-gc", "ok", detail)
 
 
 def _held(runtime: "Runtime") -> frozenset:
@@ -133,7 +191,9 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
         except ImgtoolError as e:
             checks.append(Check("bundle", "fail", e.message, e.hint or ""))
 
-    found = runtime_checks(checks, index, choice or Choice())
+    choice = choice or Choice()
+    found = runtime_checks(checks, index, choice)
+    kubelet_checks(checks, choice, found, index)
     facts = found[0] if found else None
     host_arch = facts.arch if facts is not None else Platform.host().architecture
     if index is not None:

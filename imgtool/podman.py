@@ -17,12 +17,12 @@ import re
 import sys
 import tempfile
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
 from .model import familiar, foreign_arch_warning
 from .program import QUICK, Process, ProcessTimeout, Program
-from .runtime import ImageInfo, RuntimeInfo
+from .runtime import ImageInfo, RuntimeInfo, Unfinished
 
 if TYPE_CHECKING:
     from .presets.run import RunSpec
@@ -160,6 +160,17 @@ class Podman:
         if not isinstance(images, list):
             return None
         return [x for x in images if isinstance(x, dict)], layers
+
+    def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]:
+        """None: Podman records an image only once its layers are in place."""
+        return None
+
+    def finish(self, image_id: str) -> None:
+        """Nothing to finish: see incomplete."""
+
+    def pin(self, image_id: str) -> bool:
+        """False: no kubelet reads Podman's images through a CRI that honours a pin."""
+        return False
 
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """The diff_ids Podman's storage computed while it applied the image's layers, bottom first (its

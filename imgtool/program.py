@@ -35,6 +35,20 @@ class Program:
         """The tool's stdout; raises ProgramFailed (non-zero exit), DaemonError (timeout, cannot start)."""
         return self._call(args, timeout, what, ok=(0,)).stdout.decode("utf-8", "replace")
 
+    def outcome(self, args: Sequence[str], timeout: float, cwd: Optional[str] = None) -> str:
+        """Run the tool for its effect, whatever its exit status (the caller checks the effect); returns its
+        last line of output, or "exit status N". Raises DaemonError (timeout, cannot start)."""
+        what = " ".join(args[:2])
+        try:
+            r = subprocess.run(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=timeout, env=self.env, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            raise DaemonError(f"{self.title}: `{self.argv[0]} {what}` did not finish within {timeout:.0f} s",
+                              hint=f"is {self.title} hung? check its service and log") from None
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        return _last_line(r.stderr) or _last_line(r.stdout) or f"exit status {r.returncode}"
+
     def status(self, args: Sequence[str], timeout: float = QUICK, what: str = "") -> int:
         """The tool's exit status, for questions it answers by status (`podman image exists`: 0 yes, 1 no);
         raises ProgramFailed for any other status, DaemonError (timeout, cannot start)."""

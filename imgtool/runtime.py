@@ -9,9 +9,12 @@ else containerd if its socket answers, else Podman if installed).
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import DaemonError, UsageError
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet
 
 RUNTIMES = ("docker", "containerd", "podman")
 CHOICES = ("auto",) + RUNTIMES
@@ -99,6 +102,15 @@ class ImageInfo:
         return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
 
 
+@dataclass(frozen=True)
+class Unfinished:
+    """What a runtime holds of a recorded image that is not yet all of it (containerd: content missing, or not
+    unpacked into the snapshotter, as a killed import or unpack leaves it)."""
+
+    reason: str  # in words: "it is not unpacked into overlayfs"
+    needs_import: bool = False  # True: blobs are missing, the archive must be imported again; False: unpack it
+
+
 if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never imports it
     from typing import Protocol
 
@@ -125,6 +137,12 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
         def applied_diff_ids(self, image_id: str) -> Optional[List[str]]: ...
 
+        def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]: ...
+
+        def finish(self, image_id: str) -> None: ...
+
+        def pin(self, image_id: str) -> bool: ...
+
         def close(self) -> None: ...
 
         def __enter__(self) -> "Runtime": ...
@@ -134,7 +152,8 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
 @dataclass(frozen=True)
 class Choice:
-    """Which runtime to open and where: --runtime, --address, --namespace (and their variables)."""
+    """Which runtime to open and where: --runtime, --address, --namespace (and their variables), and on a
+    Kubernetes node the kubelet's runtime, which --runtime auto follows."""
 
     runtime: str = "auto"
     docker_host: Optional[str] = None  # None: config's (DOCKER_HOST or the default socket)
@@ -142,37 +161,94 @@ class Choice:
     namespace: str = DEFAULT_CONTAINERD_NAMESPACE
     tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
     podman_env: Tuple[Tuple[str, str], ...] = ()  # where Podman's storage.conf is (CONTAINERS_STORAGE_CONF, XDG_*)
+    kubelet: Optional["Kubelet"] = None  # this node's kubelet (kubelet.find()), None off Kubernetes
 
     @classmethod
     def from_options(cls, runtime: Optional[str], address: Optional[str], namespace: Optional[str],
-                     env: Mapping[str, str]) -> "Choice":
+                     env: Mapping[str, str], kubelet: Optional["Kubelet"] = None) -> "Choice":
         """--runtime/--address/--namespace, else $CONTAINERD_ADDRESS/$CONTAINERD_NAMESPACE (as ctr reads
-        them; `env` is config.runtime_environment()), else the defaults; raises UsageError."""
+        them; `env` is config.runtime_environment()), else on a Kubernetes node the kubelet's endpoint, else
+        the defaults; raises UsageError."""
         runtime = (runtime or "auto").lower()
         if runtime not in CHOICES:
             raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(CHOICES)}")
-        address = address or env.get("CONTAINERD_ADDRESS") or DEFAULT_CONTAINERD_ADDRESS
+        kubelets = kubelet.address if kubelet is not None and kubelet.runtime == "containerd" else None
+        address = address or env.get("CONTAINERD_ADDRESS") or kubelets or DEFAULT_CONTAINERD_ADDRESS
         if address.startswith("unix://"):
             address = address[len("unix://"):]
         namespace = namespace or env.get("CONTAINERD_NAMESPACE") or DEFAULT_CONTAINERD_NAMESPACE
         podman_env = tuple((k, env[k]) for k in ("CONTAINERS_STORAGE_CONF", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
                            if env.get(k))
         return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp",
-                   podman_env)
+                   podman_env, kubelet)
+
+    @property
+    def follows_kubelet(self) -> bool:
+        """--runtime auto on a node whose kubelet uses a runtime imgtool loads into: that one, and no other."""
+        return self.runtime == "auto" and self.kubelet is not None and self.kubelet.runtime in RUNTIMES
+
+    @property
+    def effective(self) -> str:
+        """The runtime a load goes to: --runtime's, the kubelet's under auto, else "auto" (the first that answers)."""
+        return self.kubelet.runtime if self.follows_kubelet and self.kubelet is not None else self.runtime
+
+    def reason(self) -> str:
+        """Why auto chose the runtime, one line ("" when it did not follow a kubelet)."""
+        if not self.follows_kubelet or self.kubelet is None:
+            return ""
+        if self.kubelet.runtime == "containerd":
+            return f"runtime: containerd at unix://{self.address}, namespace {self.namespace} " \
+                   f"(the kubelet's, from {self.kubelet.source})"
+        return f"runtime: Docker (the kubelet's, through cri-dockerd at {self.kubelet.endpoint}, " \
+               f"from {self.kubelet.source})"
+
+    def elsewhere(self) -> str:
+        """Where this choice sends images that the kubelet does not read them from, in words ("" when it
+        sends them where the kubelet reads, or there is no kubelet)."""
+        k = self.kubelet
+        if k is None:
+            return ""
+        if k.runtime not in RUNTIMES:
+            return f"the kubelet uses {k.runtime} at {k.endpoint} (from {k.source}), which imgtool does not " \
+                   "load into"
+        theirs = f"the kubelet reads images from {TITLES[k.runtime]} at {k.endpoint} (from {k.source})"
+        runtime = self.effective
+        if runtime not in (k.runtime, "auto"):
+            return f"{theirs}, but --runtime {runtime} sends them to {TITLES[runtime]}"
+        if k.runtime == "containerd" and runtime == "containerd":
+            if not _same_socket(self.address, k.address):
+                return f"{theirs}, but this load goes to containerd at {self.address} (--address or CONTAINERD_ADDRESS)"
+            if self.namespace != DEFAULT_CONTAINERD_NAMESPACE:
+                return f"{theirs}, namespace {DEFAULT_CONTAINERD_NAMESPACE}, but this load goes to namespace " \
+                       f"{self.namespace} (--namespace or CONTAINERD_NAMESPACE)"
+        return ""
+
+
+def _same_socket(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def open_runtime(choice: Choice, timeout: Optional[int] = 3600, create: bool = True) -> "Runtime":
-    """The runtime `choice` names, opened; with "auto", the first that answers of Docker, containerd,
-    Podman. `create=False` (doctor): a runtime without image storage yet is opened without asking it anything
-    that would make it (its facts say `unmade`). Raises DaemonError (naming what each said when none answers),
-    UsageError."""
+    """The runtime `choice` names, opened; with "auto", the kubelet's on a Kubernetes node (and no other),
+    elsewhere the first that answers of Docker, containerd, Podman. `create=False` (doctor): a runtime without
+    image storage yet is opened without asking it anything that would make it (its facts say `unmade`). Raises
+    DaemonError (naming what each said when none answers), UsageError."""
     openers: Dict[str, Callable[[], "Runtime"]] = {
         "docker": lambda: _docker(timeout, choice.docker_host),
         "containerd": lambda: _containerd(choice, timeout),
         "podman": lambda: _podman(timeout, choice, create),
     }
-    if choice.runtime != "auto":
-        return openers[choice.runtime]()
+    if choice.effective != "auto":
+        if not choice.follows_kubelet:
+            return openers[choice.effective]()
+        try:  # the kubelet's runtime, or none: another that answers is not where Pods look
+            return openers[choice.effective]()
+        except DaemonError as e:
+            raise DaemonError(f"the kubelet's runtime does not answer: {e.message}",
+                              hint="start it, or choose another runtime with --runtime (Pods will not find the "
+                                   "images there)") from e
     said = []
     for name in RUNTIMES:
         try:

@@ -37,7 +37,7 @@ def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, n
     """Docker's socket absent: load --runtime auto picks containerd, imports into k8s.io, names the image with
     its canonical reference and, as a pull by the CRI plugin does, by the registry's manifest digest (for Pods
     pinned by digest), beside the CRI plugin's own sha256:<config> ref: no import-DATE refs; the CRI plugin
-    marks it managed, its layers are unpacked into the snapshotter, and a container runs."""
+    marks it managed, imgtool pins it, its layers are unpacked into the snapshotter, and a container runs."""
     out, image = runnable()
     node.remove_later(f"{REPO}:v1", node.bundle_id(image))
     r = imgtool("load", str(out), "--json", env=node.env)
@@ -49,7 +49,8 @@ def test_a_kubernetes_node_gets_the_image_where_the_kubelet_finds_it(runnable, n
     assert sorted(refs) == sorted([f"{REPO}:v1", f"{REPO}@{image.manifest_digest}", image.config_digest])
     again = imgtool("load", str(out), env=node.env)  # nothing sent; the names stay as they are
     assert again.returncode == 0 and sorted(r[0] for r in node.refs() if r[2] == node.bundle_id(image)) == sorted(refs)
-    assert node.labels(f"{REPO}:v1") == "io.cri-containerd.image=managed"
+    assert node.labels(f"{REPO}:v1") == "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"
+    assert node.ctr("leases", "ls", "-q").stdout.split() == []  # imgtool's unpack lease went with the unpack
     top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
     assert top in node.snapshot().items["snapshot"]  # unpacked: the whole chain is a committed snapshot
     assert node.run(f"{REPO}:v1", "echo", "ran-on-a-node").strip() == "ran-on-a-node"

@@ -44,7 +44,7 @@ from .verify import VerifyReport, check_metadata, check_parts, deep_check
 from .walk import layer_digester
 
 if TYPE_CHECKING:
-    from ..runtime import ImageInfo, Runtime, RuntimeInfo
+    from ..runtime import ImageInfo, Runtime, RuntimeInfo, Unfinished
 
 # what the runtime's own words call a load, in messages: "docker load finished, but ..."
 LOAD_VERB = {"docker": "docker load", "containerd": "ctr images import", "podman": "podman load"}
@@ -60,10 +60,13 @@ class LoadedImage:
     platform: str
     size: int  # as Docker reports it (unpacked)
     was_present: bool
+    pinned: bool = False  # labelled for the CRI as pinned: the kubelet's image GC leaves it (containerd)
+    finished: str = ""  # what an earlier load had left unfinished and this one finished (containerd: the unpack)
 
     def to_json(self) -> dict:
         return {"ref": self.ref, "tags": self.tags, "image_id": self.image_id, "docker_id": self.docker_id,
-                "platform": self.platform, "size": self.size, "was_present": self.was_present}
+                "platform": self.platform, "size": self.size, "was_present": self.was_present,
+                "pinned": self.pinned, "finished": self.finished or None}
 
 
 @dataclass
@@ -113,14 +116,18 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
 
 def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
                 force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False) -> LoadResult:
+                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False,
+                pin: bool = True) -> LoadResult:
     """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
     Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
     `all_platforms` every platform's image is loaded too, kept by ID (on containerd, which keeps only
     named images, by digest: REPO@sha256:...) while the tag names the runtime's.
     When the runtime already holds every image, nothing is sent, but the bundle is checked all the same
-    (every part and blob; with quick, every part present at its size) before a tag is added.
+    (every part and blob; with quick, every part present at its size) before a tag is added. "Holds" means
+    all of it: an image containerd recorded but did not unpack (a killed load) is unpacked now, and one
+    whose blobs are missing is imported again. With `pin` (the default), each image is pinned where the
+    runtime can (containerd's CRI label), so the kubelet's image GC leaves it.
     Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
     asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
     incompatible Docker, a delta bundle's base missing), DaemonError.
@@ -135,8 +142,10 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
     warnings = list(report.warnings) + _arch_warnings(plan.view, facts.arch, facts.title)
     if plan.loaded:
+        finished = _finish(daemon, facts, plan, progress, plan.unfinished)
         images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
         _digest_refs(daemon, facts, plan.view, plan.ids)
+        _pin(daemon, images, plan.ids, pin, finished)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
@@ -146,6 +155,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs)
     images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
     _digest_refs(daemon, facts, plan.view, plan.ids)
+    _pin(daemon, images, plan.ids, pin, {})
     images += _confirm_others(daemon, facts, plan)
     return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
                       time.monotonic() - started, warnings, verdict)
@@ -162,7 +172,8 @@ class _Plan:
     present: Dict[str, Optional["ImageInfo"]]  # ref -> what the runtime holds under that ID
     others: List[BundleImage]
     other_ids: List[str]
-    loaded: bool  # the runtime holds every one already: nothing to send
+    loaded: bool  # the runtime holds every one already (all of it, or enough to finish): nothing to send
+    unfinished: Dict[str, "Unfinished"] = field(default_factory=dict)  # ref -> what the runtime lacks of it
 
     @property
     def loading(self) -> List[Tuple[BundleImage, str]]:
@@ -179,7 +190,44 @@ def _plan(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Seq
     others = [im for im in index.images if im not in view.images] if all_platforms else []
     other_ids = [str(layout.runtime_image_id(im, facts.containerd_store)) for im in others]
     loaded = all(present.values()) and all(daemon.image_info(i) is not None for i in other_ids)
-    return _Plan(view, wanted, ids, present, others, other_ids, loaded)
+    unfinished = {}
+    for im in view.images:
+        if present[im.ref] is not None:
+            missing = daemon.incomplete(ids[im.ref], [str(layer.diff_id) for layer in im.layers])
+            if missing is not None:
+                unfinished[im.ref] = missing
+    loaded = loaded and not any(u.needs_import for u in unfinished.values())
+    return _Plan(view, wanted, ids, present, others, other_ids, loaded, unfinished)
+
+
+def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan, progress: Progress,
+            unfinished: Dict[str, "Unfinished"]) -> Dict[str, str]:
+    """Finish what the runtime holds of each image but not all of (`unfinished`: containerd's unpack); returns
+    ref -> what was finished. Raises DaemonError."""
+    done = {}
+    for im in plan.view.images:
+        if im.ref in unfinished:
+            progress.note(f"{im.ref} is in {facts.title}, but {unfinished[im.ref].reason}: finishing it ...")
+            daemon.finish(plan.ids[im.ref])
+            done[im.ref] = unfinished[im.ref].reason
+    return done
+
+
+def _unpack(daemon: "Runtime", plan: _Plan) -> None:
+    """After a load: finish each named image the runtime recorded but did not complete (containerd imports
+    without unpacking, and imgtool unpacks under a lease of its own). Raises DaemonError."""
+    for im in plan.view.images:
+        image_id = plan.ids[im.ref]
+        if daemon.incomplete(image_id, [str(layer.diff_id) for layer in im.layers]) is not None:
+            daemon.finish(image_id)
+
+
+def _pin(daemon: "Runtime", images: List[LoadedImage], ids: Dict[str, str], pin: bool, finished: Dict[str, str]) -> None:
+    """Pin each image where the runtime can (the kubelet's image GC then leaves it), and record what was finished."""
+    for loaded in images:
+        loaded.finished = finished.get(loaded.ref, "")
+        if pin:
+            loaded.pinned = daemon.pin(ids[loaded.ref])
 
 
 def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
@@ -222,6 +270,7 @@ def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Runti
         try:
             sent = _stream(bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
                            _outgoing_meta(index, plan.view.images, plan.others, facts.runtime))
+            _unpack(daemon, plan)
             if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
                 _check_applied(daemon, facts, plan.loading)
             return sent

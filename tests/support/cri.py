@@ -73,6 +73,7 @@ class CriImage:
     repo_tags: List[str]
     repo_digests: List[str]
     size: int
+    pinned: bool = False  # the kubelet's image GC skips it
 
 
 class ImageService:
@@ -108,8 +109,9 @@ class ImageService:
             return [v.decode() for v in values.get(n, []) if isinstance(v, bytes)]
 
         size = values.get(4, [0])[0]
+        pinned = values.get(8, [0])[0]  # Image.pinned (bool, field 8 of cri-api's runtime.v1 Image)
         return CriImage(id=(strings(1) or [""])[0], repo_tags=strings(2), repo_digests=strings(3),
-                        size=size if isinstance(size, int) else 0)
+                        size=size if isinstance(size, int) else 0, pinned=pinned == 1)
 
     def remove(self, ref: str) -> None:
         """RemoveImage (what the kubelet's image GC sends); absent images are not an error."""

@@ -1,0 +1,466 @@
+"""On a Kubernetes node the image lands where the kubelet looks (issue 36, items 1-3), with the real parts.
+
+A simulated node (tests/support/kubenode.py) is a process named `kubelet` with the real kubelet's flags,
+and the kubelet's files, in a PID and mount namespace of its own, so no other imgtool on this machine
+ever sees them; the kubelet points at a private containerd (1.6 or 1.7, CRI plugin on) while a test
+dockerd answers too. The CRI's ImageStatus (what the kubelet asks) must report the image.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from imgtool.delta import chain_ids
+from imgtool.model import Digest
+from tests.support.bundles import BlobDir, write
+from tests.support.cri import ImageService
+from tests.support.daemon import DockerCLI
+from tests.support.images import host_arch
+from tests.support.kubenode import SimulatedNode, kubelet_config
+
+REPO = "quay.io/ascend/vllm-ascend"
+FIND = ("import json, sys; from imgtool import kubelet; w = []; k = kubelet.find(w); "
+        "json.dump(None if k is None else dict(runtime=k.runtime, endpoint=k.endpoint, source=k.source, "
+        "gc_high=k.gc_high, gc_low=k.gc_low, gc_source=k.gc_source, warnings=w), sys.stdout)")
+
+
+def clean_env(**extra: str) -> dict:
+    """This process's environment without any runtime's variables (imgtool then finds its runtime itself)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "CONTAINERD_", "CONTAINERS_"))}
+    env.update(extra)
+    return env
+
+
+def find_on(node: SimulatedNode):
+    r = node.run([sys.executable, "-c", FIND], env=clean_env())
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- finding the kubelet's runtime (no services) ------------------------------------------------------
+
+SOCK = "unix:///run/containerd/containerd.sock"
+
+
+@pytest.mark.parametrize("case", ["flag", "config-flag", "flag-beats-config", "kubeadm", "config.yaml", "crictl",
+                                  "k3s", "microk8s", "cri-dockerd", "default", "none"])
+def test_the_kubelets_runtime_is_read_where_each_kind_of_node_keeps_it(case, tmp_path):
+    conf = str(tmp_path / "config.yaml")
+    files, args, links, name = {}, None, {}, "kubelet"
+    expect = {"runtime": "containerd", "endpoint": SOCK}
+    if case == "flag":
+        args = ["--container-runtime-endpoint=unix:///x/containerd.sock", "--v=2"]
+        expect.update(endpoint="unix:///x/containerd.sock", source="the kubelet's command line, pid N")
+    elif case == "config-flag":
+        (tmp_path / "config.yaml").write_text(kubelet_config("unix:///y/containerd.sock"))
+        args = ["--config", conf, "--node-ip=10.0.0.1"]
+        expect.update(endpoint="unix:///y/containerd.sock", source=conf)
+    elif case == "flag-beats-config":  # as the kubelet takes them: its flags over its configuration file
+        (tmp_path / "config.yaml").write_text(kubelet_config("unix:///y/containerd.sock"))
+        args = [f"--config={conf}", "--container-runtime-endpoint", "unix:///x/containerd.sock"]
+        expect.update(endpoint="unix:///x/containerd.sock", source="the kubelet's command line, pid N")
+    elif case == "kubeadm":
+        files["/var/lib/kubelet/kubeadm-flags.env"] = (
+            'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///var/run/containerd/containerd.sock '
+            '--pod-infra-container-image=registry.k8s.io/pause:3.9"\n')
+        expect.update(endpoint="unix:///var/run/containerd/containerd.sock", source="/var/lib/kubelet/kubeadm-flags.env")
+    elif case == "config.yaml":
+        files["/var/lib/kubelet/config.yaml"] = kubelet_config('"unix:///z/containerd.sock"  # kubeadm 1.27+')
+        expect.update(endpoint="unix:///z/containerd.sock", source="/var/lib/kubelet/config.yaml")
+    elif case == "crictl":
+        files["/etc/crictl.yaml"] = "runtime-endpoint: unix:///c/containerd.sock\nimage-endpoint: unix:///c/x.sock\n"
+        expect.update(endpoint="unix:///c/containerd.sock", source="/etc/crictl.yaml")
+    elif case == "k3s":  # the kubelet runs inside k3s, on k3s's own containerd
+        args, name = ["server", "--write-kubeconfig-mode=644"], "k3s-server"
+        expect.update(endpoint="unix:///run/k3s/containerd/containerd.sock", source="k3s's command line, pid N")
+    elif case == "microk8s":  # a socket there (a link to a file here: it exists, which is all that is asked)
+        (tmp_path / "sock").write_text("")
+        links["/var/snap/microk8s/common/run/containerd.sock"] = str(tmp_path / "sock")
+        expect.update(endpoint="unix:///var/snap/microk8s/common/run/containerd.sock",
+                      source="MicroK8s's containerd socket, /var/snap/microk8s/common/run/containerd.sock")
+    elif case == "cri-dockerd":
+        args = ["--container-runtime-endpoint=unix:///run/cri-dockerd.sock"]
+        expect.update(runtime="docker", endpoint="unix:///run/cri-dockerd.sock", source="the kubelet's command line, pid N")
+    elif case == "default":  # a kubelet with no endpoint anywhere: its configuration's default
+        args = ["--v=2"]
+        expect.update(source="the kubelet's command line, pid N: no endpoint given, the kubelet's default")
+    node = SimulatedNode(tmp_path / "node", files=files, kubelet_args=args, links=links, process_name=name)
+    found = find_on(node)
+    if case == "none":
+        assert found is None
+        return
+    assert found["warnings"] == []
+    source = found["source"]
+    if "pid " in source:  # the kubelet's pid in its namespace: 2, 3, ... whatever the namespace gave it
+        pid = source.split("pid ")[1].split(":")[0]
+        assert pid.isdigit()
+        found["source"] = source.replace(f"pid {pid}", "pid N")
+    assert {k: found[k] for k in expect} == expect
+
+
+def test_a_kubelet_in_another_pid_and_mount_namespace_is_another_nodes(tmp_path):
+    """A kubelet this /proc shows but that runs in a namespace of its own (a kind node, another test's simulated
+    node): its endpoint is a path in another file system, so it is not this node's kubelet."""
+    node = SimulatedNode(tmp_path / "node", nested_kubelet_args=["--container-runtime-endpoint=unix:///n.sock"])
+    r = node.run(["sh", "-c", "cat /proc/[0-9]*/comm"], env=clean_env())
+    assert "kubelet" in r.stdout.split()  # it is there to be seen
+    assert find_on(node) is None
+
+
+def test_k3s_and_rke2s_socket_marks_a_node_without_a_kubelet_process(tmp_path):
+    node = SimulatedNode(tmp_path / "node", links={"/run/k3s/containerd/containerd.sock": "/nonexistent-but-a-link"},
+                         files={"/run/k3s/containerd/.keep": ""})
+    # a dangling link is no socket: nothing there
+    assert find_on(node) is None
+    target = tmp_path / "sock"
+    target.write_text("")
+    node = SimulatedNode(tmp_path / "node2", links={"/run/k3s/containerd/containerd.sock": str(target)})
+    found = find_on(node)
+    assert (found["runtime"], found["endpoint"], found["source"]) == (
+        "containerd", "unix:///run/k3s/containerd/containerd.sock",
+        "k3s/RKE2's containerd socket, /run/k3s/containerd/containerd.sock")
+
+
+def test_a_kubelet_file_that_cannot_be_read_is_a_warning_never_a_crash(tmp_path):
+    """A malformed config.yaml (a list where the endpoint goes), a binary kubeadm flags file and an oversized
+    crictl.yaml: each is named in a warning, and the next source still answers (here: none does)."""
+    node = SimulatedNode(tmp_path / "node", files={
+        "/var/lib/kubelet/config.yaml": "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: [a, b]\n"
+                                        "imageGCHighThresholdPercent: 90\n",
+        "/etc/crictl.yaml": "runtime-endpoint: unix:///c.sock\n" + "#" * (1024 * 1024),
+    })
+    found = find_on(node)
+    assert found is None  # nothing readable names an endpoint
+    r = node.run([sys.executable, "-c", "from imgtool import kubelet; w = []; "
+                  "print(kubelet.read_keys('/var/lib/kubelet/config.yaml', ('containerRuntimeEndpoint', "
+                  "'imageGCHighThresholdPercent'), w)); print(w); w = []; "
+                  "print(kubelet.read_keys('/etc/crictl.yaml', ('runtime-endpoint',), w)); print(w)"], env=clean_env())
+    assert r.returncode == 0, r.stderr
+    size = len("runtime-endpoint: unix:///c.sock\n") + 1024 * 1024
+    assert r.stdout.splitlines() == [
+        "{'imageGCHighThresholdPercent': '90'}",
+        "['cannot read /var/lib/kubelet/config.yaml:2: containerRuntimeEndpoint is not a plain value']",
+        "{}",
+        f"['cannot read /etc/crictl.yaml: {size} bytes is too big for a configuration file']"]
+
+
+def test_the_image_gc_thresholds_come_from_the_kubelets_configuration(tmp_path):
+    conf = tmp_path / "config.yaml"
+    conf.write_text(kubelet_config("unix:///x/containerd.sock", imageGCHighThresholdPercent=90,
+                                   imageGCLowThresholdPercent='"70"'))
+    found = find_on(SimulatedNode(tmp_path / "node", kubelet_args=[f"--config={conf}"]))
+    assert (found["gc_high"], found["gc_low"], found["gc_source"]) == (90, 70, str(conf))
+    found = find_on(SimulatedNode(tmp_path / "node2", files={"/etc/crictl.yaml": "runtime-endpoint: unix:///c.sock\n"}))
+    assert (found["gc_high"], found["gc_low"], found["gc_source"]) == (85, 80, "")  # the kubelet's defaults
+
+
+# --- loading on a node (services) ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def bundle(factory, tmp_path):
+    image = factory.image(host_arch(), layers=2)
+    store = BlobDir(tmp_path / "blobs")
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store, chunk_size=300 * 1024)
+    return out, image
+
+
+def ctr(socket: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ctr", "--address", socket, "-n", "k8s.io", *args], capture_output=True, text=True,
+                          timeout=300, check=check)
+
+
+def remove_from(socket: str, image, repo: str = REPO) -> None:
+    names = [n for n in ctr(socket, "images", "ls", "-q").stdout.split()
+             if n.startswith(repo) or n == image.config_digest]
+    if names:
+        ctr(socket, "images", "rm", "--sync", *names, check=False)
+
+
+def kube_node(tmp_path: Path, socket: str, **config) -> SimulatedNode:
+    """A kubelet on the test's containerd, as kubeadm starts it: --config and --container-runtime-endpoint."""
+    conf = tmp_path / "config.yaml"
+    conf.write_text(kubelet_config(f"unix://{socket}", **config))
+    return SimulatedNode(tmp_path / "node", kubelet_args=[f"--config={conf}", f"--container-runtime-endpoint=unix://{socket}"])
+
+
+def pinned_on(version: str) -> bool:
+    """containerd's CRI reports an image labelled io.cri-containerd.pinned=pinned as pinned from 1.7 (measured)."""
+    return version != "1.6"
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_gets_nothing(version, services, bundle,
+                                                                                             tmp_path):
+    out, image = bundle
+    socket = services.containerd(version)
+    docker = DockerCLI(services.docker_host)
+    before = docker.image_ids()
+    node = kube_node(tmp_path, socket)
+    cri = ImageService(socket)
+    try:
+        r = node.run([sys.executable, "-m", "imgtool", "load", str(out)], env=clean_env(DOCKER_HOST=services.docker_host))
+        assert r.returncode == 0, r.stderr
+        assert f"runtime: containerd at unix://{socket}, namespace k8s.io (the kubelet's, from the kubelet's " \
+               "command line, pid " in r.stderr
+        assert r.stdout.splitlines()[-1].endswith(", namespace k8s.io)")
+        assert docker.image_ids() == before  # Docker answered, and got nothing
+        status = cri.status(f"{REPO}:v1")
+        assert status is not None and status.id == image.config_digest
+        assert status.pinned is pinned_on(version)
+        rows = [line.split() for line in ctr(socket, "images", "ls").stdout.splitlines()[1:]]
+        assert [row[-1] for row in rows if row[0] == f"{REPO}:v1"] == [
+            "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        assert top in ctr(socket, "snapshots", "ls").stdout  # unpacked
+        inv = node.run([sys.executable, "-m", "imgtool", "inventory"], env=clean_env(DOCKER_HOST=services.docker_host))
+        assert inv.returncode == 0, inv.stderr
+        mine = [im for im in json.loads(inv.stdout)["images"] if f"{REPO}:v1" in im["tags"]]
+        assert [im["pinned"] for im in mine] == [True]
+    finally:
+        cri.close()
+        remove_from(socket, image)
+
+
+def test_no_pin_leaves_the_image_unpinned(services, bundle, tmp_path):
+    out, image = bundle
+    socket = services.containerd("1.7")
+    node = kube_node(tmp_path, socket)
+    cri = ImageService(socket)
+    try:
+        r = node.run([sys.executable, "-m", "imgtool", "load", str(out), "--no-pin"], env=clean_env())
+        assert r.returncode == 0, r.stderr
+        status = cri.status(f"{REPO}:v1")
+        assert status is not None and status.pinned is False
+        rows = [line.split() for line in ctr(socket, "images", "ls").stdout.splitlines()[1:]]
+        assert [row[-1] for row in rows if row[0] == f"{REPO}:v1"] == ["io.cri-containerd.image=managed"]
+    finally:
+        cri.close()
+        remove_from(socket, image)
+
+
+def test_the_pyz_on_kylins_python_loads_into_the_kubelets_containerd(services, factory, mirrored, tmp_path):
+    """`python3 imgtool.pyz load .` (Python 3.7, nothing installed) on the mixed node: k8s.io, not Docker."""
+    from tests.support.bundles import fetch_from_registry
+    from tests.test_selfbundle import old_python
+
+    python = old_python("3.7")
+    out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
+    socket = services.containerd("1.7")
+    docker = DockerCLI(services.docker_host)
+    before = docker.image_ids()
+    node = kube_node(tmp_path, socket)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(out), "LANG": "C.UTF-8",
+           "IMGTOOL_CACHE": "/nonexistent/imgtool-cache", "DOCKER_HOST": services.docker_host}
+    cri = ImageService(socket)
+    try:
+        r = node.run([*python, "imgtool.pyz", "load", "."], env=env, cwd=out)
+        assert r.returncode == 0, r.stderr
+        assert f"runtime: containerd at unix://{socket}, namespace k8s.io (the kubelet's" in r.stderr
+        assert docker.image_ids() == before
+        status = cri.status(ref)
+        assert status is not None and status.id == image.config_digest and status.pinned
+    finally:
+        cri.close()
+        remove_from(socket, image, ref.rsplit(":", 1)[0])
+
+
+def test_a_kubelet_on_cri_dockerd_means_docker(services, bundle, tmp_path, docker_cleanup):
+    out, image = bundle
+    socket = services.containerd("1.7")
+    node = SimulatedNode(tmp_path / "node", kubelet_args=["--container-runtime-endpoint=unix:///run/cri-dockerd.sock"])
+    docker_cleanup.image(f"{REPO}:v1")
+    before = ctr(socket, "images", "ls", "-q").stdout.split()
+    r = node.run([sys.executable, "-m", "imgtool", "load", str(out)],
+                 env=clean_env(DOCKER_HOST=services.docker_host, CONTAINERD_ADDRESS=socket))
+    assert r.returncode == 0, r.stderr
+    assert "runtime: Docker (the kubelet's, through cri-dockerd at unix:///run/cri-dockerd.sock, from the kubelet's " \
+           "command line, pid " in r.stderr
+    assert DockerCLI(services.docker_host).holds(f"{REPO}:v1", image)
+    assert ctr(socket, "images", "ls", "-q").stdout.split() == before  # containerd answered, and got nothing
+
+
+def test_without_a_kubelet_auto_is_what_it_was(services, bundle, tmp_path, docker_cleanup):
+    """No kubelet process, no kubelet file: Docker first, as before; no runtime line."""
+    out, image = bundle
+    socket = services.containerd("1.7")
+    node = SimulatedNode(tmp_path / "node")
+    docker_cleanup.image(f"{REPO}:v1")
+    before = ctr(socket, "images", "ls", "-q").stdout.split()
+    r = node.run([sys.executable, "-m", "imgtool", "load", str(out)],
+                 env=clean_env(DOCKER_HOST=services.docker_host, CONTAINERD_ADDRESS=socket))
+    assert r.returncode == 0, r.stderr
+    assert not [line for line in r.stderr.splitlines() if line.startswith("runtime:") or "the kubelet" in line]
+    assert DockerCLI(services.docker_host).holds(f"{REPO}:v1", image)
+    assert ctr(socket, "images", "ls", "-q").stdout.split() == before
+
+
+def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewhere(services, bundle, tmp_path,
+                                                                                  docker_cleanup):
+    out, _ = bundle
+    docker_cleanup.image(f"{REPO}:v1")  # the load --runtime docker below goes there, warned
+    socket = services.containerd("1.7")
+    node = kube_node(tmp_path, socket, imageGCHighThresholdPercent=90)
+    conf = tmp_path / "config.yaml"
+    env = clean_env(DOCKER_HOST=services.docker_host)
+    r = node.run([sys.executable, "-m", "imgtool", "doctor"], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    source = next(line for line in lines if line.startswith("OK    kubelet ")).split("from ")[1].rstrip(")")
+    assert source.startswith("the kubelet's command line, pid ")
+    assert f"OK    kubelet      the kubelet uses containerd at unix://{socket} (the kubelet's, from {source})" in lines
+    assert any(line.startswith("OK    runtime      imgtool load uses containerd 1.7.") and
+               line.endswith(f"namespace k8s.io (--runtime auto: the kubelet's, from {source})") for line in lines)
+    assert any(line.startswith("OK    docker       Docker 20.10") for line in lines)  # Docker is here, and not used
+    gc = [line for line in lines if line.startswith(("OK    image-gc", "WARN  image-gc"))]
+    assert len(gc) == 1 and f"the kubelet's image GC removes unused images above 90% (imageGCHighThresholdPercent, " \
+                            f"{conf}) down to 80%" in gc[0], lines
+
+    r = node.run([sys.executable, "-m", "imgtool", "doctor", "--runtime", "docker"], env=env)
+    assert f"WARN  kubelet      the kubelet reads images from containerd at unix://{socket} (from {source}), but " \
+           "--runtime docker sends them to Docker" in r.stdout.splitlines(), r.stdout
+    r = node.run([sys.executable, "-m", "imgtool", "doctor"], env=dict(env, CONTAINERD_NAMESPACE="default"))
+    assert any(line.startswith("WARN  kubelet      ") and line.endswith(
+        "namespace k8s.io, but this load goes to namespace default (--namespace or CONTAINERD_NAMESPACE)")
+        for line in r.stdout.splitlines()), r.stdout
+    r = node.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "docker"], env=env)
+    assert "warning: the kubelet reads images from containerd" in r.stderr, r.stderr
+
+
+# --- complete means unpacked: containerd killed during the unpack ---------------------------------------
+
+def _containerd_config(d: Path) -> str:
+    """As scripts/services.sh writes a node's containerd: everything under `d`, the CRI plugin on."""
+    return f"""version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
+[grpc]
+  address = "{d}/c.sock"
+[ttrpc]
+  address = "{d}/c.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+    Root = "{d}/runc/k8s.io"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/conf"
+"""
+
+
+class OwnContainerd:
+    """A containerd of this test alone (its own root, state and socket), which it may kill and start again."""
+
+    def __init__(self, services, version: str):
+        self.dir = Path(tempfile.mkdtemp(prefix="ik", dir="/tmp"))  # short: a unix socket path is at most 107 bytes
+        for sub in ("root", "state", "opt", "runc", "cni/bin", "cni/conf"):
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "config.toml").write_text(_containerd_config(self.dir))
+        self.socket = str(self.dir / "c.sock")
+        debs = os.environ.get("IMGTOOL_DEBS_CACHE") or str(Path.home() / ".cache/imgtool-test/trixie")
+        self.bin = "/usr/bin" if version == "1.6" else f"{debs}/root/usr/bin"  # as scripts/services.sh's runtime_bin
+        self.proc = None
+
+    def start(self) -> None:
+        log = open(self.dir / "containerd.log", "ab")
+        self.proc = subprocess.Popen([f"{self.bin}/containerd", "--config", str(self.dir / "config.toml")],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                     env=dict(os.environ, PATH=f"{self.bin}:{os.environ.get('PATH', '')}"))
+        log.close()
+        for _ in range(300):
+            if ctr(self.socket, "--timeout", "2s", "version", check=False).returncode == 0:
+                return
+            assert self.proc.poll() is None, (self.dir / "containerd.log").read_text()[-2000:]
+            time.sleep(0.1)
+        raise AssertionError("the test's containerd did not answer")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)  # the PID this test started, nothing else
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        subprocess.run(["umount", "-R", str(self.dir / "root")], capture_output=True)
+        subprocess.run(["rm", "-rf", str(self.dir)], capture_output=True)
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_containerd_killed_during_the_unpack_is_finished_by_the_next_load(version, services, factory, tmp_path):
+    """SIGKILL to containerd once imgtool's unpack has begun (ctr events: an extract snapshot prepared): the image
+    is recorded and complete but not unpacked, imgtool's lease and its extract snapshot remain. containerd is
+    started again on the same root; the next load finishes the unpack, removes only that debris, and the CRI
+    reports the image."""
+    image = factory.image(host_arch(), layers=2, layer_size=[256 * 1024, 48 * 1024 * 1024])
+    store = BlobDir(tmp_path / "blobs")
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, f"{REPO}:v1")], store)
+    own = OwnContainerd(services, version)
+    try:
+        own.start()
+        # another tool's lease and snapshot, which imgtool must never touch
+        ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
+        events = subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+        load = subprocess.Popen([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                 "--address", own.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=clean_env())
+        assert events.stdout is not None
+        for line in events.stdout:
+            if "/snapshot/prepare" in line and '"extract-' in line:
+                own.kill()
+                break
+        events.kill()
+        events.wait()
+        _, err = load.communicate(timeout=300)
+        assert load.returncode == 5, err
+        own.start()  # the same root
+        leases = ctr(own.socket, "leases", "ls", "-q").stdout.split()
+        assert "someone-else" in leases and any(x.startswith("imgtool-unpack.") for x in leases), leases
+        assert "extract-" in ctr(own.socket, "snapshots", "ls").stdout
+        names = ctr(own.socket, "images", "ls", "-q").stdout.split()
+        assert f"{REPO}:v1" in names  # recorded before the unpack
+
+        again = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                "--address", own.socket], capture_output=True, text=True, env=clean_env(), timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert f"{REPO}:v1 is in containerd, but it is not unpacked into overlayfs: finishing it ..." in again.stderr
+        assert "already loaded: nothing sent to containerd" in again.stdout
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        snapshots = ctr(own.socket, "snapshots", "ls").stdout
+        assert top in snapshots and "extract-" not in snapshots
+        assert ctr(own.socket, "leases", "ls", "-q").stdout.split() == ["someone-else"]
+        cri = ImageService(own.socket)
+        try:
+            status = cri.status(f"{REPO}:v1")
+        finally:
+            cri.close()
+        assert status is not None and status.id == image.config_digest
+        third = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                "--address", own.socket], capture_output=True, text=True, env=clean_env(), timeout=600)
+        assert third.returncode == 0 and "finishing" not in third.stderr, third.stderr
+    finally:
+        own.stop()
