@@ -820,23 +820,21 @@ def _watched_adapter() -> type:
         from urllib3.connection import HTTPConnection, HTTPSConnection
         from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-        class Watched(HTTPConnection):
-            def connect(self) -> None:
-                super().connect()
-                deadline.attach(self)
+        def watched(base: type) -> type:
+            """`base` (urllib3's connection, plain or TLS) telling `deadline` of itself as it connects and sends."""
 
-            def request(self, *args, **kwargs):
-                deadline.attach(self)
-                return super().request(*args, **kwargs)
+            class Watched(base):
+                def connect(self) -> None:
+                    super().connect()
+                    deadline.attach(self)
 
-        class WatchedTLS(HTTPSConnection):
-            def connect(self) -> None:
-                super().connect()
-                deadline.attach(self)
+                def request(self, *args, **kwargs):
+                    deadline.attach(self)
+                    return super().request(*args, **kwargs)
 
-            def request(self, *args, **kwargs):
-                deadline.attach(self)
-                return super().request(*args, **kwargs)
+            return Watched
+
+        Watched, WatchedTLS = watched(HTTPConnection), watched(HTTPSConnection)
 
         class Pool(HTTPConnectionPool):
             ConnectionCls = Watched
