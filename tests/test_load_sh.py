@@ -377,3 +377,26 @@ def test_help_and_readme_say_how_to_load_on_kubernetes_podman_and_isula(factory,
     assert "iSulad 无法读取 zstd 压缩层：只能导入用 --layers compat（默认）获取的镜像包。" in zh
     assert "    cat <parts in order> | ctr -n k8s.io images import --platform linux/" + host_arch() + " -\n" in en
     assert "iSula (openEuler's iSulad; not tested)" in en and "iSula（openEuler 的 iSulad；未经测试）" in zh
+
+
+def test_a_part_this_user_may_not_read_is_named_as_that_not_as_damage(factory, tmp_path):
+    """Issue 35 case 10, in load.sh as in imgtool: a part without read permission was listed as "damaged or
+    missing" with "re-copy them", which re-copying does not fix. load.sh runs as a user the mode applies to (root
+    without the capabilities that bypass file permissions)."""
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    part = parts_of(out)[0]
+    part.chmod(0)
+    env = _bare(tmp_path, CONTAINERD_ADDRESS=str(tmp_path / "no.sock"))
+    r = subprocess.run([_which("setpriv"), "--bounding-set=-dac_override,-dac_read_search", "sh", "load.sh"], cwd=out,
+                       env=env, capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines()[1:] == [
+        "load.sh: error: these files cannot be read by this user (a permission problem: they are not damaged):",
+        f"    {part.name}",
+        "load.sh: let this user read them (chmod a+r FILE, or chown it), or run load.sh as their owner; nothing was loaded"]
+    part.chmod(0o644)
+    part.write_bytes(b"x" + part.read_bytes()[1:])  # and a damaged one is still called damaged
+    r = subprocess.run([_which("setpriv"), "--bounding-set=-dac_override,-dac_read_search", "sh", "load.sh"], cwd=out,
+                       env=env, capture_output=True, text=True, timeout=HANG)
+    assert (r.returncode, r.stderr.splitlines()[1]) == (3, SUMS_DAMAGED)

@@ -160,6 +160,16 @@ fi
 if command -v sha256sum >/dev/null 2>&1; then
     echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
     bad=$(sha256sum -c {SHA256SUMS} 2>/dev/null | grep -v ': OK$')
+    # a file that is there and cannot be opened is a permission problem (re-copying it would not help)
+    unreadable=$(printf '%s\n' "$bad" | sed -n 's/: FAILED open or read$//p' | while IFS= read -r f; do
+        if [ -e "$f" ]; then printf '%s\n' "$f"; fi
+    done)
+    if [ -n "$unreadable" ]; then
+        echo "load.sh: error: these files cannot be read by this user (a permission problem: they are not damaged):" >&2
+        printf '%s\n' "$unreadable" | sed 's/^/    /' >&2
+        echo "load.sh: let this user read them (chmod a+r FILE, or chown it), or run load.sh as their owner; nothing was loaded" >&2
+        exit 3
+    fi
     if [ -n "$bad" ]; then
         echo "load.sh: error: these files are damaged or missing:" >&2
         echo "$bad" | sed 's/^/    /' >&2
