@@ -453,7 +453,12 @@ def test_each_worker_reaches_its_own_set_of_services(tmp_path):
     assert worker_environment({"PYTEST_XDIST_WORKER": "gw1", "IMGTOOL_TEST_SERVICE_SETS": sets}) == {
         "IMGTOOL_TEST_SERVICES_DIR": "/tmp/imgtool-svc-1", "IMGTOOL_TEST_REGISTRY_PLAIN": "127.0.0.1:21000"}
     assert worker_environment({"IMGTOOL_TEST_SERVICE_SETS": sets}) == {}  # not a worker: the first set, as exported
-    assert worker_environment({"PYTEST_XDIST_WORKER": "gw0"}) == {}  # the fast tier: no services at all
+    assert worker_environment({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2"}) == {}  # the fast tier
+    with pytest.raises(ServicesNotRunning) as e:  # `pytest -n 2` by hand on the one set `services.sh up` started
+        worker_environment({"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2",
+                            "IMGTOOL_TEST_SERVICES_DIR": "/tmp/imgtool-svc"})
+    assert str(e.value) == ("2 pytest-xdist workers on one set of services: start a set per worker "
+                            "(IMGTOOL_TEST_WORKERS=2 scripts/test.sh -n 2 ...)")
     with pytest.raises(ServicesNotRunning) as e:
         worker_environment({"PYTEST_XDIST_WORKER": "gw2", "IMGTOOL_TEST_SERVICE_SETS": sets})
     assert str(e.value).startswith("pytest-xdist worker gw2 has no set of services of its own (IMGTOOL_TEST_SERVICE_SETS names 2)")

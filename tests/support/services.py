@@ -166,8 +166,15 @@ def worker_environment(environ: Optional[Mapping[str, str]] = None) -> Dict[str,
     env = os.environ if environ is None else environ
     worker = env.get("PYTEST_XDIST_WORKER", "")
     sets = env.get("IMGTOOL_TEST_SERVICE_SETS", "").split()
-    if not worker or not sets:
-        return {}  # one process, or no services at all (the fast tier): nothing to choose
+    if not worker:
+        return {}  # one process: the services exported, whichever they are
+    if not sets:
+        count = env.get("PYTEST_XDIST_WORKER_COUNT", "1")
+        if env.get("IMGTOOL_TEST_SERVICES_DIR") and count != "1":
+            # the workers would share every runtime, and each would bind the one token issuer's port
+            raise ServicesNotRunning(f"{count} pytest-xdist workers on one set of services: start a set per worker "
+                                     f"(IMGTOOL_TEST_WORKERS={count} scripts/test.sh -n {count} ...)")
+        return {}  # no services at all (the fast tier): nothing to choose
     index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else -1
     if not 0 <= index < len(sets):
         raise ServicesNotRunning(f"pytest-xdist worker {worker} has no set of services of its own "
