@@ -104,6 +104,10 @@ class Containerd:
         """The image IDs that carry the CRI's pinned label on a name."""
         return {digest for _, digest, _, _, labels in self._rows() if PINNED in labels.split(",")}
 
+    def remove_debris(self) -> List[str]:
+        """Nothing here: the leases and snapshots of an interrupted unpack go when `finish` completes it."""
+        return []
+
     def pin(self, image_id: str) -> bool:
         """Label every name of the image `io.cri-containerd.pinned=pinned`: the CRI plugin (1.7+) then reports it
         pinned and the kubelet's image GC leaves it; raises DaemonError."""

@@ -244,6 +244,10 @@ class Daemon:
     def finish(self, image_id: str) -> None:
         """Nothing to finish: see incomplete."""
 
+    def remove_debris(self) -> List[str]:
+        """Nothing: an interrupted `docker load` leaves nothing imgtool made (dockerd cleans its own tmp)."""
+        return []
+
     def pin(self, image_id: str) -> bool:
         """False: Docker has no kubelet image GC to keep the image from (a kubelet on cri-dockerd pins by its own
         flags only)."""

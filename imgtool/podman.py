@@ -14,13 +14,14 @@ Standard library only (the offline side runs on 3.7).
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
-from .model import familiar, foreign_arch_warning
+from .model import familiar, foreign_arch_warning, format_size
 from .program import QUICK, Process, ProcessTimeout, Program
 from .runtime import ImageInfo, RuntimeInfo, Unfinished
 
@@ -32,6 +33,21 @@ START_TIMEOUT = 600.0  # `podman run -d` returns once the container is created a
 STOP_GRACE = 10  # seconds `podman stop` gives the container before SIGKILL, as the Docker path does
 INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
                 "or choose another runtime with --runtime")
+
+
+STAGED_PREFIX = "imgtool-load-"  # the archive copy podman load reads: imgtool-load-<pid>-<random>.tar
+_STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}\.tar\Z")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` exists (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return pid > 0
 
 
 class Podman:
@@ -215,7 +231,7 @@ class Podman:
         would make of a pipe), so podman runs only when every chunk came; the copy is removed after.
         Raises DaemonError, or what the chunks raised (then podman never ran)."""
         try:
-            fd, path = tempfile.mkstemp(prefix="imgtool-load-", suffix=".tar", dir=self.staging_dir)
+            fd, path = tempfile.mkstemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", suffix=".tar", dir=self.staging_dir)
         except OSError as e:
             raise DaemonError(f"cannot stage the archive for podman load in {self.staging_dir}: {e.strerror or e}",
                               hint="podman load needs the archive's size free there; set TMPDIR to another "
@@ -232,6 +248,30 @@ class Podman:
             return self.podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
         finally:
             os.unlink(path)
+
+    def remove_debris(self) -> List[str]:
+        """The archive copies earlier loads left in the staging dir when they were killed (their pid gone, the
+        file this user's), removed; a line for each. Another live load's copy is never touched."""
+        removed = []
+        try:
+            names = os.listdir(self.staging_dir)
+        except OSError:
+            return []
+        for name in names:
+            m = _STAGED.match(name)
+            if not m or _alive(int(m.group(1))):
+                continue
+            path = os.path.join(self.staging_dir, name)
+            try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                os.unlink(path)
+            except OSError:
+                continue
+            removed.append(f"removed {path} ({format_size(st.st_size)}), the archive copy of an imgtool load that "
+                           f"was cut short (pid {m.group(1)})")
+        return removed
 
     # --- imgtool run / run-flags ----------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class Program:
         except OSError as e:
             raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
         if r.returncode not in ok:
-            said = _last_line(r.stderr) or _last_line(r.stdout) or f"exit status {r.returncode}"
+            said = _ended(r.returncode, _last_line(r.stderr) or _last_line(r.stdout))
             raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
         return r
 
@@ -116,7 +116,7 @@ class Program:
                 proc.wait()
         lines = [line for line in said if line]
         if code != 0:
-            last = next((line for line in reversed(lines) if line.strip()), f"exit status {code}")
+            last = _ended(code, next((line for line in reversed(lines) if line.strip()), ""))
             raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {one_line(last)}", last, code)
         return lines
 
@@ -145,6 +145,21 @@ def _finish(proc: "subprocess.Popen", reader: threading.Thread, timeout: float, 
                           "stopped it") from None
     reader.join(timeout=30)
     return code
+
+
+def _ended(code: int, last: str) -> str:
+    """How a tool that failed ended, in words: killed by a signal (what it printed last was progress, not a reason;
+    a shell in between reports 128 + the signal), else its last line of output, else its exit status."""
+    import signal
+
+    number = -code if code < 0 else code - 128 if 128 < code <= 128 + 64 else 0
+    if number:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"killed by {name}" + ("" if code < 0 else f" (exit status {code})")
+    return last or f"exit status {code}"
 
 
 def _last_line(data: bytes) -> str:

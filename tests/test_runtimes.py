@@ -7,6 +7,8 @@ runtimes have: the kubelet's namespace and label, the snapshotter, containerd's 
 """
 
 import json
+import os
+import shutil
 import subprocess
 
 import pytest
@@ -221,3 +223,49 @@ def test_podman_is_asked_for_the_space_it_really_needs(node, factory, mirrored, 
     finally:
         for name in mounts:
             subprocess.run(["umount", "-l", str(tmp_path / name)], check=False)
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_the_archive_copies_of_killed_loads_are_removed_by_the_next_load(runnable, node, tmp_path):
+    """Issue 36 item 7: imgtool killed while staging for Podman left $TMPDIR/imgtool-load-*.tar (archive-sized:
+    15 GB at the real size) forever. The next load removes the copies whose imgtool is gone, before it counts
+    the space, and says so; a copy of a load still running, and any file not of that name, stay."""
+    out, image = runnable()
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()  # a pid now free
+    stale = stage / f"imgtool-load-{gone}-k1ll3d.tar"
+    stale.write_bytes(b"\0" * 3 * 1024 * 1024)
+    running = stage / f"imgtool-load-{os.getpid()}-st1ll.tar"  # this test's own pid: a load still running
+    running.write_bytes(b"\0" * 1024)
+    other = stage / "imgtool-load-notes.tar"
+    other.write_bytes(b"\0")
+    node.remove_later(f"{REPO}:v1", *node.ids_of(image))
+    r = imgtool("load", str(out), env=dict(node.env, TMPDIR=str(stage)))
+    assert r.returncode == 0, r.stderr
+    assert (f"warning: removed {stale} (3.0 MiB), the archive copy of an imgtool load that was cut short "
+            f"(pid {gone})") in r.stderr.splitlines()
+    assert sorted(p.name for p in stage.iterdir()) == sorted([running.name, other.name])
+    assert node.holds(f"{REPO}:v1", image)
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_podman_killed_by_a_signal_is_said_to_be_killed(runnable, node, tmp_path):
+    """Issue 36 item 7: podman killed by a signal during `podman load` was reported by its last progress line
+    ("Copying blob ..."), as if that were the reason. A fault in front of the real podman: `load` prints
+    progress, then the process is killed; every other command is the real one."""
+    out, image = runnable()
+    real = shutil.which("podman", path=node.env.get("PATH"))
+    assert real, node.env
+    faulty = tmp_path / "faulty-bin"
+    faulty.mkdir()
+    (faulty / "podman").write_text(f'#!/bin/sh\nif [ "$1" = load ]; then echo "Copying blob 0123abcd done"; '
+                                   f'kill -KILL $$; fi\nexec {real} "$@"\n')
+    (faulty / "podman").chmod(0o755)
+    before = node.snapshot()
+    env = dict(node.env, PATH=f"{faulty}:{node.env['PATH']}", TMPDIR=str(tmp_path))
+    r = imgtool("load", str(out), env=env)
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.splitlines()[-1] == "error: Podman: `podman load` failed: killed by SIGKILL", r.stderr
+    assert "Copying blob" not in r.stderr
+    assert node.leftovers(before) == [] and not list(tmp_path.glob("imgtool-load-*"))

@@ -137,6 +137,8 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
     verdict = enforce(bundle_dir, raw, signers, doing="load")
+    for said in daemon.remove_debris():  # before the space is counted: what they held is free again
+        progress.warn(said)
     facts = daemon.info()
     plan = _plan(index, daemon, facts, tags, arch, all_platforms)
     report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
