@@ -110,7 +110,7 @@ class Podman:
                            driver=str(store.get("graphDriverName") or "unknown"),
                            root_dir=str(store.get("graphRoot") or ""), arch=arch or Platform.host().architecture,
                            os=str(host.get("os") or "linux"), local=True, image_store="containers-storage",
-                           runtime="podman", staging_dir=self.staging_dir,
+                           runtime="podman", staging_dir=self.staging_dir, staged_by_others=self._staged_by_others(),
                            reports_applied_diff_ids=self._records_readable(), unmade=self.unmade is not None)
 
     def _inspect(self, ids: List[str]) -> List[dict]:
@@ -249,28 +249,40 @@ class Podman:
         finally:
             os.unlink(path)
 
-    def remove_debris(self) -> List[str]:
-        """The archive copies earlier loads left in the staging dir when they were killed (their pid gone, the
-        file this user's), removed; a line for each. Another live load's copy is never touched."""
-        removed = []
+    def _staged(self) -> List[Tuple[str, int, int]]:
+        """(path, size, pid) of every imgtool archive copy in the staging dir that is this user's regular file."""
+        found = []
         try:
             names = os.listdir(self.staging_dir)
         except OSError:
             return []
         for name in names:
             m = _STAGED.match(name)
-            if not m or _alive(int(m.group(1))):
-                continue
             path = os.path.join(self.staging_dir, name)
             try:
-                st = os.lstat(path)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    continue
+                st = os.lstat(path) if m else None
+            except OSError:
+                continue
+            if m and st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                found.append((path, st.st_size, int(m.group(1))))
+        return sorted(found)
+
+    def _staged_by_others(self) -> Tuple[Tuple[str, int], ...]:
+        return tuple((path, size) for path, size, pid in self._staged() if pid != os.getpid() and _alive(pid))
+
+    def remove_debris(self) -> List[str]:
+        """The archive copies earlier loads left in the staging dir when they were killed (their pid gone, the
+        file this user's), removed; a line for each. Another live load's copy is never touched."""
+        removed = []
+        for path, size, pid in self._staged():
+            if _alive(pid):
+                continue
+            try:
                 os.unlink(path)
             except OSError:
                 continue
-            removed.append(f"removed {path} ({format_size(st.st_size)}), the archive copy of an imgtool load that "
-                           f"was cut short (pid {m.group(1)})")
+            removed.append(f"removed {path} ({format_size(size)}), the archive copy of an imgtool load that "
+                           f"was cut short (pid {pid})")
         return removed
 
     # --- imgtool run / run-flags ----------------------------------------------------------------

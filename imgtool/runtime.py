@@ -42,6 +42,8 @@ class RuntimeInfo:
     runtime: str = "docker"  # docker | containerd | podman
     namespace: str = ""  # containerd's namespace (k8s.io on a Kubernetes node)
     staging_dir: str = ""  # where the runtime copies the whole archive before it reads it (Podman: /var/tmp)
+    # the archive copies other imgtool loads, still running, hold there: (path, bytes) (a space refusal names them)
+    staged_by_others: Tuple[Tuple[str, int], ...] = ()
     reports_applied_diff_ids: bool = False  # Runtime.applied_diff_ids answers (Podman: its storage's records)
     unmade: bool = False  # no image storage yet (Podman before its first use): nothing was asked that would make it
 

@@ -269,3 +269,26 @@ def test_podman_killed_by_a_signal_is_said_to_be_killed(runnable, node, tmp_path
     assert r.stderr.splitlines()[-1] == "error: Podman: `podman load` failed: killed by SIGKILL", r.stderr
     assert "Copying blob" not in r.stderr
     assert node.leftovers(before) == [] and not list(tmp_path.glob("imgtool-load-*"))
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_a_space_refusal_names_the_copies_of_loads_still_running(runnable, node, tiny_tmpfs):
+    """Issue 36 item 7: the next load's space refusal named only the free bytes. What a load still running holds
+    there is named (a killed one's copy is removed first, and said)."""
+    out, image = runnable()
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()
+    stale = tiny_tmpfs / f"imgtool-load-{gone}-k1ll3d.tar"
+    stale.write_bytes(b"\0" * 256 * 1024)
+    live = tiny_tmpfs / f"imgtool-load-{os.getpid()}-st1ll.tar"  # this test's own pid: a load still running
+    live.write_bytes(b"\0" * 256 * 1024)
+    before = node.snapshot()
+    r = imgtool("load", str(out), env=dict(node.env, TMPDIR=str(tiny_tmpfs)))
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert (f"warning: removed {stale} ({format_size(256 * 1024)}), the archive copy of an imgtool load that was cut "
+            f"short (pid {gone})") in lines
+    error = [line for line in lines if line.startswith("error: ")]
+    assert len(error) == 1 and error[0].startswith(f"error: not enough space for Podman's copy of the archive in {tiny_tmpfs}: ")
+    assert error[0].endswith(f" is free; imgtool loads still running hold {format_size(256 * 1024)} of it: "
+                             f"{live} ({format_size(256 * 1024)})"), error[0]
+    assert sorted(tiny_tmpfs.iterdir()) == [live] and node.leftovers(before) == []

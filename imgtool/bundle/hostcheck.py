@@ -188,12 +188,21 @@ def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Op
     if need is not None:
         if free < need.total:
             return Check("space", "fail", f"not enough space for {facts.title} under {root}: {how}, "
-                         f"{format_size(free)} is free", free_space_advice(facts))
+                         f"{format_size(free)} is free{_staged_by_others(facts, root)}", free_space_advice(facts))
         return Check("space", "ok", f"{format_size(free)} free under {root}; {how}")
     if free < TYPICAL_NEED:
         return Check("space", "warn", f"{format_size(free)} free under {root}",
                      f"a vllm-ascend image needs about {format_size(TYPICAL_NEED)} while loading; free space there")
     return Check("space", "ok", f"{format_size(free)} free under {root}")
+
+
+def _staged_by_others(facts: "RuntimeInfo", where: str) -> str:
+    """The archive copies other imgtool loads, still running, hold on the file system of `where`, for a refusal."""
+    held = [(path, size) for path, size in facts.staged_by_others if _same_fs(path, where)]
+    if not held:
+        return ""
+    return (f"; imgtool loads still running hold {format_size(sum(s for _, s in held))} of it: "
+            + ", ".join(f"{path} ({format_size(size)})" for path, size in held))
 
 
 def _made_part(path: str) -> str:
@@ -219,5 +228,5 @@ def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Option
         return None
     return Check("space", "fail", f"not enough space for {facts.title}'s copy of the archive in {stage}: it needs "
                  f"{format_size(need)} (the copy of the archive Podman loads from and the two Podman makes of its "
-                 f"layers), {format_size(free)} is free",
+                 f"layers), {format_size(free)} is free{_staged_by_others(facts, stage)}",
                  f"free space there, or point TMPDIR at a directory with room for {PODMAN_STAGED_COPIES} times the archive")
