@@ -421,14 +421,16 @@ def test_the_readme_lists_exactly_the_packages_services_sh_installs():
     assert len(lists) == 2 and lists[0] == lists[1] == installed, (lists, installed)
 
 
+@pytest.mark.services  # demo.sh starts a dockerd and registries of its own: not a test of the fast tier
 def test_the_demo_runs_without_a_terminal_and_prints_no_colour(tmp_path):
     """scripts/demo.sh with stdout a pipe (a log, CI): the whole flow, and no ANSI escape in its output."""
     import tempfile
 
     state = tempfile.mkdtemp(prefix="idemo", dir="/tmp")  # short: unix socket paths
     env = {k: v for k, v in os.environ.items() if not k.startswith(("IMGTOOL_", "DOCKER_")) and k != "NO_COLOR"}
-    env.update(IMGTOOL_SERVICES_DIR=state, IMGTOOL_SERVICES_ENGINES="20.10", DEMO_DIR=str(tmp_path / "demo"),
-               IMGTOOL_VENV=sys.prefix)
+    # slot 7: a port range no set of the suite's workers draws from
+    env.update(IMGTOOL_SERVICES_DIR=state, IMGTOOL_SERVICES_ENGINES="20.10", IMGTOOL_SERVICES_SLOT="7",
+               DEMO_DIR=str(tmp_path / "demo"), IMGTOOL_VENV=sys.prefix)
     try:
         r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "demo.sh")], env=env, stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=900)
