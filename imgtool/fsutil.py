@@ -94,3 +94,15 @@ def open_regular(path) -> io.FileIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user's counts): the holder named in a lock or a staged
+    file's name, before what it left is taken for debris."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return pid > 0  # 0 would name this process group, not a process

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from .fsutil import process_alive
 from .model import familiar, foreign_arch_warning, format_size
 from .program import QUICK, Process, ProcessTimeout, Program
 from .runtime import ImageInfo, RuntimeInfo, Unfinished
@@ -37,17 +38,6 @@ INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get inst
 
 STAGED_PREFIX = "imgtool-load-"  # the archive copy podman load reads: imgtool-load-<pid>-<random>.tar
 _STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}\.tar\Z")
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process `pid` exists (one of another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return pid > 0
 
 
 class Podman:
@@ -268,14 +258,14 @@ class Podman:
         return sorted(found)
 
     def _staged_by_others(self) -> Tuple[Tuple[str, int], ...]:
-        return tuple((path, size) for path, size, pid in self._staged() if pid != os.getpid() and _alive(pid))
+        return tuple((path, size) for path, size, pid in self._staged() if pid != os.getpid() and process_alive(pid))
 
     def remove_debris(self) -> List[str]:
         """The archive copies earlier loads left in the staging dir when they were killed (their pid gone, the
         file this user's), removed; a line for each. Another live load's copy is never touched."""
         removed = []
         for path, size, pid in self._staged():
-            if _alive(pid):
+            if process_alive(pid):
                 continue
             try:
                 os.unlink(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
-from .fsutil import fsync_dir, write_atomic
+from .fsutil import fsync_dir, process_alive, write_atomic
 from .model import Digest, format_size, json_object
 
 COPY_CHUNK = 1024 * 1024
@@ -335,7 +335,7 @@ class Store:
             if len(fields) < 3 or not fields[1].isdigit():
                 continue
             pid = int(fields[1])
-            if pid == os.getpid() or _alive(pid):
+            if pid == os.getpid() or process_alive(pid):
                 continue
             try:
                 fd = os.open(str(path), os.O_RDONLY)
@@ -437,16 +437,6 @@ def _stamp(fd: int) -> None:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class BlobWriter:
