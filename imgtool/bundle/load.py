@@ -144,7 +144,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
     warnings = list(report.warnings) + _arch_warnings(plan.view, facts.arch, facts.title)
     if plan.loaded:
-        finished = _finish(daemon, facts, plan, progress, plan.unfinished)
+        finished = _finish(daemon, facts, plan, progress)
         images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
         _digest_refs(daemon, facts, plan.view, plan.ids)
         _pin(daemon, images, plan.ids, pin, finished)
@@ -202,11 +202,11 @@ def _plan(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Seq
     return _Plan(view, wanted, ids, present, others, other_ids, loaded, unfinished)
 
 
-def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan, progress: Progress,
-            unfinished: Dict[str, "Unfinished"]) -> Dict[str, str]:
-    """Finish what the runtime holds of each image but not all of (`unfinished`: containerd's unpack); returns
-    ref -> what was finished. Raises DaemonError."""
+def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan, progress: Progress) -> Dict[str, str]:
+    """Finish what the runtime holds of each image but not all of (`plan.unfinished`: containerd's unpack);
+    returns ref -> what was finished. Raises DaemonError."""
     done = {}
+    unfinished = plan.unfinished
     for im in plan.view.images:
         if im.ref in unfinished:
             progress.note(f"{im.ref} is in {facts.title}, but {unfinished[im.ref].reason}: finishing it ...")
