@@ -51,8 +51,8 @@ def _table(path, heading, columns):
 def test_every_exit_code_table_says_what_errors_py_says():
     # a table that explains a code starts with its general meaning's head ("bad usage or input", "the container runtime")
     meanings = {code: re.split(r" \(|:", meaning, maxsplit=1)[0] for code, meaning in EXIT_MEANINGS}
-    # README: the whole table, word for word
-    assert [(int(code), meaning) for code, meaning in _table("README.md", "## Exit codes", 2)] == list(EXIT_MEANINGS)
+    # docs/cli.md (the README links to it): the whole table, word for word
+    assert [(int(code), meaning) for code, meaning in _table("docs/cli.md", "## Exit codes", 2)] == list(EXIT_MEANINGS)
     # the run presets' codes and the offline refusals' codes: each one of errors.py's, explained from its
     # general meaning on
     run = _table("docs/presets.md", "## Exit codes", 2)
