@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 from imgtool.bundle.writer import write_bundle
-from imgtool.delta import DeltaPlan, Have
+from imgtool.delta import DeltaPlan, Have, chain_ids
 from imgtool.model import Digest
 from imgtool.progress import Progress
 from tests.support.bundles import BlobDir, parts_of, write
@@ -400,3 +400,173 @@ def test_a_part_this_user_may_not_read_is_named_as_that_not_as_damage(factory, t
     r = subprocess.run([_which("setpriv"), "--bounding-set=-dac_override,-dac_read_search", "sh", "load.sh"], cwd=out,
                        env=env, capture_output=True, text=True, timeout=HANG)
     assert (r.returncode, r.stderr.splitlines()[1]) == (3, SUMS_DAMAGED)
+
+
+# --- issue 36 item 4: parts it cannot check, the kubelet's runtime, space, a failed import, the pin ----------------
+
+SHELLS = ["dash", "busybox"]  # Debian's /bin/sh with its tools; busybox's sh with busybox's applets and nothing else
+
+
+def shell_env(shell: str, tmp: Path, runtime: Optional[Dict[str, str]] = None, **env: str):
+    """(argv prefix, environment) to run load.sh with `shell` and a PATH of its tools and `runtime` only."""
+    if shell == "busybox":
+        from tests.support.images import BUSYBOX
+
+        bin_ = tmp / "busybox-bin"
+        bin_.mkdir(parents=True)
+        subprocess.run([BUSYBOX, "--install", "-s", str(bin_)], check=True, timeout=60)
+        for name, program in (runtime or {}).items():
+            (bin_ / name).symlink_to(program)
+        argv = [BUSYBOX, "sh"]
+    else:
+        bin_ = tool_dir(tmp / "bin", {"sort": _which("sort"), **(runtime or {})})
+        argv = [_which("dash")]
+    return argv, {"PATH": str(bin_), "HOME": str(tmp), "LANG": "C.UTF-8", **env}
+
+
+def on_node(node, argv, env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """argv run on a simulated node with exactly `env` (the node's own set-up runs with the system's tools)."""
+    return node.run(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv],
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_parts_it_cannot_check_are_refused_and_bundle_json_s_sums_stand_in(shell, factory, tmp_path):
+    """SHA256SUMS missing, empty, or not naming every part: load.sh printed "checking the files against SHA256SUMS"
+    and checked nothing. Now the sha256 bundle.json gives for every part stands in, and without those it refuses,
+    exit 3, before any runtime is asked (here there is none: a load.sh that went on would exit 5)."""
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=2, layer_size=100_000), f"{REPO}/x:v1")],
+                  chunk_size=128 * 1024)
+    parts = parts_of(out)
+    argv, env = shell_env(shell, tmp_path / "env", CONTAINERD_ADDRESS=str(tmp_path / "no.sock"))
+
+    def run():
+        return subprocess.run([*argv, "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+
+    sums = (out / "SHA256SUMS").read_text()
+    doc = (out / "bundle.json").read_text()
+    no_runtime = ("load.sh: error: no container runtime to load into (docker: not installed, containerd: no ctr "
+                  "command, podman: not installed); nothing was loaded")
+    fallback = "load.sh: SHA256SUMS is missing: checking the files against the sha256 bundle.json gives for them ..."
+    (out / "SHA256SUMS").unlink()
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[:2]) == (5, [fallback, no_runtime]), r.stderr
+    damaged = bytearray(parts[1].read_bytes())
+    damaged[10] ^= 0xFF
+    parts[1].write_bytes(bytes(damaged))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        fallback, SUMS_DAMAGED, f"    {parts[1].name}: FAILED",
+        "load.sh: re-copy them from the source medium, then run load.sh again"])
+    damaged[10] ^= 0xFF
+    parts[1].write_bytes(bytes(damaged))
+
+    (out / "SHA256SUMS").write_text("")
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[0]) == (5, fallback.replace("is missing", "is empty")), r.stderr
+    cannot = ("load.sh: error: cannot check the parts: {}, and bundle.json does not give the sha256 of every part; "
+              "nothing was loaded")
+    hint = "load.sh: copy SHA256SUMS and bundle.json again from the source medium (or check the bundle with: imgtool verify .)"
+    (out / "bundle.json").unlink()
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [cannot.format("SHA256SUMS is empty"), hint])
+
+    (out / "SHA256SUMS").write_text("".join(line + "\n" for line in sums.splitlines() if parts[-1].name not in line))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        cannot.format(f"SHA256SUMS does not name every part (not: {parts[-1].name})"), hint])
+    # bundle.json without a part's sha256 (a careless edit) is no stand-in either
+    (out / "bundle.json").write_text(doc.replace(json.loads(doc)["parts"][0]["sha256"], "unknown"))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        cannot.format(f"SHA256SUMS does not name every part (not: {parts[-1].name})"), hint])
+    (out / "SHA256SUMS").write_text(sums)
+    (out / "bundle.json").write_text(doc)
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[:2]) == (5, ["load.sh: checking the files against SHA256SUMS ...", no_runtime])
+
+
+@pytest.mark.parametrize("case", ["flag", "config-flag", "flag-beats-config", "kubeadm", "config.yaml", "crictl", "k3s",
+                                  "microk8s", "cri-dockerd", "default", "none", "nested"])
+def test_load_sh_finds_the_kubelets_runtime_where_imgtool_does(case, factory, tmp_path):
+    """The kubelet's runtime as kubelet.py finds it, on the same simulated nodes (tests/test_kubelet.py): load.sh
+    follows it and no other; here it does not answer, and load.sh says whose it is and where it read that."""
+    from tests.support.kubenode import SimulatedNode
+    from tests.test_kubelet import node_of, pid_as_n
+
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    if case == "nested":  # a kubelet in a PID and mount namespace of its own: another node's
+        node, expect = SimulatedNode(tmp_path / "node", nested_kubelet_args=["--container-runtime-endpoint=unix:///n.sock"]), None
+    else:
+        node, expect = node_of(case, tmp_path)
+    argv, env = shell_env("dash", tmp_path / "env")
+    r = on_node(node, [*argv, "load.sh"], env, out)
+    assert r.returncode == 5, r.stderr
+    line = pid_as_n(r.stderr.splitlines()[1])
+    if expect is None:
+        assert line.startswith("load.sh: error: no container runtime to load into (docker: not installed, "), r.stderr
+    elif expect["runtime"] == "docker":
+        assert line == (f"load.sh: error: the kubelet's runtime does not answer: docker (the kubelet's, through cri-dockerd "
+                        f"at {expect['endpoint']}, from {expect['source']}): not installed; nothing was loaded")
+    else:
+        address = expect["endpoint"][len("unix://"):]
+        assert line == (f"load.sh: error: the kubelet's runtime does not answer: containerd at {address} (the kubelet's, "
+                        f"from {expect['source']}): no ctr command; nothing was loaded")
+    if expect is not None:
+        assert r.stderr.splitlines()[2] == ("load.sh: start it, or choose another runtime with --runtime (Pods will not "
+                                            "find the images there)")
+
+
+@pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])
+def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_docker_gets_nothing(
+        version, shell, services, factory, uniq, tmp_path):
+    """Issue 36's done-when for load.sh: a kubelet on the test's containerd, a dockerd answering too; `sh load.sh`
+    puts the image into k8s.io, unpacked and pinned (the CRI reports it pinned where the version honours the
+    label), says why, and Docker gets nothing."""
+    from tests.support.cri import ImageService
+    from tests.support.daemon import DockerCLI
+    from tests.test_kubelet import kube_node, pid_as_n, pinned_on, remove_from
+
+    image = factory.image(host_arch(), layers=2, layer_size=100_000)
+    ref = f"{REPO}/{uniq}/node:v1"
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b", [(image, ref)], chunk_size=128 * 1024)
+    socket = services.containerd(version)
+    docker = DockerCLI(services.docker_host)
+    before = docker.image_ids()
+    node = kube_node(tmp_path, socket)
+    argv, env = shell_env(shell, tmp_path / "env", {"ctr": _which("ctr"), "docker": _which("docker")},
+                          DOCKER_HOST=services.docker_host)
+    cri = ImageService(socket)
+    try:
+        r = on_node(node, [*argv, "load.sh"], env, out)
+        assert r.returncode == 0, r.stderr
+        lines = [pid_as_n(line) for line in r.stderr.splitlines()]
+        assert lines == [
+            "load.sh: checking the files against SHA256SUMS ...",
+            f"load.sh: runtime: containerd at {socket}, namespace k8s.io, platform linux/{host_arch()} (the kubelet's, "
+            "from the kubelet's command line, pid N)",
+            "load.sh: loading 1 image(s) into containerd ...",
+            f"load.sh: pinned: {ref} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps them on containerd 1.7+)",
+            "load.sh: done"]
+        assert docker.image_ids() == before  # Docker answered, and got nothing
+        status = cri.status(ref)
+        assert status is not None and status.id == image.config_digest
+        assert status.pinned is pinned_on(version)
+        rows = [line.split() for line in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "images", "ls"],
+                                                        capture_output=True, text=True, timeout=HANG).stdout.splitlines()]
+        assert [row[-1] for row in rows if row[0] == ref] == ["io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        assert top in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "snapshots", "ls"], capture_output=True,
+                                     text=True, timeout=HANG).stdout  # unpacked
+
+        remove_from(socket, image, ref.rsplit(":", 1)[0])
+        r = on_node(node, [*argv, "load.sh", "--no-pin"], env, out)
+        assert r.returncode == 0, r.stderr
+        assert not [line for line in r.stderr.splitlines() if "pinned" in line]
+        status = cri.status(ref)
+        assert status is not None and status.pinned is False
+    finally:
+        cri.close()
+        remove_from(socket, image, ref.rsplit(":", 1)[0])

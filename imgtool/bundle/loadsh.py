@@ -61,7 +61,8 @@ if [ -n "$why_not_sums" ]; then
     if [ -n "$signed" ]; then
         sums_file=""  # checked against the signed bundle.json already
     elif [ ! -f @JSON@ ] || [ -n "$missing" ] || [ -z "$sums" ]; then
-        echo "load.sh: error: cannot check the parts: $why_not_sums, and @JSON@ does not give the sha256 of every part; nothing was loaded" >&2
+        printf 'load.sh: error: cannot check the parts: %s, and @JSON@ does not give the sha256 of every part; %s\n' \
+            "$why_not_sums" "nothing was loaded" >&2
         echo "load.sh: copy @SUMS@ and @JSON@ again from the source medium (or check the bundle with: imgtool verify .)" >&2
         exit 3
     else
@@ -159,7 +160,8 @@ for pid in $(grep -lxE 'kubelet|k3s|k3s-server|k3s-agent' /proc/[0-9]*/comm 2>/d
 done
 if [ -z "$kube_runtime" ] && [ -f /var/lib/kubelet/kubeadm-flags.env ]; then
     while IFS= read -r line || [ -n "$line" ]; do
-        value=$(printf '%s\n' "$line" | sed -n 's/^[ \t]*KUBELET_KUBEADM_ARGS[ \t]*=//p' | sed "s/^[ \t]*//; s/[ \t]*\$//; s/^\"//; s/\"\$//; s/^'//; s/'\$//")
+        value=$(printf '%s\n' "$line" | sed -n 's/^[[:blank:]]*KUBELET_KUBEADM_ARGS[[:blank:]]*=//p' |
+            sed "s/^[[:blank:]]*//; s/[[:blank:]]*\$//; s/^\"//; s/\"\$//; s/^'//; s/'\$//")
         [ -n "$value" ] || continue
         set -f
         kube_from_args "$(printf '%s\n' $value)" /var/lib/kubelet/kubeadm-flags.env && { set +f; break; }
@@ -172,10 +174,10 @@ if [ -z "$kube_runtime" ]; then
     else
         value=$(kube_key /etc/crictl.yaml runtime-endpoint)
         if [ -n "$value" ]; then kube_set "$value" /etc/crictl.yaml
-        elif [ -e /run/k3s/containerd/containerd.sock ]; then
-            kube_set unix:///run/k3s/containerd/containerd.sock "k3s/RKE2's containerd socket, /run/k3s/containerd/containerd.sock" containerd
-        elif [ -e /var/snap/microk8s/common/run/containerd.sock ]; then
-            kube_set unix:///var/snap/microk8s/common/run/containerd.sock "MicroK8s's containerd socket, /var/snap/microk8s/common/run/containerd.sock" containerd
+        else
+            k3s=/run/k3s/containerd/containerd.sock; microk8s=/var/snap/microk8s/common/run/containerd.sock
+            if [ -e "$k3s" ]; then kube_set "unix://$k3s" "k3s/RKE2's containerd socket, $k3s" containerd
+            elif [ -e "$microk8s" ]; then kube_set "unix://$microk8s" "MicroK8s's containerd socket, $microk8s" containerd; fi
         fi
     fi
 fi
@@ -288,37 +290,44 @@ verdict=$(layers | KIND=$runtime STORE=$store TITLE=$title ROOT=${root:-its root
       kept += $2; unpacked += $3 }
     END {
         title = ENVIRON["TITLE"]; root = ENVIRON["ROOT"]; staged = 0
+        podman = "the copy of the archive Podman loads from and the two Podman makes of its layers"
         if (ENVIRON["STORE"] == "containerd") {
-            how = size(kept) " of compressed layers kept in the content store + " size(unpacked) " unpacked into snapshots"
+            how = size(kept) " of compressed layers kept in the content store + "
+            how = how size(unpacked) " unpacked into snapshots"
             staged = kept
         } else if (ENVIRON["KIND"] == "podman") {
             if (ENVIRON["SAME_FS"] != "") staged = copies * tar
-            how = (staged ? size(staged) " in " ENVIRON["STAGE"] " for the copy of the archive Podman loads from and the two Podman makes of its layers + " : "") size(unpacked) " unpacked"
+            how = (staged ? size(staged) " in " ENVIRON["STAGE"] " for " podman " + " : "") size(unpacked) " unpacked"
         } else {
             staged = tar
-            how = size(staged) " for the archive " title " unpacks into " root "/tmp before it registers the layers + " size(unpacked) " unpacked"
+            how = size(staged) " for the archive " title " unpacks into " root "/tmp before it registers the layers + "
+            how = how size(unpacked) " unpacked"
         }
-        if (held) how = how "; " held " layer" (held != 1 ? "s " : " ") title " holds already " (held != 1 ? "are" : "is") " not unpacked again"
+        if (held == 1) how = how "; 1 layer " title " holds already is not unpacked again"
+        if (held > 1) how = how "; " held " layers " title " holds already are not unpacked again"
         need = staged + unpacked
         how = "the bundle needs about " size(need) " (" how ")"
-        if (ENVIRON["FREE_K"] == "") { print "nocheck\t" how; exit }
-        if (ENVIRON["STAGE_FREE_K"] != "" && ENVIRON["STAGE_FREE_K"] * 1024 < copies * tar) {
-            print "fail\tnot enough space for " title "'"'"'s copy of the archive in " ENVIRON["STAGE"] ": it needs " size(copies * tar) " (the copy of the archive Podman loads from and the two Podman makes of its layers), " size(ENVIRON["STAGE_FREE_K"] * 1024) " is free"
-            print "stage"; exit
-        }
-        if (ENVIRON["FREE_K"] * 1024 < need) { print "fail\tnot enough space for " title " under " root ": " how ", " size(ENVIRON["FREE_K"] * 1024) " is free"; exit }
-        print "ok\t" how
+        free = ENVIRON["FREE_K"] * 1024; stage_free = ENVIRON["STAGE_FREE_K"] * 1024
+        if (ENVIRON["FREE_K"] == "") { print "nocheck"; print how }
+        else if (ENVIRON["STAGE_FREE_K"] != "" && stage_free < copies * tar) {
+            print "stagefail"
+            print "not enough space for " title "\047s copy of the archive in " ENVIRON["STAGE"] ": it needs " \
+                size(copies * tar) " (" podman "), " size(stage_free) " is free"
+        } else if (free < need) { print "fail"; print "not enough space for " title " under " root ": " how ", " size(free) " is free" }
+        else { print "ok"; print how }
     }')
-case "$verdict" in
-    nocheck*) echo "load.sh: warning: cannot check free space for $title (${nocheck:-df cannot measure ${root:-its root}}); ${verdict#nocheck	}" >&2 ;;
-    fail*)
-        case "$verdict" in *"
-stage") advice=@STAGING_ADVICE@; verdict=${verdict%"
-stage"} ;; esac
+nl='
+'
+status=${verdict%%"$nl"*}
+verdict=${verdict#*"$nl"}
+case "$status" in
+    nocheck) echo "load.sh: warning: cannot check free space for $title (${nocheck:-df cannot measure ${root:-its root}}); $verdict" >&2 ;;
+    fail|stagefail)
+        [ "$status" = fail ] || advice=@STAGING_ADVICE@
         if [ -n "$force" ]; then
-            echo "load.sh: warning: ${verdict#fail	} (--force: trying anyway)" >&2
+            echo "load.sh: warning: $verdict (--force: trying anyway)" >&2
         else
-            echo "load.sh: error: ${verdict#fail	}; nothing was loaded" >&2
+            echo "load.sh: error: $verdict; nothing was loaded" >&2
             echo "load.sh: $advice; or pass --force to try anyway" >&2
             exit 1
         fi ;;

@@ -330,8 +330,12 @@ if [ "$runtime" = auto ]; then
     fi
 else
     why=$(why_not "$runtime")
+    because=""
+    if [ -n "$follows" ] && [ "$runtime" = containerd ]; then because="the kubelet's, from $kube_source"
+    elif [ -n "$follows" ]; then because="the kubelet's, through cri-dockerd at $kube_endpoint, from $kube_source"; fi
     if [ -n "$why" ] && [ -n "$follows" ]; then
-        echo "load.sh: error: the kubelet's runtime does not answer: $runtime: $why; nothing was loaded" >&2
+        at=""; [ "$runtime" != containerd ] || at=" at $address"
+        echo "load.sh: error: the kubelet's runtime does not answer: $runtime$at ($because): $why; nothing was loaded" >&2
         echo "load.sh: start it, or choose another runtime with --runtime (Pods will not find the images there)" >&2
         exit 5
     fi
@@ -339,9 +343,7 @@ else
         echo "load.sh: error: cannot load into $runtime (--runtime or IMGTOOL_RUNTIME): $why; nothing was loaded" >&2
         exit 5
     fi
-    skipped=""
-    if [ -n "$follows" ] && [ "$runtime" = containerd ]; then skipped="the kubelet's, from $kube_source"
-    elif [ -n "$follows" ]; then skipped="the kubelet's, through cri-dockerd at $kube_endpoint, from $kube_source"; fi
+    skipped=$because
 fi
 case "$(uname -m)" in
     x86_64|amd64) arch=amd64; platform=linux/amd64 ;;
