@@ -26,7 +26,7 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
 # what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -157,8 +157,8 @@ def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_
         assert lines[1] == (f"load.sh: runtime: containerd at {node.sock}, namespace k8s.io, "
                             f"platform linux/{host_arch()} (docker: not installed)")
         manifest = json.loads((out / "bundle.json").read_text())["images"][0]["manifest_digest"]
-        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
-                                          (image.config_digest, "io.cri-containerd.image=managed")}
+        labels = "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"  # pinned by default
+        assert node.refs_of(manifest) == {(ref, labels), (image.config_digest, labels)}
         assert node.images() - before == {ref, image.config_digest}  # no import-DATE@sha256 refs
         assert node.ctr("snapshots", "ls").stdout.strip().count("\n") >= 1
     else:
@@ -166,14 +166,15 @@ def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_
         assert node.podman("image", "inspect", ref, "--format", "{{.Id}}").stdout.strip() == \
             image.config_digest.split(":", 1)[1]
         assert node.images() - before == {ref, image.config_digest}
-    assert lines[2:] == ["load.sh: loading 1 image(s) into " + node.kind + " ...", "load.sh: done"]
+    pinned = [f"load.sh: pinned: {ref} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps them on "
+              "containerd 1.7+)"] if node.kind == "containerd" else []
+    assert lines[2:] == ["load.sh: loading 1 image(s) into " + node.kind + " ...", *pinned, "load.sh: done"]
     assert node.run(ref).strip() == "hi"
 
     again = node.load_sh(out)  # already there: loads again, changes nothing
     assert again.returncode == 0, again.stderr
     if node.kind == "containerd":
-        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
-                                          (image.config_digest, "io.cri-containerd.image=managed")}
+        assert node.refs_of(manifest) == {(ref, labels), (image.config_digest, labels)}
 
 
 def test_a_damaged_part_is_refused_as_on_docker_and_nothing_is_recorded(node, factory, uniq, tmp_path, services):
@@ -364,7 +365,7 @@ def test_help_and_readme_say_how_to_load_on_kubernetes_podman_and_isula(factory,
     out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
     help_ = subprocess.run(["sh", "load.sh", "--help"], cwd=out, capture_output=True, text=True, timeout=HANG)
     assert help_.returncode == 0
-    assert help_.stdout.startswith("usage: sh load.sh [--runtime docker|containerd|podman] [--help]\n")
+    assert help_.stdout.startswith("usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]\n")
     assert "--runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other." in help_.stdout
     assert "--runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。" in help_.stdout
     readme = (out / "README.txt").read_text()
@@ -419,7 +420,7 @@ def shell_env(shell: str, tmp: Path, runtime: Optional[Dict[str, str]] = None, *
             (bin_ / name).symlink_to(program)
         argv = [BUSYBOX, "sh"]
     else:
-        bin_ = tool_dir(tmp / "bin", {"sort": _which("sort"), **(runtime or {})})
+        bin_ = tool_dir(tmp / "bin", runtime or {})
         argv = [_which("dash")]
     return argv, {"PATH": str(bin_), "HOME": str(tmp), "LANG": "C.UTF-8", **env}
 

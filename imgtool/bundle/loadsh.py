@@ -14,6 +14,7 @@ from ..delta import chain_ids
 from ..model import UNPACKED_PER_COMPRESSED
 from ..text import sh_quote
 from .format import BUNDLE_JSON, SHA256SUMS, BundleIndex
+from .layout import runtime_image_id
 
 # Podman 4.3 loading an archive of A bytes holds 3.0 x A in its staging dir at its peak (bundle/hostcheck.py)
 PODMAN_STAGED_COPIES = 3
@@ -207,6 +208,12 @@ esac
 # --- 3. room where the runtime keeps images -------------------------------------------------------------------
 
 
+def _ids(im) -> Tuple[str, str]:
+    """The IDs a runtime knows the image by once loaded: its config digest (Docker's graphdriver store, Podman)
+    and the manifest digest the archive's index.json names (Docker's containerd image store)."""
+    return str(runtime_image_id(im, False)), str(runtime_image_id(im, True))
+
+
 def _layer_table(index: BundleIndex) -> List[Tuple[str, int, int, str]]:
     """(chain ID, compressed, unpacked, the IDs of the images holding it) of every layer the bundle carries, once
     per chain, as hostcheck.need_for counts them."""
@@ -219,7 +226,7 @@ def _layer_table(index: BundleIndex) -> List[Tuple[str, int, int, str]]:
             if row is None:
                 size = layer.unpacked_size if layer.unpacked_size is not None else int(layer.size * UNPACKED_PER_COMPRESSED)
                 row = seen[str(chain)] = (str(chain), layer.size, size, [])
-            row[3].extend(x for x in (str(im.image_id), str(im.manifest_digest)) if x not in row[3])
+            row[3].extend(x for x in _ids(im) if x not in row[3])
     return [(chain, c, u, ",".join(ids)) for chain, c, u, ids in seen.values()]
 
 
@@ -338,7 +345,7 @@ esac
 def space_check(index: BundleIndex) -> str:
     """sh: refuse (exit 1, unless --force) when the runtime's root lacks the room this load needs there."""
     rows = "\n".join(f"{chain} {int(c)} {int(u)} {ids}" for chain, c, u, ids in _layer_table(index))
-    ids = " ".join(dict.fromkeys(str(x) for im in index.images for x in (im.image_id, im.manifest_digest)))
+    ids = " ".join(dict.fromkeys(x for im in index.images for x in _ids(im)))
     return (_SPACE.replace("@LAYERS@", rows).replace("@IDS@", ids).replace("@TAR@", str(int(index.archive.tar_size)))
             .replace("@COPIES@", str(PODMAN_STAGED_COPIES))
             .replace("@ADVICE_CONTAINERD@", sh_quote(ADVICE["containerd"].format(namespace="@NAMESPACE@")))
@@ -405,5 +412,6 @@ def forget() -> str:
 
 
 def pin(index: BundleIndex) -> str:
-    manifests = sh_quote(" ".join(dict.fromkeys(str(im.manifest_digest) for im in index.images)))
+    # the manifest digests index.json names: what ctr import records each image by
+    manifests = sh_quote(" ".join(dict.fromkeys(str(runtime_image_id(im, True)) for im in index.images)))
     return _PIN.replace("@MANIFESTS@", manifests).replace("@LABEL@", PINNED)
