@@ -39,9 +39,7 @@ only_new() {  # the lines of stdin that are not lines of $1
     before=$1 awk 'BEGIN { n = split(ENVIRON["before"], a, "\n"); for (i = 1; i <= n; i++) seen[a[i]] = 1 } !($0 in seen)'
 }
 part_names() {
-    cat <<'EOF'
-@PARTS@
-EOF
+    printf '%s\n' @PARTS@
 }
 sums_file=@SUMS@
 why_not_sums=""
@@ -77,7 +75,7 @@ fi
 def sums_choice(index: BundleIndex) -> str:
     """sh: set $sums_file to what the files are checked against (SHA256SUMS, or - for bundle.json's sums in
     $sums), or refuse (exit 3) when nothing names every part with its sha256."""
-    names = "\n".join(p.name for p in index.parts)  # part names are plain file names (format.py checks them)
+    names = " ".join(sh_quote(p.name) for p in index.parts)
     return _SUMS.replace("@PARTS@", names).replace("@SUMS@", SHA256SUMS).replace("@JSON@", BUNDLE_JSON)
 
 

@@ -588,14 +588,17 @@ def _runtimes_en(index: BundleIndex, unpack: str) -> str:
     zstd = ("This bundle HAS zstd layers: fetch it again with --layers compat." if zstd_layer_refs(index)
             else "This bundle has no zstd layers.")
     return f"""
-On a Kubernetes node (containerd, no Docker)
-  sh load.sh finds no Docker and imports into containerd, after the same checks:
+On a Kubernetes node (containerd)
+  sh load.sh loads where the kubelet reads images, as the kubelet's configuration says (even
+  where Docker is installed too), after the same checks:
     cat <parts in order>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
-  into the namespace k8s.io, where the kubelet looks for images, unpacked for this host and named
-  as listed above. The socket and namespace are CONTAINERD_ADDRESS (default
-  /run/containerd/containerd.sock) and CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself.
-  sh load.sh --runtime containerd (or IMGTOOL_RUNTIME=containerd) uses containerd even beside
-  Docker; check with: crictl images, or ctr -n k8s.io images ls.{multi}
+  into the namespace k8s.io at the kubelet's socket, unpacked for this host, named as listed above
+  and pinned (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps it; --no-pin: not).
+  Without a kubelet it uses containerd when there is no Docker. The socket and namespace are
+  CONTAINERD_ADDRESS (default: the kubelet's, else /run/containerd/containerd.sock) and
+  CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself. sh load.sh --runtime containerd (or
+  IMGTOOL_RUNTIME=containerd) uses containerd even beside Docker; check with: crictl images, or
+  ctr -n k8s.io images ls.{multi}
 
 On Podman (RHEL family, openEuler)
   With neither Docker nor containerd's socket (or with --runtime podman) sh load.sh runs:
@@ -617,11 +620,13 @@ def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
              "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
     zstd = "本镜像包含 zstd 压缩层：请用 --layers compat 重新获取。" if zstd_layer_refs(index) else "本镜像包没有 zstd 压缩层。"
     return f"""
-在 Kubernetes 节点上（containerd，没有 Docker）
-  sh load.sh 找不到 Docker 时导入 containerd，校验与上面相同：
+在 Kubernetes 节点上（containerd）
+  sh load.sh 按 kubelet 的配置导入 kubelet 读取镜像的地方（即使同时装有 Docker），校验与上面相同：
     cat <按顺序列出的分卷>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
-  导入到 kubelet 查找镜像的命名空间 k8s.io，按本机平台解压，名称即上面所列。套接字和命名空间取自
-  CONTAINERD_ADDRESS（默认 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
+  导入到 kubelet 所用套接字的命名空间 k8s.io，按本机平台解压，名称即上面所列，并固定
+  （io.cri-containerd.pinned=pinned：kubelet 的镜像回收不会删除它；--no-pin 则不固定）。没有 kubelet 时，
+  只在没有 Docker 时导入 containerd。套接字和命名空间取自 CONTAINERD_ADDRESS（默认为 kubelet 的，
+  否则 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
   sh load.sh --runtime containerd（或 IMGTOOL_RUNTIME=containerd）在有 Docker 的主机上也导入 containerd；
   导入后可用 crictl images 或 ctr -n k8s.io images ls 查看。{multi}
 
