@@ -643,3 +643,24 @@ def test_no_room_is_refused_as_imgtool_refuses_it_and_a_disk_filled_by_the_impor
                        f"kept{os.getpid()}", "echo", "hi").stdout.strip() == "hi"
         finally:
             own.stop()
+
+
+def test_podman_s_copies_of_the_archive_need_room_where_load_sh_stages_them_as_imgtool_says(services, factory, uniq,
+                                                                                              tmp_path, tiny_tmpfs):
+    """Podman loads from a copy of the archive in $TMPDIR (else /var/tmp) and copies its layers there twice more:
+    a 1 MiB TMPDIR on a file system of its own is refused by load.sh with imgtool's sentence and advice, exit 1,
+    before Podman sees a byte."""
+    node = Node("podman", services, tmp_path / "node")
+    image = factory.image(host_arch(), layers=2, layer_size=300_000)
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b", [(image, f"{REPO}/{uniq}/staged:v1")])
+    before = node.state()
+    r = node.load_sh(out, TMPDIR=str(tiny_tmpfs))
+    imgtool = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "podman"],
+                             env=dict(node.podman_env, TMPDIR=str(tiny_tmpfs)), capture_output=True, text=True,
+                             timeout=HANG)
+    assert imgtool.returncode == 1, imgtool.stderr
+    detail, hint = imgtool.stderr.splitlines()[:2]
+    assert detail.startswith(f"error: not enough space for Podman's copy of the archive in {tiny_tmpfs}: it needs ")
+    assert (r.returncode, r.stderr.splitlines()[2:]) == (1, [
+        f"load.sh: {detail}; nothing was loaded", "load.sh: " + hint[len("hint: "):]])
+    assert node.state() == before and list(tiny_tmpfs.iterdir()) == []
