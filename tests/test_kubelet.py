@@ -49,9 +49,13 @@ def find_on(node: SimulatedNode):
 SOCK = "unix:///run/containerd/containerd.sock"
 
 
-@pytest.mark.parametrize("case", ["flag", "config-flag", "flag-beats-config", "kubeadm", "config.yaml", "crictl",
-                                  "k3s", "microk8s", "cri-dockerd", "default", "none"])
-def test_the_kubelets_runtime_is_read_where_each_kind_of_node_keeps_it(case, tmp_path):
+CASES = ["flag", "config-flag", "flag-beats-config", "kubeadm", "config.yaml", "crictl", "k3s", "microk8s", "cri-dockerd",
+         "default", "none"]
+
+
+def node_of(case: str, tmp_path: Path):
+    """A simulated node of each kind (CASES) and what must be found there: {runtime, endpoint, source} with the
+    kubelet's pid as N, or None (no kubelet). tests/test_load_sh.py holds load.sh to the same."""
     conf = str(tmp_path / "config.yaml")
     files, args, links, name = {}, None, {}, "kubelet"
     expect = {"runtime": "containerd", "endpoint": SOCK}
@@ -92,16 +96,27 @@ def test_the_kubelets_runtime_is_read_where_each_kind_of_node_keeps_it(case, tmp
         args = ["--v=2"]
         expect.update(source="the kubelet's command line, pid N: no endpoint given, the kubelet's default")
     node = SimulatedNode(tmp_path / "node", files=files, kubelet_args=args, links=links, process_name=name)
+    return node, (None if case == "none" else expect)
+
+
+def pid_as_n(source: str) -> str:
+    """The kubelet's pid in its namespace (2, 3, ... whatever the namespace gave it) as N."""
+    if "pid " not in source:
+        return source
+    pid = source.split("pid ")[1].split(":")[0].split(")")[0]
+    assert pid.isdigit(), source
+    return source.replace(f"pid {pid}", "pid N")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_kubelets_runtime_is_read_where_each_kind_of_node_keeps_it(case, tmp_path):
+    node, expect = node_of(case, tmp_path)
     found = find_on(node)
-    if case == "none":
+    if expect is None:
         assert found is None
         return
     assert found["warnings"] == []
-    source = found["source"]
-    if "pid " in source:  # the kubelet's pid in its namespace: 2, 3, ... whatever the namespace gave it
-        pid = source.split("pid ")[1].split(":")[0]
-        assert pid.isdigit()
-        found["source"] = source.replace(f"pid {pid}", "pid N")
+    found["source"] = pid_as_n(found["source"])
     assert {k: found[k] for k in expect} == expect
 
 

@@ -9,13 +9,14 @@ Podman), never docker; the same test runs on every runtime.
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
 import pytest
 
 from imgtool.bundle.writer import write_bundle
-from imgtool.delta import DeltaPlan, Have
+from imgtool.delta import DeltaPlan, Have, chain_ids
 from imgtool.model import Digest
 from imgtool.progress import Progress
 from tests.support.bundles import BlobDir, parts_of, write
@@ -26,7 +27,7 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
 # what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -157,8 +158,8 @@ def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_
         assert lines[1] == (f"load.sh: runtime: containerd at {node.sock}, namespace k8s.io, "
                             f"platform linux/{host_arch()} (docker: not installed)")
         manifest = json.loads((out / "bundle.json").read_text())["images"][0]["manifest_digest"]
-        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
-                                          (image.config_digest, "io.cri-containerd.image=managed")}
+        labels = "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"  # pinned by default
+        assert node.refs_of(manifest) == {(ref, labels), (image.config_digest, labels)}
         assert node.images() - before == {ref, image.config_digest}  # no import-DATE@sha256 refs
         assert node.ctr("snapshots", "ls").stdout.strip().count("\n") >= 1
     else:
@@ -166,14 +167,15 @@ def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_
         assert node.podman("image", "inspect", ref, "--format", "{{.Id}}").stdout.strip() == \
             image.config_digest.split(":", 1)[1]
         assert node.images() - before == {ref, image.config_digest}
-    assert lines[2:] == ["load.sh: loading 1 image(s) into " + node.kind + " ...", "load.sh: done"]
+    pinned = [f"load.sh: pinned: {ref} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps them on "
+              "containerd 1.7+)"] if node.kind == "containerd" else []
+    assert lines[2:] == ["load.sh: loading 1 image(s) into " + node.kind + " ...", *pinned, "load.sh: done"]
     assert node.run(ref).strip() == "hi"
 
     again = node.load_sh(out)  # already there: loads again, changes nothing
     assert again.returncode == 0, again.stderr
     if node.kind == "containerd":
-        assert node.refs_of(manifest) == {(ref, "io.cri-containerd.image=managed"),
-                                          (image.config_digest, "io.cri-containerd.image=managed")}
+        assert node.refs_of(manifest) == {(ref, labels), (image.config_digest, labels)}
 
 
 def test_a_damaged_part_is_refused_as_on_docker_and_nothing_is_recorded(node, factory, uniq, tmp_path, services):
@@ -364,7 +366,7 @@ def test_help_and_readme_say_how_to_load_on_kubernetes_podman_and_isula(factory,
     out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
     help_ = subprocess.run(["sh", "load.sh", "--help"], cwd=out, capture_output=True, text=True, timeout=HANG)
     assert help_.returncode == 0
-    assert help_.stdout.startswith("usage: sh load.sh [--runtime docker|containerd|podman] [--help]\n")
+    assert help_.stdout.startswith("usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]\n")
     assert "--runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other." in help_.stdout
     assert "--runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。" in help_.stdout
     readme = (out / "README.txt").read_text()
@@ -400,3 +402,265 @@ def test_a_part_this_user_may_not_read_is_named_as_that_not_as_damage(factory, t
     r = subprocess.run([_which("setpriv"), "--bounding-set=-dac_override,-dac_read_search", "sh", "load.sh"], cwd=out,
                        env=env, capture_output=True, text=True, timeout=HANG)
     assert (r.returncode, r.stderr.splitlines()[1]) == (3, SUMS_DAMAGED)
+
+
+# --- issue 36 item 4: parts it cannot check, the kubelet's runtime, space, a failed import, the pin ----------------
+
+SHELLS = ["dash", "busybox"]  # Debian's /bin/sh with its tools; busybox's sh with busybox's applets and nothing else
+
+
+def shell_env(shell: str, tmp: Path, runtime: Optional[Dict[str, str]] = None, **env: str):
+    """(argv prefix, environment) to run load.sh with `shell` and a PATH of its tools and `runtime` only."""
+    if shell == "busybox":
+        from tests.support.images import BUSYBOX
+
+        bin_ = tmp / "busybox-bin"
+        bin_.mkdir(parents=True)
+        subprocess.run([BUSYBOX, "--install", "-s", str(bin_)], check=True, timeout=60)
+        for name, program in (runtime or {}).items():
+            (bin_ / name).symlink_to(program)
+        argv = [BUSYBOX, "sh"]
+    else:
+        bin_ = tool_dir(tmp / "bin", runtime or {})
+        argv = [_which("dash")]
+    return argv, {"PATH": str(bin_), "HOME": str(tmp), "LANG": "C.UTF-8", **env}
+
+
+def on_node(node, argv, env: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """argv run on a simulated node with exactly `env` (the node's own set-up runs with the system's tools)."""
+    return node.run(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv],
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=cwd)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_parts_it_cannot_check_are_refused_and_bundle_json_s_sums_stand_in(shell, factory, tmp_path):
+    """SHA256SUMS missing, empty, or not naming every part: load.sh printed "checking the files against SHA256SUMS"
+    and checked nothing. Now the sha256 bundle.json gives for every part stands in, and without those it refuses,
+    exit 3, before any runtime is asked (here there is none: a load.sh that went on would exit 5)."""
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=2, layer_size=100_000), f"{REPO}/x:v1")],
+                  chunk_size=128 * 1024)
+    parts = parts_of(out)
+    argv, env = shell_env(shell, tmp_path / "env", CONTAINERD_ADDRESS=str(tmp_path / "no.sock"))
+
+    def run():
+        return subprocess.run([*argv, "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+
+    sums = (out / "SHA256SUMS").read_text()
+    doc = (out / "bundle.json").read_text()
+    no_runtime = ("load.sh: error: no container runtime to load into (docker: not installed, containerd: no ctr "
+                  "command, podman: not installed); nothing was loaded")
+    fallback = "load.sh: SHA256SUMS is missing: checking the files against the sha256 bundle.json gives for them ..."
+    (out / "SHA256SUMS").unlink()
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[:2]) == (5, [fallback, no_runtime]), r.stderr
+    damaged = bytearray(parts[1].read_bytes())
+    damaged[10] ^= 0xFF
+    parts[1].write_bytes(bytes(damaged))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        fallback, SUMS_DAMAGED, f"    {parts[1].name}: FAILED",
+        "load.sh: re-copy them from the source medium, then run load.sh again"])
+    damaged[10] ^= 0xFF
+    parts[1].write_bytes(bytes(damaged))
+
+    (out / "SHA256SUMS").write_text("")
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[0]) == (5, fallback.replace("is missing", "is empty")), r.stderr
+    cannot = ("load.sh: error: cannot check the parts: {}, and bundle.json does not give the sha256 of every part; "
+              "nothing was loaded")
+    hint = "load.sh: copy SHA256SUMS and bundle.json again from the source medium (or check the bundle with: imgtool verify .)"
+    (out / "bundle.json").unlink()
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [cannot.format("SHA256SUMS is empty"), hint])
+
+    (out / "SHA256SUMS").write_text("".join(line + "\n" for line in sums.splitlines() if parts[-1].name not in line))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        cannot.format(f"SHA256SUMS does not name every part (not: {parts[-1].name})"), hint])
+    # bundle.json without a part's sha256 (a careless edit) is no stand-in either
+    (out / "bundle.json").write_text(doc.replace(json.loads(doc)["parts"][0]["sha256"], "unknown"))
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()) == (3, [
+        cannot.format(f"SHA256SUMS does not name every part (not: {parts[-1].name})"), hint])
+    (out / "SHA256SUMS").write_text(sums)
+    (out / "bundle.json").write_text(doc)
+    r = run()
+    assert (r.returncode, r.stderr.splitlines()[:2]) == (5, ["load.sh: checking the files against SHA256SUMS ...", no_runtime])
+
+
+@pytest.mark.parametrize("case", ["flag", "config-flag", "flag-beats-config", "kubeadm", "config.yaml", "crictl", "k3s",
+                                  "microk8s", "cri-dockerd", "default", "none", "nested"])
+def test_load_sh_finds_the_kubelets_runtime_where_imgtool_does(case, factory, tmp_path):
+    """The kubelet's runtime as kubelet.py finds it, on the same simulated nodes (tests/test_kubelet.py): load.sh
+    follows it and no other; here it does not answer, and load.sh says whose it is and where it read that."""
+    from tests.support.kubenode import SimulatedNode
+    from tests.test_kubelet import node_of, pid_as_n
+
+    store = BlobDir(tmp_path / "blobs")
+    out = _bundle(store, tmp_path / "b", [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    if case == "nested":  # a kubelet in a PID and mount namespace of its own: another node's
+        node, expect = SimulatedNode(tmp_path / "node", nested_kubelet_args=["--container-runtime-endpoint=unix:///n.sock"]), None
+    else:
+        node, expect = node_of(case, tmp_path)
+    argv, env = shell_env("dash", tmp_path / "env")
+    r = on_node(node, [*argv, "load.sh"], env, out)
+    assert r.returncode == 5, r.stderr
+    line = pid_as_n(r.stderr.splitlines()[1])
+    if expect is None:
+        assert line.startswith("load.sh: error: no container runtime to load into (docker: not installed, "), r.stderr
+    elif expect["runtime"] == "docker":
+        assert line == (f"load.sh: error: the kubelet's runtime does not answer: docker (the kubelet's, through cri-dockerd "
+                        f"at {expect['endpoint']}, from {expect['source']}): not installed; nothing was loaded")
+    else:
+        address = expect["endpoint"][len("unix://"):]
+        assert line == (f"load.sh: error: the kubelet's runtime does not answer: containerd at {address} (the kubelet's, "
+                        f"from {expect['source']}): no ctr command; nothing was loaded")
+    if expect is not None:
+        assert r.stderr.splitlines()[2] == ("load.sh: start it, or choose another runtime with --runtime (Pods will not "
+                                            "find the images there)")
+
+
+@pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])
+def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_docker_gets_nothing(
+        version, shell, services, factory, uniq, tmp_path):
+    """Issue 36's done-when for load.sh: a kubelet on the test's containerd, a dockerd answering too; `sh load.sh`
+    puts the image into k8s.io, unpacked and pinned (the CRI reports it pinned where the version honours the
+    label), says why, and Docker gets nothing."""
+    from tests.support.cri import ImageService
+    from tests.support.daemon import DockerCLI
+    from tests.test_kubelet import kube_node, pid_as_n, pinned_on, remove_from
+
+    image = factory.image(host_arch(), layers=2, layer_size=100_000)
+    ref = f"{REPO}/{uniq}/node:v1"
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b", [(image, ref)], chunk_size=128 * 1024)
+    socket = services.containerd(version)
+    docker = DockerCLI(services.docker_host)
+    before = docker.image_ids()
+    node = kube_node(tmp_path, socket)
+    argv, env = shell_env(shell, tmp_path / "env", {"ctr": _which("ctr"), "docker": _which("docker")},
+                          DOCKER_HOST=services.docker_host)
+    cri = ImageService(socket)
+    try:
+        r = on_node(node, [*argv, "load.sh"], env, out)
+        assert r.returncode == 0, r.stderr
+        lines = [pid_as_n(line) for line in r.stderr.splitlines()]
+        assert lines == [
+            "load.sh: checking the files against SHA256SUMS ...",
+            f"load.sh: runtime: containerd at {socket}, namespace k8s.io, platform linux/{host_arch()} (the kubelet's, "
+            "from the kubelet's command line, pid N)",
+            "load.sh: loading 1 image(s) into containerd ...",
+            f"load.sh: pinned: {ref} (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps them on containerd 1.7+)",
+            "load.sh: done"]
+        assert docker.image_ids() == before  # Docker answered, and got nothing
+        status = cri.status(ref)
+        assert status is not None and status.id == image.config_digest
+        assert status.pinned is pinned_on(version)
+        rows = [line.split() for line in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "images", "ls"],
+                                                        capture_output=True, text=True, timeout=HANG).stdout.splitlines()]
+        assert [row[-1] for row in rows if row[0] == ref] == ["io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        assert top in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "snapshots", "ls"], capture_output=True,
+                                     text=True, timeout=HANG).stdout  # unpacked
+
+        remove_from(socket, image, ref.rsplit(":", 1)[0])
+        r = on_node(node, [*argv, "load.sh", "--no-pin"], env, out)
+        assert r.returncode == 0, r.stderr
+        assert not [line for line in r.stderr.splitlines() if "pinned" in line]
+        status = cri.status(ref)
+        assert status is not None and status.pinned is False
+    finally:
+        cri.close()
+        remove_from(socket, image, ref.rsplit(":", 1)[0])
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_no_room_is_refused_as_imgtool_refuses_it_and_a_disk_filled_by_the_import_is_left_as_it_was(
+        version, services, factory, uniq, tmp_path):
+    """containerd's root on a small ext4 (tests/support/smallfs.py, bound over the root of a containerd of this test
+    alone): the layers fit compressed but not unpacked too. load.sh refuses with imgtool's numbers and words
+    (exit 1, nothing sent); with --force the disk fills during the unpack, ctr fails, and load.sh removes what the
+    import recorded: image records, blobs, snapshots and free space are as before, and the image that was there
+    before is untouched. (It left the record, its blobs and snapshots, and 0 bytes free: issue 36 item 4.)"""
+    from tests.support.smallfs import free_bytes, small_fs
+    from tests.test_kubelet import OwnContainerd, clean_env, ctr
+
+    kept = factory.image(host_arch(), layers=1, layer_size=50_000, runnable=True)
+    kept_ref = f"{REPO}/{uniq}/kept:v1"
+    kept_out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "kept", [(kept, kept_ref)])
+    big = factory.image(host_arch(), layers=2, layer_size=[64 * 1024, 12 << 20])  # ~30 MiB unpacked
+    big_ref = f"{REPO}/{uniq}/big:v1"
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "big", [(big, big_ref)])
+    with small_fs(tmp_path / "disk", 40 << 20) as disk:
+        own = OwnContainerd(services, version)
+        try:
+            subprocess.run(["mount", "--bind", str(disk), str(own.dir / "root")], check=True, timeout=60)
+            own.start()
+            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                   "CONTAINERD_ADDRESS": own.socket}
+
+            def load_sh(bundle: Path, *args: str) -> subprocess.CompletedProcess:
+                return subprocess.run(["sh", "load.sh", "--runtime", "containerd", *args], cwd=bundle, env=env,
+                                      capture_output=True, text=True, timeout=HANG)
+
+            assert load_sh(kept_out).returncode == 0
+            # containerd's GC collects, a while after an import, the blobs nothing references (the archive's
+            # docker-side manifest): let it run now (a lease deleted with --sync), so that "before" is settled
+            ctr(own.socket, "leases", "create", "--id", "settle")
+            ctr(own.socket, "leases", "delete", "--sync", "settle")
+
+            def state():
+                return tuple(ctr(own.socket, *what).stdout for what in (
+                    ("images", "ls"), ("content", "ls", "-q"), ("snapshots", "ls"), ("leases", "ls", "-q")))
+
+            before, free = state(), free_bytes(disk)
+            assert kept_ref in before[0]
+
+            r = load_sh(out)
+            imgtool = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
+                                      "--address", own.socket], capture_output=True, text=True, timeout=HANG,
+                                     env=clean_env())
+            assert imgtool.returncode == 1, imgtool.stderr
+            detail, hint = imgtool.stderr.splitlines()[:2]
+            assert detail.startswith(f"error: not enough space for containerd under {own.dir / 'root'}: the bundle needs "
+                                     "about "), imgtool.stderr
+            assert (r.returncode, r.stderr.splitlines()[2:]) == (1, [
+                f"load.sh: {detail}; nothing was loaded", "load.sh: " + hint[len("hint: "):]])
+            assert state() == before
+
+            r = load_sh(out, "--force")
+            assert r.returncode == 1, r.stderr
+            lines = r.stderr.splitlines()
+            assert lines[2] == f"load.sh: warning: {detail[len('error: '):]} (--force: trying anyway)"
+            assert "load.sh: error: ctr images import failed (exit 1)" in lines
+            assert lines[-1].startswith("load.sh: removed what the failed import had recorded: "), r.stderr
+            assert "no space left on device" in r.stderr
+            assert state() == before
+            assert free_bytes(disk) >= free - (1 << 20), (free, free_bytes(disk))
+            top = str(chain_ids(tuple(Digest.parse(d) for d in kept.diff_ids))[-1])
+            assert top in before[2]
+            assert ctr(own.socket, "run", "--rm", "--runc-root", str(own.dir / "runc" / "k8s.io"), kept_ref,
+                       f"kept{os.getpid()}", "echo", "hi").stdout.strip() == "hi"
+        finally:
+            own.stop()
+
+
+def test_podman_s_copies_of_the_archive_need_room_where_load_sh_stages_them_as_imgtool_says(services, factory, uniq,
+                                                                                              tmp_path, tiny_tmpfs):
+    """Podman loads from a copy of the archive in $TMPDIR (else /var/tmp) and copies its layers there twice more:
+    a 1 MiB TMPDIR on a file system of its own is refused by load.sh with imgtool's sentence and advice, exit 1,
+    before Podman sees a byte."""
+    node = Node("podman", services, tmp_path / "node")
+    image = factory.image(host_arch(), layers=2, layer_size=300_000)
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b", [(image, f"{REPO}/{uniq}/staged:v1")])
+    before = node.state()
+    r = node.load_sh(out, TMPDIR=str(tiny_tmpfs))
+    imgtool = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "podman"],
+                             env=dict(node.podman_env, TMPDIR=str(tiny_tmpfs)), capture_output=True, text=True,
+                             timeout=HANG)
+    assert imgtool.returncode == 1, imgtool.stderr
+    detail, hint = imgtool.stderr.splitlines()[:2]
+    assert detail.startswith(f"error: not enough space for Podman's copy of the archive in {tiny_tmpfs}: it needs ")
+    assert (r.returncode, r.stderr.splitlines()[2:]) == (1, [
+        f"load.sh: {detail}; nothing was loaded", "load.sh: " + hint[len("hint: "):]])
+    assert node.state() == before and list(tiny_tmpfs.iterdir()) == []

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, AbstractSet, Optional
 from ..delta import chain_ids
 from ..model import UNPACKED_PER_COMPRESSED, Digest, format_size
 from .format import BundleIndex
+from .loadsh import ADVICE, PODMAN_STAGED_COPIES, STAGING_ADVICE
 from .texts import ZSTD_REMEDY, zstd_layer_refs
 
 if TYPE_CHECKING:
@@ -25,20 +26,16 @@ if TYPE_CHECKING:
 # and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its
 # peak, imgtool's copy of the archive plus two copies Podman makes of the layers while it reads and applies them,
 # all removed after; its graphroot holds what the layers unpack to (overlay: +0.4 % for big files, +5 % for many
-# small ones).
-PODMAN_STAGED_COPIES = 3
+# small ones). PODMAN_STAGED_COPIES and the advice live in loadsh.py: load.sh applies the same rules.
 TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the archive staged (or kept) while loading
-FREE_SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
+FREE_SPACE_ADVICE = ADVICE["docker"]
 
 
 def free_space_advice(facts: "RuntimeInfo") -> str:
     """How to make room where this runtime keeps images, in its own tools' words."""
     if facts.runtime == "containerd":
-        return (f"free space there (ctr -n {facts.namespace or 'k8s.io'} images prune --all; on a Kubernetes node "
-                "crictl rmi --prune), or move containerd's root (root in /etc/containerd/config.toml)")
-    if facts.runtime == "podman":
-        return "free space there (podman image prune, podman system df), or move Podman's graphroot (storage.conf)"
-    return FREE_SPACE_ADVICE
+        return ADVICE["containerd"].format(namespace=facts.namespace or "k8s.io")
+    return ADVICE["podman"] if facts.runtime == "podman" else FREE_SPACE_ADVICE
 
 
 @dataclass
@@ -229,4 +226,4 @@ def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Option
     return Check("space", "fail", f"not enough space for {facts.title}'s copy of the archive in {stage}: it needs "
                  f"{format_size(need)} (the copy of the archive Podman loads from and the two Podman makes of its "
                  f"layers), {format_size(free)} is free{_staged_by_others(facts, stage)}",
-                 f"free space there, or point TMPDIR at a directory with room for {PODMAN_STAGED_COPIES} times the archive")
+                 STAGING_ADVICE)

@@ -7,6 +7,7 @@ from ..delta import describe_requirements, requirements
 from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
 from ..sshsig import NAMESPACE
 from ..text import for_terminal, sh_quote
+from . import loadsh
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
@@ -40,10 +41,17 @@ set -u
 
 usage() {{
     cat <<'EOF'
-usage: sh load.sh [--runtime docker|containerd|podman] [--help]
+usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]
 
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
-missing part), then streams the parts in order into the container runtime:
+missing part; without a SHA256SUMS naming every part, against the sha256
+bundle.json gives for each, else it refuses: exit 3), checks that the runtime
+has room for the images, then streams the parts in order into the runtime.
+On a Kubernetes node it loads where the kubelet reads images, as its
+configuration says (a kubelet process's flags, /var/lib/kubelet, /etc/crictl.yaml,
+k3s/RKE2 and MicroK8s sockets): its containerd at that socket, namespace k8s.io,
+unpacked and pinned (io.cri-containerd.pinned=pinned; --no-pin: not), or Docker
+for cri-dockerd; and it says why. Elsewhere, the first of:
   docker       `docker load`, when the docker command is there and its daemon answers;
   containerd   else `ctr images import` (a Kubernetes node): the socket is
                $CONTAINERD_ADDRESS (default /run/containerd/containerd.sock), the
@@ -52,6 +60,8 @@ missing part), then streams the parts in order into the container runtime:
   podman       else `podman load`.
 It prints the runtime it chose; with none of them it says why for each and exits 5.
 --runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other.
+--force loads even when the runtime's root seems to lack the room (exit 1 without).
+A failed ctr import leaves nothing: what it recorded is removed.
 Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
 Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
 ~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
@@ -65,8 +75,12 @@ installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
 
 {_ways(index, "en")}
 
-用法: sh load.sh [--runtime docker|containerd|podman]
-先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷），再按顺序把分卷送入容器运行时：
+用法: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force]
+先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷；SHA256SUMS 缺失或未列出每个分卷时，按 bundle.json
+给出的 sha256 校验，两者都不行则拒绝导入，退出码 3），再检查运行时的存储目录空间是否足够，然后按顺序把分卷送入容器运行时。
+在 Kubernetes 节点上，按 kubelet 的配置（kubelet 进程的参数、/var/lib/kubelet、/etc/crictl.yaml、k3s/RKE2 与
+MicroK8s 的套接字）导入 kubelet 读取镜像的地方：它的 containerd（该套接字，命名空间 k8s.io，解压并固定，
+即 io.cri-containerd.pinned=pinned；--no-pin 则不固定），或 cri-dockerd 对应的 Docker，并说明原因。其他主机依次尝试：
   docker       有 docker 命令且其守护进程有响应时，用 `docker load`；
   containerd   否则用 `ctr images import`（Kubernetes 节点）：套接字为 $CONTAINERD_ADDRESS
                （默认 /run/containerd/containerd.sock），命名空间为 $CONTAINERD_NAMESPACE
@@ -74,6 +88,7 @@ installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
   podman       否则用 `podman load`。
 会打印所选的运行时；三者都没有时逐一说明原因并以退出码 5 结束。
 --runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。
+--force：运行时存储目录空间看似不足时仍然导入（不加时退出码 1）。ctr 导入失败时，会删除这次导入记录的内容。
 可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
 签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
 ~/.config/imgtool/allowed_signers、/etc/imgtool/allowed_signers），先用 `ssh-keygen -Y verify` 校验
@@ -87,9 +102,13 @@ EOF
 }}
 
 runtime=${{IMGTOOL_RUNTIME:-auto}}
+no_pin=""
+force=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
+        --no-pin) no_pin=1; shift ;;
+        --force) force=1; shift ;;
         --runtime=*) runtime=${{1#--runtime=}}; shift ;;
         --runtime)
             if [ $# -lt 2 ]; then echo "load.sh: error: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
@@ -128,7 +147,7 @@ cd "$here" || exit 1
 DOCKER=${{DOCKER:-docker}}
 CTR=${{CTR:-ctr}}
 PODMAN=${{PODMAN:-podman}}
-address=${{CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}}
+address=${{CONTAINERD_ADDRESS:-}}  # else the kubelet's, else /run/containerd/containerd.sock
 namespace=${{CONTAINERD_NAMESPACE:-k8s.io}}
 
 # Nothing is read that is not a regular file: a FIFO, or a link to /dev/zero, would be read forever.
@@ -156,10 +175,12 @@ if [ -f {SHA256SUMS} ]; then
         if [ -e "$name" ] || [ -L "$name" ]; then [ -f "$name" ] || not_regular "$name"; fi
     done <{SHA256SUMS}
 fi
-{_signature_check()}
-if command -v sha256sum >/dev/null 2>&1; then
-    echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
-    bad=$(sha256sum -c {SHA256SUMS} 2>/dev/null | grep -v ': OK$')
+{_signature_check()}{loadsh.sums_choice(index)}
+if [ -z "$sums_file" ]; then
+    :  # a signed bundle: every file was checked against the signed {BUNDLE_JSON}
+elif command -v sha256sum >/dev/null 2>&1; then
+    [ "$sums_file" = - ] || echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
+    bad=$(printf '%s\n' "${{sums:-}}" | sha256sum -c "$sums_file" 2>/dev/null | grep -v ': OK$')
     # a file that is there and cannot be opened is a permission problem (re-copying it would not help)
     unreadable=$(printf '%s\n' "$bad" | sed -n 's/: FAILED open or read$//p' | while IFS= read -r f; do
         if [ -e "$f" ]; then printf '%s\n' "$f"; fi
@@ -177,17 +198,20 @@ if command -v sha256sum >/dev/null 2>&1; then
         exit 3
     fi
 else
-    echo "load.sh: warning: sha256sum not found: loading without checking the parts" >&2
+    echo "load.sh: error: sha256sum not found: cannot check the parts; nothing was loaded" >&2
+    echo "load.sh: install coreutils (or busybox), which brings sha256sum; or load with imgtool" >&2
+    exit 3
 fi
-{need_tool}{_RUNTIME_CHOICE}{_platform_check(index)}{_zstd_layers_check(index)}{_base_check(index)}{_multiarch_check(index)}
+{need_tool}{_RUNTIME_CHOICE}{_platform_check(index)}{_zstd_layers_check(index)}{_base_check(index)}{_multiarch_check(index)}{loadsh.space_check(index)}{loadsh.forget()}{loadsh.before_import()}
 echo "load.sh: loading {len(index.images)} image(s) into $runtime ..." >&2
 {pipe}
 status=$?
 if [ "$status" -ne 0 ]; then
     echo "load.sh: error: $loader failed (exit $status)" >&2
+    [ "$runtime" != containerd ] || forget
     exit "$status"
 fi
-{_tag_multiarch(index)}echo "load.sh: done" >&2
+{loadsh.pin(index)}{_tag_multiarch(index)}echo "load.sh: done" >&2
 """
     return text.encode()
 
@@ -272,7 +296,7 @@ def _signature_check() -> str:
     return _SIGNATURE_CHECK.replace("@SIG@", SIGNATURE).replace("@JSON@", BUNDLE_JSON).replace("@NS@", NAMESPACE)
 
 
-_RUNTIME_CHOICE = r"""
+_RUNTIME_CHOICE_SH = r"""
 # The runtime: Docker when its daemon answers, else containerd (a Kubernetes node) when ctr and its
 # socket are there, else Podman; --runtime / IMGTOOL_RUNTIME names one. Every question asked of a
 # runtime has a time limit (where coreutils' timeout is there); the load itself has none, as docker load.
@@ -291,6 +315,7 @@ why_not() {
             command -v "${PODMAN%% *}" >/dev/null 2>&1 || echo "not installed" ;;
     esac
 }
+@KUBELET@
 if [ "$runtime" = auto ]; then
     skipped=""
     for candidate in docker containerd podman; do
@@ -305,11 +330,20 @@ if [ "$runtime" = auto ]; then
     fi
 else
     why=$(why_not "$runtime")
+    because=""
+    if [ -n "$follows" ] && [ "$runtime" = containerd ]; then because="the kubelet's, from $kube_source"
+    elif [ -n "$follows" ]; then because="the kubelet's, through cri-dockerd at $kube_endpoint, from $kube_source"; fi
+    if [ -n "$why" ] && [ -n "$follows" ]; then
+        at=""; [ "$runtime" != containerd ] || at=" at $address"
+        echo "load.sh: error: the kubelet's runtime does not answer: $runtime$at ($because): $why; nothing was loaded" >&2
+        echo "load.sh: start it, or choose another runtime with --runtime (Pods will not find the images there)" >&2
+        exit 5
+    fi
     if [ -n "$why" ]; then
         echo "load.sh: error: cannot load into $runtime (--runtime or IMGTOOL_RUNTIME): $why; nothing was loaded" >&2
         exit 5
     fi
-    skipped=""
+    skipped=$because
 fi
 case "$(uname -m)" in
     x86_64|amd64) arch=amd64; platform=linux/amd64 ;;
@@ -334,6 +368,9 @@ load_into() {
     esac
 }
 """
+
+
+_RUNTIME_CHOICE = _RUNTIME_CHOICE_SH.replace("@KUBELET@", loadsh.KUBELET)
 
 
 def _platform_check(index: BundleIndex) -> str:
@@ -551,14 +588,17 @@ def _runtimes_en(index: BundleIndex, unpack: str) -> str:
     zstd = ("This bundle HAS zstd layers: fetch it again with --layers compat." if zstd_layer_refs(index)
             else "This bundle has no zstd layers.")
     return f"""
-On a Kubernetes node (containerd, no Docker)
-  sh load.sh finds no Docker and imports into containerd, after the same checks:
+On a Kubernetes node (containerd)
+  sh load.sh loads where the kubelet reads images, as the kubelet's configuration says (even
+  where Docker is installed too), after the same checks:
     cat <parts in order>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
-  into the namespace k8s.io, where the kubelet looks for images, unpacked for this host and named
-  as listed above. The socket and namespace are CONTAINERD_ADDRESS (default
-  /run/containerd/containerd.sock) and CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself.
-  sh load.sh --runtime containerd (or IMGTOOL_RUNTIME=containerd) uses containerd even beside
-  Docker; check with: crictl images, or ctr -n k8s.io images ls.{multi}
+  into the namespace k8s.io at the kubelet's socket, unpacked for this host, named as listed above
+  and pinned (io.cri-containerd.pinned=pinned: the kubelet's image GC keeps it; --no-pin: not).
+  Without a kubelet it uses containerd when there is no Docker. The socket and namespace are
+  CONTAINERD_ADDRESS (default: the kubelet's, else /run/containerd/containerd.sock) and
+  CONTAINERD_NAMESPACE (default k8s.io), as for ctr itself. sh load.sh --runtime containerd (or
+  IMGTOOL_RUNTIME=containerd) uses containerd even beside Docker; check with: crictl images, or
+  ctr -n k8s.io images ls.{multi}
 
 On Podman (RHEL family, openEuler)
   With neither Docker nor containerd's socket (or with --runtime podman) sh load.sh runs:
@@ -580,11 +620,13 @@ def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
              "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
     zstd = "本镜像包含 zstd 压缩层：请用 --layers compat 重新获取。" if zstd_layer_refs(index) else "本镜像包没有 zstd 压缩层。"
     return f"""
-在 Kubernetes 节点上（containerd，没有 Docker）
-  sh load.sh 找不到 Docker 时导入 containerd，校验与上面相同：
+在 Kubernetes 节点上（containerd）
+  sh load.sh 按 kubelet 的配置导入 kubelet 读取镜像的地方（即使同时装有 Docker），校验与上面相同：
     cat <按顺序列出的分卷>{unpack} | ctr -n k8s.io images import --platform linux/{arch} -
-  导入到 kubelet 查找镜像的命名空间 k8s.io，按本机平台解压，名称即上面所列。套接字和命名空间取自
-  CONTAINERD_ADDRESS（默认 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
+  导入到 kubelet 所用套接字的命名空间 k8s.io，按本机平台解压，名称即上面所列，并固定
+  （io.cri-containerd.pinned=pinned：kubelet 的镜像回收不会删除它；--no-pin 则不固定）。没有 kubelet 时，
+  只在没有 Docker 时导入 containerd。套接字和命名空间取自 CONTAINERD_ADDRESS（默认为 kubelet 的，
+  否则 /run/containerd/containerd.sock）和 CONTAINERD_NAMESPACE（默认 k8s.io），与 ctr 相同。
   sh load.sh --runtime containerd（或 IMGTOOL_RUNTIME=containerd）在有 Docker 的主机上也导入 containerd；
   导入后可用 crictl images 或 ctr -n k8s.io images ls 查看。{multi}
 
