@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -629,6 +630,59 @@ def test_idle_dripping_and_stalled_clients_make_room_and_are_cut(big, serving):
     cut = [line for line in s.log() if line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/blobs/{layer.digest} 200 ")]
     assert len(cut) == 1 and re.search(r" \(connection ended: the client took \d+ bytes in 1 s \(at least 1024 a "
                                        r"second\); cut\)$", cut[0]), cut
+
+
+def test_pulls_and_a_manifest_get_beside_300_hostile_connections(services, serving, tmp_path, uniq):
+    """Issue 36 item 5: a hundred nodes' worst (100 connections that say nothing, 100 that send a header line a second
+    and never finish, 100 that read a 32 MiB blob a byte a second, each opened again when closed) beside a real
+    `skopeo copy` and a real `ctr pull` through a hosts.toml mirror: both pulls get the image and a manifest GET
+    answers within 2 s, while the whole crowd stays connected (main: its 64 workers were all held by the crowd and
+    the GET waited for a 60 s timeout)."""
+    from tests.support.crowd import Crowd
+
+    node = ContainerdNode("containerd-1.7", services)
+    store = BlobDir(tmp_path / "blobs")
+    big = random_layer(32 << 20, 36)
+    image = simple_image([big, random_layer(1 << 20, 37)], host_arch())
+    ref = f"{REPO}:{uniq}"
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, ref)], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    manifest = f"{s.url}/v2/ascend/vllm-ascend/manifests/{uniq}"
+
+    def timed_get() -> float:
+        started = time.monotonic()
+        r = requests.get(manifest, timeout=10, headers={"Connection": "close"})
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+        return time.monotonic() - started
+
+    node.removals.append(ref)
+    try:
+        with Crowd("127.0.0.1", s.port, f"/v2/ascend/vllm-ascend/blobs/{big.digest}") as crowd, \
+                ThreadPoolExecutor(2) as pool:
+            first = timed_get()
+            skopeo = pool.submit(skopeo_copy, f"{s.hostport}/{ref[len('quay.io/'):]}", tmp_path / "oci",
+                                 "--src-tls-verify=false")
+            ctr = pool.submit(node.ctr, "images", "pull", "--hosts-dir", str(hosts), ref, check=False)
+            during = timed_get()
+            r = skopeo.result()
+            assert r.returncode == 0, r.stderr
+            r = ctr.result()
+            assert r.returncode == 0, r.stderr
+            after = timed_get()
+            assert crowd.open_now() >= 270 and crowd.read > 0  # (one closed by the server: open again within 1 s)
+        assert max(first, during, after) < 2.0, (first, during, after)
+        assert {x.digest.split(":")[1] for x in image.layers} <= set(oci_blobs(tmp_path / "oci")["blobs"])
+        assert [row[2] for row in node.refs() if row[0] == ref] == [image.manifest_digest]
+    finally:
+        assert node.cleanup() == []
+    log = s.log()
+    assert len([line for line in log if line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/manifests/{uniq} 200 ")]) \
+        >= 4, log  # the three GETs, skopeo's and ctr's
 
 
 def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
