@@ -213,6 +213,8 @@ def test_the_distribution_api_by_tag_digest_and_range(bundle, serving):
         assert raw_request(s.port, "GET", target) == (404, ["NOT_FOUND"]), target
     # the server still serves, one log line per request
     assert get(base + "/").status_code == 200
+    assert [line for line in s.log() if line.startswith("serve: ")] == [
+        "serve: all 9 blobs checked (4.1 MiB) in 0.0 s: every digest matches"]  # in the background, from the start
     lines = [line for line in s.log() if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
     assert len(lines) == 18 + len(cases) + 4 + 1, lines  # 18 requests above, the cases, outside, the last /v2/
     assert lines[-1].startswith("127.0.0.1 GET /v2/ 200 2 ")
@@ -683,6 +685,71 @@ def test_pulls_and_a_manifest_get_beside_300_hostile_connections(services, servi
     log = s.log()
     assert len([line for line in log if line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/manifests/{uniq} 200 ")]) \
         >= 4, log  # the three GETs, skopeo's and ctr's
+
+
+def test_a_big_blob_asked_for_before_its_check_goes_out_at_once_and_never_whole_when_wrong(big):
+    """The first pull of a big layer never waits for its hash: a blob over 16 MiB asked for whole before the background
+    check reached it is hashed as it is sent, its last bytes held back until all matched. Damaged, the answer is cut
+    (the client never has the whole body) and every later request refused (500). In process, with no background
+    check, so the request is surely first."""
+    out, layer = big
+    index, _ = read_index(out)
+    catalog = Catalog([index])
+    blob = catalog.blobs[Digest.parse(layer.digest)]
+    path = f"/v2/ascend/vllm-ascend/blobs/{layer.digest}"
+
+    def serving_alone(lines: list):
+        server = serve._Server(serve.Settings(host="127.0.0.1", port=0), catalog, InPlaceBlobs([out], catalog),
+                               lines.append)
+        thread = threading.Thread(target=server.loop.run)  # not serve_forever: no background check
+        thread.start()
+        return server, thread
+
+    lines: list = []
+    server, thread = serving_alone(lines)
+    try:
+        r = requests.get(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=60)
+        assert (r.status_code, hashlib.sha256(r.content).hexdigest()) == (200, layer.digest[7:])
+    finally:
+        server.stop()
+        thread.join(timeout=60)
+    gets = [line for line in lines if " GET " in line]
+    assert len(gets) == 1 and re.match(rf"^127\.0\.0\.1 GET {path} 200 {layer.size} [0-9.]+s \(checked as it was sent\)$",
+                                       gets[0]), gets
+
+    span = catalog.spans(blob)[0]
+    part = out / index.parts[span.part].name
+    with open(part, "r+b") as f:  # a byte in the middle of the layer
+        f.seek(span.offset + layer.size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    lines = []
+    server, thread = serving_alone(lines)
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=60) as c:
+            c.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            got = b""
+            try:
+                while True:
+                    chunk = c.recv(1 << 20)
+                    if not chunk:
+                        break
+                    got += chunk
+            except ConnectionResetError:
+                pass
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and f"Content-Length: {layer.size}".encode() in head
+        assert layer.size // 2 < len(body) < layer.size  # sent as it was read, cut before the end
+        r = requests.get(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=60)
+        message = (f"layer 1 of {REPO}:big (blob {layer.digest[7:19]}) is damaged in {out} (part 001): its sha256 "
+                   "differs from its digest; it is not served")
+        assert (r.status_code, r.json()["errors"][0]["message"]) == (500, message)
+    finally:
+        server.stop()
+        thread.join(timeout=60)
+    gets = [line for line in lines if " GET " in line]
+    assert len(gets) == 2 and gets[0].endswith(f" (checked as it was sent; {message} (cut before its last bytes))"), gets
 
 
 def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
