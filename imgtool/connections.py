@@ -22,6 +22,7 @@ import collections
 import heapq
 import io
 import os
+import re
 import selectors
 import socket
 import ssl
@@ -113,6 +114,16 @@ def head_end(buf, start: int = 0) -> int:
             return i + 3
         i = buf.find(b"\n", i + 1)
     return -1
+
+
+_NOT_TEXT = re.compile(rb"[^\x20-\x7e\t\r]")
+
+
+def not_http(buf) -> bool:
+    """Whether a request line cannot be one however it goes on: a byte no request line holds (a TLS ClientHello's
+    first)."""
+    line = buf[:buf.find(b"\n")] if b"\n" in buf else buf
+    return bool(_NOT_TEXT.search(line[:MAX_HEAD]))
 
 
 def body_length(head: bytes) -> int:
@@ -377,7 +388,12 @@ class Loop:
     def _request(self, conn: _Conn) -> None:
         """Hand a whole request to the pool (one at a time per connection: what follows waits in the buffer)."""
         end = head_end(conn.buf, conn.scanned)
-        if end < 0:
+        if end < 0 and not_http(conn.buf):
+            # answered now (400, closed), not at the deadline: a client trying TLS on a plain port (skopeo, Go with
+            # tls-verify=false) falls back to HTTP on that answer, and would wait 10 s for a ServerHello without it
+            data, whole = bytes(conn.buf[:MAX_HEAD]), True
+            conn.buf.clear()
+        elif end < 0:
             conn.scanned = max(len(conn.buf) - 3, 0)  # a dripping client's head is scanned once, not once per byte
             if len(conn.buf) <= MAX_HEAD:
                 return

@@ -568,6 +568,20 @@ def test_malformed_ranges_and_request_bodies_get_an_answer_never_a_dropped_conne
     assert s.stop().returncode == 130
 
 
+def test_tls_spoken_to_the_plain_port_is_answered_at_once(bundle, serving):
+    """skopeo and Go clients with tls-verify=false try TLS first and fall back to HTTP when the answer is not TLS: a
+    ClientHello (no line end in it) gets a 400 at once and the connection closed, not a wait for the rest of a
+    request (the selector loop waited for the end of a head: every skopeo pull took 10 s more, Go's TLS handshake
+    timeout)."""
+    out, _, _ = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    with socket.create_connection(("127.0.0.1", s.port), timeout=5) as c:
+        c.sendall(bytes([0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03]) + bytes(range(32, 64)))
+        # http.server's answer to what has no HTTP version: the 400 page alone (socket.timeout after 5 s otherwise)
+        assert b"Error code explanation: 400 - Bad request syntax" in read_until_closed(c)
+    assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
+
+
 def stalled_download(port: int, layer) -> socket.socket:
     """A client that asks for the blob and reads only the status line."""
     reader = socket.socket()
