@@ -19,6 +19,7 @@ Services: as bench.py (the running ones when every IMGTOOL_TEST_* variable is se
 """
 
 import argparse
+import os
 import secrets
 import statistics
 import sys
@@ -80,7 +81,12 @@ def main(argv=None) -> int:
     p.add_argument("--own-services", action="store_true")
     p.add_argument("--seed", default="crowd1")
     p.add_argument("--output", default="", help="also write the section to this file")
+    p.add_argument("--serve-from", default="", metavar="DIR",
+                   help="serve with the imgtool package of another checkout (e.g. main's, for the before row)")
     args = p.parse_args(argv)
+    if args.serve_from:  # `python -m imgtool` with that checkout first on the path (fetch too: the same bundle format)
+        bench.imgtool_cmd = lambda: [sys.executable, "-m", "imgtool"]
+        os.environ["PYTHONPATH"] = str(Path(args.serve_from).resolve())
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     meta = bench.build_image(work, args.scale, args.seed, 6, full=False)
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
                             failed += sampler.failed
                             bench.log(f"  crowd: {crowd.open_now()} hostile connections open, GETs max "
                                       f"{max(sampler.times):.3f}s of {len(sampler.times)}")
-                for r in range(args.runs):
+                for r in range(args.runs if args.concurrent else 0):
                     pair = [("many.serve", proc.pid, hostport), ("many.registry", registry_pid, env.registry)]
                     for key, pid, where in (pair if r % 2 == 0 else pair[::-1]):
                         timed(key, pid, where, args.concurrent)
@@ -159,7 +165,7 @@ def section(args, size: int, layers: int, times: Dict[str, List[float]], cpu: Di
 
     n = args.concurrent
     ratio = med["crowd"] / med["alone"]
-    many = med["many.registry"] / med["many.serve"]
+    many = med["many.registry"] / med["many.serve"] if n else 0.0
     rows = [
         "| pull | median s | runs (min–max) | MB/s | serve CPU s |",
         "|---|---:|---:|---:|---:|",
@@ -167,21 +173,24 @@ def section(args, size: int, layers: int, times: Dict[str, List[float]], cpu: Di
         f"{statistics.median(cpu.get('alone', [0])):.2f} |",
         f"| 1 from serve, beside 300 hostile connections | {med['crowd']:.2f} | {spread('crowd')} | {mbs('crowd', 1)} | "
         f"{statistics.median(cpu.get('crowd', [0])):.2f} |",
-        f"| {n} at once from serve | {med['many.serve']:.2f} | {spread('many.serve')} | {mbs('many.serve', n)} | "
-        f"{statistics.median(cpu.get('many.serve', [0])):.2f} |",
-        f"| {n} at once from the registry | {med['many.registry']:.2f} | {spread('many.registry')} | "
-        f"{mbs('many.registry', n)} | (registry: {statistics.median(cpu.get('many.registry', [0])):.2f}) |",
     ]
+    if n:
+        rows += [f"| {n} at once from serve | {med['many.serve']:.2f} | {spread('many.serve')} | {mbs('many.serve', n)} | "
+                 f"{statistics.median(cpu.get('many.serve', [0])):.2f} |",
+                 f"| {n} at once from the registry | {med['many.registry']:.2f} | {spread('many.registry')} | "
+                 f"{mbs('many.registry', n)} | (registry: {statistics.median(cpu.get('many.registry', [0])):.2f}) |"]
     q = sorted(gets)
     p50, p99 = q[len(q) // 2], q[min(len(q) - 1, int(len(q) * 0.99))]
     return "\n".join([
-        f"`scripts/bench_crowd.py --scale {args.scale:g} --runs {args.runs} --concurrent {n}`: the "
+        f"`scripts/bench_crowd.py --scale {args.scale:g} --runs {args.runs} --concurrent {n}"
+        f"{' --serve-from ' + args.serve_from if args.serve_from else ''}`: the "
         f"{size / MB:.0f} MB ({layers} layers) arm64 image, `skopeo copy … oci:DIR` on loopback.", "",
         *rows, "",
         f"- Beside the crowd the pull took {ratio:.2f}× its time alone (goal: at most 2×).",
         f"- Manifest GETs on new connections during the crowded pulls: {len(gets)}, median {p50 * 1000:.0f} ms, "
         f"p99 {p99 * 1000:.0f} ms, max {max(gets) * 1000:.0f} ms (goal: within 2 s), {failed} failed.",
-        f"- {n} pulls at once: serve {many:.2f}× the registry's speed (the registry's median time over serve's).",
+        *([f"- {n} pulls at once: serve {many:.2f}× the registry's speed (the registry's median time over serve's)."]
+          if n else []),
         f"- serve's peak RSS over the whole run: {rss_kb / 1024:.0f} MiB.", ""])
 
 
