@@ -36,6 +36,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 MAX_HEAD = 64 * 1024  # request line and headers; more is refused (431) and the connection closed
 MAX_BODY = 64 * 1024  # a body up to this is read with its request (a GET has no use for one); bigger: refused
 CHUNK = 256 * 1024  # bytes read, hashed and sent at once when a blob is checked on the way, or over TLS
+PIECE = 1024 * 1024  # bytes one sendfile call may send
 TURN = 4 * 1024 * 1024  # bytes one connection may send before the loop turns to the others
 
 
@@ -479,7 +480,8 @@ class Loop:
             return -1
         check = conn.answer.check if conn.answer else None
         if check is None and not isinstance(conn.sock, ssl.SSLSocket):
-            n = os.sendfile(conn.sock.fileno(), conn.file.fileno(), span.offset + conn.pos, left)
+            # at most a piece per call: however fast a client reads, one call never holds the loop for long
+            n = os.sendfile(conn.sock.fileno(), conn.file.fileno(), span.offset + conn.pos, min(left, PIECE))
             if n == 0:
                 raise _Cut("connection ended: a part file shrank while it was sent")
             conn.pos += n
