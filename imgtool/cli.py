@@ -951,10 +951,12 @@ def push(bundle_dir, to, insecure, ca_cert, as_json):
 @click.option("--tls-cert", type=click.Path(dir_okay=False), metavar="FILE",
               help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), metavar="FILE", help="The PEM private key of --tls-cert.")
-@click.option("--max-clients", type=click.IntRange(1, 1024), default=64, show_default=True, metavar="N",
-              help="Connections served at once; more wait until one ends.")
+@click.option("--max-clients", type=click.IntRange(1, 65536), default=4096, show_default=True, metavar="N",
+              help="Connections held open at once; when all are, a new one closes the longest-idle kept-alive one "
+                   "(else the slowest to send its request). The open-file limit is raised to fit (said when).")
 @click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True, metavar="SECONDS",
-              help="A client silent (or not reading) this long is disconnected.")
+              help="An answer must move $IMGTOOL_MIN_RATE (default 1K) bytes a second over each SECONDS, or it is "
+                   "cut; a request's line and headers must come whole within min(20, SECONDS).")
 @click.option("--unpack-to", type=click.Path(file_okay=False, path_type=pathlib.Path), metavar="DIR",
               help="Serve a --compress'ed bundle from its archive unpacked once into DIR (needs the tar's size; kept "
                    "for the next start). Uncompressed bundles are always served in place.")
@@ -968,9 +970,11 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
     as an index of them), blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is served as
     ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror requests
     (hosts.toml), so pods keep their upstream image names. Each bundle must pass `verify --quick`
-    and the signature policy first; each blob's digest is checked before it is first served.
+    and the signature policy first; every blob's digest is checked in the background from the start (one
+    asked for sooner: then, or as it is sent, its last bytes held back until it matched).
     One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
     """
+    from .config import min_rate
     from .serve import Settings, hold_bundles, open_bundles, parse_listen
     from .serve import serve as run_server
 
@@ -981,7 +985,7 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
         _bundle_usage(d, None)
     with hold_bundles(bundle_dirs):  # from before the check until the server stops: nothing replaces them meanwhile
         catalog, unpacked = open_bundles(bundle_dirs, signers=signers, progress=progress(), unpack_to=unpack_to)
-        settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout)
+        settings = Settings(host, port, tls_cert, tls_key, max_clients, timeout, min_rate())
         run_server(bundle_dirs, catalog, settings, say=lambda line: click.echo(line),
                    log=lambda line: click.echo(line, err=True), unpacked=unpacked)
 

@@ -5,50 +5,52 @@ Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, mani
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
 looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path.
 A bundle is served only after `verify --quick` and the signature policy passed; each blob's digest
-is checked the first time it is read (and again when a part file it lies in changed since), so a
-part damaged later is refused per request, never served wrong. Blobs go out with sendfile from the
-part files. One bounded pool of worker threads; every socket has a timeout. Standard library only:
-it runs from imgtool.pyz on Python 3.7.
+is checked in the background from the start (a blob asked for before its turn: then, or as it is sent),
+and again when a part file it lies in changed since, so a part damaged later is refused per request,
+never served wrong (bundle/inplace.py). Blobs go out with sendfile from the part files. Connections are
+held by one selector loop, answers computed by a small pool (connections.py): an idle, dripping or slow
+client holds a descriptor, never a worker. Standard library only: it runs from imgtool.pyz on Python 3.7.
 """
 
+import functools
+import io
 import json
-import os
 import re
 import signal
 import socket
 import ssl
-import struct
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from socketserver import TCPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote
 
 from . import __version__
-from .bundle.catalog import DIGEST, TAG, Blob, Catalog, Repository, valid_name
-from .bundle.inplace import InPlaceBlobs, require_unpack_dir, unpack_archive
+from .bundle.catalog import DIGEST, TAG, Catalog, Repository, valid_name
+from .bundle.inplace import Hashing, InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
+from .connections import MAX_BODY, MAX_HEAD, Answer, FileSpan, Limits, Loop
 from .dirlock import lock_served
 from .errors import BlobDamaged, Interrupted, UsageError
 from .model import Digest, format_size
 from .progress import Progress
 
-MAX_CLIENTS = 64  # connections served at once; more wait in the listen backlog
-TIMEOUT = 60.0  # seconds a client may stay silent (or not read) before its connection is closed
-IDLE = 15.0  # seconds a kept-alive connection may wait for its next request
-BACKLOG = 256
+MAX_CLIENTS = 4096  # connections held at once (a few hundred nodes, several each); then idle ones make room
+TIMEOUT = 60.0  # an answer must move IMGTOOL_MIN_RATE bytes a second over each TIMEOUT seconds
+REQUEST = 20.0  # seconds a request line and headers may take, whole (at most TIMEOUT)
+IDLE = 15.0  # seconds a kept-alive connection may wait for its next request (at most TIMEOUT)
+WORKERS = 16  # answers computed at once (a route, a stat, a manifest read, a small blob's first hash)
+BACKLOG = 1024
+RESERVE = 64  # descriptors beside the connections': the listener, bundles' lock files, manifests read
 API_VERSION = ("Docker-Distribution-API-Version", "registry/2.0")
 
 _PATH = re.compile(r"^/v2/(?P<name>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]*)$")
 _TAGS = re.compile(r"^/v2/(?P<name>.+)/tags/list$")
 _RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")  # 19 digits: past any size; longer is malformed, not a number
-MAX_BODY = 64 * 1024  # a GET or HEAD has no use for a body: one this small is read and dropped, a bigger one refused
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class Settings:
     tls_key: Optional[str] = None
     max_clients: int = MAX_CLIENTS
     timeout: float = TIMEOUT
+    min_rate: int = 1024  # bytes a second (config.min_rate: $IMGTOOL_MIN_RATE)
 
     @property
     def scheme(self) -> str:
@@ -157,144 +160,151 @@ def _unsatisfiable(header: str, size: int, why: str = "") -> _Refusal:
                     f"range {what} is not within the blob ({size} bytes)", [("Content-Range", f"bytes */{size}")])
 
 
-class _Server(HTTPServer):
-    """An HTTP server whose connections are handled by a bounded pool of worker threads."""
-
-    request_queue_size = BACKLOG
+class _Server:
+    """The listening socket, the connection loop over it, the answers, the background check of every blob."""
 
     def __init__(self, settings: Settings, catalog: Catalog, parts: InPlaceBlobs, log: Callable[[str], None]):
         self.settings, self.catalog, self.parts, self._log = settings, catalog, parts, log
-        self.address_family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        self.slots = threading.BoundedSemaphore(settings.max_clients)
-        self.pool = ThreadPoolExecutor(max_workers=settings.max_clients, thread_name_prefix="serve")
-        self.active: set = set()
-        self.active_lock = threading.Lock()
         self.log_lock = threading.Lock()
         self.requests = 0
-        self.stopped = False
         self.tls: Optional[ssl.SSLContext] = None
+        self.stopping = threading.Event()
+        self.checker: Optional[threading.Thread] = None
+        connections = _room_for(settings.max_clients, self.log)
+        self.socket = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            super().__init__((settings.host, settings.port), _Handler)
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind((settings.host, settings.port))
+            self.socket.listen(BACKLOG)
         except OSError as e:
-            self.pool.shutdown(wait=True)
+            self.socket.close()
             raise UsageError(f"cannot listen on {settings.host}:{settings.port}: {e.strerror or e}",
                              hint="choose another --listen ADDR:PORT (a port below 1024 needs root)") from None
+        self.server_address = self.socket.getsockname()
         if settings.tls_cert:
             self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             try:
                 self.tls.load_cert_chain(settings.tls_cert, settings.tls_key)
             except (OSError, ssl.SSLError) as e:
-                self.stop()
+                self.socket.close()
                 raise UsageError(f"cannot use --tls-cert {settings.tls_cert} with --tls-key {settings.tls_key}: "
                                  f"{getattr(e, 'strerror', None) or e}",
                                  hint="give a PEM certificate (chain) and its PEM private key") from None
+        limits = Limits(connections=connections, request=min(REQUEST, settings.timeout),
+                        idle=min(IDLE, settings.timeout), rate=settings.min_rate, window=settings.timeout)
+        self.loop = Loop(self.socket, self._answer, limits=limits, workers=WORKERS, log=self.log, tls=self.tls)
 
     def log(self, line: str, request: bool = False) -> None:
         with self.log_lock:
             self.requests += request
             self._log(line)
 
-    def process_request(self, request, client_address) -> None:
-        # blocks the accept loop while every worker is busy: a flood waits in the backlog, never a thread each
-        self.slots.acquire()
-        with self.active_lock:
-            self.active.add(request)
+    def serve_forever(self) -> None:
+        """Check every blob in the background and answer until stop() (or a signal's KeyboardInterrupt)."""
+        if self.checker is None:
+            self.checker = threading.Thread(target=self._check_all, name="serve-check")
+            self.checker.start()
+        self.loop.run()
+
+    def _check_all(self) -> None:
+        started = time.monotonic()
         try:
-            self.pool.submit(self._work, request, client_address)
-        except RuntimeError:  # the pool is shut down: stopping
-            self._done(request)
+            done = self.parts.check_all(self.stopping, lambda e: self.log(f"serve: {e.message}"))
+        except Exception as e:  # a bug: said; each blob is still checked before (or as) it is served
+            self.log(f"serve: the background check of the blobs ended: {type(e).__name__}: {_printable(str(e))}")
+            return
+        if done is not None:
+            blobs, size, bad = done
+            self.log(f"serve: all {blobs} blobs checked ({format_size(size)}) in {time.monotonic() - started:.1f} s: " +
+                     (f"{bad} damaged, refused per request" if bad else "every digest matches"))
 
-    def _work(self, request, client_address) -> None:
-        conn = request
-        try:
-            if self.tls is not None:  # the handshake here, in the worker and under the timeout, never in the accept loop
-                request.settimeout(self.settings.timeout)
-                conn = self.tls.wrap_socket(request, server_side=True)
-                with self.active_lock:
-                    self.active.discard(request)
-                    self.active.add(conn)
-            self.finish_request(conn, client_address)
-        # A client gone mid-answer, a failed TLS handshake, and a bug in one answer too: one line, and the server goes
-        # on with the other connections (as socketserver's handle_error; a traceback with --debug is not worth a dead
-        # registry under a whole cluster).
-        except Exception as e:
-            self.log(f"{client_address[0]} - connection ended: {type(e).__name__}: {_printable(str(e))}")
-        finally:
-            self._done(conn)
-
-    def server_bind(self) -> None:
-        # HTTPServer's asks DNS for the host's name (getfqdn): an air-gapped host may wait on that
-        TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), int(port)
-
-    def _done(self, request) -> None:
-        self.shutdown_request(request)
-        with self.active_lock:
-            self.active.discard(request)
-        self.slots.release()
+    def _answer(self, client_address: Tuple, data: bytes, started: float, whole: bool) -> Answer:
+        return _Handler(self, client_address, data, started).answer(whole)
 
     def stop(self) -> None:
-        """Close the listener, cut every open connection and join every worker (again: nothing to do)."""
-        if self.stopped:
-            return
-        self.stopped = True
-        self.server_close()
-        with self.active_lock:
-            open_now = list(self.active)
-        for conn in open_now:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self.pool.shutdown(wait=True)
+        """Close the listener, cut every open connection and join every thread (again: nothing to do)."""
+        self.stopping.set()
+        self.loop.stop()
+        if self.checker is not None:
+            self.checker.join()
+        self.socket.close()
+
+
+def _room_for(connections: int, log: Callable[[str], None]) -> int:
+    """How many connections the open-file limit leaves room for (each may hold a socket and a part file): the soft
+    limit raised to the hard one when it is lower than that needs, said in the log; fewer when even that is short."""
+    try:
+        import resource
+    except ImportError:  # not on Linux: as the system allows
+        return connections
+    need = 2 * connections + RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = hard if hard != resource.RLIM_INFINITY else need
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log(f"serve: raised the open-file limit (ulimit -n) from {soft} to {target}, its hard limit, for up to "
+                f"{connections} connections")
+            soft = target
+        except (ValueError, OSError) as e:
+            log(f"serve: cannot raise the open-file limit (ulimit -n) from {soft}: {e}")
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fit = max((soft - RESERVE) // 2, 1)
+        log(f"serve: the open-file limit (ulimit -n {soft}) leaves room for {fit} connections, not {connections}: "
+            "raise its hard limit (LimitNOFILE= in a systemd unit) for more")
+        return fit
+    return connections
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One request, whole in `data`: its answer, written into memory (the loop sends it)."""
+
     protocol_version = "HTTP/1.1"
     server_version = f"imgtool/{__version__}"
-    server: _Server
+    server: _Server  # type: ignore[assignment]  # not a socketserver's: the loop reads and sends
+
+    def __init__(self, server: _Server, client_address: Tuple, data: bytes, started: float):
+        # not super().__init__: socketserver's would read and answer a socket; here the loop does both
+        self.server = server
+        self.client_address = client_address
+        self.rfile = io.BytesIO(data)
+        self.out = io.BytesIO()
+        self.wfile = self.out
+        self.close_connection = True
+        self.status, self.started, self.note = 0, started, ""
+        self.head_len = 0
+        self.spans: List[FileSpan] = []
+        self.check: Optional[Hashing] = None
+        self.logged = False
 
     def version_string(self) -> str:
         return self.server_version  # not Python's version: nothing a client needs
 
-    def setup(self) -> None:
-        self.wait = self.server.settings.timeout
-        self.idle = False
-        self.request.settimeout(self.wait)
-        # headers and a small body are two writes: with Nagle's algorithm the second waits for the client's delayed
-        # ACK (40 ms per manifest, config and /v2/ on a kept-alive connection); blobs go out in full segments anyway
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().setup()
-        self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
-
-    def handle(self) -> None:
-        self.close_connection = True
-        self.handle_one_request()
-        while not self.close_connection:
-            # a kept-alive connection waits for its next request a shorter while (Docker keeps idle ones)
-            self.idle = True
-            self.connection.settimeout(min(IDLE, self.wait))
-            self.status, self.sent, self.started, self.note = 0, 0, time.monotonic(), ""
+    def answer(self, whole: bool) -> Answer:
+        if whole:
             self.handle_one_request()
+        else:
+            self.command, self.path, self.request_version, self.requestline = "", "", "HTTP/1.1", ""
+            self.send_error(431, f"request line and headers longer than {MAX_HEAD} bytes")
+            self.close_connection = True
+        head = self.out.getvalue()
+        return Answer(head, self.head_len or len(head), self.spans, self.check, self.close_connection,
+                      self._done if self.logged else None)
 
-    def parse_request(self) -> bool:
-        self.idle = False
-        self.started = time.monotonic()
-        self.connection.settimeout(self.wait)
-        return super().parse_request()
+    def end_headers(self) -> None:
+        super().end_headers()
+        self.head_len = self.wfile.tell()
 
     # --- the one log line per request ---------------------------------------------------------
 
     def log_request(self, code="-", size="-") -> None:
         self.status = int(code) if str(code).isdigit() else 0
 
-    def log_message(self, format, *args) -> None:  # http.server's own errors (bad request line, timeout)
-        if self.idle:  # a kept-alive connection closed after its last request: nothing to say
-            return
+    def log_message(self, format, *args) -> None:  # http.server's own errors (a bad request line)
         self.server.log(f"{self.client_address[0]} - {_printable(format % args)}")
 
     def _logged(self, head: bool) -> None:
+        self.logged = True  # its line is said once the answer went out (or was cut): _done
         try:
             self._drop_body()
             self._route(head)
@@ -303,13 +313,15 @@ class _Handler(BaseHTTPRequestHandler):
         except BlobDamaged as e:
             self.note = e.message
             self._refuse(_Refusal(500, "UNKNOWN", e.message), head)
-        except (ConnectionError, socket.timeout) as e:
+        except ConnectionError as e:
             self.close_connection = True
             self.note = f"connection ended: {type(e).__name__}"
-        finally:
-            line = (f"{self.client_address[0]} {self.command} {_printable(self.path)} {self.status or '-'} "
-                    f"{self.sent} {time.monotonic() - self.started:.3f}s")
-            self.server.log(line + (f" ({self.note})" if self.note else ""), request=True)
+
+    def _done(self, sent: int, note: str) -> None:
+        line = (f"{self.client_address[0]} {self.command} {_printable(self.path)} {self.status or '-'} "
+                f"{sent} {time.monotonic() - self.started:.3f}s")
+        notes = "; ".join(n for n in (self.note, note) if n)
+        self.server.log(line + (f" ({notes})" if notes else ""), request=True)
 
     def _drop_body(self) -> None:
         """Read a request's body (Content-Length, at most MAX_BODY) and drop it, so it is never parsed as the next
@@ -359,7 +371,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(body)
-            self.sent += len(body)
 
     def _refuse(self, r: _Refusal, head: bool) -> None:
         body = json.dumps({"errors": [{"code": r.code, "message": r.message, "detail": {}}]}).encode()
@@ -445,72 +456,17 @@ class _Handler(BaseHTTPRequestHandler):
                    ("Docker-Content-Digest", str(digest)), ("Accept-Ranges", "bytes"), ("Etag", f'"{digest}"')]
         if wanted:
             headers.append(("Content-Range", f"bytes {start}-{end - 1}/{blob.size}"))
-        if not head:
-            self.server.parts.check(blob)
+        if not head:  # a big blob asked for whole before its turn is checked as it goes out
+            self.check = self.server.parts.check(blob, whole=not wanted)
+            if self.check is not None:
+                self.note = "checked as it was sent"
         self.send_response(206 if wanted else 200)
         for k, v in headers:
             self.send_header(k, v)
         self.end_headers()
         if not head:
-            self._sendfile(blob, start, end)
-
-    def _sendfile(self, blob: Blob, start: int, end: int) -> None:
-        """The bytes from the part files with sendfile (one call per part the range crosses); over TLS, which
-        sendfile cannot encrypt, copied in 1 MiB pieces (socket.sendfile's fallback sends 8 KiB at a time)."""
-        parts = self.server.parts
-        for span in self.server.catalog.spans(blob, start, end):
-            with parts.open(blob, span.part) as f:
-                if isinstance(self.connection, ssl.SSLSocket):
-                    n = _copy(f, self.connection, span.offset, span.length)
-                else:
-                    n = _sendfile(f, self.connection, span.offset, span.length, self.wait)
-            self.sent += n
-            if n != span.length:  # the part shrank under us: the answer is cut, the client sees it short
-                self.close_connection = True
-                self.note = "a part file shrank while it was sent"
-                return
-
-
-def _sendfile(f, conn: socket.socket, offset: int, length: int, timeout: float) -> int:
-    """`length` bytes of file `f` from `offset` sent on `conn` by the kernel: how many (fewer: the file ended);
-    raises socket.timeout when the client took nothing for `timeout` seconds.
-
-    socket.sendfile on a socket with a timeout (non-blocking underneath) sends what fits in the socket buffer, then
-    polls, then wakes a Python thread to send the next piece: on a loaded host each wakeup waits for the CPU and the
-    GIL. Blocking sendfile with SO_SNDTIMEO lets the kernel send the whole span in one call, the timeout its own."""
-    seconds = int(timeout)
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                    struct.pack("ll", seconds, int((timeout - seconds) * 1e6)))
-    conn.settimeout(None)
-    sent = 0
-    try:
-        while sent < length:
-            try:
-                n = os.sendfile(conn.fileno(), f.fileno(), offset + sent, length - sent)
-            except BlockingIOError:  # SO_SNDTIMEO passed without a byte taken
-                raise socket.timeout("timed out") from None
-            if n == 0:
-                break
-            sent += n
-    finally:
-        conn.settimeout(timeout)
-    return sent
-
-
-def _copy(f, conn: socket.socket, offset: int, length: int) -> int:
-    """`length` bytes of file `f` from `offset` sent on `conn` through one 1 MiB buffer: how many (fewer: the file
-    ended)."""
-    buf = bytearray(min(length, 1 << 20) or 1)
-    view = memoryview(buf)
-    f.seek(offset)
-    sent = 0
-    while sent < length:
-        n = f.readinto(view[:min(length - sent, len(buf))])
-        if not n:
-            break
-        conn.sendall(view[:n])
-        sent += n
-    return sent
+            self.spans = [FileSpan(functools.partial(self.server.parts.open, blob, span.part), span.offset, span.length)
+                          for span in self.server.catalog.spans(blob, start, end)]
 
 
 def _page(items: List[str], params: Dict[str, List[str]]) -> Tuple[List[str], bool]:
@@ -570,7 +526,7 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
                 platforms = ", ".join(repo.manifests[d].platform for d in repo.tags[tag])
                 say(f"note: {repo.name}:{tag} is served as an index of the {len(repo.tags[tag])} platforms the "
                     f"bundle holds ({platforms}): {digest}, not upstream's digest")
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever()
     except KeyboardInterrupt:
         server.stop()  # first: the requests cut short are logged and counted
         raise Interrupted(f"interrupted: imgtool serve stopped after {server.requests} requests") from None

@@ -11,12 +11,14 @@ import hashlib
 import json
 import os
 import re
+import select
 import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -211,6 +213,8 @@ def test_the_distribution_api_by_tag_digest_and_range(bundle, serving):
         assert raw_request(s.port, "GET", target) == (404, ["NOT_FOUND"]), target
     # the server still serves, one log line per request
     assert get(base + "/").status_code == 200
+    assert [line for line in s.log() if line.startswith("serve: ")] == [
+        "serve: all 9 blobs checked (4.1 MiB) in 0.0 s: every digest matches"]  # in the background, from the start
     lines = [line for line in s.log() if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
     assert len(lines) == 18 + len(cases) + 4 + 1, lines  # 18 requests above, the cases, outside, the last /v2/
     assert lines[-1].startswith("127.0.0.1 GET /v2/ 200 2 ")
@@ -564,6 +568,20 @@ def test_malformed_ranges_and_request_bodies_get_an_answer_never_a_dropped_conne
     assert s.stop().returncode == 130
 
 
+def test_tls_spoken_to_the_plain_port_is_answered_at_once(bundle, serving):
+    """skopeo and Go clients with tls-verify=false try TLS first and fall back to HTTP when the answer is not TLS: a
+    ClientHello (no line end in it) gets a 400 at once and the connection closed, not a wait for the rest of a
+    request (the selector loop waited for the end of a head: every skopeo pull took 10 s more, Go's TLS handshake
+    timeout)."""
+    out, _, _ = bundle
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    with socket.create_connection(("127.0.0.1", s.port), timeout=5) as c:
+        c.sendall(bytes([0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03]) + bytes(range(32, 64)))
+        # http.server's answer to what has no HTTP version: the 400 page alone (socket.timeout after 5 s otherwise)
+        assert b"Error code explanation: 400 - Bad request syntax" in read_until_closed(c)
+    assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
+
+
 def stalled_download(port: int, layer) -> socket.socket:
     """A client that asks for the blob and reads only the status line."""
     reader = socket.socket()
@@ -575,41 +593,203 @@ def stalled_download(port: int, layer) -> socket.socket:
     return reader
 
 
-def test_stalled_and_flooding_clients_are_bounded_and_time_out(big, serving):
+def closed(c: socket.socket) -> bytes:
+    """What the server sent before it closed the connection; a reset (closed with our bytes unread) reads as b""."""
+    try:
+        return read_until_closed(c)
+    except ConnectionResetError:
+        return b""
+
+
+def cut_within(c: socket.socket, seconds: float) -> bool:
+    """Whether the server closed (or reset) the connection within `seconds`, without reading what it sent."""
+    poller = select.poll()
+    poller.register(c, select.POLLRDHUP)
+    return bool(poller.poll(seconds * 1000))
+
+
+def test_idle_dripping_and_stalled_clients_make_room_and_are_cut(big, serving):
+    """Issue 36 item 5: two connections taken (--max-clients 2), a third closes the one that waited longest for its
+    request and is answered at once (main: it waited in the backlog until a worker's timeout); a request's line
+    and headers must come whole within min(20, --timeout) s; a download that takes less than 1 KiB/s over --timeout
+    is cut; a flood of connections opened and dropped changes nothing."""
     out, layer = big
-    s = serving(str(out), "--listen", "127.0.0.1:0", "--max-clients", "2", "--timeout", "1")
-    # a client that connects and says nothing, one that stops mid-headers: both disconnected by the server
+    s = serving(str(out), "--listen", "127.0.0.1:0", "--max-clients", "2", "--timeout", "2")
     silent = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200  # the server has taken `silent` in
+    # requests' kept-alive connection is idle now: `halfway` closes it (silently), not `silent`
     halfway = socket.create_connection(("127.0.0.1", s.port), timeout=120)
     halfway.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n")
-    # both workers are held: a third client waits (in the backlog) until one of them is let go, then is served
     third = socket.create_connection(("127.0.0.1", s.port), timeout=120)
     third.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert read_until_closed(silent) == b""
-    assert read_until_closed(halfway) == b""
     assert read_until_closed(third).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert closed(silent) == b""
+    assert closed(halfway) == b""  # at its request deadline
     for c in (silent, halfway, third):
         c.close()
-    log = s.log()
-    timed_out = [i for i, line in enumerate(log) if "Request timed out" in line]
-    served = [i for i, line in enumerate(log) if line.startswith("127.0.0.1 GET /v2/ 200")]
-    assert len(timed_out) == 2 and len(served) == 1 and timed_out[0] < served[0], log  # served once a worker was free
+    log = s.log()  # one closed to make room (`silent`: `halfway` lived to its deadline)
+    assert len([line for line in log if line.startswith("127.0.0.1 - closed to make room for a new connection (2 are "
+                                                        "open): it had sent 0 bytes of a request in ")]) == 1, log
+    assert [line for line in log if "request timed out" in line] == [
+        "127.0.0.1 - request timed out: 28 bytes of a request in 2 s (the request line and headers must come within "
+        "2 s); closed"], log
 
-    # a client that asks for a blob and stops reading: cut off, its worker freed
+    # a client that asks for a blob and stops reading: cut, nothing held
     reader = stalled_download(s.port, layer)
-    # a flood of connections, opened and dropped: the server goes on
     flood = [socket.create_connection(("127.0.0.1", s.port), timeout=120) for _ in range(300)]
     for c in flood:
         c.close()
-    with pytest.raises(OSError):  # reset or closed under us: what was sent is less than the blob
-        got = read_until_closed(reader)
-        assert len(got) < layer.size
-        raise ConnectionResetError
+    assert cut_within(reader, 30)  # reset by the server: it never took the blob (2 s to fill its buffers, 2 s stalled)
+    assert closed(reader) == b""
     reader.close()
     assert requests.get(f"{s.url}/v2/", timeout=120).status_code == 200
     assert s.proc.poll() is None
-    assert any(line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/blobs/{layer.digest} 200 ") and
-               "connection ended" in line for line in s.log()), s.log()
+    cut = [line for line in s.log() if line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/blobs/{layer.digest} 200 ")]
+    assert len(cut) == 1 and re.search(r" \(connection ended: the client took \d+ bytes in 2 s \(at least 1024 a "
+                                       r"second\); cut\)$", cut[0]), cut
+
+
+def test_pulls_and_a_manifest_get_beside_300_hostile_connections(services, serving, tmp_path, uniq):
+    """Issue 36 item 5: a hundred nodes' worst (100 connections that say nothing, 100 that send a header line a second
+    and never finish, 100 that read a 32 MiB blob a byte a second, each opened again when closed) beside a real
+    `skopeo copy` and a real `ctr pull` through a hosts.toml mirror: both pulls get the image and a manifest GET
+    answers at once (within 5 s on a loaded machine; 2 s is the goal the benchmark measures), while the whole crowd
+    stays connected (main: its 64 workers were all held by the crowd and
+    the GET waited for a 60 s timeout)."""
+    from tests.support.crowd import Crowd
+
+    node = ContainerdNode("containerd-1.7", services)
+    store = BlobDir(tmp_path / "blobs")
+    big = random_layer(32 << 20, 36)
+    image = simple_image([big, random_layer(1 << 20, 37)], host_arch())
+    ref = f"{REPO}:{uniq}"
+    out = tmp_path / "bundle"
+    write(out, [store.pulled(image, ref)], store)
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    manifest = f"{s.url}/v2/ascend/vllm-ascend/manifests/{uniq}"
+
+    def timed_get() -> float:
+        started = time.monotonic()
+        r = requests.get(manifest, timeout=10, headers={"Connection": "close"})
+        assert (r.status_code, r.content) == (200, image.manifest_bytes)
+        return time.monotonic() - started
+
+    node.removals.append(ref)
+    try:
+        with Crowd("127.0.0.1", s.port, f"/v2/ascend/vllm-ascend/blobs/{big.digest}") as crowd, \
+                ThreadPoolExecutor(2) as pool:
+            first = timed_get()
+            skopeo = pool.submit(skopeo_copy, f"{s.hostport}/{ref[len('quay.io/'):]}", tmp_path / "oci",
+                                 "--src-tls-verify=false")
+            ctr = pool.submit(node.ctr, "images", "pull", "--hosts-dir", str(hosts), ref, check=False)
+            during = timed_get()
+            r = skopeo.result()
+            assert r.returncode == 0, r.stderr
+            r = ctr.result()
+            assert r.returncode == 0, r.stderr
+            after = timed_get()
+            assert crowd.open_now() >= 270 and crowd.read > 0  # (one closed by the server: open again within 1 s)
+        # the goal is 2 s (docs/benchmarks.md measures it); asserted with room for a loaded 2-core machine, still far
+        # below what the thread-per-connection server took (a worker freed only at a crowd connection's 60 s timeout)
+        assert max(first, during, after) < 5.0, (first, during, after)
+        assert {x.digest.split(":")[1] for x in image.layers} <= set(oci_blobs(tmp_path / "oci")["blobs"])
+        assert [row[2] for row in node.refs() if row[0] == ref] == [image.manifest_digest]
+    finally:
+        assert node.cleanup() == []
+    log = s.log()
+    assert len([line for line in log if line.startswith(f"127.0.0.1 GET /v2/ascend/vllm-ascend/manifests/{uniq} 200 ")]) \
+        >= 4, log  # the three GETs, skopeo's and ctr's
+
+
+def test_a_big_blob_asked_for_before_its_check_goes_out_at_once_and_never_whole_when_wrong(big):
+    """The first pull of a big layer never waits for its hash: a blob over 16 MiB asked for whole before the background
+    check reached it is hashed as it is sent, its last bytes held back until all matched. Damaged, the answer is cut
+    (the client never has the whole body) and every later request refused (500). In process, with no background
+    check, so the request is surely first."""
+    out, layer = big
+    index, _ = read_index(out)
+    catalog = Catalog([index])
+    blob = catalog.blobs[Digest.parse(layer.digest)]
+    path = f"/v2/ascend/vllm-ascend/blobs/{layer.digest}"
+
+    def serving_alone(lines: list):
+        server = serve._Server(serve.Settings(host="127.0.0.1", port=0), catalog, InPlaceBlobs([out], catalog),
+                               lines.append)
+        thread = threading.Thread(target=server.loop.run)  # not serve_forever: no background check
+        thread.start()
+        return server, thread
+
+    lines: list = []
+    server, thread = serving_alone(lines)
+    try:
+        r = requests.get(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=60)
+        assert (r.status_code, hashlib.sha256(r.content).hexdigest()) == (200, layer.digest[7:])
+    finally:
+        server.stop()
+        thread.join(timeout=60)
+    gets = [line for line in lines if " GET " in line]
+    assert len(gets) == 1 and re.match(rf"^127\.0\.0\.1 GET {path} 200 {layer.size} [0-9.]+s \(checked as it was sent\)$",
+                                       gets[0]), gets
+
+    span = catalog.spans(blob)[0]
+    part = out / index.parts[span.part].name
+    with open(part, "r+b") as f:  # a byte in the middle of the layer
+        f.seek(span.offset + layer.size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    lines = []
+    server, thread = serving_alone(lines)
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=60) as c:
+            c.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            got = b""
+            try:
+                while True:
+                    chunk = c.recv(1 << 20)
+                    if not chunk:
+                        break
+                    got += chunk
+            except ConnectionResetError:
+                pass
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and f"Content-Length: {layer.size}".encode() in head
+        assert layer.size // 2 < len(body) < layer.size  # sent as it was read, cut before the end
+        r = requests.get(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=60)
+        message = (f"layer 1 of {REPO}:big (blob {layer.digest[7:19]}) is damaged in {out} (part 001): its sha256 "
+                   "differs from its digest; it is not served")
+        assert (r.status_code, r.json()["errors"][0]["message"]) == (500, message)
+    finally:
+        server.stop()
+        thread.join(timeout=60)
+    gets = [line for line in lines if " GET " in line]
+    assert len(gets) == 2 and gets[0].endswith(f" (checked as it was sent; {message} (cut before its last bytes))"), gets
+
+
+def test_the_open_file_limit_is_raised_to_fit_the_connections_and_said(bundle, serving):
+    """Each connection may hold two descriptors (its socket, the part file it sends from): a soft limit short of
+    2 x --max-clients + 64 is raised to the hard limit, said once in the log; a hard limit short of it too leaves
+    fewer connections, said with the remedy."""
+    out, _, cann = bundle
+
+    def started(limits: str) -> Server:
+        s = serving(str(out), "--listen", "127.0.0.1:0", "--max-clients", "1000",
+                    cmd=["prlimit", f"--nofile={limits}", sys.executable, "-m", "imgtool"])
+        assert requests.get(f"{s.url}/v2/ascend/cann/manifests/8.2", timeout=60).content == cann.manifest_bytes
+        return s
+
+    s = started("256:4096")
+    assert [line for line in s.log() if "open-file limit" in line] == [
+        "serve: raised the open-file limit (ulimit -n) from 256 to 4096, its hard limit, for up to 1000 connections"]
+    s = started("256:1024")
+    assert [line for line in s.log() if "open-file limit" in line] == [
+        "serve: raised the open-file limit (ulimit -n) from 256 to 1024, its hard limit, for up to 1000 connections",
+        "serve: the open-file limit (ulimit -n 1024) leaves room for 480 connections, not 1000: raise its hard limit "
+        "(LimitNOFILE= in a systemd unit) for more"]
 
 
 def test_ctrl_c_ends_it_with_a_download_in_flight(big, serving):
@@ -798,7 +978,7 @@ def test_every_connection_sends_without_nagles_delay(bundle):
     catalog = Catalog([index])
     server = serve._Server(serve.Settings(host="127.0.0.1", port=0), catalog, InPlaceBlobs([out], catalog),
                            lambda line: None)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread = threading.Thread(target=server.serve_forever)
     thread.start()
     try:
         with socket.create_connection(server.server_address[:2], timeout=60) as c:
@@ -808,11 +988,9 @@ def test_every_connection_sends_without_nagles_delay(bundle):
                 chunk = c.recv(4096)
                 assert chunk, got
                 got += chunk
-            with server.active_lock:
-                held = list(server.active)
+            held = [conn.sock for conn in list(server.loop.conns.values())]
             assert [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in held] == [1]
     finally:
-        server.shutdown()
         server.stop()
         thread.join(timeout=60)
     assert not thread.is_alive()

@@ -1,8 +1,11 @@
 """Blobs of bundles read in place from their part files for `imgtool serve`, each checked against its digest.
 
-A blob is hashed the first time it is asked for, and again whenever a part file holding it changed since
-(its inode, size, mtime or ctime: a write, a re-copy); a mismatch is refused per request (BlobDamaged),
-never handed out. The bytes themselves go out with sendfile from `open`'s file, at the catalog's spans.
+Every blob is hashed once in the background from the start (`check_all`), and again whenever a part file
+holding it changed since (its inode, size, mtime or ctime: a write, a re-copy); a mismatch is refused per
+request (BlobDamaged), never handed out. A blob asked for before its turn is hashed then (a small one, or a
+range of a big one), or, asked for whole, hashed as it is sent (`Hashing`: the last piece goes out only
+when all matched, so a client never receives a whole wrong blob, and the first pull of a 3 GB layer never
+waits for its hash). The bytes themselves go out with sendfile from `open`'s file, at the catalog's spans.
 """
 
 import hashlib
@@ -11,7 +14,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import BlobDamaged, ImgtoolError, UsageError, VerifyError
 from ..fsutil import NotRegularFile, fsync_dir, open_regular, require_regular
@@ -20,6 +23,13 @@ from ..progress import Progress
 from .catalog import Blob, Catalog
 from .format import BundleIndex, part_label
 from .reader import HASH_READ, DecodeError, PartsStream, decompressed, unreadable
+
+
+HASH_FIRST = 16 * 1024 * 1024  # a blob up to this is hashed before its first answer (milliseconds); bigger: on the way
+
+
+class Stopped(Exception):
+    """check_all was asked to stop."""
 
 
 def unpacked_name(index: BundleIndex) -> str:
@@ -145,24 +155,60 @@ class InPlaceBlobs:
             out.append((part, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         return tuple(out)
 
-    def check(self, blob: Blob) -> None:
-        """Raise BlobDamaged unless the blob's bytes in the parts match its digest (hashed when first asked, and
-        again when a part holding it changed since)."""
+    def check(self, blob: Blob, whole: bool = False, stop: Optional[threading.Event] = None) -> Optional["Hashing"]:
+        """Raise BlobDamaged unless the blob's bytes in the parts match its digest (hashed now unless known for
+        the parts as they are). `whole`: the caller sends the whole blob; a big one never checked yet is then
+        not hashed first: a Hashing is returned, to be fed every byte as it goes out. Raises Stopped when
+        `stop` is set while hashing."""
+        if whole and blob.size > HASH_FIRST:
+            stamp = self._stamp(blob)
+            with self._lock:
+                known = self._checked.get(blob.digest)
+            if known is None:  # never checked (a part changed since its check: checked now, as a range would be)
+                return Hashing(self, blob, stamp)
         with self._lock:
             lock = self._locks.setdefault(blob.digest, threading.Lock())
         with lock:
             stamp = self._stamp(blob)
             known = self._checked.get(blob.digest)
             if known is None or known[0] != stamp:
-                known = (stamp, self._sha256(blob) == blob.digest.hex)
-                if self._stamp(blob) == stamp:  # a part changing while it was read is checked again next time
-                    self._checked[blob.digest] = known
+                known = (stamp, self._sha256(blob, stop) == blob.digest.hex)
+                self._record(blob, stamp, known[1])
             if not known[1]:
                 raise self._damaged(blob)
+        return None
 
-    def _sha256(self, blob: Blob) -> str:
+    def _record(self, blob: Blob, stamp: tuple, matched: bool) -> None:
+        """What a hash found, unless a part changed while it was read (then it is checked again next time)."""
+        try:
+            same = self._stamp(blob) == stamp
+        except BlobDamaged:
+            same = False
+        if same:
+            with self._lock:
+                self._checked[blob.digest] = (stamp, matched)
+
+    def check_all(self, stop: threading.Event, damaged: Callable[[BlobDamaged], None]) -> Optional[Tuple[int, int, int]]:
+        """Every blob checked (those known already skipped), in the order they lie in the parts, each damaged one
+        handed to `damaged`: (blobs, bytes, damaged), or None when `stop` was set first."""
+        blobs = sorted(self.catalog.blobs.values(), key=lambda b: (b.bundle, b.start))
+        bad: List[BlobDamaged] = []
+        try:
+            for blob in blobs:
+                if stop.is_set():
+                    return None
+                try:
+                    self.check(blob, stop=stop)
+                except BlobDamaged as e:
+                    bad.append(e)
+                    damaged(e)
+        except Stopped:
+            return None
+        return len(blobs), sum(b.size for b in blobs), len(bad)
+
+    def _sha256(self, blob: Blob, stop: Optional[threading.Event] = None) -> str:
         """The blob's sha256 read from its files into one 1 MiB buffer (fresh 4 MiB reads in every worker thread
-        left tens of MiB in glibc's per-thread arenas); raises BlobDamaged (a file missing or short)."""
+        left tens of MiB in glibc's per-thread arenas); raises BlobDamaged (a file missing or short), Stopped."""
         sha = hashlib.sha256()
         buf = bytearray(1 << 20)
         view = memoryview(buf)
@@ -171,6 +217,8 @@ class InPlaceBlobs:
                 f.seek(span.offset)
                 left = span.length
                 while left:
+                    if stop is not None and stop.is_set():
+                        raise Stopped()
                     n = f.readinto(view[:min(left, len(buf))])
                     if not n:
                         raise self._problem(blob, span.part, "is truncated")
@@ -218,3 +266,22 @@ class InPlaceBlobs:
         if Digest.of(data) != blob.digest:
             raise self._damaged(blob)
         return data
+
+
+class Hashing:
+    """A whole blob hashed as it is sent, for a blob not checked yet: `update` with every byte in order, then
+    `finish()` -> (matched, what to say when not); what it found is remembered as a check's would be."""
+
+    def __init__(self, parts: InPlaceBlobs, blob: Blob, stamp: tuple):
+        self.parts, self.blob, self.stamp = parts, blob, stamp
+        self.sha = hashlib.sha256()
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+
+    def finish(self) -> Tuple[bool, str]:
+        matched = self.sha.hexdigest() == self.blob.digest.hex
+        self.parts._record(self.blob, self.stamp, matched)
+        if matched:
+            return True, ""
+        return False, self.parts._damaged(self.blob).message + " (cut before its last bytes)"
