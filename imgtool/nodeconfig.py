@@ -52,6 +52,7 @@ class NodeConfig:
     def lines(self) -> List[str]:
         """The configuration as the lines of a shell script: comments, and a `cat > PATH <<'EOF'` per file."""
         out = [f"# what each node needs to pull from {self.url} (run the part for the node's runtime as root)"]
+        made = set()
         by_runtime = {"containerd": "containerd (Kubernetes nodes; ctr --hosts-dir, crictl, the kubelet)",
                       "podman": "Podman, Buildah, CRI-O, skopeo (containers-registries.conf(5))",
                       "docker": "Docker"}
@@ -65,7 +66,9 @@ class NodeConfig:
                     out.append(f"# merge into {f.path} (keep what it holds; then restart dockerd):")
                     out.extend(f"#   {line}" for line in f.content.splitlines())
                     continue
-                out.append(f"mkdir -p {f.path.rsplit('/', 1)[0]}")
+                if f.path.rsplit("/", 1)[0] not in made:
+                    made.add(f.path.rsplit("/", 1)[0])
+                    out.append(f"mkdir -p {f.path.rsplit('/', 1)[0]}")
                 out.append(f"cat > {f.path} <<'EOF'")
                 out.extend(f.content.splitlines())
                 out.append("EOF")
@@ -81,13 +84,14 @@ def _toml_string(text: str) -> str:
     return json.dumps(text)  # a TOML basic string is a JSON string for what a host name or path holds
 
 
-def node_config(address: str, scheme: str, registries: Sequence[str], *, ca_pem: Optional[str] = None,
+def node_config(address: str, scheme: str, images: Sequence[Tuple[str, str]], *, ca_pem: Optional[str] = None,
                 ca_file: Optional[str] = None, tls_cert: Optional[str] = None) -> NodeConfig:
-    """The files and notes for nodes reaching serve at `address` (HOST:PORT) over `scheme`, for the upstream
-    `registries` the bundles hold; under TLS, `ca_pem` (the text of `ca_file`, --tls-ca) is written where each
-    runtime looks for it, else the notes say which certificate to copy there (`tls_cert` names the server's)."""
+    """The files and notes for nodes reaching serve at `address` (HOST:PORT) over `scheme`, for the `images` the
+    bundles hold, as (upstream registry, path[:tag]); under TLS, `ca_pem` (the text of `ca_file`, --tls-ca) is
+    written where each runtime looks for it, else the notes say which certificate to copy there (`tls_cert` names
+    the server's)."""
     tls = scheme == "https"
-    registries = tuple(sorted(set(registries)))
+    registries = tuple(sorted({registry for registry, _ in images}))
     files: List[NodeFile] = []
     notes: List[str] = []
     url = f"{scheme}://{address}"
@@ -104,6 +108,9 @@ def node_config(address: str, scheme: str, registries: Sequence[str], *, ca_pem:
                  "them by default); a change to hosts.toml needs no restart, one to config.toml does")
     notes.append("containerd: pods keep their image names (quay.io/...:TAG or @sha256:...); the mirror is asked "
                  "first, the upstream registry only when it fails (unreachable offline)")
+    notes.append("containerd: k3s and RKE2 write these files themselves, from /etc/rancher/k3s/registries.yaml "
+                 f"(rke2/registries.yaml): mirrors: {{{registries[0] if registries else 'quay.io'}: {{endpoint: "
+                 f"[\"{url}\"]}}}}, and restart")
     mirrors = []
     for registry in registries:
         mirrors.append(f"[[registry]]\nprefix = {_toml_string(registry)}\nlocation = {_toml_string(registry)}\n\n"
@@ -124,12 +131,13 @@ def node_config(address: str, scheme: str, registries: Sequence[str], *, ca_pem:
         files.append(NodeFile("docker", DAEMON_JSON, json.dumps(daemon, indent=2) + "\n", merge=True))
     if tls and ca_pem is not None:
         files.append(NodeFile("docker", f"/etc/docker/certs.d/{address}/ca.crt", ca_pem))
-    others = [r for r in registries if r != _HUB]
+    others = [(r, path) for r, path in images if r != _HUB]
     if others:
-        example = f"{address}/<path>:<tag>"
-        notes.append(f"docker: registry-mirrors mirrors Docker Hub only: Docker cannot mirror {', '.join(others)}. "
-                     f"Pull through this address by name instead, `docker pull {example}` (serve answers the path "
-                     f"without the registry), then `docker tag` it to the upstream name")
+        registry, path = others[0]
+        notes.append(f"docker: registry-mirrors mirrors Docker Hub only: Docker cannot mirror "
+                     f"{', '.join(r for r in registries if r != _HUB)}. Pull through this address by name instead "
+                     "(serve answers the path without the registry), then give it the upstream name:")
+        notes.append(f"docker:   docker pull {address}/{path} && docker tag {address}/{path} {registry}/{path}")
     if _HUB in registries:
         notes.append("docker: Docker Hub images (docker.io) keep their names through registry-mirrors")
     if not tls:

@@ -130,8 +130,8 @@ def nodes_need(catalog: Catalog, settings: Settings, port: int) -> Tuple[NodeCon
     UsageError (a bad --tls-ca)."""
     address, why = advertised(settings, port)
     ca = read_ca(settings.tls_ca) if settings.tls_cert and settings.tls_ca else None
-    registries = sorted({r.registry for r in catalog.repositories.values()})
-    return node_config(address, settings.scheme, registries, ca_pem=ca, ca_file=settings.tls_ca if ca else None,
+    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in sorted(catalog.repositories.items())]
+    return node_config(address, settings.scheme, images, ca_pem=ca, ca_file=settings.tls_ca if ca else None,
                        tls_cert=settings.tls_cert), why
 
 
