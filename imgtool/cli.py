@@ -974,12 +974,14 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
     """Serve bundles as a read-only registry, so every node of a cluster pulls from this one.
 
     The OCI distribution API straight from the bundles' parts (no copy, no unpacking; a --compress'ed
-    bundle only with --unpack-to): manifests by tag and digest (a tag held for several architectures
-    as an index of them), blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is served as
-    ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror requests
-    (hosts.toml), so pods keep their upstream image names. Each bundle must pass `verify --quick`
-    and the signature policy first; each blob's digest is checked before it is first served.
-    One log line per request on stderr; Ctrl-C (or SIGTERM) stops it (exit 130).
+    bundle only with --unpack-to): manifests by tag and digest (upstream's index by its digest, as fetch
+    kept it; a tag held for several architectures as upstream's index when the bundle holds all it lists,
+    else as an index of them), blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is
+    served as ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror
+    requests (hosts.toml), so pods keep their upstream image names. At start it prints what each node
+    needs (docs/serve.md). Each bundle must pass `verify --quick` and the signature policy first; each
+    blob's digest is checked before it is first served. One log line per request on stderr; Ctrl-C (or
+    SIGTERM) stops it (exit 130).
     """
     from .bundle.catalog import Catalog
     from .bundle.reader import read_index
