@@ -462,18 +462,19 @@ class Index:
     manifests: Tuple[Descriptor, ...]
 
     def platforms(self) -> List[Platform]:
-        return [d.platform for d in self.manifests if d.platform and not _is_attestation(d)]
+        return [d.platform for d in self.manifests if d.platform and not is_attestation(d)]
 
     def select(self, wanted: Platform) -> Descriptor:
         """The entry for `wanted`; raises UsageError listing what the index offers."""
         for d in self.manifests:
-            if d.platform and not _is_attestation(d) and d.platform.satisfies(wanted):
+            if d.platform and not is_attestation(d) and d.platform.satisfies(wanted):
                 return d
         offered = ", ".join(str(p) for p in self.platforms()) or "none"
         raise UsageError(f"platform {wanted} not found in the image index; it offers: {offered}")
 
 
-def _is_attestation(d: Descriptor) -> bool:
+def is_attestation(d: Descriptor) -> bool:
+    """Whether an index entry is an attestation manifest (provenance, SBOM) rather than a platform's image."""
     # buildkit stores provenance as index entries with platform unknown/unknown
     return d.annotations.get("vnd.docker.reference.type") == "attestation-manifest" or (
         d.platform is not None and d.platform.architecture == "unknown"
@@ -612,6 +613,10 @@ class PulledImage:
     # as bundle.json's `upstream` records it; and each layer's unpacked size where it was learnt.
     upstream: Optional[dict] = field(default=None, repr=False, compare=False)
     unpacked_sizes: Tuple[Optional[int], ...] = field(default=(), repr=False, compare=False)
+    # upstream's index (the bytes `index_digest` names, digest-checked) and its media type: bundle.json keeps them
+    # so that `serve` answers a pull pinned by that digest
+    index_bytes: Optional[bytes] = field(default=None, repr=False, compare=False)
+    index_media_type: str = field(default="", repr=False, compare=False)
 
     @property
     def image_id(self) -> Digest:

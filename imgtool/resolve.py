@@ -37,9 +37,10 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
     data, ctype, source = _manifest_from(resolution.sources, resolution.digest, "manifest")
     parsed = parse_manifest(data, ctype)
     index_digest = None
+    index_bytes, index_media_type = None, ""
     listed = None  # the platform the index says the chosen manifest is for
     if isinstance(parsed, Index):
-        index_digest = resolution.digest
+        index_digest, index_bytes, index_media_type = resolution.digest, data, parsed.media_type
         try:
             entry = parsed.select(platform)
         except UsageError as e:
@@ -74,7 +75,7 @@ def resolve_image(resolution: Resolution, platform: Platform, store: Store) -> P
     return PulledImage(
         ref=ref, source=source.describe(), platform=config.platform if index_digest is None else platform_of(config, platform),
         index_digest=index_digest, manifest_digest=manifest_digest, manifest_bytes=data, manifest=manifest,
-        config_bytes=config_bytes, config=config,
+        config_bytes=config_bytes, config=config, index_bytes=index_bytes, index_media_type=index_media_type,
     )
 
 

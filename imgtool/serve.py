@@ -36,7 +36,9 @@ from .bundle.verify import verify_bundle
 from .connections import MAX_BODY, MAX_HEAD, Answer, FileSpan, Limits, Loop
 from .dirlock import lock_served
 from .errors import BlobDamaged, Interrupted, UsageError
-from .model import Digest, format_size
+from .fsutil import NotRegularFile, open_regular
+from .model import Digest, format_size, is_attestation
+from .nodeconfig import NodeConfig, node_config
 from .progress import Progress
 
 MAX_CLIENTS = 4096  # connections held at once (a few hundred nodes, several each); then idle ones make room
@@ -51,6 +53,7 @@ API_VERSION = ("Docker-Distribution-API-Version", "registry/2.0")
 _PATH = re.compile(r"^/v2/(?P<name>.+)/(?P<kind>manifests|blobs)/(?P<ref>[^/]*)$")
 _TAGS = re.compile(r"^/v2/(?P<name>.+)/tags/list$")
 _RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")  # 19 digits: past any size; longer is malformed, not a number
+MAX_CA = 1024 * 1024  # --tls-ca: a CA bundle is a few KiB
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Settings:
     max_clients: int = MAX_CLIENTS
     timeout: float = TIMEOUT
     min_rate: int = 1024  # bytes a second (config.min_rate: $IMGTOOL_MIN_RATE)
+    advertise: Optional[Tuple[str, Optional[int]]] = None  # --advertise: the host (and port) nodes reach it by
+    tls_ca: Optional[str] = None  # --tls-ca: the CA certificate nodes trust, written into the node configuration
 
     @property
     def scheme(self) -> str:
@@ -76,6 +81,88 @@ def parse_listen(text: str) -> Tuple[str, int]:
     if not m or int(m.group("port")) > 65535:
         raise UsageError(f"invalid --listen {text!r}: expected ADDR:PORT, e.g. 0.0.0.0:5000 or 127.0.0.1:5000")
     return m.group("v6") or m.group("host") or "0.0.0.0", int(m.group("port"))
+
+
+def parse_advertise(text: str) -> Tuple[str, Optional[int]]:
+    """`--advertise HOST[:PORT]` (`[v6]:PORT`) -> (host, port or None); raises UsageError."""
+    m = re.match(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?))"
+                 r"(?::(?P<port>[0-9]{1,5}))?$", text or "")
+    if not m or (m.group("port") and not 0 < int(m.group("port")) <= 65535):
+        raise UsageError(f"invalid --advertise {text!r}: expected HOST or HOST:PORT (the address nodes reach this "
+                         "server by), e.g. 10.0.0.5 or node1.example:5000")
+    return m.group("v6") or m.group("host"), int(m.group("port")) if m.group("port") else None
+
+
+_WILDCARD = ("", "0.0.0.0", "::")
+
+
+def advertised(settings: Settings, port: int) -> Tuple[str, str]:
+    """HOST:PORT nodes reach the server by (--advertise, else the --listen address, else on every address this
+    host's name: socket.gethostname, no DNS asked), and the reason for a note."""
+    host, why = settings.host, ""
+    if settings.advertise is not None:
+        host, port = settings.advertise[0], settings.advertise[1] or port
+    elif host in _WILDCARD:
+        host = socket.gethostname()
+        why = (f"{host} is this host's name: nodes must resolve it, else give --advertise ADDR (listening on every "
+               "address)")
+    return (f"[{host}]" if ":" in host else host) + f":{port}", why
+
+
+def read_ca(path: str) -> str:
+    """--tls-ca's PEM text: a regular file of at most 1 MiB holding certificates; raises UsageError."""
+    hint = "give the PEM certificate of the CA that issued --tls-cert"
+    try:
+        with open_regular(path) as f:
+            data = f.read(MAX_CA + 1)
+    except (OSError, NotRegularFile) as e:
+        raise UsageError(f"cannot use --tls-ca {path}: {getattr(e, 'strerror', None) or e}", hint=hint) from None
+    text = data.decode("ascii", "replace")
+    if len(data) > MAX_CA or "-----BEGIN CERTIFICATE-----" not in text:
+        raise UsageError(f"cannot use --tls-ca {path}: it is not a PEM certificate (of at most {MAX_CA} bytes)",
+                         hint=hint)
+    try:
+        ssl.create_default_context(cadata=text)  # what a node's TLS client will do with it
+    except (ssl.SSLError, ValueError) as e:
+        raise UsageError(f"cannot use --tls-ca {path}: {e}", hint=hint) from None
+    return text if text.endswith("\n") else text + "\n"
+
+
+def nodes_need(catalog: Catalog, settings: Settings, port: int) -> Tuple[NodeConfig, str]:
+    """What each node needs to pull from this server (nodeconfig.py), and why its address, for a note; raises
+    UsageError (a bad --tls-ca)."""
+    address, why = advertised(settings, port)
+    ca = read_ca(settings.tls_ca) if settings.tls_cert and settings.tls_ca else None
+    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in sorted(catalog.repositories.items())]
+    return node_config(address, settings.scheme, images, ca_pem=ca, ca_file=settings.tls_ca if ca else None,
+                       tls_cert=settings.tls_cert), why
+
+
+def index_notes(repo: Repository) -> List[str]:
+    """What startup says of each tag answered with an index, and of upstream's indexes answered by digest."""
+    out = []
+    for tag in sorted(repo.tags):
+        digests, served = repo.tags[tag], repo.resolve(tag)
+        platforms = ", ".join(repo.manifests[d].platform for d in digests)
+        if served is not None and repo.served_upstream(served):
+            out.append(f"{repo.name}:{tag} is served as upstream's index {served} ({platforms})")
+            continue
+        upstream = [d for d, t in repo.upstream.items() if t == tag and repo.served_upstream(d)]
+        if served in repo.indexes.values():
+            head = f"{repo.name}:{tag} is served as an index of the {len(digests)} platforms the bundle holds " \
+                   f"({platforms}): {served}"
+        elif upstream:
+            head = f"{repo.name}:{tag} is served as its {platforms} manifest"
+        else:
+            continue
+        if not upstream:
+            out.append(head + ", not upstream's digest")
+        for d in upstream:
+            lacking = [("attestation" if is_attestation(e) else str(e.platform or "?"))
+                       for e in repo.kept[d].entries if e.digest in repo.lacking]
+            out.append(f"{head}; upstream's index {d} by digest, without the {len(lacking)} entries the bundles "
+                       f"lack ({', '.join(lacking)})")
+    return out
 
 
 def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress,
@@ -422,15 +509,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise _Refusal(400, "DIGEST_INVALID" if ":" in ref else "TAG_INVALID", "invalid tag or digest")
         manifest = repo.manifests.get(digest)
-        if manifest is None and digest in repo.upstream:
-            tag = repo.upstream[digest]
-            raise _Refusal(404, "MANIFEST_UNKNOWN",
-                           f"{repo.name}@{digest} is upstream's index of tag {tag}, which the bundles do not keep "
-                           f"(they hold its platform manifests): pull {repo.name}:{tag} (here {repo.resolve(tag)}), "
-                           "or a platform manifest by digest")
         blob = self.server.catalog.blobs.get(digest)
         if manifest is None or (blob is None and manifest.data is None):
-            raise _Refusal(404, "MANIFEST_UNKNOWN", f"{repo.name} has no manifest {digest} in the bundles served here")
+            raise _Refusal(404, "MANIFEST_UNKNOWN", repo.why_missing(digest))
         headers = [("Docker-Content-Digest", str(digest)), ("Etag", f'"{digest}"')]
         if head:
             size = blob.size if blob is not None else len(manifest.data or b"")
@@ -439,7 +520,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.end_headers()
             return
-        # a generated index is a function of bundle.json, which verify checked; a manifest is read and checked
+        # an index (generated, or upstream's as kept) is bundle.json's, which verify checked; a manifest is read and
+        # checked
         data = self.server.parts.read(blob) if blob is not None else manifest.data or b""
         self._send(200, data, False, headers, manifest.media_type)
 
@@ -522,10 +604,13 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         for conflict in catalog.conflicts:
             say(f"note: {conflict} differs between the bundles: the first bundle's is served")
         for repo in catalog.repositories.values():
-            for tag, digest in sorted(repo.indexes.items()):
-                platforms = ", ".join(repo.manifests[d].platform for d in repo.tags[tag])
-                say(f"note: {repo.name}:{tag} is served as an index of the {len(repo.tags[tag])} platforms the "
-                    f"bundle holds ({platforms}): {digest}, not upstream's digest")
+            for note in index_notes(repo):
+                say(f"note: {note}")
+        nodes, why = nodes_need(catalog, settings, port)
+        if why:
+            say(f"note: {why}")
+        for line in nodes.lines():
+            say(line)
         server.serve_forever()
     except KeyboardInterrupt:
         server.stop()  # first: the requests cut short are logged and counted

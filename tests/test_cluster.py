@@ -17,9 +17,11 @@ manifest names), and the image each holds is the bundle's (its config digest). A
 the server started is never served: the pull fails and the node holds nothing by that name.
 """
 
+import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Optional
 
 import grpc
 import pytest
@@ -29,6 +31,7 @@ from imgtool.bundle.reader import read_index
 from imgtool.model import Digest
 from tests.support.bundles import fetch_from_registry, imgtool
 from tests.support.cri import ImageService
+from tests.support.registry import get_manifest
 from tests.support.daemon import DaemonCleanup, DockerCLI
 from tests.support.runtimes import ContainerdNode, PodmanNode
 from tests.test_presets_k8s import validate
@@ -86,12 +89,12 @@ def cluster(services, factory, mirrored, tmp_path):
 class KubeNode:
     """A Kubernetes node: its containerd, the CRI plugin's hosts.toml for quay.io, the kubelet's CRI calls."""
 
-    def __init__(self, version: str, services, mirror_url: str):
+    def __init__(self, version: str, services, mirror_url: str, hosts_toml: Optional[str] = None):
         self.containerd = ContainerdNode(f"containerd-{version}", services)
         self.hosts = Path(os.path.dirname(self.containerd.socket)) / "certs.d" / "quay.io"
         self.hosts.mkdir(parents=True, exist_ok=True)
-        (self.hosts / "hosts.toml").write_text(
-            f'server = "https://quay.io"\n\n[host."{mirror_url}"]\n  capabilities = ["pull", "resolve"]\n')
+        (self.hosts / "hosts.toml").write_text(hosts_toml or (
+            f'server = "https://quay.io"\n\n[host."{mirror_url}"]\n  capabilities = ["pull", "resolve"]\n'))
         self.cri = ImageService(self.containerd.socket)
 
     def kubelet_pull(self, image: str) -> str:
@@ -125,6 +128,30 @@ def test_a_kubernetes_node_pulls_the_pods_image_by_its_upstream_name(version, cl
         node.close(cluster)
     # through the mirror, as containerd asks a mirror: ?ns=quay.io, by the Pod's digest
     assert any(f"/manifests/{cluster.image.manifest_digest}?ns=quay.io 200" in line for line in cluster.server.log())
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7"])
+def test_a_pod_pinned_by_upstreams_index_digest_pulls_through_the_hosts_toml_serve_printed(version, cluster, services):
+    """Issue 36 item 6: a GitOps Pod pins quay.io/...:TAG@sha256:<the index digest quay.io shows>. The bundle (this
+    host's platform of a two-arch tag) keeps upstream's index; the kubelet's CRI pull finds it through the
+    hosts.toml `serve --print-node-config` printed, and records upstream's digest."""
+    repo_path, tag = cluster.name.split("/", 1)[1].rsplit(":", 1)
+    upstream = get_manifest(services.plain, repo_path, tag)  # what quay.io (the registry standing in) shows
+    printed = imgtool("serve", str(cluster.bundle), "--listen", f"127.0.0.1:{cluster.server.port}",
+                      "--print-node-config", "--json")
+    assert printed.returncode == 0, printed.stderr
+    hosts = {f["path"]: f["content"] for f in json.loads(printed.stdout)["files"]}
+    pinned = f"{cluster.name}@{upstream.digest}"
+    node = KubeNode(version, services, cluster.server.url, hosts["/etc/containerd/certs.d/quay.io/hosts.toml"])
+    try:
+        assert node.kubelet_pull(pinned) == cluster.image.config_digest
+        status = node.cri.status(pinned)
+        assert status.repo_digests == [f"{cluster.repo}@{upstream.digest}"]
+        assert node.containerd.ctr("content", "get", upstream.digest).stdout.encode() == upstream.body
+    finally:
+        node.containerd.removals.append(f"{cluster.repo}@{upstream.digest}")
+        node.close(cluster)
+    assert any(f"/manifests/{upstream.digest}?ns=quay.io 200" in line for line in cluster.server.log())
 
 
 def test_a_podman_host_pulls_the_upstream_name_through_a_registries_conf_mirror(cluster, services, tmp_path):

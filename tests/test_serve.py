@@ -7,6 +7,7 @@ flooding connections) and damaged bundles, at start and later. The server runs a
 (the CLI), also from imgtool.pyz under pyenv's python3.7.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -874,8 +875,25 @@ def served_index(idx) -> bytes:
         for im in idx.images]}, separators=(",", ":")).encode()
 
 
+def as_older_bundle(out: Path) -> None:
+    """The bundle as an imgtool before `upstream_indexes` wrote it: bundle.json without upstream's index (and
+    SHA256SUMS to match)."""
+    from imgtool.bundle.format import BundleIndex
+
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert index.upstream_indexes
+    doc = dataclasses.replace(index, upstream_indexes=()).to_bytes()
+    (out / "bundle.json").write_bytes(doc)
+    sums = (out / "SHA256SUMS").read_text().splitlines()
+    (out / "SHA256SUMS").write_text("".join(
+        (f"{hashlib.sha256(doc).hexdigest()}  bundle.json" if line.endswith("  bundle.json") else line) + "\n"
+        for line in sums))
+
+
 def test_a_tag_held_for_several_architectures_is_served_as_an_index(two_arch, serving, tmp_path):
+    """A bundle of an imgtool that kept only upstream's index digest: served exactly as before."""
     out, idx, repo = two_arch
+    as_older_bundle(out)
     s = serving(str(out), "--listen", "127.0.0.1:0")
     body = served_index(idx)
     digest = str(Digest.of(body))
@@ -947,7 +965,8 @@ def test_containerd_pulls_a_platform_of_a_two_arch_tag_through_the_mirror(two_ar
     try:
         r = node.ctr("images", "pull", "--hosts-dir", str(hosts), "--platform", f"linux/{arch}", ref, check=False)
         assert r.returncode == 0, r.stderr
-        assert [row[1:3] for row in node.refs() if row[0] == ref] == [[DOCKER_LIST, str(Digest.of(served_index(idx)))]]
+        # the bundle keeps upstream's index and holds every platform it lists: the tag is upstream's digest
+        assert [row[1:3] for row in node.refs() if row[0] == ref] == [[DOCKER_LIST, idx.manifest_digest]]
         manifest = idx.image(arch).manifest_digest
         assert any(f"/v2/{repo}/manifests/{manifest}?ns=quay.io 200" in line for line in s.log()), s.log()
     finally:
@@ -1013,3 +1032,146 @@ def test_tags_and_catalog_pages_say_where_the_next_one_is(factory, serving, tmp_
     r = subprocess.run(["skopeo", "list-tags", "--tls-verify=false", f"docker://{s.hostport}/ascend/vllm-ascend"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["Tags"] == ["a", "b", "c"], r.stderr
+
+
+# --- pinned by upstream's index digest, through the configuration serve prints -------------------------------------
+
+def node_files(lines: List[str]) -> dict:
+    """What the node configuration's script writes: path -> the exact lines between `cat > PATH <<'EOF'` and EOF."""
+    files, path = {}, None
+    for line in lines:
+        if path is None and line.startswith("cat > ") and line.endswith(" <<'EOF'"):
+            path, files[line[6:-8]] = line[6:-8], ""
+        elif path is not None and line == "EOF":
+            path = None
+        elif path is not None:
+            files[path] += line + "\n"
+    return files
+
+
+def startup_node_config(s: Server, out: Path, *extra: str) -> dict:
+    """The node configuration the running server printed at start, checked line for line against
+    `serve --print-node-config` for its address; returns the files of `--print-node-config --json`."""
+    printed = imgtool("serve", str(out), "--listen", f"127.0.0.1:{s.port}", "--print-node-config", *extra)
+    assert printed.returncode == 0, printed.stderr
+    lines = printed.stdout.splitlines()
+    assert lines[0] == f"# what each node needs to pull from {s.url} (run the part for the node's runtime as root)"
+    started = [s.proc.stdout.readline().rstrip("\n") for _ in lines]  # printed at start: there to read
+    assert started == lines
+    js = imgtool("serve", str(out), "--listen", f"127.0.0.1:{s.port}", "--print-node-config", "--json", *extra)
+    assert js.returncode == 0, js.stderr
+    files = {f["path"]: f["content"] for f in json.loads(js.stdout)["files"] if not f["merge"]}
+    assert node_files(lines) == files  # the script writes exactly the files --json gives
+    return files
+
+
+def test_a_pod_pinned_by_upstreams_index_digest_pulls_from_serve(two_arch, services, serving, tmp_path):
+    """Issue 36 item 6: the bundle keeps upstream's index; serve answers it by tag and by digest, byte for byte, and
+    containerd 1.7 (ctr pull --hosts-dir with the hosts.toml serve printed) and skopeo (registries.conf from serve's
+    output) pull quay.io/...:TAG@sha256:<upstream's index digest> from it."""
+    out, idx, repo = two_arch
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    assert s.proc.stdout.readline().rstrip("\n") == f"  quay.io/{repo}: v3"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: quay.io/{repo}:v3 is served as upstream's index {idx.manifest_digest} (linux/amd64, linux/arm64/v8)")
+    files = startup_node_config(s, out)
+    for ref in ("v3", idx.manifest_digest):
+        r = requests.get(f"{s.url}/v2/{repo}/manifests/{ref}")
+        assert (r.status_code, r.content, r.headers["Content-Type"], r.headers["Docker-Content-Digest"]) == \
+            (200, idx.manifest_bytes, DOCKER_LIST, idx.manifest_digest)
+
+    pinned = f"quay.io/{repo}:v3@{idx.manifest_digest}"  # as a GitOps manifest pins it
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(files["/etc/containerd/certs.d/quay.io/hosts.toml"])
+    node = ContainerdNode("containerd-1.7", services)
+    node.removals.append(pinned)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), pinned, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[1:3] for row in node.refs() if row[0] == pinned] == [[DOCKER_LIST, idx.manifest_digest]]
+        assert node.ctr("content", "get", idx.manifest_digest).stdout.encode() == idx.manifest_bytes
+        mine = idx.image(host_arch())
+        assert node.ctr("content", "get", mine.manifest_digest).stdout.encode() == mine.manifest_bytes
+        assert {x.digest for x in mine.layers} <= set(node.ctr("content", "ls", "--quiet").stdout.split())
+    finally:
+        assert node.cleanup() == []
+    assert any(f"/v2/{repo}/manifests/{idx.manifest_digest}?ns=quay.io 200" in line for line in s.log()), s.log()
+
+    conf = tmp_path / "registries.conf"
+    conf.write_text(files["/etc/containers/registries.conf.d/imgtool-serve.conf"])
+    skopeo = ["skopeo", "--registries-conf", str(conf)]
+    by_digest = f"docker://quay.io/{repo}@{idx.manifest_digest}"  # skopeo takes a tag or a digest, not both
+    r = subprocess.run([*skopeo, "inspect", "--raw", "--retry-times", "0", by_digest], capture_output=True,
+                       timeout=300)
+    assert (r.returncode, r.stdout) == (0, idx.manifest_bytes), r.stderr
+    r = subprocess.run([*skopeo, "copy", "--all", "--retry-times", "0", by_digest, f"dir:{tmp_path / 'all'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "all" / "manifest.json").read_bytes() == idx.manifest_bytes
+    for image in idx.images:
+        assert (tmp_path / "all" / f"{image.manifest_digest[7:]}.manifest.json").read_bytes() == image.manifest_bytes
+    assert s.stop().returncode == 130
+
+
+def test_entries_the_bundle_lacks_are_not_served_and_tls_nodes_get_the_ca(services, factory, mirrored, serving,
+                                                                          tmp_path):
+    """Upstream's index with attestations (buildx --provenance), fetched for this host's platform only: the tag is
+    that platform's manifest (as before), upstream's digest is answered byte for byte, every entry the bundle lacks
+    is a 404 naming it; containerd 1.7 pulls by the pinned digest over TLS with the files serve printed (hosts.toml,
+    and the CA from --tls-ca beside it)."""
+    mine, other = host_arch(), {"amd64": "arm64", "arm64": "amd64"}[host_arch()]
+    images = {arch: factory.image(arch, layers=1) for arch in ("amd64", "arm64")}
+    idx = factory.attested([images["amd64"], images["arm64"]])
+    ms = mirrored(idx, tag="v3", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\nurl = "http://{services.plain}"\n'
+                   "upstream = true\ninsecure = true\n")
+    out = tmp_path / "mine"
+    r = imgtool("fetch", "--no-tool", f"quay.io/{ms.repo}:v3", "--arch", mine, "--mirrors", str(cfg), "-o", str(out),
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    certs = Path(services.tls_ca).parent
+    tls = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"), "--tls-ca", services.tls_ca]
+    s = serving(str(out), "--listen", "127.0.0.1:0", *tls)
+    shown = {"amd64": "linux/amd64", "arm64": "linux/arm64/v8"}
+    assert s.proc.stdout.readline().rstrip("\n") == f"  quay.io/{ms.repo}: v3"
+    assert s.proc.stdout.readline().rstrip("\n") == (
+        f"note: quay.io/{ms.repo}:v3 is served as its {shown[mine]} manifest; upstream's index {idx.manifest_digest} "
+        f"by digest, without the 3 entries the bundles lack ({shown[other]}, attestation, attestation)")
+    files = startup_node_config(s, out, *tls)
+    ca = Path(services.tls_ca).read_text()
+    assert files["/etc/containerd/certs.d/quay.io/ca.crt"] == ca
+    assert files["/etc/containers/certs.d/" + s.hostport + "/ca.crt"] == ca
+    assert files["/etc/docker/certs.d/" + s.hostport + "/ca.crt"] == ca
+
+    base = f"{s.url}/v2/{ms.repo}/manifests"
+    r = requests.get(f"{base}/v3", verify=services.tls_ca)
+    assert (r.status_code, r.content) == (200, images[mine].manifest_bytes)  # as before: the platform's manifest
+    r = requests.get(f"{base}/{idx.manifest_digest}", verify=services.tls_ca)
+    assert (r.status_code, r.content, r.headers["Docker-Content-Digest"]) == (200, idx.manifest_bytes,
+                                                                              idx.manifest_digest)
+    of = f"upstream's index {idx.manifest_digest} (tag v3)"
+    for digest, what in [(images[other].manifest_digest, f"the {shown[other]} manifest of {of}"),
+                         (idx.attestations[0][0], f"an attestation manifest of {of}")]:
+        r = requests.get(f"{base}/{digest}", verify=services.tls_ca)
+        assert (r.status_code, errors(r)) == (404, ["MANIFEST_UNKNOWN"])
+        assert r.json()["errors"][0]["message"] == (f"quay.io/{ms.repo}@{digest} is {what}, which the bundles served "
+                                                    "here do not hold")
+
+    hosts = tmp_path / "certs.d"
+    for path, content in files.items():
+        if path.startswith("/etc/containerd/certs.d/"):
+            (hosts / path[len("/etc/containerd/certs.d/"):]).parent.mkdir(parents=True, exist_ok=True)
+            (hosts / path[len("/etc/containerd/certs.d/"):]).write_text(content)
+    assert 'ca = "ca.crt"' in (hosts / "quay.io" / "hosts.toml").read_text()  # beside it: the node's path works too
+    pinned = f"quay.io/{ms.repo}:v3@{idx.manifest_digest}"
+    node = ContainerdNode("containerd-1.7", services)
+    node.removals.append(pinned)
+    try:
+        r = node.ctr("images", "pull", "--hosts-dir", str(hosts), "--platform", f"linux/{mine}", pinned, check=False)
+        assert r.returncode == 0, r.stderr
+        assert [row[2] for row in node.refs() if row[0] == pinned] == [idx.manifest_digest]
+        assert node.ctr("content", "get", images[mine].manifest_digest).stdout.encode() == images[mine].manifest_bytes
+    finally:
+        assert node.cleanup() == []

@@ -292,3 +292,45 @@ def test_a_part_without_read_permission_is_named_as_that_not_as_damage(bundle):
         assert "re-copy" not in r.stderr
     part.chmod(0o644)
     assert as_unprivileged("verify", str(bundle)).returncode == 0
+
+
+def test_upstreams_index_is_kept_byte_for_byte_and_checked_against_its_digest(factory, tmp_path):
+    """fetch keeps upstream's index in bundle.json (`upstream_indexes`, base64): the format version stays (old
+    readers ignore the field), a bundle without one is written as before, and verify holds the bytes to the digest
+    the images name."""
+    import base64
+    import hashlib
+
+    from tests.test_sign import remake_sums
+
+    store = BlobDir(tmp_path / "blobs")
+    idx = factory.multiarch(("amd64", "arm64"), layers=1)
+    arm = idx.image("arm64")
+    write(tmp_path / "old", [store.pulled(arm, f"{REPO}:v3")], store)
+    assert "upstream_indexes" not in json.loads((tmp_path / "old" / "bundle.json").read_text())
+    out = tmp_path / "b"
+    write(out, [store.pulled(arm, f"{REPO}:v3", index=idx)], store)
+    doc = json.loads((out / "bundle.json").read_text())
+    assert doc["version"] == 1 and doc["images"][0]["index_digest"] == idx.manifest_digest
+    assert doc["upstream_indexes"] == [{"digest": idx.manifest_digest, "media_type": idx.manifest_media_type,
+                                        "size": idx.manifest_size,
+                                        "data": base64.b64encode(idx.manifest_bytes).decode()}]
+    assert imgtool("verify", str(out)).returncode == 0
+
+    changed = idx.manifest_bytes.replace(b"amd64", b"s390x")
+    doc["upstream_indexes"][0].update(data=base64.b64encode(changed).decode())
+    (out / "bundle.json").write_text(json.dumps(doc, indent=2) + "\n")
+    remake_sums(out)  # bundle.json edited and SHA256SUMS made to match it: the digest still tells
+    r = imgtool("verify", str(out))
+    assert (r.returncode, err_lines(r)[0]) == (3, (
+        f"error: bundle.json is malformed: `upstream_indexes[0].data` is not upstream's index {idx.manifest_digest}: "
+        f"its {len(changed)} bytes have digest sha256:{hashlib.sha256(changed).hexdigest()}"))
+    other = factory.multiarch(("amd64", "arm64"), layers=1)
+    doc["upstream_indexes"][0] = {"digest": other.manifest_digest, "media_type": other.manifest_media_type,
+                                  "size": other.manifest_size, "data": base64.b64encode(other.manifest_bytes).decode()}
+    (out / "bundle.json").write_text(json.dumps(doc, indent=2) + "\n")
+    remake_sums(out)
+    r = imgtool("verify", str(out))
+    assert (r.returncode, err_lines(r)[0]) == (3, (
+        f"error: bundle.json is malformed: `upstream_indexes[0].digest` {other.manifest_digest} is no image's "
+        "index_digest"))

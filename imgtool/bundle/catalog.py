@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..model import OCI_MANIFEST, Digest
+from ..model import OCI_MANIFEST, Digest, is_attestation
 from . import layout
-from .format import BundleImage, BundleIndex
+from .format import BundleImage, BundleIndex, UpstreamIndex
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")  # matched whole: `$` lets a final newline through
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
@@ -55,12 +55,13 @@ class Blob:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A manifest a repository answers: a platform manifest the parts hold, or (`data`) the index over the
-    platforms of a tag held for several, generated from bundle.json (layout.platform_index)."""
+    """A manifest a repository answers: a platform manifest the parts hold, or (`data`) an index: upstream's, as
+    bundle.json keeps it, or the index over the platforms of a tag held for several, generated from bundle.json
+    (layout.platform_index)."""
 
     digest: Digest
     media_type: str
-    platform: str  # "index" for a generated index
+    platform: str  # "index" for a generated index, "upstream index" for upstream's
     data: Optional[bytes] = None
 
 
@@ -73,19 +74,72 @@ class Repository:
     tags: Dict[str, List[Digest]] = field(default_factory=dict)  # several: one per platform of a multi-arch tag
     manifests: Dict[Digest, Manifest] = field(default_factory=dict)
     blobs: set = field(default_factory=set)  # digests of its configs, layers and manifests
-    indexes: Dict[str, Digest] = field(default_factory=dict)  # a tag held for several platforms -> its index
+    indexes: Dict[str, Digest] = field(default_factory=dict)  # a tag answered with an index -> that index
     upstream: Dict[Digest, str] = field(default_factory=dict)  # upstream's index digest -> the tag it was
+    kept: Dict[Digest, UpstreamIndex] = field(default_factory=dict)  # upstream's indexes whose bytes bundles keep
+    lacking: Dict[Digest, str] = field(default_factory=dict)  # an entry of a kept index the bundles lack -> what
 
     def resolve(self, tag: str) -> Optional[Digest]:
-        """The manifest a tag names: its platform manifest, or the index over its platforms; None: no such tag."""
+        """The manifest a tag names: upstream's index, the index over its platforms, or its platform manifest;
+        None: no such tag."""
         digests = self.tags.get(tag)
         if not digests:
             return None
-        return self.indexes[tag] if len(digests) > 1 else digests[0]
+        return self.indexes.get(tag) or digests[0]
+
+    def why_missing(self, digest: Digest) -> str:
+        """Why the repository answers no manifest by this digest, for the 404's message."""
+        if digest in self.lacking:
+            return f"{self.name}@{digest} is {self.lacking[digest]}, which the bundles served here do not hold"
+        if digest in self.upstream:
+            tag = self.upstream[digest]
+            if digest in self.kept:  # kept, but every manifest it lists was rewritten at fetch (images[].upstream)
+                return (f"{self.name}@{digest} is upstream's index of tag {tag}, whose manifests the bundles do not "
+                        f"hold (fetch rewrote their layers): pull {self.name}:{tag} (here {self.resolve(tag)})")
+            return (f"{self.name}@{digest} is upstream's index of tag {tag}, which the bundles do not keep (they "
+                    f"hold its platform manifests): pull {self.name}:{tag} (here {self.resolve(tag)}), or a platform "
+                    "manifest by digest")
+        return f"{self.name} has no manifest {digest} in the bundles served here"
+
+    def served_upstream(self, digest: Digest) -> bool:
+        """Whether upstream's index of this digest is answered (the bundles hold at least one entry of it)."""
+        found = self.manifests.get(digest)
+        return found is not None and found.platform == UPSTREAM
 
     @property
     def name(self) -> str:
         return f"{self.registry}/{self.path}"
+
+
+UPSTREAM = "upstream index"  # Manifest.platform of upstream's index, as bundle.json keeps it
+
+
+def _whole_upstream(images: Sequence[BundleImage], kept: Dict[Digest, UpstreamIndex]) -> Optional[UpstreamIndex]:
+    """Upstream's index a tag's images all came from, when this bundle keeps it and holds every manifest it lists
+    (attestations included: a client copying every entry, skopeo copy --all, must find each); else None."""
+    digests = {im.index_digest for im in images}
+    only = digests.pop() if len(digests) == 1 else None
+    found = kept.get(only) if only is not None else None
+    if found is None or not {e.digest for e in found.entries} <= {im.manifest_digest for im in images}:
+        return None
+    return found
+
+
+def _answer_upstream(repo: Repository) -> None:
+    """Upstream's indexes answered by digest: each one the repository holds an entry of (by manifest digest: a
+    manifest fetch rewrote is another); the entries it lacks are named for the 404 a client following them gets."""
+    for digest, upstream in repo.kept.items():
+        entries = upstream.entries
+        if not any(e.digest in repo.manifests for e in entries):
+            continue
+        repo.manifests.setdefault(digest, Manifest(digest, upstream.media_type, UPSTREAM, upstream.data))
+        tag = repo.upstream.get(digest)
+        of = f"upstream's index {digest}" + (f" (tag {tag})" if tag else "")
+        for e in entries:
+            if e.digest not in repo.manifests:
+                what = "an attestation manifest" if is_attestation(e) else \
+                    f"the {e.platform} manifest" if e.platform else "a manifest"
+                repo.lacking.setdefault(e.digest, f"{what} of {of}")
 
 
 class Catalog:
@@ -100,6 +154,8 @@ class Catalog:
         self._sizes: List[List[int]] = []  # each bundle's files the blobs lie in: its parts, or its unpacked archive
         for b, index in enumerate(self.indexes):
             self._add(b, index)
+        for repo in self.repositories.values():  # after every bundle: an entry one lacks, another may hold
+            _answer_upstream(repo)
 
     def _add(self, b: int, index: BundleIndex) -> None:
         # a compressed bundle is served from its archive unpacked into one file (inplace.unpack_archive): one "part"
@@ -116,10 +172,13 @@ class Catalog:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,
                                                    p.member.media_type)
         seen: Dict[Tuple[str, str, str], List[BundleImage]] = {}
+        kept = {x.digest: x for x in index.upstream_indexes}
         for image in index.images:
             ref = image.image_ref
             key = (_registry(ref.registry), ref.repository)
             repo = self.repositories.setdefault(key, Repository(*key))
+            if image.index_digest in kept:
+                repo.kept.setdefault(image.index_digest, kept[image.index_digest])
             twin = layout.oci_manifest(image)
             repo.manifests.setdefault(image.manifest_digest, Manifest(image.manifest_digest, image.manifest_media_type,
                                                                       str(image.platform)))
@@ -141,7 +200,10 @@ class Catalog:
             for im in images:
                 if im.index_digest is not None:
                     repo.upstream.setdefault(im.index_digest, tag)
-            if len(images) > 1:
+            whole = _whole_upstream(images, kept)
+            if whole is not None:  # the bundle holds every manifest upstream's index lists: the tag answers it
+                repo.indexes[tag] = whole.digest
+            elif len(images) > 1:
                 media, data = layout.platform_index(images)
                 digest = Digest.of(data)
                 repo.indexes[tag] = digest

@@ -6,6 +6,8 @@ document, so it is validated strictly: names cannot escape the directory, digest
 well-formed, sizes are non-negative integers. See docs/bundle-format.md.
 """
 
+import base64
+import binascii
 import dataclasses
 import json
 import re
@@ -13,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, List, NoReturn, Optional, Tuple
 
 from ..delta import chain_ids
-from ..errors import UsageError, VerifyError
-from ..model import LAYER_COMPRESSION, MANIFEST_TYPES, Digest, ImageRef, Platform, is_docker_name, json_object
+from ..errors import ManifestError, UsageError, VerifyError
+from ..model import (INDEX_TYPES, LAYER_COMPRESSION, MANIFEST_TYPES, Descriptor, Digest, ImageRef, Index, Platform,
+                     is_docker_name, json_object, parse_manifest)
 from ..schema import Invalid, Key, Table
 from ..text import is_printable
 
@@ -37,6 +40,8 @@ ARCHIVE_SUFFIX = {"none": ".tar", "gzip": ".tar.gz", "zstd": ".tar.zst"}
 
 # bundle.json is read into memory: cap it (a real one is a few KiB per image).
 MAX_BUNDLE_JSON = 16 * 1024 * 1024
+# upstream's index is kept in bundle.json up to this size (real ones: 1-3 KiB); fetch keeps none bigger
+MAX_KEPT_INDEX = 1024 * 1024
 
 # File names a bundle may use for its parts and files: plain names inside the directory.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,200}$")
@@ -155,6 +160,26 @@ class Archive:
 
 
 @dataclass(frozen=True)
+class UpstreamIndex:
+    """Upstream's multi-arch index byte for byte, as fetch received it under the digest `images[].index_digest`
+    names: what `serve` answers a pull pinned by that digest with (bundle.json `upstream_indexes`)."""
+
+    digest: Digest
+    media_type: str  # OCI index or Docker manifest list
+    data: bytes
+
+    @property
+    def entries(self) -> Tuple[Descriptor, ...]:
+        """Its manifests (platform images and attestations), as it lists them."""
+        parsed = parse_manifest(self.data, self.media_type)
+        return parsed.manifests if isinstance(parsed, Index) else ()
+
+    def to_json(self) -> dict:
+        return {"digest": str(self.digest), "media_type": self.media_type, "size": len(self.data),
+                "data": base64.b64encode(self.data).decode("ascii")}
+
+
+@dataclass(frozen=True)
 class BundleIndex:
     """The parsed bundle.json."""
 
@@ -170,6 +195,8 @@ class BundleIndex:
     # what gzip-compressed the layers imgtool rewrote or exported and a gzip archive: {"library": "isal"|"zlib",
     # "level": the library's own}; None when imgtool compressed nothing (or an older imgtool wrote the bundle)
     gzip: Optional[dict] = None
+    # upstream's multi-arch indexes the images came from, byte for byte (absent in bundles of imgtools before it)
+    upstream_indexes: Tuple[UpstreamIndex, ...] = ()
 
     @property
     def layer_bytes(self) -> int:
@@ -223,6 +250,8 @@ class BundleIndex:
             out["base"] = self.base
         if self.gzip is not None:
             out["gzip"] = self.gzip
+        if self.upstream_indexes:
+            out["upstream_indexes"] = [x.to_json() for x in self.upstream_indexes]
         return out
 
     def to_bytes(self) -> bytes:
@@ -262,6 +291,7 @@ class BundleIndex:
             base=base,
             legacy_names=version < UNNAMED_MULTIARCH_VERSION,
             gzip=gzip,
+            upstream_indexes=_upstream_indexes(obj.get("upstream_indexes"), parsed_images),
         )
 
 
@@ -514,6 +544,47 @@ def _upstream(x, where: str) -> Optional[dict]:
     _digest(x, "manifest_digest", where + "upstream.")
     _str(x, "layers", where + "upstream.")
     return x
+
+
+def _upstream_indexes(x: object, images: Tuple[BundleImage, ...]) -> Tuple[UpstreamIndex, ...]:
+    """bundle.json's copies of upstream's indexes: each the bytes of an index some image names as its
+    `index_digest`, checked against that digest; raises VerifyError."""
+    if x is None:
+        return ()
+    if not isinstance(x, list):
+        raise _bad("`upstream_indexes` is not a list")
+    named = {im.index_digest for im in images}
+    out: List[UpstreamIndex] = []
+    for i, item in enumerate(x):
+        where = f"upstream_indexes[{i}]."
+        if not isinstance(item, dict):
+            raise _bad(f"{where[:-1]} is not an object")
+        digest = _digest(item, "digest", where)
+        media = _str(item, "media_type", where)
+        if media not in INDEX_TYPES:
+            raise _bad(f"`{where}media_type` is not an index type: {media!r}")
+        size = _size(item, "size", where)
+        if size > MAX_KEPT_INDEX:
+            raise _bad(f"`{where}size` is over {MAX_KEPT_INDEX} bytes: {size}")
+        try:
+            data = base64.b64decode(_str(item, "data", where), validate=True)
+        except (binascii.Error, ValueError):
+            raise _bad(f"`{where}data` is not base64") from None
+        if len(data) != size or Digest.of(data) != digest:
+            raise _bad(f"`{where}data` is not upstream's index {digest}: its {len(data)} bytes have digest "
+                       f"{Digest.of(data)}")
+        try:
+            parsed = parse_manifest(data, media)
+        except ManifestError as e:
+            raise _bad(f"`{where}data` is not an index: {e.message}") from None
+        if not isinstance(parsed, Index) or parsed.media_type != media:
+            raise _bad(f"`{where}data` is not an index of type {media}")
+        if digest not in named:
+            raise _bad(f"`{where}digest` {digest} is no image's index_digest")
+        if any(x.digest == digest for x in out):
+            raise _bad(f"`{where}digest` {digest} is listed twice")
+        out.append(UpstreamIndex(digest, media, data))
+    return tuple(out)
 
 
 def _archive(x) -> Archive:

@@ -103,10 +103,10 @@ def oci_manifest(image: BundleImage) -> Optional[bytes]:
 def platform_index(images: Sequence[BundleImage]) -> Tuple[str, bytes]:
     """An index over the platform manifests of one tag held for several platforms: (media type, bytes).
 
-    A Docker manifest list when every platform manifest is Docker v2, else an OCI index. The bundle keeps the
-    platform manifests, not upstream's index, so this one's digest differs from upstream's (upstream lists other
-    platforms, attestations, its own spacing); `push` publishes it under the tag and `serve` answers it there:
-    the same bytes, so the same digest, from both.
+    A Docker manifest list when every platform manifest is Docker v2, else an OCI index. Its digest differs from
+    upstream's (upstream lists other platforms, attestations, its own spacing); `push` publishes it under the tag
+    and `serve` answers it there (the same bytes, so the same digest, from both), unless serve answers upstream's
+    own index, which bundle.json keeps (`upstream_indexes`), because the bundle holds every entry it lists.
     """
     docker = all(im.manifest_media_type == DOCKER_MANIFEST for im in images)
     media = DOCKER_LIST if docker else OCI_INDEX

@@ -27,8 +27,8 @@ from ..progress import Progress
 from ..worker import Worker
 from . import layout, texts
 from .reader import sha256_of
-from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ,
-                     Archive, BundleImage, BundleIndex, Layer, Part)
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
+                     SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Layer, Part, UpstreamIndex)
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
 SYNC_BEHIND = 64 * 1024 * 1024  # start write-back every this many bytes, so the closing fsync is short
@@ -279,7 +279,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
             parts, archive = _seal_archive(plan, sink, written)
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
                                 base=_delta_base(plan.images, delta.base if delta else None),
-                                gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None)
+                                gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None,
+                                upstream_indexes=upstream_indexes(images))
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
             doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
@@ -402,6 +403,21 @@ def _with_sizes(images: Sequence[BundleImage], sizes: Dict[Digest, int]) -> Tupl
     return tuple(dataclasses.replace(im, layers=tuple(
         dataclasses.replace(x, unpacked_size=sizes[x.digest]) if x.unpacked_size is None and x.digest in sizes else x
         for x in im.layers)) for im in images)
+
+
+def upstream_indexes(images: Sequence[PulledImage]) -> Tuple[UpstreamIndex, ...]:
+    """Upstream's indexes the images came from, each once, in the images' order: what bundle.json keeps so that
+    `serve` answers a pull pinned by upstream's digest (one over MAX_KEPT_INDEX is not kept); raises ImgtoolError
+    when bytes do not match their digest."""
+    out: Dict[Digest, UpstreamIndex] = {}
+    for im in images:
+        if im.index_digest is None or im.index_bytes is None or im.index_digest in out:
+            continue
+        if Digest.of(im.index_bytes) != im.index_digest:
+            raise ImgtoolError(f"{im.ref}: the index bytes do not match their digest {im.index_digest}")
+        if len(im.index_bytes) <= MAX_KEPT_INDEX:
+            out[im.index_digest] = UpstreamIndex(im.index_digest, im.index_media_type, im.index_bytes)
+    return tuple(out.values())
 
 
 def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:

@@ -43,16 +43,19 @@ class BlobDir:
             p.write_bytes(data)
         return d
 
-    def pulled(self, image: Image, ref: str, source: str = "test") -> PulledImage:
-        """Write the image's blobs here and describe it as the puller would."""
+    def pulled(self, image: Image, ref: str, source: str = "test", index=None) -> PulledImage:
+        """Write the image's blobs here and describe it as the puller would (`index`: the support.images.Index it
+        was resolved through, whose bytes fetch keeps)."""
         for data in image.blobs().values():
             self.put(data)
         manifest = parse_manifest(image.manifest_bytes)
         return PulledImage(
-            ref=ImageRef.parse(ref).with_digest(Digest.parse(image.manifest_digest)),
+            ref=ImageRef.parse(ref).with_digest(Digest.parse(index.manifest_digest if index else image.manifest_digest)),
             source=source,
             platform=Platform.parse(image.platform),
-            index_digest=None,
+            index_digest=Digest.parse(index.manifest_digest) if index else None,
+            index_bytes=index.manifest_bytes if index else None,
+            index_media_type=index.manifest_media_type if index else "",
             manifest_digest=Digest.parse(image.manifest_digest),
             manifest_bytes=image.manifest_bytes,
             manifest=manifest,

@@ -238,6 +238,28 @@ class Index:
         return out
 
 
+@dataclass(frozen=True)
+class AttestedIndex(Index):
+    """An OCI index whose builder added attestation manifests (buildkit's provenance: an OCI manifest with an
+    in-toto layer, listed with platform unknown/unknown): pushed with them, fetched without them."""
+
+    attestations: Tuple[Tuple[str, bytes], ...] = field(default=(), repr=False)  # (digest, manifest bytes)
+    attestation_blobs: Tuple[bytes, ...] = field(default=(), repr=False)
+
+    def blobs(self) -> Dict[str, bytes]:
+        out = super().blobs()
+        out.update((sha256_digest(b), b) for b in self.attestation_blobs)
+        return out
+
+    def manifests(self) -> Dict[str, Tuple[str, bytes]]:
+        out: Dict[str, Tuple[str, bytes]] = {}
+        for image in self.images:
+            out.update(image.manifests())
+        out.update((d, (OCI_MANIFEST, body)) for d, body in self.attestations)
+        out[self.manifest_digest] = (self.manifest_media_type, self.manifest_bytes)  # last: it names the others
+        return out
+
+
 ImageOrIndex = Union[Image, Index]
 
 # ---------------------------------------------------------------------------------------------
@@ -669,6 +691,32 @@ class ImageFactory:
             images.append(self.image(arch, layers, arch_base, layer_size=layer_size,
                                      media=image_media or media, **image_kwargs))
         return self.index(images, media=media)
+
+    @staticmethod
+    def attested(images: Sequence[Image]) -> AttestedIndex:
+        """An OCI index over `images` followed by one attestation manifest per image, as `docker buildx build
+        --provenance` publishes it (vnd.docker.reference.type: attestation-manifest, platform unknown/unknown)."""
+        config = b"{}"
+        entries = [image.descriptor() for image in images]
+        attestations, blobs = [], [config]
+        for image in images:
+            statement = json.dumps({"_type": "https://in-toto.io/Statement/v0.1", "subject": [
+                {"digest": {"sha256": image.manifest_digest[7:]}}]}).encode()
+            blobs.append(statement)
+            body = _manifest_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                                   "config": {"mediaType": OCI_CONFIG, "size": len(config),
+                                              "digest": sha256_digest(config)},
+                                   "layers": [{"mediaType": "application/vnd.in-toto+json", "size": len(statement),
+                                               "digest": sha256_digest(statement)}]})
+            attestations.append((sha256_digest(body), body))
+            entries.append({"mediaType": OCI_MANIFEST, "size": len(body), "digest": sha256_digest(body),
+                            "platform": {"architecture": "unknown", "os": "unknown"},
+                            "annotations": {"vnd.docker.reference.digest": image.manifest_digest,
+                                            "vnd.docker.reference.type": "attestation-manifest"}})
+        body = _manifest_json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries})
+        return AttestedIndex(media="oci", images=tuple(images), manifest_bytes=body,
+                             manifest_digest=sha256_digest(body), attestations=tuple(attestations),
+                             attestation_blobs=tuple(blobs))
 
     @staticmethod
     def zstd_twin(image: Image) -> Image:
