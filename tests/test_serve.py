@@ -692,6 +692,7 @@ def test_pulls_and_a_manifest_get_beside_300_hostile_connections(services, servi
             assert r.returncode == 0, r.stderr
             r = ctr.result()
             assert r.returncode == 0, r.stderr
+            crowd.wait_ticks(3)  # the slow readers have been read from (the pulls may have ended within a tick)
             after = timed_get()
             assert crowd.open_now() >= 270 and crowd.read > 0  # (one closed by the server: open again within 1 s)
         # the goal is 2 s (docs/benchmarks.md measures it); asserted with room for a loaded 2-core machine, still far

@@ -26,6 +26,8 @@ class Crowd:
         self.socks: Dict[int, Tuple[str, socket.socket]] = {}  # slot -> (kind, socket)
         self.reopened = {IDLE: 0, DRIP: 0, SLOW: 0}
         self.read = 0  # bytes the slow readers took
+        self.ticks = 0  # rounds driven (one a tick)
+        self._ticked = threading.Condition()
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -51,6 +53,12 @@ class Crowd:
 
     def open_now(self) -> int:
         return len(self.socks)
+
+    def wait_ticks(self, n: int, timeout: float = 30.0) -> None:
+        """Until the crowd has been driven n rounds since it connected (a pull on a quiet machine can end sooner)."""
+        with self._ticked:
+            if not self._ticked.wait_for(lambda: self.ticks >= n or bool(self._error), timeout):
+                raise TimeoutError(f"the crowd drove {self.ticks} of {n} rounds in {timeout} s")
 
     def _open(self, slot: int, kind: str) -> None:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -118,5 +126,8 @@ class Crowd:
                         pass
                     except OSError:
                         self._drop(slot)
+                with self._ticked:
+                    self.ticks = n
+                    self._ticked.notify_all()
         except BaseException as e:  # re-raised by __exit__
             self._error.append(e)
