@@ -282,6 +282,10 @@ def _signed_offline_line(bundle_dir) -> str:
               help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
                    "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
                    "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
+@click.option("--check-diff-ids", is_flag=True,
+              help="Also unpack every layer kept as the registry serves it and check it against the image config's "
+                   "diff_id before the bundle is sealed (about 2.6 CPU s per GB unpacked; blob digests are always "
+                   "checked, and verify, Docker and containerd check diff_ids offline).")
 @gzip_library_option
 @click.option("--jobs", type=int, default=12, show_default=True,
               help="Connections to each source (a registry and its mirrors are each a source).")
@@ -297,7 +301,7 @@ def _signed_offline_line(bundle_dir) -> str:
 @json_option("result")
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers,
-          gzip_library, jobs, max_connections, force, have, base, tool, sign_key, as_json):
+          check_diff_ids, gzip_library, jobs, max_connections, force, have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -313,7 +317,7 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
                         chunk_size=_size_option(chunk_size), compress=compress, jobs=jobs,
                         max_connections=max_connections, force=force, have=have, base=base, tool=tool, layers=layers,
-                        sign_key=sign_key, gzip_library=gzip_library,
+                        check_diff_ids=check_diff_ids, sign_key=sign_key, gzip_library=gzip_library,
                         created=parse_created(created, source_date_epoch()))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if _given(option)}

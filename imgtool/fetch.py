@@ -50,6 +50,7 @@ class FetchOptions:
     created: Optional[str] = None  # bundle.json `created` (--created / SOURCE_DATE_EPOCH); None: now
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
+    check_diff_ids: bool = False  # unpack the layers kept as served to check their diff_ids (--check-diff-ids)
     gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
@@ -187,13 +188,15 @@ class _Written:
                       left_out: List["heldblobs.LeftOut"], held: Dict[Digest, Descriptor]
                       ) -> Tuple[List[PulledImage], "BundleResult"]:
         """Rewrite the layers --layers asks to (as each arrives), then write the bundle, the layers kept as
-        served checked against their diff_ids before it is sealed; every path ends the download."""
+        served checked against their diff_ids before it is sealed where asked (--check-diff-ids) or free; every
+        path ends the download."""
         from .bundle import writer
 
         opts, store, progress = self.opts, self.store, self.progress
         check = None
         try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
-            check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip)
+            check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip,
+                                         unpack=opts.check_diff_ids)
             rewrites = any(transcode.changes(im, opts.layers, skip) for im in images)
             gzipped = opts.layers == "compat" and rewrites  # the rewritten layers are gzip (bundle.json says by what)
             if rewrites:

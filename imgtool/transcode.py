@@ -10,10 +10,12 @@ soon as its blob is downloaded), sharing one pool, so one core is never left idl
 single layer's stream. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
 gzip blobs, and bundle.json keeps the upstream manifest digest and what changed (`upstream`).
 `plain` writes every layer uncompressed, as `docker save` does; `as-is` keeps the registry's bytes.
-A layer kept as the registry serves it (any layer with `as-is`, gzip ones with `compat`) is checked
-too (`LayerCheck`): decompressed and hashed against the config's diff_id on a pool thread as soon as
-its blob is in the store, while the bundle is written, so a layer that is not the image's is
-refused at fetch, not by `verify` on the offline side.
+A layer kept as the registry serves it (any layer with `as-is`, gzip ones with `compat`) is not
+decompressed by default: its blob digest is checked as it arrives, as skopeo and crane do, and its
+diff_id by `verify`, by Docker and containerd as they unpack, and by `load` on Podman. With
+`fetch --check-diff-ids` (`LayerCheck`) it is decompressed and hashed against the config's diff_id on a
+pool thread as soon as its blob is in the store, while the bundle is written, so a layer that is not
+the image's is refused at fetch (docs/design.md: what fetch checks, and what that costs).
 """
 
 import hashlib
@@ -111,18 +113,52 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
     return diff_id, Descriptor("", digest, size), counting.count
 
 
+# A tar compresses: a gzip layer whose trailer (ISIZE, the unpacked size mod 2**32 of its last member) says less
+# than this share of its compressed size is several members (eStargz's footer, imgtool's own 4 MiB members: the
+# trailer counts only the last one) or a layer of 4 GiB or more unpacked; deflate grows incompressible data by
+# well under 1 %.
+_TRAILER_MIN_SHARE = 0.99
+# The trailer is trusted only where a layer 4 GiB bigger than it says would compress better than this; the images
+# this tool carries compress 2-3:1 (vllm-ascend ~2.3), so a wrapped trailer is not mistaken for the size.
+TRAILER_RATIO_BOUND = 8
+
+
+def gzip_trailer_size(path: Path, size: int) -> Optional[int]:
+    """A gzip layer's unpacked size from its trailer, read without unpacking (two small reads), or None when the
+    trailer cannot be taken for it (not gzip, several members, possibly 4 GiB more than it says)."""
+    if size < 18:
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(3)
+            f.seek(size - 4)
+            tail = f.read(4)
+    except OSError:
+        return None
+    if head != b"\x1f\x8b\x08" or len(tail) != 4:
+        return None
+    isize = int.from_bytes(tail, "little")
+    if isize < size * _TRAILER_MIN_SHARE or isize + (1 << 32) <= size * TRAILER_RATIO_BOUND:
+        return None
+    return isize
+
+
 class LayerCheck:
-    """The diff_ids of the layers `mode` keeps as served, checked on `jobs` threads while the bundle is
-    written (each as soon as its blob is in the store); `wait()` raises the first mismatch, `close()`
-    ends the threads on every path. Layers `mode` rewrites are checked by `transcode_images`."""
+    """The layers `mode` keeps as served (layers it rewrites are checked by `transcode_images`): their unpacked
+    sizes for bundle.json, and with `unpack` their diff_ids, checked on `jobs` threads while the bundle is written
+    (each as soon as its blob is in the store). Without `unpack` nothing is decompressed (fetch's default, issue 38):
+    a diff_id an earlier check left in the store is still compared, and the sizes come from the store, an
+    uncompressed layer's size, or a gzip trailer (`gzip_trailer_size`); a layer with none of them gets no size
+    (load and doctor then estimate it). `wait()` raises the first mismatch, `close()` ends the threads on every path."""
 
     def __init__(self, images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
-                 skip: Collection[Digest] = (), jobs: int = 0):
-        self._stop, self._store = threading.Event(), store
-        self.sizes: Dict[Digest, int] = {}  # each checked layer blob's unpacked size (for bundle.json)
-        self._pool = ThreadPoolExecutor(max_workers=jobs or max(1, os.cpu_count() or 1),
+                 skip: Collection[Digest] = (), jobs: int = 0, unpack: bool = True):
+        self._stop, self._store, self._blob_path = threading.Event(), store, blob_path
+        self.sizes: Dict[Digest, int] = {}  # each kept layer blob's unpacked size, where known (for bundle.json)
+        self._pool = ThreadPoolExecutor(max_workers=(jobs or max(1, os.cpu_count() or 1)) if unpack else 1,
                                         thread_name_prefix="diff-id")
         self._futures: List[Future] = []
+        self._kept: List[Tuple[Descriptor, str, str]] = []  # without `unpack`: looked at in wait(), once all are in
         seen: Set[Tuple[Digest, str]] = set()
         for image in images:
             rewritten = changes(image, mode, skip)
@@ -132,15 +168,18 @@ class LayerCheck:
                     continue
                 seen.add((layer.digest, want))
                 what = f"layer {i + 1} of {image.ref.tagged} ({layer.digest}) from {image.source}"
-                self._futures.append(self._pool.submit(self._check, layer, want, what, blob_path))
+                if unpack:
+                    self._futures.append(self._pool.submit(self._check, layer, want, what))
+                else:
+                    self._kept.append((layer, want, what))
 
-    def _check(self, layer: Descriptor, want: str, what: str, blob_path: Callable[[Digest], Path]) -> None:
+    def _check(self, layer: Descriptor, want: str, what: str) -> None:
         compression = LAYER_COMPRESSION.get(layer.media_type, "gzip")
         if compression == "none":  # the blob is the tar: its digest, checked on arrival, is its diff_id
-            got: Optional[str] = str(layer.digest)
+            got = str(layer.digest)
             self.sizes[layer.digest] = layer.size
         else:
-            path = blob_path(layer.digest)  # waits until the download brought it
+            path = self._blob_path(layer.digest)  # waits until the download brought it
             known = self._store.unpacked(layer.digest)  # found by an earlier fetch: the blob is the same bytes
             if known is not None and known[1] is not None:
                 got, self.sizes[layer.digest] = known[0], known[1]
@@ -150,10 +189,25 @@ class LayerCheck:
                     return  # stopped
                 got, self.sizes[layer.digest] = measured
                 self._store.remember_diff_id(layer.digest, measured[0], measured[1])
-        if got != want:
-            raise VerifyError(f"{what}: its content has diff_id {got}, the config says {want}",
-                              hint="the registry serves a layer that does not belong to this image (fetching "
-                                   "again gives the same bytes); report it to the image's publisher")
+        _compare(what, got, want)
+
+    def _unchecked(self, layer: Descriptor, want: str, what: str) -> None:
+        """A kept layer without unpacking it: what the store remembers (compared), else its size where cheap."""
+        compression = LAYER_COMPRESSION.get(layer.media_type, "gzip")
+        if compression == "none":
+            _compare(what, str(layer.digest), want)
+            self.sizes[layer.digest] = layer.size
+            return
+        known = self._store.unpacked(layer.digest)
+        if known is not None:
+            _compare(what, known[0], want)
+            if known[1] is not None:
+                self.sizes[layer.digest] = known[1]
+                return
+        if compression == "gzip":
+            size = gzip_trailer_size(self._blob_path(layer.digest), layer.size)
+            if size is not None:
+                self.sizes[layer.digest] = size
 
     def _unpacked_digest(self, path: Path, compression: str, what: str) -> Optional[Tuple[str, int]]:
         """sha256 of the layer's tar and its size (None when stopped); the layers are checked `jobs` at a time."""
@@ -174,10 +228,13 @@ class LayerCheck:
         return "sha256:" + sha.hexdigest(), size
 
     def wait(self) -> Dict[Digest, int]:
-        """Every layer checked; raises the first layer's error (VerifyError, or the download's). Returns each checked
-        layer blob's unpacked size, which bundle.json records (load and doctor count them, not an estimate)."""
+        """Every layer checked; raises the first layer's error (VerifyError, or the download's). Returns each kept
+        layer blob's unpacked size where known, which bundle.json records (load and doctor count them, not an
+        estimate)."""
         for future in self._futures:
             future.result()
+        for layer, want, what in self._kept:
+            self._unchecked(layer, want, what)
         return dict(self.sizes)
 
     def close(self) -> None:
@@ -185,6 +242,13 @@ class LayerCheck:
         given up first: the download cancelled, so `blob_path` returns)."""
         self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _compare(what: str, got: str, want: str) -> None:
+    if got != want:
+        raise VerifyError(f"{what}: its content has diff_id {got}, the config says {want}",
+                          hint="the registry serves a layer that does not belong to this image (fetching "
+                               "again gives the same bytes); report it to the image's publisher")
 
 
 def transcode_images(images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,

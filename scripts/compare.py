@@ -38,7 +38,9 @@ def old_imgtool(rev: str, work: Path) -> List[str]:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where / "src"), rev], check=True)
         subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", str(where / "src")], check=True)
-    return [str(python), "-m", "imgtool"]
+    # its console script, not `python -m imgtool`: -m puts the working directory first on sys.path, so run from
+    # a checkout it imported that checkout's imgtool, and "before" measured the code it was compared with
+    return [str(where / "venv" / "bin" / "imgtool")]
 
 
 def _empty_k8s_io(address: str) -> None:

@@ -391,8 +391,9 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
         assert r.returncode == 3, r.stderr
         assert err_lines(r) == [f"error: refusing to load: {out}: 1 problem; nothing was loaded",
                                 f"  - layer 2 of {REPO}:wrongdiff (blob {good.digest[7:19]}): its uncompressed content "
-                                "does not match the diff_id in the image config; the bundle itself is bad: fetch it "
-                                "again (in part 001)"]
+                                "does not match the diff_id in the image config; its blob matches its digest, so the "
+                                "image is published this way (fetching again gives the same bytes): report it to the "
+                                "image's publisher (in part 001)"]
         assert f"refused what was loaded: layer 2 of {REPO}:wrongdiff: Podman applied content that is not its diff_id" \
             in r.stderr
         assert node.leftovers(before) == []

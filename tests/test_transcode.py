@@ -223,9 +223,9 @@ def test_the_space_check_uses_the_unpacked_sizes_fetch_learnt(engine, services, 
 @pytest.mark.parametrize("layers,zstd", [("as-is", True), ("as-is", False), ("compat", False)])
 def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no_bundle(
         layers, zstd, services, factory, mirrored, tmp_path):
-    """A layer fetch keeps as served (every one with --layers as-is, gzip ones with compat) is decompressed
-    and hashed against the config at fetch: `verify` on the offline side used to be the first to see it,
-    saying "fetch it again", which gives the same bundle."""
+    """With --check-diff-ids, a layer fetch keeps as served (every one with --layers as-is, gzip ones with compat) is
+    decompressed and hashed against the config at fetch, and the diff_id found is remembered in the cache: a later
+    fetch without the option still refuses the layer, from the cache, unpacking nothing."""
     good = factory.image(host_arch(), layers=3)
     image = factory.wrong_diff_id(factory.zstd_twin(good) if zstd else good, 1)
     ms = mirrored(image, tag=TAG, targets=("upstream",))
@@ -234,7 +234,7 @@ def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
-                "--chunk-size", "1M", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+                "--chunk-size", "1M", "--check-diff-ids", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     wrong = image.config["rootfs"]["diff_ids"][1]
     refusal = (3, [
         f"error: layer 2 of quay.io/{ms.repo}:{TAG} ({image.layers[1].digest}) from quay ({services.plain}/{ms.repo}): "
@@ -243,8 +243,87 @@ def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no
         "bytes); report it to the image's publisher"])
     assert (r.returncode, r.stderr.splitlines()[-2:]) == refusal, r.stderr
     assert not (out / "bundle.json").exists() and not list(out.glob("*.part*"))
-    # again from the cache, where the diff_ids found are remembered: the same refusal, nothing unpacked twice
+    # again from the cache, where the diff_ids found are remembered: the same refusal, without the option
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert (r.returncode, r.stderr.splitlines()[-2:]) == refusal, r.stderr
     assert not (out / "bundle.json").exists()
+
+
+@pytest.mark.parametrize("layers,zstd", [("as-is", False), ("compat", False), ("compat", True)])
+def test_default_fetch_unpacks_no_layer_it_keeps_and_still_records_the_unpacked_sizes(
+        layers, zstd, services, factory, mirrored, tmp_path):
+    """Issue 38: fetch by default checks blob digests only, as skopeo and crane do (the diff_id check doubled its
+    time); the diff_ids are checked by verify, by Docker and containerd as they unpack, and by --check-diff-ids.
+    The unpacked sizes load and doctor count space with still come without unpacking: from each gzip layer's
+    trailer, or measured where a layer is rewritten (unpacked anyway). A layer that is not its diff_id's is let
+    through, and verify names it as the publisher's, not as damage fetching again would mend."""
+    good = factory.image(host_arch(), layers=3)
+    image = factory.wrong_diff_id(factory.zstd_twin(good) if zstd else good, 1)
+    cache = tmp_path / "cache"
+    ms = mirrored(image, tag=TAG, targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = tmp_path / "bundle"
+    r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
+                "--no-tool", env={"IMGTOOL_CACHE": str(cache)})
+    if zstd:  # every layer rewritten (unpacked anyway): its diff_id is checked for free
+        assert r.returncode == 3, r.stderr
+        assert (f"error: layer 2 of quay.io/{ms.repo}:{TAG} ({image.layers[1].digest}): its content has diff_id "
+                f"{image.diff_ids[1]}, the config says {image.config['rootfs']['diff_ids'][1]}") in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert os.listdir(cache / "diffids") == []  # nothing was unpacked: no diff_id was found to remember
+    doc = json.loads((out / "bundle.json").read_text())["images"][0]
+    assert [x["unpacked_size"] for x in doc["layers"]] == [x.uncompressed_size for x in image.layers]
+    r = imgtool("verify", str(out))
+    assert r.returncode == 3, r.stderr
+    assert [x for x in r.stderr.splitlines() if x.startswith("  - ")][0].startswith(
+        f"  - layer 2 of quay.io/{ms.repo}:{TAG} (blob {image.layers[1].digest[7:19]}): its uncompressed content does "
+        "not match the diff_id in the image config; its blob matches its digest, so the image is published this way "
+        "(fetching again gives the same bytes): report it to the image's publisher"), r.stderr
+
+
+def test_a_gzip_trailer_gives_the_unpacked_size_only_where_it_can_be_trusted(tmp_path):
+    """The size bundle.json records for a gzip layer fetch did not unpack (load's and doctor's space checks count it):
+    one gzip member's trailer, refused where it counts only a last member or may have wrapped at 4 GiB."""
+    import gzip
+    import random
+
+    from imgtool.transcode import gzip_trailer_size
+
+    rng = random.Random(38)
+    noise = bytes(rng.getrandbits(8) for _ in range(1 << 16))
+    text = b"usr/lib/python3/dist-packages/" * 40000
+
+    def blob(name: str, data: bytes) -> Path:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return path
+
+    for name, data in (("noise", gzip.compress(noise)), ("text", gzip.compress(text))):
+        path = blob(name, data)
+        assert gzip_trailer_size(path, len(data)) == len(gzip.decompress(data)), name
+    two = gzip.compress(noise) + gzip.compress(b"x" * 100)  # the trailer counts the last member only
+    assert gzip_trailer_size(blob("two", two), len(two)) is None
+    plain = noise  # not gzip at all
+    assert gzip_trailer_size(blob("plain", plain), len(plain)) is None
+    zeros = gzip.compress(bytes(1 << 24))  # 1000:1, and 4 GiB more would be 250000:1: the trailer is the size
+    assert gzip_trailer_size(blob("zeros", zeros), len(zeros)) == 1 << 24
+
+    def big(name: str, size: int, isize: int) -> Path:
+        """A sparse stand-in for a big gzip layer: only its first bytes and its trailer are read."""
+        path = tmp_path / name
+        with open(path, "wb") as f:
+            f.write(b"\x1f\x8b\x08\0")
+            f.seek(size - 4)
+            f.write(isize.to_bytes(4, "little"))
+        return path
+
+    gb = 1 << 30
+    # 1 GiB compressed: saying 1.5 GiB it may as well be 5.5 GiB (5.5:1, as a layer of text compresses): not trusted
+    assert gzip_trailer_size(big("ambiguous", gb, 3 * gb // 2), gb) is None
+    # saying less than it takes compressed: wrapped at 4 GiB (or a last member's count)
+    assert gzip_trailer_size(big("wrapped", gb, gb // 2), gb) is None
+    assert gzip_trailer_size(big("small", 64 << 20, 150 << 20), 64 << 20) == 150 << 20

@@ -226,8 +226,10 @@ def test_wrong_diff_id(tmp_path, factory):
     r = imgtool("verify", str(out))
     assert r.returncode == 3
     assert err_lines(r)[1] == (f"  - layer 2 of {REPO}:v1 (blob {pulled.manifest.layers[1].digest.short}): its "
-                               "uncompressed content does not match the diff_id in the image config; the bundle "
-                               f"itself is bad: fetch it again ({parts_holding(out, pulled.manifest.layers[1].digest)})")
+                               "uncompressed content does not match the diff_id in the image config; its blob "
+                               "matches its digest, so the image is published this way (fetching again gives the "
+                               f"same bytes): report it to the image's publisher "
+                               f"({parts_holding(out, pulled.manifest.layers[1].digest)})")
 
 
 def test_parts_stream_strict_stops_before_the_end_of_a_bad_part(template, tmp_path):

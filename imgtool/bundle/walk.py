@@ -85,6 +85,7 @@ class _Walk:
                 self.diff.setdefault(layer.digest, set()).add(layer.diff_id)
         self.slots = threading.Semaphore(max(1, jobs))
         self.jobs: List[Tuple[layout.Member, Worker[Tuple[str, int]]]] = []
+        self.damaged: Set[Digest] = set()  # blobs whose sha256 differs from their digest
         self.seen: Set[str] = set()
         self.offset = 0
         self.result = WalkResult()
@@ -225,6 +226,7 @@ class _Walk:
                 self.problem(f"archive member {name} differs from what bundle.json implies; "
                              "the bundle itself is bad: fetch it again", start, data_start + size)
             else:
+                self.damaged.add(member.digest)
                 self.problem(f"{member.what} (blob {member.digest.short}) is damaged: its sha256 differs from "
                              "its digest; the bundle itself is bad: fetch it again", start, data_start + size)
         pad = self.read_exact(layout.padding(size))
@@ -271,8 +273,13 @@ class _Walk:
             self.result.layers_checked += 1
             total += size
             if Digest.parse(diff_id) not in self.diff.get(m.digest, set()):
+                # a blob that matches its digest is what the registry serves: fetching again gives the same bytes
+                # (fetch checks diff_ids only with --check-diff-ids)
+                why = "the bundle itself is bad: fetch it again" if m.digest in self.damaged else \
+                    ("its blob matches its digest, so the image is published this way (fetching again gives the "
+                     "same bytes): report it to the image's publisher")
                 self.problem(f"{m.what} (blob {m.digest.short}): its uncompressed content does not match the "
-                             "diff_id in the image config; the bundle itself is bad: fetch it again", *where)
+                             f"diff_id in the image config; {why}", *where)
         if self.check_diff_ids:
             self.result.unpacked_size = total
 
