@@ -186,6 +186,11 @@ class Loop:
         finally:
             self._ended.set()
 
+    def request_stop(self) -> None:
+        """End run() at its next turn (safe from a signal handler: a flag and a byte to the wake-up socket)."""
+        self._stopping = True
+        self._wake()
+
     def stop(self) -> None:
         """End the loop (waiting for it when it runs on another thread), join every worker (an answer being
         computed never waits on a client), cut every connection: the answers being sent or computed hear their

@@ -257,6 +257,7 @@ class _Server:
         self.tls: Optional[ssl.SSLContext] = None
         self.stopping = threading.Event()
         self.checker: Optional[threading.Thread] = None
+        self.interrupted = False
         connections = _room_for(settings.max_clients, self.log)
         self.socket = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -285,6 +286,11 @@ class _Server:
         with self.log_lock:
             self.requests += request
             self._log(line)
+
+    def interrupt(self) -> None:
+        """Ctrl-C or SIGTERM (a signal handler's call): the loop ends at its next turn, then serve() says so."""
+        self.interrupted = True
+        self.loop.request_stop()
 
     def serve_forever(self) -> None:
         """Check every blob in the background and answer until stop() (or a signal's KeyboardInterrupt)."""
@@ -573,9 +579,6 @@ class Served:
     seconds: float
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
 
 def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Callable[[str], None],
           log: Callable[[str], None], unpacked: Optional[Dict[int, Path]] = None) -> Served:
@@ -583,9 +586,12 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
     listen, bad TLS files), Interrupted (Ctrl-C, SIGTERM: every connection closed, every worker joined)."""
     started = time.monotonic()
     server = _Server(settings, catalog, InPlaceBlobs(dirs, catalog, unpacked), log)
-    old = None
-    if threading.current_thread() is threading.main_thread():  # SIGTERM (systemd's stop) ends it as Ctrl-C does
-        old = signal.signal(signal.SIGTERM, _interrupt)
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C and SIGTERM (systemd's stop) ask the loop to end rather than raise wherever the main thread is (a
+        # KeyboardInterrupt inside the pool's submit left a thread never started, which its shutdown cannot join)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            old[signum] = signal.signal(signum, lambda signum, frame: server.interrupt())
     try:
         host, port = str(server.server_address[0]), server.server_address[1]
         shown = f"[{host}]" if ":" in host else host
@@ -612,12 +618,14 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         for line in nodes.lines():
             say(line)
         server.serve_forever()
+        if server.interrupted:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         server.stop()  # first: the requests cut short are logged and counted
         raise Interrupted(f"interrupted: imgtool serve stopped after {server.requests} requests") from None
     finally:
         server.stop()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
     return Served(server.requests, time.monotonic() - started)
 
