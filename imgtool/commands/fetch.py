@@ -24,6 +24,7 @@ def _fetch_interrupted(store):
 _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", "mirrors_file"), ("output", "output"),
                  ("mirror", "mirror"), ("chunk_size", "chunk_size"), ("compress", "compress"))
 
+
 @click.command()
 @click.argument("refs", nargs=-1)
 @click.option("-f", "--file", "spec_file", metavar="SPEC",

@@ -42,6 +42,7 @@ def set_flag(name):
 
     return callback
 
+
 def progress():
     """The progress reporter for this run (decided after all options are parsed)."""
     return progress_mod.choose(current_run().quiet)
@@ -80,12 +81,14 @@ def table(rows, headers) -> str:
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(out)
 
+
 class HintedUsageError(click.UsageError):
     """A usage error that knows what to suggest (the `hint:` line)."""
 
     def __init__(self, message, ctx=None, hint=None):
         super().__init__(message, ctx)
         self.hint = hint
+
 
 def usage_lines(e: click.UsageError, verb: str = ""):
     """click's own usage error as our two lines: (error text, hint) without click's Usage block."""
@@ -102,6 +105,7 @@ def usage_lines(e: click.UsageError, verb: str = ""):
         if hint is None:
             hint = (usage[:1].lower() + usage[1:] + "; " if usage else "") + f"{where} -h explains every option"
     return text, hint
+
 
 def bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
     """fetch/export's report: the bundle's, then who signed it (bundle.signature.Signed, or None)."""
@@ -126,6 +130,7 @@ def _signed_offline_line(bundle_dir) -> str:
            if (bundle_dir / TOOL_PYZ).is_file() else "")
     return (f"offline side, where allowed_signers lists this key: imgtool load {d}   (the installed imgtool; "
             f"{pyz}sh {shlex.quote(str(bundle_dir / LOAD_SH))} check the policy too, but for damage only)")
+
 
 def echo_signature(verdict) -> None:
     """verify/load: the signature's line, when the bundle is signed or a policy asked for a signature."""

@@ -21,6 +21,7 @@ class _CommandAfterDashes(click.Command):
     def collect_usage_pieces(self, ctx):
         return super().collect_usage_pieces(ctx) + ["[-- CMD...]"]
 
+
 def run_options(f):
     """The options `run-flags` and `run` share: what changes the container."""
     options = [
@@ -134,6 +135,7 @@ def _image_to_run(spec, preset, image, default_image, local_tags):
                          f"(looked for tags {', '.join(preset.tag_patterns)})",
                          hint=f"name one: imgtool run {preset.name} IMAGE, or load a bundle first: imgtool load DIR")
     return spec.with_image(newest)
+
 
 @click.command("run-flags", cls=_CommandAfterDashes)
 @click.argument("preset")
