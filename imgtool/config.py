@@ -258,7 +258,7 @@ def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[P
 
 
 def find_mirrors_file(option: Optional[str]) -> Path:
-    """The mirrors.toml to use: --mirrors, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
+    """The mirrors.toml to use: --mirrors-file, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
     return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 

@@ -5,6 +5,7 @@ Each case asserts the exact lines a user sees on stderr and the exit code.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -29,13 +30,13 @@ USAGE = [
                      "hint: usage: imgtool run-flags [OPTIONS] PRESET [-- CMD...]; "
                      "imgtool run-flags -h explains every option"]),
     (["fetch", "v1", "--bogus"], ["error: no such option: --bogus",
-                                  "hint: did you mean --base or --jobs? imgtool fetch -h lists the options"]),
+                                  "hint: did you mean --base or --connections? imgtool fetch -h lists the options"]),
     (["tags", "--filter"], ["error: option '--filter' requires an argument",
                             "hint: imgtool tags -h explains every option"]),
     (["load", "a", "b"], ["error: got unexpected extra argument (b)",
                           "hint: usage: imgtool load [OPTIONS] DIR; imgtool load -h explains every option"]),
-    (["verify", "d", "--jobs", "0"],
-     ["error: invalid value for '--jobs': 0 is not in the range 1<=x<=64",
+    (["verify", "d", "--threads", "0"],
+     ["error: invalid value for '--threads': 0 is not in the range 1<=x<=64",
       "hint: usage: imgtool verify [OPTIONS] DIR; imgtool verify -h explains every option"]),
 ]
 
@@ -44,6 +45,44 @@ USAGE = [
 def test_usage_errors_are_an_error_and_a_hint_line(args, lines):
     r = imgtool(*args)
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, lines, "")
+
+
+# One name, one meaning (issue 37): the options renamed for it, (verb and arguments, old spelling, new spelling).
+# The old spelling still works for a release and --help does not show it.
+RENAMED = [(["fetch", "v1"], "--jobs", "--connections"), (["export", "x:1"], "--jobs", "--threads"),
+           (["verify", "{tmp}"], "--jobs", "--threads"), (["sign", "{tmp}", "--sign-key", "k"], "--jobs", "--threads"),
+           (["sign", "{tmp}"], "--key", "--sign-key")]
+RENAMED += [(verb, "--mirrors", "--mirrors-file") for verb in (["fetch", "v1"], ["inspect", "v1"], ["mirrors"], ["tags"],
+                                                                ["lock", "-f", "{tmp}/bundle.toml"], ["run-flags", "a2"],
+                                                                ["run", "a2"])]
+
+
+def test_a_renamed_option_is_shown_by_its_new_name_only():
+    from click.testing import CliRunner
+
+    from imgtool.cli import cli
+
+    for verb, old, new in RENAMED:
+        shown = CliRunner().invoke(cli, [verb[0], "--help"]).output
+        options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown))
+        assert new in options and old not in options, (verb[0], old, new)
+
+
+@pytest.mark.parametrize("verb,old,new", RENAMED, ids=[f"{v[0]} {o}" for v, o, _ in RENAMED])
+def test_a_renamed_option_still_answers_to_its_old_spelling(verb, old, new, tmp_path):
+    # a value each verb refuses, with words that show where it went: the old spelling reaches the same check
+    value = {"--jobs": "0", "--key": str(tmp_path / "nokey"), "--mirrors": str(tmp_path / "mirrors.toml")}[old]
+    (tmp_path / "mirrors.toml").write_text("default_image = \n")
+    (tmp_path / "bundle.toml").write_text('images = ["v1"]\narch = ["arm64"]\n')
+    args = [a.format(tmp=tmp_path) for a in verb]
+    by_old, by_new = imgtool(*args, old, value), imgtool(*args, new, value)
+    assert (by_old.returncode, by_old.stderr, by_old.stdout) == (by_new.returncode, by_new.stderr, by_new.stdout)
+    assert by_old.returncode == 2
+    what = {"--connections": "error: invalid --connections 0: use 1 to 64",
+            "--threads": "error: invalid value for '--threads': 0 is not in the range 1<=x<=64",
+            "--sign-key": f"error: signing key {value} does not exist or is not a file",
+            "--mirrors-file": f"error: {value}: invalid TOML"}[new]
+    assert by_old.stderr.startswith(what), by_old.stderr
 
 
 @pytest.mark.parametrize("verb", [["fetch", "v1"], ["export", "x:1"]])
@@ -349,3 +388,15 @@ def _plain_mirrors(tmp_path, services, ms):
     cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     return cfg
+
+
+def test_inventory_json_says_where_the_inventory_went(services, tmp_path):
+    inv = tmp_path / "inv.json"
+    r = imgtool("inventory", "--runtime", "docker", "-o", str(inv), "--json", docker_host=services.docker_host)
+    assert (r.returncode, r.stderr) == (0, "")
+    written = json.loads(inv.read_text())
+    doc = json.loads(r.stdout)
+    assert doc == {"path": str(inv), "images": len(written["images"]),
+                   "layers": len({d for im in written["images"] for d in im["diff_ids"]})}
+    r = imgtool("inventory", "--runtime", "docker", "--json", docker_host=services.docker_host)  # to stdout: the inventory
+    assert r.returncode == 0 and json.loads(r.stdout)["images"] == written["images"]

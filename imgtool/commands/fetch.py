@@ -4,8 +4,8 @@ import click
 
 from ..bundle.format import COMPRESSIONS
 from .options import (
-    CHUNK_SIZE_HELP, blob_store, common, gzip_library_option, json_option, mirror_option, mirrors_option,
-    on_command_line, registries, sign_key_option, size_value, tool_option, warn_chunk_size
+    CHUNK_SIZE_HELP, blob_store, common, gzip_level_option, gzip_library_option, json_option, mirror_option, mirrors_option,
+    on_command_line, registries, renamed, sign_key_option, size_value, tool_option, warn_chunk_size
 )
 from .output import bundle_report, progress
 
@@ -43,10 +43,11 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
               help="compat: rewrite zstd layers as gzip, so Docker before 23.0 (Kylin's 18.09) loads the bundle "
                    "(the image ID stays, the manifest digest changes); as-is: the registry's bytes (Docker 23+ "
                    "only when they are zstd); plain: every layer uncompressed, as docker save writes them.")
+@gzip_level_option
 @gzip_library_option
-@click.option("--jobs", type=int, default=12, show_default=True,
-              help="Connections to each source (a registry and its mirrors are each a source).")
-@click.option("--max-connections", type=int, default=32, show_default=True,
+@renamed("--connections", old=("--jobs",), type=int, default=12, show_default=True, metavar="N",
+         help="Connections to each source (a registry and its mirrors are each a source).")
+@click.option("--max-connections", type=int, default=32, show_default=True, metavar="N",
               help="Connections at once over every source.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
@@ -58,7 +59,7 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
 @json_option("result")
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers,
-          gzip_library, jobs, max_connections, force, have, base, tool, sign_key, as_json):
+          gzip_level, gzip_library, connections, max_connections, force, have, base, tool, sign_key, as_json):
     """Pull images from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
@@ -72,9 +73,9 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
 
     config = registries(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,
-                        chunk_size=size_value(chunk_size), compress=compress, jobs=jobs,
+                        chunk_size=size_value(chunk_size), compress=compress, jobs=connections,
                         max_connections=max_connections, force=force, have=have, base=base, tool=tool, layers=layers,
-                        sign_key=sign_key, gzip_library=gzip_library,
+                        sign_key=sign_key, gzip_level=gzip_level, gzip_library=gzip_library,
                         created=parse_created(created, source_date_epoch()))
     if spec_file:
         given = {field for field, option in _SPEC_OPTIONS if on_command_line(option)}

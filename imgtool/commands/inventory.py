@@ -2,16 +2,17 @@
 
 import click
 
-from .options import common, runtime_choice, runtime_options
-from .output import progress
+from .options import common, json_option, runtime_choice, runtime_options
+from .output import emit_json, progress
 
 
 @click.command()
 @click.option("-o", "--output", type=click.Path(dir_okay=False), metavar="FILE",
               help="Write the inventory to FILE (atomically) instead of standard output.")
 @runtime_options
+@json_option("inventory (with -o: where it went)")
 @common
-def inventory(output, runtime, address, namespace):
+def inventory(output, runtime, address, namespace, as_json):
     """What this host's runtime already holds (image IDs, tags, layer diff_ids), as JSON.
 
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
@@ -23,8 +24,10 @@ def inventory(output, runtime, address, namespace):
     path = check_output(output)  # a bad -o is named before the runtime is asked anything
     with open_runtime(runtime_choice(runtime, address, namespace), timeout=120) as rt:
         result = take_inventory(rt, path)
-    if result.path is None:
+    if result.path is None:  # the inventory is JSON already: --json prints it as it is
         click.echo(result.data.decode(), nl=False)
+    elif as_json:
+        emit_json({"path": str(result.path), "images": len(result.inventory.images), "layers": result.layers})
     else:
         progress().note(f"inventory: {len(result.inventory.images)} images, "
                         f"{result.layers} distinct layers -> {output}")

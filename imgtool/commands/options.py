@@ -1,12 +1,45 @@
 """The options several verbs share, declared once, and what turns them into values (the registries'
 configuration, the blob cache, the runtime choice): one meaning per option name across verbs.
+
+An option renamed for that keeps its old spelling for a release (`renamed`): still accepted, left out
+of --help and docs/cli.md, which lists the old spellings in a table of its own.
 """
 
+import copy
 
 import click
 
 from ..config import carriers_help
 from .output import progress, set_flag
+
+
+class Renamed(click.Option):
+    """An option that still answers to its old spelling (`old`), which --help does not show."""
+
+    def __init__(self, *args, old=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.old = tuple(old)
+
+    def _shown(self):
+        shown = copy.copy(self)
+        shown.opts = [o for o in self.opts if o not in self.old]
+        return shown
+
+    def get_help_record(self, ctx):
+        return click.Option.get_help_record(self._shown(), ctx)
+
+    def get_error_hint(self, ctx):  # "invalid value for '--threads'", whichever spelling was given
+        return click.Option.get_error_hint(self._shown(), ctx)
+
+
+def renamed(*decls, old, **attrs):
+    """click.option for an option whose old spelling(s) `old` are kept for a release, hidden from --help."""
+    return click.option(*decls, *old, cls=Renamed, old=old, **attrs)
+
+
+def old_spellings(command: click.Command):
+    """{old spelling: new spelling} of a verb's renamed options."""
+    return {o: p.opts[0] for p in command.params if isinstance(p, Renamed) for o in p.old}
 
 
 def common(f):
@@ -24,15 +57,19 @@ def json_option(what: str = "result"):
     return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=set_flag("json"),
                         help=f"Print the {what} as JSON (on failure: the error as JSON).")
 
+
 CHUNK_SIZE_HELP = ("Cut the archive into parts of SIZE, named for the carrier they fit (" + carriers_help() + ")."
                    " Discs need UDF for parts over 4 GiB.")
-mirrors_option = click.option("--mirrors", "mirrors_file", metavar="FILE",
-                              help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
+mirrors_option = renamed("--mirrors-file", "mirrors_file", old=("--mirrors",), metavar="FILE",
+                         help="mirrors.toml to use (default: $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in).")
 tool_option = click.option("--tool/--no-tool", default=True, show_default=True,
                            help="Put imgtool.pyz (imgtool for any python3 3.7+, no install) into the bundle.")
 sign_key_option = click.option("--sign-key", metavar="KEY",
                                help="Sign bundle.json once the bundle is complete (bundle.json.sig): an SSH private key, "
                                     "or the .pub of a key in ssh-agent.")
+gzip_level_option = click.option(
+    "--gzip-level", type=int, default=1, show_default=True, metavar="N",
+    help="gzip level for the layers imgtool compresses, 1 (fast: ISA-L when installed) to 9 (small); 2-9 are zlib's.")
 gzip_library_option = click.option(
     "--gzip-library", type=click.Choice(["auto", "isal", "zlib"]), default="auto", show_default=True,
     help="What gzips the layers imgtool compresses and a gzip archive: ISA-L (the isal package, several times faster) "

@@ -101,7 +101,12 @@ def usage_lines(e: click.UsageError, verb: str = ""):
         if isinstance(e, click.NoSuchOption):
             text = f"no such option: {e.option_name}"
             if e.possibilities:
-                hint = f"did you mean {' or '.join(sorted(e.possibilities))}? {where} -h lists the options"
+                from .options import old_spellings
+
+                if e.ctx is not None:  # an old spelling kept for a release is suggested as its new name
+                    renamed = old_spellings(e.ctx.command)
+                    e.possibilities = [renamed.get(p, p) for p in e.possibilities]
+                hint = f"did you mean {' or '.join(sorted(set(e.possibilities)))}? {where} -h lists the options"
         if hint is None:
             hint = (usage[:1].lower() + usage[1:] + "; " if usage else "") + f"{where} -h explains every option"
     return text, hint

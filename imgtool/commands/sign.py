@@ -2,21 +2,21 @@
 
 import click
 
-from .options import bundle_usage, common, json_option
+from .options import bundle_usage, common, json_option, renamed
 from .output import emit_json, progress
 
 
 @click.command()
 @click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
-@click.option("--key", required=True, metavar="KEY",
-              help="An SSH private key, or the .pub of a key that ssh-agent holds (ssh-add -l lists them).")
+@renamed("--sign-key", old=("--key",), required=True, metavar="KEY",
+         help="An SSH private key, or the .pub of a key that ssh-agent holds (ssh-add -l lists them).")
 @click.option("--quick", is_flag=True,
               help="Check only sizes and checksums before signing (not every blob inside the parts).")
-@click.option("--jobs", type=click.IntRange(1, 64), default=None, metavar="N",
-              help="Parts hashed in parallel (default: the number of CPUs).")
+@renamed("--threads", old=("--jobs",), type=click.IntRange(1, 64), default=None, metavar="N",
+         help="Hashing threads (default: the number of CPUs).")
 @json_option("result")
 @common
-def sign(bundle_dir, key, quick, jobs, as_json):
+def sign(bundle_dir, sign_key, quick, threads, as_json):
     """Sign a bundle: DIR/bundle.json.sig, an SSH signature (ssh-keygen -Y sign) over bundle.json.
 
     bundle.json pins every part's size and sha256, so this signs the whole bundle. Offline
@@ -29,13 +29,13 @@ def sign(bundle_dir, key, quick, jobs, as_json):
     from ..bundle.verify import verify_bundle
 
     bundle_usage(bundle_dir, None)
-    signing_key_and_tool(key)  # no key file or no ssh-keygen is said before the parts are read
+    signing_key_and_tool(sign_key)  # no key file or no ssh-keygen is said before the parts are read
     p = progress()
-    report = verify_bundle(bundle_dir, quick=quick, progress=p, jobs=jobs, signature=False)
+    report = verify_bundle(bundle_dir, quick=quick, progress=p, jobs=threads, signature=False)
     for w in report.warnings:
         p.warn(w)
     report.raise_if_bad("sign")
-    signed = sign_bundle(bundle_dir, key, checked=report.bundle_json_sha256)
+    signed = sign_bundle(bundle_dir, sign_key, checked=report.bundle_json_sha256)
     if as_json:
         emit_json({"dir": bundle_dir, "signature": str(signed.path), "signer": signed.signer})
     else:

@@ -3,7 +3,7 @@
 import click
 
 from ..text import for_terminal
-from .options import bundle_usage, common, json_option, signers_option
+from .options import bundle_usage, common, json_option, renamed, signers_option
 from .output import echo_signature, emit_json, progress
 
 
@@ -11,11 +11,12 @@ from .output import echo_signature, emit_json, progress
 @click.argument("bundle_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--expect", metavar="SHA256", help="The sha256 of bundle.json that `fetch` printed (publish it).")
 @click.option("--quick", is_flag=True, help="Check parts only (sizes, sha256), not every blob and diff_id inside.")
-@click.option("--jobs", type=click.IntRange(1, 64), default=None, help="Threads for hashing (default: CPU count).")
+@renamed("--threads", old=("--jobs",), type=click.IntRange(1, 64), default=None, metavar="N",
+         help="Hashing threads (default: the number of CPUs).")
 @signers_option
 @json_option("report")
 @common
-def verify(bundle_dir, expect, quick, jobs, signers, as_json):
+def verify(bundle_dir, expect, quick, threads, signers, as_json):
     """Check a bundle directory: bundle.json, every part, and every blob inside.
 
     Exit 0 when the bundle is sound, 3 when not (each problem is named, with what to do).
@@ -25,7 +26,7 @@ def verify(bundle_dir, expect, quick, jobs, signers, as_json):
 
     bundle_usage(bundle_dir, expect)
     p = progress()
-    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=jobs, signers=signers)
+    report = verify_bundle(bundle_dir, expect=expect, quick=quick, progress=p, jobs=threads, signers=signers)
     for w in report.warnings:
         p.warn(w)
     if as_json:
