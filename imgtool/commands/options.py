@@ -53,7 +53,7 @@ def common(f):
 
 def json_option(what: str = "result"):
     """--json, one declaration for every verb that has it: the result as JSON, and on failure a JSON
-    document too (main() prints {"ok": false, "error": ...} when the verb printed none)."""
+    document too (output.invoke() prints {"ok": false, "error": ...} when the verb printed none)."""
     return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=set_flag("json"),
                         help=f"Print the {what} as JSON (on failure: the error as JSON).")
 

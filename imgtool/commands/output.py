@@ -19,7 +19,7 @@ from ..text import for_terminal
 
 @dataclass
 class Run:
-    """What one run of the CLI learns as it parses, for main() to print its failure as asked: main() makes
+    """What one run of the CLI learns as it parses, for invoke() to print its failure as asked: invoke() makes
     one per call and hands it to click as the context object (no module state outlives a call)."""
 
     debug: bool = False
@@ -30,11 +30,12 @@ class Run:
 
 
 def current_run() -> Run:
-    """This run's `Run` (one is made on the root context when the CLI is called without main())."""
+    """This run's `Run` (one is made on the root context when the CLI is called without invoke())."""
     return click.get_current_context().ensure_object(Run)
 
 
 def set_flag(name):
+    """An option callback that records a flag (--debug, --quiet, --json) on this run's `Run`."""
     def callback(ctx, param, value):
         if value:
             setattr(ctx.ensure_object(Run), name, True)
