@@ -181,7 +181,7 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
     cfg = _dead_mirrors(tmp_path)
     connects = tmp_path / "connects"
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    r = subprocess.run([sys.executable, "-c", COUNT_CONNECTS, str(connects), "tags", "--mirrors", str(cfg), "-q"],
+    r = subprocess.run([sys.executable, "-c", COUNT_CONNECTS, str(connects), "tags", "--mirrors-file", str(cfg), "-q"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 4
     assert r.stderr.splitlines() == [
@@ -201,7 +201,7 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
 def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
     # the store is built by cli.py up front; its directories are made only once the input is checked
     cache = tmp_path / "cache"
-    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors", str(_dead_mirrors(tmp_path)),
+    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors-file", str(_dead_mirrors(tmp_path)),
                 env={"IMGTOOL_CACHE": str(cache)})
     assert r.returncode == 2, r.stderr
     assert not cache.exists()
@@ -209,7 +209,7 @@ def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
 
 def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
     cfg = _dead_mirrors(tmp_path)
-    r = imgtool("mirrors", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "--mirrors-file", str(cfg))
     assert r.returncode == 4
     assert r.stdout.splitlines()[1] == "probed: /v2/ only (no source lists the tags)"
     assert [line.split()[2] for line in r.stdout.splitlines()[3:]] == ["unreachable"] * 3
@@ -218,7 +218,7 @@ def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
         "daocloud: 127.0.0.1:2: connection refused; nju: 127.0.0.1:3: connection refused",
         f"hint: check the network or proxy (HTTPS_PROXY), or the URLs in {cfg}",
     ]
-    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg), "--json")
+    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors-file", str(cfg), "--json")
     assert r.returncode == 4 and [s["reachable"] for s in json.loads(r.stdout)["sources"]] == [False] * 3
 
 
@@ -233,13 +233,13 @@ def test_mirrors_without_ref_probes_the_newest_release(services, factory, mirror
                    f'[[mirrors]]\nname = "quay"\nregistry = "quay.io"\nurl = "http://{services.plain}"\n'
                    'insecure = true\nupstream = true\n'
                    f'[[mirrors]]\nname = "nju"\nregistry = "quay.io"\nurl = "http://{services.mirror}"\ninsecure = true\n')
-    r = imgtool("mirrors", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "--mirrors-file", str(cfg))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[1] == f"probed: quay.io/{ms.repo}:v0.22.1rc1 (the newest release quay lists)"
     assert [(line.split()[0], line.split()[2]) for line in lines[3:]] == [("quay", "ok"), ("nju", "ok")]
     # a tag nobody serves: the table says so per source, and the exit code too
-    r = imgtool("mirrors", "v9.9.9", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "v9.9.9", "--mirrors-file", str(cfg))
     assert r.returncode == 4
     assert r.stderr.splitlines() == [
         f"error: no source serves quay.io/{ms.repo}:v9.9.9: quay: v9.9.9 not found; nju: v9.9.9 not found",
@@ -351,7 +351,7 @@ def test_tags_a_registry_lists_that_are_not_tags_are_left_out(lying_registry):
     listed = ["v0.9.1", f"v0.9.2{FORGED}", "\x1b]0;owned\x07", "v0.9.0"]
     proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=200, times=10,
                     body=json.dumps({"name": ms.repo, "tags": listed}).encode()))
-    r = imgtool("tags", "--mirrors", str(cfg))
+    r = imgtool("tags", "--mirrors-file", str(cfg))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["TAG     RELEASE  HARDWARE  OS", "v0.9.1  v0.9.1   a2        ubuntu",
                                      "v0.9.0  v0.9.0   a2        ubuntu"]
@@ -364,7 +364,7 @@ def test_a_registry_error_message_is_one_escaped_line(lying_registry):
     proxy, cfg, ms = lying_registry
     body = json.dumps({"errors": [{"code": "DENIED", "message": FORGED}]}).encode()
     proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=400, times=10, body=body))
-    r = imgtool("tags", "--mirrors", str(cfg), "-q")
+    r = imgtool("tags", "--mirrors-file", str(cfg), "-q")
     assert r.returncode == 4
     said = f"{proxy.hostport}/{ms.repo}: tag list: DENIED: \\x1b[2J\\x1b]0;owned\\x07\\nerror: forged line\\r"
     assert r.stderr.splitlines() == [
@@ -375,7 +375,7 @@ def test_a_registry_error_message_is_one_escaped_line(lying_registry):
 def test_inspect_refuses_an_index_whose_variant_is_an_escape_sequence(services, factory, mirrored, tmp_path):
     arm = factory.image("arm64", layers=1, variant="v8\x1b[2J\nlinux/amd64  1 MiB  1  sha256:forged")
     ms = mirrored(factory.index([arm, factory.image("amd64", layers=1)]), tag="v1", targets=("upstream",))
-    r = imgtool("inspect", "v1", "--mirrors", str(_plain_mirrors(tmp_path, services, ms)))
+    r = imgtool("inspect", "v1", "--mirrors-file", str(_plain_mirrors(tmp_path, services, ms)))
     assert r.returncode == 1, r.stderr  # inspect's one error for "no source could be inspected"
     assert r.stdout == ""
     assert [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
