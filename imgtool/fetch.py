@@ -1,6 +1,6 @@
 """The connected side's main job: `fetch`, references -> a verified bundle.
 
-A core function taking plain values and a Progress and returning plain values; cli.py formats
+A core function taking plain values and a Progress and returning plain values; commands/ formats
 them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) mirror_report.py.
 """
 

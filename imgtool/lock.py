@@ -1,6 +1,6 @@
 """Release bundles from a spec: `imgtool lock` (tags pinned in bundle.lock) and `fetch -f SPEC`.
 
-Core functions taking plain values and a Progress, returning plain values; cli.py parses the
+Core functions taking plain values and a Progress, returning plain values; commands/ parses the
 options and prints. Both verbs refuse a lock that no longer fits its spec by one rule,
 `spec.Lock.require_fit`.
 """
