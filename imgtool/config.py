@@ -1,7 +1,7 @@
 """Reading imgtool's configuration into plain values: its TOML files (mirrors.toml) and the environment.
 
 Every error names the file, the line or key, and the problem, and exits 2. This is the one module
-that reads environment variables (tests/test_layering.py holds it): cli.py reads each once and hands
+that reads environment variables (tests/test_layering.py holds it): commands/ reads each once and hands
 the value to the room that needs it.
 """
 
@@ -55,7 +55,7 @@ class MirrorConfig:
     in file order), how long a read may stall (`$IMGTOOL_READ_TIMEOUT`), a whole answer may take
     (`$IMGTOOL_RESPONSE_TIMEOUT`; None: twice the read timeout), how slowly a blob may come
     (`$IMGTOOL_MIN_RATE`) and a credential helper may take (`$IMGTOOL_CREDENTIAL_HELPER_TIMEOUT`), each read
-    once by cli.py."""
+    once by commands/."""
 
     default_image: str
     mirrors: Tuple[Mirror, ...]
@@ -258,15 +258,15 @@ def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[P
 
 
 def find_mirrors_file(option: Optional[str]) -> Path:
-    """The mirrors.toml to use: --mirrors, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
+    """The mirrors.toml to use: --mirrors-file, $IMGTOOL_MIRRORS, ~/.config/imgtool/mirrors.toml, built-in."""
     return find_user_file(option, "IMGTOOL_MIRRORS", "mirrors.toml") or BUILTIN_MIRRORS
 
 
 def load_mirrors(option: Optional[str] = None, read_timeout: Optional[float] = None,
                  helper_timeout: Optional[float] = None, waits: Optional[MirrorConfig] = None) -> MirrorConfig:
     """Find, read and validate the mirrors configuration; `read_timeout`/`helper_timeout` None: the
-    defaults, 60 s and 30 s (cli.py passes `read_timeout()`, `helper_timeout()`), or with `waits`, every
-    wait of that configuration (cli.py's `_registries`). Raises ConfigError."""
+    defaults, 60 s and 30 s (commands/ passes `read_timeout()`, `helper_timeout()`), or with `waits`, every
+    wait of that configuration (commands/options.py's `registries`). Raises ConfigError."""
     path = find_mirrors_file(option)
     data, text = read_toml(path)
     config = parse_mirrors(data, text, path)

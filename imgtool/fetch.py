@@ -1,6 +1,6 @@
 """The connected side's main job: `fetch`, references -> a verified bundle.
 
-A core function taking plain values and a Progress and returning plain values; cli.py formats
+A core function taking plain values and a Progress and returning plain values; commands/ formats
 them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) mirror_report.py.
 """
 
@@ -40,7 +40,7 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = JOBS  # connections per source (--jobs)
+    jobs: int = JOBS  # connections per source (--connections)
     max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
     force: bool = False
     probe_timeout: float = 5.0
@@ -51,6 +51,7 @@ class FetchOptions:
     tool: bool = True  # put imgtool.pyz into the bundle (--no-tool)
     layers: str = "compat"  # transcode.MODES: rewrite zstd layers as gzip / keep the registry's / uncompressed
     check_diff_ids: bool = False  # unpack the layers kept as served to check their diff_ids (--check-diff-ids)
+    gzip_level: int = 1  # zlib's scale, 1 (fast: ISA-L) .. 9, for rewritten layers and a gzip archive (--gzip-level)
     gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
 
@@ -118,7 +119,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
     clients = Clients(config)  # one per endpoint for the whole fetch: a login is looked up once per host
     have, base = _check_input(config, opts, clients)
     with ExitStack() as locks:  # the output's lock (dirlock.py), from before the first blob until the bundle is signed
-        gzip = gz.compressor(1, opts.gzip_library)
+        gzip = gz.compressor(opts.gzip_level, opts.gzip_library)
         store.create()
         stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
         if stale:
@@ -228,11 +229,12 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
     if not opts.refs:
         raise UsageError("nothing to fetch: give at least one image reference")
     if opts.jobs < 1 or opts.jobs > 64:
-        raise UsageError(f"invalid --jobs {opts.jobs}: use 1 to 64")
+        raise UsageError(f"invalid --connections {opts.jobs}: use 1 to 64")
     if opts.max_connections < 1 or opts.max_connections > 256:
         raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
     if opts.layers not in transcode.MODES:
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")
+    gz.compressor(opts.gzip_level, opts.gzip_library)  # a bad --gzip-level or --gzip-library: exit 2 before any work
     if opts.output is not None:
         writer.check_output_dir(Path(opts.output), opts.force)
     if opts.sign_key:

@@ -1,6 +1,6 @@
 """`imgtool inspect`: a reference's platforms, sizes and layer counts, and which source answered.
 
-A core function taking plain values and a Progress and returning plain values; cli.py formats them.
+A core function taking plain values and a Progress and returning plain values; commands/ formats them.
 """
 
 from dataclasses import dataclass

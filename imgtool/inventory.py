@@ -1,6 +1,6 @@
 """`imgtool inventory`: what this host's runtime (Docker, containerd, Podman) holds, as the document delta.py defines, written atomically.
 
-The verb's core function; cli.py prints. Runs on the offline side, so from imgtool.pyz on
+The verb's core function; commands/ prints. Runs on the offline side, so from imgtool.pyz on
 Python 3.7/3.8 too (no newer syntax or stdlib here).
 """
 

@@ -1,6 +1,6 @@
 """Release bundles from a spec: `imgtool lock` (tags pinned in bundle.lock) and `fetch -f SPEC`.
 
-Core functions taking plain values and a Progress, returning plain values; cli.py parses the
+Core functions taking plain values and a Progress, returning plain values; commands/ parses the
 options and prints. Both verbs refuse a lock that no longer fits its spec by one rule,
 `spec.Lock.require_fit`.
 """
@@ -26,7 +26,7 @@ def spec_fetch_options(spec_file: str, opts: FetchOptions, config: MirrorConfig,
     """`fetch -f SPEC`: the spec's values under those given on the command line, plus its lock.
 
     `given` names what the command line set: FetchOptions fields, "platforms" (--arch/--platform)
-    and "mirrors" (--mirrors). Raises UsageError, ConfigError (a lock that does not fit the spec).
+    and "mirrors" (--mirrors-file). Raises UsageError, ConfigError (a lock that does not fit the spec).
     """
     if opts.refs:
         raise UsageError("give image references or -f SPEC, not both")

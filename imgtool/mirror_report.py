@@ -1,6 +1,6 @@
 """`imgtool mirrors`: every source probed for a reference (or the newest release), reachable or not.
 
-A core function taking plain values and returning plain values; cli.py formats them.
+A core function taking plain values and returning plain values; commands/ formats them.
 """
 
 from dataclasses import dataclass

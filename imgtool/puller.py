@@ -23,7 +23,7 @@ from .store import Partial, Store
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
-JOBS = 12  # connections per source (--jobs; why 12: docs/design.md); how the scheduler divides the work: Tuning
+JOBS = 12  # connections per source (--connections; why 12: docs/design.md); how the scheduler divides the work: Tuning
 CONNECTIONS = 32  # connections at once over every source (--max-connections)
 
 
@@ -117,7 +117,7 @@ class PullStats:
 
 
 class _Slots:
-    """The connections each source may have at once (`per_source`, --jobs), shared by every image's pool:
+    """The connections each source may have at once (`per_source`, --connections), shared by every image's pool:
     a source is one endpoint however many images it serves.
 
     A source that answers 429 or 503 while others of its connections are downloading from it is asking

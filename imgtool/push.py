@@ -113,7 +113,7 @@ def _client(host: str, insecure: bool, ca_cert: Optional[str], waits: Dict[str, 
 def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
                 progress: Progress, chunk: int = CHUNK, waits: Optional[Dict[str, Any]] = None) -> PushResult:
     """Push every image of the bundle to the registry `to`; `waits`: the client's read_timeout, response_timeout
-    and min_rate (cli.py's, from the environment; None: the defaults). Raises UsageError, VerifyError,
+    and min_rate (commands/push.py's, from the environment; None: the defaults). Raises UsageError, VerifyError,
     RegistryError, ImgtoolError (a delta bundle whose base the registry lacks)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)

@@ -241,7 +241,7 @@ class Store:
     """Content-addressed blobs under `root` (`blobs/`, `partial/`, `locks/`)."""
 
     def __init__(self, root: Path, create: bool = True):
-        """`create` False: no directory is made until `create()` (cli.py builds the store before the verb
+        """`create` False: no directory is made until `create()` (commands/ builds the store before the verb
         has checked its input, which must fail with nothing written)."""
         self.root = Path(root)
         self._arrived = threading.Condition()  # notified whenever a blob is published (see wait_for)

@@ -200,7 +200,7 @@ def judge(policy: Optional[Policy], found: Finding) -> Verdict:
     if state is State.NAMESPACE:
         return refuse(f"{SIGNATURE} was made for namespace {found.namespace!r}, not 'imgtool-bundle' "
                       f"(signed by {signer}): it is not a bundle signature",
-                      "sign bundles with imgtool sign DIR --key KEY (or fetch --sign-key KEY)")
+                      "sign bundles with imgtool sign DIR --sign-key KEY (or fetch --sign-key KEY)")
     if state is State.BAD:
         return refuse(f"bad signature: {SIGNATURE} (by {signer}) does not match bundle.json: bundle.json was "
                       "changed after it was signed, or the signature is another bundle's",
@@ -222,7 +222,7 @@ def judge(policy: Optional[Policy], found: Finding) -> Verdict:
                        signer=signer, principal=found.principal, policy=policy)
     if state is State.UNSIGNED:
         return refuse(f"not signed (no {SIGNATURE}), and {policy} requires a signature by a key it lists",
-                      "sign it where it was made: imgtool sign DIR --key KEY (or fetch --sign-key KEY)")
+                      "sign it where it was made: imgtool sign DIR --sign-key KEY (or fetch --sign-key KEY)")
     if state is State.NO_SSH_KEYGEN:
         return refuse(f"cannot check {SIGNATURE}: ssh-keygen not found, and {policy} requires a signature",
                       "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen")

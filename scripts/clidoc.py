@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 import click  # noqa: E402
 
 from imgtool.cli import cli  # noqa: E402
+from imgtool.commands.options import old_spellings  # noqa: E402
 from imgtool.errors import EXIT_MEANINGS  # noqa: E402
 
 PAGE = ROOT / "docs" / "cli.md"
@@ -42,6 +43,10 @@ prints its own report instead (`"ok": false` and the problems). What each offlin
 with, in imgtool and in load.sh alike: [reliability.md](reliability.md#exit-codes-imgtool-and-loadsh-agree-issue-24-item-12).
 """
 
+RENAMED = """One option name means one thing in every verb. The options renamed for that still answer to their
+old spelling for one more release, and `--help` no longer shows it: change scripts to the new name.
+"""
+
 
 def _help(command: click.Command, name: str, parent: "click.Context | None") -> str:
     ctx = click.Context(command, info_name=name, parent=parent, terminal_width=WIDTH, max_content_width=WIDTH)
@@ -56,6 +61,12 @@ def page() -> str:
     out += [f"| {code} | {meaning} |" for code, meaning in EXIT_MEANINGS]
     out += ["", ERRORS]
     root = click.Context(cli, info_name="imgtool", terminal_width=WIDTH, max_content_width=WIDTH)
+    out += ["## Old spellings\n", RENAMED, "| verb | old spelling | now |", "|---|---|---|"]
+    for name in cli.list_commands(root):
+        command = cli.get_command(root, name)
+        if command is not None and not command.hidden:
+            out += [f"| {name} | `{old}` | `{new}` |" for old, new in sorted(old_spellings(command).items())]
+    out += [""]
     out += ["## imgtool\n", "```text", _help(cli, "imgtool", None), "```\n"]
     assert isinstance(cli, click.Group)
     for name in cli.list_commands(root):

@@ -5,6 +5,7 @@ Each case asserts the exact lines a user sees on stderr and the exit code.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -29,13 +30,13 @@ USAGE = [
                      "hint: usage: imgtool run-flags [OPTIONS] PRESET [-- CMD...]; "
                      "imgtool run-flags -h explains every option"]),
     (["fetch", "v1", "--bogus"], ["error: no such option: --bogus",
-                                  "hint: did you mean --base or --jobs? imgtool fetch -h lists the options"]),
+                                  "hint: did you mean --base or --connections? imgtool fetch -h lists the options"]),
     (["tags", "--filter"], ["error: option '--filter' requires an argument",
                             "hint: imgtool tags -h explains every option"]),
     (["load", "a", "b"], ["error: got unexpected extra argument (b)",
                           "hint: usage: imgtool load [OPTIONS] DIR; imgtool load -h explains every option"]),
-    (["verify", "d", "--jobs", "0"],
-     ["error: invalid value for '--jobs': 0 is not in the range 1<=x<=64",
+    (["verify", "d", "--threads", "0"],
+     ["error: invalid value for '--threads': 0 is not in the range 1<=x<=64",
       "hint: usage: imgtool verify [OPTIONS] DIR; imgtool verify -h explains every option"]),
 ]
 
@@ -44,6 +45,44 @@ USAGE = [
 def test_usage_errors_are_an_error_and_a_hint_line(args, lines):
     r = imgtool(*args)
     assert (r.returncode, r.stderr.splitlines(), r.stdout) == (2, lines, "")
+
+
+# One name, one meaning (issue 37): the options renamed for it, (verb and arguments, old spelling, new spelling).
+# The old spelling still works for a release and --help does not show it.
+RENAMED = [(["fetch", "v1"], "--jobs", "--connections"), (["export", "x:1"], "--jobs", "--threads"),
+           (["verify", "{tmp}"], "--jobs", "--threads"), (["sign", "{tmp}", "--sign-key", "k"], "--jobs", "--threads"),
+           (["sign", "{tmp}"], "--key", "--sign-key")]
+RENAMED += [(verb, "--mirrors", "--mirrors-file") for verb in (["fetch", "v1"], ["inspect", "v1"], ["mirrors"], ["tags"],
+                                                                ["lock", "-f", "{tmp}/bundle.toml"], ["run-flags", "a2"],
+                                                                ["run", "a2"])]
+
+
+def test_a_renamed_option_is_shown_by_its_new_name_only():
+    from click.testing import CliRunner
+
+    from imgtool.cli import cli
+
+    for verb, old, new in RENAMED:
+        shown = CliRunner().invoke(cli, [verb[0], "--help"]).output
+        options = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", shown))
+        assert new in options and old not in options, (verb[0], old, new)
+
+
+@pytest.mark.parametrize("verb,old,new", RENAMED, ids=[f"{v[0]} {o}" for v, o, _ in RENAMED])
+def test_a_renamed_option_still_answers_to_its_old_spelling(verb, old, new, tmp_path):
+    # a value each verb refuses, with words that show where it went: the old spelling reaches the same check
+    value = {"--jobs": "0", "--key": str(tmp_path / "nokey"), "--mirrors": str(tmp_path / "mirrors.toml")}[old]
+    (tmp_path / "mirrors.toml").write_text("default_image = \n")
+    (tmp_path / "bundle.toml").write_text('images = ["v1"]\narch = ["arm64"]\n')
+    args = [a.format(tmp=tmp_path) for a in verb]
+    by_old, by_new = imgtool(*args, old, value), imgtool(*args, new, value)
+    assert (by_old.returncode, by_old.stderr, by_old.stdout) == (by_new.returncode, by_new.stderr, by_new.stdout)
+    assert by_old.returncode == 2
+    what = {"--connections": "error: invalid --connections 0: use 1 to 64",
+            "--threads": "error: invalid value for '--threads': 0 is not in the range 1<=x<=64",
+            "--sign-key": f"error: signing key {value} does not exist or is not a file",
+            "--mirrors-file": f"error: {value}: invalid TOML"}[new]
+    assert by_old.stderr.startswith(what), by_old.stderr
 
 
 @pytest.mark.parametrize("verb", [["fetch", "v1"], ["export", "x:1"]])
@@ -142,7 +181,7 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
     cfg = _dead_mirrors(tmp_path)
     connects = tmp_path / "connects"
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    r = subprocess.run([sys.executable, "-c", COUNT_CONNECTS, str(connects), "tags", "--mirrors", str(cfg), "-q"],
+    r = subprocess.run([sys.executable, "-c", COUNT_CONNECTS, str(connects), "tags", "--mirrors-file", str(cfg), "-q"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 4
     assert r.stderr.splitlines() == [
@@ -162,7 +201,7 @@ def test_tags_without_network_fails_as_fast_as_fetch_with_a_hint(tmp_path):
 def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
     # the store is built by cli.py up front; its directories are made only once the input is checked
     cache = tmp_path / "cache"
-    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors", str(_dead_mirrors(tmp_path)),
+    r = imgtool(*[a.format(tmp=tmp_path) for a in verb], "--mirrors-file", str(_dead_mirrors(tmp_path)),
                 env={"IMGTOOL_CACHE": str(cache)})
     assert r.returncode == 2, r.stderr
     assert not cache.exists()
@@ -170,7 +209,7 @@ def test_bad_input_leaves_no_cache_behind(tmp_path, verb):
 
 def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
     cfg = _dead_mirrors(tmp_path)
-    r = imgtool("mirrors", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "--mirrors-file", str(cfg))
     assert r.returncode == 4
     assert r.stdout.splitlines()[1] == "probed: /v2/ only (no source lists the tags)"
     assert [line.split()[2] for line in r.stdout.splitlines()[3:]] == ["unreachable"] * 3
@@ -179,7 +218,7 @@ def test_mirrors_with_every_source_unreachable_is_exit_4(tmp_path):
         "daocloud: 127.0.0.1:2: connection refused; nju: 127.0.0.1:3: connection refused",
         f"hint: check the network or proxy (HTTPS_PROXY), or the URLs in {cfg}",
     ]
-    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors", str(cfg), "--json")
+    r = imgtool("mirrors", "v0.22.1rc1", "--mirrors-file", str(cfg), "--json")
     assert r.returncode == 4 and [s["reachable"] for s in json.loads(r.stdout)["sources"]] == [False] * 3
 
 
@@ -194,13 +233,13 @@ def test_mirrors_without_ref_probes_the_newest_release(services, factory, mirror
                    f'[[mirrors]]\nname = "quay"\nregistry = "quay.io"\nurl = "http://{services.plain}"\n'
                    'insecure = true\nupstream = true\n'
                    f'[[mirrors]]\nname = "nju"\nregistry = "quay.io"\nurl = "http://{services.mirror}"\ninsecure = true\n')
-    r = imgtool("mirrors", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "--mirrors-file", str(cfg))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[1] == f"probed: quay.io/{ms.repo}:v0.22.1rc1 (the newest release quay lists)"
     assert [(line.split()[0], line.split()[2]) for line in lines[3:]] == [("quay", "ok"), ("nju", "ok")]
     # a tag nobody serves: the table says so per source, and the exit code too
-    r = imgtool("mirrors", "v9.9.9", "--mirrors", str(cfg))
+    r = imgtool("mirrors", "v9.9.9", "--mirrors-file", str(cfg))
     assert r.returncode == 4
     assert r.stderr.splitlines() == [
         f"error: no source serves quay.io/{ms.repo}:v9.9.9: quay: v9.9.9 not found; nju: v9.9.9 not found",
@@ -312,7 +351,7 @@ def test_tags_a_registry_lists_that_are_not_tags_are_left_out(lying_registry):
     listed = ["v0.9.1", f"v0.9.2{FORGED}", "\x1b]0;owned\x07", "v0.9.0"]
     proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=200, times=10,
                     body=json.dumps({"name": ms.repo, "tags": listed}).encode()))
-    r = imgtool("tags", "--mirrors", str(cfg))
+    r = imgtool("tags", "--mirrors-file", str(cfg))
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["TAG     RELEASE  HARDWARE  OS", "v0.9.1  v0.9.1   a2        ubuntu",
                                      "v0.9.0  v0.9.0   a2        ubuntu"]
@@ -325,7 +364,7 @@ def test_a_registry_error_message_is_one_escaped_line(lying_registry):
     proxy, cfg, ms = lying_registry
     body = json.dumps({"errors": [{"code": "DENIED", "message": FORGED}]}).encode()
     proxy.add(Fault("status", lambda m, p: "/tags/list" in p, status=400, times=10, body=body))
-    r = imgtool("tags", "--mirrors", str(cfg), "-q")
+    r = imgtool("tags", "--mirrors-file", str(cfg), "-q")
     assert r.returncode == 4
     said = f"{proxy.hostport}/{ms.repo}: tag list: DENIED: \\x1b[2J\\x1b]0;owned\\x07\\nerror: forged line\\r"
     assert r.stderr.splitlines() == [
@@ -336,7 +375,7 @@ def test_a_registry_error_message_is_one_escaped_line(lying_registry):
 def test_inspect_refuses_an_index_whose_variant_is_an_escape_sequence(services, factory, mirrored, tmp_path):
     arm = factory.image("arm64", layers=1, variant="v8\x1b[2J\nlinux/amd64  1 MiB  1  sha256:forged")
     ms = mirrored(factory.index([arm, factory.image("amd64", layers=1)]), tag="v1", targets=("upstream",))
-    r = imgtool("inspect", "v1", "--mirrors", str(_plain_mirrors(tmp_path, services, ms)))
+    r = imgtool("inspect", "v1", "--mirrors-file", str(_plain_mirrors(tmp_path, services, ms)))
     assert r.returncode == 1, r.stderr  # inspect's one error for "no source could be inspected"
     assert r.stdout == ""
     assert [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))] == [
@@ -349,3 +388,15 @@ def _plain_mirrors(tmp_path, services, ms):
     cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
     return cfg
+
+
+def test_inventory_json_says_where_the_inventory_went(services, tmp_path):
+    inv = tmp_path / "inv.json"
+    r = imgtool("inventory", "--runtime", "docker", "-o", str(inv), "--json", docker_host=services.docker_host)
+    assert (r.returncode, r.stderr) == (0, "")
+    written = json.loads(inv.read_text())
+    doc = json.loads(r.stdout)
+    assert doc == {"path": str(inv), "images": len(written["images"]),
+                   "layers": len({d for im in written["images"] for d in im["diff_ids"]})}
+    r = imgtool("inventory", "--runtime", "docker", "--json", docker_host=services.docker_host)  # to stdout: the inventory
+    assert r.returncode == 0 and json.loads(r.stdout)["images"] == written["images"]

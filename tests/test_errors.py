@@ -34,7 +34,7 @@ def test_sign_written_says_the_bundle_is_unsigned_without_changing_what_it_caugh
     assert isinstance(cause, ImgtoolError) and type(e.value) is type(cause)
     assert e.value.message == f"the bundle {tmp_path / 'nowhere'} is complete but not signed: {cause.message}"
     assert not cause.message.startswith("the bundle")
-    assert e.value.hint.endswith(f"sign it: imgtool sign {tmp_path / 'nowhere'} --key key")
+    assert e.value.hint.endswith(f"sign it: imgtool sign {tmp_path / 'nowhere'} --sign-key key")
 
 
 ROOT = Path(__file__).resolve().parents[1]

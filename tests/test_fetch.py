@@ -122,7 +122,7 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
         cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
         out, cache = tmp_path / "b", tmp_path / "cache"
         cmd = [sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out),
-               "--jobs", "1"]
+               "--connections", "1"]
         proc = subprocess.Popen(cmd, env={**os.environ, "IMGTOOL_CACHE": str(cache)}, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
@@ -156,7 +156,7 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
     (["--chunk-size", "0"], "error: invalid --chunk-size '0': must be greater than zero"),
     (["--arch", "sparc"], "error: unknown architecture 'sparc' in 'sparc'"),
     (["--arch", "arm64", "--platform", "linux/arm64"], "error: --arch and --platform cannot be used together"),
-    (["--jobs", "0"], "error: invalid --jobs 0: use 1 to 64"),
+    (["--connections", "0"], "error: invalid --connections 0: use 1 to 64"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, line):
     cfg = write_mirrors(tmp_path, "ascend/vllm-ascend", [("quay", DEAD, "", True)])
@@ -311,7 +311,7 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
         slow = proxy.add(Fault("rate", lambda m, p: blob_path(p) and m == "GET", times=10_000, rate=300_000))
         cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
         out, cache = tmp_path / "b", tmp_path / "cache"
-        args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--jobs", "1", "-q")
+        args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--connections", "1", "-q")
         proc = subprocess.Popen([sys.executable, "-m", "imgtool", *args], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert held.reached.wait(60), "the fetch never reached the held bytes"

@@ -128,6 +128,24 @@ def test_isal_takes_level_1_only_and_the_check_comes_before_docker(tmp_path):
     assert (r.returncode, r.stderr.splitlines()) == (2, ["error: invalid --gzip-level 0: use 1 (fast) to 9 (small)"])
 
 
+
+def test_fetch_takes_gzip_level_as_export_does(services, factory, mirrored, tmp_path):
+    gzip_image = factory.image(host_arch(), layers=2, layer_size=[1 << 20, 100_000])
+    cfg, _ = _mirrors(services, mirrored, tmp_path, factory.zstd_twin(gzip_image))
+    doc = _fetch(cfg, tmp_path / "z6", tmp_path / "cache", "--gzip-level", "6", "--gzip-library", "zlib")
+    assert doc["gzip"] == {"library": "zlib", "level": 6}  # the rewritten layers, at the level asked for
+    assert [x["diff_id"] for x in doc["images"][0]["layers"]] == gzip_image.diff_ids
+    assert imgtool("verify", str(tmp_path / "z6")).returncode == 0
+    # refused before any work, in export's words: nothing fetched, no output directory
+    r = imgtool("fetch", TAG, "--mirrors-file", str(cfg), "-o", str(tmp_path / "o"), "--gzip-level", "0")
+    assert (r.returncode, r.stderr.splitlines()) == (2, ["error: invalid --gzip-level 0: use 1 (fast) to 9 (small)"])
+    r = imgtool("fetch", TAG, "--mirrors-file", str(cfg), "-o", str(tmp_path / "o"), "--gzip-library", "isal",
+                "--gzip-level", "6")
+    assert (r.returncode, r.stderr.splitlines()) == (2, [
+        "error: --gzip-library isal compresses at --gzip-level 1 only (asked: 6)",
+        "hint: levels 2-9 are zlib's: --gzip-library zlib (or auto)"])
+    assert not (tmp_path / "o").exists()
+
 # --- gz.py on both libraries ----------------------------------------------------------------------------
 
 

@@ -51,7 +51,7 @@ def test_a_fifo_as_bundle_json_is_refused_without_waiting(verb, bundle, services
                        timeout=60)
     args = {"verify": ("verify", str(bundle)), "load": ("load", str(bundle)),
             "diff": ("diff", str(bundle), str(bundle)),
-            "sign": ("sign", str(bundle), "--key", str(tmp_path / "key"))}[verb]
+            "sign": ("sign", str(bundle), "--sign-key", str(tmp_path / "key"))}[verb]
     r = run(*args, docker_host=services.docker_host)
     assert r.returncode == 3, r.stderr
     assert errors(r) == ["error: bundle.json is not a regular file (a FIFO)",
@@ -240,7 +240,7 @@ def test_imgtool_and_load_sh_exit_as_this_table_says(services, factory, mirrored
         home.mkdir()
 
     def sign(key):
-        r = imgtool("sign", str(out), "--key", str(keys / key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""})
+        r = imgtool("sign", str(out), "--sign-key", str(keys / key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""})
         assert r.returncode == 0, r.stderr
 
     def damaged():
@@ -348,7 +348,7 @@ def test_load_sh_and_imgtool_find_the_same_policy_files(services, factory, mirro
     for who in ("release", "stranger"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys / who)],
                        check=True, timeout=60)
-    r = imgtool("sign", str(out), "--key", str(keys / "stranger"), env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""})
+    r = imgtool("sign", str(out), "--sign-key", str(keys / "stranger"), env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""})
     assert r.returncode == 0, r.stderr
     release = (keys / "release.pub").read_text().split()
     policy_line = f"release@example.com {release[0]} {release[1]}\n"

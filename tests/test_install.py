@@ -155,7 +155,7 @@ def test_self_update_only_from_a_bundle_the_installed_copy_verified(services, fa
     key = tmp_path / "release"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "release", "-f", str(key)], check=True,
                    timeout=60)
-    assert imgtool("sign", str(nxt), "--key", str(key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""}).returncode == 0
+    assert imgtool("sign", str(nxt), "--sign-key", str(key), env={"HOME": str(home), "IMGTOOL_SIGNERS": ""}).returncode == 0
     policy = home / ".config/imgtool/allowed_signers"
     policy.parent.mkdir(parents=True)
     pub = (tmp_path / "release.pub").read_text().split()
@@ -286,7 +286,7 @@ def test_the_readme_procedure_refuses_every_edit(services, factory, mirrored, tm
         keys[who] = tmp_path / who
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(keys[who])],
                        check=True, timeout=60)
-    assert imgtool("sign", str(out), "--key", str(keys["release"]),
+    assert imgtool("sign", str(out), "--sign-key", str(keys["release"]),
                    env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""}).returncode == 0
     policy = home / ".config/imgtool/allowed_signers"
     policy.parent.mkdir(parents=True)

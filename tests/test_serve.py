@@ -279,7 +279,7 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     assert r.stderr.splitlines() == [
         f"error: refusing to serve {plain}: not signed (no bundle.json.sig), and {signers} requires a signature by "
         "a key it lists; nothing is served",
-        "hint: sign it where it was made: imgtool sign DIR --key KEY (or fetch --sign-key KEY)"]
+        "hint: sign it where it was made: imgtool sign DIR --sign-key KEY (or fetch --sign-key KEY)"]
 
     r = imgtool("serve", str(plain), "--tls-cert", str(key))
     assert (r.returncode, r.stderr.splitlines()) == (2, ["error: --tls-cert and --tls-key go together",

@@ -77,7 +77,7 @@ def bundle(factory, tmp_path):
 
 
 def sign(out, key, tmp_path):
-    r = imgtool("sign", str(out), "--key", str(key), env=env_for(tmp_path))
+    r = imgtool("sign", str(out), "--sign-key", str(key), env=env_for(tmp_path))
     assert r.returncode == 0, r.stderr
     return r
 
@@ -337,12 +337,12 @@ def test_signed_bundle_loads_under_the_policy(bundle, keys, tmp_path, services, 
 
 def test_sign_errors(bundle, keys, tmp_path):
     out, _ = bundle
-    r = imgtool("sign", str(out), "--key", str(tmp_path / "nokey"), env=env_for(tmp_path))
+    r = imgtool("sign", str(out), "--sign-key", str(tmp_path / "nokey"), env=env_for(tmp_path))
     assert r.returncode == 2
     assert err_lines(r)[0] == f"error: signing key {tmp_path / 'nokey'} does not exist or is not a file"
-    r = imgtool("sign", str(tmp_path), "--key", str(keys.release), env=env_for(tmp_path))
+    r = imgtool("sign", str(tmp_path), "--sign-key", str(keys.release), env=env_for(tmp_path))
     assert r.returncode != 0 and not (tmp_path / "bundle.json.sig").exists()
-    r = imgtool("sign", str(out), "--key", str(keys.release), env=env_for(tmp_path, PATH="/nonexistent"))
+    r = imgtool("sign", str(out), "--sign-key", str(keys.release), env=env_for(tmp_path, PATH="/nonexistent"))
     assert r.returncode == 1
     assert err_lines(r)[0] == "error: ssh-keygen not found on PATH"
     assert not (out / "bundle.json.sig").exists()
@@ -363,7 +363,7 @@ def test_sign_signs_only_a_bundle_that_verifies(bundle, keys, tmp_path):
     part = out / doc["parts"][0]["name"]
     flip_a_byte(part, doc["parts"][0]["size"] // 2)
     for quick in ((), ("--quick",)):
-        r = imgtool("sign", str(out), "--key", str(keys.stranger), *quick, env=env_for(tmp_path))
+        r = imgtool("sign", str(out), "--sign-key", str(keys.stranger), *quick, env=env_for(tmp_path))
         assert r.returncode == 3, r.stderr
         assert err_lines(r) == [
             f"error: refusing to sign: {out}: 1 problem; nothing was signed",
@@ -381,13 +381,13 @@ def test_sign_signs_only_a_bundle_that_verifies(bundle, keys, tmp_path):
             digest = hashlib.sha256((out / name).read_bytes()).hexdigest()
         lines.append(f"{digest}  {name}")
     (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
-    r = imgtool("sign", str(out), "--key", str(keys.stranger), env=env_for(tmp_path))
+    r = imgtool("sign", str(out), "--sign-key", str(keys.stranger), env=env_for(tmp_path))
     assert r.returncode == 3, r.stderr
     assert err_lines(r)[0].startswith(f"error: refusing to sign: {out}: ")
     assert any("is damaged: its sha256 differs from its digest" in line for line in err_lines(r)[1:]), r.stderr
     assert (out / "bundle.json.sig").read_bytes() == old_sig
     # --quick checks sizes and checksums only, as it says: the blob inside is not read
-    r = imgtool("sign", str(out), "--key", str(keys.stranger), "--quick", env=env_for(tmp_path))
+    r = imgtool("sign", str(out), "--sign-key", str(keys.stranger), "--quick", env=env_for(tmp_path))
     assert r.returncode == 0, r.stderr
     assert (out / "bundle.json.sig").read_bytes() != old_sig
 
@@ -401,7 +401,7 @@ def test_kylins_python_signs_too(bundle, keys, tmp_path):
     out, _ = bundle
     pyz = tmp_path / "imgtool.pyz"
     selfbundle.build(pyz)
-    r = run_37(old_python("3.7"), str(pyz), "sign", str(out), "--key", str(keys.release), cwd=tmp_path)
+    r = run_37(old_python("3.7"), str(pyz), "sign", str(out), "--sign-key", str(keys.release), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     who = keys.fingerprint(keys.release)
     assert r.stdout == f"signed: {out}/bundle.json.sig by {who}\n"
@@ -412,7 +412,7 @@ def test_kylins_python_signs_too(bundle, keys, tmp_path):
 
 
 def test_signing_with_a_key_held_by_ssh_agent(bundle, keys, tmp_path):
-    """--key KEY.pub: ssh-keygen asks the agent for the private half."""
+    """--sign-key KEY.pub: ssh-keygen asks the agent for the private half."""
     out, _ = bundle
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -425,7 +425,7 @@ def test_signing_with_a_key_held_by_ssh_agent(bundle, keys, tmp_path):
         add = subprocess.run(["ssh-add", str(keys.release)], capture_output=True, text=True, timeout=60,
                              env={**os.environ, **env})
         assert add.returncode == 0, add.stderr
-        r = imgtool("sign", str(out), "--key", f"{keys.release}.pub", env=env)
+        r = imgtool("sign", str(out), "--sign-key", f"{keys.release}.pub", env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout == f"signed: {out}/bundle.json.sig by {keys.fingerprint(keys.release)}\n"
         signers = keys.signers(keys.line("release@example.com", keys.release), name="agent")

@@ -90,7 +90,7 @@ def sign_written(bundle_dir: Path, key: str, written: str) -> Signed:
         return sign_bundle(bundle_dir, key, checked=written)
     except ImgtoolError as e:
         raise e.restated(f"the bundle {bundle_dir} is complete but not signed: {e.message}",
-                         f"{e.hint + '; then ' if e.hint else ''}sign it: imgtool sign {bundle_dir} --key {key}") from e
+                         f"{e.hint + '; then ' if e.hint else ''}sign it: imgtool sign {bundle_dir} --sign-key {key}") from e
 
 
 def examine(bundle_dir: Path, raw: bytes, policy: Optional[trust.Policy]) -> trust.Finding:

@@ -245,7 +245,7 @@ if [ -n "$signers" ]; then
         refuse "cannot check @SIG@: ssh-keygen not found, and $signers requires a signature" \
             "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen"
     [ -f @SIG@ ] || refuse "not signed (no @SIG@), and $signers requires a signature by a key it lists" \
-        "sign it where it was made: imgtool sign DIR --key KEY"
+        "sign it where it was made: imgtool sign DIR --sign-key KEY"
     signer=""
     set -f
     while IFS= read -r line || [ -n "$line" ]; do

@@ -1,0 +1,272 @@
+"""imgtool run-flags and imgtool run: a container for an Ascend preset, printed or started."""
+
+import click
+
+from ..errors import UsageError
+from ..presets.run import RUNTIMES
+from .options import common, json_option, mirrors_option, presets_option
+from .output import emit_json, progress
+
+
+class _CommandAfterDashes(click.Command):
+    """A verb whose words after `--` are the container's command, kept apart from IMAGE."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["imgtool.container_command"] = tuple(args[i + 1:])
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx):
+        return super().collect_usage_pieces(ctx) + ["[-- CMD...]"]
+
+
+def run_options(f):
+    """The options `run-flags` and `run` share: what changes the container."""
+    options = [
+        click.option("--devices", metavar="0,1|0-7|all",
+                     help="Cards /dev/davinciN to pass (default: all of the preset's; run: those present)."),
+        click.option("--shm-size", metavar="SIZE", help="Size of /dev/shm, e.g. 16g (default: the preset's)."),
+        click.option("--privileged", is_flag=True,
+                     help="Add --privileged (never added unless asked for or required by the preset)."),
+        click.option("--net", "network", metavar="host|bridge|none|NAME", help="Container network; host drops -p."),
+        click.option("--multi-node", is_flag=True, help="Multi-node serving: host network plus hccn_tool."),
+        click.option("--name", metavar="NAME", help="Container name (default: vllm-ascend)."),
+        click.option("--env-preset", "env_presets", multiple=True, metavar="NAME",
+                     help="deterministic (FAQ 15) or expandable-segments (FAQ 12); repeatable."),
+        click.option("-e", "--env", multiple=True, metavar="NAME=VALUE", help="Environment variable; repeatable."),
+        click.option("-v", "--volume", "volumes", multiple=True, metavar="/HOST:/CONTAINER[:ro]",
+                     help="Extra bind mount, e.g. the model directory; repeatable."),
+        click.option("-p", "--publish", multiple=True, metavar="[IP:]HOST:CONTAINER",
+                     help="Published port, replacing the preset's 8000:8000; repeatable."),
+        click.option("-d", "--detach", is_flag=True, help="Start in the background, like docker run -itd."),
+        click.option("--rm/--no-rm", "remove", default=True, show_default=True,
+                     help="Remove the container when it exits."),
+        click.option("--runtime", type=click.Choice(RUNTIMES), default="docker", show_default=True,
+                     help="The runtime: `docker run` or `podman run` (the same flags; podman also gets --pull=never)."),
+        mirrors_option,
+        presets_option,
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _run_spec(preset_name, kw):
+    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options."""
+    from .. import presets as P
+    from ..config import load_mirrors
+
+    pset = P.load_presets(kw.pop("presets_file"))
+    preset = pset.get(preset_name)
+    command = click.get_current_context().meta.get("imgtool.container_command", ())
+    opts = P.RunOptions(
+        devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
+        name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
+        volumes=tuple(kw["volumes"]), publish=tuple(kw["publish"]), multi_node=kw["multi_node"],
+        detach=kw["detach"], remove=kw["remove"], command=command, runtime=kw["runtime"])
+    spec = P.build_spec(pset, preset_name, opts)
+    return pset, preset, spec, load_mirrors(kw["mirrors_file"])
+
+
+ASK_TIMEOUT = 5  # run-flags asks the runtime about local images, and needs no runtime at all
+
+
+def _local_tags(repository, runtime):
+    """Tags of `repository` in the local runtime, or None when it cannot be asked (run-flags needs no runtime)."""
+    from ..errors import DaemonError
+
+    try:
+        if runtime == "podman":
+            from ..podman import Podman
+
+            return Podman(quick=ASK_TIMEOUT).local_tags(repository)
+        from ..daemon import open_daemon
+
+        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
+            return daemon.local_tags(repository)
+    except DaemonError:
+        return None
+
+
+def _arch_warning(spec):
+    """The runtime's warning for an image of another architecture, or None (also when it cannot be asked)."""
+    from ..errors import DaemonError
+
+    try:
+        if spec.runtime == "podman":
+            from ..podman import Podman
+
+            return Podman(quick=ASK_TIMEOUT).arch_warning(spec.image)
+        from ..daemon import open_daemon
+
+        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
+            return daemon.arch_warning(spec.image)
+    except DaemonError:
+        return None  # run-flags works without a runtime
+
+
+def _warn_spec(spec, preset, default_image):
+    from .. import presets as P
+
+    warning = P.privileged_warning(spec)
+    if warning:
+        progress().warn(warning)
+    mismatch = P.suffix_mismatch(preset, spec.image, default_image)
+    if mismatch:
+        progress().warn(mismatch)
+    if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
+        wrong_arch = _arch_warning(spec)
+        if wrong_arch:
+            progress().warn(wrong_arch)
+
+
+def _image_to_run(spec, preset, image, default_image, local_tags):
+    """The spec with IMAGE (a bare tag: of the default image), else the newest local image for the preset;
+    raises UsageError when there is none. `local_tags(repository)` asks the runtime."""
+    from .. import presets as P
+
+    if image:
+        return spec.with_image(P.normalize_image(image, default_image))
+    newest, placeholder = P.default_image_for(preset, default_image, local_tags(default_image))
+    if placeholder:
+        raise UsageError(f"no {default_image} image for preset {preset.name} is loaded in {spec.program.title} "
+                         f"(looked for tags {', '.join(preset.tag_patterns)})",
+                         hint=f"name one: imgtool run {preset.name} IMAGE, or load a bundle first: imgtool load DIR")
+    return spec.with_image(newest)
+
+
+@click.command("run-flags", cls=_CommandAfterDashes)
+@click.argument("preset")
+@click.option("--image", metavar="REF",
+              help="Image or tag (default: the newest one for PRESET loaded in the runtime, else a placeholder).")
+@run_options
+@click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
+@click.option("--format", "fmt", type=click.Choice(["docker", "podman", "k8s"]), default=None,
+              help="docker run, podman run, or a Kubernetes Pod/Deployment as YAML (default: --runtime's).")
+@click.option("--kind", type=click.Choice(["pod", "deployment"]), default=None,
+              help="k8s: a Pod (the default) or a Deployment.")
+@click.option("--resource-name", metavar="DOMAIN/NAME",
+              help="k8s: the device plugin's NPU resource (default: the preset's, e.g. huawei.com/Ascend910).")
+@click.option("--bundle", "bundle_dir", metavar="DIR",
+              help="k8s: name the image by the manifest digest this bundle holds for it (and its architecture).")
+@click.option("--arch", metavar="ARCH",
+              help="k8s --bundle: of a tag the bundle holds for several architectures, pin this one's manifest.")
+@json_option("flags")
+@common
+def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, **kw):
+    """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste,
+    or with --format k8s a Kubernetes Pod (or Deployment) for it.
+
+    Words after -- become the container's command:
+
+    \b
+        imgtool run-flags a2 -v /data/models:/models -- vllm serve /models/Qwen3-8B
+        imgtool run-flags a2 --format k8s --bundle DIR -- vllm serve Qwen/Qwen3-8B > pod.yaml
+    """
+    from .. import presets as P
+
+    if fmt is None:
+        fmt = kw["runtime"]
+    elif fmt in P.RUNTIMES:
+        if kw["runtime"] not in ("docker", fmt):  # docker is --runtime's default: only another runtime disagrees
+            raise UsageError(f"--format {fmt} and --runtime {kw['runtime']} name different programs: give one")
+        kw["runtime"] = fmt
+    if fmt != "k8s":
+        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle"),
+                            (arch, "--arch")):
+            if given is not None:
+                raise UsageError(f"{flag} applies to --format k8s")
+    elif one_line:
+        raise UsageError("--one-line applies to --format docker and podman")
+    elif arch is not None and bundle_dir is None:
+        raise UsageError("--arch applies with --bundle: it chooses which of the bundle's manifests the Pod names")
+    pset, p, spec, config = _run_spec(preset, kw)
+    if fmt == "k8s":
+        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, arch, as_json)
+        return
+    if image:
+        spec = spec.with_image(P.normalize_image(image, config.default_image))
+    else:
+        spec = spec.with_image(*P.default_image_for(p, config.default_image,
+                                                    _local_tags(config.default_image, spec.runtime)))
+    _warn_spec(spec, p, config.default_image)
+    if spec.image_is_placeholder:
+        progress().warn(f"no {config.default_image} image for preset {p.name} is loaded here; "
+                        f"replace {P.PLACEHOLDER_TAG} in the command or pass --image")
+    if as_json:
+        emit_json(spec.to_json())
+    else:
+        click.echo(P.render_command(spec, one_line=one_line))
+
+
+def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, arch, as_json):
+    """run-flags --format k8s: the Pod or Deployment, by digest from a bundle, else by tag (as for docker)."""
+    from .. import presets as P
+
+    options = P.KubeOptions(kind=kind or "pod", resource_name=resource_name)
+    architecture = pinned = None
+    if bundle_dir is not None:
+        wanted = P.normalize_image(image, default_image) if image else None
+        held = P.image_from_bundle(bundle_dir, preset, wanted, default_image, arch)
+        spec, architecture, pinned = spec.with_image(held.ref), held.architecture, held.pinned
+    elif image:
+        spec = spec.with_image(P.normalize_image(image, default_image))
+    else:
+        spec = spec.with_image(*P.default_image_for(preset, default_image, _local_tags(default_image, spec.runtime)))
+    doc = P.manifest(spec, preset, options, architecture)  # bad input is exit 2 before any warning
+    for warning in (P.privileged_warning(spec), P.suffix_mismatch(preset, spec.image, default_image)):
+        if warning:
+            progress().warn(warning)
+    if spec.image_is_placeholder:
+        progress().warn(f"no {default_image} image for preset {preset.name} is loaded here; "
+                        f"replace {P.PLACEHOLDER_TAG} in the manifest, pass --image, or --bundle DIR")
+    if pinned is not None:  # warned about by tag (its hardware suffix), written by digest
+        doc = P.manifest(spec.with_image(pinned), preset, options, architecture)
+    if as_json:
+        emit_json(doc)
+    else:
+        click.echo(P.to_yaml(doc), nl=False)
+
+
+@click.command("run", cls=_CommandAfterDashes)
+@click.argument("preset")
+@click.argument("image", required=False)
+@run_options
+@click.option("--allow-missing-devices", is_flag=True,
+              help="Leave out absent device nodes and host files (to try a preset on a machine without NPUs).")
+@common
+def run_cmd(preset, image, allow_missing_devices, **kw):
+    """Start a container for PRESET through Docker (or podman) and follow it; exits with its exit code.
+
+    Uses the cards of this host within the preset's range. IMAGE defaults to the newest
+    image for PRESET loaded in the runtime. Words after -- are the container's command:
+
+    \b
+        imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
+    """
+    from .. import presets as P
+
+    devices_given = P.explicit_cards(kw["devices"])
+    pset, p, spec, config = _run_spec(preset, kw)
+    spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
+    if left_out:
+        progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
+    if spec.runtime == "podman":
+        from ..podman import Podman
+
+        podman = Podman()
+        spec = _image_to_run(spec, p, image, config.default_image, podman.local_tags)
+        _warn_spec(spec, p, config.default_image)
+        code, container = podman.run_container(spec)
+    else:
+        from ..daemon import open_daemon
+
+        with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
+            spec = _image_to_run(spec, p, image, config.default_image, daemon.local_tags)
+            _warn_spec(spec, p, config.default_image)
+            code, container = daemon.run_container(spec)
+    if spec.detach:
+        click.echo(container)
+    click.get_current_context().exit(code)
