@@ -142,7 +142,9 @@ same_namespaces() {  # where they cannot be compared (not root), the kubelet is 
 }
 for pid in $(grep -lxE 'kubelet|k3s|k3s-server|k3s-agent' /proc/[0-9]*/comm 2>/dev/null | sed 's|^/proc/||; s|/comm$||' | sort -n); do
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
-    args=$(tr '\000' '\n' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+    # (the group: a redirection that fails is reported to the stderr in force before its own 2>/dev/null applies;
+    # a process that ended since the listing is no kubelet)
+    args=$( { tr '\000' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null) || continue
     same_namespaces "$pid" || continue
     case "$comm" in kubelet) source="the kubelet's command line, pid $pid" ;; *) source="k3s's command line, pid $pid" ;; esac
     kube_from_args "$(printf '%s\n' "$args" | sed 1d)" "$source" && break
