@@ -4,7 +4,8 @@ compressed bundle only from its archive unpacked once with --unpack-to).
 Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
 looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path.
-A bundle is served only after `verify --quick` and the signature policy passed; each blob's digest
+A bundle is served only after the signature policy and `verify --quick`'s checks passed (an uncompressed
+bundle's parts by size: no part is hashed before the first pull); each blob's digest
 is checked in the background from the start (a blob asked for before its turn: then, or as it is sent),
 and again when a part file it lies in changed since, so a part damaged later is refused per request,
 never served wrong (bundle/inplace.py). Blobs go out with sendfile from the part files. Connections are
@@ -167,7 +168,8 @@ def index_notes(repo: Repository) -> List[str]:
 
 def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Progress,
                  unpack_to: Optional[Path] = None) -> Tuple[Catalog, Dict[int, Path]]:
-    """Each bundle read, then checked as `verify --quick` does under the signature policy; a compressed one
+    """Each bundle read, then checked as `verify --quick` does under the signature policy (an uncompressed one's
+    parts by size only: its blobs are checked as they are served); a compressed one
     unpacked into `unpack_to` (refused without it). The catalog, and each compressed bundle's unpacked archive;
     raises UsageError (not a bundle, compressed without --unpack-to), VerifyError/SignatureError (refused),
     ImgtoolError (no room to unpack)."""
@@ -182,8 +184,12 @@ def open_bundles(dirs: Sequence[Path], *, signers: Optional[str], progress: Prog
         indexes.append(index)
     if unpack_to is not None and any(index.archive.compression != "none" for index in indexes):
         require_unpack_dir(unpack_to)
-    for d in dirs:
-        report = verify_bundle(Path(d), quick=True, progress=progress, signers=signers, doing="serve")
+    for d, index in zip(dirs, indexes):
+        # an uncompressed bundle's parts are not hashed here: every blob served is checked against its digest (in
+        # the background from the start, or before or as it is sent), so the first pull waits for no hash; a
+        # compressed one's parts are, as its archive is unpacked from them anyway
+        report = verify_bundle(Path(d), quick=True, progress=progress, signers=signers, doing="serve",
+                               hash_parts=index.archive.compression != "none")
         for w in report.warnings:
             progress.warn(w)
         report.raise_if_bad("serve")

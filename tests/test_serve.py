@@ -240,19 +240,35 @@ def raw_request(port: int, method: str, path: str, body: bytes = b"", host: str 
     return status, [e["code"] for e in json.loads(payload)["errors"]] if payload else []
 
 
-def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, factory, tmp_path):
+def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, factory, serving, tmp_path):
     out, vllm, _ = bundle
     part = parts_of(out)[1]
-    data = bytearray(part.read_bytes())
-    data[100] ^= 0xFF
-    part.write_bytes(bytes(data))
+    whole = part.read_bytes()
+    part.write_bytes(whole[:-1])
     r = imgtool("serve", str(out), "--listen", "127.0.0.1:0")
     assert r.returncode == 3
     assert r.stderr.splitlines()[-2:] == [
         f"error: refusing to serve: {out}: 1 problem; nothing is served",
-        f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; re-copy part 002 from the "
+        f"  - part 002 ({part.name}) is truncated: {len(whole) - 1} of {len(whole)} bytes; re-copy part 002 from the "
         "source medium"]
     assert r.stdout == ""
+    # a part of the right size with a byte changed: served at once (no part is hashed before the first pull), the
+    # background check names the blobs it damaged, and each is refused per request, never served wrong
+    data = bytearray(whole)
+    data[100] ^= 0xFF
+    part.write_bytes(bytes(data))
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
+    deadline = time.monotonic() + 60  # the background check's last line (a file the server writes: read until there)
+    while not any(line.startswith("serve: all ") for line in s.log()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    checked = [line for line in s.log() if line.startswith("serve: ")]
+    assert re.fullmatch(r"serve: all 9 blobs checked \(4\.1 MiB\) in \d+\.\d s: 1 damaged, refused per request",
+                        checked[-1]), checked
+    assert checked[:-1] == [f"serve: layer 1 of quay.io/ascend/cann:8.2 (blob {checked[0].split('(blob ')[1][:12]}) "
+                            f"is damaged in {out} (part 001, part 002): its sha256 differs from its digest; it is not "
+                            "served"], checked
+    assert s.stop().returncode == 130
 
     store = BlobDir(tmp_path / "blobs2")
     packed = tmp_path / "packed"

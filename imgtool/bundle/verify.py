@@ -81,12 +81,13 @@ class VerifyReport:
 
 def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool = False,
                   progress: Progress, jobs: Optional[int] = None, signers: Optional[str] = None,
-                  signature: bool = True, doing: str = "verify") -> VerifyReport:
+                  signature: bool = True, doing: str = "verify", hash_parts: bool = True) -> VerifyReport:
     """Check a bundle directory and report every problem; raises UsageError/VerifyError only when
     there is no readable bundle.json, SignatureError when the signature policy refuses it, before
     any part is read (call `raise_if_bad()` on the result to fail on problems). `signature=False`:
     every check but the signature policy (what `sign` checks: the signature is what it is about to make).
-    `doing`: the verb a signature refusal names ("serve": refusing to serve DIR)."""
+    `doing`: the verb a signature refusal names ("serve": refusing to serve DIR). `hash_parts=False` (quick only):
+    the parts' sizes, not their sha256 (serve: it checks every blob it hands out against its digest instead)."""
     started = time.monotonic()
     bundle_dir = Path(bundle_dir)
     index, raw = read_index(bundle_dir)
@@ -95,7 +96,10 @@ def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool
     if verdict is not None and verdict.warning:
         report.warnings.append(verdict.warning)
     check_metadata(bundle_dir, index, report, expect)
-    check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
+    if quick and not hash_parts:
+        report.problems += stat_parts(bundle_dir, index)
+    else:
+        check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
     report.seconds = time.monotonic() - started
     return report
 

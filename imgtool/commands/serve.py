@@ -46,7 +46,7 @@ def serve(bundle_dirs, listen, tls_cert, tls_key, max_clients, timeout, unpack_t
     else as an index of them), blobs with Range, tags/list, _catalog. quay.io/ascend/vllm-ascend:TAG is
     served as ascend/vllm-ascend:TAG, as quay.io/ascend/vllm-ascend:TAG, and to containerd's mirror
     requests (hosts.toml), so pods keep their upstream image names. At start it prints what each node
-    needs (docs/serve.md). Each bundle must pass `verify --quick` and the signature policy first; every
+    needs (docs/serve.md). Each bundle must pass the signature policy and have every part at its size first; every
     blob's digest is checked in the background from the start (one asked for sooner: then, or as it is
     sent, its last bytes held back until it matched). One log line per request on stderr; Ctrl-C (or
     SIGTERM) stops it (exit 130).
