@@ -353,7 +353,7 @@ def export(images, output, chunk_size, compress, gzip_level, gzip_library, jobs,
     loads on old Docker.
     """
     from .config import docker_host
-    from .daemon import open_daemon
+    from .runtimes.docker import open_daemon
     from .export import ExportOptions, check_options, export as do_export
 
     opts = ExportOptions(images, output=output, chunk_size=_size_option(chunk_size), compress=compress,
@@ -509,10 +509,10 @@ def _local_tags(repository, runtime):
 
     try:
         if runtime == "podman":
-            from .podman import Podman
+            from .runtimes.podman import Podman
 
             return Podman(quick=ASK_TIMEOUT).local_tags(repository)
-        from .daemon import open_daemon
+        from .runtimes.docker import open_daemon
 
         with open_daemon(timeout=ASK_TIMEOUT) as daemon:
             return daemon.local_tags(repository)
@@ -526,10 +526,10 @@ def _arch_warning(spec):
 
     try:
         if spec.runtime == "podman":
-            from .podman import Podman
+            from .runtimes.podman import Podman
 
             return Podman(quick=ASK_TIMEOUT).arch_warning(spec.image)
-        from .daemon import open_daemon
+        from .runtimes.docker import open_daemon
 
         with open_daemon(timeout=ASK_TIMEOUT) as daemon:
             return daemon.arch_warning(spec.image)
@@ -709,14 +709,14 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     if left_out:
         progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
     if spec.runtime == "podman":
-        from .podman import Podman
+        from .runtimes.podman import Podman
 
         podman = Podman()
         spec = _image_to_run(spec, p, image, config.default_image, podman.local_tags)
         _warn_spec(spec, p, config.default_image)
         code, container = podman.run_container(spec)
     else:
-        from .daemon import open_daemon
+        from .runtimes.docker import open_daemon
 
         with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
             spec = _image_to_run(spec, p, image, config.default_image, daemon.local_tags)
@@ -753,9 +753,9 @@ def runtime_options(f):
 def _runtime_choice(runtime, address, namespace):
     """The runtime options, the runtimes' variables and this node's kubelet (read-only), as a Choice; the
     kubelet's files that cannot be read are said on stderr."""
-    from . import kubelet
+    from .runtimes import kubelet
     from .config import runtime_environment
-    from .runtime import Choice
+    from .runtimes.base import Choice
 
     warnings: list = []
     found = kubelet.find(warnings)
@@ -861,7 +861,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     from .bundle.load import load_bundle
     from .bundle.reader import read_index
     from .model import format_size
-    from .runtime import open_runtime
+    from .runtimes.base import open_runtime
 
     _bundle_usage(bundle_dir, expect)
     choice = _runtime_choice(runtime, address, namespace)
@@ -897,7 +897,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
 
 
 def _runtime_title(facts: dict) -> str:
-    from .runtime import TITLES
+    from .runtimes.base import TITLES
 
     return TITLES.get(facts.get("runtime", "docker"), "Docker")
 
@@ -1034,7 +1034,7 @@ def inventory(output, runtime, address, namespace):
     layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.
     """
     from .inventory import check_output, take_inventory
-    from .runtime import open_runtime
+    from .runtimes.base import open_runtime
 
     path = check_output(output)  # a bad -o is named before the runtime is asked anything
     with open_runtime(_runtime_choice(runtime, address, namespace), timeout=120) as rt:

@@ -19,12 +19,12 @@ import os
 from .bundle.hostcheck import Check, held_chains, need_for, space_check, storage_check, zstd_check
 from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
-from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
+from .runtimes.base import RUNTIMES, Choice, RuntimeInfo, open_runtime
 
 if TYPE_CHECKING:
     from .bundle.format import BundleIndex
-    from .kubelet import Kubelet
-    from .runtime import Runtime
+    from .runtimes.kubelet import Kubelet
+    from .runtimes.base import Runtime
 
 UNREACHABLE_ADVICE = {
     "docker": "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group",

@@ -35,7 +35,7 @@ from .worker import Worker
 
 if TYPE_CHECKING:
     from .bundle.signature import Signed
-    from .daemon import Daemon
+    from .runtimes.docker import Daemon
     from .bundle.writer import BundleResult
 
 CHUNK = 4 * 1024 * 1024

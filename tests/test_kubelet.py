@@ -26,7 +26,7 @@ from tests.support.images import host_arch
 from tests.support.kubenode import SimulatedNode, kubelet_config
 
 REPO = "quay.io/ascend/vllm-ascend"
-FIND = ("import json, sys; from imgtool import kubelet; w = []; k = kubelet.find(w); "
+FIND = ("import json, sys; from imgtool.runtimes import kubelet; w = []; k = kubelet.find(w); "
         "json.dump(None if k is None else dict(runtime=k.runtime, endpoint=k.endpoint, source=k.source, "
         "gc_high=k.gc_high, gc_low=k.gc_low, gc_source=k.gc_source, warnings=w), sys.stdout)")
 
@@ -138,7 +138,7 @@ def test_a_kubelet_file_that_cannot_be_read_is_a_warning_never_a_crash(tmp_path)
     })
     found = find_on(node)
     assert found is None  # nothing readable names an endpoint
-    r = node.run([sys.executable, "-c", "from imgtool import kubelet; w = []; "
+    r = node.run([sys.executable, "-c", "from imgtool.runtimes import kubelet; w = []; "
                   "print(kubelet.read_keys('/var/lib/kubelet/config.yaml', ('containerRuntimeEndpoint', "
                   "'imageGCHighThresholdPercent'), w)); print(w); w = []; "
                   "print(kubelet.read_keys('/etc/crictl.yaml', ('runtime-endpoint',), w)); print(w)"], env=clean_env())

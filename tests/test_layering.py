@@ -45,7 +45,7 @@ def test_only_daemon_imports_docker():
         found = {full for top, full in imports_of(p) if top == "docker"}
         if found:
             users[p.relative_to(PKG).as_posix()] = found
-    assert set(users) <= {"daemon.py"}, users
+    assert set(users) <= {"runtimes/docker.py"}, users
 
 
 def test_the_stdlib_docker_client_is_reached_only_through_daemon_py():
@@ -57,9 +57,9 @@ def test_the_stdlib_docker_client_is_reached_only_through_daemon_py():
             elif isinstance(node, ast.Import):
                 yield from (a.name for a in node.names)
 
-    users = {p.relative_to(PKG).as_posix() for p in modules() if any(n.endswith("daemon_http") for n in names(p))}
-    assert users == {"daemon.py"}, users
-    assert not {top for top, _ in imports_of(PKG / "daemon_http.py")} & {"docker", "requests", "urllib3", "."}
+    users = {p.relative_to(PKG).as_posix() for p in modules() if any(n.endswith("docker_http") for n in names(p))}
+    assert users == {"runtimes/docker.py"}, users
+    assert not {top for top, _ in imports_of(PKG / "runtimes" / "docker_http.py")} & {"docker", "requests", "urllib3", "."}
 
 
 def test_the_stdlib_registry_client_is_reached_only_through_registry_py():
@@ -84,7 +84,7 @@ def test_only_the_registry_room_speaks_requests():
         found = {top for top, _ in imports_of(p) if top in ("requests", "urllib3")}
         if found:
             users[p.relative_to(PKG).as_posix()] = found
-    assert set(users) <= {"registry.py", "daemon.py"}, users
+    assert set(users) <= {"registry.py", "runtimes/docker.py"}, users
     assert "requests" in users.get("registry.py", set()), users  # the rule holds where the transport is
 
 
@@ -114,14 +114,14 @@ def test_later_stages_never_import_earlier_ones():
     for p in (PKG / "bundle").glob("*.py"):
         names = {full for _, full in imports_of(p)}
         assert not any(n.endswith(("registry", "puller", "resolve", "mirrors")) for n in names), (p, names)
-    assert not any(full.endswith(("registry", "puller", "resolve", "mirrors")) for _, full in imports_of(PKG / "daemon.py"))
+    assert not any(full.endswith(("registry", "puller", "resolve", "mirrors")) for _, full in imports_of(PKG / "runtimes" / "docker.py"))
 
 
 def test_the_bundle_package_takes_a_daemon_never_imports_the_docker_adapter():
     # bundle/load.py is handed a daemon.Daemon by the CLI; the Docker room stays one module
     for p in (PKG / "bundle").glob("*.py"):
         names = {full for _, full in imports_of(p)}
-        assert not any(n.endswith("daemon") for n in names), (p, names)
+        assert not any(n.endswith(("runtimes.docker", "docker")) for n in names), (p, names)
 
 
 def test_delta_chain_logic_is_pure():
@@ -159,7 +159,7 @@ def test_only_the_adapters_of_outside_programs_run_programs():
     # the runtime rooms run ctr and podman through program.py only (it knows no tool's words)
     users = {p.relative_to(PKG).as_posix() for p in modules() if any(t == "subprocess" for t, _ in imports_of(p))}
     assert users == {"sshsig.py", "registry_http.py", "program.py"}, users
-    for room in ("program.py", "containerd.py", "podman.py", "runtime.py"):  # the pyz runs them on 3.7
+    for room in ("program.py", "runtimes/containerd.py", "runtimes/podman.py", "runtimes/base.py"):  # the pyz runs them on 3.7
         third_party = {top for top, _ in imports_of(PKG / room)} & {"requests", "urllib3", "docker", "click", "tqdm",
                                                                     "zstandard", "cryptography"}
         assert not third_party, (room, third_party)

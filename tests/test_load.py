@@ -15,7 +15,7 @@ import tarfile
 import pytest
 
 from imgtool.bundle.load import _compatibility
-from imgtool.runtime import RuntimeInfo as DaemonInfo
+from imgtool.runtimes.base import RuntimeInfo as DaemonInfo
 from imgtool.errors import ImgtoolError
 from tests.support.bundles import (BlobDir, canonical_tar, fetch_from_registry, imgtool, member_bytes, parts_of,
                                    random_layer, replace_archive, simple_image, tar_body, write)
@@ -535,7 +535,7 @@ def test_the_verbs_speak_docker_18_09s_api(factory, store, tmp_path, services, d
 
 
 def test_docker_s_invalid_tar_header_is_explained_as_a_zstd_layer_not_an_architecture():
-    from imgtool.daemon import _load_hint
+    from imgtool.runtimes.docker import _load_hint
 
     hint = _load_hint("Error processing tar file(exit status 1): archive/tar: invalid tar header")
     assert hint == ("vllm-ascend FAQ 19: this Docker read a zstd-compressed layer as a plain tar (Docker reads zstd "

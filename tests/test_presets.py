@@ -15,7 +15,7 @@ import tarfile
 import pytest
 
 from imgtool import presets as P
-from imgtool.daemon import explain_run_error
+from imgtool.runtimes.docker import explain_run_error
 from imgtool.errors import ImgtoolError
 from tests.support.images import static_busybox
 from tests.support.terminal import session_on_a_terminal
@@ -732,7 +732,7 @@ def busybox_image(busybox_rootfs, docker_cli, uniq):
 # uses on Kylin's python3 3.7 (daemon_http.py); `imgtool run` must behave the same through both.
 TRANSPORTS = {"docker-py": None, "http": """
 import sys
-import imgtool.daemon as D
+import imgtool.runtimes.docker as D
 D.default_transport = lambda: "http"
 from imgtool.cli import main
 main(sys.argv[1:])

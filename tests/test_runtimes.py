@@ -128,7 +128,7 @@ def test_podman_without_a_record_of_the_layers_it_applied_is_a_runtime_error(run
     the image is removed and the error names Podman, not the bundle (which is fine), exit 5."""
     from imgtool.bundle.load import load_bundle
     from imgtool.errors import DaemonError
-    from imgtool.podman import Podman
+    from imgtool.runtimes.podman import Podman
     from imgtool.progress import Progress
 
     class Forgetful(Podman):
@@ -155,7 +155,7 @@ def test_each_runtime_is_told_its_own_way_to_free_space(runnable, node, tiny_tmp
     (a storage.conf of its own): load refuses with Podman's own advice; containerd's words from the same check."""
     from imgtool.bundle.hostcheck import space_check
     from imgtool.bundle.reader import read_index
-    from imgtool.runtime import RuntimeInfo
+    from imgtool.runtimes.base import RuntimeInfo
 
     out, _ = runnable()
     conf = tmp_path / "storage.conf"

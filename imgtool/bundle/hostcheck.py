@@ -19,7 +19,7 @@ from .format import BundleIndex
 from .texts import ZSTD_REMEDY, zstd_layer_refs
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime, RuntimeInfo
+    from ..runtimes.base import Runtime, RuntimeInfo
 
 # Podman 4.3 loading an archive of A bytes (measured with the test services' Podman on generated images: A = 16, 24
 # and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its

@@ -44,7 +44,7 @@ from .verify import VerifyReport, check_metadata, check_parts, deep_check
 from .walk import layer_digester
 
 if TYPE_CHECKING:
-    from ..runtime import ImageInfo, Runtime, RuntimeInfo, Unfinished
+    from ..runtimes.base import ImageInfo, Runtime, RuntimeInfo, Unfinished
 
 # what the runtime's own words call a load, in messages: "docker load finished, but ..."
 LOAD_VERB = {"docker": "docker load", "containerd": "ctr images import", "podman": "podman load"}

@@ -21,10 +21,10 @@ import socket
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .errors import DaemonError, ProgramFailed, UsageError
-from .model import Digest
-from .program import Program
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, ProgramFailed, UsageError
+from ..model import Digest
+from ..program import Program
+from .base import ImageInfo, RuntimeInfo, Unfinished
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
@@ -74,7 +74,7 @@ class Containerd:
 
     def info(self) -> RuntimeInfo:
         """Version, snapshotter, root dir and architecture of containerd; raises DaemonError."""
-        from .model import Platform
+        from ..model import Platform
 
         roots, platform = _plugins(self.ctr.run(["plugins", "ls", "--detailed"]), self.snapshotter)
         content = roots.get("content", "")
@@ -141,7 +141,7 @@ class Containerd:
         """What is missing of a recorded image, or None when it is complete (manifest, config and every layer
         in the content store) and unpacked (its top layer chain a committed snapshot of the snapshotter,
         which its config holds on to); raises DaemonError."""
-        from .delta import chain_ids
+        from ..delta import chain_ids
 
         manifest = self._content(image_id)
         if manifest is None or "layers" not in manifest:
@@ -300,7 +300,7 @@ class Containerd:
     def inventory(self) -> list:
         """Every image of the namespace with its layers: [delta.InventoryImage], one per platform manifest
         present (an index's), by manifest digest; raises DaemonError."""
-        from .delta import InventoryImage
+        from ..delta import InventoryImage
 
         out = []
         pinned = self.pinned()

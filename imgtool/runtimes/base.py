@@ -11,7 +11,7 @@ else containerd if its socket answers, else Podman if installed).
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import DaemonError, UsageError
+from ..errors import DaemonError, UsageError
 
 if TYPE_CHECKING:
     from .kubelet import Kubelet
@@ -116,7 +116,7 @@ class Unfinished:
 if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never imports it
     from typing import Protocol
 
-    from .delta import InventoryImage
+    from ..delta import InventoryImage
 
     class Runtime(Protocol):
         """The operations load, inventory and doctor need of a container runtime; errors are DaemonError."""
@@ -265,7 +265,7 @@ def open_runtime(choice: Choice, timeout: Optional[int] = 3600, create: bool = T
 
 
 def _docker(timeout: Optional[int], host: Optional[str]) -> "Runtime":
-    from .daemon import open_daemon
+    from .docker import open_daemon
 
     return open_daemon(timeout=timeout, host=host)
 

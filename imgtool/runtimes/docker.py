@@ -6,8 +6,8 @@ facts, load, image inspection, inventory, save, and container runs.
 
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
-from .errors import DaemonError, UsageError, one_line
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, UsageError, one_line
+from .base import ImageInfo, RuntimeInfo, Unfinished
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host: Optional[str] = None):
@@ -15,25 +15,25 @@ def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host:
 
     DOCKER_API_VERSION pins the API version, as it does for the docker CLI (1.39 is Docker 18.09's,
     Kylin V10's engine); by default the client speaks the daemon's own version. `transport` is
-    "docker-py" or "http" (daemon_http's stdlib client); by default docker-py where it runs
+    "docker-py" or "http" (docker_http's stdlib client); by default docker-py where it runs
     (Python 3.9+, the floor of its requests/urllib3) and the stdlib client on older Pythons.
     """
-    from . import config
+    from .. import config
 
     host = host or config.docker_host()
     version = config.docker_api_version()
     tls = config.docker_tls()  # docker-py's TLS variables, read by config, handed to the transport
     if (transport or default_transport()) == "http":
-        from . import daemon_http
+        from . import docker_http
 
         try:
-            client = daemon_http.Client(host, version=version, timeout=timeout, tls=bool(tls.get("DOCKER_TLS_VERIFY")))
+            client = docker_http.Client(host, version=version, timeout=timeout, tls=bool(tls.get("DOCKER_TLS_VERIFY")))
             client.ping()
             return client
-        except daemon_http.BadHost as e:
+        except docker_http.BadHost as e:
             hint = "use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock"
             raise UsageError(str(e), hint=hint) from e
-        except daemon_http.ERRORS as e:
+        except docker_http.ERRORS as e:
             raise unreachable(e, host) from e
     try:
         import docker
@@ -113,19 +113,19 @@ class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
     def __init__(self, client, host: Optional[str] = None):
-        from . import daemon_http
+        from . import docker_http
 
         self.client = client
         if host is None:  # a client made by connect() without a host speaks to config's $DOCKER_HOST
-            from .config import docker_host
+            from ..config import docker_host
 
             host = docker_host()
         self.host = host
-        if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
+        if isinstance(client, docker_http.Client):  # the same APIClient calls, over the stdlib
             self.api = client
-            self.errors: Tuple[Type[BaseException], ...] = daemon_http.ERRORS
-            self.not_found: Tuple[Type[BaseException], ...] = (daemon_http.NotFound,)
-            self.api_error: Type[BaseException] = daemon_http.APIError
+            self.errors: Tuple[Type[BaseException], ...] = docker_http.ERRORS
+            self.not_found: Tuple[Type[BaseException], ...] = (docker_http.NotFound,)
+            self.api_error: Type[BaseException] = docker_http.APIError
         else:
             from docker.errors import APIError, NotFound  # ImageNotFound is a NotFound
 
@@ -148,7 +148,7 @@ class Daemon:
 
     def info(self) -> RuntimeInfo:
         """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
-        from .model import Platform
+        from ..model import Platform
 
         try:
             version = self.api.version()
@@ -202,8 +202,8 @@ class Daemon:
 
         Raises DaemonError. An image removed while this runs is skipped.
         """
-        from .delta import InventoryImage
-        from .model import Digest
+        from ..delta import InventoryImage
+        from ..model import Digest
 
         try:
             listed = self.api.images(all=True)
@@ -259,7 +259,7 @@ class Daemon:
 
     def stored_name(self, name: str) -> str:
         """How Docker shows a name it was given: docker.io/library/x:1 as x:1."""
-        from .model import familiar
+        from ..model import familiar
 
         return familiar(name)
 
@@ -320,7 +320,7 @@ class Daemon:
         """Docker's raw image inspect (Id, RepoTags, RootFS, Architecture...); raises DaemonError."""
         info = self.image_info(ref)
         if info is None:
-            from .errors import UsageError
+            from ..errors import UsageError
 
             raise UsageError(f"image {ref} is not in the local Docker", hint="check `docker images`")
         try:
@@ -346,7 +346,7 @@ class Daemon:
 
     def local_tags(self, repository: str) -> list:
         """Tags of `repository` present in this daemon, sorted; raises DaemonError."""
-        from .model import familiar
+        from ..model import familiar
 
         try:
             images = self.api.images(name=repository)
@@ -364,7 +364,7 @@ class Daemon:
     def arch_warning(self, ref: str) -> Optional[str]:
         """The warning `load` gives when the local image `ref` is for another architecture than this
         Docker's; None when it fits or is not loaded. Raises DaemonError."""
-        from .model import foreign_arch_warning
+        from ..model import foreign_arch_warning
 
         image = self.image_info(ref)
         if image is None or not image.architecture:
@@ -469,7 +469,7 @@ def open_daemon(timeout: Optional[int] = 3600, host: Optional[str] = None) -> "D
     is quiet for minutes; None: no read timeout, for following a container); raises DaemonError,
     UsageError. Use it as a context manager."""
     if host is None:
-        from .config import docker_host
+        from ..config import docker_host
 
         host = docker_host()
     return Daemon(connect(timeout=timeout, host=host), host)

@@ -20,14 +20,14 @@ import tempfile
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
-from .fsutil import process_alive
-from .model import familiar, foreign_arch_warning, format_size
-from .program import QUICK, Process, ProcessTimeout, Program
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from ..fsutil import process_alive
+from ..model import familiar, foreign_arch_warning, format_size
+from ..program import QUICK, Process, ProcessTimeout, Program
+from .base import ImageInfo, RuntimeInfo, Unfinished
 
 if TYPE_CHECKING:
-    from .presets.run import RunSpec
+    from ..presets.run import RunSpec
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: podman reads the copy and commits every layer
 START_TIMEOUT = 600.0  # `podman run -d` returns once the container is created and started
@@ -89,7 +89,7 @@ class Podman:
         return {"version": {"Version": version}, "store": {"graphRoot": root, "graphDriverName": driver or "overlay"}}
 
     def info(self) -> RuntimeInfo:
-        from .model import Platform
+        from ..model import Platform
 
         host = self._info.get("host") or {}
         store = self._info.get("store") or {}
@@ -310,7 +310,7 @@ class Podman:
         itself failed, after its `Error:` line). Raises UsageError when the image is not there,
         DaemonError when podman refuses, ImgtoolError when a cache directory cannot be made.
         """
-        from .presets.run import render_argv
+        from ..presets.run import render_argv
 
         if not self._exists("image", "exists", spec.image):
             raise UsageError(f"image {spec.image} is not loaded in Podman",
@@ -367,9 +367,9 @@ class Podman:
 
     def inventory(self) -> list:
         """Every image with its layers: [delta.InventoryImage]; raises DaemonError."""
-        from .delta import InventoryImage
-        from .errors import UsageError
-        from .model import Digest
+        from ..delta import InventoryImage
+        from ..errors import UsageError
+        from ..model import Digest
 
         ids = sorted(self.images_by_id())  # none while the storage is unmade
         out = []
