@@ -1,26 +1,94 @@
-"""The container runtimes of a host, behind one interface: Docker, containerd (Kubernetes nodes), Podman.
+"""What every runtime room reports and does: `Runtime` (the interface), `RuntimeInfo`, `Traits`, `ImageInfo`.
 
-`Runtime` is what `load`, `inventory`, `doctor` and `diff` ask of any of them; each runtime is a room
-of its own that implements it: daemon.py (Docker, the only importer of docker-py), containerd.py
-(`ctr`) and podman.py (`podman`), both run as programs with timeouts. The Protocol exists for the
-type checker only (typing.Protocol is 3.8+, and the offline side runs on 3.7): import it under
-TYPE_CHECKING. `open_runtime` picks and opens one (`--runtime auto`: Docker if its socket answers,
-else containerd if its socket answers, else Podman if installed).
+`Runtime` is what `load`, `inventory`, `doctor` and `diff` ask of any runtime; each runtime is a room of its
+own that implements it: docker.py (Docker, the only importer of docker-py), containerd.py (`ctr`) and
+podman.py (`podman`), both run as programs with timeouts. What differs between them is a `Traits` value each
+room reports (its zstd floor, whether it checks diff_ids, how it names an image by digest, its words for a
+load, where to free space, ...): the rooms above ask the traits, never compare a runtime's name. The Protocol
+exists for the type checker only (typing.Protocol is 3.8+, and the offline side runs on 3.7): import it under
+TYPE_CHECKING.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import DaemonError, UsageError
 
-if TYPE_CHECKING:
-    from .kubelet import Kubelet
+@dataclass(frozen=True)
+class RunProgram:
+    """A runtime whose `run` command imgtool renders: what differs from `docker run`, and only that."""
 
-RUNTIMES = ("docker", "containerd", "podman")
-CHOICES = ("auto",) + RUNTIMES
-TITLES = {"docker": "Docker", "containerd": "containerd", "podman": "Podman"}
-DEFAULT_CONTAINERD_ADDRESS = "/run/containerd/containerd.sock"
-DEFAULT_CONTAINERD_NAMESPACE = "k8s.io"  # the namespace the kubelet (the CRI plugin) reads
+    name: str  # the program, argv[0]
+    title: str  # as messages name it: "loaded in Podman"
+    extra: Tuple[str, ...] = ()  # flags after -it/-d that only this program gets
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a room says of how its runtime takes images: every difference the rooms above ask about.
+
+    A room subclasses it where a difference is words built from its facts (`describe`, `storage`,
+    `space_advice`)."""
+
+    title: str  # how messages name the runtime: Docker, containerd, Podman
+    load_command: str  # its own words for a load, in messages: "docker load finished, but ..."
+    zstd_since: str  # the first version that reads zstd-compressed layers: "23.0"
+    zstd_symptom: str = ""  # what an older one does with them, for the refusal
+    # the runtime refuses a layer whose content does not match its diff_id (Docker and containerd do, while
+    # they unpack; Podman 4.3 loads it as it is, measured: imgtool checks for it)
+    checks_diff_ids: bool = True
+    # an image is also named REPO@<the registry's manifest digest>, as the CRI names one it pulls (its
+    # RepoDigests), and an archive's unnamed images are kept only by such a name (containerd)
+    digest_names: bool = False
+    # copies of the whole archive the runtime stages before it registers a layer, and where in words (Docker's
+    # graphdriver: 1, unpacked under <root>/tmp; Podman: 3 in its staging dir)
+    staged_copies: int = 0
+    staging_advice: str = ""  # when its staging dir (another file system than its root) lacks room for them
+    pins_for_kubelet: bool = False  # Runtime.pin labels an image the kubelet's image GC leaves (containerd 1.7+)
+    run_program: Optional[RunProgram] = None  # `imgtool run` starts containers through it (None: not this runtime)
+    absent_advice: str = ""  # what to do when it does not answer
+
+    @property
+    def zstd_floor(self) -> Tuple[int, ...]:
+        return version_tuple(self.zstd_since)
+
+    def describe(self, facts: "RuntimeInfo") -> str:
+        """The runtime in one line: which, its version, where."""
+        return f"{self.title} {facts.version} at {facts.host}"
+
+    def storage(self, facts: "RuntimeInfo") -> Tuple[str, str, str]:
+        """Its image store and storage driver: (status ok|info|warn, detail, advice)."""
+        return "ok", f"{facts.driver} under {facts.root_dir}", ""
+
+    def space_advice(self, facts: "RuntimeInfo") -> str:
+        """How to make room where it keeps images, in its own tools' words."""
+        return f"free space under {facts.root_dir or 'its root'}"
+
+    def staged_words(self, facts: "RuntimeInfo") -> str:
+        """What the staged copies of the archive are, in words."""
+        return "the copies of the archive it stages"
+
+
+def tags_of(images: Iterable["ImageInfo"], repository: str) -> List[str]:
+    """The tags of `repository` among the images' names, sorted (a room's local_tags from its listing)."""
+    from ..model import familiar
+
+    wanted = familiar(repository)
+    tags = set()
+    for info in images:
+        for ref in info.tags:
+            name, _, tag = str(ref).rpartition(":")
+            if name and "/" not in tag and familiar(name) == wanted:
+                tags.add(tag)
+    return sorted(tags)
+
+
+def version_tuple(version: str) -> Tuple[int, ...]:
+    """"20.10.24+dfsg1" -> (20, 10, 24); "v1.7.24" -> (1, 7, 24)."""
+    nums = []
+    for piece in version.lstrip("v").split("+")[0].split("-")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    return tuple(nums)
 
 
 @dataclass(frozen=True)
@@ -35,6 +103,7 @@ class RuntimeInfo:
     arch: str  # normalised: arm64, amd64
     os: str
     local: bool  # the runtime runs on this machine, so root_dir's free space can be read here
+    traits: Traits  # what its room says of how it takes images
     # Where images live: "graphdriver" (Docker's overlay2 & co: image ID = config digest), "containerd"
     # (Docker's containerd image store, and containerd itself: image ID = the manifest digest it was
     # loaded by) or "containers-storage" (Podman: image ID = config digest)
@@ -50,7 +119,7 @@ class RuntimeInfo:
     @property
     def title(self) -> str:
         """How messages name the runtime: Docker, containerd, Podman."""
-        return TITLES.get(self.runtime, self.runtime)
+        return self.traits.title
 
     @property
     def containerd_store(self) -> bool:
@@ -59,28 +128,23 @@ class RuntimeInfo:
 
     @property
     def version_tuple(self) -> Tuple[int, ...]:
-        nums = []
-        for piece in self.version.lstrip("v").split("+")[0].split("-")[0].split(".")[:3]:
-            digits = "".join(ch for ch in piece if ch.isdigit())
-            nums.append(int(digits) if digits else 0)
-        return tuple(nums)
+        return version_tuple(self.version)
 
     @property
     def checks_diff_ids(self) -> bool:
-        """The runtime refuses a layer whose content does not match its diff_id: Docker and containerd do
-        (while they unpack); Podman 4.3 loads it as it is (measured), so imgtool checks for it: after the
-        load against what Podman's storage computed while applying (reports_applied_diff_ids), else while
-        the archive streams (decompressing every layer)."""
-        return self.runtime != "podman"
+        """The runtime refuses a layer whose content does not match its diff_id; where it does not (Podman),
+        imgtool checks: after the load against what its storage computed while applying
+        (reports_applied_diff_ids), else while the archive streams (decompressing every layer)."""
+        return self.traits.checks_diff_ids
 
     @property
     def reads_zstd(self) -> bool:
-        """zstd layers: Docker from 23.0, containerd from 1.5, Podman (containers/storage) from 3.0."""
-        floor = {"docker": (23,), "containerd": (1, 5), "podman": (3,)}.get(self.runtime, (23,))
-        return self.version_tuple >= floor
+        """zstd-compressed layers: from the traits' zstd_since on (Docker 23.0, containerd 1.5, Podman 3.0)."""
+        return self.version_tuple >= self.traits.zstd_floor
 
     def to_json(self) -> dict:
-        out = {"runtime": self.runtime, "host": self.host, "version": self.version, "api_version": self.api_version,
+        out = {"runtime": self.runtime, "title": self.traits.title, "host": self.host, "version": self.version,
+               "api_version": self.api_version,
                "driver": self.driver, "image_store": self.image_store, "root_dir": self.root_dir, "arch": self.arch,
                "os": self.os, "local": self.local}
         if self.namespace:
@@ -121,6 +185,9 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
     class Runtime(Protocol):
         """The operations load, inventory and doctor need of a container runtime; errors are DaemonError."""
 
+        @property
+        def traits(self) -> Traits: ...  # what the room says of how its runtime takes images (also in info())
+
         def info(self) -> RuntimeInfo: ...
 
         def image_info(self, image_id: str) -> Optional[ImageInfo]: ...
@@ -153,131 +220,38 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
         def __exit__(self, *exc: object) -> None: ...
 
+    class BindMount(Protocol):
+        @property
+        def host(self) -> str: ...
 
-@dataclass(frozen=True)
-class Choice:
-    """Which runtime to open and where: --runtime, --address, --namespace (and their variables), and on a
-    Kubernetes node the kubelet's runtime, which --runtime auto follows."""
+        @property
+        def create(self) -> bool: ...  # a directory of the preset's own: made when absent
 
-    runtime: str = "auto"
-    docker_host: Optional[str] = None  # None: config's (DOCKER_HOST or the default socket)
-    address: str = DEFAULT_CONTAINERD_ADDRESS
-    namespace: str = DEFAULT_CONTAINERD_NAMESPACE
-    tmpdir: str = "/var/tmp"  # where Podman stages an archive: $TMPDIR, else /var/tmp (as podman load does)
-    podman_env: Tuple[Tuple[str, str], ...] = ()  # where Podman's storage.conf is (CONTAINERS_STORAGE_CONF, XDG_*)
-    kubelet: Optional["Kubelet"] = None  # this node's kubelet (kubelet.find()), None off Kubernetes
+    class ContainerSpec(Protocol):
+        """What a room reads of the container `imgtool run` starts (presets.run.RunSpec, handed down)."""
 
-    @classmethod
-    def from_options(cls, runtime: Optional[str], address: Optional[str], namespace: Optional[str],
-                     env: Mapping[str, str], kubelet: Optional["Kubelet"] = None) -> "Choice":
-        """--runtime/--address/--namespace, else $CONTAINERD_ADDRESS/$CONTAINERD_NAMESPACE (as ctr reads
-        them; `env` is config.runtime_environment()), else on a Kubernetes node the kubelet's endpoint, else
-        the defaults; raises UsageError."""
-        runtime = (runtime or "auto").lower()
-        if runtime not in CHOICES:
-            raise UsageError(f"unknown runtime {runtime!r}: choose one of {', '.join(CHOICES)}")
-        kubelets = kubelet.address if kubelet is not None and kubelet.runtime == "containerd" else None
-        address = address or env.get("CONTAINERD_ADDRESS") or kubelets or DEFAULT_CONTAINERD_ADDRESS
-        if address.startswith("unix://"):
-            address = address[len("unix://"):]
-        namespace = namespace or env.get("CONTAINERD_NAMESPACE") or DEFAULT_CONTAINERD_NAMESPACE
-        podman_env = tuple((k, env[k]) for k in ("CONTAINERS_STORAGE_CONF", "XDG_CONFIG_HOME", "XDG_DATA_HOME")
-                           if env.get(k))
-        return cls(runtime, env.get("DOCKER_HOST") or None, address, namespace, env.get("TMPDIR") or "/var/tmp",
-                   podman_env, kubelet)
+        @property
+        def image(self) -> str: ...
 
-    @property
-    def follows_kubelet(self) -> bool:
-        """--runtime auto on a node whose kubelet uses a runtime imgtool loads into: that one, and no other."""
-        return self.runtime == "auto" and self.kubelet is not None and self.kubelet.runtime in RUNTIMES
+        @property
+        def name(self) -> Optional[str]: ...
 
-    @property
-    def effective(self) -> str:
-        """The runtime a load goes to: --runtime's, the kubelet's under auto, else "auto" (the first that answers)."""
-        return self.kubelet.runtime if self.follows_kubelet and self.kubelet is not None else self.runtime
+        @property
+        def detach(self) -> bool: ...
 
-    def reason(self) -> str:
-        """Why auto chose the runtime, one line ("" when it did not follow a kubelet)."""
-        if not self.follows_kubelet or self.kubelet is None:
-            return ""
-        if self.kubelet.runtime == "containerd":
-            return f"runtime: containerd at unix://{self.address}, namespace {self.namespace} " \
-                   f"(the kubelet's, from {self.kubelet.source})"
-        return f"runtime: Docker (the kubelet's, through cri-dockerd at {self.kubelet.endpoint}, " \
-               f"from {self.kubelet.source})"
+        @property
+        def interactive(self) -> bool: ...
 
-    def elsewhere(self) -> str:
-        """Where this choice sends images that the kubelet does not read them from, in words ("" when it
-        sends them where the kubelet reads, or there is no kubelet)."""
-        k = self.kubelet
-        if k is None:
-            return ""
-        if k.runtime not in RUNTIMES:
-            return f"the kubelet uses {k.runtime} at {k.endpoint} (from {k.source}), which imgtool does not " \
-                   "load into"
-        theirs = f"the kubelet reads images from {TITLES[k.runtime]} at {k.endpoint} (from {k.source})"
-        runtime = self.effective
-        if runtime not in (k.runtime, "auto"):
-            return f"{theirs}, but --runtime {runtime} sends them to {TITLES[runtime]}"
-        if k.runtime == "containerd" and runtime == "containerd":
-            if not _same_socket(self.address, k.address):
-                return f"{theirs}, but this load goes to containerd at {self.address} (--address or CONTAINERD_ADDRESS)"
-            if self.namespace != DEFAULT_CONTAINERD_NAMESPACE:
-                return f"{theirs}, namespace {DEFAULT_CONTAINERD_NAMESPACE}, but this load goes to namespace " \
-                       f"{self.namespace} (--namespace or CONTAINERD_NAMESPACE)"
-        return ""
+        @property
+        def mounts(self) -> Sequence[BindMount]: ...
 
+    class Runner(Runtime, Protocol):
+        """A runtime `imgtool run` starts containers through (its traits name a run_program)."""
 
-def _same_socket(a: str, b: str) -> bool:
-    import os
+        def local_tags(self, repository: str) -> List[str]: ...
 
-    return os.path.realpath(a) == os.path.realpath(b)
+        def arch_warning(self, ref: str) -> Optional[str]: ...
 
+        def run_container(self, spec: ContainerSpec, argv_for: Callable[[bool], List[str]]) -> Tuple[int, str]: ...
 
-def open_runtime(choice: Choice, timeout: Optional[int] = 3600, create: bool = True) -> "Runtime":
-    """The runtime `choice` names, opened; with "auto", the kubelet's on a Kubernetes node (and no other),
-    elsewhere the first that answers of Docker, containerd, Podman. `create=False` (doctor): a runtime without
-    image storage yet is opened without asking it anything that would make it (its facts say `unmade`). Raises
-    DaemonError (naming what each said when none answers), UsageError."""
-    openers: Dict[str, Callable[[], "Runtime"]] = {
-        "docker": lambda: _docker(timeout, choice.docker_host),
-        "containerd": lambda: _containerd(choice, timeout),
-        "podman": lambda: _podman(timeout, choice, create),
-    }
-    if choice.effective != "auto":
-        if not choice.follows_kubelet:
-            return openers[choice.effective]()
-        try:  # the kubelet's runtime, or none: another that answers is not where Pods look
-            return openers[choice.effective]()
-        except DaemonError as e:
-            raise DaemonError(f"the kubelet's runtime does not answer: {e.message}",
-                              hint="start it, or choose another runtime with --runtime (Pods will not find the "
-                                   "images there)") from e
-    said = []
-    for name in RUNTIMES:
-        try:
-            return openers[name]()
-        except DaemonError as e:
-            said.append(f"{TITLES[name]}: {e.message}")
-    raise DaemonError("no container runtime answers here: " + "; ".join(said),
-                      hint="start one (systemctl start docker, or containerd), choose one with --runtime, and for "
-                           "containerd give its socket with --address or CONTAINERD_ADDRESS")
-
-
-def _docker(timeout: Optional[int], host: Optional[str]) -> "Runtime":
-    from .docker import open_daemon
-
-    return open_daemon(timeout=timeout, host=host)
-
-
-def _containerd(choice: Choice, timeout: Optional[int]) -> "Runtime":
-    from .containerd import Containerd
-
-    return Containerd(choice.address, choice.namespace, timeout=timeout)
-
-
-def _podman(timeout: Optional[int], choice: Choice, create: bool) -> "Runtime":
-    from .podman import Podman
-
-    return Podman(timeout=timeout, staging_dir=choice.tmpdir, create=create, env=dict(choice.podman_env))
 

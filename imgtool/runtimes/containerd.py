@@ -24,7 +24,27 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from ..errors import DaemonError, ProgramFailed, UsageError
 from ..model import Digest
 from ..program import Program
-from .base import ImageInfo, RuntimeInfo, Unfinished
+from .base import ImageInfo, RuntimeInfo, Traits, Unfinished, tags_of
+
+
+class _ContainerdTraits(Traits):
+    def describe(self, facts: RuntimeInfo) -> str:
+        return f"containerd {facts.version} at {facts.host}, namespace {facts.namespace}"
+
+    def storage(self, facts: RuntimeInfo) -> Tuple[str, str, str]:
+        return "ok", (f"containerd's content store and {facts.driver} snapshotter under {facts.root_dir}, "
+                      f"namespace {facts.namespace}: image IDs are manifest digests"), ""
+
+    def space_advice(self, facts: RuntimeInfo) -> str:
+        return (f"free space there (ctr -n {facts.namespace or 'k8s.io'} images prune --all; on a Kubernetes node "
+                "crictl rmi --prune), or move containerd's root (root in /etc/containerd/config.toml)")
+
+
+# containerd keeps the compressed blobs in its content store and unpacks them into snapshots: nothing staged
+TRAITS = _ContainerdTraits(
+    title="containerd", load_command="ctr images import", zstd_since="1.5", digest_names=True, pins_for_kubelet=True,
+    absent_advice="start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS; "
+                  "run as root")
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
@@ -36,6 +56,8 @@ _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 *
 
 class Containerd:
     """The operations load, inventory and doctor need of containerd (runtime.Runtime); errors are DaemonError."""
+
+    traits: Traits = TRAITS
 
     def __init__(self, address: str, namespace: str, timeout: Optional[float] = LOAD_TIMEOUT,
                  snapshotter: str = ""):
@@ -79,9 +101,14 @@ class Containerd:
         roots, platform = _plugins(self.ctr.run(["plugins", "ls", "--detailed"]), self.snapshotter)
         content = roots.get("content", "")
         arch = Platform.parse(platform).architecture if platform else Platform.host().architecture
-        return RuntimeInfo(host=self.address, version=self._version, api_version="", driver=self.snapshotter,
+        return RuntimeInfo(traits=TRAITS, host=self.address, version=self._version, api_version="", driver=self.snapshotter,
                            root_dir=os.path.dirname(content) if content else "", arch=arch, os="linux", local=True,
                            image_store="containerd", runtime="containerd", namespace=self.namespace)
+
+    def local_tags(self, repository: str) -> List[str]:
+        """Tags of `repository` in this namespace, sorted (run-flags --format k8s: the newest for a preset); raises
+        DaemonError."""
+        return tags_of(self.images_by_id().values(), repository)
 
     # --- images ---------------------------------------------------------------------------------
 

@@ -7,7 +7,40 @@ facts, load, image inspection, inventory, save, and container runs.
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 from ..errors import DaemonError, UsageError, one_line
-from .base import ImageInfo, RuntimeInfo, Unfinished
+from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
+
+
+class _DockerTraits(Traits):
+    def describe(self, facts: RuntimeInfo) -> str:
+        return f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"
+
+    def storage(self, facts: RuntimeInfo) -> Tuple[str, str, str]:
+        if facts.containerd_store:
+            return "ok", (f"the containerd image store ({facts.driver} snapshotter) under {facts.root_dir}: image IDs "
+                          "are manifest digests; imgtool confirms loads by them"), ""
+        where = f"{facts.driver} under {facts.root_dir} (graphdriver image store)"
+        if facts.driver == "devicemapper":
+            return "warn", where, ("devicemapper limits each container to dm.basesize (10 GB by default), less than a "
+                                   "vllm-ascend image: raise dm.basesize or move to overlay2")
+        if facts.driver == "vfs":
+            return "warn", where, ("vfs copies every layer in full: expect several times the unpacked size on disk; "
+                                   "overlay2 is the usual choice")
+        return "ok", where, ""
+
+    def space_advice(self, facts: RuntimeInfo) -> str:
+        return "free space there (docker image prune, docker system df), or move Docker's data-root"
+
+    def staged_words(self, facts: RuntimeInfo) -> str:
+        return f"the archive Docker unpacks into {facts.root_dir or 'its root'}/tmp before it registers the layers"
+
+
+# Docker's graphdriver store unpacks the whole upload under <root>/tmp before it registers a layer
+# (image/tarexport/load.go: every member, even of layers it holds); its containerd store keeps blobs instead
+TRAITS = _DockerTraits(
+    title="Docker", load_command="docker load", zstd_since="23.0",
+    zstd_symptom=" (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)", staged_copies=1,
+    run_program=RunProgram("docker", "Docker"),
+    absent_advice="start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group")
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host: Optional[str] = None):
@@ -112,6 +145,8 @@ def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
 class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
+    traits: Traits = TRAITS
+
     def __init__(self, client, host: Optional[str] = None):
         from . import docker_http
 
@@ -160,6 +195,7 @@ class Daemon:
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
         store = "containerd" if status.get("driver-type") == "io.containerd.snapshotter.v1" else "graphdriver"
         return RuntimeInfo(
+            traits=TRAITS,
             host=host,
             version=str(version.get("Version") or info.get("ServerVersion") or "unknown"),
             api_version=str(version.get("ApiVersion") or ""),
@@ -371,13 +407,13 @@ class Daemon:
             return None
         return foreign_arch_warning(ref, image.platform, self.info().arch)
 
-    def run_container(self, spec) -> tuple:
+    def run_container(self, spec, argv_for: Optional[Callable[[bool], List[str]]] = None) -> tuple:
         """Start `spec` (a presets.RunSpec) and follow it: (exit code or 0 when detached, container).
 
         The image must already be loaded: an offline host must never start a pull. Output is
         streamed as it comes; with a terminal on both ends the session is interactive. On
-        Ctrl-C the container is stopped (and removed unless --no-rm). Raises DaemonError, or
-        UsageError when the image is not loaded.
+        Ctrl-C the container is stopped (and removed unless --no-rm). `argv_for` is not needed: Docker is
+        asked through its API, not a command line. Raises DaemonError, or UsageError when the image is not loaded.
         """
         import sys
 
