@@ -112,7 +112,7 @@ class _UsageError(click.UsageError):
 
 
 # Verbs whose libraries (requests 2.32, urllib3 2, docker 7) need Python 3.9+. imgtool.pyz runs the
-# rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
+# rest on 3.7 too: Kylin V10's system python3 (runtimes/docker.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
 OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, serve, sign, self-install, self-update"
