@@ -624,7 +624,7 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
     runtime = _ask_runtime(choice)
     try:
         fmt, program = _run_format(choice, runtime, fmt)
-        if runtime is not None and runtime.traits.run_program != program:
+        if runtime is not None and fmt != "k8s" and runtime.traits.run_program != program:
             runtime.close()
             runtime = None  # the runtime that answered is not the one the command is for: not asked
         _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kw, program, runtime)
