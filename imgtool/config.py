@@ -386,7 +386,7 @@ def docker_api_version() -> str:
 
 def docker_tls() -> Dict[str, str]:
     """The TLS variables docker-py reads beside DOCKER_HOST (`$DOCKER_TLS_VERIFY`, `$DOCKER_CERT_PATH`),
-    those that are set; a tcp:// host with TLS is docker-py's alone (daemon_http speaks plain tcp://)."""
+    those that are set; a tcp:// host with TLS is docker-py's alone (runtimes/docker_http speaks plain tcp://)."""
     return {name: os.environ[name] for name in ("DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH") if name in os.environ}
 
 

@@ -19,19 +19,13 @@ import os
 from .bundle.hostcheck import Check, held_chains, need_for, space_check, storage_check, zstd_check
 from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
-from .runtime import RUNTIMES, Choice, RuntimeInfo, open_runtime
+from .runtimes.base import RuntimeInfo
+from .runtimes.choice import ROOMS, Choice, open_runtime
 
 if TYPE_CHECKING:
     from .bundle.format import BundleIndex
-    from .kubelet import Kubelet
-    from .runtime import Runtime
-
-UNREACHABLE_ADVICE = {
-    "docker": "start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group",
-    "containerd": "start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS; "
-                  "run as root",
-    "podman": "install podman from the OS media, and check `podman info` as this user",
-}
+    from .runtimes.kubelet import Kubelet
+    from .runtimes.base import Runtime
 
 def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: Choice) -> List[RuntimeInfo]:
     """A line per runtime asked about (each of Docker, containerd, Podman with "auto"), and for each found
@@ -39,7 +33,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
     order `load --runtime auto` tries them. A runtime that is not there fails only when none is."""
     from dataclasses import replace
 
-    names = RUNTIMES if choice.runtime == "auto" else (choice.runtime,)
+    names = choice.asked()
     found: List[RuntimeInfo] = []
     absent: List[Check] = []
     for name in names:
@@ -51,7 +45,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
             finally:
                 runtime.close()
         except ImgtoolError as e:
-            absent.append(Check(name, "fail", e.message, UNREACHABLE_ADVICE[name]))
+            absent.append(Check(name, "fail", e.message, ROOMS[name].absent_advice))
             continue
         found.append(facts)
         checks.append(Check(name, "ok", _describe(facts)))
@@ -61,12 +55,12 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
         checks.append(storage_check(facts))
         checks.append(space_check(facts, index, held_chains=held))
     for check in absent:
-        if found and not (choice.follows_kubelet and check.name == choice.effective):
+        if found and not (choice.follows_kubelet and choice.loads_into(check.name)):
             check = Check(check.name, "info", check.detail)  # another runtime is here: this one's absence is a fact
         checks.append(check)
     if choice.follows_kubelet and choice.kubelet is not None:  # auto loads into the kubelet's runtime, and no other
-        found.sort(key=lambda f: f.runtime != choice.effective)
-        if found and found[0].runtime == choice.effective:
+        found.sort(key=lambda f: not choice.loads_into(f.runtime))
+        if found and choice.loads_into(found[0].runtime):
             checks.append(Check("runtime", "ok", f"imgtool load uses {_describe(found[0])} (--runtime auto: "
                                                  f"the kubelet's, from {choice.kubelet.source})"))
     elif found and choice.runtime == "auto":
@@ -80,7 +74,7 @@ def kubelet_checks(checks: List[Check], choice: Choice, found: List[RuntimeInfo]
     k = choice.kubelet
     if k is None:
         return
-    theirs = [f for f in found if f.runtime == k.runtime]
+    theirs = [f for f in found if choice.kubelet_uses(f.runtime)]
     if choice.elsewhere():
         checks.append(Check("kubelet", "warn", choice.elsewhere(),
                             "Pods on this node will not find the images there: leave --runtime at auto (and --address, "
@@ -113,8 +107,8 @@ def image_gc_check(facts: RuntimeInfo, k: "Kubelet", index: Optional["BundleInde
         later = 100 * (used + need.total) // total
         after = f", about {later}% with this bundle loaded"
         now = max(now, later)
-    pinned = "; imgtool pins what it loads (containerd 1.7+ reports it pinned, and the GC leaves it)" \
-        if facts.runtime == "containerd" else "; Docker cannot pin an image for the kubelet"
+    pinned = f"; imgtool pins what it loads ({facts.title} 1.7+ reports it pinned, and the GC leaves it)" \
+        if facts.traits.pins_for_kubelet else f"; {facts.title} cannot pin an image for the kubelet"
     detail = f"image filesystem {facts.root_dir}: {100 * used // total}% used{after}; {gc}{pinned}"
     if now >= k.gc_high:
         return Check("image-gc", "warn", detail, "free space there, or the kubelet will remove unpinned images no "
@@ -131,14 +125,7 @@ def _held(runtime: "Runtime") -> frozenset:
 
 
 def _describe(facts: RuntimeInfo) -> str:
-    if facts.runtime == "docker":
-        return f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"
-    if facts.runtime == "containerd":
-        return f"containerd {facts.version} at {facts.host}, namespace {facts.namespace}"
-    if facts.unmade:
-        return (f"Podman {facts.version}, no storage yet ({facts.root_dir}): not asked more, as `podman info` would "
-                "create it")
-    return f"Podman {facts.version}"
+    return facts.traits.describe(facts)
 
 
 def read_os_release(path: Path = Path("/etc/os-release")) -> Dict[str, str]:

@@ -31,14 +31,13 @@ from .model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descripto
 from .progress import Bar, Progress
 from .selfbundle import bundle_tool
 from .store import Store
-from .worker import Worker
+from .transcode import CHUNK, compress_layer
 
 if TYPE_CHECKING:
     from .bundle.signature import Signed
-    from .daemon import Daemon
+    from .runtimes.docker import Daemon
     from .bundle.writer import BundleResult
 
-CHUNK = 4 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SMALL = 1024 * 1024  # members up to this size are kept in memory until manifest.json says what they are
@@ -147,47 +146,6 @@ def keep_gzip_layer(reader, what: str, store: Store, bar) -> Tuple[str, Digest, 
     except gz.GzipError as e:
         raise ExportError(f"{what}: docker save gave a gzip layer that cannot be decompressed ({e})") from e
     return f"sha256:{diff.hexdigest()}", digest, blob.size
-
-
-def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
-                   bar) -> Tuple[str, Digest, int]:
-    """gzip a layer stream into the store (members of gz.MEMBER bytes, at most 2 per job in flight);
-    returns (diff_id, gzip digest, gzip size).
-
-    The reading thread only reads and hands out: the diff_id's sha256 and the blob's writing (its sha256, the
-    page cache's write-back throttling) run on threads of their own, as the members compress on `pool`."""
-    with store.new_blob("export") as blob:
-        with Worker(_sha256, "diff-id-sha256", maxsize=2) as diff, \
-                Worker(_writes_to(blob), "blob-write", maxsize=2) as out:
-            members = gz.Members(gzip, pool, out.put, jobs * 2)  # bounded: memory does not grow with the layer
-            try:
-                for chunk in iter(lambda: reader.read(CHUNK), b""):
-                    diff.put(chunk)
-                    bar.update(len(chunk))
-                    members.feed(chunk)
-                members.close()
-            except BaseException:
-                members.abandon()
-                raise
-            diff_id = diff.result()
-            out.result()
-        digest = blob.publish()
-    return diff_id, digest, blob.size
-
-
-def _sha256(feed) -> str:
-    sha = hashlib.sha256()
-    for data in feed:
-        sha.update(data)
-    return f"sha256:{sha.hexdigest()}"
-
-
-def _writes_to(blob):
-    """A Worker target writing every item into `blob` (a store BlobWriter)."""
-    def run(feed) -> None:
-        for data in feed:
-            blob.write(data)
-    return run
 
 
 _Layer = Tuple[str, Digest, int, bool]  # (diff_id, digest, size, gzipped here)

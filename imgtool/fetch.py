@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 from . import dirlock, gz, heldblobs, transcode
 from .config import MirrorConfig
 from .delta import DeltaPlan, Have, Inventory, have_from_inventory
-from .errors import ImgtoolError, NotFoundError, UsageError
+from .errors import ImgtoolError, UsageError
 from .fsutil import NotRegularFile, open_regular
-from .mirrors import Clients, Resolution, resolve, sources_for
-from .model import Descriptor, Digest, ImageRef, Platform, PulledImage
+from .mirrors import Clients, Resolution, sources_for
+from .model import Descriptor, Digest, Platform, PulledImage
 from .progress import Progress
 from .puller import CONNECTIONS, JOBS, PullStats, download
-from .resolve import resolve_image
+from .resolve import resolve_image, resolve_refs
 from .selfbundle import bundle_tool
 from .store import Store
 
@@ -76,38 +76,6 @@ def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platfo
         p = Platform.parse(item.strip())
         if p not in out:
             out.append(p)
-    return out
-
-
-def resolve_refs(config: MirrorConfig, refs: Sequence[str], mirror: str, progress: Progress,
-                 timeout: float = 5.0, pins=None, clients: Optional[Clients] = None) -> List[Resolution]:
-    """Parse every reference (all first, so a typo fails before any network) and resolve each.
-
-    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag;
-    `clients`: the run's registry clients (None: new ones).
-    """
-    parsed: List[ImageRef] = []
-    for text in refs:
-        ref = config.parse_ref(text)
-        if pins and str(ref) in pins:
-            ref = ref.with_digest(pins[str(ref)])
-        if ref not in parsed:
-            parsed.append(ref)
-    out = []
-    for ref in parsed:
-        sources = sources_for(ref, config, mirror, clients)
-        try:
-            res = resolve(ref, sources, timeout)
-        except NotFoundError as e:
-            if pins and ref.tag and str(ref.with_digest(None)) in pins:
-                raise e.restated(hint="bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC") from e
-            raise
-        for note in res.notes:
-            progress.note(note)
-        for warning in res.warnings:
-            progress.warn(warning)
-        progress.note(f"{ref.tagged}: {res.digest} via {', '.join(s.name for s in res.sources)}")
-        out.append(res)
     return out
 
 

@@ -39,10 +39,6 @@ class GzipError(Exception):
     """A gzip stream that cannot be inflated: damaged, truncated, or not gzip."""
 
 
-def isal_available() -> bool:
-    return _isal is not None
-
-
 class Gzip:
     """A gzip compressor: the library (`isal` or `zlib`) and its own level. Equal ones write equal bytes."""
 
@@ -89,16 +85,6 @@ def compressor(level: int = 1, library: str = "auto") -> Gzip:
     if library != "zlib" and level == 1 and _isal is not None:
         return Gzip("isal", ISAL_LEVEL)
     return Gzip("zlib", level)
-
-
-def recorded(obj) -> Optional[Gzip]:
-    """bundle.json's `gzip` record as a Gzip (None when absent or not one this imgtool knows)."""
-    if not isinstance(obj, dict):
-        return None
-    library, level = obj.get("library"), obj.get("level")
-    if not isinstance(library, str) or not isinstance(level, int) or isinstance(level, bool):
-        return None
-    return Gzip(library, level)
 
 
 class Members:

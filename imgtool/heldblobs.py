@@ -12,8 +12,8 @@ index.json names for a Docker v2 manifest). A graphdriver store saves from its l
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .bundle import layout, writer
-from .bundle.format import BundleImage
+from .bundle import layout
+from .bundle.format import BundleImage, bundle_images
 from .config import MirrorConfig
 from .delta import DeltaPlan, InventoryImage, chain_ids
 from .errors import ImgtoolError, UsageError
@@ -38,7 +38,7 @@ def held_blobs(images: Sequence[PulledImage], delta: DeltaPlan, config: MirrorCo
     held = dict(have.blobs)
     looked: Dict[str, Optional[Tuple[Descriptor, ...]]] = {}
     left_out: List[LeftOut] = []
-    for im in writer.bundle_images(images, delta):
+    for im in bundle_images(images, delta):
         omitted = [(i, x.chain_id, x.provided_by) for i, x in enumerate(im.layers) if x.omitted and x.chain_id]
         left_out.append([(i, chain) for i, chain, _ in omitted])
         need = [o for o in omitted if o[1] not in held and any(n in have.containerd for n in o[2])]
@@ -108,7 +108,7 @@ def _manifest_layers(base: InventoryImage, config: MirrorConfig, mirror: str, st
             except ImgtoolError:
                 continue
             ids = {image.manifest_digest, image.index_digest,
-                   layout.oci_descriptor_digest(writer.bundle_images([image])[0])}
+                   layout.oci_descriptor_digest(bundle_images([image])[0])}
             if digest in ids and [str(d) for d in image.config.diff_ids] == [str(d) for d in base.diff_ids]:
                 return image.manifest.layers
     return None

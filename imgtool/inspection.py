@@ -8,11 +8,10 @@ from typing import List
 
 from .config import MirrorConfig
 from .errors import ImgtoolError
-from .fetch import resolve_refs
 from .mirrors import Resolution, Source
 from .model import Digest, ImageRef, Index, Manifest, Platform, parse_manifest
 from .progress import Progress
-from .resolve import resolve_image
+from .resolve import resolve_image, resolve_refs
 from .store import Store
 
 

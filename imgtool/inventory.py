@@ -15,7 +15,7 @@ from .fsutil import write_atomic
 from .model import utc_time
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .runtimes.base import Runtime
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import AbstractSet, Any, Dict, List, Optional, Tuple
 
 from .config import MirrorConfig, load_mirrors
 from .errors import ConfigError, UsageError
-from .fetch import FetchOptions, resolve_refs
+from .fetch import FetchOptions
 from .progress import Progress
-from .resolve import resolve_image
+from .resolve import resolve_image, resolve_refs
 from .spec import Lock, LockChange, Spec, compare_locks, load_spec, lock_from, read_lock, write_lock
 from .store import Store
 

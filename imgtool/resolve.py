@@ -6,12 +6,16 @@ Connected side only: the offline verbs never import it. What the registry room's
 reaches here as RegistryError, never as the transport's own types.
 """
 
-from typing import Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
-from .errors import ImgtoolError, ManifestError, RegistryError, UsageError
-from .mirrors import Resolution, Source
-from .model import Descriptor, Digest, ImageConfig, Index, Manifest, Platform, PulledImage, parse_manifest
+from .errors import ImgtoolError, ManifestError, NotFoundError, RegistryError, UsageError
+from .mirrors import Clients, Resolution, Source, resolve, sources_for
+from .model import Descriptor, Digest, ImageConfig, ImageRef, Index, Manifest, Platform, PulledImage, parse_manifest
+from .progress import Progress
 from .store import Store
+
+if TYPE_CHECKING:
+    from .config import MirrorConfig
 
 
 def _manifest_from(sources: Sequence[Source], digest: Digest, what: str) -> Tuple[bytes, str, Source]:
@@ -106,3 +110,35 @@ def fetch_small_blob(sources: Sequence[Source], desc: Descriptor, store: Store) 
             errors.append(f"{s.describe()}: {e.message}")
     raise RegistryError(f"cannot fetch config {desc.digest.short} from any source: "
                         + ("; ".join(errors) or "no source is left that serves it"))
+
+
+def resolve_refs(config: "MirrorConfig", refs: Sequence[str], mirror: str, progress: Progress,
+                 timeout: float = 5.0, pins=None, clients: Optional[Clients] = None) -> List[Resolution]:
+    """Parse every reference (all first, so a typo fails before any network) and resolve each.
+
+    `pins` (canonical name -> Digest, from bundle.lock) resolves those by digest, keeping the tag;
+    `clients`: the run's registry clients (None: new ones).
+    """
+    parsed: List[ImageRef] = []
+    for text in refs:
+        ref = config.parse_ref(text)
+        if pins and str(ref) in pins:
+            ref = ref.with_digest(pins[str(ref)])
+        if ref not in parsed:
+            parsed.append(ref)
+    out = []
+    for ref in parsed:
+        sources = sources_for(ref, config, mirror, clients)
+        try:
+            res = resolve(ref, sources, timeout)
+        except NotFoundError as e:
+            if pins and ref.tag and str(ref.with_digest(None)) in pins:
+                raise e.restated(hint="bundle.lock pins a digest no source serves any more: imgtool lock --update -f SPEC") from e
+            raise
+        for note in res.notes:
+            progress.note(note)
+        for warning in res.warnings:
+            progress.warn(warning)
+        progress.note(f"{ref.tagged}: {res.digest} via {', '.join(s.name for s in res.sources)}")
+        out.append(res)
+    return out

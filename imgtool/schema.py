@@ -111,15 +111,6 @@ class Table:
             return fail(spec.name, e.message)
 
 
-def each(check: Callable[[Any], Any]) -> Callable[[Sequence[Any]], Tuple[Any, ...]]:
-    """A check for an array: `check` applied to every item (which raises Invalid or UsageError)."""
-
-    def checked(values: Sequence[Any]) -> Tuple[Any, ...]:
-        return tuple(check(v) for v in values)
-
-    return checked
-
-
 def strings(values: Sequence[Any]) -> List[str]:
     """An array of strings, else Invalid."""
     if not all(isinstance(v, str) for v in values):

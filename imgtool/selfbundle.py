@@ -36,7 +36,7 @@ ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
 LAZY = ("zstandard", "isal")  # isal: gz.py falls back to zlib (the same bytes, slower)
 MIN_PYTHON = (3, 9)
 # The offline verbs (verify, load, doctor, inventory, presets, run-flags, run, diff) and push run on
-# 3.7 too: Kylin V10's system python3. commands/main.py refuses the others below 3.9; daemon.py and registry.py
+# 3.7 too: Kylin V10's system python3. commands/main.py refuses the others below 3.9; runtimes/docker.py and registry.py
 # speak to Docker and to registries over the standard library there.
 OFFLINE_MIN_PYTHON = (3, 7)
 BUILD_FORMAT = 2  # bump when what goes into the pyz changes: part of the cache key

@@ -29,11 +29,13 @@ from typing import Callable, Collection, Dict, List, Optional, Sequence, Set, Tu
 
 from . import gz
 from .errors import ImgtoolError, UsageError, VerifyError
-from .export import CHUNK, compress_layer
 from .model import (DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, LAYER_COMPRESSION, OCI_LAYER, OCI_LAYER_GZIP,
                     OCI_LAYER_ZSTD, OCI_MANIFEST, Descriptor, Digest, Manifest, PulledImage, format_size)
 from .progress import Bar, Progress
 from .store import Store
+from .worker import Worker
+
+CHUNK = 4 * 1024 * 1024  # a read of a layer stream (export's `docker save` too)
 
 MODES = ("compat", "as-is", "plain")
 # media type of the rewritten layer, by manifest type and target compression
@@ -390,3 +392,45 @@ def name_held_blobs(images: Sequence[PulledImage], left_out: Sequence[Sequence[T
                       f"Docker holds them (its base's blobs); the image ID is unchanged, its manifest digest "
                       f"is now {out[-1].manifest_digest}")
     return out
+
+
+# export's layers too (a `docker save` stream, gzip-compressed into the store): one layer transform
+def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
+                   bar) -> Tuple[str, Digest, int]:
+    """gzip a layer stream into the store (members of gz.MEMBER bytes, at most 2 per job in flight);
+    returns (diff_id, gzip digest, gzip size).
+
+    The reading thread only reads and hands out: the diff_id's sha256 and the blob's writing (its sha256, the
+    page cache's write-back throttling) run on threads of their own, as the members compress on `pool`."""
+    with store.new_blob("export") as blob:
+        with Worker(_sha256, "diff-id-sha256", maxsize=2) as diff, \
+                Worker(_writes_to(blob), "blob-write", maxsize=2) as out:
+            members = gz.Members(gzip, pool, out.put, jobs * 2)  # bounded: memory does not grow with the layer
+            try:
+                for chunk in iter(lambda: reader.read(CHUNK), b""):
+                    diff.put(chunk)
+                    bar.update(len(chunk))
+                    members.feed(chunk)
+                members.close()
+            except BaseException:
+                members.abandon()
+                raise
+            diff_id = diff.result()
+            out.result()
+        digest = blob.publish()
+    return diff_id, digest, blob.size
+
+
+def _sha256(feed) -> str:
+    sha = hashlib.sha256()
+    for data in feed:
+        sha.update(data)
+    return f"sha256:{sha.hexdigest()}"
+
+
+def _writes_to(blob):
+    """A Worker target writing every item into `blob` (a store BlobWriter)."""
+    def run(feed) -> None:
+        for data in feed:
+            blob.write(data)
+    return run

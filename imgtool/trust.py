@@ -14,12 +14,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, List, Mapping, NamedTuple, Optional
 
-from .bundle.format import SIGNATURE
 from .errors import UsageError
 
 SIGNERS_ENV = "IMGTOOL_SIGNERS"
 SYSTEM_SIGNERS = Path("/etc/imgtool/allowed_signers")
 USER_SIGNERS = Path(".config/imgtool/allowed_signers")  # under $HOME
+SIGNATURE = "bundle.json.sig"  # the file a bundle's SSH signature over bundle.json is in (imgtool sign)
+
 
 class State(Enum):
     """What a look at bundle.json.sig found (Finding.state, Verdict.state). The value is what `--json`
@@ -34,7 +35,6 @@ class State(Enum):
     TRUSTED = "trusted"  # good, and the policy allows the signer
     UNKNOWN_SIGNER = "unknown-signer"
     NOT_ALLOWED = "not-allowed"  # listed, but not for imgtool bundles (namespaces=, expiry)
-
 
 
 class Policy(NamedTuple):

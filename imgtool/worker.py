@@ -7,9 +7,10 @@ seen enough) keeps taking items off the queue until the feed ends, so a caller c
 a full queue: no sentinel rules per use, no polling, no thread left behind.
 """
 
+import hashlib
 import queue
 import threading
-from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
 _END = object()
@@ -116,3 +117,11 @@ class Worker(Generic[T]):
         self._thread.join()
         if exc_type is None and self._error is not None:
             raise self._error
+
+
+def sha256_of(feed: Iterable[bytes]) -> str:
+    """sha256 hex of the chunks of a feed: a Worker target (hashlib releases the GIL)."""
+    sha = hashlib.sha256()
+    for chunk in feed:
+        sha.update(chunk)
+    return sha.hexdigest()

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from imgtool.doctor import os_check, run_checks
-from imgtool.runtime import Choice
+from imgtool.runtimes.choice import Choice
 from tests.support.bundles import BlobDir, imgtool, parts_of, write
 from tests.support.images import host_arch
 

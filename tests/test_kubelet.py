@@ -26,7 +26,7 @@ from tests.support.images import host_arch
 from tests.support.kubenode import SimulatedNode, kubelet_config
 
 REPO = "quay.io/ascend/vllm-ascend"
-FIND = ("import json, sys; from imgtool import kubelet; w = []; k = kubelet.find(w); "
+FIND = ("import json, sys; from imgtool.runtimes import kubelet; w = []; k = kubelet.find(w); "
         "json.dump(None if k is None else dict(runtime=k.runtime, endpoint=k.endpoint, source=k.source, "
         "gc_high=k.gc_high, gc_low=k.gc_low, gc_source=k.gc_source, warnings=w), sys.stdout)")
 
@@ -153,7 +153,7 @@ def test_a_kubelet_file_that_cannot_be_read_is_a_warning_never_a_crash(tmp_path)
     })
     found = find_on(node)
     assert found is None  # nothing readable names an endpoint
-    r = node.run([sys.executable, "-c", "from imgtool import kubelet; w = []; "
+    r = node.run([sys.executable, "-c", "from imgtool.runtimes import kubelet; w = []; "
                   "print(kubelet.read_keys('/var/lib/kubelet/config.yaml', ('containerRuntimeEndpoint', "
                   "'imageGCHighThresholdPercent'), w)); print(w); w = []; "
                   "print(kubelet.read_keys('/etc/crictl.yaml', ('runtime-endpoint',), w)); print(w)"], env=clean_env())
@@ -164,6 +164,28 @@ def test_a_kubelet_file_that_cannot_be_read_is_a_warning_never_a_crash(tmp_path)
         "['cannot read /var/lib/kubelet/config.yaml:2: containerRuntimeEndpoint is not a plain value']",
         "{}",
         f"['cannot read /etc/crictl.yaml: {size} bytes is too big for a configuration file']"]
+
+
+def test_run_and_run_flags_follow_the_kubelet_as_load_does(tmp_path):
+    """Issue 37: run-flags defaulted to Docker wherever it ran. On a node whose kubelet reads containerd it now
+    writes the Pod (containerd has no `run` of its own) and `run` says why it cannot start one, before asking
+    any runtime; on a cri-dockerd node it renders `docker run`, though Docker does not answer and Podman would."""
+    unix = "unix:///run/imgtool-test-containerd.sock"
+    containerd = SimulatedNode(tmp_path / "node", kubelet_args=[f"--container-runtime-endpoint={unix}"])
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env(HOME=str(home), DOCKER_HOST="unix:///nonexistent/docker.sock")
+    r = containerd.run([sys.executable, "-m", "imgtool", "run-flags", "a2", "--image", "v1"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "kind: Pod\n" in r.stdout and "image: quay.io/ascend/vllm-ascend:v1\n" in r.stdout
+    run = containerd.run([sys.executable, "-m", "imgtool", "run", "a2", "v1", "--allow-missing-devices"], env=env)
+    assert run.returncode == 2
+    assert run.stderr.splitlines()[-2].startswith("error: imgtool run starts containers through Docker or Podman; "
+                                                  "containerd has no `run` of its own")
+    dockerd = SimulatedNode(tmp_path / "node2", kubelet_args=["--container-runtime-endpoint=unix:///run/cri-dockerd.sock"])
+    r = dockerd.run([sys.executable, "-m", "imgtool", "run-flags", "a2", "--image", "v1", "--one-line"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("docker run --rm -it --name vllm-ascend ")
 
 
 def test_the_image_gc_thresholds_come_from_the_kubelets_configuration(tmp_path):

@@ -15,7 +15,8 @@ import tarfile
 import pytest
 
 from imgtool.bundle.load import _compatibility
-from imgtool.runtime import RuntimeInfo as DaemonInfo
+from imgtool.runtimes import docker
+from imgtool.runtimes.base import RuntimeInfo as DaemonInfo
 from imgtool.errors import ImgtoolError
 from tests.support.bundles import (BlobDir, canonical_tar, fetch_from_registry, imgtool, member_bytes, parts_of,
                                    random_layer, replace_archive, simple_image, tar_body, write)
@@ -451,7 +452,7 @@ def test_free_space_is_checked_against_the_unpacked_size(tmp_path, factory, stor
         from imgtool.bundle.reader import read_index
 
         index, _ = read_index(out)
-        facts = DaemonInfo("unix:///x.sock", "20.10.24", "1.41", "overlay2", str(mnt), "arm64", "linux", True)
+        facts = DaemonInfo("unix:///x.sock", "20.10.24", "1.41", "overlay2", str(mnt), "arm64", "linux", True, docker.TRAITS)
         with pytest.raises(ImgtoolError) as e:
             _compatibility(index, facts, 8 << 20, force=False)
         assert e.value.message.startswith(f"not enough space for Docker under {mnt}: the bundle needs about ")
@@ -460,7 +461,7 @@ def test_free_space_is_checked_against_the_unpacked_size(tmp_path, factory, stor
                                 "or pass --force to try anyway")
         assert _compatibility(index, facts, 8 << 20, force=True)[0].endswith("(--force: trying anyway)")
         remote = DaemonInfo("tcp://10.0.0.9:2375", "20.10.24", "1.41", "overlay2", "/var/lib/docker", "arm64",
-                            "linux", False)
+                            "linux", False, docker.TRAITS)
         assert _compatibility(index, remote, 8 << 20, force=False)[0].startswith(
             "cannot check free space under /var/lib/docker from here (daemon at tcp://10.0.0.9:2375)")
     finally:
@@ -536,7 +537,7 @@ def test_the_verbs_speak_docker_18_09s_api(factory, store, tmp_path, services, d
 
 
 def test_docker_s_invalid_tar_header_is_explained_as_a_zstd_layer_not_an_architecture():
-    from imgtool.daemon import _load_hint
+    from imgtool.runtimes.docker import _load_hint
 
     hint = _load_hint("Error processing tar file(exit status 1): archive/tar: invalid tar header")
     assert hint == ("vllm-ascend FAQ 19: this Docker read a zstd-compressed layer as a plain tar (Docker reads zstd "

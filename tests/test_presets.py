@@ -15,7 +15,7 @@ import tarfile
 import pytest
 
 from imgtool import presets as P
-from imgtool.daemon import explain_run_error
+from imgtool.runtimes.docker import explain_run_error
 from imgtool.errors import ImgtoolError
 from tests.support.images import static_busybox
 from tests.support.terminal import session_on_a_terminal
@@ -40,6 +40,10 @@ def imgtool(*args, home, docker_host=DEAD_DOCKER, extra_env=None, timeout=120, c
     env["HOME"] = str(home)
     env["DOCKER_HOST"] = docker_host
     env.update(extra_env or {})
+    if args[:1] in (("run",), ("run-flags",)) and not {"--runtime", "--format"} & set(args):
+        # Docker's syntax by name: auto (the default) would render Podman's on a host where Podman answers
+        # (test_run_flags_chooses_the_runtime_as_load_does holds the default)
+        args = (args[0], "--runtime", "docker") + args[1:]
     entry = ["-c", code] if code else ["-m", "imgtool"]
     return subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
@@ -423,9 +427,34 @@ def test_podman_json_flags(home):
 
 
 def test_unknown_runtime_is_bad_usage(home):
-    r = imgtool("run-flags", "a2", "--runtime", "containerd", home=home)
+    r = imgtool("run-flags", "a2", "--runtime", "isula", home=home)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[0] == "error: invalid value for '--runtime': 'containerd' is not one of 'docker', 'podman'"
+    assert r.stderr.splitlines()[0] == ("error: invalid value for '--runtime': 'isula' is not one of 'auto', 'docker', "
+                                        "'containerd', 'podman'")
+
+
+def test_run_flags_chooses_the_runtime_as_load_does(home):
+    """Issue 37: run-flags defaulted to docker while load defaults to auto. Now both choose alike: with Docker's
+    socket dead and Podman here, Podman's `run`; with no runtime answering, Docker's syntax (run-flags needs none);
+    containerd, which has no `run` of its own (the kubelet starts its containers), gets a Pod; `run` refuses it."""
+    r = imgtool("run-flags", "a2", "--runtime", "auto", "--image", "v1", "--one-line", home=home)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("podman run --rm -it --pull=never --name vllm-ascend ")
+    nothing = imgtool("run-flags", "a2", "--runtime", "auto", "--image", "v1", "--one-line", home=home,
+                      extra_env={"PATH": "/nonexistent"})
+    assert nothing.returncode == 0, nothing.stderr
+    assert nothing.stdout.startswith("docker run --rm -it --name vllm-ascend ")
+    pod = imgtool("run-flags", "a2", "--runtime", "containerd", "--image", "v1", home=home,
+                  extra_env={"PATH": "/nonexistent"})
+    assert pod.returncode == 0, pod.stderr
+    assert "kind: Pod\n" in pod.stdout and "image: quay.io/ascend/vllm-ascend:v1\n" in pod.stdout
+    run = imgtool("run", "a2", "v1", "--runtime", "containerd", "--allow-missing-devices", home=home)
+    assert run.returncode == 2
+    assert run.stderr.splitlines()[-2:] == [
+        "error: imgtool run starts containers through Docker or Podman; containerd has no `run` of its own (on a "
+        "Kubernetes node the kubelet starts its containers)",
+        "hint: write a Pod for it: imgtool run-flags PRESET --format k8s > pod.yaml, then kubectl apply -f pod.yaml; "
+        "or choose another runtime with --runtime"]
 
 
 def test_presets_lists_every_preset_with_a_description(home):
@@ -732,7 +761,7 @@ def busybox_image(busybox_rootfs, docker_cli, uniq):
 # uses on Kylin's python3 3.7 (daemon_http.py); `imgtool run` must behave the same through both.
 TRANSPORTS = {"docker-py": None, "http": """
 import sys
-import imgtool.daemon as D
+import imgtool.runtimes.docker as D
 D.default_transport = lambda: "http"
 from imgtool.cli import main
 main(sys.argv[1:])

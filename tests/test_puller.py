@@ -20,7 +20,7 @@ import pytest
 
 from imgtool.config import load_mirrors
 from imgtool.errors import RegistryError, UsageError
-from imgtool.fetch import resolve_refs
+from imgtool.resolve import resolve_refs
 from imgtool.model import Digest, Platform
 from imgtool.progress import Progress
 from imgtool.puller import PullStats, Tuning, download

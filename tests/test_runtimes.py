@@ -128,7 +128,7 @@ def test_podman_without_a_record_of_the_layers_it_applied_is_a_runtime_error(run
     the image is removed and the error names Podman, not the bundle (which is fine), exit 5."""
     from imgtool.bundle.load import load_bundle
     from imgtool.errors import DaemonError
-    from imgtool.podman import Podman
+    from imgtool.runtimes.podman import Podman
     from imgtool.progress import Progress
 
     class Forgetful(Podman):
@@ -155,7 +155,8 @@ def test_each_runtime_is_told_its_own_way_to_free_space(runnable, node, tiny_tmp
     (a storage.conf of its own): load refuses with Podman's own advice; containerd's words from the same check."""
     from imgtool.bundle.hostcheck import space_check
     from imgtool.bundle.reader import read_index
-    from imgtool.runtime import RuntimeInfo
+    from imgtool.runtimes.containerd import TRAITS as CONTAINERD
+    from imgtool.runtimes.base import RuntimeInfo
 
     out, _ = runnable()
     conf = tmp_path / "storage.conf"
@@ -168,7 +169,8 @@ def test_each_runtime_is_told_its_own_way_to_free_space(runnable, node, tiny_tmp
                         "(storage.conf); or pass --force to try anyway")
     index, _ = read_index(out)
     containerd = RuntimeInfo("/run/containerd/containerd.sock", "1.7.24", "", "overlayfs", str(tiny_tmpfs), "amd64",
-                             "linux", True, image_store="containerd", runtime="containerd", namespace="k8s.io")
+                             "linux", True, CONTAINERD, image_store="containerd", runtime="containerd",
+                             namespace="k8s.io")
     check = space_check(containerd, index)
     assert (check.status, check.advice) == ("fail", "free space there (ctr -n k8s.io images prune --all; on a "
                                             "Kubernetes node crictl rmi --prune), or move containerd's root (root in "
@@ -292,3 +294,31 @@ def test_a_space_refusal_names_the_copies_of_loads_still_running(runnable, node,
     assert error[0].endswith(f" is free; imgtool loads still running hold {format_size(256 * 1024)} of it: "
                              f"{live} ({format_size(256 * 1024)})"), error[0]
     assert sorted(tiny_tmpfs.iterdir()) == [live] and node.leftovers(before) == []
+
+
+@pytest.mark.parametrize("room, version, floor", [("containerd", "1.4.13", "1.5"), ("podman", "2.2.1", "3.0"),
+                                                  ("docker", "20.10.24", "23.0")])
+def test_each_runtime_is_held_to_its_own_zstd_floor(factory, tmp_path, room, version, floor):
+    """Issue 37: the zstd refusal said "Docker {version} ... needs Docker 23.0" for every runtime. Each room's traits
+    give its own name and floor (containerd 1.5, Podman 3.0); at the floor the bundle passes."""
+    import importlib
+
+    from imgtool.bundle.hostcheck import zstd_check
+    from imgtool.bundle.reader import read_index
+    from imgtool.runtimes.base import RuntimeInfo
+
+    traits = importlib.import_module(f"imgtool.runtimes.{room}").TRAITS
+    image = factory.zstd_twin(factory.image(host_arch(), layers=2))
+    store = BlobDir(tmp_path / "blobs")
+    write(tmp_path / "z", [store.pulled(image, f"{REPO}:zl")], store)
+    index, _ = read_index(tmp_path / "z")
+    old = RuntimeInfo("here", version, "", "overlay", str(tmp_path), host_arch(), "linux", True, traits, runtime=room)
+    check = zstd_check(index, old)
+    title = traits.title
+    symptom = " (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)" if room == "docker" else ""
+    assert (check.name, check.status, check.detail, check.advice) == (
+        room, "fail", f"{title} {version} cannot read zstd-compressed layers ({REPO}:zl): that needs {title} {floor} or "
+        f"later{symptom}", f"upgrade {title} to {floor} or later, or fetch the image again with imgtool fetch --layers "
+        "compat (the default), which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
+    assert zstd_check(index, RuntimeInfo("here", floor + ".0", "", "overlay", str(tmp_path), host_arch(), "linux", True,
+                                         traits, runtime=room)) is None

@@ -145,7 +145,7 @@ def test_the_writer_ends_when_its_archive_hash_fails_and_leaves_no_part(factory,
 @pytest.mark.engines
 def test_load_ends_when_the_member_hash_worker_fails_and_docker_keeps_nothing(bundle, services, docker_cli,
                                                                               monkeypatch, tmp_path):
-    from imgtool.daemon import open_daemon
+    from imgtool.runtimes.docker import open_daemon
 
     def broken(feed):
         for _ in feed:

@@ -12,14 +12,15 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Collection, List, NoReturn, Optional, Tuple
+from typing import Callable, Collection, List, NoReturn, Optional, Sequence, Tuple
 
-from ..delta import chain_ids
-from ..errors import ManifestError, UsageError, VerifyError
+from ..delta import DeltaPlan, chain_ids
+from ..errors import ImgtoolError, ManifestError, UsageError, VerifyError
 from ..model import (INDEX_TYPES, LAYER_COMPRESSION, MANIFEST_TYPES, Descriptor, Digest, ImageRef, Index, Platform,
-                     is_docker_name, json_object, parse_manifest)
+                     PulledImage, is_docker_name, json_object, parse_manifest)
 from ..schema import Invalid, Key, Table
 from ..text import is_printable
+from ..trust import SIGNATURE as SIGNATURE
 
 FORMAT_NAME = "imgtool-bundle"
 FORMAT_VERSION = 3  # the newest this imgtool reads; 2 = delta bundles (layers left out)
@@ -30,7 +31,7 @@ FULL_VERSION = 1  # what a bundle without omitted layers is written as, so older
 
 BUNDLE_JSON = "bundle.json"
 SHA256SUMS = "SHA256SUMS"
-SIGNATURE = "bundle.json.sig"  # SSH signature over bundle.json's bytes (imgtool sign); in neither file list
+# SIGNATURE (bundle.json.sig, trust.py's: the policy's file): in neither file list
 LOAD_SH = "load.sh"
 README_TXT = "README.txt"
 TOOL_PYZ = "imgtool.pyz"  # imgtool and its pure-Python dependencies (selfbundle.py); optional
@@ -370,10 +371,6 @@ def _size(obj: dict, key: str, where: str) -> int:
     return v
 
 
-def _optional_digest(obj: dict, key: str, where: str) -> Optional[Digest]:
-    return None if obj.get(key) is None else _digest(obj, key, where)
-
-
 def _digest(obj: dict, key: str, where: str) -> Digest:
     v = obj.get(key)
     try:
@@ -622,3 +619,31 @@ def parse_expect(text: str) -> str:
     if not _HEX64.match(value):
         raise UsageError(f"invalid --expect {text!r}: give the sha256 of bundle.json (64 hex digits)")
     return value
+
+
+def bundle_images(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[BundleImage]:
+    """bundle.json's view of pulled images, leaving out the layers `delta` plans to leave out;
+    raises UsageError for duplicates or inconsistent inputs."""
+    out: List[BundleImage] = []
+    for im in images:
+        ref = im.ref.tagged if im.ref.tag else f"{im.ref.name}@{im.ref.digest or im.manifest_digest}"
+        if any(b.ref == ref and b.platform.architecture == im.platform.architecture for b in out):
+            raise UsageError(f"{ref} is listed twice for {im.platform} (one bundle holds one image per tag "
+                             "and architecture)", hint="fetch one platform per architecture")
+        if Digest.of(im.manifest_bytes) != im.manifest_digest or Digest.of(im.config_bytes) != im.image_id:
+            raise ImgtoolError(f"{ref}: the manifest or config bytes do not match their digests")
+        if len(im.config.diff_ids) != len(im.manifest.layers):
+            raise ImgtoolError(f"{ref}: the config lists {len(im.config.diff_ids)} diff_ids for "
+                               f"{len(im.manifest.layers)} layers")
+        unpacked = list(im.unpacked_sizes) + [None] * (len(im.manifest.layers) - len(im.unpacked_sizes))
+        layers = [Layer(d.digest, d.size, diff, d.media_type, unpacked_size=u)
+                  for d, diff, u in zip(im.manifest.layers, im.config.diff_ids, unpacked)]
+        for o in delta.omissions(im.config.diff_ids, im.platform.architecture) if delta else ():
+            layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
+                                                  provided_by=o.provided_by)
+        if any(x.digest.algorithm != "sha256" for x in layers):
+            raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
+        out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
+                               im.manifest.media_type, len(im.manifest_bytes), im.image_id,
+                               len(im.config_bytes), tuple(layers), im.upstream))
+    return out

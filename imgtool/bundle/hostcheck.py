@@ -1,4 +1,4 @@
-"""Can this Docker host take this bundle? The checks `load` refuses or warns on and `doctor` lists.
+"""Can this host's runtime take this bundle? The checks `load` refuses or warns on and `doctor` lists.
 
 One set of words and thresholds for both: zstd layers against the runtime's version, the storage
 driver, and free space under the runtime's root against what the load needs there, as the runtime
@@ -11,31 +11,21 @@ reads the statvfs of a local root dir.
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AbstractSet, Optional
+from typing import TYPE_CHECKING, AbstractSet, List, Optional
 
 from ..delta import chain_ids
-from ..model import UNPACKED_PER_COMPRESSED, Digest, format_size
+from ..model import LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED, Digest, format_size
 from .format import BundleIndex
-from .loadsh import ADVICE, PODMAN_STAGED_COPIES, STAGING_ADVICE
-from .texts import ZSTD_REMEDY, zstd_layer_refs
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime, RuntimeInfo
+    from ..runtimes.base import Runtime, RuntimeInfo
 
-# Podman 4.3 loading an archive of A bytes (measured with the test services' Podman on generated images: A = 16, 24
-# and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its
-# peak, imgtool's copy of the archive plus two copies Podman makes of the layers while it reads and applies them,
-# all removed after; its graphroot holds what the layers unpack to (overlay: +0.4 % for big files, +5 % for many
-# small ones). PODMAN_STAGED_COPIES and the advice live in loadsh.py: load.sh applies the same rules.
 TYPICAL_NEED = 20 * 1024 ** 3  # a vllm-ascend image: ~15 GB unpacked plus the archive staged (or kept) while loading
-FREE_SPACE_ADVICE = ADVICE["docker"]
 
 
 def free_space_advice(facts: "RuntimeInfo") -> str:
     """How to make room where this runtime keeps images, in its own tools' words."""
-    if facts.runtime == "containerd":
-        return ADVICE["containerd"].format(namespace=facts.namespace or "k8s.io")
-    return ADVICE["podman"] if facts.runtime == "podman" else FREE_SPACE_ADVICE
+    return facts.traits.space_advice(facts)
 
 
 @dataclass
@@ -71,8 +61,8 @@ def need_for(index: BundleIndex, facts: "RuntimeInfo", held_chains: AbstractSet[
     every member, even of layers it holds) and then registers each layer it lacks, unpacked; the
     containerd store (containerd, and Docker's containerd image store) writes the blobs into its
     content store, where they stay, and unpacks into snapshots; Podman loads from a whole copy of the
-    archive in its staging dir and copies the layers there twice more (PODMAN_STAGED_COPIES, counted here
-    when that is on the root's file system). A layer's unpacked size is what fetch learnt (or load's full
+    archive in its staging dir and copies the layers there twice more (the room's Traits.staged_copies,
+    counted here when that is on the root's file system). A layer's unpacked size is what fetch learnt (or load's full
     check measured), else model.UNPACKED_PER_COMPRESSED times its size."""
     layers: dict = {}  # chain ID -> (compressed, unpacked) of the layers the bundle carries
     held = 0
@@ -91,10 +81,9 @@ def need_for(index: BundleIndex, facts: "RuntimeInfo", held_chains: AbstractSet[
     total_unpacked = sum(u for _, u in fresh) if unpacked is None else unpacked
     if facts.containerd_store:
         return Need(0, sum(c for c, _ in fresh), total_unpacked, held)
-    staged = index.archive.tar_size
-    if facts.runtime == "podman":
-        # _staging_check holds the copies against their own file system
-        staged = PODMAN_STAGED_COPIES * staged if _same_fs(facts.staging_dir, facts.root_dir) else 0
+    # copies staged on another file system than the root: _staging_check holds them against theirs
+    staged = facts.traits.staged_copies * index.archive.tar_size \
+        if _same_fs(facts.staging_dir or facts.root_dir, facts.root_dir) else 0
     return Need(staged, 0, total_unpacked, held)
 
 
@@ -108,16 +97,13 @@ def held_chains(runtime: "Runtime") -> frozenset:
 
 def describe_need(need: Need, facts: "RuntimeInfo") -> str:
     """The need in words: how much, and what the runtime does with it."""
-    root = facts.root_dir or "its root"
     if facts.containerd_store:
         how = (f"{format_size(need.kept)} of compressed layers kept in the content store + "
                f"{format_size(need.unpacked)} unpacked into snapshots")
-    elif facts.runtime == "podman":
-        how = (f"{format_size(need.staged)} in {facts.staging_dir} for the copy of the archive Podman loads from "
-               f"and the two Podman makes of its layers + " if need.staged else "") + f"{format_size(need.unpacked)} unpacked"
     else:
-        how = (f"{format_size(need.staged)} for the archive {facts.title} unpacks into {root}/tmp before it "
-               f"registers the layers + {format_size(need.unpacked)} unpacked")
+        where = f" in {facts.staging_dir}" if facts.staging_dir else ""
+        how = (f"{format_size(need.staged)}{where} for {facts.traits.staged_words(facts)} + " if need.staged else "") \
+            + f"{format_size(need.unpacked)} unpacked"
     held = (f"; {need.held} layer{'s' if need.held != 1 else ''} {facts.title} holds already "
             f"{'are' if need.held != 1 else 'is'} not unpacked again") if need.held else ""
     return f"the bundle needs about {format_size(need.total)} ({how}{held})"
@@ -130,39 +116,29 @@ def _same_fs(a: str, b: str) -> bool:
         return True  # not measurable here: count it, as one file system
 
 
+def zstd_layer_refs(index: BundleIndex) -> List[str]:
+    """The images of this bundle sending zstd-compressed layers to the runtime (a delta bundle's omitted layers are
+    the runtime's already: never sent)."""
+    return list(dict.fromkeys(im.ref for im in index.images if any(
+        LAYER_COMPRESSION.get(x.media_type) == "zstd" and not x.omitted for x in im.layers)))
+
+
 def zstd_check(index: BundleIndex, facts: "RuntimeInfo") -> Optional[Check]:
-    """A fail when the bundle has zstd layers and the runtime cannot read them (Docker before 23.0); else None."""
-    zstd = zstd_layer_refs(index)  # omitted layers (a delta bundle) are the runtime's already: never sent
+    """A fail when the bundle has zstd layers and the runtime cannot read them (before its traits' zstd_since:
+    Docker 23.0, containerd 1.5, Podman 3.0); else None."""
+    zstd = zstd_layer_refs(index)
     if not zstd or facts.reads_zstd:
         return None
-    return Check("docker", "fail", f"Docker {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): "
-                 "that needs Docker 23.0 or later (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)",
-                 ZSTD_REMEDY)
+    title, since = facts.title, facts.traits.zstd_since
+    return Check(facts.runtime, "fail", f"{title} {facts.version} cannot read zstd-compressed layers ({', '.join(zstd)}): "
+                 f"that needs {title} {since} or later{facts.traits.zstd_symptom}",
+                 f"upgrade {title} to {since} or later, or fetch the image again with imgtool fetch --layers compat "
+                 "(the default), which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
 
 
 def storage_check(facts: "RuntimeInfo") -> Check:
-    """The image store and storage driver: a warn for devicemapper and vfs."""
-    if facts.runtime == "containerd":
-        return Check("storage", "ok", f"containerd's content store and {facts.driver} snapshotter under "
-                     f"{facts.root_dir}, namespace {facts.namespace}: image IDs are manifest digests")
-    if facts.runtime == "podman" and facts.unmade:
-        return Check("storage", "info", f"containers-storage ({facts.driver}) under {facts.root_dir}: not there yet "
-                     "(Podman makes it on first use)")
-    if facts.runtime == "podman":
-        return Check("storage", "warn" if facts.driver == "vfs" else "ok",
-                     f"containers-storage ({facts.driver}) under {facts.root_dir}",
-                     "vfs copies every layer in full: overlay is the usual choice" if facts.driver == "vfs" else "")
-    if facts.containerd_store:
-        return Check("storage", "ok", f"the containerd image store ({facts.driver} snapshotter) under "
-                     f"{facts.root_dir}: image IDs are manifest digests; imgtool confirms loads by them")
-    where = f"{facts.driver} under {facts.root_dir} (graphdriver image store)"
-    if facts.driver == "devicemapper":
-        return Check("storage", "warn", where, "devicemapper limits each container to dm.basesize (10 GB by "
-                     "default), less than a vllm-ascend image: raise dm.basesize or move to overlay2")
-    if facts.driver == "vfs":
-        return Check("storage", "warn", where, "vfs copies every layer in full: expect several times the "
-                     "unpacked size on disk; overlay2 is the usual choice")
-    return Check("storage", "ok", where)
+    """The image store and storage driver, as the runtime's room describes them (a warn for devicemapper, vfs)."""
+    return Check("storage", *facts.traits.storage(facts))
 
 
 def space_check(facts: "RuntimeInfo", index: Optional[BundleIndex], unpacked: Optional[int] = None,
@@ -210,9 +186,9 @@ def _made_part(path: str) -> str:
 
 
 def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Optional[Check]:
-    """Podman loads from a copy of the whole archive in its staging dir (/var/tmp, $TMPDIR) and copies the layers
-    there twice more while it reads and applies them: on another file system than its storage, that needs
-    PODMAN_STAGED_COPIES times the archive there; a fail when it lacks it."""
+    """A runtime with a staging dir (Podman: /var/tmp, $TMPDIR) copies the whole archive there, and Podman the
+    layers twice more while it reads and applies them: on another file system than its storage, that needs
+    Traits.staged_copies times the archive there; a fail when it lacks it."""
     stage = facts.staging_dir
     if index is None or not stage or not os.path.isdir(stage) or not os.path.isdir(facts.root_dir):
         return None
@@ -220,10 +196,9 @@ def _staging_check(facts: "RuntimeInfo", index: Optional[BundleIndex]) -> Option
         return None  # one file system: need_for already counts the archive
     st = os.statvfs(stage)
     free = st.f_bavail * st.f_frsize
-    need = PODMAN_STAGED_COPIES * index.archive.tar_size
+    need = facts.traits.staged_copies * index.archive.tar_size
     if free >= need:
         return None
     return Check("space", "fail", f"not enough space for {facts.title}'s copy of the archive in {stage}: it needs "
-                 f"{format_size(need)} (the copy of the archive Podman loads from and the two Podman makes of its "
-                 f"layers), {format_size(free)} is free{_staged_by_others(facts, stage)}",
-                 STAGING_ADVICE)
+                 f"{format_size(need)} ({facts.traits.staged_words(facts)}), {format_size(free)} is free"
+                 f"{_staged_by_others(facts, stage)}", f"free space there, or {facts.traits.staging_advice}")

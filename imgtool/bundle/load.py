@@ -44,10 +44,8 @@ from .verify import VerifyReport, check_metadata, check_parts, deep_check
 from .walk import layer_digester
 
 if TYPE_CHECKING:
-    from ..runtime import ImageInfo, Runtime, RuntimeInfo, Unfinished
+    from ..runtimes.base import ImageInfo, Runtime, RuntimeInfo, Unfinished
 
-# what the runtime's own words call a load, in messages: "docker load finished, but ..."
-LOAD_VERB = {"docker": "docker load", "containerd": "ctr images import", "podman": "podman load"}
 
 
 
@@ -271,7 +269,7 @@ def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Runti
     try:
         try:
             sent = _stream(bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
-                           _outgoing_meta(index, plan.view.images, plan.others, facts.runtime))
+                           _outgoing_meta(index, plan.view.images, plan.others, facts.traits.digest_names))
             _unpack(daemon, plan)
             if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
                 _check_applied(daemon, facts, plan.loading)
@@ -299,7 +297,7 @@ def _confirm_others(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan) -> Lis
     for im, image_id in zip(plan.others, plan.other_ids):
         info = daemon.image_info(image_id)
         if info is None:
-            raise DaemonError(f"{LOAD_VERB.get(facts.runtime, 'load')} finished, but {im.ref} for {im.platform} "
+            raise DaemonError(f"{facts.traits.load_command} finished, but {im.ref} for {im.platform} "
                               f"(ID {image_id[7:19]}) is not in {facts.title}")
         out.append(LoadedImage(im.ref, [], str(im.image_id), info.id, str(im.platform), info.size, False))
     return out
@@ -460,14 +458,14 @@ def _bad_members(feed: Iterable[Union[bytes, layout.Member]]) -> List[layout.Mem
 
 
 def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],
-                   runtime: str) -> Dict[str, bytes]:
+                   digest_names: bool) -> Dict[str, bytes]:
     """The manifest.json / index.json the runtime gets in place of the archive's, when not every image goes
     out as the archive names it: a subset (the runtime's platform of a multi-platform tag) gets its own,
     naming it; with every platform (`others` besides the `named`), index.json names the tag's platform and,
-    for containerd, which keeps only named images, the others by digest."""
+    for a runtime that keeps only named images (Traits.digest_names: containerd), the others by digest."""
     if others:
         images = list(named) + list(others)
-        names = [im.ref for im in named] + [layout.digest_name(im) if runtime == "containerd" else None
+        names = [im.ref for im in named] + [layout.digest_name(im) if digest_names else None
                                             for im in others]
         return {"index.json": layout.named_index_json(images, names)}
     if len(named) < len(index.images):
@@ -603,7 +601,7 @@ def _digest_refs(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, id
     """On containerd, each image is also named REPO@<the registry's manifest digest>, as the CRI plugin names
     an image it pulls (its RepoDigests): a Pod pinned by digest (`run-flags --format k8s --bundle`) then finds
     it on the node instead of pulling. The other runtimes keep digests their own way."""
-    if facts.runtime != "containerd":
+    if not facts.traits.digest_names:
         return
     for im in index.images:  # (ctr images tag --force: naming it again is harmless)
         ref = im.image_ref
@@ -642,7 +640,7 @@ def _tag_and_confirm(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex
                      before: dict, ids: Dict[str, str]) -> List[LoadedImage]:
     """Give each image its canonical name and --tag names, then confirm by the ID this runtime gives it
     (`ids`, see layout.runtime_image_id); raises DaemonError."""
-    verb, title = LOAD_VERB.get(facts.runtime, "load"), facts.title
+    verb, title = facts.traits.load_command, facts.title
     out = []
     now = _lookup(daemon, index)({im.ref: ids[im.ref] for im in index.images})
     for im in index.images:

@@ -12,21 +12,16 @@ from typing import Dict, List, Tuple
 
 from ..delta import chain_ids
 from ..model import UNPACKED_PER_COMPRESSED
+from ..runtimes import containerd, docker, podman
 from ..text import sh_quote
 from .format import BUNDLE_JSON, SHA256SUMS, BundleIndex
 from .layout import runtime_image_id
 
-# Podman 4.3 loading an archive of A bytes holds 3.0 x A in its staging dir at its peak (bundle/hostcheck.py)
-PODMAN_STAGED_COPIES = 3
-PINNED = "io.cri-containerd.pinned=pinned"  # as containerd.PINNED: the CRI plugin reports such images pinned (1.7+)
-# How to make room where each runtime keeps images, in its own tools' words (hostcheck.free_space_advice)
-ADVICE = {
-    "docker": "free space there (docker image prune, docker system df), or move Docker's data-root",
-    "containerd": "free space there (ctr -n {namespace} images prune --all; on a Kubernetes node crictl rmi --prune), "
-                  "or move containerd's root (root in /etc/containerd/config.toml)",
-    "podman": "free space there (podman image prune, podman system df), or move Podman's graphroot (storage.conf)",
-}
-STAGING_ADVICE = f"free space there, or point TMPDIR at a directory with room for {PODMAN_STAGED_COPIES} times the archive"
+# the rooms' own numbers and words, so load.sh and imgtool say the same (bundle/hostcheck.py asks the rooms' traits)
+PODMAN_STAGED_COPIES = podman.TRAITS.staged_copies  # Podman 4.3 holds 3.0 x the archive in its staging dir at its peak
+PINNED = containerd.PINNED  # the CRI plugin reports such images pinned (1.7+)
+ADVICE = {"docker": docker.SPACE_ADVICE, "containerd": containerd.SPACE_ADVICE, "podman": podman.SPACE_ADVICE}
+STAGING_ADVICE = f"free space there, or {podman.TRAITS.staging_advice}"
 
 
 # --- 1. which sums the parts are checked against ---------------------------------------------------------------

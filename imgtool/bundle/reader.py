@@ -11,12 +11,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, List, Optional, Sequence, Tuple
 
 from .. import gz
 from ..errors import UsageError, VerifyError
 from ..fsutil import NotRegularFile, open_regular, require_regular
-from ..worker import Worker
+from ..worker import Worker, sha256_of
 from .format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
 
 READ_SIZE = 1024 * 1024
@@ -137,14 +137,6 @@ def hash_part(path: Path, on_bytes: Callable[[int], None] = lambda n: None) -> s
                 break
             sha.update(view[:n])
             on_bytes(n)
-    return sha.hexdigest()
-
-
-def sha256_of(feed: Iterable[bytes]) -> str:
-    """sha256 hex of the chunks of a feed: a Worker target (hashlib releases the GIL)."""
-    sha = hashlib.sha256()
-    for chunk in feed:
-        sha.update(chunk)
     return sha.hexdigest()
 
 

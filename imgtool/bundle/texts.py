@@ -4,11 +4,12 @@ from typing import Dict, List, Sequence
 
 from .. import __version__
 from ..delta import describe_requirements, requirements
-from ..model import FAT32_MAX, LAYER_COMPRESSION, format_size
+from ..model import FAT32_MAX, format_size
 from ..sshsig import NAMESPACE
 from ..text import for_terminal, sh_quote
 from . import loadsh
 from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
+from .hostcheck import zstd_layer_refs
 
 _DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
 #: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
@@ -432,13 +433,6 @@ def _multiarch_refs(index: BundleIndex) -> List[str]:
     for im in index.images:
         seen.setdefault(im.ref, []).append(im)
     return [ref for ref, ims in seen.items() if len(ims) > 1]
-
-
-def zstd_layer_refs(index: BundleIndex) -> List[str]:
-    """The images of this bundle sending zstd-compressed layers to Docker, which reads them only from 23.0 on
-    (a delta bundle's omitted layers are Docker's already)."""
-    return list(dict.fromkeys(im.ref for im in index.images if any(
-        LAYER_COMPRESSION.get(x.media_type) == "zstd" and not x.omitted for x in im.layers)))
 
 
 def _zstd_layers_check(index: BundleIndex) -> str:

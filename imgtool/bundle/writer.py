@@ -24,11 +24,10 @@ from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, write_atomic
 from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
-from ..worker import Worker
+from ..worker import Worker, sha256_of
 from . import layout, texts
-from .reader import sha256_of
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
-                     SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Layer, Part, UpstreamIndex)
+                     SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Part, UpstreamIndex, bundle_images)
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
 SYNC_BEHIND = 64 * 1024 * 1024  # start write-back every this many bytes, so the closing fsync is short
@@ -212,34 +211,6 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
 def archive_order(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[Digest]:
     """The layer blobs in the order write_bundle copies them (their order in the archive)."""
     return [m.digest for m in layout.members(bundle_images(images, delta)) if m.kind == "layer"]
-
-
-def bundle_images(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[BundleImage]:
-    """bundle.json's view of pulled images, leaving out the layers `delta` plans to leave out;
-    raises UsageError for duplicates or inconsistent inputs."""
-    out: List[BundleImage] = []
-    for im in images:
-        ref = im.ref.tagged if im.ref.tag else f"{im.ref.name}@{im.ref.digest or im.manifest_digest}"
-        if any(b.ref == ref and b.platform.architecture == im.platform.architecture for b in out):
-            raise UsageError(f"{ref} is listed twice for {im.platform} (one bundle holds one image per tag "
-                             "and architecture)", hint="fetch one platform per architecture")
-        if Digest.of(im.manifest_bytes) != im.manifest_digest or Digest.of(im.config_bytes) != im.image_id:
-            raise ImgtoolError(f"{ref}: the manifest or config bytes do not match their digests")
-        if len(im.config.diff_ids) != len(im.manifest.layers):
-            raise ImgtoolError(f"{ref}: the config lists {len(im.config.diff_ids)} diff_ids for "
-                               f"{len(im.manifest.layers)} layers")
-        unpacked = list(im.unpacked_sizes) + [None] * (len(im.manifest.layers) - len(im.unpacked_sizes))
-        layers = [Layer(d.digest, d.size, diff, d.media_type, unpacked_size=u)
-                  for d, diff, u in zip(im.manifest.layers, im.config.diff_ids, unpacked)]
-        for o in delta.omissions(im.config.diff_ids, im.platform.architecture) if delta else ():
-            layers[o.index] = dataclasses.replace(layers[o.index], omitted=True, chain_id=o.chain_id,
-                                                  provided_by=o.provided_by)
-        if any(x.digest.algorithm != "sha256" for x in layers):
-            raise ImgtoolError(f"{ref}: only sha256 layer digests are supported")
-        out.append(BundleImage(ref, im.source, im.platform, im.index_digest, im.manifest_digest,
-                               im.manifest.media_type, len(im.manifest_bytes), im.image_id,
-                               len(im.config_bytes), tuple(layers), im.upstream))
-    return out
 
 
 def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callable[[Digest], Path], *,

@@ -33,7 +33,7 @@ def export(images, output, chunk_size, compress, gzip_level, gzip_library, threa
     loads on old Docker.
     """
     from ..config import docker_host
-    from ..daemon import open_daemon
+    from ..runtimes.docker import open_daemon
     from ..export import ExportOptions, check_options, export as do_export
 
     opts = ExportOptions(images, output=output, chunk_size=size_value(chunk_size), compress=compress,

@@ -19,7 +19,7 @@ def inventory(output, runtime, address, namespace, as_json):
     layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.
     """
     from ..inventory import check_output, take_inventory
-    from ..runtime import open_runtime
+    from ..runtimes.choice import open_runtime
 
     path = check_output(output)  # a bad -o is named before the runtime is asked anything
     with open_runtime(runtime_choice(runtime, address, namespace), timeout=120) as rt:

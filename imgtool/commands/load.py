@@ -41,7 +41,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     from ..bundle.load import load_bundle
     from ..bundle.reader import read_index
     from ..model import format_size
-    from ..runtime import open_runtime
+    from ..runtimes.choice import open_runtime
 
     bundle_usage(bundle_dir, expect)
     choice = runtime_choice(runtime, address, namespace)
@@ -77,9 +77,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
 
 
 def _runtime_title(facts: dict) -> str:
-    from ..runtime import TITLES
-
-    return TITLES.get(facts.get("runtime", "docker"), "Docker")
+    return facts["title"]
 
 
 def _namespace_words(facts: dict) -> str:

@@ -10,6 +10,7 @@ import copy
 import click
 
 from ..config import carriers_help
+from ..runtimes.choice import CHOICES
 from .output import progress, set_flag
 
 
@@ -131,7 +132,7 @@ def runtime_options(f):
                      help="containerd's namespace (default: $CONTAINERD_NAMESPACE, else k8s.io, the kubelet's).")(f)
     f = click.option("--address", metavar="SOCKET",
                      help="containerd's socket (default: $CONTAINERD_ADDRESS, else /run/containerd/containerd.sock).")(f)
-    f = click.option("--runtime", "runtime", type=click.Choice(["auto", "docker", "containerd", "podman"]),
+    f = click.option("--runtime", "runtime", type=click.Choice(CHOICES),
                      default="auto", show_default=True,
                      help="Where images go: Docker (DOCKER_HOST), containerd (a Kubernetes node) or Podman; "
                           "auto: on a Kubernetes node the kubelet's runtime (its configuration says which), "
@@ -142,9 +143,9 @@ def runtime_options(f):
 def runtime_choice(runtime, address, namespace):
     """The runtime options, the runtimes' variables and this node's kubelet (read-only), as a Choice; the
     kubelet's files that cannot be read are said on stderr."""
-    from .. import kubelet
     from ..config import runtime_environment
-    from ..runtime import Choice
+    from ..runtimes import kubelet
+    from ..runtimes.choice import Choice
 
     warnings: list = []
     found = kubelet.find(warnings)

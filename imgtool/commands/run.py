@@ -2,9 +2,8 @@
 
 import click
 
-from ..errors import UsageError
-from ..presets.run import RUNTIMES
-from .options import common, json_option, mirrors_option, presets_option
+from ..runtimes.choice import CHOICES, PROGRAMS
+from .options import common, json_option, mirrors_option, presets_option, runtime_choice, say_choice
 from .output import emit_json, progress
 
 
@@ -43,8 +42,10 @@ def run_options(f):
         click.option("-d", "--detach", is_flag=True, help="Start in the background, like docker run -itd."),
         click.option("--rm/--no-rm", "remove", default=True, show_default=True,
                      help="Remove the container when it exits."),
-        click.option("--runtime", type=click.Choice(RUNTIMES), default="docker", show_default=True,
-                     help="The runtime: `docker run` or `podman run` (the same flags; podman also gets --pull=never)."),
+        click.option("--runtime", type=click.Choice(CHOICES), default="auto", show_default=True,
+                     help="The runtime: `docker run` or `podman run` (the same flags; podman also gets --pull=never); "
+                          "auto chooses as load does: on a Kubernetes node the kubelet's runtime (containerd: a Pod, "
+                          "run-flags --format k8s), elsewhere the first of Docker, containerd, Podman that answers."),
         mirrors_option,
         presets_option,
     ]
@@ -53,8 +54,8 @@ def run_options(f):
     return f
 
 
-def _run_spec(preset_name, kw):
-    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options."""
+def _run_spec(preset_name, kw, program=PROGRAMS[0]):
+    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options, rendered for `program`."""
     from .. import presets as P
     from ..config import load_mirrors
 
@@ -65,7 +66,7 @@ def _run_spec(preset_name, kw):
         devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
         name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
         volumes=tuple(kw["volumes"]), publish=tuple(kw["publish"]), multi_node=kw["multi_node"],
-        detach=kw["detach"], remove=kw["remove"], command=command, runtime=kw["runtime"])
+        detach=kw["detach"], remove=kw["remove"], command=command, program=program)
     spec = P.build_spec(pset, preset_name, opts)
     return pset, preset, spec, load_mirrors(kw["mirrors_file"])
 
@@ -73,41 +74,39 @@ def _run_spec(preset_name, kw):
 ASK_TIMEOUT = 5  # run-flags asks the runtime about local images, and needs no runtime at all
 
 
-def _local_tags(repository, runtime):
-    """Tags of `repository` in the local runtime, or None when it cannot be asked (run-flags needs no runtime)."""
+def _ask_runtime(choice):
+    """The runtime `choice` names (auto: as load chooses), opened to ask about local images, or None when none
+    answers (run-flags needs no runtime): the caller closes it."""
     from ..errors import DaemonError
+    from ..runtimes.choice import open_runtime
 
     try:
-        if runtime == "podman":
-            from ..podman import Podman
-
-            return Podman(quick=ASK_TIMEOUT).local_tags(repository)
-        from ..daemon import open_daemon
-
-        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
-            return daemon.local_tags(repository)
+        return open_runtime(choice, timeout=ASK_TIMEOUT, create=False)
     except DaemonError:
         return None
 
 
-def _arch_warning(spec):
+def _local_tags(repository, runtime):
+    """Tags of `repository` in `runtime`, or None when there is none or it cannot be asked."""
+    from ..errors import DaemonError
+
+    try:
+        return runtime.local_tags(repository) if runtime is not None else None
+    except DaemonError:
+        return None
+
+
+def _arch_warning(spec, runtime):
     """The runtime's warning for an image of another architecture, or None (also when it cannot be asked)."""
     from ..errors import DaemonError
 
     try:
-        if spec.runtime == "podman":
-            from ..podman import Podman
-
-            return Podman(quick=ASK_TIMEOUT).arch_warning(spec.image)
-        from ..daemon import open_daemon
-
-        with open_daemon(timeout=ASK_TIMEOUT) as daemon:
-            return daemon.arch_warning(spec.image)
+        return runtime.arch_warning(spec.image) if runtime is not None else None
     except DaemonError:
         return None  # run-flags works without a runtime
 
 
-def _warn_spec(spec, preset, default_image):
+def _warn_spec(spec, preset, default_image, runtime):
     from .. import presets as P
 
     warning = P.privileged_warning(spec)
@@ -117,7 +116,7 @@ def _warn_spec(spec, preset, default_image):
     if mismatch:
         progress().warn(mismatch)
     if not spec.image_is_placeholder:  # the same warning as load and doctor: exec format error ahead
-        wrong_arch = _arch_warning(spec)
+        wrong_arch = _arch_warning(spec, runtime)
         if wrong_arch:
             progress().warn(wrong_arch)
 
@@ -126,6 +125,7 @@ def _image_to_run(spec, preset, image, default_image, local_tags):
     """The spec with IMAGE (a bare tag: of the default image), else the newest local image for the preset;
     raises UsageError when there is none. `local_tags(repository)` asks the runtime."""
     from .. import presets as P
+    from ..errors import UsageError
 
     if image:
         return spec.with_image(P.normalize_image(image, default_image))
@@ -143,7 +143,7 @@ def _image_to_run(spec, preset, image, default_image, local_tags):
               help="Image or tag (default: the newest one for PRESET loaded in the runtime, else a placeholder).")
 @run_options
 @click.option("--one-line", is_flag=True, help="Print the command on one line instead of one flag per line.")
-@click.option("--format", "fmt", type=click.Choice(["docker", "podman", "k8s"]), default=None,
+@click.option("--format", "fmt", type=click.Choice([p.name for p in PROGRAMS] + ["k8s"]), default=None,
               help="docker run, podman run, or a Kubernetes Pod/Deployment as YAML (default: --runtime's).")
 @click.option("--kind", type=click.Choice(["pod", "deployment"]), default=None,
               help="k8s: a Pod (the default) or a Deployment.")
@@ -165,14 +165,42 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
         imgtool run-flags a2 -v /data/models:/models -- vllm serve /models/Qwen3-8B
         imgtool run-flags a2 --format k8s --bundle DIR -- vllm serve Qwen/Qwen3-8B > pod.yaml
     """
-    from .. import presets as P
 
+    choice = runtime_choice(kw.pop("runtime"), None, None)
+    runtime = _ask_runtime(choice)
+    try:
+        fmt, program = _run_format(choice, runtime, fmt)
+        if runtime is not None and fmt != "k8s" and runtime.traits.run_program != program:
+            runtime.close()
+            runtime = None  # the runtime that answered is not the one the command is for: not asked
+        _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kw, program, runtime)
+    finally:
+        if runtime is not None:
+            runtime.close()
+
+
+def _run_format(choice, runtime, fmt):
+    """(the format, the program rendered): --format's, else the chosen runtime's `run` program, else (a runtime
+    without one: containerd, whose containers the kubelet starts) a Pod. Raises UsageError."""
+    from ..errors import UsageError
+    from ..runtimes.choice import ROOMS
+
+    if choice.effective != "auto":
+        traits = ROOMS[choice.effective]
+    else:  # the runtime that answered, as load would choose it; Docker's syntax when none does
+        traits = runtime.traits if runtime is not None else next(iter(ROOMS.values()))
+    programs = {p.name: p for p in PROGRAMS}
     if fmt is None:
-        fmt = kw["runtime"]
-    elif fmt in P.RUNTIMES:
-        if kw["runtime"] not in ("docker", fmt):  # docker is --runtime's default: only another runtime disagrees
-            raise UsageError(f"--format {fmt} and --runtime {kw['runtime']} name different programs: give one")
-        kw["runtime"] = fmt
+        return ("k8s", PROGRAMS[0]) if traits.run_program is None else (traits.run_program.name, traits.run_program)
+    if fmt in programs and choice.runtime != "auto" and traits.run_program != programs[fmt]:
+        raise UsageError(f"--format {fmt} and --runtime {choice.runtime} name different programs: give one")
+    return fmt, programs.get(fmt, traits.run_program or PROGRAMS[0])
+
+
+def _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kw, program, runtime):
+    from .. import presets as P
+    from ..errors import UsageError
+
     if fmt != "k8s":
         for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle"),
                             (arch, "--arch")):
@@ -182,16 +210,16 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
         raise UsageError("--one-line applies to --format docker and podman")
     elif arch is not None and bundle_dir is None:
         raise UsageError("--arch applies with --bundle: it chooses which of the bundle's manifests the Pod names")
-    pset, p, spec, config = _run_spec(preset, kw)
+    pset, p, spec, config = _run_spec(preset, kw, program)
     if fmt == "k8s":
-        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, arch, as_json)
+        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, arch, as_json, runtime)
         return
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
     else:
         spec = spec.with_image(*P.default_image_for(p, config.default_image,
-                                                    _local_tags(config.default_image, spec.runtime)))
-    _warn_spec(spec, p, config.default_image)
+                                                    _local_tags(config.default_image, runtime)))
+    _warn_spec(spec, p, config.default_image, runtime)
     if spec.image_is_placeholder:
         progress().warn(f"no {config.default_image} image for preset {p.name} is loaded here; "
                         f"replace {P.PLACEHOLDER_TAG} in the command or pass --image")
@@ -201,7 +229,7 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
         click.echo(P.render_command(spec, one_line=one_line))
 
 
-def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, arch, as_json):
+def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, arch, as_json, runtime):
     """run-flags --format k8s: the Pod or Deployment, by digest from a bundle, else by tag (as for docker)."""
     from .. import presets as P
 
@@ -214,7 +242,7 @@ def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_d
     elif image:
         spec = spec.with_image(P.normalize_image(image, default_image))
     else:
-        spec = spec.with_image(*P.default_image_for(preset, default_image, _local_tags(default_image, spec.runtime)))
+        spec = spec.with_image(*P.default_image_for(preset, default_image, _local_tags(default_image, runtime)))
     doc = P.manifest(spec, preset, options, architecture)  # bad input is exit 2 before any warning
     for warning in (P.privileged_warning(spec), P.suffix_mismatch(preset, spec.image, default_image)):
         if warning:
@@ -247,26 +275,23 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
         imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
     """
     from .. import presets as P
+    from ..runtimes.choice import ROOMS, open_runtime, refuse_without_run, runner
 
+    choice = runtime_choice(kw.pop("runtime"), None, None)
     devices_given = P.explicit_cards(kw["devices"])
     pset, p, spec, config = _run_spec(preset, kw)
     spec, left_out = P.fit_to_host(spec, pset, devices_given, allow_missing_devices)
     if left_out:
         progress().note(f"--allow-missing-devices: leaving out {len(left_out)} absent path(s): {', '.join(left_out)}")
-    if spec.runtime == "podman":
-        from ..podman import Podman
-
-        podman = Podman()
-        spec = _image_to_run(spec, p, image, config.default_image, podman.local_tags)
-        _warn_spec(spec, p, config.default_image)
-        code, container = podman.run_container(spec)
-    else:
-        from ..daemon import open_daemon
-
-        with open_daemon(timeout=None) as daemon:  # a container's output may pause for hours: no read timeout
-            spec = _image_to_run(spec, p, image, config.default_image, daemon.local_tags)
-            _warn_spec(spec, p, config.default_image)
-            code, container = daemon.run_container(spec)
+    say_choice(choice)
+    if choice.effective in ROOMS:
+        refuse_without_run(ROOMS[choice.effective])  # before asking it anything
+    with open_runtime(choice, timeout=None) as opened:  # a container's output may pause for hours: no read timeout
+        runtime, program = runner(opened)
+        spec = spec.for_program(program)
+        spec = _image_to_run(spec, p, image, config.default_image, runtime.local_tags)
+        _warn_spec(spec, p, config.default_image, runtime)
+        code, container = runtime.run_container(spec, lambda interactive: P.render_argv(spec.for_terminal(interactive)))
     if spec.detach:
         click.echo(container)
     click.get_current_context().exit(code)

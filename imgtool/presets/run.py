@@ -1,8 +1,8 @@
 """A run: preset + the user's options -> `RunSpec`, cut to the host, rendered as `docker run`
 or `podman run`.
 
-Pure: the daemon is asked about local images and starts the container in `daemon.py` (Podman:
-`podman.py`, which runs the rendered command);
+Pure: the runtime's room (runtimes/docker.py, runtimes/podman.py, which runs the rendered command) is asked
+about local images and starts the container;
 the host's device nodes are looked at through an `exists` callable, so every decision
 here can be tested without an NPU.
 """
@@ -15,6 +15,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import ImgtoolError, UsageError
 from ..model import ImageRef, parse_size
 from ..releases import TagInfo, pick_tag
+from ..runtimes.base import RunProgram
+from ..runtimes.choice import PROGRAMS
 from .preset import (CONTAINER_NAME_RE, NETWORK_RE, Mount, Port, Preset, PresetSet, docker_size, format_cards, parse_cards, parse_env,
                      parse_mount)
 
@@ -24,24 +26,11 @@ PLACEHOLDER_TAG = "<version>"
 DEFAULT_NAME = "vllm-ascend"
 
 
-@dataclass(frozen=True)
-class Program:
-    """A runtime whose `run` command imgtool renders: what differs from `docker run`, and only that."""
-
-    name: str  # the program, argv[0]
-    title: str  # as messages name it: "loaded in Podman"
-    extra: Tuple[str, ...] = ()  # flags after -it/-d that only this program gets
-
-
-# Podman 4.3 takes every flag imgtool renders in Docker's syntax (--net is its alias of --network,
-# --shm-size its units k/m/g). `podman run` pulls a missing image by default (Docker does too, but
-# Docker before 20.10 has no --pull, and Kylin's is 18.09): an offline host must get "image not
-# known" at once, never a pull or a short-name prompt.
-PROGRAMS = {
-    "docker": Program("docker", "Docker"),
-    "podman": Program("podman", "Podman", ("--pull=never",)),
-}
-RUNTIMES = tuple(PROGRAMS)
+# The program rendered is the runtime room's (runtimes.base.RunProgram, one per runtime with a `run`): Podman 4.3
+# takes every flag imgtool renders in Docker's syntax (--net is its alias of --network, --shm-size its units
+# k/m/g); `podman run` pulls a missing image by default, so its program adds --pull=never: an offline host must
+# get "image not known" at once, never a pull or a short-name prompt.
+DEFAULT_PROGRAM = PROGRAMS[0]  # `docker run`: run-flags' syntax when no runtime answers
 
 PRIVILEGED_EFFECT = (
     "it gives the container every host device and all kernel capabilities and turns off its "
@@ -67,7 +56,7 @@ class RunOptions:
     remove: bool = True
     interactive: bool = True
     command: Tuple[str, ...] = ()
-    runtime: str = "docker"  # a key of PROGRAMS
+    program: RunProgram = DEFAULT_PROGRAM  # the runtime's `run`
 
 
 @dataclass(frozen=True)
@@ -91,11 +80,14 @@ class RunSpec:
     remove: bool = True
     interactive: bool = True  # -it (rendered with -d too: detached like `docker run -itd`)
     image_is_placeholder: bool = False
-    runtime: str = "docker"  # a key of PROGRAMS: the program rendered
+    program: RunProgram = DEFAULT_PROGRAM  # the runtime's `run`: the program rendered
 
-    @property
-    def program(self) -> Program:
-        return PROGRAMS[self.runtime]
+    def for_program(self, program: RunProgram) -> "RunSpec":
+        return replace(self, program=program)
+
+    def for_terminal(self, interactive: bool) -> "RunSpec":
+        """The spec as started here: -it only when the session is on a terminal."""
+        return replace(self, interactive=interactive)
 
     @property
     def shm_size_text(self) -> str:
@@ -146,8 +138,6 @@ _OPTION_RULES: Tuple[Tuple[str, str, Callable[[Optional[str]], bool], str], ...]
 
 def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image: str = "") -> RunSpec:
     """The container the user asked for: preset + options, validated; raises UsageError."""
-    if options.runtime not in PROGRAMS:
-        raise UsageError(f"invalid runtime {options.runtime!r}: expected {' or '.join(RUNTIMES)}")
     preset = presets.get(preset_name)
     cards = _cards(preset, options.devices)
     shm = parse_size(options.shm_size, "--shm-size") if options.shm_size is not None else preset.shm_size
@@ -179,7 +169,7 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         detach=options.detach,
         remove=options.remove,
         interactive=options.interactive,
-        runtime=options.runtime,
+        program=options.program,
     )
 
 
@@ -318,7 +308,7 @@ class _Absent:
 
 
 def render_groups(spec: RunSpec) -> List[List[str]]:
-    """The `docker run` (or `podman run`: spec.runtime) argv in groups, one group per line of the readable form."""
+    """The `docker run` (or `podman run`: spec.program) argv in groups, one group per line of the readable form."""
     head = [spec.program.name, "run"]
     if spec.remove:
         head.append("--rm")

@@ -155,7 +155,7 @@ class ContainerdNode(Node):
                       if row[2] == digest and not row[0].startswith("sha256:") and "@" not in row[0])
 
     def holds(self, ref: str, image) -> bool:
-        from imgtool.containerd import normalize
+        from imgtool.runtimes.containerd import normalize
 
         return any(row[0] == normalize(ref) and row[2] == self.bundle_id(image) for row in self.refs())
 
@@ -163,14 +163,14 @@ class ContainerdNode(Node):
         return next(row[-1] for row in self.refs() if row[0] == ref)
 
     def run(self, ref: str, *command: str) -> str:
-        from imgtool.containerd import normalize
+        from imgtool.runtimes.containerd import normalize
 
         name = "run-" + os.urandom(4).hex()
         root = os.path.join(os.path.dirname(self.socket), "runc", "k8s.io")
         return self.ctr("run", "--rm", "--runc-root", root, normalize(ref), name, *command).stdout
 
     def cleanup(self) -> List[str]:
-        from imgtool.containerd import normalize
+        from imgtool.runtimes.containerd import normalize
 
         names = {normalize(r) if not r.startswith("sha256:") else r for r in self.removals}
         rows = self.refs()

@@ -21,10 +21,32 @@ import socket
 import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .errors import DaemonError, ProgramFailed, UsageError
-from .model import Digest
-from .program import Program
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, ProgramFailed, UsageError
+from ..model import Digest
+from ..program import Program
+from .base import ImageInfo, RuntimeInfo, Traits, Unfinished, tags_of
+
+
+class _ContainerdTraits(Traits):
+    def describe(self, facts: RuntimeInfo) -> str:
+        return f"containerd {facts.version} at {facts.host}, namespace {facts.namespace}"
+
+    def storage(self, facts: RuntimeInfo) -> Tuple[str, str, str]:
+        return "ok", (f"containerd's content store and {facts.driver} snapshotter under {facts.root_dir}, "
+                      f"namespace {facts.namespace}: image IDs are manifest digests"), ""
+
+    def space_advice(self, facts: RuntimeInfo) -> str:
+        return SPACE_ADVICE.format(namespace=facts.namespace or "k8s.io")
+
+
+# how to make room where containerd keeps images, in its own tools' words (load.sh says the same: bundle/loadsh.py)
+SPACE_ADVICE = ("free space there (ctr -n {namespace} images prune --all; on a Kubernetes node crictl rmi --prune), "
+                "or move containerd's root (root in /etc/containerd/config.toml)")
+# containerd keeps the compressed blobs in its content store and unpacks them into snapshots: nothing staged
+TRAITS = _ContainerdTraits(
+    title="containerd", load_command="ctr images import", zstd_since="1.5", digest_names=True, pins_for_kubelet=True,
+    absent_advice="start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS; "
+                  "run as root")
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the snapshotter
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
@@ -36,6 +58,8 @@ _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 *
 
 class Containerd:
     """The operations load, inventory and doctor need of containerd (runtime.Runtime); errors are DaemonError."""
+
+    traits: Traits = TRAITS
 
     def __init__(self, address: str, namespace: str, timeout: Optional[float] = LOAD_TIMEOUT,
                  snapshotter: str = ""):
@@ -74,14 +98,19 @@ class Containerd:
 
     def info(self) -> RuntimeInfo:
         """Version, snapshotter, root dir and architecture of containerd; raises DaemonError."""
-        from .model import Platform
+        from ..model import Platform
 
         roots, platform = _plugins(self.ctr.run(["plugins", "ls", "--detailed"]), self.snapshotter)
         content = roots.get("content", "")
         arch = Platform.parse(platform).architecture if platform else Platform.host().architecture
-        return RuntimeInfo(host=self.address, version=self._version, api_version="", driver=self.snapshotter,
+        return RuntimeInfo(traits=TRAITS, host=self.address, version=self._version, api_version="", driver=self.snapshotter,
                            root_dir=os.path.dirname(content) if content else "", arch=arch, os="linux", local=True,
                            image_store="containerd", runtime="containerd", namespace=self.namespace)
+
+    def local_tags(self, repository: str) -> List[str]:
+        """Tags of `repository` in this namespace, sorted (run-flags --format k8s: the newest for a preset); raises
+        DaemonError."""
+        return tags_of(self.images_by_id().values(), repository)
 
     # --- images ---------------------------------------------------------------------------------
 
@@ -141,7 +170,7 @@ class Containerd:
         """What is missing of a recorded image, or None when it is complete (manifest, config and every layer
         in the content store) and unpacked (its top layer chain a committed snapshot of the snapshotter,
         which its config holds on to); raises DaemonError."""
-        from .delta import chain_ids
+        from ..delta import chain_ids
 
         manifest = self._content(image_id)
         if manifest is None or "layers" not in manifest:
@@ -300,7 +329,7 @@ class Containerd:
     def inventory(self) -> list:
         """Every image of the namespace with its layers: [delta.InventoryImage], one per platform manifest
         present (an index's), by manifest digest; raises DaemonError."""
-        from .delta import InventoryImage
+        from ..delta import InventoryImage
 
         out = []
         pinned = self.pinned()

@@ -17,17 +17,16 @@ import re
 import stat
 import sys
 import tempfile
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
-from .fsutil import process_alive
-from .model import familiar, foreign_arch_warning, format_size
-from .program import QUICK, Process, ProcessTimeout, Program
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from ..fsutil import process_alive
+from ..model import foreign_arch_warning, format_size
+from ..program import QUICK, Process, ProcessTimeout, Program
+from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
 
 if TYPE_CHECKING:
-    from .presets.run import RunSpec
+    from .base import ContainerSpec
 
 LOAD_TIMEOUT = 3600.0  # after the last byte: podman reads the copy and commits every layer
 START_TIMEOUT = 600.0  # `podman run -d` returns once the container is created and started
@@ -40,8 +39,46 @@ STAGED_PREFIX = "imgtool-load-"  # the archive copy podman load reads: imgtool-l
 _STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}\.tar\Z")
 
 
+class _PodmanTraits(Traits):
+    def describe(self, facts: RuntimeInfo) -> str:
+        if facts.unmade:
+            return (f"Podman {facts.version}, no storage yet ({facts.root_dir}): not asked more, as `podman info` would "
+                    "create it")
+        return f"Podman {facts.version}"
+
+    def storage(self, facts: RuntimeInfo) -> Tuple[str, str, str]:
+        where = f"containers-storage ({facts.driver}) under {facts.root_dir}"
+        if facts.unmade:
+            return "info", f"{where}: not there yet (Podman makes it on first use)", ""
+        if facts.driver == "vfs":
+            return "warn", where, "vfs copies every layer in full: overlay is the usual choice"
+        return "ok", where, ""
+
+    def space_advice(self, facts: RuntimeInfo) -> str:
+        return SPACE_ADVICE
+
+    def staged_words(self, facts: RuntimeInfo) -> str:
+        return "the copy of the archive Podman loads from and the two Podman makes of its layers"
+
+
+# how to make room where Podman keeps images, in its own tools' words (load.sh says the same: bundle/loadsh.py)
+SPACE_ADVICE = "free space there (podman image prune, podman system df), or move Podman's graphroot (storage.conf)"
+# Podman 4.3 loading an archive of A bytes (measured with the test services' Podman on generated images: A = 16, 24
+# and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its
+# peak, imgtool's copy of the archive plus two copies Podman makes of the layers while it reads and applies them,
+# all removed after; its graphroot holds what the layers unpack to (overlay: +0.4 % for big files, +5 % for many
+# small ones). Podman 4.3 loads a layer that is not its diff_id's (measured): imgtool checks for it.
+TRAITS = _PodmanTraits(
+    title="Podman", load_command="podman load", zstd_since="3.0", checks_diff_ids=False, staged_copies=3,
+    staging_advice="point TMPDIR at a directory with room for 3 times the archive",
+    run_program=RunProgram("podman", "Podman", ("--pull=never",)),
+    absent_advice="install podman from the OS media, and check `podman info` as this user")
+
+
 class Podman:
     """The operations load, inventory and doctor need of Podman (runtime.Runtime); errors are DaemonError."""
+
+    traits: Traits = TRAITS
 
     def __init__(self, timeout: Optional[float] = LOAD_TIMEOUT, staging_dir: str = "/var/tmp", quick: float = QUICK,
                  create: bool = True, env: Optional[Dict[str, str]] = None):
@@ -89,13 +126,13 @@ class Podman:
         return {"version": {"Version": version}, "store": {"graphRoot": root, "graphDriverName": driver or "overlay"}}
 
     def info(self) -> RuntimeInfo:
-        from .model import Platform
+        from ..model import Platform
 
         host = self._info.get("host") or {}
         store = self._info.get("store") or {}
         version = self._info.get("version") or {}
         arch = Platform.from_json({"architecture": str(host.get("arch") or "")}).architecture
-        return RuntimeInfo(host="podman", version=str(version.get("Version") or "unknown"),
+        return RuntimeInfo(traits=TRAITS, host="podman", version=str(version.get("Version") or "unknown"),
                            api_version=str(version.get("APIVersion") or ""),
                            driver=str(store.get("graphDriverName") or "unknown"),
                            root_dir=str(store.get("graphRoot") or ""), arch=arch or Platform.host().architecture,
@@ -277,16 +314,9 @@ class Podman:
 
     # --- imgtool run / run-flags ----------------------------------------------------------------
 
-    def local_tags(self, repository: str) -> list:
+    def local_tags(self, repository: str) -> List[str]:
         """Tags of `repository` in Podman's storage, sorted; raises DaemonError."""
-        wanted = familiar(repository)
-        tags = set()
-        for info in self.images_by_id().values():
-            for ref in info.tags:
-                name, _, tag = str(ref).rpartition(":")
-                if name and "/" not in tag and familiar(name) == wanted:
-                    tags.add(tag)
-        return sorted(tags)
+        return tags_of(self.images_by_id().values(), repository)
 
     def _exists(self, *args: str) -> bool:
         return self.podman.status(list(args), timeout=self.quick) == 0
@@ -301,8 +331,9 @@ class Podman:
             return None
         return foreign_arch_warning(ref, _image(docs[0]).platform, self.info().arch, host="Podman")
 
-    def run_container(self, spec: "RunSpec") -> Tuple[int, str]:
+    def run_container(self, spec: "ContainerSpec", argv_for: Callable[[bool], List[str]]) -> Tuple[int, str]:
         """Start `spec` with `podman run` and follow it: (its exit code, or 0 when detached; the container).
+        `argv_for(interactive)` renders its `podman run` (presets.run.render_argv: this room renders nothing).
 
         The image must already be in Podman's storage (imgtool never pulls; the command says
         --pull=never too). Foreground: the terminal is podman's, so a session on a terminal is
@@ -310,8 +341,6 @@ class Podman:
         itself failed, after its `Error:` line). Raises UsageError when the image is not there,
         DaemonError when podman refuses, ImgtoolError when a cache directory cannot be made.
         """
-        from .presets.run import render_argv
-
         if not self._exists("image", "exists", spec.image):
             raise UsageError(f"image {spec.image} is not loaded in Podman",
                              hint="load it first (imgtool load BUNDLE_DIR), or check the name with `podman images`")
@@ -320,7 +349,7 @@ class Podman:
                               hint=f"pass --name NEW_NAME, or remove the old one: podman rm -f {spec.name}")
         _make_cache_dirs(spec)
         interactive = bool(spec.interactive and not spec.detach and sys.stdin.isatty() and sys.stdout.isatty())
-        argv = render_argv(replace(spec, interactive=interactive))
+        argv = argv_for(interactive)
         if spec.detach:
             try:
                 out = self.podman.run(argv[1:], timeout=START_TIMEOUT, what="run")
@@ -367,9 +396,9 @@ class Podman:
 
     def inventory(self) -> list:
         """Every image with its layers: [delta.InventoryImage]; raises DaemonError."""
-        from .delta import InventoryImage
-        from .errors import UsageError
-        from .model import Digest
+        from ..delta import InventoryImage
+        from ..errors import UsageError
+        from ..model import Digest
 
         ids = sorted(self.images_by_id())  # none while the storage is unmade
         out = []
@@ -440,7 +469,7 @@ def _unmade_storage(env: Dict[str, str], euid: int) -> Optional[Tuple[str, str]]
     return None if os.path.isdir(root) else (root, conf.get("driver") or "")
 
 
-def _make_cache_dirs(spec: "RunSpec") -> None:
+def _make_cache_dirs(spec: "ContainerSpec") -> None:
     """The preset's own directories (`create`: /root/.cache), made when absent: Docker makes a missing
     bind-mount source, podman refuses with `statfs ...: no such file or directory`."""
     for mount in spec.mounts:

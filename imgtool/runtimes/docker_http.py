@@ -1,9 +1,9 @@
 """The Docker Engine API over the standard library, for Pythons that docker-py no longer runs on.
 
 Kylin V10's python3 is 3.7; docker 7 / requests 2.32 / urllib3 2 need 3.8+. imgtool.pyz runs
-its offline verbs there, so daemon.py (the one Docker room, the only user of this module) talks
+its offline verbs there, so docker.py (the one Docker room, the only user of this module) talks
 to dockerd through this small client when docker-py cannot be imported. It offers the subset
-of docker-py's `APIClient` that daemon.py calls, with the same names and arguments, so both
+of docker-py's `APIClient` that docker.py calls, with the same names and arguments, so both
 transports go through the same `Daemon` methods. Unix sockets and plain tcp:// only.
 """
 
@@ -130,7 +130,7 @@ class Client:
     def _ref(name: str) -> str:
         return quote(name, safe="/:@")
 
-    # --- what daemon.py uses ------------------------------------------------------
+    # --- what docker.py uses ------------------------------------------------------
 
     def ping(self) -> bool:
         conn, resp = self._send("GET", "/_ping", versioned=False)

@@ -6,8 +6,43 @@ facts, load, image inspection, inventory, save, and container runs.
 
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
-from .errors import DaemonError, UsageError, one_line
-from .runtime import ImageInfo, RuntimeInfo, Unfinished
+from ..errors import DaemonError, UsageError, one_line
+from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
+
+
+class _DockerTraits(Traits):
+    def describe(self, facts: RuntimeInfo) -> str:
+        return f"Docker {facts.version} (API {facts.api_version}) at {facts.host}"
+
+    def storage(self, facts: RuntimeInfo) -> Tuple[str, str, str]:
+        if facts.containerd_store:
+            return "ok", (f"the containerd image store ({facts.driver} snapshotter) under {facts.root_dir}: image IDs "
+                          "are manifest digests; imgtool confirms loads by them"), ""
+        where = f"{facts.driver} under {facts.root_dir} (graphdriver image store)"
+        if facts.driver == "devicemapper":
+            return "warn", where, ("devicemapper limits each container to dm.basesize (10 GB by default), less than a "
+                                   "vllm-ascend image: raise dm.basesize or move to overlay2")
+        if facts.driver == "vfs":
+            return "warn", where, ("vfs copies every layer in full: expect several times the unpacked size on disk; "
+                                   "overlay2 is the usual choice")
+        return "ok", where, ""
+
+    def space_advice(self, facts: RuntimeInfo) -> str:
+        return SPACE_ADVICE
+
+    def staged_words(self, facts: RuntimeInfo) -> str:
+        return f"the archive Docker unpacks into {facts.root_dir or 'its root'}/tmp before it registers the layers"
+
+
+# how to make room where Docker keeps images, in its own tools' words (load.sh says the same: bundle/loadsh.py)
+SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
+# Docker's graphdriver store unpacks the whole upload under <root>/tmp before it registers a layer
+# (image/tarexport/load.go: every member, even of layers it holds); its containerd store keeps blobs instead
+TRAITS = _DockerTraits(
+    title="Docker", load_command="docker load", zstd_since="23.0",
+    zstd_symptom=" (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)", staged_copies=1,
+    run_program=RunProgram("docker", "Docker"),
+    absent_advice="start it (systemctl start docker), check DOCKER_HOST, and run as root or a member of the docker group")
 
 
 def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host: Optional[str] = None):
@@ -15,25 +50,25 @@ def connect(timeout: Optional[int] = 600, transport: Optional[str] = None, host:
 
     DOCKER_API_VERSION pins the API version, as it does for the docker CLI (1.39 is Docker 18.09's,
     Kylin V10's engine); by default the client speaks the daemon's own version. `transport` is
-    "docker-py" or "http" (daemon_http's stdlib client); by default docker-py where it runs
+    "docker-py" or "http" (docker_http's stdlib client); by default docker-py where it runs
     (Python 3.9+, the floor of its requests/urllib3) and the stdlib client on older Pythons.
     """
-    from . import config
+    from .. import config
 
     host = host or config.docker_host()
     version = config.docker_api_version()
     tls = config.docker_tls()  # docker-py's TLS variables, read by config, handed to the transport
     if (transport or default_transport()) == "http":
-        from . import daemon_http
+        from . import docker_http
 
         try:
-            client = daemon_http.Client(host, version=version, timeout=timeout, tls=bool(tls.get("DOCKER_TLS_VERIFY")))
+            client = docker_http.Client(host, version=version, timeout=timeout, tls=bool(tls.get("DOCKER_TLS_VERIFY")))
             client.ping()
             return client
-        except daemon_http.BadHost as e:
+        except docker_http.BadHost as e:
             hint = "use the daemon's unix socket, e.g. DOCKER_HOST=unix:///var/run/docker.sock"
             raise UsageError(str(e), hint=hint) from e
-        except daemon_http.ERRORS as e:
+        except docker_http.ERRORS as e:
             raise unreachable(e, host) from e
     try:
         import docker
@@ -112,20 +147,22 @@ def _os_error(e: Optional[BaseException], depth: int = 0) -> Optional[OSError]:
 class Daemon:
     """The daemon operations `imgtool load` and `doctor` need; errors become DaemonError."""
 
+    traits: Traits = TRAITS
+
     def __init__(self, client, host: Optional[str] = None):
-        from . import daemon_http
+        from . import docker_http
 
         self.client = client
         if host is None:  # a client made by connect() without a host speaks to config's $DOCKER_HOST
-            from .config import docker_host
+            from ..config import docker_host
 
             host = docker_host()
         self.host = host
-        if isinstance(client, daemon_http.Client):  # the same APIClient calls, over the stdlib
+        if isinstance(client, docker_http.Client):  # the same APIClient calls, over the stdlib
             self.api = client
-            self.errors: Tuple[Type[BaseException], ...] = daemon_http.ERRORS
-            self.not_found: Tuple[Type[BaseException], ...] = (daemon_http.NotFound,)
-            self.api_error: Type[BaseException] = daemon_http.APIError
+            self.errors: Tuple[Type[BaseException], ...] = docker_http.ERRORS
+            self.not_found: Tuple[Type[BaseException], ...] = (docker_http.NotFound,)
+            self.api_error: Type[BaseException] = docker_http.APIError
         else:
             from docker.errors import APIError, NotFound  # ImageNotFound is a NotFound
 
@@ -148,7 +185,7 @@ class Daemon:
 
     def info(self) -> RuntimeInfo:
         """Version, storage driver, root dir and architecture of the daemon; raises DaemonError."""
-        from .model import Platform
+        from ..model import Platform
 
         try:
             version = self.api.version()
@@ -160,6 +197,7 @@ class Daemon:
         status = {tuple(pair)[0]: tuple(pair)[1] for pair in (info.get("DriverStatus") or []) if len(pair) == 2}
         store = "containerd" if status.get("driver-type") == "io.containerd.snapshotter.v1" else "graphdriver"
         return RuntimeInfo(
+            traits=TRAITS,
             host=host,
             version=str(version.get("Version") or info.get("ServerVersion") or "unknown"),
             api_version=str(version.get("ApiVersion") or ""),
@@ -202,8 +240,8 @@ class Daemon:
 
         Raises DaemonError. An image removed while this runs is skipped.
         """
-        from .delta import InventoryImage
-        from .model import Digest
+        from ..delta import InventoryImage
+        from ..model import Digest
 
         try:
             listed = self.api.images(all=True)
@@ -259,7 +297,7 @@ class Daemon:
 
     def stored_name(self, name: str) -> str:
         """How Docker shows a name it was given: docker.io/library/x:1 as x:1."""
-        from .model import familiar
+        from ..model import familiar
 
         return familiar(name)
 
@@ -320,7 +358,7 @@ class Daemon:
         """Docker's raw image inspect (Id, RepoTags, RootFS, Architecture...); raises DaemonError."""
         info = self.image_info(ref)
         if info is None:
-            from .errors import UsageError
+            from ..errors import UsageError
 
             raise UsageError(f"image {ref} is not in the local Docker", hint="check `docker images`")
         try:
@@ -346,7 +384,7 @@ class Daemon:
 
     def local_tags(self, repository: str) -> list:
         """Tags of `repository` present in this daemon, sorted; raises DaemonError."""
-        from .model import familiar
+        from ..model import familiar
 
         try:
             images = self.api.images(name=repository)
@@ -364,20 +402,20 @@ class Daemon:
     def arch_warning(self, ref: str) -> Optional[str]:
         """The warning `load` gives when the local image `ref` is for another architecture than this
         Docker's; None when it fits or is not loaded. Raises DaemonError."""
-        from .model import foreign_arch_warning
+        from ..model import foreign_arch_warning
 
         image = self.image_info(ref)
         if image is None or not image.architecture:
             return None
         return foreign_arch_warning(ref, image.platform, self.info().arch)
 
-    def run_container(self, spec) -> tuple:
+    def run_container(self, spec, argv_for: Optional[Callable[[bool], List[str]]] = None) -> tuple:
         """Start `spec` (a presets.RunSpec) and follow it: (exit code or 0 when detached, container).
 
         The image must already be loaded: an offline host must never start a pull. Output is
         streamed as it comes; with a terminal on both ends the session is interactive. On
-        Ctrl-C the container is stopped (and removed unless --no-rm). Raises DaemonError, or
-        UsageError when the image is not loaded.
+        Ctrl-C the container is stopped (and removed unless --no-rm). `argv_for` is not needed: Docker is
+        asked through its API, not a command line. Raises DaemonError, or UsageError when the image is not loaded.
         """
         import sys
 
@@ -469,7 +507,7 @@ def open_daemon(timeout: Optional[int] = 3600, host: Optional[str] = None) -> "D
     is quiet for minutes; None: no read timeout, for following a container); raises DaemonError,
     UsageError. Use it as a context manager."""
     if host is None:
-        from .config import docker_host
+        from ..config import docker_host
 
         host = docker_host()
     return Daemon(connect(timeout=timeout, host=host), host)
