@@ -182,17 +182,18 @@ LAYERS = (
     ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz",
                     "progress"}),
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
-    ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset"}),
-    ("outside systems", {"registry_http", "registry", "mirrors", "store", "runtimes"}),
+    ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset",
+                      "nodeconfig"}),
+    ("outside systems", {"registry_http", "registry", "mirrors", "store", "runtimes", "connections"}),
     ("bundle model", {"bundle.layout", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     ("steps", {"resolve", "puller", "transcode", "heldblobs", "tags"}),  # what a copy does on the way
-    ("bundle writing", {"bundle.texts", "bundle.writer"}),  # a destination
+    ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
     ("verbs", {"fetch", "export", "push", "serve", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec
-    ("commands", {"cli", "__main__"}),
+    ("commands", {"cli", "__main__", "commands"}),
 )
 ALONE = {"verbs"}  # a verb imports no other verb: what two share belongs a layer down
 

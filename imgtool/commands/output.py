@@ -102,10 +102,9 @@ def usage_lines(e: click.UsageError, verb: str = ""):
         if isinstance(e, click.NoSuchOption):
             text = f"no such option: {e.option_name}"
             if e.possibilities:
-                from .options import old_spellings
-
                 if e.ctx is not None:  # an old spelling kept for a release is suggested as its new name
-                    renamed = old_spellings(e.ctx.command)
+                    # (options.Renamed's `old`, read here without importing options, which imports this module)
+                    renamed = {o: p.opts[0] for p in e.ctx.command.params for o in getattr(p, "old", ())}
                     e.possibilities = [renamed.get(p, p) for p in e.possibilities]
                 hint = f"did you mean {' or '.join(sorted(set(e.possibilities)))}? {where} -h lists the options"
         if hint is None:
