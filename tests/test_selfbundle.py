@@ -195,7 +195,9 @@ def test_version_of_the_pyz_and_the_self_bundle_verb(tmp_path, bare_python):
     v = run_bare(bare_python, str(tmp_path / "tool.pyz"), "--version", cwd=tmp_path)
     assert (v.returncode, v.stdout, v.stderr) == (0, f"imgtool {__version__}\n", "")
     # reads its built-in mirrors.toml and presets from inside the zip
-    flags = run_bare(bare_python, str(tmp_path / "tool.pyz"), "run-flags", "a2", "--image", "v1", cwd=tmp_path)
+    # (--runtime docker: run-flags' auto would ask the machine's own Podman for local images)
+    flags = run_bare(bare_python, str(tmp_path / "tool.pyz"), "run-flags", "a2", "--image", "v1", "--runtime", "docker",
+                     cwd=tmp_path)
     assert flags.returncode == 0, flags.stderr
     assert "quay.io/ascend/vllm-ascend:v1" in flags.stdout
 
@@ -348,8 +350,9 @@ def test_run_flags_and_presets_on_kylins_python_print_what_3_11_prints(version, 
     python = old_python(version)
     out, _, _, _ = fetch_from_registry(services, factory, mirrored, tmp_path)
     dead = f"unix://{tmp_path}/no-docker.sock"  # no local image to ask for: the placeholder tag, as in the golden
-    for args in (("run-flags", "a2"), ("run-flags", "a3"), ("run-flags", "a3", "--image", "v0.11.0rc1-a3", "--json"),
-                 ("presets",)):
+    # (--runtime docker: that dead Docker; auto would go on to ask the machine's own Podman, outside the test's reach)
+    for args in (("run-flags", "a2", "--runtime", "docker"), ("run-flags", "a3", "--runtime", "docker"),
+                 ("run-flags", "a3", "--image", "v0.11.0rc1-a3", "--json", "--runtime", "docker"), ("presets",)):
         old = run_clean(python, "imgtool.pyz", *args, cwd=out, docker_host=dead)
         new = run_clean([sys.executable, "-I"], "imgtool.pyz", *args, cwd=out, docker_host=dead)
         assert old.returncode == new.returncode == 0, old.stderr + new.stderr
@@ -371,9 +374,10 @@ def test_kubernetes_manifests_from_the_pyz_on_kylins_python_are_3_11s_bytes(vers
                  ("a5", "--resource-name", "huawei.com/ascend-1980", "-e", "A=é \u2028 yes", "--", "bash", "-c", "x: y"),
                  ("a2", "--bundle", str(bundle), "--", "vllm", "serve", "Qwen/Qwen3-8B"),
                  ("a2", "--bundle", str(bundle), "--json")):
-        old = run_clean(python, "imgtool.pyz", "run-flags", "--format", "k8s", *args, cwd=tmp_path, docker_host=dead)
-        new = run_clean([sys.executable, "-I"], "imgtool.pyz", "run-flags", "--format", "k8s", *args, cwd=tmp_path,
-                        docker_host=dead)
+        old = run_clean(python, "imgtool.pyz", "run-flags", "--format", "k8s", "--runtime", "docker", *args,
+                        cwd=tmp_path, docker_host=dead)
+        new = run_clean([sys.executable, "-I"], "imgtool.pyz", "run-flags", "--format", "k8s", "--runtime", "docker", *args,
+                        cwd=tmp_path, docker_host=dead)
         assert old.returncode == new.returncode == 0, old.stderr + new.stderr
         assert (old.stdout, old.stderr) == (new.stdout, new.stderr)
         validate(old.stdout)
