@@ -111,18 +111,6 @@ class Node:
                                                      f"c{os.getpid()}{len(self.created)}-{attempt}", "echo", "hi").stdout)
         return self.podman("run", "--rm", image, "echo", "hi").stdout
 
-
-def ctr_echo(run_once) -> str:
-    """What `ctr run ... echo hi` printed: run again (a new container) when a run that succeeded printed nothing. On
-    a loaded machine ctr sometimes exits before it copied the task's output (seen on 1.6 and 1.7, exit 0, the image
-    fine); a run that fails still fails the test (check=True), and three empty ones are returned as they are."""
-    out = ""
-    for attempt in range(3):
-        out = run_once(attempt)
-        if out.strip():
-            break
-    return out
-
     def remove(self, *names: str) -> None:
         self.created.extend(names)
 
@@ -676,3 +664,15 @@ def test_podman_s_copies_of_the_archive_need_room_where_load_sh_stages_them_as_i
     assert (r.returncode, r.stderr.splitlines()[2:]) == (1, [
         f"load.sh: {detail}; nothing was loaded", "load.sh: " + hint[len("hint: "):]])
     assert node.state() == before and list(tiny_tmpfs.iterdir()) == []
+
+
+def ctr_echo(run_once) -> str:
+    """What `ctr run ... echo hi` printed: run again (a new container) when a run that succeeded printed nothing. On
+    a loaded machine ctr sometimes exits before it copied the task's output (seen on 1.6 and 1.7, exit 0, the image
+    fine); a run that fails still fails the test (check=True), and three empty ones are returned as they are."""
+    out = ""
+    for attempt in range(3):
+        out = run_once(attempt)
+        if out.strip():
+            break
+    return out
