@@ -69,7 +69,11 @@ class Worker(Generic[T]):
         self._result: Optional[T] = None
         self._error: Optional[BaseException] = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name)
+        # daemon: every path joins it (result, close, the context managers that own one), but Ctrl-C can land between
+        # its start and the `with` that would end it (a _PartSink being built: issue 38's faster fetch got there
+        # first, and the interpreter then waited at exit for a feed nobody would end); such a thread must not
+        # hold the process
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
