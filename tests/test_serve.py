@@ -81,6 +81,15 @@ class Server:
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, self.log_path.read_text())
 
 
+def _hosts_dir(tmp_path: Path, url: str) -> Path:
+    """containerd's hosts dir (ctr --hosts-dir) sending quay.io's pulls to the server at `url`, written by hand."""
+    hosts = tmp_path / "certs.d"
+    (hosts / "quay.io").mkdir(parents=True)
+    (hosts / "quay.io" / "hosts.toml").write_text(
+        f'server = "https://quay.io"\n\n[host."{url}"]\n  capabilities = ["pull", "resolve"]\n')
+    return hosts
+
+
 @pytest.fixture
 def serving():
     started = []
@@ -683,10 +692,7 @@ def test_pulls_and_a_manifest_get_beside_300_hostile_connections(services, servi
     out = tmp_path / "bundle"
     write(out, [store.pulled(image, ref)], store)
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    hosts = tmp_path / "certs.d"
-    (hosts / "quay.io").mkdir(parents=True)
-    (hosts / "quay.io" / "hosts.toml").write_text(
-        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    hosts = _hosts_dir(tmp_path, s.url)
     manifest = f"{s.url}/v2/ascend/vllm-ascend/manifests/{uniq}"
 
     def timed_get() -> float:
@@ -973,10 +979,7 @@ def test_containerd_pulls_a_platform_of_a_two_arch_tag_through_the_mirror(two_ar
     out, idx, repo = two_arch
     node = ContainerdNode("containerd-1.7", services)
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    hosts = tmp_path / "certs.d"
-    (hosts / "quay.io").mkdir(parents=True)
-    (hosts / "quay.io" / "hosts.toml").write_text(
-        f'server = "https://quay.io"\n\n[host."{s.url}"]\n  capabilities = ["pull", "resolve"]\n')
+    hosts = _hosts_dir(tmp_path, s.url)
     ref = f"quay.io/{repo}:v3"
     node.removals.append(ref)
     try:

@@ -24,12 +24,18 @@ ZSTD_LAYER = "application/vnd.oci.image.layer.v1.tar+zstd"
 PLAIN_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 
-def _fetch(services, mirrored, tmp_path: Path, image, *extra: str):
-    """Publish `image` as quay.io's TAG on the plain registry and fetch it through the CLI."""
-    ms = mirrored(image, tag=TAG, targets=("upstream",))
+def _mirrors_file(services, ms, tmp_path: Path) -> Path:
+    """A mirrors.toml naming the plain test registry quay.io, the default image the one `ms` published."""
     cfg = tmp_path / "mirrors.toml"
     cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
                    f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    return cfg
+
+
+def _fetch(services, mirrored, tmp_path: Path, image, *extra: str):
+    """Publish `image` as quay.io's TAG on the plain registry and fetch it through the CLI."""
+    ms = mirrored(image, tag=TAG, targets=("upstream",))
+    cfg = _mirrors_file(services, ms, tmp_path)
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--chunk-size", "1M",
                 *extra, env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
@@ -190,9 +196,7 @@ def test_a_zstd_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no
     body = _manifest_json(manifest)
     bad = dataclasses.replace(twin, layers=layers, manifest_bytes=body, manifest_digest=sha256_digest(body))
     ms = mirrored(bad, tag=TAG, targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    cfg = _mirrors_file(services, ms, tmp_path)
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out),
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
@@ -229,9 +233,7 @@ def test_a_kept_layer_whose_content_is_not_the_config_s_diff_id_is_exit_3_and_no
     good = factory.image(host_arch(), layers=3)
     image = factory.wrong_diff_id(factory.zstd_twin(good) if zstd else good, 1)
     ms = mirrored(image, tag=TAG, targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    cfg = _mirrors_file(services, ms, tmp_path)
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
                 "--chunk-size", "1M", "--check-diff-ids", env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
@@ -262,9 +264,7 @@ def test_default_fetch_unpacks_no_layer_it_keeps_and_still_records_the_unpacked_
     image = factory.wrong_diff_id(factory.zstd_twin(good) if zstd else good, 1)
     cache = tmp_path / "cache"
     ms = mirrored(image, tag=TAG, targets=("upstream",))
-    cfg = tmp_path / "mirrors.toml"
-    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
-                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    cfg = _mirrors_file(services, ms, tmp_path)
     out = tmp_path / "bundle"
     r = imgtool("fetch", TAG, "--arch", host_arch(), "--mirrors", str(cfg), "-o", str(out), "--layers", layers,
                 "--no-tool", env={"IMGTOOL_CACHE": str(cache)})
