@@ -5,11 +5,10 @@ them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) 
 """
 
 import os
-import threading
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from . import dirlock, gz, heldblobs, transcode
 from .config import MirrorConfig
@@ -19,12 +18,16 @@ from .fsutil import NotRegularFile, open_regular
 from .mirrors import Clients, Resolution, sources_for
 from .model import Descriptor, Digest, Platform, PulledImage
 from .progress import Progress
-from .puller import CONNECTIONS, JOBS, PullStats, download
+from .ends.bundle_dest import BundleDestination
+from .ends.registry_source import RegistrySource
+from .pipeline import Plan, copy
+from .puller import CONNECTIONS, JOBS, PullStats
 from .resolve import resolve_image, resolve_refs
 from .selfbundle import bundle_tool
 from .store import Store
 
 if TYPE_CHECKING:  # imported where used: spec and the writer are needed only by some verbs
+    from .pipeline import Source
     from .bundle.signature import Signed
     from .bundle.writer import BundleResult
     from .spec import Lock
@@ -105,26 +108,29 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         writer.check_output_dir(output, opts.force)
         # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
         delta = None if have is None else DeltaPlan.make(have, base, images)
-        skip: Set[Digest] = set()
         left_out: List[heldblobs.LeftOut] = []
         held: Dict[Digest, Descriptor] = {}
         if delta is not None:
             # before downloading: a delta the offline store could not hold whole is refused at no cost
             left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
                                                   opts.probe_timeout, clients)
-            skip = _not_downloaded(images, delta, progress)
-        check_space(images, store, output, skip, opts.layers, opts.compress, tool)
+        # The bundle is written while the layers download: the destination takes each blob, in archive order, as
+        # soon as the cache has it, so the disk writes the bundle while the network is still busy.
+        source = RegistrySource(pulled, store, progress, (opts.jobs, opts.max_connections))
+        destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
+                                        force=opts.force, gzip=gzip, delta=delta, created=opts.created,
+                                        extra_files=tool)
+        plan = destination.plan(images)
+        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
-        # The bundle is written while the layers download: the writer takes each blob, in archive order,
-        # as soon as the store has it, so the disk writes the bundle while the network is still busy.
-        pull = _Pulling(pulled, store, progress, (opts.jobs, opts.max_connections), skip,
-                        writer.archive_order(images, delta))
-        written = _Written(output, opts, store, progress, delta, gzip, tool)
-        images, result = written.while_pulling(pull, images, skip, left_out, held)
-        stats = pull.finish()
-        signed = signature.sign_written(output, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
+        layers = _Layers(opts, store, progress, gzip, left_out, held)
+        try:
+            copied = copy(source, destination, layers, plan)
+        finally:
+            layers.close()  # after the source's cancel: a check waiting for a blob wakes when the download ends
+        signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
-        return FetchResult(images, stats, result, signed)
+        return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed)
 
 
 def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, store: Store
@@ -141,52 +147,42 @@ def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, stor
     return pulled
 
 
-@dataclass
-class _Written:
-    """The bundle written while the layers download: what it needs besides the images."""
+class _Layers:
+    """fetch's layer transform (pipeline.Transform): the layers --layers asks to rewrite, rewritten as each arrives
+    (their digests and sizes decide the archive's layout); the layers kept as served checked against their
+    diff_ids before the bundle is sealed where asked (--check-diff-ids) or free; a delta's held blobs named."""
 
-    output: Path
-    opts: FetchOptions
-    store: Store
-    progress: Progress
-    delta: Optional[DeltaPlan]
-    gzip: "gz.Gzip"
-    tool: Dict[str, Path]
+    def __init__(self, opts: FetchOptions, store: Store, progress: Progress, gzip: "gz.Gzip",
+                 left_out: List["heldblobs.LeftOut"], held: Dict[Digest, Descriptor]):
+        self.opts, self.store, self.progress, self.gzip, self.left_out, self.held = (opts, store, progress, gzip,
+                                                                                      left_out, held)
+        self.check: Optional[transcode.LayerCheck] = None
 
-    def while_pulling(self, pull: "_Pulling", images: List[PulledImage], skip: Set[Digest],
-                      left_out: List["heldblobs.LeftOut"], held: Dict[Digest, Descriptor]
-                      ) -> Tuple[List[PulledImage], "BundleResult"]:
-        """Rewrite the layers --layers asks to (as each arrives), then write the bundle, the layers kept as
-        served checked against their diff_ids before it is sealed where asked (--check-diff-ids) or free; every
-        path ends the download."""
-        from .bundle import writer
-
+    def __call__(self, plan: Plan, source: "Source") -> Plan:
         opts, store, progress = self.opts, self.store, self.progress
-        check = None
-        try:  # from the download thread's start on: every path, LayerCheck's set-up included, ends it
-            check = transcode.LayerCheck(images, opts.layers, pull.blob_path, store, skip,
-                                         unpack=opts.check_diff_ids)
-            rewrites = any(transcode.changes(im, opts.layers, skip) for im in images)
-            gzipped = opts.layers == "compat" and rewrites  # the rewritten layers are gzip (bundle.json says by what)
-            if rewrites:
-                # the rewritten layers' digests and sizes decide the archive's layout: known only once rewritten,
-                # each as soon as its blob is downloaded; a gzip image (compat) never comes here
-                images = transcode.transcode_images(images, opts.layers, pull.blob_path, store, progress, skip,
-                                                    gzip=self.gzip, order=writer.archive_order(images, self.delta))
-            if left_out:
-                images = transcode.name_held_blobs(images, left_out, held, opts.layers, store, progress)
-            result = writer.write_bundle(self.output, images, pull.blob_path, chunk_size=opts.chunk_size,
-                                         compress=opts.compress, force=opts.force, progress=progress,
-                                         gzip=self.gzip, gzipped_layers=gzipped,
-                                         delta=self.delta, created=opts.created, extra_files=self.tool,
-                                         verified=pull.stats.fresh, before_seal=check.wait)
-        except BaseException:
-            pull.cancel()  # finished layers and partial ones stay in the cache for the next run
-            raise
-        finally:
-            if check is not None:
-                check.close()  # after pull.cancel: a check waiting for a blob wakes when the download ends
-        return images, result
+        images = list(plan.images)
+
+        def path(digest: Digest) -> Path:
+            found = source.path(digest)
+            if found is None:
+                raise UsageError(f"{source.what} holds no file per blob: --layers {opts.layers} cannot rewrite its "
+                                 "layers")
+            return found
+
+        self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.skip,
+                                          unpack=opts.check_diff_ids)
+        rewrites = any(transcode.changes(im, opts.layers, plan.skip) for im in images)
+        if rewrites:  # a gzip image (compat) never comes here
+            images = transcode.transcode_images(images, opts.layers, path, store, progress, plan.skip,
+                                                gzip=self.gzip, order=list(plan.order))
+        if self.left_out:
+            images = transcode.name_held_blobs(images, self.left_out, self.held, opts.layers, store, progress)
+        extra = {"gzipped_layers": opts.layers == "compat" and rewrites, "before_seal": self.check.wait}
+        return Plan(tuple(images), plan.order, plan.skip, extra)
+
+    def close(self) -> None:
+        if self.check is not None:
+            self.check.close()
 
 
 def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> Tuple[Optional[Have], Optional[dict]]:
@@ -211,19 +207,6 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
     for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
         sources_for(config.parse_ref(text), config, opts.mirror, clients)
     return have, base
-
-
-def _not_downloaded(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progress) -> Set[Digest]:
-    """The layer blobs a delta leaves out of every image (none needs them): not downloaded."""
-    from .bundle import writer
-
-    planned = writer.bundle_images(images, delta)
-    omitted = {x.digest for im in planned for x in im.layers if x.omitted}
-    skip = omitted - {x.digest for im in planned for x in im.layers if not x.omitted}
-    if skip:
-        progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
-                      "and are not downloaded")
-    return skip
 
 
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
@@ -293,47 +276,6 @@ SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger d
 def _free(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
-
-
-class _Pulling:
-    """`download` on a thread; `blob_path` waits for a blob (or raises the download's error)."""
-
-    def __init__(self, pulled, store: Store, progress: Progress, jobs: Tuple[int, int], skip, order):
-        self.store, self.stats = store, PullStats()
-        self.error: Optional[BaseException] = None
-        self.stop = threading.Event()
-        self.ended = False  # the download thread has returned (or raised)
-        self.thread = threading.Thread(target=self._run, args=(pulled, progress, jobs, skip, order),
-                                       name="download", daemon=True)
-        self.thread.start()
-
-    def _run(self, pulled, progress, jobs: Tuple[int, int], skip, order) -> None:
-        try:  # jobs: (connections per source, at most at once)
-            download(pulled, self.store, progress, jobs=jobs[0], skip=skip, stats=self.stats, order=order,
-                     cancel=self.stop, connections=jobs[1])
-        except BaseException as e:  # raised in the main thread by blob_path/finish
-            self.error = e
-        finally:
-            self.ended = True
-            self.store.announce()  # a writer waiting for a blob that will not come wakes up
-
-    def blob_path(self, digest: Digest) -> Path:
-        """The blob's path once the store has it; raises the download's error if it ended without it."""
-        self.store.wait_for(digest, lambda: self.ended)
-        if self.error is not None:
-            raise self.error
-        return self.store.blob_path(digest)
-
-    def cancel(self) -> None:
-        """Stop downloading (the writer failed): every started blob's partial record is kept."""
-        self.stop.set()
-        self.thread.join()
-
-    def finish(self) -> PullStats:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.stats
 
 
 def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional[Have], Optional[dict]]:

@@ -327,7 +327,8 @@ KILLER = textwrap.dedent("""
     store = BlobDir(Path({blobs!r}))
     image = ImageFactory("kill").image("arm64", layers=3)
     from imgtool.bundle.writer import write_bundle
-    write_bundle(Path({out!r}), [store.pulled(image, "quay.io/ascend/vllm-ascend:v1")], store.path,
+    from imgtool.store import FileBlobs
+    write_bundle(Path({out!r}), [store.pulled(image, "quay.io/ascend/vllm-ascend:v1")], FileBlobs(store.path),
                  chunk_size=256 * 1024, compress="none", force=False, progress=P())
 """)
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from imgtool.bundle.writer import write_bundle
+from imgtool.store import FileBlobs
 from imgtool.delta import Inventory, InventoryImage
 from imgtool.model import Digest, format_size
 from imgtool.progress import Progress
@@ -26,7 +27,7 @@ def bundle(tmp_path, name, images):
     store = BlobDir(tmp_path / "blobs")
     pulled = [store.pulled(im, ref) for ref, im in images]
     out = tmp_path / name
-    write_bundle(out, pulled, store.path, chunk_size=None, compress="none", force=False, progress=Progress(),
+    write_bundle(out, pulled, FileBlobs(store.path), chunk_size=None, compress="none", force=False, progress=Progress(),
                  created="2025-06-01T08:00:00Z")
     return out
 

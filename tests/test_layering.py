@@ -186,10 +186,11 @@ LAYERS = (
                       "nodeconfig"}),
     ("outside systems", {"registry_http", "registry", "mirrors", "store", "runtimes", "connections"}),
     ("bundle model", {"bundle.layout", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
-    ("steps", {"resolve", "puller", "transcode", "heldblobs", "tags"}),  # what a copy does on the way
+    ("steps", {"resolve", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
+    ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
     ("verbs", {"fetch", "export", "push", "serve", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec

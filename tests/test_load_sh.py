@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Set
 import pytest
 
 from imgtool.bundle.writer import write_bundle
+from imgtool.store import FileBlobs
 from imgtool.delta import DeltaPlan, Have, chain_ids
 from imgtool.model import Digest
 from imgtool.progress import Progress
@@ -274,7 +275,7 @@ def test_a_delta_bundle_needs_its_base_on_the_runtime_too(node, factory, uniq, t
     have.add([Digest.parse(d) for d in old.diff_ids], old.config_digest)
     delta = tmp_path / "delta"
     pulled = [store.pulled(new, new_ref)]
-    write_bundle(delta, pulled, store.path, chunk_size=None, compress="none", force=False,
+    write_bundle(delta, pulled, FileBlobs(store.path), chunk_size=None, compress="none", force=False,
                  progress=Progress(), created="2025-01-01T00:00:00Z", delta=DeltaPlan.make(have, None, pulled))
     node.remove(new_ref, new.config_digest, old_ref, old.config_digest)
     before = node.state()

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import __version__, gz
 from ..delta import DeltaPlan, describe_requirements, requirements
@@ -37,6 +37,8 @@ _OWN_SUFFIXES = (".tar", ".tar.gz", ".tar.zst")
 
 if TYPE_CHECKING:  # typing.Protocol is 3.8+; the type only matters to the checker
     from typing import Protocol
+
+    from ..pipeline import Blobs
 
     class DownloadStats(Protocol):
         """What fetch's download did (puller.PullStats): the bundle room reads it, never imports the puller."""
@@ -213,19 +215,18 @@ def archive_order(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = No
     return [m.digest for m in layout.members(bundle_images(images, delta)) if m.kind == "layer"]
 
 
-def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callable[[Digest], Path], *,
+def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *,
                  chunk_size: Optional[int], compress: str, force: bool, progress: Progress,
                  created: Optional[str] = None, delta: Optional[DeltaPlan] = None,
                  extra_files: Optional[Dict[str, Path]] = None,
-                 verified: Collection[Digest] = (),
                  before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
                  gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
     in bundle.json `files` and SHA256SUMS, before load.sh and README.txt, which mention them.
-    `blob_path` may block until a blob is there (fetch writes while it downloads); blobs in
-    `verified` (just downloaded and checked) are copied without hashing them again.
+    `blobs` is the source's (pipeline.Blobs): `chunks` may block until a blob is there (fetch writes while it
+    downloads) and checks each blob's digest unless the source already did.
 
     With `delta` it is a delta bundle: the layers it plans to leave out are left out of the archive
     and recorded in bundle.json (with the plan's `base`, where the offline side's chains came from).
@@ -245,7 +246,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blob_path: Callab
     try:
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
         with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single) as sink:
-            _stream_archive(plan, sink, blob_path, verified, progress, gzip)
+            _stream_archive(plan, sink, blobs, progress, gzip)
             sizes = before_seal() if before_seal is not None else None
             parts, archive = _seal_archive(plan, sink, written)
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
@@ -331,12 +332,9 @@ def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
         raise _os_error(e, out_dir, "create") from e
 
 
-def _stream_archive(plan: BundlePlan, sink: "_PartSink", blob_path: Callable[[Digest], Path],
-                    verified: Collection[Digest], progress: Progress, gzip: gz.Gzip) -> None:
-    """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`.
-
-    `verified` is read as the write goes on (fetch adds blobs to it while it downloads): never copied.
-    """
+def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progress: Progress, gzip: gz.Gzip) -> None:
+    """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`; each blob
+    read through the source's `blobs.chunks` (checked by it)."""
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
         for p in plan.placed:
@@ -348,7 +346,9 @@ def _stream_archive(plan: BundlePlan, sink: "_PartSink", blob_path: Callable[[Di
                 stream.write(data)
                 bar.update(len(data))
             else:
-                _copy_blob(member, blob_path(member.digest), stream, bar, check=member.digest not in verified)
+                for chunk in blobs.chunks(member.digest, member.size, member.what):
+                    stream.write(chunk)
+                    bar.update(len(chunk))
             pad = layout.padding(member.size)
             stream.write(bytes(pad))
             bar.update(pad)
@@ -427,37 +427,6 @@ def _write_file(path: Path, data: bytes, mode: int, written: List[Path]) -> Part
     write_atomic(path, data, mode)
     written.append(path)
     return Part(path.name, len(data), hashlib.sha256(data).hexdigest())
-
-
-def _copy_blob(member: layout.Member, path: Path, stream, bar, check: bool = True) -> None:
-    """Copy a store blob into the stream in big reads; the store's size must match the manifest's."""
-    try:
-        f = open(path, "rb", buffering=0)
-    except OSError as e:
-        raise ImgtoolError(f"cannot read blob {member.digest} ({member.what}) from the cache: {e.strerror}: {path}",
-                           hint="fetch again: the puller puts missing blobs back into the cache") from e
-    with f:
-        actual = os.fstat(f.fileno()).st_size
-        if actual != member.size:
-            raise ImgtoolError(f"blob {member.digest} ({member.what}) in the cache is {actual} bytes, "
-                               f"expected {member.size}", hint="remove it from the cache and fetch again")
-        # The cache does not fsync its blobs (the bundle is what must survive a power cut), so a
-        # blob is checked against its digest on the way into the bundle, unless this very process
-        # downloaded and checked it (`verified`: still in the page cache, no power cut in between).
-        hasher = member.digest.hasher() if check else None
-        left = member.size
-        while left:
-            chunk = f.read(min(COPY_BUFFER, left))
-            if not chunk:
-                raise ImgtoolError(f"blob {member.digest} ({member.what}) shrank while being read")
-            if hasher is not None:
-                hasher.update(chunk)
-            stream.write(chunk)
-            bar.update(len(chunk))
-            left -= len(chunk)
-        if hasher is not None and hasher.hexdigest() != member.digest.hex:
-            raise ImgtoolError(f"blob {member.digest} ({member.what}) in the cache does not match its digest: {path}",
-                               hint="remove that file (or the whole cache) and fetch again")
 
 
 class _PartSink:

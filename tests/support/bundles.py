@@ -2,7 +2,7 @@
 
     store = BlobDir(tmp_path / "blobs")
     pulled = store.pulled(factory.image("arm64"), "quay.io/ascend/vllm-ascend:v1")
-    write_bundle(out, [pulled], store.path, chunk_size=..., compress="none", force=False,
+    write_bundle(out, [pulled], FileBlobs(store.path), chunk_size=..., compress="none", force=False,
                  progress=Progress())
 """
 
@@ -173,16 +173,18 @@ def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_s
           verified=()):
     """write_bundle with quiet progress and a fixed creation time (`verified`: blobs it copies unchecked)."""
     from imgtool.bundle.writer import write_bundle
+    from imgtool.store import FileBlobs
     from imgtool.progress import Progress
 
-    return write_bundle(out, images, store.path, chunk_size=chunk_size, compress=compress, force=force,
-                        progress=Progress(), created=created, verified=verified)
+    return write_bundle(out, images, FileBlobs(store.path, verified), chunk_size=chunk_size, compress=compress,
+                        force=force, progress=Progress(), created=created)
 
 
 def write_delta(out: Path, factory, store: "BlobDir", repo: str):
     """A delta bundle of REPO:v2 written to `out`, leaving out the two base layers it shares with REPO:v1 (as a
     fetch --base of v1's bundle would); returns (the base layers, the v1 image, the v2 image)."""
     from imgtool.bundle.writer import write_bundle
+    from imgtool.store import FileBlobs
     from imgtool.delta import DeltaPlan, Have
     from imgtool.model import Digest
     from imgtool.progress import Progress
@@ -195,7 +197,7 @@ def write_delta(out: Path, factory, store: "BlobDir", repo: str):
     have = Have("test")
     have.add([Digest.parse(d) for d in old.diff_ids], f"{repo}:v1")
     pulled = [store.pulled(new, f"{repo}:v2")]
-    write_bundle(out, pulled, store.path, chunk_size=None, compress="none", force=False, progress=Progress(),
+    write_bundle(out, pulled, FileBlobs(store.path), chunk_size=None, compress="none", force=False, progress=Progress(),
                  delta=DeltaPlan.make(have, {"kind": "bundle", "name": "v1"}, pulled))
     return base, old, new
 

@@ -1,0 +1,61 @@
+"""A bundle directory as a pipeline destination: what the offline side holds (a delta: `--have`, `--base`) is
+skipped, the layers are taken in the archive's order, and `bundle.writer` writes the parts, SHA256SUMS, load.sh,
+README.txt and bundle.json last (a bundle without bundle.json is not one: nothing half-written looks complete)."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set
+
+from .. import gz
+from ..bundle import writer
+from ..bundle.format import bundle_images
+from ..delta import DeltaPlan
+from ..model import Digest, PulledImage
+from ..pipeline import Plan
+from ..progress import Progress
+
+if TYPE_CHECKING:
+    from ..bundle.writer import BundleResult
+    from ..pipeline import Blobs
+
+
+@dataclass
+class BundleDestination:
+    output: Path
+    progress: Progress
+    chunk_size: Optional[int] = None
+    compress: str = "none"
+    force: bool = False
+    gzip: Optional["gz.Gzip"] = None
+    delta: Optional[DeltaPlan] = None  # what the offline side holds: its layers are left out
+    created: Optional[str] = None
+    extra_files: Dict[str, Path] = field(default_factory=dict)  # imgtool.pyz
+    what: str = "bundle"
+
+    def plan(self, images: Sequence[PulledImage]) -> Plan:
+        writer.check_output_dir(self.output, self.force)
+        skip = not_carried(images, self.delta, self.progress) if self.delta is not None else set()
+        return Plan(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip))
+
+    def write(self, plan: Plan, source: "Blobs") -> "BundleResult":
+        """`plan.extra`: `gzipped_layers` (a transform gzipped layers: bundle.json records by what), `before_seal`
+        (run once every byte is written, before the parts get their names: writer.write_bundle)."""
+        return writer.write_bundle(self.output, plan.images, source, chunk_size=self.chunk_size,
+                                   compress=self.compress, force=self.force, progress=self.progress, gzip=self.gzip,
+                                   gzipped_layers=bool(plan.extra.get("gzipped_layers")), delta=self.delta,
+                                   created=self.created, extra_files=self.extra_files,
+                                   before_seal=plan.extra.get("before_seal"))
+
+    def abort(self) -> None:
+        """write_bundle removes what it wrote on every failure; before it, nothing was."""
+
+
+def not_carried(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progress) -> Set[Digest]:
+    """The layer blobs a delta leaves out of every image (none needs them): never read from the source."""
+    planned = bundle_images(images, delta)
+    omitted = {x.digest for im in planned for x in im.layers if x.omitted}
+    skip = omitted - {x.digest for im in planned for x in im.layers if not x.omitted}
+    if skip:
+        progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
+                      "and are not downloaded")
+    return skip

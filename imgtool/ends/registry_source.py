@@ -1,0 +1,71 @@
+"""A registry (and its mirrors) as a pipeline source: the images resolved, their blobs downloaded into the cache
+(`puller.download` on a thread, in the destination's order) and read from there as each lands."""
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+
+from ..model import Digest, PulledImage
+from ..progress import Progress
+from ..puller import PullStats, download
+from ..store import FileBlobs, Store
+
+if TYPE_CHECKING:
+    from ..pipeline import Plan
+
+
+class RegistrySource:
+    """`images`: the resolved platform images with the sources that serve each (`resolve.resolve_image`);
+    `jobs`: (connections per source, at most at once)."""
+
+    def __init__(self, pulled: Sequence[Tuple[PulledImage, list]], store: Store, progress: Progress,
+                 jobs: Tuple[int, int], what: str = "registry"):
+        self.pulled, self.store, self.progress, self.jobs, self.what = list(pulled), store, progress, jobs, what
+        self.stats = PullStats()
+        self.error: Optional[BaseException] = None
+        self.stop = threading.Event()
+        self.ended = False  # the download thread has returned (or raised)
+        self.thread: Optional[threading.Thread] = None
+        # blobs this run downloaded and checked (filled as the download goes on): read without hashing again
+        self.blobs = FileBlobs(self.path, self.stats.fresh)
+
+    def images(self) -> List[PulledImage]:
+        return [im for im, _ in self.pulled]
+
+    def start(self, plan: "Plan") -> None:
+        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order)),
+                                       name="download", daemon=True)
+        self.thread.start()
+
+    def _run(self, skip, order) -> None:
+        try:
+            download(self.pulled, self.store, self.progress, jobs=self.jobs[0], skip=skip, stats=self.stats,
+                     order=order, cancel=self.stop, connections=self.jobs[1])
+        except BaseException as e:  # raised in the reading thread by path/finish
+            self.error = e
+        finally:
+            self.ended = True
+            self.store.announce()  # a reader waiting for a blob that will not come wakes up
+
+    def path(self, digest: Digest) -> Path:
+        """The blob's path once the store has it; raises the download's error if it ended without it."""
+        self.store.wait_for(digest, lambda: self.ended)
+        if self.error is not None:
+            raise self.error
+        return self.store.blob_path(digest)
+
+    def chunks(self, digest: Digest, size: int, what: str):
+        return self.blobs.chunks(digest, size, what)
+
+    def cancel(self) -> None:
+        """Stop downloading: every started blob's partial record is kept."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def finish(self) -> PullStats:
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.stats
