@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from . import dirlock, gz, heldblobs, transcode
 from .config import MirrorConfig
-from .delta import DeltaPlan, Have, Inventory, have_from_inventory
+from .delta import DeltaPlan, Have
 from .errors import ImgtoolError, UsageError
-from .fsutil import NotRegularFile, open_regular
 from .mirrors import Clients, Resolution, sources_for
 from .model import Descriptor, Digest, Platform, PulledImage
 from .progress import Progress
-from .ends.bundle_dest import BundleDestination
+from .ends.bundle_dest import BundleDestination, read_have
 from .ends.registry_source import RegistrySource
 from .pipeline import Plan, copy
 from .puller import CONNECTIONS, JOBS, PullStats
@@ -276,42 +275,6 @@ SPACE_HINT = "free space there, or point IMGTOOL_CACHE or --output at a bigger d
 def _free(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
-
-
-def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional[Have], Optional[dict]]:
-    """The chains the offline side holds, from `--have FILE` and/or `--base DIR`; raises UsageError/VerifyError."""
-    from .bundle.reader import read_index
-
-    have: Optional[Have] = None
-    described = []
-    if inventory is not None:
-        path = Path(inventory)
-        try:
-            with open_regular(path) as f:
-                data = f.read()
-        except NotRegularFile as e:
-            raise UsageError(f"the inventory {path} is not a regular file ({e.kind})") from None
-        except OSError as e:
-            raise UsageError(f"cannot read the inventory {path}: {e.strerror or e}",
-                             hint="write it on the offline host with `imgtool inventory -o FILE`") from e
-        have = have_from_inventory(Inventory.from_bytes(data, str(path)), f"inventory {path.name}")
-        described.append(("inventory", path.name))
-    if base is not None:
-        index, _ = read_index(Path(base))
-        from_bundle = Have(f"base bundle {Path(base).name}")
-        for im in index.images:
-            from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
-            from_bundle.add_blobs([x.diff_id for x in im.layers],
-                                  [Descriptor(x.media_type, x.digest, x.size) for x in im.layers])
-        if have is None:
-            have = from_bundle
-        else:
-            have.merge(from_bundle)
-        described.append(("bundle", Path(base).name))
-    if have is None:
-        return None, None
-    kind = "+".join(k for k, _ in described)
-    return have, {"kind": kind, "name": " + ".join(n for _, n in described)}
 
 
 # --- inspect ---------------------------------------------------------------

@@ -8,7 +8,7 @@ against it member by member: nothing in the archive is trusted unless bundle.jso
 
 import json
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, OCI_CONFIG,
                      OCI_INDEX, OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
@@ -220,4 +220,25 @@ def place(all_members: Sequence[Member]) -> Tuple[List[Placed], int]:
         offset += len(h) + m.size + padding(m.size)
     end = offset + 2 * BLOCK
     return placed, end + (-end % RECORD)
+
+
+def pieces(placed: Sequence[Placed], tar_size: int, small: Dict[Digest, bytes],
+           blob: Callable[[Member], Iterable[bytes]]) -> Iterator[bytes]:
+    """The archive's bytes in order: each member's header, its data (generated content, `small` (manifests and
+    configs), else `blob(member)`: a source's chunks, checked by it), its padding, then the tar's end. Both the
+    bundle writer (into parts) and a runtime destination (into `docker load`) send exactly these."""
+    for p in placed:
+        m = p.member
+        yield p.header
+        data = m.content if m.content is not None else small.get(m.digest)
+        if data is not None:
+            yield data
+        else:
+            yield from blob(m)
+        pad = padding(m.size)
+        if pad:
+            yield bytes(pad)
+    if placed:
+        last = placed[-1]
+        yield bytes(tar_size - (last.end + padding(last.member.size)))
 

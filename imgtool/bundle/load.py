@@ -138,27 +138,56 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     for said in daemon.remove_debris():  # before the space is counted: what they held is free again
         progress.warn(said)
     facts = daemon.info()
-    plan = _plan(index, daemon, facts, tags, arch, all_platforms)
+    plan = plan_load(index, daemon, facts, tags, arch, all_platforms)
     report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
     warnings = list(report.warnings) + _arch_warnings(plan.view, facts.arch, facts.title)
     if plan.loaded:
-        finished = _finish(daemon, facts, plan, progress)
-        images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
-        _digest_refs(daemon, facts, plan.view, plan.ids)
-        _pin(daemon, images, plan.ids, pin, finished)
+        images = landed(daemon, facts, plan, progress, pin)
         return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
                           warnings=warnings, signature=verdict)
 
     warnings = _before_sending(bundle_dir, index, daemon, facts, plan, force) + warnings
     for w in warnings:
         progress.warn(w)
-    sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs)
+    images, sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs, pin)
+    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
+                      time.monotonic() - started, warnings, verdict)
+
+
+def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", send: Callable[[], int], progress: Progress,
+         pin: bool) -> Tuple[List[LoadedImage], int]:
+    """What every load into a runtime does around the archive's bytes (`send`: into `daemon.load_archive`, returns
+    the bytes sent): the unpack containerd leaves to imgtool, Podman's applied diff_ids compared, and on any failure
+    what the load registered removed; then each image named (canonical name, --tag), confirmed by its ID, named by
+    digest where the runtime keeps names so (containerd), pinned. Shared by `load` (bundle → runtime) and the
+    pipeline's runtime destination (ends/runtime_dest.py: registry → runtime). Raises what `send` raised,
+    DaemonError."""
+    try:
+        sent = send()
+        _unpack(daemon, plan)
+        if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
+            _check_applied(daemon, facts, plan.loading)
+    except BaseException:
+        try:
+            _forget_failed_load(daemon, plan.loading, plan.present)
+        except DaemonError as e:  # the runtime gone mid-way: its own error is the story, this a warning
+            progress.warn(f"could not check for what the failed load left in {facts.title}: {e.message}")
+        raise
     images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
     _digest_refs(daemon, facts, plan.view, plan.ids)
     _pin(daemon, images, plan.ids, pin, {})
-    images += _confirm_others(daemon, facts, plan)
-    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
-                      time.monotonic() - started, warnings, verdict)
+    return images + _confirm_others(daemon, facts, plan), sent
+
+
+def landed(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", progress: Progress, pin: bool
+           ) -> List[LoadedImage]:
+    """The runtime holds every image already (`plan.loaded`): what it lacks of one finished (containerd's unpack),
+    then each named, confirmed and pinned as `land` does; nothing is sent."""
+    finished = _finish(daemon, facts, plan, progress)
+    images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
+    _digest_refs(daemon, facts, plan.view, plan.ids)
+    _pin(daemon, images, plan.ids, pin, finished)
+    return images
 
 
 @dataclass
@@ -180,7 +209,7 @@ class _Plan:
         return [(im, self.ids[im.ref]) for im in self.view.images] + list(zip(self.others, self.other_ids))
 
 
-def _plan(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Sequence[str], arch: Optional[str],
+def plan_load(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Sequence[str], arch: Optional[str],
           all_platforms: bool) -> _Plan:
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
@@ -263,23 +292,13 @@ def _before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", fac
 
 
 def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
-          report: VerifyReport, progress: Progress, jobs: int) -> int:
-    """Stream the checked archive into the runtime; on any failure remove what it registered. A stream cut
-    short (or what Podman applied, refused) is then checked whole, naming every damaged part (VerifyError)."""
+          report: VerifyReport, progress: Progress, jobs: int, pin: bool) -> Tuple[List[LoadedImage], int]:
+    """Stream the checked archive into the runtime and land it (`land`). A stream cut short (or what Podman
+    applied, refused) is then checked whole, naming every damaged part (VerifyError)."""
     try:
-        try:
-            sent = _stream(bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
-                           _outgoing_meta(index, plan.view.images, plan.others, facts.traits.digest_names))
-            _unpack(daemon, plan)
-            if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
-                _check_applied(daemon, facts, plan.loading)
-            return sent
-        except BaseException:
-            try:
-                _forget_failed_load(daemon, plan.loading, plan.present)
-            except DaemonError as e:  # the runtime gone mid-way: its own error is the story, this a warning
-                progress.warn(f"could not check for what the failed load left in {facts.title}: {e.message}")
-            raise
+        return land(daemon, facts, plan, lambda: _stream(
+            bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
+            _outgoing_meta(index, plan.view.images, plan.others, facts.traits.digest_names)), progress, pin)
     except (VerifyError, _Cut) as e:
         # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
         # name every damaged part, as verify would.
@@ -351,6 +370,18 @@ def _names(image: BundleImage, wanted: Dict[str, List[str]]) -> List[str]:
 def _has_tags(daemon: "Runtime", info: "ImageInfo", names: Sequence[str]) -> bool:
     have = {familiar(t) for t in info.tags}
     return all(familiar(daemon.stored_name(n)) in have for n in names)
+
+
+def check_room(outgoing: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", force: bool) -> List[str]:
+    """What this runtime can take (space, zstd, storage) of the images `outgoing` holds, less the layer chains it
+    already holds; returns the warnings, raises what refuses the load (exit 5 for zstd, 1 for space)."""
+    held: frozenset = frozenset()
+    if facts.local:  # for the space check only: without them, every layer counts as unpacked here
+        try:
+            held = hostcheck.held_chains(daemon)
+        except DaemonError:
+            pass
+    return _compatibility(outgoing, facts, None, force, held)
 
 
 def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[int], force: bool,

@@ -337,25 +337,10 @@ def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progres
     read through the source's `blobs.chunks` (checked by it)."""
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
-        for p in plan.placed:
-            member = p.member
-            stream.write(p.header)
-            bar.update(len(p.header))
-            data = member.content if member.content is not None else plan.small.get(member.digest)
-            if data is not None:
-                stream.write(data)
-                bar.update(len(data))
-            else:
-                for chunk in blobs.chunks(member.digest, member.size, member.what):
-                    stream.write(chunk)
-                    bar.update(len(chunk))
-            pad = layout.padding(member.size)
-            stream.write(bytes(pad))
-            bar.update(pad)
-        last = plan.placed[-1]
-        trailer = plan.tar_size - (last.end + layout.padding(last.member.size))
-        stream.write(bytes(trailer))
-        bar.update(trailer)
+        for data in layout.pieces(plan.placed, plan.tar_size, plan.small,
+                                  lambda m: blobs.chunks(m.digest, m.size, m.what)):
+            stream.write(data)
+            bar.update(len(data))
         stream.finish()
 
 

@@ -6,8 +6,8 @@ import click
 
 from .. import __version__
 from ..errors import UsageError, exit_codes_help
-from . import diff, doctor, export, fetch, inspect, install, inventory, load, lock, mirrors, presets, push, run, selfbundle, serve, sign, \
-    tags, verify
+from . import copy, diff, doctor, export, fetch, inspect, install, inventory, load, lock, mirrors, presets, push, run, \
+    selfbundle, serve, sign, tags, verify
 from .options import common
 from .output import HintedUsageError, Run, invoke
 
@@ -16,7 +16,8 @@ from .output import HintedUsageError, Run, invoke
 # rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
-OFFLINE_VERBS = "verify, load, doctor, inventory, presets, run-flags, run, diff, push, serve, sign, self-install, self-update"
+OFFLINE_VERBS = ("verify, load, copy (bundle → bundle), doctor, "
+                 "inventory, presets, run-flags, run, diff, push, serve, sign, self-install, self-update")
 
 
 class _Verbs(click.Group):
@@ -51,7 +52,7 @@ def cli():
     """
 
 
-for verb in (fetch.fetch, export.export, inspect.inspect, mirrors.mirrors_cmd, tags.tags, lock.lock_cmd, diff.diff_cmd,
+for verb in (fetch.fetch, export.export, copy.copy_cmd, inspect.inspect, mirrors.mirrors_cmd, tags.tags, lock.lock_cmd, diff.diff_cmd,
              presets.presets_cmd, run.run_flags, run.run_cmd, verify.verify, load.load, push.push, serve.serve, sign.sign,
              inventory.inventory, doctor.doctor, selfbundle.self_bundle, install.self_install, install.self_update):
     cli.add_command(verb)

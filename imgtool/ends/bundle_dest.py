@@ -4,13 +4,15 @@ README.txt and bundle.json last (a bundle without bundle.json is not one: nothin
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Tuple
 
 from .. import gz
 from ..bundle import writer
 from ..bundle.format import bundle_images
-from ..delta import DeltaPlan
-from ..model import Digest, PulledImage
+from ..delta import DeltaPlan, Have, Inventory, have_from_inventory
+from ..errors import UsageError
+from ..fsutil import NotRegularFile, open_regular
+from ..model import Descriptor, Digest, PulledImage
 from ..pipeline import Plan
 from ..progress import Progress
 
@@ -59,3 +61,39 @@ def not_carried(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progr
         progress.note(f"delta against {delta.have.what}: {len(skip)} layers are already on the offline side "
                       "and are not downloaded")
     return skip
+
+
+def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional[Have], Optional[dict]]:
+    """The chains the offline side holds, from `--have FILE` and/or `--base DIR`; raises UsageError/VerifyError."""
+    from ..bundle.reader import read_index
+
+    have: Optional[Have] = None
+    described = []
+    if inventory is not None:
+        path = Path(inventory)
+        try:
+            with open_regular(path) as f:
+                data = f.read()
+        except NotRegularFile as e:
+            raise UsageError(f"the inventory {path} is not a regular file ({e.kind})") from None
+        except OSError as e:
+            raise UsageError(f"cannot read the inventory {path}: {e.strerror or e}",
+                             hint="write it on the offline host with `imgtool inventory -o FILE`") from e
+        have = have_from_inventory(Inventory.from_bytes(data, str(path)), f"inventory {path.name}")
+        described.append(("inventory", path.name))
+    if base is not None:
+        index, _ = read_index(Path(base))
+        from_bundle = Have(f"base bundle {Path(base).name}")
+        for im in index.images:
+            from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
+            from_bundle.add_blobs([x.diff_id for x in im.layers],
+                                  [Descriptor(x.media_type, x.digest, x.size) for x in im.layers])
+        if have is None:
+            have = from_bundle
+        else:
+            have.merge(from_bundle)
+        described.append(("bundle", Path(base).name))
+    if have is None:
+        return None, None
+    kind = "+".join(k for k, _ in described)
+    return have, {"kind": kind, "name": " + ".join(n for _, n in described)}

@@ -1,0 +1,129 @@
+"""`imgtool copy SOURCE DESTINATION`: the pipeline's pairs that no other verb names (issue 37).
+
+An end is written KIND:VALUE:
+- `registry:REF`: an image in a registry, resolved through mirrors.toml as `fetch` does (a source);
+- `bundle:DIR`: a bundle directory (a source read in place, compressed too; or a destination written);
+- `runtime:` (or `runtime:docker|containerd|podman`): the runtime `load` would choose (a destination).
+
+The pairs: registry → runtime (a connected node loads straight from the registry, through the cache: no bundle, the
+same checks and landing as `load`), bundle → bundle (cut again for another carrier, compressed or decompressed, a
+delta cut offline from a full bundle with `--have`). The pairs other verbs name are refused with the verb to use.
+"""
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .model import Platform
+from .pipeline import copy
+from .progress import Progress
+
+if TYPE_CHECKING:
+    from .config import MirrorConfig
+    from .runtimes.base import Runtime
+    from .store import Store
+
+KINDS = ("registry", "bundle", "runtime")
+RUNTIME_NAMES = ("", "auto", "docker", "containerd", "podman")
+OTHER_VERBS = {("registry", "bundle"): "imgtool fetch REF -o DIR", ("bundle", "runtime"): "imgtool load DIR",
+               ("bundle", "registry"): "imgtool push DIR --to HOST/NAMESPACE"}
+
+
+@dataclass(frozen=True)
+class End:
+    kind: str  # registry | bundle | runtime
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+def parse_end(text: str, role: str) -> End:
+    """`KIND:VALUE` (source or destination); raises UsageError."""
+    kind, sep, value = text.partition(":")
+    if not sep or kind not in KINDS:
+        raise UsageError(f"invalid {role} {text!r}: use registry:REF, bundle:DIR or runtime:[NAME]",
+                         hint="e.g. imgtool copy registry:v0.22.1rc1 runtime:, or imgtool copy bundle:old bundle:new")
+    if kind == "runtime" and value not in RUNTIME_NAMES:
+        raise UsageError(f"invalid {role} {text!r}: the runtime is docker, containerd, podman or auto")
+    if kind != "runtime" and not value:
+        raise UsageError(f"invalid {role} {text!r}: {kind}: needs a {'reference' if kind == 'registry' else 'directory'}")
+    return End(kind, value)
+
+
+def check_pair(source: End, destination: End) -> None:
+    """The pairs `copy` runs; another verb's pair is refused naming the verb. Raises UsageError."""
+    pair = (source.kind, destination.kind)
+    if pair in OTHER_VERBS:
+        raise UsageError(f"copy {source.kind} → {destination.kind} is `{OTHER_VERBS[pair].split()[1]}`'s job",
+                         hint=f"run {OTHER_VERBS[pair]}")
+    if pair not in (("registry", "runtime"), ("bundle", "bundle")):
+        raise UsageError(f"cannot copy {source.kind} → {destination.kind}: "
+                         "copy runs registry → runtime and bundle → bundle")
+    if source.kind == "registry" and sys.version_info < (3, 9):
+        raise UsageError("imgtool copy registry:... needs Python 3.9 or newer; this is Python "
+                         f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+@dataclass
+class CopyOptions:
+    source: End
+    destination: End
+    platforms: Sequence[Platform] = ()  # registry sources: the platform(s) to copy (default: the runtime's)
+    mirror: str = "auto"
+    probe_timeout: float = 5.0
+    connections: Tuple[int, int] = (12, 32)  # per source, at most at once
+    tags: Sequence[str] = ()  # runtime destinations: further names (as load --tag)
+    arch: Optional[str] = None
+    force: bool = False
+    pin: bool = True
+    chunk_size: Optional[int] = None  # bundle destinations
+    compress: str = "none"
+    have: Optional[Path] = None  # bundle destinations: leave out what the offline side holds (a delta)
+    created: Optional[str] = None
+    signers: Optional[str] = None  # bundle sources: the signature policy
+
+
+@dataclass
+class CopyResult:
+    source: str
+    destination: str
+    images: List[Any]  # runtime: LoadedImage; bundle: bundle.format.BundleImage
+    bundle: Any = None  # bundle destinations: writer.BundleResult
+    stats: Any = None
+    warnings: List[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = {"source": self.source, "destination": self.destination,
+               "images": [im.to_json() for im in self.images], "warnings": self.warnings}
+        if self.bundle is not None:
+            out["bundle"] = self.bundle.to_json()
+        return out
+
+
+def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store", runtime: "Runtime",
+                        progress: Progress) -> CopyResult:
+    """The image(s) of `opts.source` for the runtime's platform (or --arch), downloaded into the cache and streamed
+    into the runtime as they arrive; raises ImgtoolError subclasses (nothing registered stays)."""
+    from .ends.registry_source import RegistrySource
+    from .ends.runtime_dest import RuntimeDestination
+    from .mirrors import Clients
+    from .resolve import resolve_image, resolve_refs
+
+    destination = RuntimeDestination(runtime, progress, tags=opts.tags, arch=opts.arch, force=opts.force,
+                                     pin=opts.pin)
+    platforms = list(opts.platforms) or [Platform.parse(f"linux/{destination.facts.arch}")
+                                         if destination.facts.arch else Platform.host()]
+    clients = Clients(config)
+    store.create()
+    resolutions = resolve_refs(config, [opts.source.value], opts.mirror, progress, opts.probe_timeout,
+                               clients=clients)
+    pulled = [(resolve_image(res, p, store), res.sources) for res in resolutions for p in platforms]
+    source = RegistrySource(pulled, store, progress, opts.connections)
+    copied = copy(source, destination, plan=destination.plan([im for im, _ in pulled]))
+    return CopyResult(str(opts.source), f"{destination.what} {destination.facts.version}", copied.result,
+                      stats=copied.stats,
+                      warnings=destination.warnings)
+
