@@ -184,9 +184,10 @@ LAYERS = (
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset",
                       "nodeconfig"}),
-    ("outside systems", {"registry_http", "registry", "mirrors", "store", "runtimes", "connections"}),
+    ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
+                         "connections"}),
     ("bundle model", {"bundle.layout", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
-    ("steps", {"resolve", "puller", "transcode", "heldblobs", "tags"}),  # what a copy does on the way
+    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
