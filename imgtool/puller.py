@@ -9,15 +9,15 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable, Collection, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
-from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable, VerifyError
+from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, VerifyError
 from .mirrors import Source
 from .model import Descriptor, Digest, PulledImage, format_size
 from .progress import Bar, Progress
+from .puller_sources import Retries, Slots, SourcePool, asks_for_fewer
 from .registry import BlobStream
 from .store import Partial, Store
 
@@ -29,8 +29,7 @@ CONNECTIONS = 32  # connections at once over every source (--max-connections)
 
 # --- blob download ---------------------------------------------------------
 #
-# Read top to bottom: the knobs (Tuning), what a download counts (PullStats), the sources of one
-# image (_SourcePool) and a range's failures on them (_Retries), one blob being written (_BlobJob),
+# Read top to bottom: the knobs (Tuning), what a download counts (PullStats), one blob being written (_BlobJob),
 # the one kind of queued work (_Range), the scheduler that hands work to the connections and moves
 # bytes (_Scheduler), and `download`, which plans the work and runs the workers.
 
@@ -116,147 +115,6 @@ class PullStats:
             self.fresh.add(digest)
 
 
-class _Slots:
-    """The connections each source may have at once (`per_source`, --connections), shared by every image's pool:
-    a source is one endpoint however many images it serves.
-
-    A source that answers 429 or 503 while others of its connections are downloading from it is asking
-    for fewer (a mirror's per-client connection limit): `slow_down` lowers its cap to the connections
-    still downloading, for the rest of the run, instead of counting a failure that would drop the source.
-    A source refusing every connection (down, or restarting) is failing, not limiting: no lowering."""
-
-    def __init__(self, per_source: int):
-        self.per_source = per_source
-        self.cap: Dict[str, int] = {}
-        self.busy: Dict[str, int] = {}
-        self.flowing: Dict[str, int] = {}  # connections receiving a blob's bytes from the source now
-        self.cond = threading.Condition()
-
-    def in_use(self, name: str) -> int:
-        with self.cond:
-            return self.busy.get(name, 0)
-
-    @contextmanager
-    def hold(self, name: str) -> Iterator[None]:
-        """One of the source's connections, waiting for one to be free."""
-        with self.cond:
-            while self.busy.get(name, 0) >= self.cap.get(name, self.per_source):
-                self.cond.wait()
-            self.busy[name] = self.busy.get(name, 0) + 1
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.busy[name] -= 1
-                self.cond.notify_all()
-
-    @contextmanager
-    def receiving(self, name: str) -> Iterator[None]:
-        """A connection of the source is receiving an answer's bytes (the source said yes to it)."""
-        with self.cond:
-            self.flowing[name] = self.flowing.get(name, 0) + 1
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.flowing[name] -= 1
-
-    def slow_down(self, name: str) -> Optional[int]:
-        """The source refused a connection's request with 429/503 (that connection's slot is released): its
-        cap becomes the connections still receiving from it. Returns the new cap, or None when none is
-        (the refusal is then a failure like any other)."""
-        with self.cond:
-            others = self.flowing.get(name, 0)
-            cap = self.cap.get(name, self.per_source)
-            if others < 1 or cap <= 1:
-                return None
-            self.cap[name] = min(cap - 1, others)
-            return self.cap[name]
-
-
-class _SourcePool:
-    """Healthy sources, their connections counted in the shared `_Slots`; a failing source is dropped for
-    the run."""
-
-    def __init__(self, sources: Sequence[Source], slots: _Slots):
-        self.sources = list(sources)
-        self.slots = slots
-        self.dead: Dict[str, str] = {}
-        self.last_error: Dict[str, str] = {}
-        self.lock = threading.Lock()
-
-    def pick(self, preferred: int, exclude: Collection[str] = ()) -> Source:
-        """The live source (outside `exclude` while any is) with the fewest connections in use, the one at
-        `preferred` (modulo) among equals; raises RegistryError when every source is dead."""
-        with self.lock:
-            live = [s for s in self.sources if s.name not in self.dead and s.name not in exclude]
-            if not live:
-                live = [s for s in self.sources if s.name not in self.dead]
-        if not live:
-            detail = "; ".join(f"{s.describe()}: {self.last_error.get(s.name) or self.dead.get(s.name) or 'failed'}"
-                               for s in self.sources)
-            raise RegistryError(f"every source failed: {detail}",
-                                hint="check the network, or retry later: finished layers are kept in the cache")
-        start = preferred % len(live)
-        return min(live[start:] + live[:start], key=lambda s: self.slots.in_use(s.name))
-
-    def fail(self, source: Source, error: str, fatal: bool) -> None:
-        with self.lock:
-            self.last_error[source.name] = error
-            if fatal:
-                self.dead[source.name] = error
-
-
-def _asks_for_fewer(error: RegistryError) -> bool:
-    """429 Too Many Requests or 503 Service Unavailable: what a server limiting each client's connections
-    answers (nginx's limit_conn: 503)."""
-    return isinstance(error, RegistryUnavailable) and error.status in (429, 503)
-
-
-def _struck_out(failures: int, attempts: int) -> bool:
-    """Whether a range's `failures`-th failure drops the source it happened on, for the run.
-
-    Every `attempts`-th one does (the registry room's RetryPolicy: a request is tried that often). Failures
-    are counted per range, not per source: each one also moves the range's next try to the next live
-    source, so with one source its fourth failure for a range drops it, and with several, whichever fails
-    the range the fourth, eighth, ... time is dropped. A single reset only costs a retry.
-    """
-    return failures % attempts == 0
-
-
-class _Retries:
-    """One range's failures: which source to try next, which ones it no longer tries, how long to back off
-    (by the source's RetryPolicy, the one the registry client applies to its own requests)."""
-
-    def __init__(self, pool: _SourcePool):
-        self.pool = pool
-        self.failures = 0
-        self.out: Set[str] = set()
-
-    def next_source(self, preferred: int) -> Source:
-        """Raises RegistryError when every source of the pool is dead."""
-        return self.pool.pick(preferred + self.failures, exclude=self.out)
-
-    def not_found(self, source: Source, error: NotFoundError, digest: Digest) -> None:
-        """`source` does not have the blob: the others are asked; raises RegistryError once none has it."""
-        self.out.add(source.name)
-        self.pool.fail(source, error.message, fatal=False)
-        if len(self.out) >= len(self.pool.sources):
-            raise RegistryError(f"blob {digest.short} is on no source: {error.message}") from error
-
-    def failed(self, source: Source, error: RegistryError) -> float:
-        """A failure on `source` (it may strike out); returns the seconds to wait before the next try: the
-        policy's back-off, or the `Retry-After` the registry asked for."""
-        policy = source.client.retry
-        self.failures += 1
-        fatal = _struck_out(self.failures, policy.attempts)
-        self.pool.fail(source, error.message, fatal=fatal)
-        if fatal:
-            self.out.add(source.name)
-        retry_after = error.retry_after if isinstance(error, RegistryUnavailable) else None
-        return policy.delay(self.failures - 1, retry_after)
-
-
 BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
 
 
@@ -265,7 +123,7 @@ class _Blob:
     """A blob to download: what it is, where from, which attempt this is, and its place in archive order."""
 
     desc: Descriptor
-    pool: _SourcePool
+    pool: SourcePool
     attempt: int
     index: int
 
@@ -400,12 +258,12 @@ class _Scheduler:
         self.stop = stop
         self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
-        self.slots = _Slots(per_source)
-        self.pools: Dict[int, _SourcePool] = {}
+        self.slots = Slots(per_source)
+        self.pools: Dict[int, SourcePool] = {}
 
-    def pool(self, sources: Sequence[Source]) -> _SourcePool:
+    def pool(self, sources: Sequence[Source]) -> SourcePool:
         """The pool of an image's sources (one per list of sources), sharing the per-source slots."""
-        return self.pools.setdefault(id(sources), _SourcePool(sources, self.slots))
+        return self.pools.setdefault(id(sources), SourcePool(sources, self.slots))
 
     # -- a worker --------------------------------------------------------------------------------
 
@@ -549,7 +407,7 @@ class _Scheduler:
         half of the range only beyond the outstanding request (`asked`), so no byte the server was asked
         for is thrown away, and a kill loses at most one request's bytes in flight per connection.
         """
-        retries = _Retries(rng.blob.pool)
+        retries = Retries(rng.blob.pool)
         rng.since, rng.first = time.monotonic(), rng.pos
         while rng.pos < rng.end and not self.stop.is_set():
             source = retries.next_source(rng.preferred)
@@ -560,7 +418,7 @@ class _Scheduler:
             except NotFoundError as e:
                 retries.not_found(source, e, rng.blob.desc.digest)
             except RegistryError as e:  # the registry room's words: "HOST: connection reset", "... timed out"
-                lowered = self.slots.slow_down(source.name) if _asks_for_fewer(e) else None
+                lowered = self.slots.slow_down(source.name) if asks_for_fewer(e) else None
                 if lowered is not None and self.stats.lowered(source.name, lowered):
                     self.progress.warn(f"{source.name} refused a connection while {lowered} others were downloading "
                                        f"({e.message}): fewer connections to it from now on")

@@ -7,79 +7,43 @@ failures by the one `RetryPolicy` (honouring `Retry-After`, every wait ending at
 cancelled), and never logs or prints a credential or token.
 
 The transport (requests, or registry_http's stdlib client on Python 3.7/3.8) stays in this room: a
-blob is a `BlobStream`, and what a transport raises becomes a RegistryError here.
+blob is a `BlobStream`, and what a transport raises becomes a RegistryError here. The room's other
+modules hold no transport: registry_auth.py (who a login may go to, the tokens and Basic state of an
+endpoint) and registry_answers.py (answers read whole, blob streams, error texts, the RetryPolicy).
 """
 
-import base64
-import email.utils
 import http.client
 import json
 import os
-import random
 import re
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import urljoin, urlsplit
 
 from . import deadline
 from .config import DEFAULT_HELPER_TIMEOUT, DEFAULT_MIN_RATE, docker_config_dir, proxy_variable
-from .errors import (Cancelled, CredentialHelperError, ImgtoolError, LoginWithheld, NotFoundError, RegistryError,
-                     RegistryUnavailable, TagListingRefused, UsageError)
+from .errors import (CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable,
+                     TagListingRefused, UsageError)
 from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest, format_size, json_object
+from .registry_answers import (MAX_ANSWER_BYTES, MAX_ERROR_BYTES, RETRY_STATUS, Answer, BlobStream, RetryPolicy,
+                               network_error_text, registry_error_text, retry_after)
+from .registry_auth import Auth, Credentials, TokenAsk, origin
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
     import requests
 
 USER_AGENT = "imgtool"
-RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-
-
 TRANSPORTS = ("requests", "http")
 
-MAX_ANSWER_BYTES = MAX_MANIFEST_BYTES  # any answer read whole (JSON: a tag page, a token, an error)
-MAX_ERROR_BYTES = 64 * 1024  # what an error's body is read for: its message
 MAX_TAG_PAGES = 1000  # a repository's tag list: a registry that links pages forever stops here,
 MAX_TAGS = 100_000  # or at this many tags (quay.io's busiest repositories list a few thousand),
 MAX_TAG_LIST_BYTES = 16 * 1024 * 1024  # or at this many bytes of pages in all
 
 
-Origin = Tuple[str, str, int]
-
-
-def origin(url: str) -> Origin:
-    """(scheme, host, port) of a URL, the port filled in: what a login is stored for. Raises ValueError."""
-    split = urlsplit(url)
-    scheme = split.scheme.lower()
-    port = split.port  # ValueError for a malformed port
-    if scheme not in ("http", "https") or not split.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    return scheme, split.hostname.lower(), port or (443 if scheme == "https" else 80)
-
-
 def _netloc(url: str) -> str:
     return urlsplit(url).netloc
-
-
-class Answer:
-    """A registry's answer read whole (its body at most a cap): the status, headers and URL of the transport's
-    response, without the transport."""
-
-    def __init__(self, resp: "requests.Response", body: bytes):
-        self.status_code, self.reason, self.headers = resp.status_code, resp.reason, resp.headers
-        self.url, self.history, self.body = resp.url, resp.history, body
-
-    def close(self) -> None:
-        pass  # read and released already
-
-    def __enter__(self) -> "Answer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def default_transport() -> str:
@@ -169,125 +133,6 @@ def credentials_for(host: str, helper_timeout: float = DEFAULT_HELPER_TIMEOUT) -
     return None
 
 
-_CHALLENGE_PARAM = re.compile(r'(\w+)\s*=\s*(?:"([^"]*)"|([^\s,]+))')
-
-
-def parse_challenge(header: str) -> Tuple[str, Dict[str, str]]:
-    """Split `Bearer realm="...",service="..."` into ("bearer", {...})."""
-    scheme, _, rest = (header or "").strip().partition(" ")
-    params = {m.group(1).lower(): (m.group(2) if m.group(2) is not None else m.group(3)) for m in _CHALLENGE_PARAM.finditer(rest)}
-    return scheme.lower(), params
-
-
-def registry_error_text(resp: Answer) -> str:
-    """The distribution error message of an answer, or its status line."""
-    try:
-        errors = json_object(resp.body, MAX_ERROR_BYTES, ValueError).get("errors") or []
-        parts = [f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors if isinstance(e, dict)]
-        if parts:
-            return "; ".join(str(p) for p in parts)[:300]
-    except (ValueError, AttributeError, TypeError):
-        pass
-    return f"HTTP {resp.status_code} {resp.reason or ''}".strip()
-
-
-def _retry_after(resp: "requests.Response") -> Optional[float]:
-    """The seconds a 429/503's `Retry-After` asks for (a number or an HTTP date), or None."""
-    if resp.status_code not in (429, 503):
-        return None
-    value = resp.headers.get("Retry-After")
-    if not value:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        try:
-            parsed = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return None if parsed is None else max(parsed.timestamp() - time.time(), 0.0)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """The one retry policy of the registry side: how often a request is tried, how long to wait between
-    tries. The client applies it to each request; the puller to each range of a blob (where a retry may go
-    to another source, so the client does not retry those again). Every wait ends at once on cancel."""
-
-    attempts: int = 4
-    """Tries of one request; a range's every `attempts`-th failure on a source drops that source."""
-
-    backoff: float = 0.5
-    """Seconds before the second try, doubled for each further one (at most `max_backoff`), with jitter."""
-
-    max_backoff: float = 8.0
-
-    max_retry_after: float = 60.0
-    """A registry's `Retry-After` is honoured up to this many seconds."""
-
-    def delay(self, attempt: int, retry_after: Optional[float] = None) -> float:
-        """Seconds to wait after the `attempt`-th failure (0-based), or what the registry asked for."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        base = min(self.backoff * (2 ** attempt), self.max_backoff)
-        return base * (0.5 + random.random() / 2)
-
-    @staticmethod
-    def wait(seconds: float, cancel: Optional[threading.Event]) -> None:
-        """Wait `seconds`, or until `cancel` is set: then raises Cancelled. Without an event the wait is
-        still one Ctrl-C ends in the main thread (a lock wait, which a signal interrupts)."""
-        if (cancel if cancel is not None else threading.Event()).wait(seconds):
-            raise Cancelled("cancelled while waiting to try again")
-
-
-class BlobStream:
-    """A blob's bytes as the registry sends them (never content-decoded), its transport hidden.
-
-    `whole` is True when the registry ignored the Range asked for and sends the whole blob (200, not
-    206). `read(n)` gives up to n bytes as they arrive (b"" at the end) and raises RegistryError when the
-    connection breaks or stalls; `close()` (or leaving `with`) ends the response.
-    """
-
-    def __init__(self, resp: "requests.Response", read: Callable[[int], bytes], errors: tuple, host: str,
-                 rate: deadline.Rate):
-        self.whole = resp.status_code == 200
-        self._resp, self._read, self._errors, self._host, self._rate = resp, read, errors, host, rate
-
-    def read(self, n: int) -> bytes:
-        """Up to n bytes; raises RegistryError (also when the bytes come slower than the rate asked for)."""
-        start = time.monotonic()
-        try:
-            chunk = self._read(n)
-        except self._errors as e:
-            raise RegistryError(f"{self._host}: {network_error_text(e)}") from e
-        short = self._rate.add(len(chunk), time.monotonic() - start)
-        if short is not None:
-            self.close()
-            raise RegistryError(f"{self._host}: sent too slowly: {short[0]} bytes in {short[1]:.0f} s, under "
-                                f"{self._rate.floor} bytes/s ($IMGTOOL_MIN_RATE)")
-        return chunk
-
-    def read_up_to(self, limit: int) -> bytes:
-        """The body until its end or `limit` bytes, whichever comes first; raises RegistryError."""
-        chunks, total = [], 0
-        while total < limit:
-            chunk = self.read(min(65536, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-
-    def close(self) -> None:
-        self._resp.close()
-
-    def __enter__(self) -> "BlobStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 class RegistryClient:
     """Talks to one registry endpoint; thread-safe (one session per thread).
 
@@ -306,13 +151,14 @@ class RegistryClient:
                  response_timeout: Optional[float] = None, min_rate: int = DEFAULT_MIN_RATE):
         self.base_url = base_url.rstrip("/")
         split = urlsplit(self.base_url)
+        self.host = split.netloc
+        # looked up on the first 401 (a credential helper may run), once: most registries never ask
+        lookup = (lambda: credentials_for(self.host, helper_timeout)) if use_docker_config else None
         try:
-            self._origin = origin(self.base_url)
+            self.auth = Auth(self.base_url, self.host, insecure=insecure, credentials=credentials, lookup=lookup)
         except ValueError:
             raise UsageError(f"invalid registry URL {base_url!r}") from None
-        self.host = split.netloc
         self._net = _Net(transport or default_transport())
-        self._insecure = insecure
         # Passed on every call: a Session's own `verify` loses to $REQUESTS_CA_BUNDLE.
         self.verify = False if insecure else (ca_cert or True)
         self.timeout = (connect_timeout, read_timeout)
@@ -321,16 +167,6 @@ class RegistryClient:
         self.response_timeout = response_timeout or 2 * read_timeout
         self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
-        self._credentials = credentials
-        self._credential_problem: Optional[CredentialHelperError] = None
-        self._withheld: Optional[str] = None  # why the login was not sent to the token service named
-        # looked up on the first 401 (a credential helper may run), once: most registries never ask
-        self._looked_up = credentials is not None or not use_docker_config
-        self._helper_timeout = helper_timeout
-        self._login_lock = threading.Lock()
-        self._tokens: Dict[str, str] = {}  # scope -> bearer token
-        self._basic = False  # the registry asked for Basic auth
-        self._lock = threading.Lock()
         self._local = threading.local()
 
     # -- plumbing --------------------------------------------------------
@@ -358,103 +194,21 @@ class RegistryClient:
                                       "connect directly")
         return RegistryError(f"{self.host}: {network_error_text(e)}")
 
-    def _login(self) -> Optional[Tuple[str, str]]:
-        """The credentials for this endpoint, looked up when a registry first asks (once, whichever thread
-        asks first); a helper that fails leaves us anonymous and is named if the registry then refuses."""
-        with self._login_lock:
-            if not self._looked_up:
-                self._looked_up = True
-                try:
-                    self._credentials = credentials_for(self.host, self._helper_timeout)
-                except CredentialHelperError as e:
-                    self._credential_problem = e
-            return self._credentials
-
-    def _may_send_login(self, url: str, realm: bool = False) -> bool:
-        """Whether this endpoint's login (or a token got with it) may go to `url`: its own origin, or (`realm`)
-        the token service it named when reached over TLS; plain HTTP only for an `insecure` endpoint."""
-        try:
-            there = origin(url)
-        except ValueError:
-            return False
-        if there[0] != "https" and not self._insecure:
-            return False
-        if there == self._origin:
-            return True
-        return realm and (self._origin[0] == "https" or self._insecure)
-
-    def _same_origin(self, url: str) -> bool:
-        try:
-            return origin(url) == self._origin
-        except ValueError:
-            return False
-
-    def _auth_header(self, scope: Optional[str], url: str) -> Dict[str, str]:
-        """What proves who we are to `url`: nothing unless it is this endpoint (a token was got with the
-        login only where `_may_send_login` allowed it)."""
-        if not self._same_origin(url):
-            return {}
-        with self._lock:
-            token = self._tokens.get(scope or "")
-        if token:
-            return {"Authorization": f"Bearer {token}"}
-        if self._basic and self._credentials and self._may_send_login(url):
-            raw = base64.b64encode(":".join(self._credentials).encode()).decode()
-            return {"Authorization": f"Basic {raw}"}
-        return {}
-
     def _authenticate(self, resp: Answer, scope: Optional[str]) -> bool:
         """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
-        scheme, params = parse_challenge(resp.headers.get("WWW-Authenticate", ""))
-        credentials = self._login()
-        if scheme == "basic":
-            if credentials and not self._may_send_login(self.base_url):
-                self._withheld = (f"imgtool sends the login for {self.host} over plain HTTP only to a registry "
-                                  "marked insecure (insecure = true in mirrors.toml, or --insecure)")
-                return False
-            if not credentials or self._basic:
-                return False
-            self._basic = True
-            return True
-        realm = params.get("realm") or ""
-        if scheme != "bearer" or not realm:
-            return False
-        try:
-            origin(realm)
-        except ValueError:
-            raise RegistryError(f"{self.host}: its 401 names a token service that is not an http(s) URL: "
-                                f"{realm[:200]!r}") from None
-        query = {}
-        if params.get("service"):
-            query["service"] = params["service"]
-        want_scope = scope or params.get("scope")
-        if want_scope:
-            query["scope"] = want_scope
-        auth = None
-        if credentials and self._may_send_login(realm, realm=True):
-            auth = credentials
-        elif credentials:
-            self._withheld = (f"imgtool did not send the login for {self.host} to the token service it names, "
-                              f"{realm[:200]}: that is plain HTTP (mark {self.host} insecure in mirrors.toml, or "
-                              "--insecure, only if you trust the network)")
-        r = self._token_answer(realm, query, auth)
+        ask = self.auth.challenged(resp.headers.get("WWW-Authenticate", ""), scope)
+        if not isinstance(ask, TokenAsk):
+            return ask
+        r = self._token_answer(ask.realm, ask.query, ask.login)
         if r.status_code in (401, 403):
-            raise self._auth_failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
-                                    "check the credentials for this registry in ~/.docker/config.json (docker login)")
+            raise self.auth.failed(f"{self.host}: the token service refused access ({registry_error_text(r)})",
+                                   "check the credentials for this registry in ~/.docker/config.json (docker login)")
         if r.status_code != 200:
             raise RegistryError(f"{self.host}: token request failed: {registry_error_text(r)}")
-        try:
-            body = json_object(r.body, MAX_ANSWER_BYTES, ValueError)
-            token = body.get("token") or body.get("access_token")
-        except ValueError:
-            token = None
-        if not token or not isinstance(token, str):
-            raise RegistryError(f"{self.host}: the token service answered without a token")
-        with self._lock:
-            self._tokens[scope or ""] = token
+        self.auth.keep_token(scope, r.body, MAX_ANSWER_BYTES)
         return True
 
-    def _token_answer(self, realm: str, query: Dict[str, str], auth: Optional[Tuple[str, str]]) -> Answer:
+    def _token_answer(self, realm: str, query: Dict[str, str], auth: Optional[Credentials]) -> Answer:
         """The token service's whole answer (capped). Raises RegistryError."""
         seconds = self.response_timeout
         try:
@@ -549,7 +303,7 @@ class RegistryClient:
         attempt = 0
         while True:
             hdrs = dict(headers or {})
-            hdrs.update(self._auth_header(scope, url))
+            hdrs.update(self.auth.header(scope, url))
             seconds = self._seconds(timeout) + len(data or b"") / self.min_rate  # a body to send: at the rate
             try:
                 with deadline.watching(seconds) as watch:
@@ -571,14 +325,13 @@ class RegistryClient:
             if watch.expired:  # the headers came in just as the deadline passed: the body is cut off
                 resp.close()
                 raise self._too_slow(seconds)
-            if resp.status_code == 401 and not self._same_origin(resp.url):
+            if resp.status_code == 401 and not self.auth.same_origin(resp.url):
                 resp.close()
                 raise RegistryError(f"{self.host} sent imgtool on to {_netloc(resp.url)}, which asks for a login: "
                                     f"imgtool sends the login for {self.host} to {self.host} only")
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
-                with self._lock:  # a stale token: drop it and ask again
-                    self._tokens.pop(scope or "", None)
+                self.auth.forget(scope)  # a stale token: drop it and ask again
                 refusal = self._answer(resp, MAX_ERROR_BYTES)  # read first: the token service may share its connection
                 if self._authenticate(refusal, scope):
                     continue
@@ -587,7 +340,7 @@ class RegistryClient:
             if (resp.status_code in RETRY_STATUS or expired_redirect) and attempt + 1 < attempts:
                 attempt += 1
                 resp.close()
-                self.retry.wait(self.retry.delay(attempt - 1, _retry_after(resp)), cancel)
+                self.retry.wait(self.retry.delay(attempt - 1, retry_after(resp)), cancel)
                 continue
             return resp
 
@@ -630,7 +383,7 @@ class RegistryClient:
             said = registry_error_text(resp) if not head else "HTTP 404"
             raise NotFoundError(f"{self.host}/{repository}:{reference} not found ({said})")
         if resp.status_code == 401:
-            raise self._auth_failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
+            raise self.auth.failed(f"{self.host}/{repository}: authentication required (HTTP 401)",
                                     f"log in with `docker login {self.host}` (imgtool reads ~/.docker/config.json)")
         if resp.status_code != 200:
             detail = registry_error_text(resp) if not head else f"HTTP {resp.status_code}"
@@ -670,7 +423,7 @@ class RegistryClient:
             raise NotFoundError(f"{self.host}/{repository}: blob {digest.short} not found")
         if resp.status_code in RETRY_STATUS or (resp.history and resp.status_code in (403, 410)):
             raise RegistryUnavailable(f"{self.host}/{repository}: blob {digest.short}: {text}",
-                                      retry_after=_retry_after(resp), status=resp.status_code)
+                                      retry_after=retry_after(resp), status=resp.status_code)
         raise RegistryError(f"{self.host}/{repository}: blob {digest.short}: {text}")
 
     def tags(self, repository: str, page_size: int = 1000) -> Iterator[str]:
@@ -727,18 +480,9 @@ class RegistryClient:
     def push_scope(repository: str) -> str:
         return f"repository:{repository}:pull,push"
 
-    def _auth_failed(self, message: str, hint: str) -> ImgtoolError:
-        """The registry wants credentials it did not get: when a credential helper failed, that is why; when
-        the login was kept from a plain-HTTP token service, that is."""
-        if self._credential_problem is not None:
-            return self._credential_problem
-        if self._withheld is not None:
-            return LoginWithheld(message, hint=self._withheld)
-        return RegistryError(message, hint=hint)
-
     def _push_failed(self, resp: Answer, repository: str, what: str) -> ImgtoolError:
         if resp.status_code in (401, 403):
-            return self._auth_failed(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
+            return self.auth.failed(f"{self.host}/{repository}: {what}: push refused (HTTP {resp.status_code}: "
                                      f"{registry_error_text(resp)})",
                                      f"log in with `docker login {self.host}` as a user allowed to push there "
                                      "(imgtool reads ~/.docker/config.json)")
@@ -870,32 +614,3 @@ def proxy_named(url: str) -> str:
     registry_http read them (urllib's order: lowercase first, then the scheme's, then all_proxy)."""
     named = proxy_variable(urlsplit(url).scheme)
     return f"{named[1]} (from ${named[0]})" if named else "(none named)"
-
-
-def network_error_text(e: Exception, limit: int = 200) -> str:
-    """One readable line for a network exception (urllib3 nests long reprs)."""
-    text = " ".join(str(e).split())
-    if isinstance(e, _timeouts()) or "timed out" in text:
-        return "timed out"
-    m = re.search(r"\[SSL: \w+\] ([^'\"]+?) \(_ssl\.c:\d+\)", text)  # OpenSSL's words, not urllib3's wrapping
-    if m:
-        return m.group(1)
-    m = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
-    if m:
-        return m.group(1).strip().rstrip(".").lower()
-    for needle, said in (("RemoteDisconnected", "connection closed by the server"),
-                         ("Connection reset", "connection reset"), ("Connection aborted", "connection aborted"),
-                         ("IncompleteRead", "connection closed before the whole body arrived")):
-        if needle in text:
-            return said
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _timeouts() -> tuple:
-    """The timeout exceptions of the transports loaded (one of requests' cannot exist unless requests is)."""
-    found = [socket.timeout]
-    for name in ("requests", "imgtool.registry_http"):
-        lib = sys.modules.get(name)
-        if lib is not None:
-            found += [lib.exceptions.ConnectTimeout, lib.exceptions.ReadTimeout]
-    return tuple(found)

@@ -184,14 +184,15 @@ LAYERS = (
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset",
                       "nodeconfig"}),
-    ("outside systems", {"registry_http", "registry", "mirrors", "store", "runtimes", "connections"}),
+    ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
+                         "connections"}),
     ("bundle model", {"bundle.layout", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
-    ("steps", {"resolve", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
+    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
     ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
-    ("verbs", {"fetch", "export", "push", "serve", "inventory", "doctor", "diff", "install", "inspection",
+    ("verbs", {"fetch", "export", "push", "serve", "copying", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec
     ("commands", {"cli", "__main__", "commands"}),

@@ -256,7 +256,7 @@ def test_token_refresh_on_401(services, factory, token_issuer, tmp_path, uniq):
     image = resolve_image(res, Platform.parse("arm64"), Store(tmp_path / "c"))
     issued = token_issuer.issued
     for source in res.sources:  # the registry now rejects the cached token (as after expiry)
-        source.client._tokens = {k: "expired" for k in source.client._tokens}
+        source.client.auth.tokens = {k: "expired" for k in source.client.auth.tokens}
     download([(image, res.sources)], Store(tmp_path / "c"), notes)
     assert token_issuer.issued > issued
 
