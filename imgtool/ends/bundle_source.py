@@ -71,7 +71,10 @@ class BundleSource:
                               "bundle.json", hint="fetch the bundle again")
         kept = {x.digest: x for x in self.index.upstream_indexes}
         upstream_index = kept.get(im.index_digest) if im.index_digest is not None else None
-        return PulledImage(ref=ImageRef.parse(im.ref), source=im.source, platform=im.platform,
+        ref = ImageRef.parse(im.ref)
+        if ref.digest is None:  # what the tag meant, as the puller names it
+            ref = ref.with_digest(im.index_digest or im.manifest_digest)
+        return PulledImage(ref=ref, source=im.source, platform=im.platform,
                            index_digest=im.index_digest, manifest_digest=im.manifest_digest,
                            manifest_bytes=manifest_bytes, manifest=manifest, config_bytes=config_bytes,
                            config=ImageConfig.parse(config_bytes), upstream=im.upstream,
