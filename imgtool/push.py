@@ -71,6 +71,9 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     client, scheme = _client(host, insecure, ca_cert, waits or {})
     destination = RegistryDestination(client, host, namespace, scheme, progress, chunk=chunk, omitted=source.omitted,
                                       prefer=source.order, rewind=source.rewind, name=str(bundle_dir), to=to)
-    result = copy(source, destination).result
+    try:
+        result = copy(source, destination).result
+    finally:
+        source.finish()  # a refusal in plan (before the copy started the source) leaves no reading thread either
     result.seconds = time.monotonic() - started
     return result
