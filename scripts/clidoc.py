@@ -50,6 +50,9 @@ old spelling for one more release, and `--help` no longer shows it: change scrip
 
 def _help(command: click.Command, name: str, parent: "click.Context | None") -> str:
     ctx = click.Context(command, info_name=name, parent=parent, terminal_width=WIDTH, max_content_width=WIDTH)
+    # click 8.1.8 keeps the help option the first context made (`imgtool VERB --help` run in-process, as
+    # tests/test_cli.py does, makes it `-h, --help`): the page is made from its own contexts, in any order
+    command._help_option = None
     return command.get_help(ctx).rstrip()
 
 

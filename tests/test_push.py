@@ -262,3 +262,79 @@ def test_push_from_kylins_python_logs_in_as_3_11_does(version, services, factory
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["scheme"] == "https"
     assert registry("tls").get_manifest(f"{uniq}/ascend/vllm-ascend", "v2").body == image.manifest_bytes
+
+
+# --- compressed bundles: the archive read once, in order --------------------------------------------
+
+def _fetch_three(services, factory, mirrored, tmp_path):
+    """One two-arch tag (v5) published upstream, fetched through the real CLI three times: uncompressed, gzip
+    and zstd (1 MiB parts); returns ({compression: bundle dir}, the index, its repository path)."""
+    base = factory.layers(1)
+    idx = factory.multiarch(("amd64", "arm64"), layers=2, base=base, media="docker")
+    ms = mirrored(idx, tag="v5", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    out = {}
+    for compression in ("none", "gzip", "zstd"):
+        out[compression] = tmp_path / compression
+        r = imgtool("fetch", "--no-tool", "v5", "--arch", "amd64,arm64", "--mirrors", str(cfg), "-o",
+                    str(out[compression]), "--chunk-size", "1M", "--compress", compression,
+                    env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+        assert r.returncode == 0, r.stderr
+    return out, idx, ms.repo
+
+
+def _pulled_back(ref: str, into) -> dict:
+    """skopeo copy --all of what a push stored (skopeo checks every blob against its digest): file -> bytes."""
+    r = subprocess.run(["skopeo", "copy", "--all", "--src-tls-verify=false", f"docker://{ref}", f"dir:{into}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {p.name: p.read_bytes() for p in into.iterdir() if p.name != "version"}
+
+
+def test_a_compressed_bundle_pushes_what_the_uncompressed_one_pushes(services, factory, mirrored, tmp_path, uniq):
+    bundles, idx, repo = _fetch_three(services, factory, mirrored, tmp_path)
+    assert len(parts_of(bundles["gzip"])) >= 3 and len(parts_of(bundles["zstd"])) >= 3
+    pushed, stored = {}, {}
+    for compression, out in bundles.items():
+        r = imgtool("push", str(out), "--to", f"{services.plain}/{uniq}/{compression}", "--insecure", "--json")
+        assert r.returncode == 0, (compression, r.stderr)
+        pushed[compression] = _pushed(r.stdout)
+        for ix in pushed[compression]["indexes"]:
+            ix["target"] = ix["target"].split("/", 3)[3]
+        pushed[compression]["warnings"] = [w.replace(f"/{uniq}/{compression}/", "/")
+                                           for w in pushed[compression]["warnings"]]
+        stored[compression] = _pulled_back(f"{services.plain}/{uniq}/{compression}/{repo}:v5",
+                                           tmp_path / f"pulled-{compression}")
+    assert pushed["gzip"] == pushed["zstd"] == pushed["none"]
+    assert sorted(im["manifest_digest"] for im in pushed["none"]["images"]) == sorted(
+        idx.image(arch).manifest_digest for arch in ("amd64", "arm64"))
+    # every manifest and every layer, byte for byte: the index over both platforms, each platform's manifest,
+    # configs and layers (the shared base layer once)
+    layers = {x.digest.split(":", 1)[1] for arch in ("amd64", "arm64") for x in idx.image(arch).layers}
+    assert layers <= set(stored["none"]) and len(layers) == 5
+    assert stored["gzip"] == stored["zstd"] == stored["none"]
+    for arch in ("amd64", "arm64"):
+        for digest, data in idx.image(arch).blobs().items():
+            assert stored["zstd"][digest.split(":", 1)[1]] == data
+
+
+def test_a_compressed_bundle_with_a_damaged_part_pushes_no_manifest(services, factory, mirrored, tmp_path, uniq,
+                                                                     registry):
+    bundles, idx, repo = _fetch_three(services, factory, mirrored, tmp_path)
+    for compression in ("gzip", "zstd"):
+        parts = parts_of(bundles[compression])
+        victim = len(parts) // 2
+        data = bytearray(parts[victim].read_bytes())
+        data[len(data) // 2] ^= 0x55
+        parts[victim].write_bytes(bytes(data))
+        label = f"part {victim + 1:03d}"
+        r = imgtool("push", str(bundles[compression]), "--to", f"{services.plain}/{uniq}/{compression}", "--insecure")
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.splitlines()[0] == (f"error: {label} ({parts[victim].name}) is damaged: its sha256 differs "
+                                            f"from bundle.json; re-copy {label} from the source medium")
+        assert registry("plain").head_manifest(f"{uniq}/{compression}/{repo}", "v5") is None
+        for arch in ("amd64", "arm64"):
+            assert registry("plain").head_manifest(f"{uniq}/{compression}/{repo}",
+                                                   idx.image(arch).manifest_digest) is None

@@ -1,6 +1,8 @@
-"""Blobs of bundles read in place from their part files for `imgtool serve`, each checked against its digest.
+"""Blobs of bundles read in place from their part files, each checked against its digest: `PartFiles`, the one
+reader of a blob's bytes from the spans of the files holding it (catalog.py), which `imgtool serve` (InPlaceBlobs)
+and the bundle source (ends/bundle_source.py: push) both read through.
 
-Every blob is hashed once in the background from the start (`check_all`), and again whenever a part file
+For serve, every blob is hashed once in the background from the start (`check_all`), and again whenever a part file
 holding it changed since (its inode, size, mtime or ctime: a write, a re-copy); a mismatch is refused per
 request (BlobDamaged), never handed out. A blob asked for before its turn is hashed then (a small one, or a
 range of a big one), or, asked for whole, hashed as it is sent (`Hashing`: the last piece goes out only
@@ -22,7 +24,7 @@ from ..model import Digest, format_size
 from ..progress import Progress
 from .catalog import Blob, Catalog
 from .format import BundleIndex, part_label
-from .reader import HASH_READ, DecodeError, PartsStream, decompressed, unreadable
+from .reader import HASH_READ, DecodeError, PartsStream, decompressed, part_problem, part_unreadable, unreadable
 
 
 HASH_FIRST = 16 * 1024 * 1024  # a blob up to this is hashed before its first answer (milliseconds); bigger: on the way
@@ -103,19 +105,16 @@ def unpack_archive(bundle_dir: Path, index: BundleIndex, into: Path, progress: P
     return target
 
 
-class InPlaceBlobs:
-    """Blobs read in place from the bundles' part files (a compressed bundle's: from its unpacked archive), each
-    blob's digest checked before it is first served (again when a file holding it changed since: its inode, size,
-    mtime or ctime), a manifest's on every read."""
+class PartFiles:
+    """The one reader of bundles' blobs in place: a blob's bytes from the spans of the files holding it (the part
+    files, or a compressed bundle's unpacked archive: catalog.py's spans), opened as regular files only. serve's
+    InPlaceBlobs and the bundle source (ends/bundle_source.py: push) both read through it; what each says of a
+    file that cannot be read is its own (`_problem`, `_unreadable`): here, as `verify` says it of a part."""
 
     def __init__(self, dirs: Sequence[Path], catalog: Catalog, unpacked: Optional[Dict[int, Path]] = None):
         self.dirs = [Path(d) for d in dirs]
         self.catalog = catalog
         self.unpacked = dict(unpacked or {})  # bundle -> its archive unpacked, for a compressed bundle
-        self._lock = threading.Lock()
-        self._locks: Dict[Digest, threading.Lock] = {}
-        # digest -> (the stat of its parts when it was checked, whether it matched)
-        self._checked: Dict[Digest, Tuple[tuple, bool]] = {}
 
     def _index(self, bundle: int) -> BundleIndex:
         return self.catalog.indexes[bundle]
@@ -124,6 +123,50 @@ class InPlaceBlobs:
         if bundle in self.unpacked:
             return self.unpacked[bundle]
         return self.dirs[bundle] / self._index(bundle).parts[part].name
+
+    def _problem(self, blob: Blob, part: int, what: str) -> ImgtoolError:
+        """A file holding the blob is missing, short or not a regular file: named as `verify` names a part."""
+        return VerifyError(part_problem(self._index(blob.bundle), part, what).message)
+
+    def _unreadable(self, blob: Blob, part: int, e: OSError) -> ImgtoolError:
+        if isinstance(e, FileNotFoundError):
+            return self._problem(blob, part, "is missing")
+        index = self._index(blob.bundle)
+        return VerifyError(part_unreadable(index, part, self._path(blob.bundle, part), e).message)
+
+    def open(self, blob: Blob, part: int) -> io.FileIO:
+        try:
+            return open_regular(self._path(blob.bundle, part))
+        except NotRegularFile as e:
+            raise self._problem(blob, part, f"is not a regular file ({e.kind})") from None
+        except OSError as e:
+            raise self._unreadable(blob, part, e) from None
+
+    def chunks(self, blob: Blob, start: int, end: int, size: int = 4 * 1024 * 1024) -> Iterator[bytes]:
+        """Bytes [start, end) of the blob from its files; raises what `_problem` makes (a file missing or short)."""
+        for span in self.catalog.spans(blob, start, end):
+            with self.open(blob, span.part) as f:
+                f.seek(span.offset)
+                left = span.length
+                while left:
+                    data = f.read(min(size, left))
+                    if not data:
+                        raise self._problem(blob, span.part, "is truncated")
+                    left -= len(data)
+                    yield data
+
+
+class InPlaceBlobs(PartFiles):
+    """Blobs read in place from the bundles' part files (a compressed bundle's: from its unpacked archive), each
+    blob's digest checked before it is first served (again when a file holding it changed since: its inode, size,
+    mtime or ctime), a manifest's on every read."""
+
+    def __init__(self, dirs: Sequence[Path], catalog: Catalog, unpacked: Optional[Dict[int, Path]] = None):
+        super().__init__(dirs, catalog, unpacked)
+        self._lock = threading.Lock()
+        self._locks: Dict[Digest, threading.Lock] = {}
+        # digest -> (the stat of its parts when it was checked, whether it matched)
+        self._checked: Dict[Digest, Tuple[tuple, bool]] = {}
 
     def _unreadable(self, blob: Blob, part: int, e: OSError) -> BlobDamaged:
         """A part (or the unpacked archive) this user may not read: said as that, with its remedy, not as damage."""
@@ -238,27 +281,6 @@ class InPlaceBlobs:
         return BlobDamaged(f"{blob.what} (blob {blob.digest.short}) is damaged in {self.dirs[blob.bundle]} "
                        f"({where}): its sha256 differs from its digest; it is not served",
                        hint="run `imgtool verify` on the bundle and re-copy the parts it names")
-
-    def chunks(self, blob: Blob, start: int, end: int, size: int = 4 * 1024 * 1024) -> Iterator[bytes]:
-        """Bytes [start, end) of the blob from the parts; raises BlobDamaged (a part missing or short)."""
-        for span in self.catalog.spans(blob, start, end):
-            with self.open(blob, span.part) as f:
-                f.seek(span.offset)
-                left = span.length
-                while left:
-                    data = f.read(min(size, left))
-                    if not data:
-                        raise self._problem(blob, span.part, "is truncated")
-                    left -= len(data)
-                    yield data
-
-    def open(self, blob: Blob, part: int) -> io.FileIO:
-        try:
-            return open_regular(self._path(blob.bundle, part))
-        except NotRegularFile as e:
-            raise self._problem(blob, part, f"is not a regular file ({e.kind})") from None
-        except OSError as e:
-            raise self._unreadable(blob, part, e) from None
 
     def read(self, blob: Blob) -> bytes:
         """A small blob (a manifest) whole, its digest checked on every read; raises BlobDamaged."""
