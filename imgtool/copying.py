@@ -127,3 +127,38 @@ def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store
                       stats=copied.stats,
                       warnings=destination.warnings)
 
+
+
+def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
+    """The images of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or not, or
+    a delta leaving out what `--have`'s inventory holds. Every blob is checked against its digest as it is read
+    (the source bundle's signature policy first); imgtool.pyz is carried over; the new bundle.json is unsigned.
+    Raises UsageError, VerifyError, ImgtoolError (the new bundle is not written: no bundle.json)."""
+    from . import dirlock, gz
+    from .bundle.format import TOOL_PYZ
+    from .bundle.reader import read_index
+    from .bundle.signature import enforce
+    from .delta import DeltaPlan
+    from .ends.bundle_dest import BundleDestination, read_have
+    from .ends.bundle_source import BundleSource
+
+    src, out = Path(opts.source.value), Path(opts.destination.value)
+    if out.resolve() == src.resolve():
+        raise UsageError(f"copy {src} into itself: name another directory as the destination")
+    _, raw = read_index(src)
+    enforce(src, raw, opts.signers, doing="copy")  # the signature policy before a part is read
+    source = BundleSource(src)
+    if source.index.is_delta:
+        raise UsageError(f"{src} is a delta bundle: its left-out layers are not in it, so it cannot be copied "
+                         "into a bundle of its own", hint="copy the full bundle it was cut against")
+    have, _ = read_have(opts.have, None)
+    images = source.images()
+    delta = DeltaPlan.make(have, None, images) if have is not None else None
+    tool = {TOOL_PYZ: src / TOOL_PYZ} if any(f.name == TOOL_PYZ for f in source.index.files) else {}
+    destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
+                                    force=opts.force, gzip=gz.compressor(), delta=delta, created=opts.created,
+                                    extra_files=tool)
+    plan = destination.plan(images)
+    with dirlock.lock_output(out, "copy"):
+        copied = copy(source, destination, plan=plan)
+    return CopyResult(str(opts.source), str(opts.destination), list(copied.result.images), bundle=copied.result)

@@ -78,3 +78,117 @@ def test_pairs_and_ends_copy_does_not_run_are_usage_errors(source, destination, 
     r = imgtool("copy", source, destination)
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == message
+
+
+def _two_tags(services, factory, mirrored, tmp_path):
+    """v1 and v2 of one repository sharing two base layers (v2 adds one), published upstream."""
+    base = factory.layers(2)
+    old = factory.image(host_arch(), layers=1, base=base)
+    new = factory.image(host_arch(), layers=1, base=base)
+    ms = mirrored(factory.index([old]), tag="v1", targets=("upstream",))
+    mirrored(factory.index([new]), tag="v2", targets=("upstream",))
+    return _mirrors(tmp_path, services, ms.repo), ms, old, new
+
+
+def _archive_sha(bundle):
+    import hashlib
+
+    doc = json.loads((bundle / "bundle.json").read_text())
+    sha = hashlib.sha256()
+    for part in doc["parts"]:
+        sha.update((bundle / part["name"]).read_bytes())
+    return sha.hexdigest(), doc
+
+
+def test_bundle_to_bundle_cuts_again_compresses_and_gives_back_the_same_archive(services, factory, mirrored,
+                                                                                 tmp_path):
+    cfg, ms, old, _ = _two_tags(services, factory, mirrored, tmp_path)
+    src = tmp_path / "v1"
+    r = imgtool("fetch", "v1", "--mirrors-file", str(cfg), "-o", str(src), "--chunk-size", "1M",
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    original, doc = _archive_sha(src)
+    assert len(doc["parts"]) >= 3
+    big = tmp_path / "one-part"
+    r = imgtool("copy", f"bundle:{src}", f"bundle:{big}", "--chunk-size", "100M")
+    assert r.returncode == 0, r.stderr
+    assert imgtool("verify", str(big)).returncode == 0
+    sha, copied = _archive_sha(big)
+    assert sha == original and len(copied["parts"]) == 1  # the same tar, one part
+    assert [im["manifest_digest"] for im in copied["images"]] == [im["manifest_digest"] for im in doc["images"]]
+    assert (big / "imgtool.pyz").read_bytes() == (src / "imgtool.pyz").read_bytes()
+    small = tmp_path / "zstd"
+    r = imgtool("copy", f"bundle:{big}", f"bundle:{small}", "--compress", "zstd")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((small / "bundle.json").read_text())["archive"]["compression"] == "zstd"
+    assert imgtool("verify", str(small)).returncode == 0
+    back = tmp_path / "back"
+    r = imgtool("copy", f"bundle:{small}", f"bundle:{back}", "--chunk-size", "1M")  # from the compressed stream
+    assert r.returncode == 0, r.stderr
+    assert _archive_sha(back)[0] == original
+
+
+def test_bundle_to_bundle_names_a_damaged_part_and_writes_no_bundle(services, factory, mirrored, tmp_path):
+    cfg, ms, old, _ = _two_tags(services, factory, mirrored, tmp_path)
+    src = tmp_path / "v1"
+    r = imgtool("fetch", "--no-tool", "v1", "--mirrors-file", str(cfg), "-o", str(src), "--chunk-size", "1M",
+                env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((src / "bundle.json").read_text())
+    victim = src / doc["parts"][1]["name"]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    r = imgtool("copy", f"bundle:{src}", f"bundle:{out}")
+    assert r.returncode == 3, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+    short = old.layers[-1].digest.split(":")[1][:12]  # the 1 MiB parts: the third layer spans parts 002 and 003
+    assert errors[0] == (f"error: layer 3 of quay.io/{ms.repo}:v1 (blob {short}) is damaged in the bundle "
+                         "(parts 002-003): its sha256 differs from its digest"), errors
+    assert errors[1] == "hint: run `imgtool verify` on the bundle and re-copy the parts it names"
+    assert not out.exists()  # nothing half-written: not even the directory
+
+
+@pytest.mark.engines
+def test_a_delta_cut_offline_from_a_full_bundle_loads_where_its_base_is(services, factory, mirrored, tmp_path,
+                                                                        docker_cli, docker_cleanup):
+    cfg, ms, old, new = _two_tags(services, factory, mirrored, tmp_path)
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
+    docker_cleanup.image(old_ref, old.config_digest)
+    docker_cleanup.image(new_ref, new.config_digest)
+    for tag in ("v1", "v2"):
+        r = imgtool("fetch", "--no-tool", tag, "--mirrors-file", str(cfg), "-o", str(tmp_path / tag), env=env)
+        assert r.returncode == 0, r.stderr
+    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+    inv = tmp_path / "inventory.json"
+    assert imgtool("inventory", "-o", str(inv), docker_host=services.docker_host).returncode == 0
+    delta = tmp_path / "v2-delta"
+    r = imgtool("copy", f"bundle:{tmp_path / 'v2'}", f"bundle:{delta}", "--have", str(inv), "--json")
+    assert r.returncode == 0, r.stderr
+    layers = json.loads((delta / "bundle.json").read_text())["images"][0]["layers"]
+    assert [bool(x.get("omitted")) for x in layers] == [True, True, False]
+    assert json.loads(r.stdout)["delta"]["omitted_layers"] == 2
+    loaded = imgtool("load", str(delta), docker_host=services.docker_host)
+    assert loaded.returncode == 0, loaded.stderr
+    assert docker_cli.holds(new_ref, new)
+
+
+def test_the_pyz_cuts_a_bundle_again_on_kylins_python(factory, tmp_path):
+    """bundle → bundle is offline work: imgtool.pyz on Python 3.7 (isolated, stdlib only) cuts a bundle into other
+    parts and the result is the same archive, checked by 3.11's verify."""
+    from tests.support.bundles import BlobDir, write
+    from tests.test_selfbundle import old_python, run_clean
+
+    store = BlobDir(tmp_path / "blobs")
+    src = tmp_path / "src"
+    write(src, [store.pulled(factory.image(host_arch(), layers=3), "quay.io/ascend/vllm-ascend:v1")], store,
+          chunk_size=700 * 1024)
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    r = run_clean(old_python("3.7"), str(pyz), "copy", "bundle:src", "bundle:out", "--chunk-size", "1M",
+                  cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert imgtool("verify", str(tmp_path / "out")).returncode == 0
+    assert _archive_sha(tmp_path / "out")[0] == _archive_sha(src)[0]

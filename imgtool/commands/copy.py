@@ -5,7 +5,7 @@ import click
 from ..bundle.format import COMPRESSIONS
 from .options import (CHUNK_SIZE_HELP, blob_store, common, json_option, mirror_option, mirrors_option, registries,
                       runtime_choice, runtime_options, say_choice, signers_option, size_value)
-from .output import emit_json, progress, table
+from .output import bundle_report, emit_json, progress, table
 
 
 @click.command("copy")
@@ -65,5 +65,8 @@ def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chun
         click.echo(table(rows, ["name", "id", "platform"]))
         click.echo(f"copied {len(result.images)} image(s) from {result.source} to {result.destination}")
         return
-    raise click.UsageError("bundle → bundle: not yet")  # BUNDLE_TO_BUNDLE
+    from ..copying import bundle_to_bundle
+
+    result = bundle_to_bundle(opts, p)
+    bundle_report(result.bundle.summary(), result.bundle.describe, None, as_json)
 
