@@ -192,7 +192,7 @@ LAYERS = (
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
     ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
-    ("verbs", {"fetch", "export", "push", "serve", "copying", "inventory", "doctor", "diff", "install", "inspection",
+    ("verbs", {"fetch", "export", "push", "serve", "copying", "loading", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec
     ("commands", {"cli", "__main__", "commands"}),

@@ -23,25 +23,19 @@ kept of it).
 
 import dataclasses
 import hashlib
-import os
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..delta import describe_requirements, missing_chains, requirements
-from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
-from ..model import Digest, Platform, familiar, foreign_arch_warning, is_docker_name
+from ..errors import DaemonError, ImgtoolError, UsageError
+from ..model import Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
-from ..worker import Worker
 from . import hostcheck, layout
 from .format import BundleImage, BundleIndex
 from ..trust import Verdict
-from .signature import enforce
-from .reader import READ_SIZE, DecodeError, PartsStream, decompressed, read_index, stat_parts
-from .verify import VerifyReport, check_metadata, check_parts, deep_check
-from .walk import layer_digester
+from .reader import stat_parts
+from .verify import VerifyReport, check_metadata, check_parts
 
 if TYPE_CHECKING:
     from ..runtimes.base import ImageInfo, Runtime, RuntimeInfo, Unfinished
@@ -112,49 +106,7 @@ def parse_tags(values: Sequence[str], index: BundleIndex) -> Dict[str, List[str]
     return out
 
 
-def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
-                force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False,
-                pin: bool = True) -> LoadResult:
-    """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
-
-    Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
-    `all_platforms` every platform's image is loaded too, kept by ID (on containerd, which keeps only
-    named images, by digest: REPO@sha256:...) while the tag names the runtime's.
-    When the runtime already holds every image, nothing is sent, but the bundle is checked all the same
-    (every part and blob; with quick, every part present at its size) before a tag is added. "Holds" means
-    all of it: an image containerd recorded but did not unpack (a killed load) is unpacked now, and one
-    whose blobs are missing is imported again. With `pin` (the default), each image is pinned where the
-    runtime can (containerd's CRI label), so the kubelet's image GC leaves it.
-    Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
-    asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
-    incompatible Docker, a delta bundle's base missing), DaemonError.
-    """
-    started = time.monotonic()
-    bundle_dir = Path(bundle_dir)
-    jobs = jobs or os.cpu_count() or 2
-    index, raw = read_index(bundle_dir)
-    verdict = enforce(bundle_dir, raw, signers, doing="load")
-    for said in daemon.remove_debris():  # before the space is counted: what they held is free again
-        progress.warn(said)
-    facts = daemon.info()
-    plan = plan_load(index, daemon, facts, tags, arch, all_platforms)
-    report = _check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
-    warnings = list(report.warnings) + _arch_warnings(plan.view, facts.arch, facts.title)
-    if plan.loaded:
-        images = landed(daemon, facts, plan, progress, pin)
-        return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=warnings, signature=verdict)
-
-    warnings = _before_sending(bundle_dir, index, daemon, facts, plan, force) + warnings
-    for w in warnings:
-        progress.warn(w)
-    images, sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs, pin)
-    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
-                      time.monotonic() - started, warnings, verdict)
-
-
-def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", send: Callable[[], int], progress: Progress,
+def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "LoadPlan", send: Callable[[], int], progress: Progress,
          pin: bool) -> Tuple[List[LoadedImage], int]:
     """What every load into a runtime does around the archive's bytes (`send`: into `daemon.load_archive`, returns
     the bytes sent): the unpack containerd leaves to imgtool, Podman's applied diff_ids compared, and on any failure
@@ -179,7 +131,7 @@ def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", send: Callable[
     return images + _confirm_others(daemon, facts, plan), sent
 
 
-def landed(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", progress: Progress, pin: bool
+def landed(daemon: "Runtime", facts: "RuntimeInfo", plan: "LoadPlan", progress: Progress, pin: bool
            ) -> List[LoadedImage]:
     """The runtime holds every image already (`plan.loaded`): what it lacks of one finished (containerd's unpack),
     then each named, confirmed and pinned as `land` does; nothing is sent."""
@@ -191,7 +143,7 @@ def landed(daemon: "Runtime", facts: "RuntimeInfo", plan: "_Plan", progress: Pro
 
 
 @dataclass
-class _Plan:
+class LoadPlan:
     """What a load sends and names: `view` is the bundle with the images to name (one platform per tag),
     `others` the further platforms --all-platforms loads, each with the ID this runtime gives it."""
 
@@ -210,7 +162,7 @@ class _Plan:
 
 
 def plan_load(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags: Sequence[str], arch: Optional[str],
-          all_platforms: bool) -> _Plan:
+          all_platforms: bool) -> LoadPlan:
     # A bundle may hold several platforms of one tag: only one of them is loaded and named.
     view = dataclasses.replace(index, images=tuple(select_images(index, arch or facts.arch, arch is not None)))
     wanted = parse_tags(tags, view)
@@ -226,10 +178,10 @@ def plan_load(index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", tags:
             if missing is not None:
                 unfinished[im.ref] = missing
     loaded = loaded and not any(u.needs_import for u in unfinished.values())
-    return _Plan(view, wanted, ids, present, others, other_ids, loaded, unfinished)
+    return LoadPlan(view, wanted, ids, present, others, other_ids, loaded, unfinished)
 
 
-def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan, progress: Progress) -> Dict[str, str]:
+def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: LoadPlan, progress: Progress) -> Dict[str, str]:
     """Finish what the runtime holds of each image but not all of (`plan.unfinished`: containerd's unpack);
     returns ref -> what was finished. Raises DaemonError."""
     done = {}
@@ -242,7 +194,7 @@ def _finish(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan, progress: Prog
     return done
 
 
-def _unpack(daemon: "Runtime", plan: _Plan) -> None:
+def _unpack(daemon: "Runtime", plan: LoadPlan) -> None:
     """After a load: finish each named image the runtime recorded but did not complete (containerd imports
     without unpacking, and imgtool unpacks under a lease of its own). Raises DaemonError."""
     for im in plan.view.images:
@@ -259,7 +211,7 @@ def _pin(daemon: "Runtime", images: List[LoadedImage], ids: Dict[str, str], pin:
             loaded.pinned = daemon.pin(ids[loaded.ref])
 
 
-def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
+def check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
                   whole: bool, progress: Progress, jobs: int) -> VerifyReport:
     """Before the runtime sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part there
     at its size. When something is wrong, or nothing will be streamed (and so checked on the way: `whole`),
@@ -274,7 +226,7 @@ def _check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Ver
     return report
 
 
-def _before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
+def before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: LoadPlan,
                     force: bool) -> List[str]:
     """A delta's base there, then what this runtime can take (space, zstd, storage) of what will be sent, less
     the layer chains it already holds; returns the warnings, raises what refuses the load."""
@@ -291,26 +243,7 @@ def _before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", fac
     return _compatibility(dataclasses.replace(index, images=tuple(outgoing)), facts, None, force, held)
 
 
-def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan,
-          report: VerifyReport, progress: Progress, jobs: int, pin: bool) -> Tuple[List[LoadedImage], int]:
-    """Stream the checked archive into the runtime and land it (`land`). A stream cut short (or what Podman
-    applied, refused) is then checked whole, naming every damaged part (VerifyError)."""
-    try:
-        return land(daemon, facts, plan, lambda: _stream(
-            bundle_dir, index, daemon, facts, progress, list(plan.view.images) + plan.others,
-            _outgoing_meta(index, plan.view.images, plan.others, facts.traits.digest_names)), progress, pin)
-    except (VerifyError, _Cut) as e:
-        # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
-        # name every damaged part, as verify would.
-        done = "refused what was loaded" if isinstance(e, _Applied) else "stopped the upload"
-        progress.note(f"{done}: {e}; checking the whole bundle ...")
-        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=not facts.checks_diff_ids)
-        report.raise_if_bad("load")
-        raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
-                          "(is something changing the bundle?); nothing was loaded") from e
-
-
-def _confirm_others(daemon: "Runtime", facts: "RuntimeInfo", plan: _Plan) -> List[LoadedImage]:
+def _confirm_others(daemon: "Runtime", facts: "RuntimeInfo", plan: LoadPlan) -> List[LoadedImage]:
     """The further platforms --all-platforms loaded, each found in the runtime by its ID; raises DaemonError."""
     out = []
     for im, image_id in zip(plan.others, plan.other_ids):
@@ -405,61 +338,23 @@ def _compatibility(index: BundleIndex, facts: "RuntimeInfo", unpacked: Optional[
     return warnings
 
 
-def _arch_warnings(index: BundleIndex, host_arch: str, title: str = "Docker") -> List[str]:
+def arch_warnings(index: BundleIndex, host_arch: str, title: str = "Docker") -> List[str]:
     arch = host_arch or Platform.host().architecture
     return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch, host=title) for im in index.images) if w]
 
 
-class _DiffIds:
-    """Every layer's diff_id computed while the archive streams (for a runtime that does not check them):
-    a decompressing hasher per layer, `jobs` at once; `bad()` names the layers whose content differs."""
-
-    def __init__(self, index: BundleIndex, jobs: int):
-        self.expected: Dict[Digest, set] = {}
-        for image in index.images:
-            for layer in image.layers:
-                self.expected.setdefault(layer.digest, set()).add(layer.diff_id)
-        self.slots = threading.Semaphore(max(1, jobs))
-        self.jobs: List[Tuple[layout.Member, Worker[Tuple[str, int]]]] = []
-
-    def start(self, member: layout.Member) -> "Worker[Tuple[str, int]]":
-        self.slots.acquire()
-        job = Worker(layer_digester(member.media_type, self.slots), f"diff-id-{member.digest.short}")
-        self.jobs.append((member, job))
-        return job
-
-    def bad(self) -> List[str]:
-        out = []
-        for member, job in self.jobs:
-            try:
-                diff_id, _ = job.result()
-            except (DecodeError, ImgtoolError) as e:
-                out.append(f"{member.what} cannot be decompressed: {e}")
-                continue
-            if Digest.parse(diff_id) not in self.expected.get(member.digest, set()):
-                out.append(f"{member.what}'s uncompressed content does not match its diff_id")
-        return out
-
-    def __enter__(self) -> "_DiffIds":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for _, job in self.jobs:
-            job.abandon()
-
-
-class _Cut(Exception):
+class Cut(Exception):
     """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
 
 
-class _Applied(_Cut):
+class Applied(Cut):
     """The runtime applied a layer whose content is not its diff_id (Podman does not check): the loaded image
     is removed again (the full check then names the layer)."""
 
 
 def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> None:
     """Compare the diff_ids the runtime computed while it applied each image's layers (Podman's storage
-    records them) with the config's; raises _Applied naming the first image that differs, DaemonError when the
+    records them) with the config's; raises Applied naming the first image that differs, DaemonError when the
     runtime has no record of an image's layers (either way its removal is _forget_failed_load's)."""
     for im, image_id in images:
         applied = daemon.applied_diff_ids(image_id)
@@ -470,25 +365,10 @@ def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tup
                               hint=f"check {facts.title}'s storage ({facts.root_dir}), then load again")
         if applied != expected:
             bad = next((i for i, (a, b) in enumerate(zip(applied, expected)) if a != b), len(expected) - 1)
-            raise _Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id")
+            raise Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id")
 
 
-def _bad_members(feed: Iterable[Union[bytes, layout.Member]]) -> List[layout.Member]:
-    """A Worker target: the feed is each member's data chunks followed by the member; returns those whose
-    data differs from their digest (hashlib releases the GIL, so this runs beside the upload)."""
-    bad = []
-    sha = hashlib.sha256()
-    for item in feed:
-        if isinstance(item, layout.Member):
-            if sha.hexdigest() != item.digest.hex:
-                bad.append(item)
-            sha = hashlib.sha256()
-        else:
-            sha.update(item)
-    return bad
-
-
-def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],
+def outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],
                    digest_names: bool) -> Dict[str, bytes]:
     """The manifest.json / index.json the runtime gets in place of the archive's, when not every image goes
     out as the archive names it: a subset (the runtime's platform of a multi-platform tag) gets its own,
@@ -502,130 +382,6 @@ def _outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Seq
     if len(named) < len(index.images):
         return {"manifest.json": layout.manifest_json(named), "index.json": layout.index_json(named)}
     return {}
-
-
-def _checked_tar(read: Callable[[int], bytes], index: BundleIndex, selected: Sequence[BundleImage], replace: Dict[str, bytes],
-                 hashes: Worker, diff_ids: Optional[_DiffIds] = None) -> Iterator[Tuple[bytes, bool]]:
-    """The tar the runtime gets, as (bytes, is_member_data) pieces, checked on the way.
-
-    Every header sent is the one bundle.json implies (the archive's must be byte-identical to it),
-    every member's data is hashed against its digest, padding and trailer must be zeros. With
-    `selected` a subset of the images, only their members go out; `replace` gives the content sent
-    for members such as manifest.json and index.json (_outgoing_meta); the rest is still read (and its
-    parts hashed), not sent. Raises _Cut where the archive deviates (`hashes`, a _bad_members worker,
-    finds digest mismatches; `diff_ids`, when given, the layers sent that are not their diff_id's).
-    """
-    placed, tar_size = layout.place(layout.members(index.images, index.legacy_names))
-    subset = bool(selected) and len(selected) < len(index.images)
-    keep = {m.name for m in layout.members(selected)} if subset else None
-    archive = _Archive(read)
-    out = consumed = 0
-    for p in placed:
-        consumed += len(p.header) + p.member.size + layout.padding(p.member.size)
-        send = keep is None or p.member.name in keep
-        for piece in _checked_member(archive, p, send, replace.get(p.member.name), hashes, diff_ids):
-            out += len(piece[0])
-            yield piece
-    for data in archive.take(tar_size - consumed):
-        if data.strip(b"\0"):
-            raise _Cut("the archive has data after its end-of-archive marker")
-    if read(READ_SIZE):  # the last read ended the last part: its sha256 was checked then
-        raise _Cut("the archive is longer than bundle.json says")
-    end = out + 2 * layout.BLOCK
-    yield bytes(2 * layout.BLOCK + (-end % layout.RECORD)), False
-
-
-class _Archive:
-    """The archive read in exact amounts; raises _Cut where it cannot be."""
-
-    def __init__(self, read: Callable[[int], bytes]):
-        self.read = read
-
-    def take(self, n: int) -> Iterator[bytes]:
-        while n > 0:
-            try:
-                data = self.read(min(n, READ_SIZE))
-            except DecodeError as e:
-                raise _Cut(f"the archive cannot be decompressed: {e}") from e
-            if not data:
-                raise _Cut("the archive ends early")
-            n -= len(data)
-            yield data
-
-    def exactly(self, n: int) -> bytes:
-        return b"".join(self.take(n))
-
-
-def _checked_member(archive: _Archive, p: layout.Placed, send: bool, content: Optional[bytes], hashes: Worker,
-                    diff_ids: Optional[_DiffIds]) -> Iterator[Tuple[bytes, bool]]:
-    """One member: its header as bundle.json implies it, its data hashed (and, for a layer sent, its diff_id
-    computed when `diff_ids` is given), zero padding; what goes out is the member, or `content` in its place,
-    or nothing when it is not `send`."""
-    m = p.member
-    pad = layout.padding(m.size)
-    if archive.exactly(len(p.header)) != p.header:
-        raise _Cut(f"archive member {m.name} is not where bundle.json puts it")
-    if send and content is not None:
-        yield layout.header(m.name, len(content)) + content + bytes(layout.padding(len(content))), True
-    elif send:
-        yield p.header, False
-    forward = send and content is None
-    job = diff_ids.start(m) if diff_ids is not None and send and m.kind == "layer" else None
-    for data in archive.take(m.size):
-        hashes.put(data)
-        if job is not None:
-            job.put(data)
-        if forward:
-            yield data, True
-    if job is not None:
-        job.close()
-    hashes.put(m)
-    if archive.exactly(pad).strip(b"\0"):
-        raise _Cut(f"the archive has non-zero padding after {m.name}")
-    if forward:
-        yield bytes(pad), False
-
-
-def _stream(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", progress: Progress,
-            selected: Sequence[BundleImage] = (), replace: Optional[Dict[str, bytes]] = None) -> int:
-    """Parts -> (decompress) -> check -> the runtime's load, chunk by chunk; returns the tar bytes sent.
-
-    The check happens on the way (see the module docstring): the last member bytes are held
-    back until every part's sha256 and every member's digest matched, so a deviation cuts the
-    upload short (VerifyError from the parts, _Cut from the archive) and the runtime, which unpacks (Docker)
-    or ingests (containerd) or copies (Podman) an upload before it registers anything, drops what it got.
-    """
-    sent = [0]
-    # one context for the parts stream and both hashing workers: every path out of here ends them,
-    # the set-up's failures included (a zstd bundle on a Python without zstandard)
-    with progress.bar(index.archive.tar_size, f"loading into {facts.runtime}") as bar, \
-            PartsStream(bundle_dir, index, strict=True) as parts, \
-            Worker(_bad_members, "member-sha256") as hashes, \
-            _DiffIds(index, os.cpu_count() or 2) as diff_ids:
-        pieces = _checked_tar(decompressed(parts, index.archive.compression).read, index, selected, replace or {},
-                              hashes, None if facts.checks_diff_ids or facts.reports_applied_diff_ids else diff_ids)
-
-        def chunks() -> Iterator[bytes]:
-            held: List[bytes] = []  # from the latest member data on: what goes out last
-            for data, is_data in pieces:
-                if is_data:
-                    for piece in held:
-                        yield piece
-                    held = []
-                held.append(data)
-                sent[0] += len(data)
-                bar.update(len(data))
-            parts.drain()  # a compressed archive may end before its last part does: check that part too
-            bad = [f"{m.what} differs from its digest" for m in hashes.result()] + diff_ids.bad()
-            if bad:
-                raise _Cut(", ".join(bad))
-            for piece in held:
-                yield piece
-            progress.note(f"sent; {facts.title} is registering the layers ...")
-
-        images = selected or index.images
-        daemon.load_archive(chunks(), tuple(sorted({str(im.platform) for im in images})))
-    return sent[0]
 
 
 def _digest_refs(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex, ids: Dict[str, str]) -> None:

@@ -154,6 +154,9 @@ class BundleSource:
         again). Nothing to do for an uncompressed one."""
         self._handed = False
 
+    def settle(self) -> None:
+        """Every blob was checked before its last chunk was handed over."""
+
     def cancel(self) -> None:
         self.finish()
 

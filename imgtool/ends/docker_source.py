@@ -275,5 +275,8 @@ class DockerSource:
     def finish(self) -> None:
         return None
 
+    def settle(self) -> None:
+        """Every blob was checked before its last chunk was handed over."""
+
     def cancel(self) -> None:
         return None

@@ -57,6 +57,9 @@ class RegistrySource:
     def chunks(self, digest: Digest, size: int, what: str):
         return self.blobs.chunks(digest, size, what)
 
+    def settle(self) -> None:
+        """Every blob was checked before its last chunk was handed over."""
+
     def cancel(self) -> None:
         """Stop downloading: every started blob's partial record is kept."""
         self.stop.set()

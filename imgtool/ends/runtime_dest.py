@@ -1,13 +1,17 @@
 """A container runtime (Docker, containerd, Podman: a `runtimes.base.Runtime`) as a pipeline destination: the
-images it lacks are sent as the docker-archive `bundle.layout` places them (the same headers a bundle's archive
-has), each blob read through the source's `chunks` (checked before its last bytes go out, so a damaged blob cuts
-the stream and the runtime registers nothing), then landed as `imgtool load` lands a bundle (`bundle.load.land`:
-unpacked, named, confirmed by ID, named by digest on containerd, pinned for the kubelet).
+images it lacks are sent as the docker-archive `bundle.layout` places them (the headers a bundle's archive has),
+each blob read through the source's `chunks`, the last member bytes held back until the source settled every
+check (`settle`: a deviation cuts the stream and the runtime, which registers nothing before an archive is
+complete, drops it), then landed as every load lands (`bundle.load.land`: unpacked, named, confirmed by ID, named
+by digest on containerd, pinned for the kubelet; what a failed load registered removed).
 
-What `imgtool copy registry:REF runtime:` runs on a connected node: no bundle, no copy on disk but the cache's."""
+Two pairs end here: registry → runtime (`imgtool copy registry:REF runtime:`: `plan` chooses and checks, from the
+images alone) and bundle → runtime (`imgtool load`: the bundle's own plan, `for_bundle`, with its delta and
+platforms from bundle.json, from the checked stream of ends/bundle_stream.py). Python 3.7.
+"""
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .. import __version__
 from ..bundle import layout
@@ -18,16 +22,18 @@ from ..pipeline import Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
-    from ..pipeline import Blobs
-    from ..runtimes.base import Runtime
+    from ..bundle.load import LoadPlan
+    from ..pipeline import Source
+    from ..runtimes.base import Runtime, RuntimeInfo
 
 
 class RuntimeDestination:
     def __init__(self, runtime: "Runtime", progress: Progress, *, tags: Sequence[str] = (),
-                 arch: Optional[str] = None, force: bool = False, pin: bool = True):
+                 arch: Optional[str] = None, force: bool = False, pin: bool = True,
+                 facts: Optional["RuntimeInfo"] = None):
         self.runtime, self.progress, self.tags, self.arch, self.force, self.pin = (runtime, progress, tags, arch,
                                                                                    force, pin)
-        self.facts = runtime.info()
+        self.facts = facts if facts is not None else runtime.info()
         self.what = self.facts.title
         self.warnings: List[str] = []
         self.sent = 0
@@ -41,19 +47,32 @@ class RuntimeDestination:
         chosen = {im.manifest_digest for im in load.view.images}
         images = [im for im in images if im.manifest_digest in chosen]
         placed, tar_size = layout.place(layout.members(load.view.images))
-        view = dataclasses.replace(load.view, archive=Archive("", "none", tar_size, "", tar_size))
-        load = dataclasses.replace(load, view=view)
-        if load.loaded:
-            return Plan(tuple(images), (), frozenset(), {"load": load})
-        self.warnings = check_room(view, self.runtime, self.facts, self.force)
-        self.warnings += [w for w in (foreign_arch_warning(im.ref, str(im.platform), self.facts.arch,
-                                                           host=self.facts.title) for im in view.images) if w]
-        for w in self.warnings:
-            self.progress.warn(w)
-        order = tuple(p.member.digest for p in placed if p.member.kind == "layer")
+        load = dataclasses.replace(load, view=dataclasses.replace(
+            load.view, archive=Archive("", "none", tar_size, "", tar_size)))
+        if not load.loaded:
+            self.warnings = check_room(load.view, self.runtime, self.facts, self.force)
+            self.warnings += [w for w in (foreign_arch_warning(im.ref, str(im.platform), self.facts.arch,
+                                                               host=self.facts.title) for im in load.view.images) if w]
+            for w in self.warnings:
+                self.progress.warn(w)
+        return self._plan(load, images, placed, tar_size)
+
+    def for_bundle(self, load: "LoadPlan", replace: Dict[str, bytes]) -> Plan:
+        """A bundle's own plan (bundle.load.plan_load, checked by `load`): its images (a delta's left-out layers are
+        not sent: the runtime holds them) and further platforms (`--all-platforms`), the archive's index.json /
+        manifest.json replaced by `replace` where not every image goes out as the bundle names it."""
+        members = [dataclasses.replace(m, size=len(replace[m.name]), content=replace[m.name],
+                                       digest=Digest.of(replace[m.name])) if m.name in replace else m
+                   for m in layout.members(list(load.view.images) + list(load.others), load.view.legacy_names)]
+        placed, tar_size = layout.place(members)
+        return self._plan(load, [], placed, tar_size)
+
+    @staticmethod
+    def _plan(load: "LoadPlan", images: Sequence[PulledImage], placed: List[layout.Placed], tar_size: int) -> Plan:
+        order = tuple(p.member.digest for p in placed if p.member.kind == "layer") if not load.loaded else ()
         return Plan(tuple(images), order, frozenset(), {"load": load, "placed": (placed, tar_size)})
 
-    def write(self, plan: Plan, source: "Blobs") -> List[LoadedImage]:
+    def write(self, plan: Plan, source: "Source") -> List[LoadedImage]:
         """The archive streamed into the runtime and landed; raises what the source raised (nothing registered
         stays), DaemonError."""
         load = plan.extra["load"]
@@ -62,19 +81,25 @@ class RuntimeDestination:
         placed, tar_size = plan.extra["placed"]
         small: Dict[Digest, bytes] = {im.manifest_digest: im.manifest_bytes for im in plan.images}
         small.update({im.image_id: im.config_bytes for im in plan.images})
-        platforms = tuple(sorted({str(im.platform) for im in plan.images}))
+        outgoing = list(load.view.images) + list(load.others)
+        platforms = tuple(sorted({str(im.platform) for im in outgoing}))
 
         def send() -> int:
             with self.progress.bar(tar_size, f"loading into {self.facts.runtime}") as bar:
-                def counted():
-                    for data in layout.pieces(placed, tar_size, small,
-                                              lambda m: source.chunks(m.digest, m.size, m.what)):
+                def held_back() -> Iterator[bytes]:
+                    held: List[bytes] = []  # from the latest member data on: what goes out last
+                    for data, is_data in _pieces(placed, tar_size, small, source):
+                        if is_data:
+                            yield from held
+                            held = []
+                        held.append(data)
                         self.sent += len(data)
                         bar.update(len(data))
-                        yield data
+                    source.settle()  # every deferred check (a bundle's digests, parts, trailer) before the last bytes
+                    yield from held
                     self.progress.note(f"sent; {self.facts.title} is registering the layers ...")
 
-                self.runtime.load_archive(counted(), platforms)
+                self.runtime.load_archive(held_back(), platforms)
             return self.sent
 
         images, _ = land(self.runtime, self.facts, load, send, self.progress, self.pin)
@@ -82,3 +107,23 @@ class RuntimeDestination:
 
     def abort(self) -> None:
         """`land` removes what a failed load registered; before it, nothing was."""
+
+
+def _pieces(placed: Sequence[layout.Placed], tar_size: int, small: Dict[Digest, bytes], source: "Source"
+            ) -> Iterator[Tuple[bytes, bool]]:
+    """The archive as (bytes, is_member_data): layout.pieces' bytes, told apart for the hold-back."""
+    for p in placed:
+        m = p.member
+        yield p.header, False
+        data = m.content if m.content is not None else small.get(m.digest)
+        if data is not None:
+            yield data, True
+        else:
+            for chunk in source.chunks(m.digest, m.size, m.what):
+                yield chunk, True
+        pad = layout.padding(m.size)
+        if pad:
+            yield bytes(pad), False
+    if placed:
+        last = placed[-1]
+        yield bytes(tar_size - (last.end + layout.padding(last.member.size))), False

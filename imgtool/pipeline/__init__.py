@@ -52,6 +52,11 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the protocols exist for mypy only,
         def cancel(self) -> None:
             """Stop producing (the copy failed): what a download finished or started stays in the cache."""
 
+        def settle(self) -> None:
+            """Raise what a check the source defers found (a bundle read as one stream: its digests, its parts,
+            its trailer); a destination calls it before its last bytes go out. Nothing for a source whose
+            `chunks` checks each blob before its last chunk."""
+
     R = TypeVar("R", covariant=True)
 
     class Destination(Protocol[R]):
@@ -59,7 +64,7 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the protocols exist for mypy only,
 
         def plan(self, images: "Sequence[PulledImage]") -> "Plan": ...
 
-        def write(self, plan: "Plan", source: Blobs) -> R:
+        def write(self, plan: "Plan", source: "Source") -> R:
             """Every blob of the plan and the manifests, committed; raises ImgtoolError with nothing committed."""
 
         def abort(self) -> None:
