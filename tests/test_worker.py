@@ -151,7 +151,9 @@ def test_load_ends_when_the_member_hash_worker_fails_and_docker_keeps_nothing(bu
         for _ in feed:
             raise Boom("member hash")
 
-    monkeypatch.setattr(load_mod, "_bad_members", broken)
+    from imgtool.ends import bundle_stream
+
+    monkeypatch.setattr(bundle_stream, "_bad_members", broken)
     monkeypatch.setenv("DOCKER_HOST", services.docker_host)
     before = docker_cli.image_ids()
     daemon = open_daemon()
