@@ -223,22 +223,23 @@ def place(all_members: Sequence[Member]) -> Tuple[List[Placed], int]:
 
 
 def pieces(placed: Sequence[Placed], tar_size: int, small: Dict[Digest, bytes],
-           blob: Callable[[Member], Iterable[bytes]]) -> Iterator[bytes]:
-    """The archive's bytes in order: each member's header, its data (generated content, `small` (manifests and
-    configs), else `blob(member)`: a source's chunks, checked by it), its padding, then the tar's end. Both the
-    bundle writer (into parts) and a runtime destination (into `docker load`) send exactly these."""
+           blob: Callable[[Member], Iterable[bytes]]) -> Iterator[Tuple[bytes, bool]]:
+    """The archive's bytes in order, each piece with whether it is member data: each member's header, its data
+    (generated content, `small` (manifests and configs), else `blob(member)`: a source's chunks, checked by it), its
+    padding, then the tar's end. The bundle writer (into parts) and the runtime destination (into `docker load`,
+    holding back from the last member data on) send exactly these."""
     for p in placed:
         m = p.member
-        yield p.header
+        yield p.header, False
         data = m.content if m.content is not None else small.get(m.digest)
         if data is not None:
-            yield data
+            yield data, True
         else:
-            yield from blob(m)
+            for chunk in blob(m):
+                yield chunk, True
         pad = padding(m.size)
         if pad:
-            yield bytes(pad)
+            yield bytes(pad), False
     if placed:
         last = placed[-1]
-        yield bytes(tar_size - (last.end + padding(last.member.size)))
-
+        yield bytes(tar_size - (last.end + padding(last.member.size))), False

@@ -337,8 +337,8 @@ def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progres
     read through the source's `blobs.chunks` (checked by it)."""
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
-        for data in layout.pieces(plan.placed, plan.tar_size, plan.small,
-                                  lambda m: blobs.chunks(m.digest, m.size, m.what)):
+        for data, _ in layout.pieces(plan.placed, plan.tar_size, plan.small,
+                                     lambda m: blobs.chunks(m.digest, m.size, m.what)):
             stream.write(data)
             bar.update(len(data))
         stream.finish()

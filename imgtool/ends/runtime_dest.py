@@ -11,7 +11,7 @@ platforms from bundle.json, from the checked stream of ends/bundle_stream.py). P
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
 
 from .. import __version__
 from ..bundle import layout
@@ -88,7 +88,8 @@ class RuntimeDestination:
             with self.progress.bar(tar_size, f"loading into {self.facts.runtime}") as bar:
                 def held_back() -> Iterator[bytes]:
                     held: List[bytes] = []  # from the latest member data on: what goes out last
-                    for data, is_data in _pieces(placed, tar_size, small, source):
+                    for data, is_data in layout.pieces(placed, tar_size, small,
+                                                       lambda m: source.chunks(m.digest, m.size, m.what)):
                         if is_data:
                             yield from held
                             held = []
@@ -108,22 +109,3 @@ class RuntimeDestination:
     def abort(self) -> None:
         """`land` removes what a failed load registered; before it, nothing was."""
 
-
-def _pieces(placed: Sequence[layout.Placed], tar_size: int, small: Dict[Digest, bytes], source: "Source"
-            ) -> Iterator[Tuple[bytes, bool]]:
-    """The archive as (bytes, is_member_data): layout.pieces' bytes, told apart for the hold-back."""
-    for p in placed:
-        m = p.member
-        yield p.header, False
-        data = m.content if m.content is not None else small.get(m.digest)
-        if data is not None:
-            yield data, True
-        else:
-            for chunk in source.chunks(m.digest, m.size, m.what):
-                yield chunk, True
-        pad = layout.padding(m.size)
-        if pad:
-            yield bytes(pad), False
-    if placed:
-        last = placed[-1]
-        yield bytes(tar_size - (last.end + layout.padding(last.member.size))), False
