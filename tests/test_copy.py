@@ -150,9 +150,9 @@ def test_bundle_to_bundle_names_a_damaged_part_and_writes_no_bundle(services, fa
     assert not out.exists()  # nothing half-written: not even the directory
 
 
-@pytest.mark.engines
 def test_a_delta_cut_offline_from_a_full_bundle_loads_where_its_base_is(services, factory, mirrored, tmp_path,
                                                                         docker_cli, docker_cleanup):
+    # the cut is offline work; a delta's load is every engine's in test_delta: here the first engine loads it
     cfg, ms, old, new = _two_tags(services, factory, mirrored, tmp_path)
     env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
     old_ref, new_ref = f"quay.io/{ms.repo}:v1", f"quay.io/{ms.repo}:v2"
