@@ -124,9 +124,7 @@ def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store
     source = RegistrySource(pulled, store, progress, opts.connections)
     copied = copy(source, destination, plan=destination.plan([im for im, _ in pulled]))
     return CopyResult(str(opts.source), f"{destination.what} {destination.facts.version}", copied.result,
-                      stats=copied.stats,
-                      warnings=destination.warnings)
-
+                      stats=copied.stats, warnings=destination.warnings)
 
 
 def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:

@@ -41,7 +41,11 @@ class ArchiveSource:
         self.what = f"bundle {Path(bundle_dir).name}"
         self.placed, self.tar_size = layout.place(layout.members(index.images, index.legacy_names))
         self.parts = PartsStream(Path(bundle_dir), index, strict=True)
-        self.stream = decompressed(self.parts, index.archive.compression)
+        try:  # a zstd bundle on a Python without zstandard fails here: the parts' worker ends all the same
+            self.stream = decompressed(self.parts, index.archive.compression)
+        except BaseException:
+            self.parts.close()
+            raise
         self.hashes: Worker = Worker(_bad_members, "member-sha256")
         self.diff_ids = _DiffIds(index, jobs) if diff_ids else None
         self.at = 0  # the next member of `placed` to read
