@@ -230,17 +230,12 @@ def before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", fact
                     force: bool) -> List[str]:
     """A delta's base there, then what this runtime can take (space, zstd, storage) of what will be sent, less
     the layer chains it already holds; returns the warnings, raises what refuses the load."""
-    held: frozenset = frozenset()
-    if plan.view.is_delta:  # it needs the runtime's chains
-        held = hostcheck.held_chains(daemon)
-        check_base(bundle_dir, plan.view, daemon, facts.title, held)
-    elif facts.local:  # for the space check only: without them, every layer counts as unpacked here
-        try:
-            held = hostcheck.held_chains(daemon)
-        except DaemonError:
-            pass
-    outgoing = list(plan.view.images) + plan.others
-    return _compatibility(dataclasses.replace(index, images=tuple(outgoing)), facts, None, force, held)
+    outgoing = dataclasses.replace(index, images=tuple(list(plan.view.images) + plan.others))
+    if not plan.view.is_delta:
+        return check_room(outgoing, daemon, facts, force)
+    held = hostcheck.held_chains(daemon)  # a delta needs the runtime's chains
+    check_base(bundle_dir, plan.view, daemon, facts.title, held)
+    return _compatibility(outgoing, facts, None, force, held)
 
 
 def _confirm_others(daemon: "Runtime", facts: "RuntimeInfo", plan: LoadPlan) -> List[LoadedImage]:
