@@ -26,6 +26,7 @@ from typing import BinaryIO, Callable, Collection, Iterator, List, Optional, Tup
 from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, process_alive, write_atomic
 from .model import Digest, format_size, json_object
+from .worker import SIGNAL_SLICE
 
 COPY_CHUNK = 1024 * 1024
 COPY_BUFFER = 1024 * 1024  # big reads for copies: 16 KiB ones cost a third more time on real disks
@@ -267,9 +268,12 @@ class Store:
 
     def wait_for(self, digest: Digest, give_up: Callable[[], bool]) -> bool:
         """Block until the blob is in the store or `give_up()` is true, rechecked at every `announce()`
-        (this process publishing a blob announces it); returns whether the blob is here. No polling."""
+        (this process publishing a blob announces it); returns whether the blob is here.
+
+        The wait is cut into slices (`worker.SIGNAL_SLICE`): one unbroken wait held Ctrl-C until the blob came."""
         with self._arrived:
-            self._arrived.wait_for(lambda: self.has(digest) or give_up())
+            while not (self.has(digest) or give_up()):
+                self._arrived.wait(SIGNAL_SLICE)
         return self.has(digest)
 
     def has(self, digest: Digest, size: Optional[int] = None) -> bool:

@@ -15,6 +15,17 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Optional, TypeVar
 T = TypeVar("T")
 _END = object()
 
+# The longest the main thread waits in one go for another thread. Python runs a signal's handler (Ctrl-C's
+# KeyboardInterrupt) in the main thread at its next bytecode, and a SIGINT the kernel handed to another thread (a
+# download's) does not wake a lock wait there: one unbroken wait held Ctrl-C until what it waited for came.
+SIGNAL_SLICE = 0.25
+
+
+def join(thread: threading.Thread) -> None:
+    """`thread.join()` in slices, so Ctrl-C is handled while the main thread waits."""
+    while thread.is_alive():
+        thread.join(SIGNAL_SLICE)
+
 
 class Feed:
     """The worker's end of the queue: iterate over the items, or `read()` bytes items like a file."""
@@ -103,7 +114,7 @@ class Worker(Generic[T]):
     def result(self) -> T:
         """End the feed, wait for target, and return its result or raise its exception."""
         self.close()
-        self._thread.join()
+        join(self._thread)
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
@@ -111,14 +122,14 @@ class Worker(Generic[T]):
     def abandon(self) -> None:
         """End the feed and wait for target, discarding its result: for paths that already have an error."""
         self.close()
-        self._thread.join()
+        join(self._thread)
 
     def __enter__(self) -> "Worker[T]":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-        self._thread.join()
+        join(self._thread)
         if exc_type is None and self._error is not None:
             raise self._error
 

@@ -9,6 +9,7 @@ from ..model import Digest, PulledImage
 from ..progress import Progress
 from ..puller import PullStats, download
 from ..store import FileBlobs, Store
+from ..worker import join
 
 if TYPE_CHECKING:
     from ..pipeline import Plan
@@ -63,12 +64,12 @@ class RegistrySource:
     def cancel(self) -> None:
         """Stop downloading: every started blob's partial record is kept."""
         self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        if self.thread is not None and self.thread.ident is not None:  # started (Ctrl-C can land inside start())
+            join(self.thread)
 
     def finish(self) -> PullStats:
         if self.thread is not None:
-            self.thread.join()
+            join(self.thread)
         if self.error is not None:
             raise self.error
         return self.stats

@@ -104,8 +104,8 @@ def copy(source: "Source", destination: "Destination[T]", transform: Optional[Tr
     try:
         if plan is None:
             plan = destination.plan(source.images())
+        started = True  # before: Ctrl-C can land inside start(), after the source's thread began
         source.start(plan)
-        started = True
         if transform is not None:
             plan = transform(plan, source)
         result = destination.write(plan, source)
