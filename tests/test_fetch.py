@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from imgtool.model import format_size
+from tests.support.bundles import ctrl_c_as_at_a_terminal
 from tests.support.images import write_docker_archive
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
@@ -313,7 +314,7 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
         out, cache = tmp_path / "b", tmp_path / "cache"
         args = ("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--connections", "1", "-q")
         proc = subprocess.Popen([sys.executable, "-m", "imgtool", *args], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_at_a_terminal)
         assert held.reached.wait(60), "the fetch never reached the held bytes"
         assert proxy.wait_delivered()  # what was let through is in imgtool's hands
         proc.send_signal(signal.SIGINT)
@@ -586,7 +587,7 @@ def test_ctrl_c_during_a_retry_after_wait_ends_the_fetch_at_once(services, facto
         out, cache = tmp_path / "b", tmp_path / "cache"
         proc = subprocess.Popen([sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors",
                                  str(cfg), "-o", str(out), "-q"], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_at_a_terminal)
         try:
             assert busy.arrived.wait(120), "no layer request reached the registry"
             proc.send_signal(signal.SIGINT)

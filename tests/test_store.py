@@ -55,7 +55,7 @@ _CTRL_C_ELSEWHERE = """
 import signal, sys, threading, time
 from imgtool.model import Digest
 from imgtool.store import Store
-signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker's children inherit SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a test run started in the background (`&`) ignores it
 store, stopped = Store(sys.argv[1]), threading.Event()
 def downloader():
     time.sleep(0.3)

@@ -148,6 +148,15 @@ def reassemble(bundle: Path, out: Path) -> Path:
     return out
 
 
+def ctrl_c_as_at_a_terminal() -> None:
+    """A Popen preexec_fn for a test that sends SIGINT: the child gets SIGINT's default action, as a terminal's
+    foreground job does (a test run started in the background, `cmd &`, hands its children SIGINT ignored,
+    and Python then keeps ignoring it)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[str, str]] = None,
             timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the imgtool CLI in a subprocess (exact stderr and exit codes), Docker at docker_host.
