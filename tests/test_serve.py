@@ -9,6 +9,7 @@ flooding connections) and damaged bundles, at start and later. The server runs a
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,7 @@ from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.inplace import InPlaceBlobs
 from imgtool.bundle.reader import read_index
 from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest, format_size
-from tests.support.bundles import BlobDir, fetch_two_arch, imgtool, parts_of, random_layer, simple_image, write, write_delta
+from tests.support.bundles import BlobDir, canonical_tar, fetch_two_arch, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
 from tests.test_selfbundle import old_python
@@ -250,7 +252,7 @@ def raw_request(port: int, method: str, path: str, body: bytes = b"", host: str 
 
 
 def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, factory, serving, tmp_path):
-    out, vllm, _ = bundle
+    out, vllm, cann = bundle
     part = parts_of(out)[1]
     whole = part.read_bytes()
     part.write_bytes(whole[:-1])
@@ -261,11 +263,22 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
         f"  - part 002 ({part.name}) is truncated: {len(whole) - 1} of {len(whole)} bytes; re-copy part 002 from the "
         "source medium"]
     assert r.stdout == ""
+    part.write_bytes(whole)
     # a part of the right size with a byte changed: served at once (no part is hashed before the first pull), the
-    # background check names the blobs it damaged, and each is refused per request, never served wrong
-    data = bytearray(whole)
-    data[100] ^= 0xFF
-    part.write_bytes(bytes(data))
+    # background check names the blobs it damaged, and each is refused per request, never served wrong. The byte
+    # is one of cann's layer, found in the bundle itself (where it lies moves with the generated layers' sizes)
+    layer = cann.layers[0].digest
+    with tarfile.open(fileobj=io.BytesIO(canonical_tar(out))) as tar:
+        info = tar.getmember("blobs/sha256/" + layer.split(":")[1])
+    sizes = [p.stat().st_size for p in parts_of(out)]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    spans = [i for i, a in enumerate(starts) if a < info.offset_data + info.size and info.offset_data < a + sizes[i]]
+    at = info.offset_data + info.size // 2
+    k = max(i for i, a in enumerate(starts) if a <= at)
+    damaged = parts_of(out)[k]
+    data = bytearray(damaged.read_bytes())
+    data[at - starts[k]] ^= 0xFF
+    damaged.write_bytes(bytes(data))
     s = serving(str(out), "--listen", "127.0.0.1:0")
     assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
     deadline = time.monotonic() + 60  # the background check's last line (a file the server writes: read until there)
@@ -274,8 +287,9 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     checked = [line for line in s.log() if line.startswith("serve: ")]
     assert re.fullmatch(r"serve: all 9 blobs checked \(4\.1 MiB\) in \d+\.\d s: 1 damaged, refused per request",
                         checked[-1]), checked
-    assert checked[:-1] == [f"serve: layer 1 of quay.io/ascend/cann:8.2 (blob {checked[0].split('(blob ')[1][:12]}) "
-                            f"is damaged in {out} (part 001, part 002): its sha256 differs from its digest; it is not "
+    where = ", ".join(f"part {i + 1:03d}" for i in spans)
+    assert checked[:-1] == [f"serve: layer 1 of quay.io/ascend/cann:8.2 (blob {layer.split(':')[1][:12]}) "
+                            f"is damaged in {out} ({where}): its sha256 differs from its digest; it is not "
                             "served"], checked
     assert s.stop().returncode == 130
 

@@ -509,7 +509,7 @@ class ImageFactory:
     order of calls, nothing else.
     """
 
-    def __init__(self, seed: Union[int, str] = 0, *, compresslevel: int = 6):
+    def __init__(self, seed: Union[int, str] = 0, *, compresslevel: int = 1):
         self.seed = seed
         self.suite_seed = suite_seed()
         self.compresslevel = compresslevel
