@@ -31,7 +31,7 @@ from .fsutil import write_atomic
 
 # imgtool's runtime dependencies as pyproject.toml lists them (tests hold the two together);
 # their own requirements are followed from the installed metadata.
-ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli")
+ROOTS = ("click", "requests", "urllib3", "docker", "tqdm", "tomli", "idna")  # idna: pinned for requests (pyproject.toml)
 # Compiled, and imported only where needed: left out of the pyz on purpose.
 LAZY = ("zstandard", "isal")  # isal: gz.py falls back to zlib (the same bytes, slower)
 MIN_PYTHON = (3, 9)
