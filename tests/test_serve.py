@@ -9,7 +9,6 @@ flooding connections) and damaged bundles, at start and later. The server runs a
 
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import re
@@ -19,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +32,7 @@ from imgtool.bundle.catalog import Catalog
 from imgtool.bundle.inplace import InPlaceBlobs
 from imgtool.bundle.reader import read_index
 from imgtool.model import DOCKER_LIST, OCI_MANIFEST, Digest, format_size
-from tests.support.bundles import BlobDir, canonical_tar, fetch_two_arch, imgtool, parts_of, random_layer, simple_image, write, write_delta
+from tests.support.bundles import BlobDir, damage_member, fetch_two_arch, imgtool, parts_of, random_layer, simple_image, write, write_delta
 from tests.support.images import host_arch
 from tests.support.runtimes import ContainerdNode
 from tests.test_selfbundle import old_python
@@ -268,17 +266,7 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     # background check names the blobs it damaged, and each is refused per request, never served wrong. The byte
     # is one of cann's layer, found in the bundle itself (where it lies moves with the generated layers' sizes)
     layer = cann.layers[0].digest
-    with tarfile.open(fileobj=io.BytesIO(canonical_tar(out))) as tar:
-        info = tar.getmember("blobs/sha256/" + layer.split(":")[1])
-    sizes = [p.stat().st_size for p in parts_of(out)]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    spans = [i for i, a in enumerate(starts) if a < info.offset_data + info.size and info.offset_data < a + sizes[i]]
-    at = info.offset_data + info.size // 2
-    k = max(i for i, a in enumerate(starts) if a <= at)
-    damaged = parts_of(out)[k]
-    data = bytearray(damaged.read_bytes())
-    data[at - starts[k]] ^= 0xFF
-    damaged.write_bytes(bytes(data))
+    spans = damage_member(out, layer)
     s = serving(str(out), "--listen", "127.0.0.1:0")
     assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
     deadline = time.monotonic() + 60  # the background check's last line (a file the server writes: read until there)

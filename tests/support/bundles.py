@@ -134,6 +134,29 @@ def parts_holding(bundle: Path, member) -> str:
     return f"in part {labels[0]}" if len(labels) == 1 else f"in parts {labels[0]}-{labels[-1]}"
 
 
+def damage_member(bundle: Path, member) -> List[int]:
+    """Flip the middle byte of a member's data (a blob digest or an archive member name) in the part that holds
+    it, found from the bundle itself as `parts_holding` finds it; returns the indexes of every part the member's
+    data spans (0 = part 001), for the message that names them."""
+    doc = json.loads((bundle / "bundle.json").read_text())
+    name = str(member)
+    if name.startswith("sha256:"):
+        name = "blobs/sha256/" + name[len("sha256:"):]
+    with tarfile.open(fileobj=io.BytesIO(canonical_tar(bundle))) as tar:
+        info = tar.getmember(name)
+    sizes = [p["size"] for p in doc["parts"]]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    begin, end = info.offset_data, info.offset_data + info.size
+    spans = [i for i, a in enumerate(starts) if a < end and begin < a + sizes[i]]
+    at = begin + info.size // 2
+    k = max(i for i, a in enumerate(starts) if a <= at)
+    part = bundle / doc["parts"][k]["name"]
+    data = bytearray(part.read_bytes())
+    data[at - starts[k]] ^= 0xFF
+    part.write_bytes(bytes(data))
+    return spans
+
+
 def reassemble(bundle: Path, out: Path) -> Path:
     """cat the parts into one (decompressed) tar at `out`."""
     doc = json.loads((bundle / "bundle.json").read_text())
