@@ -1,7 +1,8 @@
 """A bundle read as one checked stream: the source `imgtool load` sends from (bundle → runtime).
 
-One forward pass over the parts (`PartsStream`, strict: every part's sha256 checked as the read that ends it
-returns), decompressed when the archive is, and checked member by member against what bundle.json implies: every
+One forward pass over the parts (`PartsStream`, strict: each part's size, and a compressed archive's parts' sha256
+as the read that ends each returns), decompressed when the archive is, and checked member by member against what
+bundle.json implies, which checks every byte of an uncompressed archive (its parts are not hashed again): every
 tar header byte-identical to layout's, every member's data hashed against its digest (on a worker beside the
 upload: hashlib releases the GIL), padding and trailer zeros, nothing after the end. A destination asks for members
 in archive order (`chunks`); the members between are read and checked as they pass, not handed over. The digests are
@@ -40,7 +41,9 @@ class ArchiveSource:
         self.index = index
         self.what = f"bundle {Path(bundle_dir).name}"
         self.placed, self.tar_size = layout.place(layout.members(index.images, index.legacy_names))
-        self.parts = PartsStream(Path(bundle_dir), index, strict=True)
+        # an uncompressed archive's every byte is checked below (headers, member digests, padding, the end): its
+        # parts are not hashed again; a compressed one's parts are (bytes the decompressor skips are checked so)
+        self.parts = PartsStream(Path(bundle_dir), index, strict=True, hash_parts=index.archive.compression != "none")
         try:  # a zstd bundle on a Python without zstandard fails here: the parts' worker ends all the same
             self.stream = decompressed(self.parts, index.archive.compression)
         except BaseException:
@@ -125,7 +128,7 @@ class ArchiveSource:
         for data in self._take(self.tar_size - self.consumed):
             if data.strip(b"\0"):
                 raise Cut("the archive has data after its end-of-archive marker")
-        if self.stream.read(READ_SIZE):  # the last read ended the last part: its sha256 was checked then
+        if self.stream.read(READ_SIZE):  # the last read ended the last part (its sha256 checked then, if hashed)
             raise Cut("the archive is longer than bundle.json says")
         self.parts.drain()  # a compressed archive may end before its last part does: check that part too
         bad = [f"{m.what} differs from its digest" for m in self.hashes.result()]
