@@ -109,7 +109,11 @@ def _serve(path):
         for fd in fds:
             os.close(fd)
 
-_serve(sys.argv[1])
+try:
+    _serve(sys.argv[1])
+finally:  # the test process ended (or the zygote failed): its socket and directory go with it
+    os.unlink(sys.argv[1])
+    os.rmdir(os.path.dirname(sys.argv[1]))
 '''
 
 
