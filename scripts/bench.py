@@ -42,6 +42,7 @@ import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -417,7 +418,8 @@ class ThrottleProxy:
     """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s (0: no limit).
 
     It counts what it forwards: `sent`, the server->client bytes written to clients (what a registry
-    in its place would have written), and `connections`, the TCP connections accepted.
+    in its place would have written), and `connections`, the TCP connections accepted; `in_flight()` is
+    what of `sent` the clients' host has not acknowledged yet (still in the proxy's send queues).
     """
 
     def __init__(self, upstream: str, rate: float):
@@ -425,6 +427,7 @@ class ThrottleProxy:
         self.rate = rate
         self.sent = 0
         self.connections = 0
+        self.clients: set = set()  # the client sockets open now
         self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -451,10 +454,14 @@ class ThrottleProxy:
         except OSError:
             client.close()
             return
+        with self.lock:
+            self.clients.add(client)
         up = threading.Thread(target=self._pipe, args=(client, server, None, False), daemon=True)
         up.start()
         self._pipe(server, client, self.rate, True)
         up.join()  # the sockets are closed only once neither direction uses their descriptors
+        with self.lock:
+            self.clients.discard(client)
         client.close()
         server.close()
 
@@ -486,6 +493,21 @@ class ThrottleProxy:
                 except OSError:
                     pass
 
+    def in_flight(self) -> int:
+        """Bytes written to the clients' sockets that their host has not acknowledged (SIOCOUTQ: unsent plus
+        unacknowledged), summed over the open connections: `sent` minus this is what the clients received."""
+        import fcntl
+        import termios
+
+        total = 0
+        with self.lock:
+            for sock in self.clients:
+                try:
+                    total += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+                except OSError:
+                    pass
+        return total
+
     @staticmethod
     def _copy(src, dst) -> int:
         data = src.recv(PROXY_CHUNK)
@@ -513,6 +535,7 @@ class Bench:
         self.times: Dict[str, List[float]] = {}
         self.rss: Dict[str, List[int]] = {}
         self.sent: Dict[str, List[Tuple[int, str]]] = {}  # over-download: (bytes the registry sent, note) per run
+        self.kills: Dict[bool, List[Tuple[int, int]]] = {}  # per link (constrained?): (received at the kill, sent)
         self.cpu: Dict[str, List[float]] = {}  # CPU seconds (user + sys) of a timed process, per run
         self.bundle: Optional[Path] = None
         self.bundle_size = self.archive_size = 0
@@ -668,7 +691,8 @@ class Bench:
     def overdownload(self, rate: float, kill: bool) -> Tuple[int, str]:
         """Bytes a counting proxy (each connection held to `rate` bytes/s, 0: none) sent for imgtool fetch
         from a fresh cache; with `kill`, the fetch is SIGKILLed once half the blob bytes went out and the
-        same command run again on the same cache (both counted). Returns (bytes, what happened)."""
+        same command run again on the same cache (both counted). Returns (bytes, what happened); a kill also
+        goes to self.kills[rate > 0]: (bytes imgtool's host had received at the kill, bytes sent in all)."""
         out, cache = self.fresh("bundle"), self.fresh("cache")
         env = dict(self.base_env, IMGTOOL_CACHE=str(cache))
         proxy = ThrottleProxy(self.env.registry, rate)
@@ -683,6 +707,7 @@ class Bench:
                 # Polled, not timed: the kill lands at the same byte count on any machine.
                 while proxy.sent < half and p.poll() is None:
                     time.sleep(0.001)
+                received = proxy.sent - proxy.in_flight()  # taken just before the kill
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 time.sleep(0.2)  # the proxy's last writes to the dead connections
@@ -691,6 +716,8 @@ class Bench:
                 shutil.rmtree(out, ignore_errors=True)
             run(cmd, env=env)
             time.sleep(0.1)
+            if kill:
+                self.kills.setdefault(rate > 0, []).append((received, proxy.sent))
             return proxy.sent, note
         finally:
             proxy.close()
@@ -1504,6 +1531,18 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
 
     target("over-download ≤ 1 %, cold fetch (worst run)", over(["cold", "slow"]), lambda v: v <= 1.0, "{:+.2f} %")
     target("over-download ≤ 1 %, SIGKILL + rerun (worst run)", over(["kill", "slow_kill"]), lambda v: v <= 1.0, "{:+.2f} %")
+
+    def resent(slow: bool) -> List[Tuple[float, int, int]]:
+        """Per kill on that link: (% of what was received that was sent again, bytes received, sent again). The
+        bytes a whole fetch needs are the cold runs' median on the same link (headers and manifests included)."""
+        cold = [n for n, _ in b.sent.get("slow" if slow else "cold", [])]
+        need = statistics.median(cold) if cold else csize
+        return [(100 * max(sent - need, 0) / got, got, max(sent - need, 0)) for got, sent in b.kills.get(slow, [])]
+
+    for slow, where in ((False, "loopback"), (True, "constrained link")):
+        runs = resent(slow)
+        target(f"SIGKILL half-way, rerun: sent again ≤ 5 % of what was received, {where} (median)",
+               statistics.median(r[0] for r in runs) if runs else None, lambda v: v <= 5.0, "{:.1f} %")
     lines += ["", "## Over-download", "",
               f"What the registry sent for `imgtool fetch` of the {csize / MB:.0f} MB of blobs (config and layers), counted "
               "by a TCP proxy in front of it as the bytes it wrote to imgtool's connections (HTTP headers and "
@@ -1519,6 +1558,14 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
         each = ", ".join(f"{100 * (n / csize - 1):+.2f} %" + (f" ({note})" if note and not note.startswith("killed") else "")
                          for n, note in got)
         lines.append(f"| {name} | {len(got)} | {statistics.median(n for n, _ in got) / MB:.1f} | {each} |")
+    lines += ["", "Each SIGKILL: what imgtool's host had received at the kill (what the proxy had sent, less what its "
+              "send queues still held: SIOCOUTQ), and what the registry sent again (both runs, less what a cold fetch "
+              "on the same link needs):", ""]
+    for slow, where in ((False, "loopback"), (True, "constrained link")):
+        runs = resent(slow)
+        if runs:
+            lines.append(f"- {where}: " + "; ".join(f"received {got / MB:.0f} MB, sent again {again / MB:.1f} MB "
+                                                    f"({pct:.1f} %)" for pct, got, again in runs))
     lines += ["", "## imgtool serve", "",
               "The kept bundle served by `imgtool serve` on loopback (plain HTTP); the same arm64 image pulled from the "
               "distribution registry (`docker-registry`, filesystem storage, page cache warm) through its two-arch "

@@ -5,6 +5,7 @@ It checks the shape of the report, never a speed (this is a 2-core machine share
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def test_bench_quick_writes_every_row(services, tmp_path):
         assert row, f"no memory row for imgtool {name}"
         assert int(row.group(1)) > 5 and int(row.group(2)) > 5  # a real measurement of a real process
     targets = re.findall(r"^\| (.+?) \| (.+?) \| (yes|no|) \|$", section(text, "## Targets"), re.M)
-    assert len(targets) == 19 and all(value != "skipped" for _, value, _ in targets)
+    assert len(targets) == 21 and all(value != "skipped" for _, value, _ in targets)
     # issue 27's table: every job, its anchor and target; what this run measured has a ratio and a verdict
     rows = table(section(text, "## Targets of issue 27"))
     assert [r[0] for r in rows] == [job for job, *_ in bench.TARGETS27]
@@ -72,6 +73,10 @@ def test_bench_quick_writes_every_row(services, tmp_path):
         row = re.search(rf"^\| {re.escape(name)} \| 1 \| ([0-9.]+) \| ([+-][0-9.]+) %", text, re.M)
         assert row, f"no over-download row for {name}"
         assert float(row.group(1)) > 0 and float(row.group(2)) >= 0  # every blob byte went through the proxy
+    # each kill: what imgtool's host had received at it, and what was sent again
+    for where in ("loopback", "constrained link"):
+        kill = re.search(rf"^- {where}: received ([0-9]+) MB, sent again ([0-9.]+) MB \(([0-9.]+) %\)$", text, re.M)
+        assert kill, f"no kill line for the {where}"
     # imgtool serve against the registry: throughput at 1, 4 and 8 pulls at once, their ratio, each server's CPU
     # and memory (the registry found through /proc by its port)
     for n in bench.SERVE_PULLS:
@@ -118,6 +123,40 @@ def test_throttle_proxy_holds_a_connection_to_its_rate(services, registry, uniq)
         proxy.close()
     assert r.status_code == 200 and bytes(got) == data
     assert ahead == [], f"bytes received ahead of {rate} B/s: {ahead[:5]}"
+
+
+def test_throttle_proxy_counts_what_the_client_has_not_received(services, registry, uniq):
+    """in_flight(): what the proxy wrote that the client's host has not acknowledged. A client that stops
+    reading leaves bytes in the proxy's send queue: `sent` alone would count them as received."""
+    import time
+
+    data = os.urandom(16 * bench.MB)
+    digest = registry("plain").push_blob(f"{uniq}/blob", data)
+    proxy = bench.ThrottleProxy(services.plain, 0)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # a small window: the rest waits at the proxy
+    try:
+        host, port = proxy.address.rsplit(":", 1)
+        client.connect((host, int(port)))
+        client.sendall(f"GET /v2/{uniq}/blob/blobs/{digest} HTTP/1.1\r\nHost: {proxy.address}\r\n"
+                       "Connection: close\r\n\r\n".encode())
+        sent = -1
+        while sent != proxy.sent:  # until the proxy can write no more
+            sent = proxy.sent
+            time.sleep(0.3)
+        assert proxy.in_flight() > 0
+        received = proxy.sent - proxy.in_flight()
+        assert 0 < received < len(data) // 2  # the client's small buffer took only a part
+        got = bytearray()
+        while True:
+            chunk = client.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        assert bytes(got).endswith(data)  # nothing counted was lost on the way
+    finally:
+        client.close()
+        proxy.close()
 
 
 def test_bench_image_is_the_same_on_every_machine(tmp_path):
