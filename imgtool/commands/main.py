@@ -1,5 +1,6 @@
 """The verbs together: the `imgtool` group, each verb's module added to it, and the console entry point."""
 
+import os
 import sys
 import threading
 import time
@@ -76,28 +77,32 @@ def _two_malloc_arenas() -> None:
         pass
 
 
-TRIM_EVERY = 0.25  # seconds between two malloc_trim calls
+TRIM_EVERY = 0.25  # seconds between two looks at the resident memory
+TRIM_ABOVE = 64 * 1024 * 1024  # resident bytes over which freed memory goes back to the system
 
 
 def _return_freed_memory() -> None:
-    """A daemon thread that gives glibc's freed memory back to the system four times a second (malloc_trim:
-    the free pages inside its heaps, not only the top). The download threads' reads free a buffer per read; on
-    a slow link each read fills it partly and the heaps fragment, so fetch's peak RSS grew with the run and the
-    connections: 118 MiB from two sources on the constrained link at the bench's scale 0.25, 155 MiB at scale 1.
-    With it 61-65 MiB (once a second: 82-93), the same time and CPU (docs/benchmarks.md). Nothing on other C
-    libraries."""
+    """A daemon thread that looks at the resident memory four times a second and, above TRIM_ABOVE, gives glibc's
+    freed memory back to the system (malloc_trim: the free pages inside its heaps, not only the top). The download
+    threads' reads free a buffer per read; on a slow link each read fills it partly and the heaps fragment, so
+    fetch's peak RSS grew with the run and the connections: 118 MiB from two sources on the constrained link at the
+    bench's scale 0.25, 155 MiB at scale 1. Trimming always made a loopback fetch 1.6x slower (each freed page
+    faulted in again); below the mark nothing is done (docs/benchmarks.md). Only where /proc and glibc are."""
     try:
         import ctypes
 
         trim = ctypes.CDLL(None).malloc_trim
-    except (ImportError, OSError, AttributeError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        statm = os.open("/proc/self/statm", os.O_RDONLY)
+    except (ImportError, OSError, AttributeError, ValueError):
         return
     trim.argtypes = [ctypes.c_size_t]
 
     def loop() -> None:
         while True:
             time.sleep(TRIM_EVERY)
-            trim(0)
+            if int(os.pread(statm, 64, 0).split()[1]) * page > TRIM_ABOVE:
+                trim(0)
 
     threading.Thread(target=loop, name="malloc-trim", daemon=True).start()
 
