@@ -563,21 +563,15 @@ class Bench:
         """A cold fetch (empty cache); `known`: the cache holds only the layers' diff_ids (what a fetch of them
         remembers), so the fetch downloads and writes but does not unpack a layer to check it: the cost of
         the diff_id check, which skopeo does not make, is left out. `cpu_key`: the process's CPU seconds go to
-        self.cpu[cpu_key]."""
-        import resource
-
+        self.cpu[cpu_key] (`_timed_cpu`)."""
         out = self.fresh("kept-bundle" if keep else "bundle")
         cache = self.fresh("cache")
         if known:
             shutil.copytree(self.tmp / "diffids", cache / "diffids")
         env = dict(self.base_env, IMGTOOL_CACHE=str(cache))
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        res = run(imgtool_cmd() + ["-q", "fetch", self.ref(registry), "--arch", "arm64", "-o", str(out),
-                                   "--no-tool", "--created", "2025-01-01T00:00:00Z"]
-                  + (["--mirrors", str(mirrors)] if mirrors else []), env=env, rss=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if cpu_key:
-            self.cpu.setdefault(cpu_key, []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        cmd = imgtool_cmd() + ["-q", "fetch", self.ref(registry), "--arch", "arm64", "-o", str(out), "--no-tool",
+                               "--created", "2025-01-01T00:00:00Z"] + (["--mirrors", str(mirrors)] if mirrors else [])
+        res = _timed_cpu(self, cpu_key, cmd, env=env, rss=True) if cpu_key else run(cmd, env=env, rss=True)
         if keep and (cache / "diffids").is_dir():
             shutil.rmtree(self.tmp / "diffids", ignore_errors=True)
             shutil.copytree(cache / "diffids", self.tmp / "diffids")

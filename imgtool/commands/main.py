@@ -62,26 +62,32 @@ for verb in (fetch.fetch, export.export, copy.copy_cmd, inspect.inspect, mirrors
 
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter
+TRIM_EVERY = 0.25  # seconds between two looks at the resident memory
+TRIM_ABOVE = 64 * 1024 * 1024  # resident bytes over which freed memory goes back to the system
 
 
-def _two_malloc_arenas() -> None:
+def _libc():
+    """The C library as ctypes sees it, or None (no ctypes)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None)
+    except (ImportError, OSError):
+        return None
+
+
+def _two_malloc_arenas(libc) -> None:
     """glibc gives each thread that meets contention an arena of its own (up to 8 per core) and keeps what is
     freed in it: with a dozen download threads reading 256 KiB at a time, fetch's peak RSS rose with the
     connections. Two arenas: fetch of the scale-0.25 bench image 97-99 -> 82-86 MiB, the same speed
     (docs/benchmarks.md). Nothing on other C libraries (no mallopt) or when ctypes is missing."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
-    except (ImportError, OSError, AttributeError):
+        libc.mallopt(M_ARENA_MAX, 2)
+    except AttributeError:
         pass
 
 
-TRIM_EVERY = 0.25  # seconds between two looks at the resident memory
-TRIM_ABOVE = 64 * 1024 * 1024  # resident bytes over which freed memory goes back to the system
-
-
-def _return_freed_memory() -> None:
+def _return_freed_memory(libc) -> None:
     """A daemon thread that looks at the resident memory four times a second and, above TRIM_ABOVE, gives glibc's
     freed memory back to the system (malloc_trim: the free pages inside its heaps, not only the top). The download
     threads' reads free a buffer per read; on a slow link each read fills it partly and the heaps fragment, so
@@ -91,10 +97,10 @@ def _return_freed_memory() -> None:
     try:
         import ctypes
 
-        trim = ctypes.CDLL(None).malloc_trim
+        trim = libc.malloc_trim
         page = os.sysconf("SC_PAGE_SIZE")
         statm = os.open("/proc/self/statm", os.O_RDONLY)
-    except (ImportError, OSError, AttributeError, ValueError):
+    except (AttributeError, OSError, ValueError):
         return
     trim.argtypes = [ctypes.c_size_t]
 
@@ -109,6 +115,8 @@ def _return_freed_memory() -> None:
 
 def main(argv=None) -> None:
     """Console entry point: runs the CLI and maps every failure to one line and an exit code."""
-    _two_malloc_arenas()  # before any thread: arenas are made as threads first allocate
-    _return_freed_memory()
+    libc = _libc()
+    if libc is not None:
+        _two_malloc_arenas(libc)  # before any thread: arenas are made as threads first allocate
+        _return_freed_memory(libc)
     invoke(cli, sys.argv[1:] if argv is None else list(argv))
