@@ -4,6 +4,7 @@ A core function taking plain values and a Progress and returning plain values; c
 them. `imgtool inspect` is inspection.py, the mirror report (`imgtool mirrors`) mirror_report.py.
 """
 
+import dataclasses
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -114,22 +115,42 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
             left_out, held = heldblobs.held_blobs(images, delta, config, opts.mirror, store, progress,
                                                   opts.probe_timeout, clients)
         # The bundle is written while the layers download: the destination takes each blob, in archive order, as
-        # soon as the cache has it, so the disk writes the bundle while the network is still busy.
+        # soon as the cache has it, so the disk writes the bundle while the network is still busy. An uncompressed
+        # bundle of the layers as served goes further: each layer is downloaded straight into its place in the
+        # archive, written once (bundle/placed.py), and the cache only remembers where it is.
         source = RegistrySource(pulled, store, progress, (opts.jobs, opts.max_connections))
         destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip, delta=delta, created=opts.created,
-                                        extra_files=tool)
+                                        extra_files=tool, place=_placeable(opts, images, left_out))
         plan = destination.plan(images)
-        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool)
+        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool, plan.places)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
+        if plan.places is not None:
+            writer.prepare_places(plan.places, opts.force)
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
             copied = copy(source, destination, layers, plan)
         finally:
             layers.close()  # after the source's cancel: a check waiting for a blob wakes when the download ends
+        if plan.places is not None:
+            _remember_places(store, plan.places, copied.result)
         signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
         return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed)
+
+
+def _placeable(opts: FetchOptions, images: Sequence[PulledImage], left_out) -> bool:
+    """Whether each layer can be downloaded straight into the archive: an uncompressed one, holding every layer as
+    served (none rewritten, none unpacked to check it, no manifest renamed for a delta's held blobs)."""
+    return (opts.compress == "none" and not opts.check_diff_ids and not any(left_out)
+            and not any(transcode.changes(im, opts.layers, ()) for im in images))
+
+
+def _remember_places(store: Store, places, result: "BundleResult") -> None:
+    """The cache learns where the bundle holds each layer it downloaded there (a later fetch copies it from there)."""
+    names = [p.name for p in result.parts]
+    for digest, (_, size) in places.blobs.items():
+        store.locate(digest, size, places.regions(digest, names))
 
 
 def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, store: Store
@@ -168,8 +189,8 @@ class _Layers:
                                  "layers")
             return found
 
-        self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.skip,
-                                          unpack=opts.check_diff_ids)
+        self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.skip, unpack=opts.check_diff_ids,
+                                          read_at=plan.places.read_at if plan.places is not None else None)
         rewrites = any(transcode.changes(im, opts.layers, plan.skip) for im in images)
         if rewrites:  # a gzip image (compat) never comes here
             images = transcode.transcode_images(images, opts.layers, path, store, progress, plan.skip,
@@ -177,7 +198,7 @@ class _Layers:
         if self.left_out:
             images = transcode.name_held_blobs(images, self.left_out, self.held, opts.layers, store, progress)
         extra = {"gzipped_layers": opts.layers == "compat" and rewrites, "before_seal": self.check.wait}
-        return Plan(tuple(images), plan.order, plan.skip, extra)
+        return dataclasses.replace(plan, images=tuple(images), extra=extra)
 
     def close(self) -> None:
         if self.check is not None:
@@ -209,20 +230,21 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
 
 
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
-                extra_files) -> None:
+                extra_files, places=None) -> None:
     """Refuse up front when the cache's or the output's file system has less free space than the fetch
     will write (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
     load's space refusal).
 
     From the manifests' sizes: the cache needs the blobs it lacks (less what a killed run left in
-    partial/) plus the copy of each layer `layers` rewrites; the output needs every blob the bundle
-    holds and the extra files, with --compress only the layers that stay compressed. A rewritten
+    partial/) plus the copy of each layer `layers` rewrites, nothing for a layer written straight into the
+    bundle (`places`); the output needs every blob the bundle holds and the extra files, with --compress only the
+    layers that stay compressed. A rewritten
     layer's size is not known before it is written: a zstd layer as gzip (compat) is counted at
     model.GZIP_PER_ZSTD times its size, a layer unpacked (plain) at model.UNPACKED_PER_COMPRESSED
     times. Layers a delta leaves out (`skip`) need nothing."""
     from .model import GZIP_PER_ZSTD, UNPACKED_PER_COMPRESSED, format_size
 
-    cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress)
+    cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress, places)
     out_need += sum(Path(p).stat().st_size for p in extra_files.values())
     out_fs = output
     while not out_fs.exists() and out_fs.parent != out_fs:
@@ -245,7 +267,7 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
         raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=hint)
 
 
-def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str, compress: str
+def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str, compress: str, places=None
                   ) -> Tuple[int, int, bool]:
     """(bytes the cache needs, bytes the output needs without the extra files, whether a layer is rewritten)."""
     from .model import GZIP_PER_ZSTD, LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED
@@ -257,7 +279,9 @@ def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str
     rewritten = {im.manifest.layers[i].digest for im in images for i in transcode.changes(im, layers, skip)}
     cache_need = out_need = 0
     for digest, (size, media_type) in blobs.items():
-        if not store.has(digest, size):
+        if places is not None and places.holds(digest):  # downloaded into the bundle: counted there
+            out_need -= places.partial_bytes(digest, size) if places.resumable() else 0
+        elif not store.has(digest, size):
             cache_need += size - store.partial_bytes(digest, size)
         if digest in rewritten:
             new = int(size * (GZIP_PER_ZSTD if layers == "compat" else UNPACKED_PER_COMPRESSED))

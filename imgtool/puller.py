@@ -10,7 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
 from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, VerifyError
@@ -20,6 +20,9 @@ from .progress import Bar, Progress
 from .puller_sources import Retries, Slots, SourcePool, asks_for_fewer
 from .registry import BlobStream
 from .store import Partial, Store
+
+if TYPE_CHECKING:
+    from .bundle.placed import Places
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
@@ -245,8 +248,9 @@ class _Scheduler:
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
     def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar: Bar, tuning: Tuning,
-                 stop: threading.Event, per_source: int):
+                 stop: threading.Event, per_source: int, places: Optional["Places"] = None):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
+        self.places = places  # where the destination wants blobs written instead of the store (bundle/placed.py)
         self.tuning = tuning
         self.queue: Deque[_Range] = deque()
         self.running: List[_Range] = []
@@ -366,11 +370,21 @@ class _Scheduler:
 
     def _open(self, blob: _Blob) -> Optional[_Range]:
         """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges;
-        returns the first of them for this worker (None: nothing to fetch)."""
+        returns the first of them for this worker (None: nothing to fetch).
+
+        A blob the destination placed (bundle/placed.py) is first copied from this machine when the cache or a
+        bundle it remembers has it (another imgtool that held the lock may have just placed it in its own)."""
         desc = blob.desc
         unlock = self.store.lock_blob(desc.digest, waiting=self.progress.note)
         try:
-            partial = None if self.store.has(desc.digest, desc.size) else self.store.partial(desc.digest, desc.size)
+            if self.places is not None and self.places.holds(desc.digest):
+                partial: Optional[Partial] = self._open_placed(blob)
+                if partial is None:  # here already
+                    unlock()
+                    return None
+            else:
+                partial = None if self.store.has(desc.digest, desc.size) else self.store.partial(desc.digest,
+                                                                                                 desc.size)
         except BaseException:
             unlock()
             raise
@@ -396,6 +410,68 @@ class _Scheduler:
             self.queue.extendleft(reversed(ranges[1:]))  # next in line: this blob's other ranges
             self.running.append(ranges[0])
             return ranges[0]
+
+    def _open_placed(self, blob: _Blob) -> Optional[Partial]:
+        """The partial of a placed blob, or None when it is in place already: whole from an earlier run into this
+        bundle (hashed again), or copied from this machine (hashed)."""
+        assert self.places is not None
+        desc = blob.desc
+        partial = self.places.partial(desc.digest, desc.size)
+        if not partial.missing():
+            if self._whole_already(desc, partial):
+                return None
+            partial = self.places.partial(desc.digest, desc.size)  # it did not match: discarded, start over
+        elif blob.attempt == 0 and not partial.done and self._copy_local(desc, partial):
+            return None
+        return partial
+
+    def _located(self, desc: Descriptor) -> None:
+        """A placed blob is whole: the cache learns where (a fetch waiting for its lock copies it from there)."""
+        if self.places is not None and self.places.holds(desc.digest):
+            self.store.locate(desc.digest, desc.size, self.places.regions(desc.digest, self.places.part_names))
+
+    def _whole_already(self, desc: Descriptor, partial: Partial) -> bool:
+        """A placed blob an earlier run finished: True once its bytes hash to its digest (committed), else False
+        (discarded)."""
+        hasher = desc.digest.hasher()
+        for chunk in partial.read_range(0, desc.size):
+            hasher.update(chunk)
+        try:
+            partial.commit(hasher.hexdigest())
+        except VerifyError:
+            return False
+        partial.close()
+        self._located(desc)
+        self.stats.cached(desc.size)
+        return True
+
+    def _copy_local(self, desc: Descriptor, partial: Partial) -> bool:
+        """Copy a placed blob from the cache's file or a bundle the cache remembers, hashing it; True when it came
+        whole and matched (committed), else False with nothing recorded (it is downloaded)."""
+        chunks = self.store.local_chunks(desc.digest, desc.size)
+        if chunks is None:
+            return False
+        hasher, pos = desc.digest.hasher(), 0
+        try:
+            for chunk in chunks:
+                if self.stop.is_set():
+                    partial.reset()
+                    partial.close()
+                    return True  # the run is ending: nothing to fetch
+                partial.write(pos, chunk)
+                hasher.update(chunk)
+                pos += len(chunk)
+        except OSError:
+            pos = -1  # moved or shortened since: download it
+        if pos != desc.size or hasher.hexdigest() != desc.digest.hex:
+            partial.reset()
+            return False
+        partial.commit(hasher.hexdigest())
+        partial.close()
+        self._located(desc)
+        self.stats.cached(desc.size)
+        self.total_bar.update(desc.size)
+        return True
 
     # -- moving the bytes ------------------------------------------------------------------------
 
@@ -495,6 +571,7 @@ class _Scheduler:
         except VerifyError as e:
             self._again(job.blob, e)
             return
+        self._located(desc)
         self.stats.downloaded(desc.digest)
         self.progress.note(f"{desc.digest.short}: done ({format_size(desc.size)})")
 
@@ -528,23 +605,25 @@ class _Scheduler:
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
              jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
              order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
-             tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS) -> PullStats:
+             tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS,
+             places: Optional["Places"] = None) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    over `jobs` connections per source, at most `connections` at once over all; returns what was
-    transferred. Setting `cancel` stops it (what arrived stays in the store's partial files for the next
-    run), and ends any wait before a retry at once.
+    or those `places` holds into their places, over `jobs` connections per source, at most `connections` at
+    once over all; returns what was transferred. Setting `cancel` stops it (what arrived stays in the partial
+    files for the next run), and ends any wait before a retry at once.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
     trouble, VerifyError when a blob kept arriving corrupt.
     """
     stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
-    todo = _missing(images, skip, store, stats, order)
+    todo = _missing(images, skip, store, stats, order, places)
     if not todo:
         return stats
-    total = sum(d.size - store.partial_bytes(d.digest, d.size) for d, _ in todo)
+    total = sum(d.size - (places.partial_bytes(d.digest, d.size) if places is not None and places.holds(d.digest)
+                          else store.partial_bytes(d.digest, d.size)) for d, _ in todo)
     with progress.bar(total, "download") as total_bar:
         sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event(),
-                           max(1, jobs))
+                           max(1, jobs), places)
         for i, (desc, sources) in enumerate(todo):
             sched.queue.append(_Range.unopened(_Blob(desc, sched.pool(sources), 0, i)))
         names = {s.name for _, sources in todo for s in sources}  # the shape: connections per source
@@ -557,9 +636,10 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
 
 
 def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Collection[Digest], store: Store,
-             stats: PullStats, order: Sequence[Digest]) -> List[Tuple[Descriptor, Sequence[Source]]]:
+             stats: PullStats, order: Sequence[Digest], places: Optional["Places"] = None
+             ) -> List[Tuple[Descriptor, Sequence[Source]]]:
     """The layers to download (each once, with the sources of the first image that has it), `order`
-    first; those already in the store are counted in `stats` instead."""
+    first; those already in the store are counted in `stats` instead, unless `places` wants them (copied there)."""
     wanted: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
     for image, sources in images:
         for layer in image.manifest.layers:
@@ -567,7 +647,7 @@ def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Colle
                 wanted.setdefault(layer.digest, (layer, sources))
     todo = []
     for desc, sources in wanted.values():
-        if store.has(desc.digest, desc.size):
+        if store.has(desc.digest, desc.size) and not (places is not None and places.holds(desc.digest)):
             stats.cached(desc.size)
         else:
             todo.append((desc, sources))

@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable, Collection, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Callable, Collection, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
 from .fsutil import fsync_dir, process_alive, write_atomic
@@ -62,7 +62,7 @@ def _partial_paths(root: Path, digest: Digest) -> Tuple[Path, Path]:
     return part, part.with_suffix(".json")
 
 
-def _read_record(path: Path, digest: Digest, size: int) -> Optional[List[Tuple[int, int]]]:
+def read_record(path: Path, digest: Digest, size: int) -> Optional[List[Tuple[int, int]]]:
     """The done ranges a partial's record holds, merged; None when there is none or it does not fit this
     blob (another size or digest, a range outside it, torn or not JSON: the download starts over)."""
     try:
@@ -78,7 +78,10 @@ def _read_record(path: Path, digest: Digest, size: int) -> Optional[List[Tuple[i
 
 
 class Partial:
-    """A half-downloaded blob: a sparse file of the final size plus the ranges already written."""
+    """A half-downloaded blob: a sparse file of the final size plus the ranges already written.
+
+    Where the bytes live is the subclass's (`PlacedPartial`: in a bundle's unfinished archive, bundle/placed.py);
+    the record of done ranges, the hashing and the check are the same for both."""
 
     # The record of done ranges is rewritten after every write (in place, see _save), so a SIGKILL
     # loses only the bytes still in flight: a time-throttled record lost up to a second's worth.
@@ -86,16 +89,23 @@ class Partial:
     def __init__(self, store: "Store", digest: Digest, size: int):
         self.store, self.digest, self.size = store, digest, size
         self.path, self.state_path = _partial_paths(store.root, digest)
+        self._setup()
+
+    def _setup(self) -> None:
         self._lock = threading.Lock()
         self._state_fd = -1  # the record, open for in-place rewrites after its first save
         self._state_len = 0
         self.done: List[Tuple[int, int]] = []
+        self.closed = False
         self._open()
+
+    def _error(self, e: OSError) -> StoreError:
+        return _disk_error(e, self.store.root)
 
     def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            state = _read_record(self.state_path, self.digest, self.size)
+            state = self._recorded()
             if state is None or not self.path.exists() or self.path.stat().st_size != self.size:
                 self.done = []
                 with open(self.path, "wb") as f:
@@ -105,7 +115,40 @@ class Partial:
                 self.done = state
             self._fd = os.open(str(self.path), os.O_RDWR)
         except OSError as e:
-            raise _disk_error(e, self.store.root) from e
+            raise self._error(e) from e
+
+    def _recorded(self) -> Optional[List[Tuple[int, int]]]:
+        return read_record(self.state_path, self.digest, self.size)
+
+    # where the bytes live: one sparse file here
+
+    def _pwrite(self, data, offset: int) -> int:
+        return os.pwrite(self._fd, data, offset)
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self._fd, n, offset)
+
+    def _publish(self) -> Optional[Path]:
+        """The checked blob into blobs/ (no fsync of the data: see the module docstring)."""
+        final = self.store.blob_path(self.digest)
+        self.closed = True
+        os.close(self._fd)
+        self._fd = -1
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o444)
+        os.replace(self.path, final)
+        fsync_dir(final.parent)
+        self._remove_state()
+        return final
+
+    def _announce(self) -> None:
+        self.store.announce()
+
+    def _forget_data(self) -> None:
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
 
     def _save(self) -> None:
         """Persist the done ranges: first by temp file + rename, then by one pwrite at offset 0.
@@ -151,7 +194,7 @@ class Partial:
         try:
             view = memoryview(data)
             while view:
-                n = os.pwrite(self._fd, view, offset)
+                n = self._pwrite(view, offset)
                 offset += n
                 view = view[n:]
             end = offset
@@ -160,12 +203,12 @@ class Partial:
                 self.done = merge_ranges(self.done + [(start, end)])
                 self._save()
         except OSError as e:
-            raise _disk_error(e, self.store.root) from e
+            raise self._error(e) from e
 
     def read_range(self, start: int, end: int) -> Iterator[bytes]:
         pos = start
         while pos < end:
-            chunk = os.pread(self._fd, min(COPY_CHUNK, end - pos), pos)
+            chunk = self._pread(min(COPY_CHUNK, end - pos), pos)
             if not chunk:
                 break
             pos += len(chunk)
@@ -173,7 +216,7 @@ class Partial:
 
     def flush_state(self) -> None:
         """Persist the done ranges now (no-op once committed or discarded)."""
-        if getattr(self, "_fd", -1) < 0:
+        if self.closed:
             return
         with self._lock:
             try:
@@ -181,10 +224,11 @@ class Partial:
             except OSError:
                 pass
 
-    def commit(self, hexdigest: Optional[str] = None) -> Path:
-        """Check size and digest (hashing the file unless `hexdigest` is given), then publish.
+    def commit(self, hexdigest: Optional[str] = None) -> Optional[Path]:
+        """Check size and digest (hashing the bytes unless `hexdigest` is given), then publish.
 
-        Raises VerifyError (and discards the partial) when the digest does not match.
+        Raises VerifyError (and discards the partial) when the digest does not match. Returns the blob's file in
+        the store (None for a blob placed elsewhere).
         """
         if self.missing():
             raise ImgtoolError(f"internal: commit of incomplete blob {self.digest.short}")
@@ -196,28 +240,30 @@ class Partial:
         if hexdigest != self.digest.hex:
             self.discard()
             raise VerifyError(f"blob {self.digest} arrived with digest {self.digest.algorithm}:{hexdigest}")
-        final = self.store.blob_path(self.digest)
         try:
-            os.close(self._fd)  # no fsync of the data: see the module docstring
-            self._fd = -1
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.path, 0o444)
-            os.replace(self.path, final)
-            fsync_dir(final.parent)
+            final = self._publish()
         except OSError as e:
-            raise _disk_error(e, self.store.root) from e
-        self._remove_state()
-        self.store.announce()
+            raise self._error(e) from e
+        self._announce()
         return final
+
+    def reset(self) -> None:
+        """Record nothing as done (what was written is to be written again)."""
+        with self._lock:
+            self.done = []
+            try:
+                self._save()
+            except OSError as e:
+                raise self._error(e) from e
 
     def discard(self) -> None:
         """Forget this partial (after a corrupt download)."""
         self.close()
-        for p in (self.path, self.state_path):
-            try:
-                p.unlink()
-            except OSError:
-                pass
+        self._forget_data()
+        try:
+            self.state_path.unlink()
+        except OSError:
+            pass
         self.done = []
 
     def _remove_state(self) -> None:
@@ -233,6 +279,7 @@ class Partial:
             self._state_fd = -1
 
     def close(self) -> None:
+        self.closed = True
         self._close_state()
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
@@ -253,7 +300,7 @@ class Store:
     def create(self) -> None:
         """Make the store's directories (idempotent); raises StoreError when the disk cannot hold them."""
         try:
-            for sub in ("blobs/sha256", "partial/sha256", "locks", "diffids"):
+            for sub in ("blobs/sha256", "partial/sha256", "locks", "diffids", "located/sha256"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _disk_error(e, self.root) from e
@@ -316,8 +363,37 @@ class Store:
 
     def partial_bytes(self, digest: Digest, size: int) -> int:
         """How many bytes of this blob a previous run left in `partial/` (0 if none)."""
-        state = _read_record(_partial_paths(self.root, digest)[1], digest, size)
+        state = read_record(_partial_paths(self.root, digest)[1], digest, size)
         return sum(b - a for a, b in state) if state else 0
+
+    # A blob a fetch wrote straight into a bundle's archive (bundle/placed.py) is not copied into blobs/: the
+    # store keeps where it is (`located/`), and a later fetch copies it from there, digest-checked, before
+    # downloading it (the bundle may have been moved, edited or removed since: then it downloads).
+
+    def locate(self, digest: Digest, size: int, regions: Sequence[Tuple[Path, int, int]]) -> None:
+        """Remember that the blob's bytes are the concatenation of `regions` (file, offset, length): best effort."""
+        doc = {"digest": str(digest), "size": size,
+               "regions": [[str(Path(path).resolve()), offset, length] for path, offset, length in regions]}
+        try:
+            write_atomic(self.root / "located" / digest.algorithm / digest.hex, json.dumps(doc).encode(), 0o644)
+        except OSError:
+            pass
+
+    def local_chunks(self, digest: Digest, size: int) -> Optional[Iterator[bytes]]:
+        """The blob's bytes from this machine, unchecked (the caller hashes them): the cache's file, or the regions a
+        locator names; None when neither is there. The iterator raises OSError when a file changed under it."""
+        if self.has(digest, size):
+            return _file_chunks([(self.blob_path(digest), 0, size)])
+        try:
+            doc = json_object((self.root / "located" / digest.algorithm / digest.hex).read_bytes(), MAX_RECORD,
+                              ValueError)
+            regions = [(Path(p), int(o), int(n)) for p, o, n in doc["regions"]]
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if doc.get("digest") != str(digest) or doc.get("size") != size or sum(n for _, _, n in regions) != size \
+                or any(o < 0 or n < 0 for _, o, n in regions):
+            return None
+        return _file_chunks(regions)
 
     @contextmanager
     def new_blob(self, label: str) -> Iterator["BlobWriter"]:
@@ -424,6 +500,19 @@ class Store:
             write_atomic(self.root / "diffids" / digest.hex, text.encode("ascii"), 0o444)
         except OSError:
             pass
+
+
+def _file_chunks(regions: Sequence[Tuple[Path, int, int]]) -> Iterator[bytes]:
+    """The bytes of each (file, offset, length) in turn, in COPY_BUFFER reads; OSError when one is short."""
+    for path, offset, length in regions:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            while length:
+                chunk = f.read(min(COPY_BUFFER, length))
+                if not chunk:
+                    raise OSError(errno.EIO, f"{path} ends before the blob it should hold")
+                length -= len(chunk)
+                yield chunk
 
 
 def _holder(fd: int) -> str:

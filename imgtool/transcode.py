@@ -128,13 +128,20 @@ TRAILER_RATIO_BOUND = 8
 def gzip_trailer_size(path: Path, size: int) -> Optional[int]:
     """A gzip layer's unpacked size from its trailer, read without unpacking (two small reads), or None when the
     trailer cannot be taken for it (not gzip, several members, possibly 4 GiB more than it says)."""
+    def read_at(offset: int, n: int) -> bytes:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    return trailer_size(read_at, size)
+
+
+def trailer_size(read_at: Callable[[int, int], bytes], size: int) -> Optional[int]:
+    """`gzip_trailer_size` of a blob read through `read_at(offset, n)`."""
     if size < 18:
         return None
     try:
-        with open(path, "rb") as f:
-            head = f.read(3)
-            f.seek(size - 4)
-            tail = f.read(4)
+        head, tail = read_at(0, 3), read_at(size - 4, 4)
     except OSError:
         return None
     if head != b"\x1f\x8b\x08" or len(tail) != 4:
@@ -154,8 +161,11 @@ class LayerCheck:
     (load and doctor then estimate it). `wait()` raises the first mismatch, `close()` ends the threads on every path."""
 
     def __init__(self, images: Sequence[PulledImage], mode: str, blob_path: Callable[[Digest], Path], store: Store,
-                 skip: Collection[Digest] = (), jobs: int = 0, unpack: bool = True):
-        self._stop, self._store, self._blob_path = threading.Event(), store, blob_path
+                 skip: Collection[Digest] = (), jobs: int = 0, unpack: bool = True,
+                 read_at: Optional[Callable[[Digest, int, int], bytes]] = None):
+        """`read_at(digest, offset, n)`: how to read a blob that has no file (placed in a bundle: fetch without
+        `unpack`)."""
+        self._stop, self._store, self._blob_path, self._read_at = threading.Event(), store, blob_path, read_at
         self.sizes: Dict[Digest, int] = {}  # each kept layer blob's unpacked size, where known (for bundle.json)
         self._pool = ThreadPoolExecutor(max_workers=(jobs or max(1, os.cpu_count() or 1)) if unpack else 1,
                                         thread_name_prefix="diff-id")
@@ -207,7 +217,9 @@ class LayerCheck:
                 self.sizes[layer.digest] = known[1]
                 return
         if compression == "gzip":
-            size = gzip_trailer_size(self._blob_path(layer.digest), layer.size)
+            read_at = self._read_at
+            size = gzip_trailer_size(self._blob_path(layer.digest), layer.size) if read_at is None else \
+                trailer_size(lambda offset, n: read_at(layer.digest, offset, n), layer.size)
             if size is not None:
                 self.sizes[layer.digest] = size
 

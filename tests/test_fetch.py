@@ -5,13 +5,14 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import threading
-import time
 from pathlib import Path
+import time
 
 import pytest
 
@@ -111,6 +112,15 @@ def test_two_tags_share_layers_stored_once(services, factory, mirrored, tmp_path
     assert refs == [f"quay.io/{ms.repo}:v0.22.1rc1", f"quay.io/{ms.repo}:v0.22.1rc1-a3"]
 
 
+def _placed_whole(out: Path, hex_: str) -> bool:
+    """The unfinished bundle's record says the layer is all there (bundle/placed.py)."""
+    try:
+        record = json.loads((out / f".imgtool-placed-{hex_}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return record["done"] == [[0, record["size"]]]
+
+
 def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(services, factory, mirrored, tmp_path):
     idx = factory.multiarch(layers=4, layer_size=1 << 20)
     ms = mirrored(idx, tag="v1", targets=("upstream",))
@@ -130,15 +140,16 @@ def test_killed_fetch_leaves_no_bundle_json_and_rerun_keeps_finished_layers(serv
             assert gate.reached.wait(120), "the fetch never asked for a third layer"
             done = set()
             deadline = time.monotonic() + 60
-            while len(done) < 2 and time.monotonic() < deadline:  # the two layers let through land
-                done = {p.name for p in (cache / "blobs/sha256").glob("*")} & layers
+            while len(done) < 2 and time.monotonic() < deadline:  # the two layers let through land in the bundle
+                done = {hex_ for hex_ in layers if _placed_whole(out, hex_)}
                 time.sleep(0.05)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             gate.release()
-        assert len(done) == 2, "the two layers let through were not committed to the cache"
+        assert len(done) == 2, "the two layers let through were not written whole into the unfinished bundle"
         assert not (out / "bundle.json").exists()
+        assert not [p for p in (cache / "blobs/sha256").iterdir() if p.name in layers]  # each layer written once
         proxy.clear()
         r = imgtool("fetch", "v1", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--json",
                     env={"IMGTOOL_CACHE": str(cache)})
@@ -535,9 +546,11 @@ def test_compat_rewrite_is_counted_at_its_gzip_size_and_refused_up_front(service
 
 def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(services, factory, mirrored,
                                                                                  tmp_path):
-    """The cache and the output on one 20 MiB file system (ext4, loop-mounted): a 13 MiB image needs it
-    twice (the blobs in the cache, the bundle beside them), so fetch refuses before downloading; a delta
-    against the bundle of the previous tag needs only the new layer, and fits."""
+    """The cache and the output on one 20 MiB file system (ext4, loop-mounted): a 13 MiB image fetched into a
+    compressed bundle needs it twice (the blobs in the cache, the bundle beside them), so fetch refuses before
+    downloading; a delta against the bundle of the previous tag needs only the new layer, and fits. Into an
+    uncompressed bundle each layer is written once, straight into the archive (bundle/placed.py): it fits, and
+    the cache holds none of the layers."""
     base = factory.layers(2, 6 << 20)
     old, new = factory.image("amd64", layers=0, base=base), factory.image("amd64", layers=1, base=base,
                                                                           layer_size=1 << 20)
@@ -552,22 +565,28 @@ def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(
         proxy.clear()
         with small_fs(tmp_path / "disk", 20 << 20) as disk:
             cache, out = disk / "cache", disk / "v2"
-            r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
-                        env={"IMGTOOL_CACHE": str(cache)})
+            fetch_v2 = ("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool")
+            r = imgtool(*fetch_v2, "--compress", "gzip", env={"IMGTOOL_CACHE": str(cache)})
             st = os.statvfs(disk)
             layers = sum(x.size for x in new.layers)
             assert (r.returncode, r.stderr.splitlines()[-2:]) == (1, [
                 f"error: not enough space: fetch needs {format_size(layers)} in {cache} and "
-                f"{format_size(layers + new.config_size)} in {out} ({format_size(st.f_bavail * st.f_frsize)} free)",
+                f"{format_size(layers)} in {out} ({format_size(st.f_bavail * st.f_frsize)} free)",
                 "hint: free space there, or point IMGTOOL_CACHE or --output at a bigger disk; nothing was downloaded"]), \
                 r.stderr
             assert not [rec for rec in proxy.records if blob_path(rec.path) and rec.path.rsplit(":", 1)[1]
                         in {x.digest.split(":")[1] for x in new.layers}]
             assert not out.exists()
-            r = imgtool("fetch", "v2", "--arch", "amd64", "--mirrors", str(cfg), "-o", str(out), "--no-tool",
-                        "--base", str(tmp_path / "v1"), env={"IMGTOOL_CACHE": str(cache)})
+            r = imgtool(*fetch_v2, "--compress", "gzip", "--base", str(tmp_path / "v1"),
+                        env={"IMGTOOL_CACHE": str(cache)})
             assert r.returncode == 0, r.stderr
             assert imgtool("verify", str(out)).returncode == 0
+            shutil.rmtree(out)
+            cached = {p.name for p in (cache / "blobs" / "sha256").iterdir()}  # the delta's new layer
+            r = imgtool(*fetch_v2, env={"IMGTOOL_CACHE": str(cache)})
+            assert r.returncode == 0, r.stderr
+            assert imgtool("verify", str(out)).returncode == 0
+            assert {p.name for p in (cache / "blobs" / "sha256").iterdir()} == cached
     finally:
         proxy.close()
 

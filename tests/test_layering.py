@@ -186,7 +186,7 @@ LAYERS = (
                       "nodeconfig"}),
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
                          "connections"}),
-    ("bundle model", {"bundle.layout", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
+    ("bundle model", {"bundle.layout", "bundle.placed", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load

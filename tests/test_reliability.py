@@ -76,11 +76,23 @@ def fingerprint(out: Path):
 
 
 def assert_cache_sound(cache: Path) -> int:
-    """Every published blob hashes to its name; returns how many there are."""
+    """Every published blob hashes to its name, and so does every blob the cache says a bundle holds (a layer
+    written straight into a bundle, bundle/placed.py, while that bundle is there); returns how many there are."""
     blobs = sorted((cache / "blobs" / "sha256").iterdir()) if (cache / "blobs" / "sha256").exists() else []
     bad = [p.name for p in blobs if not p.name.startswith(".") and sha256_file(p) != p.name]
     assert bad == [], f"corrupt blobs in the cache: {bad}"
-    return len(blobs)
+    located = sorted((cache / "located" / "sha256").iterdir()) if (cache / "located" / "sha256").exists() else []
+    for p in located:
+        h = hashlib.sha256()
+        for path, offset, length in json.loads(p.read_text())["regions"]:
+            if not Path(path).exists():
+                break  # that bundle is gone (a later fetch downloads the blob again)
+            with open(path, "rb") as f:
+                f.seek(offset)
+                h.update(f.read(length))
+        else:
+            assert h.hexdigest() == p.name, f"the cache locates blob {p.name} where other bytes lie"
+    return len(blobs) + len(located)
 
 
 def err_lines(r):

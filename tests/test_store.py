@@ -90,7 +90,7 @@ def test_a_store_built_ahead_makes_its_directories_only_when_asked(tmp_path):
     store.create()
     store.create()  # idempotent: fetch, lock and inspect each make sure
     assert sorted(p.relative_to(store.root).as_posix() for p in store.root.rglob("*")) == [
-        "blobs", "blobs/sha256", "diffids", "locks", "partial", "partial/sha256"]
+        "blobs", "blobs/sha256", "diffids", "located", "located/sha256", "locks", "partial", "partial/sha256"]
 
 
 # --- the per-blob lock -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
 from ..worker import Worker, sha256_of
 from . import layout, texts
+from .placed import PLACED_PREFIX, Hole, Places
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
                      SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Part, UpstreamIndex, bundle_images)
 
@@ -186,7 +187,8 @@ def _is_ours(path: Path) -> bool:
     name = path.name
     return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ, LOCK_NAME)
                                or name.endswith(_OWN_SUFFIXES)
-                               or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name))
+                               or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name)
+                               or name.startswith(PLACED_PREFIX))
 
 
 def is_unfinished_bundle(out_dir: Path) -> bool:
@@ -220,7 +222,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
                  created: Optional[str] = None, delta: Optional[DeltaPlan] = None,
                  extra_files: Optional[Dict[str, Path]] = None,
                  before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
-                 gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False) -> BundleResult:
+                 gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False,
+                 places: Optional[Places] = None) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -236,19 +239,29 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
     `gzip` compresses a gzip archive (level 1: the layers are already gzip; default gz.compressor()); bundle.json
     records it (`gzip`) when it did, or when the caller's layers were compressed by it (`gzipped_layers`),
     so two builds that differ only by it can be told apart.
+    `places`: the source wrote the layers into the parts already (bundle/placed.py; `prepare_places` made the
+    directory): the writer writes around them and reads them back to hash the parts.
     """
     started = time.monotonic()
     plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress)
     gzip = gzip or gz.compressor()
-    check_output_dir(plan.out_dir, force)
-    warnings = _prepare_dir(plan.out_dir, force)
+    if places is None:
+        check_output_dir(plan.out_dir, force)
+        warnings = _prepare_dir(plan.out_dir, force)
+    else:
+        warnings = list(places.warnings)
+        if places.layout != places_for(plan).layout:
+            raise ImgtoolError("internal: the bundle's layout changed after its layers were placed")
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
     try:
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
-        with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single) as sink:
-            _stream_archive(plan, sink, blobs, progress, gzip)
+        with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single,
+                       placed=places is not None) as sink:
+            _stream_archive(plan, sink, blobs, progress, gzip, places)
             sizes = before_seal() if before_seal is not None else None
             parts, archive = _seal_archive(plan, sink, written)
+            if places is not None:
+                places.cleanup()
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
                                 base=_delta_base(plan.images, delta.base if delta else None),
                                 gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None,
@@ -312,6 +325,31 @@ def plan_bundle(out_dir: Path, images: Sequence[PulledImage], delta: Optional[De
                       _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size)
 
 
+def places_for(plan: BundlePlan) -> Places:
+    """Where the plan's layer blobs lie in its parts (only an uncompressed archive has them at fixed places)."""
+    if plan.compress != "none":
+        raise ImgtoolError("internal: a compressed archive has no places for its blobs")
+    return Places(plan.out_dir, plan.archive_name, plan.placed, plan.tar_size, plan.chunk_size, plan.part_digits)
+
+
+def prepare_places(places: Places, force: bool) -> List[str]:
+    """The directory ready for a source to place blobs (made, or an unfinished one kept when it holds this very plan:
+    the run resumes; anything else cleared as `write_bundle` would); the parts opened. Returns warnings."""
+    out_dir = places.out_dir
+    warnings: List[str] = []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        unfinished = is_unfinished_bundle(out_dir)
+        # an unfinished run of this very plan is resumed even with --force (what it placed is hashed again)
+        if (unfinished and not places.resumable()) or (force and not unfinished):
+            warnings = _clear_old_bundle(out_dir)
+    except OSError as e:
+        raise _os_error(e, out_dir, "create") from e
+    places.open()
+    places.warnings = warnings
+    return warnings
+
+
 def _archive_stem(out_dir: Path) -> str:
     """The archive's (and parts') file name without suffix, from the directory's name.
 
@@ -332,13 +370,18 @@ def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
         raise _os_error(e, out_dir, "create") from e
 
 
-def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progress: Progress, gzip: gz.Gzip) -> None:
+def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progress: Progress, gzip: gz.Gzip,
+                    places: Optional[Places]) -> None:
     """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`; each blob
-    read through the source's `blobs.chunks` (checked by it)."""
+    read through the source's `blobs.chunks` (checked by it), or where the source placed it, as holes."""
+    def blob(m: layout.Member):
+        if places is not None and places.holds(m.digest):
+            return places.holes(m.digest, m.size)
+        return blobs.chunks(m.digest, m.size, m.what)
+
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
-        for data, _ in layout.pieces(plan.placed, plan.tar_size, plan.small,
-                                     lambda m: blobs.chunks(m.digest, m.size, m.what)):
+        for data, _ in layout.pieces(plan.placed, plan.tar_size, plan.small, blob):
             stream.write(data)
             bar.update(len(data))
         stream.finish()
@@ -418,8 +461,11 @@ class _PartSink:
     """Bytes in; part files out, rolling over at chunk_size, each hashed and fsynced."""
 
     def __init__(self, out_dir: Path, archive_name: str, chunk_size: Optional[int], width: int,
-                 single: bool = False):
+                 single: bool = False, placed: bool = False):
         self.out_dir, self.archive_name, self.chunk_size, self.width = out_dir, archive_name, chunk_size, width
+        # placed: the parts exist at their sizes with the layers in them (bundle/placed.py): written around, read
+        # back where a Hole comes, and kept on failure (a rerun resumes into them)
+        self.placed = placed
         # single: the archive is known to be one part, so the part's sha256 is the archive's: hash it once,
         # on the background thread
         self.single = single
@@ -437,7 +483,7 @@ class _PartSink:
     def _open(self) -> BinaryIO:
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
         self.paths.append(path)
-        self.file = f = open(path, "wb", buffering=0)
+        self.file = f = open(path, "r+b" if self.placed else "wb", buffering=0)
         self.sha = hashlib.sha256()
         self.size = 0
         return f
@@ -469,6 +515,9 @@ class _PartSink:
     def write(self, data) -> None:
         if not len(data):
             return
+        if isinstance(data, Hole):
+            self._adopt(len(data))
+            return
         self.archive.put(data)
         view = memoryview(data)
         while len(view):
@@ -483,6 +532,23 @@ class _PartSink:
             self.size += room
             self._sync_behind(f)
             view = view[room:]
+            if self.chunk_size is not None and self.size >= self.chunk_size:
+                self._close_part(f)
+
+    def _adopt(self, n: int) -> None:
+        """`n` bytes a source placed where the archive is now: read back and hashed, not written."""
+        while n:
+            f = self.file if self.file is not None else self._open()
+            room = min(n, COPY_BUFFER) if self.chunk_size is None else min(n, COPY_BUFFER, self.chunk_size - self.size)
+            data = f.read(room)
+            if len(data) != room:
+                raise ImgtoolError(f"internal: {self.paths[-1].name} is shorter than its plan")
+            self.archive.put(data)
+            if not self.single:
+                self.sha.update(data)
+            self.size += room
+            n -= room
+            self._sync_behind(f)
             if self.chunk_size is not None and self.size >= self.chunk_size:
                 self._close_part(f)
 
@@ -511,8 +577,9 @@ class _PartSink:
                 self.file.close()
             except OSError:
                 pass
-        for path in self.paths:
-            _unlink(path)
+        if not self.placed:
+            for path in self.paths:
+                _unlink(path)
 
 
 class _Plain:

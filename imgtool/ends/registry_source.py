@@ -1,5 +1,6 @@
 """A registry (and its mirrors) as a pipeline source: the images resolved, their blobs downloaded into the cache
-(`puller.download` on a thread, in the destination's order) and read from there as each lands."""
+(`puller.download` on a thread, in the destination's order) and read from there as each lands, or, where the
+destination placed them (`Plan.places`), downloaded straight into its archive."""
 
 import threading
 from pathlib import Path
@@ -34,19 +35,21 @@ class RegistrySource:
         return [im for im, _ in self.pulled]
 
     def start(self, plan: "Plan") -> None:
-        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order)),
+        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order), plan.places),
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, skip, order) -> None:
+    def _run(self, skip, order, places) -> None:
         try:
             download(self.pulled, self.store, self.progress, jobs=self.jobs[0], skip=skip, stats=self.stats,
-                     order=order, cancel=self.stop, connections=self.jobs[1])
+                     order=order, cancel=self.stop, connections=self.jobs[1], places=places)
         except BaseException as e:  # raised in the reading thread by path/finish
             self.error = e
         finally:
             self.ended = True
             self.store.announce()  # a reader waiting for a blob that will not come wakes up
+            if places is not None:
+                places.ended(self.error)
 
     def path(self, digest: Digest) -> Path:
         """The blob's path once the store has it; raises the download's error if it ended without it."""
