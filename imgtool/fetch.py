@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 from . import dirlock, gz, heldblobs, transcode
 from .config import MirrorConfig
 from .delta import DeltaPlan, Have
-from .errors import ImgtoolError, UsageError
+from .errors import ImgtoolError, Interrupted, UsageError
 from .mirrors import Clients, Resolution, sources_for
 from .model import Descriptor, Digest, Platform, PulledImage
 from .progress import Progress
@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # imported where used: spec and the writer are needed only by
     from .bundle.signature import Signed
     from .bundle.writer import BundleResult
     from .spec import Lock
+
+
+RESUME_HINT = "run the same command again to resume: it downloads only what is missing and finishes the bundle"
 
 
 @dataclass
@@ -130,6 +133,11 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
             copied = copy(source, destination, layers, plan)
+        except KeyboardInterrupt:
+            if plan.places is None:
+                raise  # the command says what the cache keeps
+            raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the unfinished bundle "
+                              f"{output} (it has no bundle.json)", hint=RESUME_HINT) from None
         finally:
             layers.close()  # after the source's cancel: a check waiting for a blob wakes when the download ends
         if plan.places is not None:

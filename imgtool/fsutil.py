@@ -106,3 +106,23 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return pid > 0  # 0 would name this process group, not a process
+
+
+def allocate(fd: int, size: int) -> None:
+    """Reserve the disk blocks of a file's first `size` bytes (Linux fallocate, mode 0: the file reads as before), so
+    a disk too small fails here, before anything is written into it; raises OSError (ENOSPC). A file system without
+    fallocate, or a system without it, reserves nothing (glibc's posix_fallocate would write zeros instead: a second
+    write of every byte)."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.fallocate
+    except (OSError, AttributeError):
+        return
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if call(fd, 0, 0, size) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise OSError(err, os.strerror(err))

@@ -372,8 +372,9 @@ class _Scheduler:
         """Lock the blob (waiting for another imgtool that holds it), open its partial, queue its ranges;
         returns the first of them for this worker (None: nothing to fetch).
 
-        A blob the destination placed (bundle/placed.py) is first copied from this machine when the cache or a
-        bundle it remembers has it (another imgtool that held the lock may have just placed it in its own)."""
+        A blob the cache lacks is first copied from a bundle the cache remembers it in (`Store.locate`), a blob the
+        destination placed (bundle/placed.py) from the cache too (another imgtool that held the lock may have just
+        placed it in its own bundle)."""
         desc = blob.desc
         unlock = self.store.lock_blob(desc.digest, waiting=self.progress.note)
         try:
@@ -385,6 +386,10 @@ class _Scheduler:
             else:
                 partial = None if self.store.has(desc.digest, desc.size) else self.store.partial(desc.digest,
                                                                                                  desc.size)
+                if partial is not None and blob.attempt == 0 and not partial.done and \
+                        self._copy_local(desc, partial):  # from a bundle the cache remembers
+                    unlock()
+                    return None
         except BaseException:
             unlock()
             raise
@@ -446,8 +451,8 @@ class _Scheduler:
         return True
 
     def _copy_local(self, desc: Descriptor, partial: Partial) -> bool:
-        """Copy a placed blob from the cache's file or a bundle the cache remembers, hashing it; True when it came
-        whole and matched (committed), else False with nothing recorded (it is downloaded)."""
+        """Copy a blob from the cache's file (into its place) or a bundle the cache remembers, hashing it; True when
+        it came whole and matched (committed), else False with nothing recorded (it is downloaded)."""
         chunks = self.store.local_chunks(desc.digest, desc.size)
         if chunks is None:
             return False

@@ -46,8 +46,9 @@ def test_a_damaged_cached_blob_cuts_the_stream_and_the_runtime_keeps_nothing(ser
     image = idx.image(host_arch())
     cfg = _mirrors(tmp_path, services, ms.repo)
     cache = tmp_path / "cache"
+    # --compress gzip: the layers go through the cache (an uncompressed bundle takes them straight in)
     warm = imgtool("fetch", "v0.22.1rc1", "--arch", host_arch(), "--mirrors-file", str(cfg), "--no-tool",
-                   "-o", str(tmp_path / "b"), env={"IMGTOOL_CACHE": str(cache)})
+                   "--compress", "gzip", "-o", str(tmp_path / "b"), env={"IMGTOOL_CACHE": str(cache)})
     assert warm.returncode == 0, warm.stderr
     last = image.layers[-1]
     blob = cache / "blobs" / "sha256" / last.digest.split(":")[1]

@@ -112,6 +112,66 @@ def test_two_tags_share_layers_stored_once(services, factory, mirrored, tmp_path
     assert refs == [f"quay.io/{ms.repo}:v0.22.1rc1", f"quay.io/{ms.repo}:v0.22.1rc1-a3"]
 
 
+def test_each_layer_is_written_once_and_a_later_fetch_copies_it_from_the_bundle_it_went_into(services, factory,
+                                                                                              mirrored, tmp_path):
+    """An uncompressed bundle takes each layer from the network straight into its parts (bundle/placed.py): the cache
+    keeps where it lies, not a copy. A later fetch sharing layers copies them from that bundle, hashed, instead of
+    downloading them; a layer the bundle no longer holds as it was (a byte changed, the bundle removed) is
+    downloaded again, and every bundle verifies."""
+    base = factory.layers(2, 1_500_000)  # each across two 1 MiB parts
+    first = factory.image("amd64", layers=0, base=base)
+    second = factory.image("amd64", layers=1, base=base, layer_size=500_000)
+    ms = mirrored(first, tag="v1", targets=("upstream",))
+    push_image(services.plain, ms.repo, "v2", second)
+    proxy = FaultProxy(services.plain)
+    try:
+        cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
+        cache = tmp_path / "cache"
+
+        def fetch(tag: str, out: str, *more: str):
+            r = imgtool("fetch", tag, "--arch", "amd64", "--mirrors", str(cfg), "-o", str(tmp_path / out), "--no-tool",
+                        "--chunk-size", "1M", "--json", *more, env={"IMGTOOL_CACHE": str(cache)})
+            assert r.returncode == 0, r.stderr
+            assert imgtool("verify", str(tmp_path / out)).returncode == 0
+            return json.loads(r.stdout)["download"]
+
+        def downloaded():
+            got = {rec.path.rsplit(":", 1)[1] for rec in proxy.records if blob_path(rec.path) and rec.method == "GET"}
+            proxy.clear()
+            return got
+
+        shared, new = [x.digest[7:] for x in base], second.layers[-1].digest[7:]
+        fetch("v1", "b1")
+        assert downloaded() >= set(shared)
+        assert not {p.name for p in (cache / "blobs" / "sha256").iterdir()} & set(shared)  # written once: the bundle's
+        assert {p.name for p in (cache / "located" / "sha256").iterdir()} == set(shared)
+
+        assert fetch("v2", "b2")["blobs_cached"] == 2
+        assert downloaded() & {*shared, new} == {new}  # the shared layers came from b1
+
+        # where the cache now says the first shared layer lies (b2), one byte changes: that layer comes again
+        located = json.loads((cache / "located" / "sha256" / shared[0]).read_text())["regions"]
+        path, offset, _ = located[0]
+        with open(path, "r+b") as f:
+            f.seek(offset + 10)
+            byte = f.read(1)
+            f.seek(offset + 10)
+            f.write(bytes([byte[0] ^ 1]))
+        assert fetch("v2", "b3")["blobs_cached"] == 2  # the other shared layer, and the new one from b2
+        assert downloaded() & {*shared, new} == {shared[0]}
+
+        for out in ("b1", "b2", "b3"):
+            shutil.rmtree(tmp_path / out)
+        assert fetch("v2", "b4")["blobs_cached"] == 0
+        assert downloaded() & {*shared, new} == {*shared, new}
+        # a compressed bundle goes through the cache: the layers are copied into it from b4, not downloaded
+        assert fetch("v2", "g", "--compress", "gzip")["blobs_cached"] == 3
+        assert not downloaded() & {*shared, new}
+        assert {p.name for p in (cache / "blobs" / "sha256").iterdir()} >= {*shared, new}
+    finally:
+        proxy.close()
+
+
 def _placed_whole(out: Path, hex_: str) -> bool:
     """The unfinished bundle's record says the layer is all there (bundle/placed.py)."""
     try:
@@ -333,12 +393,12 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130
         assert err.splitlines()[-2:] == [
-            f"error: interrupted: finished layers and partial downloads are kept in the cache ({cache}); "
-            "the bundle was not finished (it has no bundle.json)",
+            f"error: interrupted: finished layers and partial downloads are kept in the unfinished bundle {out} "
+            "(it has no bundle.json)",
             "hint: run the same command again to resume: it downloads only what is missing and finishes the bundle",
         ]
         assert not (out / "bundle.json").exists()
-        assert list((cache / "partial").iterdir()) or list((cache / "blobs/sha256").iterdir())  # something was kept
+        assert list(out.glob(".imgtool-placed-*.json"))  # something was kept, where the layers go
         slow.times = 0
         r = imgtool(*args, env={"IMGTOOL_CACHE": str(cache)})
         assert r.returncode == 0, r.stderr
@@ -604,8 +664,10 @@ def test_ctrl_c_during_a_retry_after_wait_ends_the_fetch_at_once(services, facto
                                status=503, headers={"Retry-After": "60"}))
         cfg = write_mirrors(tmp_path, ms.repo, [("quay", proxy.url, "", True)])
         out, cache = tmp_path / "b", tmp_path / "cache"
+        # --compress gzip: the layers go through the cache (the Ctrl-C test above has them in the bundle)
         proc = subprocess.Popen([sys.executable, "-m", "imgtool", "fetch", "v1", "--arch", "amd64", "--mirrors",
-                                 str(cfg), "-o", str(out), "-q"], env={**os.environ, "IMGTOOL_CACHE": str(cache)},
+                                 str(cfg), "-o", str(out), "-q", "--compress", "gzip"],
+                                env={**os.environ, "IMGTOOL_CACHE": str(cache)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_at_a_terminal)
         try:
             assert busy.arrived.wait(120), "no layer request reached the registry"

@@ -374,13 +374,15 @@ SPACE_HINT = "hint: free space there, or point IMGTOOL_CACHE or --output at a bi
 
 
 def test_cache_on_a_full_disk_is_refused_up_front_or_one_error_half_way_and_the_cache_stays_sound(w, tiny_tmpfs):
+    """--check-diff-ids: the layers go through the cache (they are unpacked from there); without it an uncompressed
+    bundle takes them straight in and the cache needs nothing for them (the last fetch here)."""
     cache = tiny_tmpfs / "cache"
     out = w.root / "out-fullcache" / "vllm-ascend"
     layers, config, pyz = _needs(w)
     # room for what fetch caches before the check (the config, imgtool.pyz) and not for the layers
     subprocess.run(["mount", "-o", f"remount,size={pyz + config + 256 * 1024}", str(tiny_tmpfs)], check=True)
     assert _free(tiny_tmpfs) < pyz + config + layers
-    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q",
+    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q", "--check-diff-ids",
             env={"IMGTOOL_CACHE": str(cache)})  # the config is in the cache already (resolving read it)
     assert (r.returncode, err_lines(r)) == (1, [
         f"error: not enough space: fetch needs {format_size(layers)} in {cache} ({format_size(_free(cache))} free)",
@@ -394,7 +396,7 @@ def test_cache_on_a_full_disk_is_refused_up_front_or_one_error_half_way_and_the_
     st = os.statvfs(tiny_tmpfs)
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
     subprocess.run(["mount", "-o", f"remount,size={used + layers + 4096}", str(tiny_tmpfs)], check=True)
-    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q",
+    r = run("fetch", TAG, "--arch", "arm64", "--mirrors", str(w.one), "-o", str(out), "-q", "--check-diff-ids",
             env={"IMGTOOL_CACHE": str(cache)})
     assert (r.returncode, err_lines(r)) == (1, [f"error: no space left on the device holding the cache ({cache})",
                                                 "hint: free some space or point IMGTOOL_CACHE at a bigger disk"]), r.stderr

@@ -274,3 +274,23 @@ def test_a_remembered_diff_id_is_read_back_and_a_damaged_one_ignored(store):
     os.chmod(path, 0o644)
     path.write_text("not a digest")
     assert store.diff_id(DIGEST) is None
+
+
+def test_a_located_blob_is_read_from_where_the_cache_says_and_not_when_the_record_is_off(store, tmp_path):
+    """A layer a fetch wrote straight into a bundle (bundle/placed.py): the cache keeps where it lies, in pieces
+    of the bundle's parts, and hands its bytes out unchecked (the puller hashes them as it copies)."""
+    parts = [tmp_path / "b.tar.part001", tmp_path / "b.tar.part002"]
+    parts[0].write_bytes(b"H" * 100 + DATA[:7])
+    parts[1].write_bytes(DATA[7:] + b"T" * 30)
+    regions = [(parts[0], 100, 7), (parts[1], 0, len(DATA) - 7)]
+    assert store.local_chunks(DIGEST, len(DATA)) is None  # neither in blobs/ nor located
+    store.locate(DIGEST, len(DATA), regions)
+    assert b"".join(store.local_chunks(DIGEST, len(DATA))) == DATA
+    assert store.local_chunks(DIGEST, len(DATA) + 1) is None  # a record of another size is not this blob
+    assert not store.has(DIGEST)  # located is not in the cache: a verb that needs a file downloads it
+    parts[1].write_bytes(DATA[7:12])  # the bundle changed: shorter than the record says
+    with pytest.raises(OSError):
+        b"".join(store.local_chunks(DIGEST, len(DATA)))
+    parts[1].unlink()  # the bundle is gone
+    with pytest.raises(OSError):
+        b"".join(store.local_chunks(DIGEST, len(DATA)))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ImgtoolError, StoreError
-from ..fsutil import write_atomic
+from ..fsutil import allocate, write_atomic
 from ..model import Digest, json_object
 from ..store import MAX_RECORD, Partial, read_record
 from ..worker import SIGNAL_SLICE
@@ -50,7 +50,7 @@ class Places:
 
     def __init__(self, out_dir: Path, archive_name: str, placed: Sequence[Placed], tar_size: int,
                  chunk_size: Optional[int], width: int):
-        self.out_dir = Path(out_dir)
+        self.out_dir, self.tar_size = Path(out_dir), tar_size
         self.chunk = chunk_size if chunk_size and chunk_size < tar_size else tar_size
         count = -(-tar_size // self.chunk)
         self.parts: List[Tuple[str, int]] = [(f"{archive_name}.part{i + 1:0{width}d}",
@@ -82,17 +82,27 @@ class Places:
             return False
 
     def open(self) -> None:
-        """Make (or keep) every part at its planned size, then write the plan beside them."""
+        """Make (or keep) every part at its planned size with its blocks reserved (a disk too small fails here, before
+        a byte is downloaded), then write the plan beside them; raises OSError."""
         try:
             for name, size in self.parts:
                 fd = os.open(str(self.out_dir / name), os.O_RDWR | os.O_CREAT, 0o644)
                 self._fds.append(fd)
                 if os.fstat(fd).st_size != size:
                     os.ftruncate(fd, size)
+                allocate(fd, size)
             write_atomic(self.out_dir / PLAN_NAME, json.dumps(self.layout).encode(), 0o644)
-        except OSError as e:
+        except OSError:
             self.close()
-            raise self.error(e) from e
+            raise
+
+    def remove(self) -> None:
+        """The parts and the plan this run made, after it could not make them all."""
+        for name in [*self.part_names, PLAN_NAME]:
+            try:
+                (self.out_dir / name).unlink()
+            except OSError:
+                pass
 
     def close(self) -> None:
         for fd in self._fds:

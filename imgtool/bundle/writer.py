@@ -340,12 +340,23 @@ def prepare_places(places: Places, force: bool) -> List[str]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         unfinished = is_unfinished_bundle(out_dir)
+        resumed = unfinished and places.resumable()
         # an unfinished run of this very plan is resumed even with --force (what it placed is hashed again)
-        if (unfinished and not places.resumable()) or (force and not unfinished):
+        if (unfinished and not resumed) or (force and not unfinished):
             warnings = _clear_old_bundle(out_dir)
     except OSError as e:
         raise _os_error(e, out_dir, "create") from e
-    places.open()
+    try:
+        places.open()
+    except OSError as e:
+        if not resumed:
+            places.remove()
+            raise _os_error(e, out_dir, "write", places.tar_size) from None
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ImgtoolError(f"no space left on the device of {out_dir} (the bundle needs about "
+                               f"{format_size(places.tar_size)}); what was downloaded into it is kept",
+                               hint="free space there and run the same command again") from None
+        raise _os_error(e, out_dir, "write") from None
     places.warnings = warnings
     return warnings
 

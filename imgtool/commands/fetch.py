@@ -11,13 +11,14 @@ from .output import bundle_report, progress
 
 
 def _fetch_interrupted(store):
-    """Ctrl-C during fetch: what is kept, and that running it again resumes."""
+    """Ctrl-C during fetch, before its layers went straight into the bundle (fetch.py says that case): what is
+    kept, and that running it again resumes."""
     from ..errors import Interrupted
 
+    from ..fetch import RESUME_HINT
+
     return Interrupted(f"interrupted: finished layers and partial downloads are kept in the cache "
-                       f"({store.root}); the bundle was not finished (it has no bundle.json)",
-                       hint="run the same command again to resume: it downloads only what is missing "
-                            "and finishes the bundle")
+                       f"({store.root}); the bundle was not finished (it has no bundle.json)", hint=RESUME_HINT)
 
 
 # fetch -f SPEC: what the spec decides unless given on the command line (lock.spec_fetch_options' names)
