@@ -409,15 +409,17 @@ def name_held_blobs(images: Sequence[PulledImage], left_out: Sequence[Sequence[T
 # export's layers too (a `docker save` stream, gzip-compressed into the store): one layer transform
 def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
                    bar) -> Tuple[str, Digest, int]:
-    """gzip a layer stream into the store (members of gz.MEMBER bytes, at most 2 per job in flight);
+    """gzip a layer stream into the store (members of gz.MEMBER bytes, at most one per job and one more in flight);
     returns (diff_id, gzip digest, gzip size).
 
     The reading thread only reads and hands out: the diff_id's sha256 and the blob's writing (its sha256, the
     page cache's write-back throttling) run on threads of their own, as the members compress on `pool`."""
     with store.new_blob("export") as blob:
-        with Worker(_sha256, "diff-id-sha256", maxsize=2) as diff, \
-                Worker(_writes_to(blob), "blob-write", maxsize=2) as out:
-            members = gz.Members(gzip, pool, out.put, jobs * 2)  # bounded: memory does not grow with the layer
+        # bounded: memory does not grow with the layer. One member waiting per thread beyond those compressing, one
+        # read waiting for each of the two threads: more bought no speed and ~20 MiB (docs/benchmarks.md)
+        with Worker(_sha256, "diff-id-sha256", maxsize=1) as diff, \
+                Worker(_writes_to(blob), "blob-write", maxsize=1) as out:
+            members = gz.Members(gzip, pool, out.put, jobs + 1)
             try:
                 for chunk in iter(lambda: reader.read(CHUNK), b""):
                     diff.put(chunk)
