@@ -8,8 +8,9 @@ import threading
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write `data` to a temp file beside `path`, fsync, chmod, rename; raises OSError."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) -> None:
+    """Write `data` to a temp file beside `path`, fsync (unless not `sync`: a file that may be lost, never torn),
+    chmod, rename; raises OSError."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
@@ -17,7 +18,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
