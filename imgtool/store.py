@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Collection, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
-from .fsutil import fsync_dir, process_alive, write_atomic
+from .fsutil import fsync_dir, open_regular, process_alive, write_atomic
 from .model import Digest, format_size, json_object
 from .worker import SIGNAL_SLICE
 
@@ -508,7 +508,7 @@ class Store:
 def _file_chunks(regions: Sequence[Tuple[Path, int, int]]) -> Iterator[bytes]:
     """The bytes of each (file, offset, length) in turn, in COPY_BUFFER reads; OSError when one is short."""
     for path, offset, length in regions:
-        with open(path, "rb", buffering=0) as f:
+        with open_regular(path) as f:  # a part swapped for a FIFO or a device is an error, never a hang
             f.seek(offset)
             while length:
                 chunk = f.read(min(COPY_BUFFER, length))

@@ -294,3 +294,6 @@ def test_a_located_blob_is_read_from_where_the_cache_says_and_not_when_the_recor
     parts[1].unlink()  # the bundle is gone
     with pytest.raises(OSError):
         b"".join(store.local_chunks(DIGEST, len(DATA)))
+    os.mkfifo(parts[1])  # a part swapped for a FIFO nobody writes: refused at once, not a hang
+    with pytest.raises(OSError):
+        b"".join(store.local_chunks(DIGEST, len(DATA)))
