@@ -435,6 +435,14 @@ class _Scheduler:
         if self.places is not None and self.places.holds(desc.digest):
             self.store.locate(desc.digest, desc.size, self.places.regions(desc.digest, self.places.part_names))
 
+    def _here(self, desc: Descriptor, partial: Partial, hexdigest: str) -> None:
+        """A blob that came from this machine, hashed: committed (VerifyError when it does not match), counted as
+        cached."""
+        partial.commit(hexdigest)
+        partial.close()
+        self._located(desc)
+        self.stats.cached(desc.size)
+
     def _whole_already(self, desc: Descriptor, partial: Partial) -> bool:
         """A placed blob an earlier run finished: True once its bytes hash to its digest (committed), else False
         (discarded)."""
@@ -442,12 +450,9 @@ class _Scheduler:
         for chunk in partial.read_range(0, desc.size):
             hasher.update(chunk)
         try:
-            partial.commit(hasher.hexdigest())
+            self._here(desc, partial, hasher.hexdigest())
         except VerifyError:
             return False
-        partial.close()
-        self._located(desc)
-        self.stats.cached(desc.size)
         return True
 
     def _copy_local(self, desc: Descriptor, partial: Partial) -> bool:
@@ -471,10 +476,7 @@ class _Scheduler:
         if pos != desc.size or hasher.hexdigest() != desc.digest.hex:
             partial.reset()
             return False
-        partial.commit(hasher.hexdigest())
-        partial.close()
-        self._located(desc)
-        self.stats.cached(desc.size)
+        self._here(desc, partial, hasher.hexdigest())
         self.total_bar.update(desc.size)
         return True
 

@@ -77,6 +77,12 @@ def read_record(path: Path, digest: Digest, size: int) -> Optional[List[Tuple[in
     return merge_ranges(ranges)
 
 
+def recorded_bytes(path: Path, digest: Digest, size: int) -> int:
+    """How many bytes of the blob the record at `path` says are written (0 with no record that fits)."""
+    state = read_record(path, digest, size)
+    return sum(b - a for a, b in state) if state else 0
+
+
 class Partial:
     """A half-downloaded blob: a sparse file of the final size plus the ranges already written.
 
@@ -363,8 +369,7 @@ class Store:
 
     def partial_bytes(self, digest: Digest, size: int) -> int:
         """How many bytes of this blob a previous run left in `partial/` (0 if none)."""
-        state = read_record(_partial_paths(self.root, digest)[1], digest, size)
-        return sum(b - a for a, b in state) if state else 0
+        return recorded_bytes(_partial_paths(self.root, digest)[1], digest, size)
 
     # A blob a fetch wrote straight into a bundle's archive (bundle/placed.py) is not copied into blobs/: the
     # store keeps where it is (`located/`), and a later fetch copies it from there, digest-checked, before

@@ -128,12 +128,11 @@ TRAILER_RATIO_BOUND = 8
 def gzip_trailer_size(path: Path, size: int) -> Optional[int]:
     """A gzip layer's unpacked size from its trailer, read without unpacking (two small reads), or None when the
     trailer cannot be taken for it (not gzip, several members, possibly 4 GiB more than it says)."""
-    def read_at(offset: int, n: int) -> bytes:
+    try:
         with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(n)
-
-    return trailer_size(read_at, size)
+            return trailer_size(lambda offset, n: os.pread(f.fileno(), n, offset), size)
+    except OSError:
+        return None
 
 
 def trailer_size(read_at: Callable[[int, int], bytes], size: int) -> Optional[int]:

@@ -8,7 +8,7 @@ where each blob is (`Store.locate`) instead of a second copy.
 
 Resume: the plan lies beside the parts (`.imgtool-placed.json`) with each blob's record of done ranges
 (`.imgtool-placed-<hex>.json`, the store's record format). A run into the same directory with the same plan keeps
-both and downloads only what is missing; any other plan, or --force, starts the directory over. Both files go before
+both and downloads only what is missing, --force or not; any other plan starts the directory over. Both files go before
 bundle.json is written: a bundle never holds them.
 """
 
@@ -22,7 +22,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from ..errors import ImgtoolError, StoreError
 from ..fsutil import allocate, write_atomic
 from ..model import Digest, json_object
-from ..store import MAX_RECORD, Partial, read_record
+from ..store import MAX_RECORD, Partial, recorded_bytes
 from ..worker import SIGNAL_SLICE
 from .layout import Placed
 
@@ -134,8 +134,7 @@ class Places:
 
     def partial_bytes(self, digest: Digest, size: int) -> int:
         """How many bytes of this blob an earlier run left in place (0 if none)."""
-        state = read_record(self.record_path(digest), digest, size)
-        return sum(b - a for a, b in state) if state else 0
+        return recorded_bytes(self.record_path(digest), digest, size)
 
     def at(self, digest: Digest, pos: int) -> Tuple[int, int, int]:
         """(fd, offset in that part, bytes left in that part) for byte `pos` of a placed blob."""
