@@ -127,7 +127,7 @@ def test_a_kubernetes_node_pulls_the_pods_image_by_its_upstream_name(version, cl
     finally:
         node.close(cluster)
     # through the mirror, as containerd asks a mirror: ?ns=quay.io, by the Pod's digest
-    assert any(f"/manifests/{cluster.image.manifest_digest}?ns=quay.io 200" in line for line in cluster.server.log())
+    assert cluster.server.said(f"/manifests/{cluster.image.manifest_digest}?ns=quay.io 200"), cluster.server.log()
 
 
 @pytest.mark.parametrize("version", ["1.6", "1.7"])
@@ -151,7 +151,7 @@ def test_a_pod_pinned_by_upstreams_index_digest_pulls_through_the_hosts_toml_ser
     finally:
         node.containerd.removals.append(f"{cluster.repo}@{upstream.digest}")
         node.close(cluster)
-    assert any(f"/manifests/{upstream.digest}?ns=quay.io 200" in line for line in cluster.server.log())
+    assert cluster.server.said(f"/manifests/{upstream.digest}?ns=quay.io 200"), cluster.server.log()
 
 
 def test_a_podman_host_pulls_the_upstream_name_through_a_registries_conf_mirror(cluster, services, tmp_path):
@@ -198,5 +198,5 @@ def test_a_part_damaged_after_the_server_started_is_never_served(cluster, servic
         assert node.kubelet_pull(cluster.pod_image) == cluster.image.config_digest
     finally:
         node.close(cluster)
-    assert any(f"(blob {cluster.layer.digest[7:19]}) is damaged in {cluster.bundle}" in line
-               for line in cluster.server.log())
+    assert cluster.server.said(f"(blob {cluster.layer.digest[7:19]}) is damaged in {cluster.bundle}"), \
+        cluster.server.log()

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytest
 import requests
@@ -69,8 +69,19 @@ class Server:
                 raise AssertionError(f"imgtool serve printed nothing in {timeout} s")
         return self.proc.stdout.readline().rstrip("\n")
 
-    def log(self) -> List[str]:
-        return self.log_path.read_text().splitlines()
+    def log(self, until: Optional[Callable[[List[str]], bool]] = None, timeout: float = 30) -> List[str]:
+        """The log's lines; with `until`, once they satisfy it (a request's line is said after its answer went
+        out, so a client can read the answer before the line is written), or as they are at the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.log_path.read_text().splitlines()
+            if until is None or until(lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
+
+    def said(self, fragment: str) -> bool:
+        """Whether a log line holds `fragment`, waiting for it as log(until=) does."""
+        return any(fragment in line for line in self.log(until=lambda log: any(fragment in line for line in log)))
 
     def stop(self, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
         """Ctrl-C (or another signal); the exit status and what it said on stderr after."""
@@ -225,8 +236,12 @@ def test_the_distribution_api_by_tag_digest_and_range(bundle, serving):
     assert get(base + "/").status_code == 200
     assert [line for line in s.log() if line.startswith("serve: ")] == [
         "serve: all 9 blobs checked (4.1 MiB) in 0.0 s: every digest matches"]  # in the background, from the start
-    lines = [line for line in s.log() if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
-    assert len(lines) == 18 + len(cases) + 4 + 1, lines  # 18 requests above, the cases, outside, the last /v2/
+    def requests_said(log: List[str]) -> List[str]:
+        return [line for line in log if re.match(r"^127\.0\.0\.1 [A-Z]+ ", line)]
+
+    expected = 18 + len(cases) + 4 + 1
+    lines = requests_said(s.log(until=lambda log: len(requests_said(log)) >= expected))
+    assert len(lines) == expected, lines  # 18 requests above, the cases, outside, the last /v2/
     assert lines[-1].startswith("127.0.0.1 GET /v2/ 200 2 ")
     stopped = s.stop()
     assert stopped.returncode == 130
@@ -535,7 +550,7 @@ def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version,
     finally:
         assert node.cleanup() == []
     # containerd asked with ?ns=quay.io, as a node's mirror does
-    assert any(f"/v2/ascend/vllm-ascend/manifests/{uniq}?ns=quay.io 200" in line for line in s.log()), s.log()
+    assert s.said(f"/v2/ascend/vllm-ascend/manifests/{uniq}?ns=quay.io 200"), s.log()
 
 
 def read_until_closed(c: socket.socket) -> bytes:
@@ -990,7 +1005,7 @@ def test_containerd_pulls_a_platform_of_a_two_arch_tag_through_the_mirror(two_ar
         # the bundle keeps upstream's index and holds every platform it lists: the tag is upstream's digest
         assert [row[1:3] for row in node.refs() if row[0] == ref] == [[DOCKER_LIST, idx.manifest_digest]]
         manifest = idx.image(arch).manifest_digest
-        assert any(f"/v2/{repo}/manifests/{manifest}?ns=quay.io 200" in line for line in s.log()), s.log()
+        assert s.said(f"/v2/{repo}/manifests/{manifest}?ns=quay.io 200"), s.log()
     finally:
         assert node.cleanup() == []
 
@@ -1118,7 +1133,7 @@ def test_a_pod_pinned_by_upstreams_index_digest_pulls_from_serve(two_arch, servi
         assert {x.digest for x in mine.layers} <= set(node.ctr("content", "ls", "--quiet").stdout.split())
     finally:
         assert node.cleanup() == []
-    assert any(f"/v2/{repo}/manifests/{idx.manifest_digest}?ns=quay.io 200" in line for line in s.log()), s.log()
+    assert s.said(f"/v2/{repo}/manifests/{idx.manifest_digest}?ns=quay.io 200"), s.log()
 
     conf = tmp_path / "registries.conf"
     conf.write_text(files["/etc/containers/registries.conf.d/imgtool-serve.conf"])
