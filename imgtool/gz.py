@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover - the pyz's path, tested through it
     _isal = None
 
 LIBRARIES = ("auto", "isal", "zlib")
-MEMBER = 4 * 1024 * 1024  # input bytes per gzip member: the unit of parallel work
+MEMBER = 2 * 1024 * 1024  # input bytes per gzip member: the unit of parallel work (4 MiB held export at 112-118 MiB
+# RSS, 2 MiB at 78-84 MiB, same time, the bundle 0.08 % bigger: docs/benchmarks.md)
 OUT = 1024 * 1024  # the most one inflate step hands out: a small bomb never fills memory
 ISAL_LEVEL = 2  # ISA-L's fastest on layer data, about as small as zlib's level 1
 # a member's fixed header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown

@@ -4,7 +4,7 @@ Docker before 23.0 (Kylin V10's 18.09, the 19.03/20.10 of many hosts) reads a zs
 layer as a plain tar and fails with `archive/tar: invalid tar header` (vllm-ascend FAQ 19). So by
 default (`compat`) fetch rewrites such layers as gzip on the connected side: the registry's blob
 (already checked against its digest) is decompressed as a stream and gzip-compressed in
-independent 4 MiB members in parallel, as `export` does (gz.py: ISA-L when installed, else zlib),
+independent 2 MiB members in parallel, as `export` does (gz.py: ISA-L when installed, else zlib),
 while its diff_id is checked against the config. Several layers are rewritten at once (each as
 soon as its blob is downloaded), sharing one pool, so one core is never left idle waiting for a
 single layer's stream. The config, hence the image ID, is unchanged; the image gets a new manifest naming the
@@ -116,7 +116,7 @@ def rewrite_layer(path: Path, compression: str, target: str, store: Store, pool:
 
 
 # A tar compresses: a gzip layer whose trailer (ISIZE, the unpacked size mod 2**32 of its last member) says less
-# than this share of its compressed size is several members (eStargz's footer, imgtool's own 4 MiB members: the
+# than this share of its compressed size is several members (eStargz's footer, imgtool's own 2 MiB members: the
 # trailer counts only the last one) or a layer of 4 GiB or more unpacked; deflate grows incompressible data by
 # well under 1 %.
 _TRAILER_MIN_SHARE = 0.99
@@ -420,7 +420,7 @@ def compress_layer(reader, store: Store, pool: ThreadPoolExecutor, jobs: int, gz
                 Worker(_writes_to(blob), "blob-write", maxsize=1) as out:
             members = gz.Members(gzip, pool, out.put, jobs + 1)
             try:
-                for chunk in iter(lambda: reader.read(CHUNK), b""):
+                for chunk in iter(lambda: reader.read(gz.MEMBER), b""):  # a read is one member: none waits split
                     diff.put(chunk)
                     bar.update(len(chunk))
                     members.feed(chunk)

@@ -3,7 +3,7 @@ cache as it streams (the reading thread only reads), then read from the cache (`
 
 `docker save` of a graphdriver store hands layers over uncompressed. Each layer is
 gzip-compressed on the way into the blob store as a series of independent gzip members of
-4 MiB of input each, compressed in parallel through gz.py (ISA-L when installed, else zlib);
+2 MiB of input each, compressed in parallel through gz.py (ISA-L when installed, else zlib);
 multi-member gzip is plain gzip to every reader, Docker 1.10+ included. Compression is
 deterministic (fixed library and level, no time in the header), so the same layer always gets
 the same digest with the same compressor and is stored once.
@@ -103,10 +103,10 @@ class _ZstdLayer:
             raise ExportError(f"{what} is zstd-compressed (the containerd image store keeps the registry's blobs) "
                               "and the zstandard Python package is missing",
                               hint="pip install zstandard, then export again") from None
-        self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=CHUNK, read_across_frames=True)
+        self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=gz.MEMBER, read_across_frames=True)
 
     def read(self, n=-1):
-        return self._r.read(CHUNK if n is None or n < 0 else n)
+        return self._r.read(gz.MEMBER if n is None or n < 0 else n)
 
 
 def layer_into_store(reader, what: str, store: Store, pool: ThreadPoolExecutor, jobs: int, gzip: gz.Gzip,
@@ -157,9 +157,10 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     compressed: Dict[str, _Layer] = {}  # member name -> what layer_into_store made of it
     small: Dict[str, bytes] = {}
     with progress.bar(int(info.get("Size") or 0) or None, f"export {ref.tagged}") as bar:
-        # bufsize: tarfile's stream reads its file in pieces of this size (10 KiB by default: each 4 MiB read of a
-        # layer was ~400 reads joined and sliced again, a third of the reading thread's time)
-        tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), CHUNK), mode="r|", bufsize=CHUNK)
+        # bufsize: tarfile's stream reads its file in pieces of this size (10 KiB by default: each member-sized read
+        # of a layer was hundreds of reads joined and sliced again, a third of the reading thread's time)
+        tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), gz.MEMBER), mode="r|",
+                           bufsize=gz.MEMBER)
         for member in tar:
             f = tar.extractfile(member) if member.isfile() else None  # None for anything but a file
             if f is None:
