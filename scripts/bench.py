@@ -1610,7 +1610,7 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
               "the next bundle.",
               "- fetch writes the bundle while the layers download (blob by blob, in archive order).",
               "- fetch of the zstd image: `as-is` copies the registry's bytes; the default rewrites every zstd layer "
-              "as gzip (level 1, 4 MiB members compressed in parallel) as soon as it is downloaded, then writes the "
+              "as gzip (level 1, 2 MiB members compressed in parallel) as soon as it is downloaded, then writes the "
               "bundle. A gzip image takes none of that path (its fetch row above is unchanged). The rewrite's rate is "
               "the unpacked bytes over the difference of the two medians.",
               "- verify reads the bundle from the page cache: these are CPU numbers, not disk numbers. Full verify "
