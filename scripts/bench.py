@@ -402,11 +402,15 @@ class _Splice:
         except OSError:  # a smaller pipe moves the same bytes in more steps
             pass
 
-    def once(self, most: int) -> int:
+    def once(self, most: int, wrote) -> int:
+        """At most `most` bytes moved; `wrote(k)` as each piece is written to dst (a client that stops reading
+        blocks the rest: what is in its send queue is counted, what waits in the pipe is not)."""
         n = os.splice(self.src, self.w, most)
         left = n
         while left:
-            left -= os.splice(self.r, self.dst, left)
+            k = os.splice(self.r, self.dst, left)
+            wrote(k)
+            left -= k
         return n
 
     def close(self) -> None:
@@ -469,13 +473,15 @@ class ThrottleProxy:
         due = time.monotonic()  # when the bytes sent so far may have left at `rate`
         move = _Splice(src, dst) if hasattr(os, "splice") else None  # zero-copy: the proxy is not the bottleneck
         try:
-            while True:
-                n = move.once(PROXY_CHUNK) if move else self._copy(src, dst)
-                if not n:
-                    break
+            def wrote(k: int) -> None:
                 if count:
                     with self.lock:
-                        self.sent += n
+                        self.sent += k
+
+            while True:
+                n = move.once(PROXY_CHUNK, wrote) if move else self._copy(src, dst, wrote)
+                if not n:
+                    break
                 if rate:
                     # an idle (kept-alive) connection earns at most 50 ms of credit, not a burst
                     now = time.monotonic()
@@ -509,10 +515,13 @@ class ThrottleProxy:
         return total
 
     @staticmethod
-    def _copy(src, dst) -> int:
-        data = src.recv(PROXY_CHUNK)
-        dst.sendall(data)
-        return len(data)
+    def _copy(src, dst, wrote) -> int:
+        data = memoryview(src.recv(PROXY_CHUNK))
+        while data:
+            k = dst.send(data)
+            wrote(k)
+            data = data[k:]
+        return len(data.obj)
 
     def close(self):
         self.stopping = True
