@@ -81,7 +81,10 @@ class Server:
 
     def said(self, fragment: str) -> bool:
         """Whether a log line holds `fragment`, waiting for it as log(until=) does."""
-        return any(fragment in line for line in self.log(until=lambda log: any(fragment in line for line in log)))
+        def holds(log: List[str]) -> bool:
+            return any(fragment in line for line in log)
+
+        return holds(self.log(until=holds))
 
     def stop(self, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
         """Ctrl-C (or another signal); the exit status and what it said on stderr after."""
@@ -284,10 +287,9 @@ def test_a_damaged_or_compressed_or_unsigned_bundle_is_refused_at_start(bundle, 
     spans = damage_member(out, layer)
     s = serving(str(out), "--listen", "127.0.0.1:0")
     assert requests.get(f"{s.url}/v2/", timeout=60).status_code == 200
-    deadline = time.monotonic() + 60  # the background check's last line (a file the server writes: read until there)
-    while not any(line.startswith("serve: all ") for line in s.log()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    checked = [line for line in s.log() if line.startswith("serve: ")]
+    # the background check's last line (a file the server writes: read until there)
+    log = s.log(until=lambda log: any(line.startswith("serve: all ") for line in log), timeout=60)
+    checked = [line for line in log if line.startswith("serve: ")]
     assert re.fullmatch(r"serve: all 9 blobs checked \(4\.1 MiB\) in \d+\.\d s: 1 damaged, refused per request",
                         checked[-1]), checked
     where = ", ".join(f"part {i + 1:03d}" for i in spans)
