@@ -1,9 +1,11 @@
 """The local content-addressed blob store (the cache under `$IMGTOOL_CACHE`).
 
 A blob becomes visible under `blobs/sha256/<hex>` only after its size and digest were
-checked, via temp file + rename. A downloaded blob's data is not fsynced (that would write
+checked, via temp file + rename. No blob's data is fsynced, downloaded or made here (that would write
 every image twice before the bundle holds it once); whatever reads a blob for a bundle checks
-its digest on the way (bundle/writer.py), so one torn by a power cut is caught, not bundled.
+its digest on the way (bundle/writer.py), so one torn by a power cut is caught, not bundled,
+unless the same process made it (then it is still in the page cache, and a blob made again
+replaces the copy in the cache).
 Downloads in progress live in `partial/` with a small JSON record of the byte ranges
 already written, so a later run (even after SIGKILL) resumes where this one stopped.
 A per-blob `flock` keeps two imgtool processes from downloading the same blob at once.
@@ -449,12 +451,12 @@ class Store:
         return self.root / "partial" / f"{label}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp"
 
     def ingest(self, path: Path, digest: Digest) -> Path:
-        """Publish a fully written and fsynced local file whose digest the caller computed."""
+        """Publish a fully written local file whose digest the caller computed as it wrote it.
+
+        It replaces a blob already there: the cache's data is not fsynced, so an old copy may have been torn by a
+        power cut, and the caller trusts what it made without reading it again (FileBlobs' `verified`)."""
         final = self.blob_path(digest)
         try:
-            if final.exists():
-                path.unlink()
-                return final
             os.chmod(path, 0o444)
             os.replace(path, final)
             fsync_dir(final.parent)
@@ -542,7 +544,7 @@ def _stamp(fd: int) -> None:
 
 
 class BlobWriter:
-    """Bytes written to a temp file under partial/, hashed on the way; publish() fsyncs and ingests them."""
+    """Bytes written to a temp file under partial/, hashed on the way; publish() ingests them."""
 
     def __init__(self, store: Store, path: Path):
         self.store, self.path = store, path
@@ -565,10 +567,12 @@ class BlobWriter:
         self.size += len(data)
 
     def publish(self) -> Digest:
-        """fsync, then put the file into the store under its sha256; returns that digest."""
+        """Put the file into the store under its sha256 (no fsync: see the module docstring); returns that digest.
+
+        The fsync was 1.2 s of a 1.6 GB export on its reading thread (docs/benchmarks.md, "export reads the save
+        once"): the bundle that is written from the blob is fsynced, and the blob is read for it from the page
+        cache."""
         try:
-            self._f.flush()  # type: ignore[union-attr]
-            os.fsync(self._f.fileno())  # type: ignore[union-attr]
             self._f.close()  # type: ignore[union-attr]
         except OSError as e:
             raise _disk_error(e, self.store.root) from e

@@ -4,6 +4,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -478,6 +479,32 @@ def _export_killed_mid_layer(services, ref: str, cache: Path, out: Path, during=
     assert left and all(f".{proc.pid}." in p.name for p in left), (left, proc.stderr.read()[-2000:])
     assert not (out / "bundle.json").exists()
     return left
+
+
+def test_an_export_whose_docker_save_is_cut_fails_in_one_line_and_leaves_nothing(services, factory, tmp_path,
+                                                                                   docker_cli, docker_cleanup):
+    """Docker's answer ends mid-layer (the connection broke): one line naming how far it got, exit 5, no bundle and
+    no temp file in the cache."""
+    from tests.support.daemon import DockerAPIRecorder
+
+    image = factory.image("amd64", layers=1, layer_size=12 << 20)
+    ref = f"quay.io/{tmp_path.name.lower()[:20]}c/vllm-ascend:v1"
+    write_docker_archive(image, tmp_path / "in.tar", ref)
+    docker_cleanup.image(ref, image.config_digest)
+    docker_cli("load", "-i", tmp_path / "in.tar")
+    relay = DockerAPIRecorder(services.docker_host, hold_after=8 << 20, cut=True)
+    cache = tmp_path / "cache"
+    try:
+        r = imgtool("export", ref, "-o", str(tmp_path / "out"), "--no-tool",
+                    env={"IMGTOOL_CACHE": str(cache), "DOCKER_HOST": f"tcp://{relay.address}"})
+    finally:
+        relay.close()
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 5, r.stderr
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: docker save {re.escape(ref)} failed after [78]\.\d MiB: Docker's answer was cut short", errors[0]), errors
+    assert not (tmp_path / "out").exists()
+    assert not list((cache / "partial").glob("*.tmp"))
 
 
 @pytest.mark.parametrize("engine", ["26.1"], indirect=True)

@@ -19,12 +19,11 @@ import hashlib
 import io
 import json
 import os
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
-from .. import gz
+from .. import gz, tarstream
 from ..errors import ExportError, ManifestError, UsageError
 from ..model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descriptor, Digest, ImageConfig, ImageRef,
                     Manifest, PulledImage, format_size)
@@ -49,28 +48,6 @@ def docker_name(name: str) -> ImageRef:
     elif not ("." in first or ":" in first or first == "localhost"):
         name = f"docker.io/{name}"
     return ImageRef.parse(name, "docker.io/library/x")
-
-
-class _ChunkReader(io.RawIOBase):
-    """A read-only file over an iterable of byte chunks (for tarfile's stream mode)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._it = iter(chunks)
-        self._buf = b""
-
-    def readable(self):
-        return True
-
-    def readinto(self, b):
-        while not self._buf:
-            try:
-                self._buf = next(self._it)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
 
 
 class _Prepend(io.RawIOBase):
@@ -157,18 +134,18 @@ def _export_one(name: str, daemon, store: Store, pool: ThreadPoolExecutor, jobs:
     compressed: Dict[str, _Layer] = {}  # member name -> what layer_into_store made of it
     small: Dict[str, bytes] = {}
     with progress.bar(int(info.get("Size") or 0) or None, f"export {ref.tagged}") as bar:
-        # bufsize: tarfile's stream reads its file in pieces of this size (10 KiB by default: each member-sized read
-        # of a layer was hundreds of reads joined and sliced again, a third of the reading thread's time)
-        tar = tarfile.open(fileobj=io.BufferedReader(_ChunkReader(daemon.save(name)), gz.MEMBER), mode="r|",
-                           bufsize=gz.MEMBER)
-        for member in tar:
-            f = tar.extractfile(member) if member.isfile() else None  # None for anything but a file
-            if f is None:
-                continue
-            if member.size <= SMALL:
-                small[member.name] = f.read()
-                continue
-            compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, gzip, bar)
+        try:
+            # the archive read as it streams, each byte copied once on the reading thread (tarstream.py)
+            for member, f in tarstream.members(daemon.save(name)):
+                if not member.isfile():
+                    continue
+                if member.size <= SMALL:
+                    small[member.name] = f.read()
+                    continue
+                compressed[member.name] = layer_into_store(f, f"{name}: {member.name}", store, pool, jobs, gzip,
+                                                           bar)
+        except tarstream.TarStreamError as e:
+            raise ExportError(f"docker save of {name} gave a broken archive: {e}") from None
     config_bytes, layer_names = _saved_manifest(name, small)
     layers: List[Descriptor] = []
     diff_ids: List[str] = []

@@ -374,10 +374,17 @@ class Daemon:
             raise DaemonError(f"docker save {ref} failed: {one_line(e)}") from e
 
         def chunks():
+            sent = 0
             try:
-                yield from stream
+                for chunk in stream:
+                    sent += len(chunk)
+                    yield chunk
             except self.errors as e:
-                raise DaemonError(f"docker save {ref} failed: {one_line(e)}") from e
+                from ..model import format_size
+
+                why = "Docker's answer was cut short" if _cut_short(e) else one_line(e)
+                raise DaemonError(f"docker save {ref} failed after {format_size(sent)}: {why}",
+                                  hint="check the daemon's log (journalctl -u docker), then export again") from e
 
         return chunks()
 
@@ -489,6 +496,21 @@ class Daemon:
             self.api.remove_container(cid, force=True)
         except (*self.not_found, self.api_error):
             pass
+
+
+def _cut_short(e: BaseException) -> bool:
+    """Whether `e` (or what it wraps) says the daemon's HTTP answer ended before its end: the connection broke or
+    the daemon went away mid-stream (docker-py: ChunkedEncodingError, urllib3's ProtocolError; the stdlib client:
+    http.client.IncompleteRead)."""
+    at: Optional[BaseException] = e
+    for _ in range(8):  # a chain of wrapped errors, never a cycle's worth
+        if at is None:
+            break
+        wrapped = [a for a in getattr(at, "args", ()) if isinstance(a, BaseException)]
+        if {type(x).__name__ for x in [at, *wrapped]} & {"ChunkedEncodingError", "ProtocolError", "IncompleteRead"}:
+            return True
+        at = at.__cause__ or at.__context__
+    return False
 
 
 def _load_hint(text: str) -> Optional[str]:

@@ -156,14 +156,15 @@ class DockerAPIRecorder:
     pinned to API 1.39 never asked for anything newer). With `hold_after=N` the daemon's answers
     stop after N bytes in total until `release()`; `reached` is set when they do, so a test acts
     at a known point of a `docker save` stream (a kill mid-layer) instead of after a guessed sleep.
+    With `cut=True` the connection is closed there instead: the daemon's answer ends mid-stream.
     """
 
-    def __init__(self, docker_host: str, hold_after: Optional[int] = None):
+    def __init__(self, docker_host: str, hold_after: Optional[int] = None, cut: bool = False):
         import re
         import socket
         import threading
 
-        self.hold_after, self.sent = hold_after, 0
+        self.hold_after, self.sent, self.cut = hold_after, 0, cut
         self.reached, self.released = threading.Event(), threading.Event()
 
         self.target = docker_host[len("unix://"):]
@@ -232,6 +233,8 @@ class DockerAPIRecorder:
         if take < len(data):
             dst.sendall(data[:take])
             self.reached.set()
+            if self.cut:
+                raise OSError("cut")  # _pipe's end shuts both sockets down
             self.released.wait()
             return data[take:]
         return data
