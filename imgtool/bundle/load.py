@@ -436,7 +436,7 @@ def _tag_and_confirm(daemon: "Runtime", facts: "RuntimeInfo", index: BundleIndex
             if familiar(daemon.stored_name(name)) not in {familiar(t) for t in info.tags}:
                 daemon.tag(image_id, name)
                 tagged = True
-        if tagged or len(index.images) <= MANY_IMAGES:
+        if tagged:  # what `now` says holds otherwise (an inspect for a few images; a listing has no platform)
             info = daemon.image_info(image_id)
         if info is None or info.id != image_id or not _has_tags(daemon, info, names):
             raise DaemonError(f"{verb} finished, but {im.ref} does not carry the names {', '.join(names)}")

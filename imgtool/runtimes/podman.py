@@ -17,6 +17,7 @@ import re
 import stat
 import sys
 import tempfile
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
@@ -92,9 +93,13 @@ class Podman:
         # Asked not to create (doctor), a storage that storage.conf says is not there yet is left unmade.
         self.unmade = None if create else _unmade_storage(env or {}, os.geteuid())
         self._info = self._read_info() if self.unmade is None else self._version_only(*self.unmade)
+        self._removing: List[threading.Thread] = []  # staged copies being unlinked (load_archive)
 
     def close(self) -> None:
-        pass
+        """Wait for the staged copies' removal (a process that exits waits for it as well)."""
+        for thread in self._removing:
+            thread.join()
+        self._removing = []
 
     def __enter__(self) -> "Podman":
         return self
@@ -274,7 +279,11 @@ class Podman:
                                                              "TMPDIR to another directory") from e
             return self.podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
         finally:
-            os.unlink(path)
+            # on a thread of its own: freeing an archive-sized file's blocks took 0.2-0.4 s for 1.6 GB, which the
+            # checks and tags after the load now overlap (docs/benchmarks.md, "Podman's load, the staged copy")
+            remover = threading.Thread(target=_unlink_quietly, args=(path,), name="staged-copy-unlink")
+            remover.start()
+            self._removing.append(remover)
 
     def _staged(self) -> List[Tuple[str, int, int]]:
         """(path, size, pid) of every imgtool archive copy in the staging dir that is this user's regular file."""
@@ -479,6 +488,15 @@ def _make_cache_dirs(spec: "ContainerSpec") -> None:
             except OSError as e:
                 raise ImgtoolError(f"cannot create {mount.host} for the container: {(e.strerror or str(e)).lower()}",
                                    hint=f"create it yourself (mkdir -p {mount.host}), or run as root") from e
+
+
+def _unlink_quietly(path: str) -> None:
+    """Remove a staged copy; one that cannot be removed is left to the next load's remove_debris (its pid is
+    gone by then)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _sha(value: object) -> str:
