@@ -36,6 +36,9 @@ from .store import Store
 from .worker import Worker
 
 CHUNK = 4 * 1024 * 1024  # a read of a layer stream (export's `docker save` too)
+# compressed bytes a zstd layer's reader takes at a time (zstandard's read_size, held besides the window): 4 MiB
+# held `fetch --layers compat` at 94-100 MiB of RSS, 1 MiB at 85-87 MiB, in the same time (docs/benchmarks.md)
+ZSTD_READ = 1024 * 1024
 
 MODES = ("compat", "as-is", "plain")
 # media type of the rewritten layer, by manifest type and target compression
@@ -79,7 +82,7 @@ def _decompressed(f, compression: str, what: str):
             raise UsageError(f"{what} is zstd-compressed and the zstandard Python package is missing, so it "
                              "cannot be rewritten for Docker before 23.0",
                              hint="pip install zstandard, or fetch with --layers as-is for Docker 23+ only") from None
-        reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True)
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_size=ZSTD_READ, read_across_frames=True)
         return reader, (zstandard.ZstdError,)
     return f, ()
 

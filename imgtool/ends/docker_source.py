@@ -29,7 +29,7 @@ from ..model import (DOCKER_CONFIG, DOCKER_LAYER_GZIP, DOCKER_MANIFEST, Descript
                     Manifest, PulledImage, format_size)
 from ..progress import Bar, Progress
 from ..store import FileBlobs, Store
-from ..transcode import CHUNK, compress_layer
+from ..transcode import CHUNK, ZSTD_READ, compress_layer
 
 if TYPE_CHECKING:
     from ..pipeline import Plan
@@ -80,7 +80,7 @@ class _ZstdLayer:
             raise ExportError(f"{what} is zstd-compressed (the containerd image store keeps the registry's blobs) "
                               "and the zstandard Python package is missing",
                               hint="pip install zstandard, then export again") from None
-        self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=gz.MEMBER, read_across_frames=True)
+        self._r = zstandard.ZstdDecompressor().stream_reader(raw, read_size=ZSTD_READ, read_across_frames=True)
 
     def read(self, n=-1):
         return self._r.read(gz.MEMBER if n is None or n < 0 else n)
