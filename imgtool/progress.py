@@ -41,7 +41,18 @@ class Progress:
 
     def warn(self, message: str) -> None:
         """A warning line (stderr); shown even with --quiet."""
-        print(f"warning: {for_terminal(message)}", file=sys.stderr, flush=True)
+        _say(f"warning: {for_terminal(message)}")
+
+
+_SAYING = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One whole line on stderr. print() writes the text and its newline in two writes, and a line another thread
+    wrote between them tore both (CI saw "... (pid 26565)59c87f622551: done (90.9 KiB)")."""
+    with _SAYING:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 class _PlainBar(Bar):
@@ -58,7 +69,7 @@ class _PlainBar(Bar):
         elapsed = max(time.monotonic() - self.start, 1e-6)
         total = f"/{self._fmt(self.total)}" if self.total else ""
         rate = f" {format_size(int(self.done / elapsed))}/s" if self.unit == "B" else ""
-        print(f"{self.desc}: {self._fmt(self.done)}{total}{rate}", file=sys.stderr, flush=True)
+        _say(f"{self.desc}: {self._fmt(self.done)}{total}{rate}")
 
     def update(self, n):
         with self.lock:
@@ -85,7 +96,7 @@ class PlainProgress(Progress):
         return _PlainBar(total, desc, unit, self.interval)
 
     def note(self, message):
-        print(for_terminal(message), file=sys.stderr, flush=True)
+        _say(for_terminal(message))
 
 
 class _TqdmBar(Bar):
