@@ -418,6 +418,18 @@ class _Splice:
         os.close(self.w)
 
 
+TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (u64) in Linux's struct tcp_info (4.1 and later)
+
+
+def _acked(sock) -> int:
+    """Bytes of this TCP connection the peer acknowledged (TCP_INFO; 0 once the socket is gone)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    except OSError:
+        return 0
+    return struct.unpack_from("Q", info, TCPI_BYTES_ACKED)[0] if len(info) >= TCPI_BYTES_ACKED + 8 else 0
+
+
 class ThrottleProxy:
     """TCP proxy; each accepted connection's server->client bytes are held to `rate` bytes/s (0: no limit).
 
@@ -432,6 +444,7 @@ class ThrottleProxy:
         self.sent = 0
         self.connections = 0
         self.clients: set = set()  # the client sockets open now
+        self.acked = 0  # bytes the clients' host acknowledged on the connections closed so far
         self.lock = threading.Lock()
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -466,6 +479,7 @@ class ThrottleProxy:
         up.join()  # the sockets are closed only once neither direction uses their descriptors
         with self.lock:
             self.clients.discard(client)
+            self.acked += _acked(client)
         client.close()
         server.close()
 
@@ -513,6 +527,13 @@ class ThrottleProxy:
                 except OSError:
                     pass
         return total
+
+    def received(self) -> int:
+        """Bytes the clients' host acknowledged, over every connection: what a fetch killed now had received.
+        Not `sent` less in_flight(): `sent` counts a write once it returns, and a write blocked half-way on a
+        full send queue has already put part of itself there."""
+        with self.lock:
+            return self.acked + sum(_acked(sock) for sock in self.clients)
 
     @staticmethod
     def _copy(src, dst, wrote) -> int:
@@ -719,7 +740,7 @@ class Bench:
                 # Polled, not timed: the kill lands at the same byte count on any machine.
                 while proxy.sent < half and p.poll() is None:
                     time.sleep(0.001)
-                received = proxy.sent - proxy.in_flight()  # taken just before the kill
+                received = proxy.received()  # taken just before the kill
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 time.sleep(0.2)  # the proxy's last writes to the dead connections

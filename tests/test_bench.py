@@ -6,6 +6,7 @@ It checks the shape of the report, never a speed (this is a 2-core machine share
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,10 @@ def test_throttle_proxy_holds_a_connection_to_its_rate(services, registry, uniq)
 
 def test_throttle_proxy_counts_what_the_client_has_not_received(services, registry, uniq):
     """in_flight(): what the proxy wrote that the client's host has not acknowledged. A client that stops
-    reading leaves bytes in the proxy's send queue: `sent` alone would count them as received."""
+    reading leaves bytes in the proxy's send queue: `sent` alone would count them as received. received():
+    exactly what waits in the client's receive queue, though the proxy's last write is blocked half-way."""
+    import fcntl
+    import termios
     import time
 
     data = os.urandom(16 * bench.MB)
@@ -145,8 +149,9 @@ def test_throttle_proxy_counts_what_the_client_has_not_received(services, regist
             sent = proxy.sent
             time.sleep(0.3)
         assert proxy.in_flight() > 0
-        received = proxy.sent - proxy.in_flight()
-        assert 0 < received < len(data) // 2  # the client's small buffer took only a part
+        received = proxy.received()
+        waiting = struct.unpack("i", fcntl.ioctl(client.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+        assert 0 < received == waiting < len(data) // 2  # the client's small buffer took only a part
         got = bytearray()
         while True:
             chunk = client.recv(1 << 20)
