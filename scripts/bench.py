@@ -565,7 +565,8 @@ class Bench:
         self.times: Dict[str, List[float]] = {}
         self.rss: Dict[str, List[int]] = {}
         self.sent: Dict[str, List[Tuple[int, str]]] = {}  # over-download: (bytes the registry sent, note) per run
-        self.kills: Dict[bool, List[Tuple[int, int]]] = {}  # per link (constrained?): (received at the kill, sent)
+        # per link (constrained?), each kill: (bytes imgtool's host received, bytes sent by the kill, bytes sent in all)
+        self.kills: Dict[bool, List[Tuple[int, int, int]]] = {}
         self.cpu: Dict[str, List[float]] = {}  # CPU seconds (user + sys) of a timed process, per run
         self.bundle: Optional[Path] = None
         self.bundle_size = self.archive_size = 0
@@ -725,7 +726,9 @@ class Bench:
         from a fresh cache; with `kill`, the fetch is SIGKILLed once half the blob bytes went out and the
         same command run again, as a user would (both counted): same cache, same output directory, whose unfinished
         bundle holds the layers written in place and their partial downloads. Returns (bytes, what happened); a kill also
-        goes to self.kills[rate > 0]: (bytes imgtool's host had received at the kill, bytes sent in all)."""
+        goes to self.kills[rate > 0]: (bytes imgtool's host had received by the kill, bytes the proxy wrote by the
+        kill, bytes sent in all). The two first differ by what the proxy's send queues held: the registry sent it,
+        imgtool never saw it, and the rerun asks for it as for any byte still missing."""
         out, cache = self.fresh("bundle"), self.fresh("cache")
         env = dict(self.base_env, IMGTOOL_CACHE=str(cache))
         proxy = ThrottleProxy(self.env.registry, rate)
@@ -740,16 +743,15 @@ class Bench:
                 # Polled, not timed: the kill lands at the same byte count on any machine.
                 while proxy.sent < half and p.poll() is None:
                     time.sleep(0.001)
-                received = proxy.received()  # taken just before the kill
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 time.sleep(0.2)  # the proxy's last writes to the dead connections
-                killed_at = proxy.sent
+                killed_at, received = proxy.sent, proxy.received()
                 note = f"killed after {killed_at / MB:.0f} MB" if p.returncode == -signal.SIGKILL else "finished before the kill"
             run(cmd, env=env)
             time.sleep(0.1)
             if kill:
-                self.kills.setdefault(rate > 0, []).append((received, proxy.sent))
+                self.kills.setdefault(rate > 0, []).append((received, killed_at, proxy.sent))
             return proxy.sent, note
         finally:
             proxy.close()
@@ -1571,16 +1573,22 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
     target("over-download ≤ 1 %, cold fetch (worst run)", over(["cold", "slow"]), lambda v: v <= 1.0, "{:+.2f} %")
     target("over-download ≤ 1 %, SIGKILL + rerun (worst run)", over(["kill", "slow_kill"]), lambda v: v <= 1.0, "{:+.2f} %")
 
-    def resent(slow: bool) -> List[Tuple[float, int, int]]:
-        """Per kill on that link: (% of what was received that was sent again, bytes received, sent again). The
-        bytes a whole fetch needs are the cold runs' median on the same link (headers and manifests included)."""
+    def resent(slow: bool) -> List[Tuple[float, int, int, int]]:
+        """Per kill on that link: (% of what was received that the rerun downloaded again, bytes received, received
+        and downloaded again, sent beyond a cold fetch). The rerun needs what a whole fetch needs (the cold runs'
+        median on the same link, headers and manifests included) less what was received; what it took beyond
+        that had been received once already."""
         cold = [n for n, _ in b.sent.get("slow" if slow else "cold", [])]
         need = statistics.median(cold) if cold else csize
-        return [(100 * max(sent - need, 0) / got, got, max(sent - need, 0)) for got, sent in b.kills.get(slow, [])]
+        out = []
+        for got, by_kill, sent in b.kills.get(slow, []):
+            again = max(sent - by_kill - (need - got), 0)
+            out.append((100 * again / got, got, again, max(sent - need, 0)))
+        return out
 
     for slow, where in ((False, "loopback"), (True, "constrained link")):
         runs = resent(slow)
-        target(f"SIGKILL half-way, rerun: sent again ≤ 5 % of what was received, {where} (median)",
+        target(f"SIGKILL half-way, rerun: received and downloaded again ≤ 5 % of what was received, {where} (median)",
                statistics.median(r[0] for r in runs) if runs else None, lambda v: v <= 5.0, "{:.1f} %")
     lines += ["", "## Over-download", "",
               f"What the registry sent for `imgtool fetch` of the {csize / MB:.0f} MB of blobs (config and layers), counted "
@@ -1597,14 +1605,17 @@ def report(b: Bench, meta: dict, small_meta: dict, small_rss: Dict[str, int], in
         each = ", ".join(f"{100 * (n / csize - 1):+.2f} %" + (f" ({note})" if note and not note.startswith("killed") else "")
                          for n, note in got)
         lines.append(f"| {name} | {len(got)} | {statistics.median(n for n, _ in got) / MB:.1f} | {each} |")
-    lines += ["", "Each SIGKILL: what imgtool's host had received at the kill (what the proxy had sent, less what its "
-              "send queues still held: SIOCOUTQ), and what the registry sent again (both runs, less what a cold fetch "
-              "on the same link needs):", ""]
+    lines += ["", "Each SIGKILL: what imgtool's host had received by the kill (the bytes it acknowledged on the "
+              "proxy's connections: TCP_INFO's bytes_acked), what of it the rerun downloaded again (the rerun's bytes "
+              "less what a cold fetch on the same link needs beyond what was received), and what the registry sent "
+              "beyond a cold fetch in all (also what its send queues held at the kill, which imgtool never received):",
+              ""]
     for slow, where in ((False, "loopback"), (True, "constrained link")):
         runs = resent(slow)
         if runs:
-            lines.append(f"- {where}: " + "; ".join(f"received {got / MB:.0f} MB, sent again {again / MB:.1f} MB "
-                                                    f"({pct:.1f} %)" for pct, got, again in runs))
+            lines.append(f"- {where}: " + "; ".join(
+                f"received {got / MB:.0f} MB, of it downloaded again {again / MB:.1f} MB ({pct:.1f} %), sent beyond a "
+                f"cold fetch {over / MB:.1f} MB" for pct, got, again, over in runs))
     lines += ["", "## imgtool serve", "",
               "The kept bundle served by `imgtool serve` on loopback (plain HTTP); the same arm64 image pulled from the "
               "distribution registry (`docker-registry`, filesystem storage, page cache warm) through its two-arch "
