@@ -18,6 +18,7 @@ from typing import Optional
 
 from .bundle.format import LOCK_NAME
 from .errors import ImgtoolError
+from .fsutil import remove_quietly
 
 _ATTEMPTS = 5  # a lock file removed and made again between our open and our flock, this many times in a row
 
@@ -51,7 +52,7 @@ class DirLock:
                     fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     return
-            _unlink(self.path)
+            remove_quietly(self.path)
             if self.created:
                 try:
                     os.rmdir(str(self.directory))
@@ -175,8 +176,3 @@ def _say(fd: int, verb: str) -> None:
         pass
 
 
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(str(path))
-    except OSError:
-        pass

@@ -23,10 +23,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, sync: bool = True) 
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        remove_quietly(tmp)
         raise
 
 
@@ -96,6 +93,15 @@ def open_regular(path) -> io.FileIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def remove_quietly(path) -> bool:
+    """Remove the file at `path`; whether it was removed (one already gone or not removable is left as it is)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def process_alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Collection, Iterator, List, Optional, Sequence, Tuple
 
 from .errors import ImgtoolError, StoreError, VerifyError
-from .fsutil import fsync_dir, open_regular, process_alive, write_atomic
+from .fsutil import fsync_dir, open_regular, process_alive, remove_quietly, write_atomic
 from .model import Digest, format_size, json_object
 from .worker import SIGNAL_SLICE
 
@@ -153,10 +153,7 @@ class Partial:
         self.store.announce()
 
     def _forget_data(self) -> None:
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
+        remove_quietly(self.path)
 
     def _save(self) -> None:
         """Persist the done ranges: first by temp file + rename, then by one pwrite at offset 0.
@@ -268,18 +265,12 @@ class Partial:
         """Forget this partial (after a corrupt download)."""
         self.close()
         self._forget_data()
-        try:
-            self.state_path.unlink()
-        except OSError:
-            pass
+        remove_quietly(self.state_path)
         self.done = []
 
     def _remove_state(self) -> None:
         self._close_state()
-        try:
-            self.state_path.unlink()
-        except OSError:
-            pass
+        remove_quietly(self.state_path)
 
     def _close_state(self) -> None:
         if getattr(self, "_state_fd", -1) >= 0:
@@ -587,10 +578,7 @@ class BlobWriter:
             self._f.close()
             self._f = None
         if self.digest is None:
-            try:
-                self.path.unlink()
-            except OSError:
-                pass
+            remove_quietly(self.path)
 
 
 class FileBlobs:

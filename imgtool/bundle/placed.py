@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ImgtoolError, StoreError
-from ..fsutil import allocate, write_atomic
+from ..fsutil import allocate, remove_quietly, write_atomic
 from ..model import Digest, json_object
 from ..store import MAX_RECORD, Partial, recorded_bytes
 from ..worker import SIGNAL_SLICE
@@ -99,10 +99,7 @@ class Places:
     def remove(self) -> None:
         """The parts and the plan this run made, after it could not make them all."""
         for name in [*self.part_names, PLAN_NAME]:
-            try:
-                (self.out_dir / name).unlink()
-            except OSError:
-                pass
+            remove_quietly(self.out_dir / name)
 
     def close(self) -> None:
         for fd in self._fds:
@@ -112,10 +109,7 @@ class Places:
     def cleanup(self) -> None:
         """The plan and the records, once every part is sealed (a bundle never holds them)."""
         for path in [self.out_dir / PLAN_NAME, *self.out_dir.glob(RECORD_PREFIX + "*")]:
-            try:
-                path.unlink()
-            except OSError:
-                pass
+            remove_quietly(path)
 
     def error(self, e: OSError) -> StoreError:
         if e.errno == errno.ENOSPC:

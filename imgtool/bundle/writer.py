@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, List, Optional, Sequ
 from .. import __version__, gz
 from ..delta import DeltaPlan, describe_requirements, requirements
 from ..errors import ImgtoolError, UsageError
-from ..fsutil import fsync_dir, write_atomic
+from ..fsutil import fsync_dir, remove_quietly, write_atomic
 from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
 from ..worker import Worker, sha256_of
@@ -270,7 +270,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
             doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
         for path in written:
-            _unlink(path)
+            remove_quietly(path)
         if isinstance(e, OSError):
             raise _os_error(e, plan.out_dir, "write", plan.tar_size) from None
         raise
@@ -590,7 +590,7 @@ class _PartSink:
                 pass
         if not self.placed:
             for path in self.paths:
-                _unlink(path)
+                remove_quietly(path)
 
 
 class _Plain:
@@ -663,7 +663,7 @@ def _compressor(compress: str, sink: _PartSink, tar_size: int, gzip: gz.Gzip) ->
 
 def _clear_old_bundle(out_dir: Path) -> List[str]:
     """--force: drop the old bundle.json first (so it reads as unfinished), then its files only."""
-    _unlink(out_dir / BUNDLE_JSON)
+    remove_quietly(out_dir / BUNDLE_JSON)
     fsync_dir(out_dir, strict=True)
     left = []
     for path in sorted(out_dir.iterdir()):
@@ -681,15 +681,6 @@ def _fdatasync_quietly(fd: int) -> None:
         os.fdatasync(fd)
     except OSError:
         pass  # the part's closing fsync reports it
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        pass
 
 
 def _now() -> str:

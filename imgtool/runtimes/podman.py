@@ -21,7 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
-from ..fsutil import process_alive
+from ..fsutil import process_alive, remove_quietly
 from ..model import foreign_arch_warning, format_size
 from ..program import QUICK, Process, ProcessTimeout, Program
 from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
@@ -280,8 +280,9 @@ class Podman:
             return self.podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
         finally:
             # on a thread of its own: freeing an archive-sized file's blocks took 0.2-0.4 s for 1.6 GB, which the
-            # checks and tags after the load now overlap (docs/benchmarks.md, "Podman's load, the staged copy")
-            remover = threading.Thread(target=_unlink_quietly, args=(path,), name="staged-copy-unlink")
+            # checks and tags after the load now overlap (docs/benchmarks.md, "Podman's load, the staged copy"); one
+            # that cannot be removed is left to the next load's remove_debris (this pid is gone by then)
+            remover = threading.Thread(target=remove_quietly, args=(path,), name="staged-copy-unlink")
             remover.start()
             self._removing.append(remover)
 
@@ -313,9 +314,7 @@ class Podman:
         for path, size, pid in self._staged():
             if process_alive(pid):
                 continue
-            try:
-                os.unlink(path)
-            except OSError:
+            if not remove_quietly(path):
                 continue
             removed.append(f"removed {path} ({format_size(size)}), the archive copy of an imgtool load that "
                            f"was cut short (pid {pid})")
@@ -488,15 +487,6 @@ def _make_cache_dirs(spec: "ContainerSpec") -> None:
             except OSError as e:
                 raise ImgtoolError(f"cannot create {mount.host} for the container: {(e.strerror or str(e)).lower()}",
                                    hint=f"create it yourself (mkdir -p {mount.host}), or run as root") from e
-
-
-def _unlink_quietly(path: str) -> None:
-    """Remove a staged copy; one that cannot be removed is left to the next load's remove_debris (its pid is
-    gone by then)."""
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _sha(value: object) -> str:
