@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..delta import describe_requirements, missing_chains, requirements
-from ..errors import DaemonError, ImgtoolError, UsageError
+from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from ..model import Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
 from . import hostcheck, layout
@@ -338,13 +338,16 @@ def arch_warnings(index: BundleIndex, host_arch: str, title: str = "Docker") -> 
     return [w for w in (foreign_arch_warning(im.ref, str(im.platform), arch, host=title) for im in index.images) if w]
 
 
-class Cut(Exception):
-    """The archive deviates from bundle.json: the upload is cut short (the full check then names why)."""
+class Cut(VerifyError):
+    """The archive deviates from bundle.json: the upload is cut short (load's full check then names why).
+
+    A verification failure (exit 3) of the error root, so a deviation that escapes the full check (a pair that
+    has none, a caller that lets it through) is still said as a refusal, never as an internal error."""
 
 
 class Applied(Cut):
     """The runtime applied a layer whose content is not its diff_id (Podman does not check): the loaded image
-    is removed again (the full check then names the layer)."""
+    is removed again (load's full check then names the layer; `copy registry: runtime:` says this one)."""
 
 
 def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> None:
@@ -360,7 +363,10 @@ def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tup
                               hint=f"check {facts.title}'s storage ({facts.root_dir}), then load again")
         if applied != expected:
             bad = next((i for i, (a, b) in enumerate(zip(applied, expected)) if a != b), len(expected) - 1)
-            raise Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id")
+            raise Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id "
+                          f"(blob {im.layers[bad].digest.short}); nothing of {im.ref} was kept",
+                          hint="the blob matches its digest, so the image is published this way (fetching it again "
+                               "gives the same bytes): report it to the image's publisher")
 
 
 def outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],

@@ -322,8 +322,9 @@ class _RawReader:
         return self.raw.read(n)
 
 
-class DecodeError(Exception):
-    """A compressed stream could not be decoded."""
+class DecodeError(VerifyError):
+    """A compressed stream could not be decoded. Each reader of a stream says where (a part, a layer); one that
+    escapes is still a verification failure (exit 3), never an internal error."""
 
 
 def decompressed(raw, compression: str):

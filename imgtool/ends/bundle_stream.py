@@ -11,8 +11,8 @@ deviation anywhere cuts the upload short and the runtime, which registers nothin
 drops it. For a runtime that does not check diff_ids itself (Podman where its records cannot be read), every layer
 handed over is also decompressed and hashed for its diff_id (`diff_ids`).
 
-What it raises: VerifyError (a part), `bundle.load._Cut` (the archive deviates); either way the caller checks the
-whole bundle to name every damaged part. Python 3.7 (the pyz loads through this).
+What it raises: VerifyError (a part), `bundle.load.Cut`, itself one (the archive deviates); either way the caller
+checks the whole bundle to name every damaged part. Python 3.7 (the pyz loads through this).
 """
 
 import hashlib
@@ -128,7 +128,11 @@ class ArchiveSource:
         for data in self._take(self.tar_size - self.consumed):
             if data.strip(b"\0"):
                 raise Cut("the archive has data after its end-of-archive marker")
-        if self.stream.read(READ_SIZE):  # the last read ended the last part (its sha256 checked then, if hashed)
+        try:
+            longer = self.stream.read(READ_SIZE)  # the last read ended the last part (its sha256 checked then, if hashed)
+        except DecodeError as e:  # the compressed stream's own end (a gzip trailer, its CRC) is damaged
+            raise Cut(f"the archive cannot be decompressed: {e}") from e
+        if longer:
             raise Cut("the archive is longer than bundle.json says")
         self.parts.drain()  # a compressed archive may end before its last part does: check that part too
         bad = [f"{m.what} differs from its digest" for m in self.hashes.result()]
