@@ -133,8 +133,10 @@ def test_paths_are_checked_before_docker(tmp_path):
     empty.mkdir()
     r = imgtool("load", f"{empty}/", docker_host=sock)
     assert (r.returncode, r.stderr.splitlines()) == (3, [
-        f"error: incomplete bundle: {empty} has no bundle.json (the fetch did not finish, or bundle.json was not copied)",
-        "hint: copy bundle.json from the source medium, or run the fetch again"])
+        f"error: incomplete bundle: {empty} has no bundle.json (what made it did not finish, or bundle.json was not "
+        "copied)",
+        "hint: copy bundle.json from the source medium, or make the bundle again as it was made (imgtool fetch, export "
+        "or copy)"])
     r = imgtool("load", str(tmp_path / "nowhere"), docker_host=sock)
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle directory: {tmp_path / 'nowhere'}")
     r = imgtool("inventory", "-o", str(tmp_path / "no" / "inv.json"), docker_host=sock)

@@ -74,3 +74,30 @@ def test_the_top_level_help_lists_the_exit_codes():
     out = CliRunner().invoke(cli, ["--help"]).output
     listed = out.split("Exit codes:\n", 1)[1].splitlines()
     assert [line.split(None, 1) for line in listed if line.strip()] == [[str(c), m] for c, m in EXIT_MEANINGS]
+
+
+@pytest.mark.parametrize("lock,said", [
+    ("copy 4242\n", ("error: incomplete bundle: {d} has no bundle.json (an imgtool copy was writing it and has not "
+                     "finished)", "hint: let that imgtool copy finish, or run it again if it was stopped")),
+    ("export 4242\n", ("error: incomplete bundle: {d} has no bundle.json (an imgtool export was writing it and has "
+                       "not finished)", "hint: let that imgtool export finish, or run it again if it was stopped")),
+    (None, ("error: incomplete bundle: {d} has no bundle.json (what made it did not finish, or bundle.json was not "
+            "copied)", "hint: copy bundle.json from the source medium, or make the bundle again as it was made "
+                       "(imgtool fetch, export or copy)")),
+    ("serve 4242\n", ("error: incomplete bundle: {d} has no bundle.json (what made it did not finish, or bundle.json "
+                      "was not copied)", "hint: copy bundle.json from the source medium, or make the bundle again as "
+                                         "it was made (imgtool fetch, export or copy)")),
+])
+def test_an_unfinished_bundle_names_what_was_writing_it(lock, said, tmp_path):
+    """Issue 46 item 7: a bundle re-cut by `imgtool copy` (or made by `export`) and stopped before its bundle.json
+    was told to "run the fetch again". The writer's lock file (dirlock.py: `VERB PID`, left by a killed run) says
+    which verb was writing it; without one, the hint names every verb that makes a bundle."""
+    from tests.support.bundles import imgtool
+
+    d = tmp_path / "bundle"
+    d.mkdir()
+    (d / "vllm.tar.part001").write_bytes(b"\0" * 512)
+    if lock is not None:
+        (d / ".imgtool-lock").write_text(lock)
+    r = imgtool("verify", str(d), env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""})
+    assert (r.returncode, r.stderr.splitlines()) == (3, [said[0].format(d=d), said[1]])

@@ -347,7 +347,7 @@ def test_manifest_json_with_other_tags_is_refused(bundle, services, docker_cli):
     r = imgtool("load", str(out), docker_host=services.docker_host)
     assert r.returncode == 3
     assert "  - archive member manifest.json differs from what bundle.json implies; the bundle itself is bad: " \
-           "fetch it again (in part 001)" in err_lines(r)
+           "make it again as it was made (imgtool fetch, export or copy) (in part 001)" in err_lines(r)
 
 
 @pytest.mark.engines

@@ -140,9 +140,10 @@ def test_missing_or_unreadable_bundle_json(bundle, tmp_path):
     r = imgtool("verify", str(bundle))
     assert r.returncode == 3
     assert err_lines(r) == [
-        f"error: incomplete bundle: {bundle} has no bundle.json (the fetch did not finish, or bundle.json was "
+        f"error: incomplete bundle: {bundle} has no bundle.json (what made it did not finish, or bundle.json was "
         "not copied)",
-        "hint: copy bundle.json from the source medium, or run the fetch again",
+        "hint: copy bundle.json from the source medium, or make the bundle again as it was made (imgtool fetch, "
+        "export or copy)",
     ]
     (bundle / "bundle.json").write_text("{not json")
     r = imgtool("verify", str(bundle))
@@ -204,7 +205,8 @@ def test_bad_blob_inside_sound_parts(tmp_path, factory):
     assert r.returncode == 3
     lines = err_lines(r)
     assert lines[1].startswith(f"  - layer 3 of {REPO}:v1 (blob {victim.short}) is damaged: its sha256 differs "
-                               f"from its digest; the bundle itself is bad: fetch it again ({parts_holding(out, victim)})")
+                               "from its digest; the bundle itself is bad: make it again as it was made (imgtool fetch, "
+                               f"export or copy) ({parts_holding(out, victim)})")
     assert parts_holding(out, victim).startswith("in parts ")  # 1 MiB parts: a ~1 MiB layer spans two
     # gzip's own CRC catches the flipped byte before the diff_id comparison would
     assert lines[2].startswith(f"  - layer 3 of {REPO}:v1 (blob {victim.short}) cannot be decompressed: "

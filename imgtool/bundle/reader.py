@@ -17,7 +17,7 @@ from .. import gz
 from ..errors import UsageError, VerifyError
 from ..fsutil import NotRegularFile, open_regular, require_regular
 from ..worker import Worker, sha256_of
-from .format import BUNDLE_JSON, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
+from .format import BUNDLE_JSON, LOCK_NAME, MAX_BUNDLE_JSON, BundleIndex, Part, part_label
 
 READ_SIZE = 1024 * 1024
 HASH_READ = 4 * 1024 * 1024
@@ -59,12 +59,33 @@ def read_index(bundle_dir: Path) -> Tuple[BundleIndex, bytes]:
         raise VerifyError(f"bundle.json is not a regular file ({e.kind})",
                           hint="copy bundle.json from the source medium") from None
     except FileNotFoundError:
-        raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (the fetch did not finish, "
+        writer = _writer(bundle_dir)
+        if writer is not None:
+            raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (an imgtool {writer} was writing "
+                              "it and has not finished)",
+                              hint=f"let that imgtool {writer} finish, or run it again if it was stopped") from None
+        raise VerifyError(f"incomplete bundle: {bundle_dir} has no bundle.json (what made it did not finish, "
                           "or bundle.json was not copied)",
-                          hint="copy bundle.json from the source medium, or run the fetch again") from None
+                          hint="copy bundle.json from the source medium, or make the bundle again as it was made "
+                               "(imgtool fetch, export or copy)") from None
     except OSError as e:
         raise VerifyError(f"cannot read {path}: {e.strerror or e}") from e
     return BundleIndex.from_bytes(data), data
+
+
+WRITERS = ("fetch", "export", "copy")  # the verbs that write a bundle directory under its lock (dirlock.py)
+
+
+def _writer(bundle_dir: Path) -> Optional[str]:
+    """The verb that was writing DIR as its lock file names it (`fetch 1234`: a run killed leaves the file, and
+    bundle.json is the last thing a writer puts there), or None: no lock file, or one that names no writer."""
+    try:
+        with open_regular(bundle_dir / LOCK_NAME) as f:
+            said = f.read(64)
+    except OSError:  # missing, not a regular file, unreadable: it says nothing
+        return None
+    verb = said.decode("ascii", "replace").split("\n")[0].split(" ")[0]
+    return verb if verb in WRITERS else None
 
 
 def unreadable(path: Path, e: OSError) -> Optional[Tuple[str, str]]:

@@ -25,6 +25,9 @@ from .reader import READ_SIZE, DecodeError, PartMap, Problem, decompressed
 
 ZERO_BLOCK = bytes(layout.BLOCK)
 MAX_PAX = 64 * 1024
+# a blob that differs from its digest in parts that match their sums was written so by what made the bundle (a fetch,
+# an export, a copy of another bundle: bundle.json does not say which): that is what to run again
+REMADE = "the bundle itself is bad: make it again as it was made (imgtool fetch, export or copy)"
 _LINK_KINDS = {
     tarfile.SYMTYPE: "a symbolic link",
     tarfile.LNKTYPE: "a hard link",
@@ -223,12 +226,12 @@ class _Walk:
         self.result.blobs_checked += member.kind != "meta"
         if sha.hexdigest() != member.digest.hex:
             if member.kind == "meta":
-                self.problem(f"archive member {name} differs from what bundle.json implies; "
-                             "the bundle itself is bad: fetch it again", start, data_start + size)
+                self.problem(f"archive member {name} differs from what bundle.json implies; {REMADE}", start,
+                             data_start + size)
             else:
                 self.damaged.add(member.digest)
                 self.problem(f"{member.what} (blob {member.digest.short}) is damaged: its sha256 differs from "
-                             "its digest; the bundle itself is bad: fetch it again", start, data_start + size)
+                             f"its digest; {REMADE}", start, data_start + size)
         pad = self.read_exact(layout.padding(size))
         if pad.strip(b"\0"):
             self.problem(f"the archive has non-zero padding after {name}", data_start + size)
@@ -275,7 +278,7 @@ class _Walk:
             if Digest.parse(diff_id) not in self.diff.get(m.digest, set()):
                 # a blob that matches its digest is what the registry serves: fetching again gives the same bytes
                 # (fetch checks diff_ids only with --check-diff-ids)
-                why = "the bundle itself is bad: fetch it again" if m.digest in self.damaged else \
+                why = REMADE if m.digest in self.damaged else \
                     ("its blob matches its digest, so the image is published this way (fetching again gives the "
                      "same bytes): report it to the image's publisher")
                 self.problem(f"{m.what} (blob {m.digest.short}): its uncompressed content does not match the "
