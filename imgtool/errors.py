@@ -33,6 +33,12 @@ def one_line(what: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def counted(n: int, noun: str, plural: Optional[str] = None) -> str:
+    """`n` and the noun agreeing with it, for a message: "1 entry", "3 entries", "0 blobs" (`plural`: where adding
+    an s is not the plural)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def exit_codes_help() -> str:
     """The exit codes as the top-level --help shows them (click keeps a paragraph after \\b as written)."""
     return "\b\nExit codes:\n" + "\n".join(f"  {code:<3} {meaning}" for code, meaning in EXIT_MEANINGS)

@@ -36,7 +36,7 @@ from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
 from .connections import MAX_BODY, MAX_HEAD, Answer, FileSpan, Limits, Loop
 from .dirlock import lock_served
-from .errors import BlobDamaged, Interrupted, UsageError
+from .errors import BlobDamaged, Interrupted, UsageError, counted
 from .fsutil import NotRegularFile, open_regular
 from .model import Digest, format_size, is_attestation
 from .nodeconfig import NodeConfig, node_config
@@ -150,7 +150,7 @@ def index_notes(repo: Repository) -> List[str]:
             continue
         upstream = [d for d, t in repo.upstream.items() if t == tag and repo.served_upstream(d)]
         if served in repo.indexes.values():
-            head = f"{repo.name}:{tag} is served as an index of the {len(digests)} platforms the bundle holds " \
+            head = f"{repo.name}:{tag} is served as an index of the {counted(len(digests), 'platform')} the bundle holds " \
                    f"({platforms}): {served}"
         elif upstream:
             head = f"{repo.name}:{tag} is served as its {platforms} manifest"
@@ -161,8 +161,8 @@ def index_notes(repo: Repository) -> List[str]:
         for d in upstream:
             lacking = [("attestation" if is_attestation(e) else str(e.platform or "?"))
                        for e in repo.kept[d].entries if e.digest in repo.lacking]
-            out.append(f"{head}; upstream's index {d} by digest, without the {len(lacking)} entries the bundles "
-                       f"lack ({', '.join(lacking)})")
+            out.append(f"{head}; upstream's index {d} by digest, without the {counted(len(lacking), 'entry', 'entries')} "
+                       f"the bundles lack ({', '.join(lacking)})")
     return out
 
 
@@ -314,7 +314,7 @@ class _Server:
             return
         if done is not None:
             blobs, size, bad = done
-            self.log(f"serve: all {blobs} blobs checked ({format_size(size)}) in {time.monotonic() - started:.1f} s: " +
+            self.log(f"serve: all {counted(blobs, 'blob')} checked ({format_size(size)}) in {time.monotonic() - started:.1f} s: " +
                      (f"{bad} damaged, refused per request" if bad else "every digest matches"))
 
     def _answer(self, client_address: Tuple, data: bytes, started: float, whole: bool) -> Answer:
@@ -602,14 +602,16 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         host, port = str(server.server_address[0]), server.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         tags = sum(len(r.tags) for r in catalog.repositories.values())
-        say(f"serving {len(catalog.repositories)} repositories ({tags} tags) from {len(dirs)} bundle(s) at "
+        say(f"serving {counted(len(catalog.repositories), 'repository', 'repositories')} ({counted(tags, 'tag')}) from "
+            f"{counted(len(dirs), 'bundle')} at "
             f"{settings.scheme}://{shown}:{port}/ (Ctrl-C stops)")
         for repo in sorted(catalog.repositories.values(), key=lambda r: r.name):
             say(f"  {repo.name}: {', '.join(sorted(repo.tags)) or '(by digest only)'}")
         for d, index in zip(dirs, catalog.indexes):
             if index.is_delta:
-                say(f"note: {d} is a delta bundle: the {len(index.omitted_chains())} layers it leaves out are not "
-                    "served; only nodes that hold them already can pull its images")
+                n = len(index.omitted_chains())
+                say(f"note: {d} is a delta bundle: the {counted(n, 'layer')} it leaves out {'is' if n == 1 else 'are'} "
+                    f"not served; only nodes that hold {'it' if n == 1 else 'them'} already can pull its images")
         for b, path in sorted((unpacked or {}).items()):
             say(f"note: {dirs[b]} is {catalog.indexes[b].archive.compression}-compressed: served from its archive "
                 f"unpacked into {path}")

@@ -101,3 +101,24 @@ def test_an_unfinished_bundle_names_what_was_writing_it(lock, said, tmp_path):
         (d / ".imgtool-lock").write_text(lock)
     r = imgtool("verify", str(d), env={"HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""})
     assert (r.returncode, r.stderr.splitlines()) == (3, [said[0].format(d=d), said[1]])
+
+
+def test_a_count_agrees_with_its_noun(factory, tmp_path):
+    """Issue 46 item 7: serve said "without the 1 entries". errors.counted is the one agreement of a count and its
+    noun; serve's startup note about upstream's index is one of its users."""
+    from imgtool.bundle.catalog import Catalog
+    from imgtool.bundle.reader import read_index
+    from imgtool.errors import counted
+    from imgtool.serve import index_notes
+    from tests.support.bundles import BlobDir, write
+
+    assert [counted(n, "entry", "entries") for n in (0, 1, 2)] == ["0 entries", "1 entry", "2 entries"]
+    assert counted(1, "blob") == "1 blob" and counted(3, "blob") == "3 blobs"
+    store = BlobDir(tmp_path / "blobs")
+    idx = factory.multiarch(("amd64", "arm64"), layers=1, media="docker")
+    out = tmp_path / "b"
+    write(out, [store.pulled(idx.images[0], "quay.io/ascend/vllm-ascend:v3", index=idx)], store)
+    repo = Catalog([read_index(out)[0]]).repository("ascend/vllm-ascend")
+    notes = index_notes(repo)
+    assert len(notes) == 1 and notes[0].endswith(
+        f"upstream's index {idx.manifest_digest} by digest, without the 1 entry the bundles lack (linux/arm64/v8)"), notes

@@ -2,6 +2,7 @@
 
 import click
 
+from ..errors import counted
 from .options import common, json_option, runtime_choice, runtime_options
 from .output import emit_json, progress
 
@@ -29,5 +30,5 @@ def inventory(output, runtime, address, namespace, as_json):
     elif as_json:
         emit_json({"path": str(result.path), "images": len(result.inventory.images), "layers": result.layers})
     else:
-        progress().note(f"inventory: {len(result.inventory.images)} images, "
-                        f"{result.layers} distinct layers -> {output}")
+        progress().note(f"inventory: {counted(len(result.inventory.images), 'image')}, "
+                        f"{counted(result.layers, 'distinct layer')} -> {output}")

@@ -2,6 +2,7 @@
 
 import click
 
+from ..errors import counted
 from ..text import for_terminal
 from .options import bundle_usage, common, json_option, renamed, signers_option
 from .output import echo_signature, emit_json, progress
@@ -33,7 +34,8 @@ def verify(bundle_dir, expect, quick, threads, signers, as_json):
         emit_json(report.to_json())
     elif report.ok:
         what = "parts checked (quick: the blobs inside were not)" if quick else \
-            f"{len(report.index.parts)} parts, {report.blobs_checked} blobs and {report.layers_checked} layer diff_ids checked"
+            (f"{counted(len(report.index.parts), 'part')}, {counted(report.blobs_checked, 'blob')} and "
+             f"{counted(report.layers_checked, 'layer diff_id')} checked")
         click.echo(f"ok: {report.dir}: {len(report.index.images)} image(s); {what}; "
                    f"{format_size(report.bytes_read)} in {report.seconds:.1f} s")
         for im in report.index.images:
@@ -42,7 +44,7 @@ def verify(bundle_dir, expect, quick, threads, signers, as_json):
             from ..delta import describe_requirements, requirements
 
             chains = report.index.omitted_chains()
-            click.echo(f"delta bundle: {len(chains)} layers left out on purpose "
+            click.echo(f"delta bundle: {counted(len(chains), 'layer')} left out on purpose "
                        f"(Docker must already hold them: {describe_requirements(requirements(chains))})")
         if report.unpacked_size is not None:
             click.echo(f"unpacked size: {format_size(report.unpacked_size)}")
