@@ -342,7 +342,7 @@ def test_killed_write_leaves_no_bundle_json(tmp_path):
     assert left and all(".part" in name for name in left)  # parts so far, never bundle.json
     v = imgtool("verify", str(out))
     assert v.returncode == 3
-    assert v.stderr.splitlines()[0] == (f"error: incomplete bundle: {out} has no bundle.json (the fetch did not "
+    assert v.stderr.splitlines()[0] == (f"error: incomplete bundle: {out} has no bundle.json (what made it did not "
                                         "finish, or bundle.json was not copied)")
 
 
