@@ -179,7 +179,7 @@ def test_the_signature_policy_is_pure():
 # that no layer names by itself. Data flows one way: descriptions of images and bundles, the rooms of outside
 # systems, the bundle read and written, the steps of a copy, the verbs, the commands.
 LAYERS = (
-    ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz",
+    ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz", "memory",
                     "progress", "tarstream"}),
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset",
