@@ -226,16 +226,7 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     if not ok:
         raise _none_serves(ref, probes)
     chosen = ref.digest or _choose(ok)
-    warnings = []
-    for p in ok:
-        if p.digest != chosen:
-            p.stale = True
-            if ref.digest:  # asked by digest: another answer is other content under that name, not an old tag
-                warnings.append(f"mirror {p.source.describe()} answered {ref.reference} with a manifest whose digest "
-                                f"is {p.digest}: expected {chosen}, got {p.digest}; not used")
-            else:
-                warnings.append(f"mirror {p.source.name} serves {p.digest.short if p.digest else '-'} for "
-                                f"{ref.reference}, not {chosen.short} (a stale cache?): not used for this image")
+    warnings = _mark_stale(ref, ok, chosen)
     if ref.digest and not any(not p.stale for p in ok):
         detail = "; ".join(f"{p.source.describe()}: expected {chosen}, got {p.digest}" for p in ok)
         raise RegistryError(f"no source serves {ref} under its digest: {detail}",
@@ -245,6 +236,22 @@ def resolve(ref: ImageRef, sources: List[Source], timeout: float = 5.0) -> Resol
     healthy = sorted((p for p in ok if not p.stale), key=lambda p: p.latency or 0)
     return Resolution(ref.with_digest(chosen) if not ref.digest else ref, chosen, [p.source for p in healthy], probes, notes,
                       warnings)
+
+
+def _mark_stale(ref: ImageRef, answers: List[Probe], chosen: Digest) -> List[str]:
+    """Mark each answer whose digest is not `chosen` stale; the warnings that say so."""
+    warnings = []
+    for p in answers:
+        if p.digest == chosen:
+            continue
+        p.stale = True
+        if ref.digest:  # asked by digest: another answer is other content under that name, not an old tag
+            warnings.append(f"mirror {p.source.describe()} answered {ref.reference} with a manifest whose digest "
+                            f"is {p.digest}: expected {chosen}, got {p.digest}; not used")
+        else:
+            warnings.append(f"mirror {p.source.name} serves {p.digest.short if p.digest else '-'} for "
+                            f"{ref.reference}, not {chosen.short} (a stale cache?): not used for this image")
+    return warnings
 
 
 def _none_serves(ref: ImageRef, probes: List[Probe]) -> RegistryError:

@@ -302,33 +302,14 @@ class RegistryClient:
         auth_tries = 0
         attempt = 0
         while True:
-            hdrs = dict(headers or {})
-            hdrs.update(self.auth.header(scope, url))
-            seconds = self._seconds(timeout) + len(data or b"") / self.min_rate  # a body to send: at the rate
             try:
-                with deadline.watching(seconds) as watch:
-                    resp = self._session().request(method, url, headers=hdrs, stream=True,
-                                                   timeout=timeout or self.timeout, allow_redirects=True,
-                                                   verify=self.verify, data=data)
+                resp = self._send(method, url, scope, headers, timeout, data)
             except self._net.error as e:
-                if watch.expired:  # its socket shut by the watchdog: the source is too slow, not down
-                    raise self._too_slow(seconds) from e
-                if isinstance(e, self._net.tls_error):
-                    raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
-                                        hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you "
-                                             "trust the network") from e
                 attempt += 1
                 if attempt >= attempts:
                     raise self._unreachable(e, url) from e
                 self.retry.wait(self.retry.delay(attempt - 1), cancel)
                 continue
-            if watch.expired:  # the headers came in just as the deadline passed: the body is cut off
-                resp.close()
-                raise self._too_slow(seconds)
-            if resp.status_code == 401 and not self.auth.same_origin(resp.url):
-                resp.close()
-                raise RegistryError(f"{self.host} sent imgtool on to {_netloc(resp.url)}, which asks for a login: "
-                                    f"imgtool sends the login for {self.host} to {self.host} only")
             if resp.status_code == 401 and auth_tries < 2:
                 auth_tries += 1
                 self.auth.forget(scope)  # a stale token: drop it and ask again
@@ -343,6 +324,35 @@ class RegistryClient:
                 self.retry.wait(self.retry.delay(attempt - 1, retry_after(resp)), cancel)
                 continue
             return resp
+
+    def _send(self, method: str, url: str, scope: Optional[str], headers: Optional[dict], timeout,
+              data: Optional[bytes]) -> "requests.Response":
+        """One try of `open`, with the login for `url` and its deadline; returns the response, its body not yet
+        read. Raises the network's error (to be tried again), RegistryError for what another try would not
+        change: the deadline passed, TLS verification failed, another origin asks for a login."""
+        hdrs = dict(headers or {})
+        hdrs.update(self.auth.header(scope, url))
+        seconds = self._seconds(timeout) + len(data or b"") / self.min_rate  # a body to send: at the rate
+        try:
+            with deadline.watching(seconds) as watch:
+                resp = self._session().request(method, url, headers=hdrs, stream=True, timeout=timeout or self.timeout,
+                                               allow_redirects=True, verify=self.verify, data=data)
+        except self._net.error as e:
+            if watch.expired:  # its socket shut by the watchdog: the source is too slow, not down
+                raise self._too_slow(seconds) from e
+            if isinstance(e, self._net.tls_error):
+                raise RegistryError(f"{self.host}: TLS verification failed: {network_error_text(e)}",
+                                    hint="set ca_cert for this mirror in mirrors.toml, or insecure = true if you "
+                                         "trust the network") from e
+            raise
+        if watch.expired:  # the headers came in just as the deadline passed: the body is cut off
+            resp.close()
+            raise self._too_slow(seconds)
+        if resp.status_code == 401 and not self.auth.same_origin(resp.url):
+            resp.close()
+            raise RegistryError(f"{self.host} sent imgtool on to {_netloc(resp.url)}, which asks for a login: "
+                                f"imgtool sends the login for {self.host} to {self.host} only")
+        return resp
 
     # -- the API ---------------------------------------------------------
 

@@ -33,9 +33,15 @@ def test_registry_to_runtime_lands_the_image_as_load_does(services, factory, mir
     assert set(node.image_ids()) - set(before) == {node.bundle_id(image)}
     assert ref in node.names(image) and "vllm:prod" in node.names(image)
     assert f"copied 1 image(s) from registry:v0.22.1rc1 to {node.title}" in r.stdout
-    again = imgtool("copy", "registry:v0.22.1rc1", "runtime:", "--mirrors-file", str(cfg), "--json", env=env)
+    # the runtime holds it: with a cache of its own (nothing to take from), not one layer is downloaded
+    fresh = dict(env, IMGTOOL_CACHE=str(tmp_path / "fresh-cache"))
+    again = imgtool("copy", "registry:v0.22.1rc1", "runtime:", "--mirrors-file", str(cfg), "--json", env=fresh)
     assert again.returncode == 0, again.stderr
     assert [im["ref"] for im in json.loads(again.stdout)["images"]] == [ref]
+    blobs = tmp_path / "fresh-cache" / "blobs" / "sha256"
+    assert not any(p.name in {x.digest.split(":")[1] for x in image.layers} for p in blobs.glob("*")), \
+        sorted(p.name for p in blobs.glob("*"))
+    assert "download" not in again.stderr
 
 
 @pytest.mark.runtimes

@@ -179,7 +179,7 @@ def test_the_signature_policy_is_pure():
 # that no layer names by itself. Data flows one way: descriptions of images and bundles, the rooms of outside
 # systems, the bundle read and written, the steps of a copy, the verbs, the commands.
 LAYERS = (
-    ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz",
+    ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz", "memory",
                     "progress", "tarstream"}),
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset",
@@ -372,3 +372,24 @@ def test_the_environment_check_sees_every_form_of_read(tmp_path):
     probe.write_text('import os\nfrom os import getenv\na = os.environ.get("A")\nb = os.environ["B"]\nc = "C" in os.environ\n'
                      'd = os.getenv("D", "")\ne = dict(os.environ)\nf = os.environ.get(name)\n')
     assert sorted(environment_reads(probe)) == [(2, "*"), (3, "A"), (4, "B"), (5, "C"), (6, "D"), (7, "*"), (8, "*")]
+
+
+def test_design_md_lists_every_module_in_its_layer():
+    """docs/design.md's table of layers names each module of LAYERS in the layer's row (a module moved or added
+    without the page saying so fails here)."""
+    import re
+
+    rows = {}
+    for line in (PKG.parent / "docs" / "design.md").read_text().splitlines():
+        m = re.match(r"\| (\d+) \| [^|]+ \| (.+) \|$", line)
+        if m:
+            rows[int(m.group(1))] = m.group(2)
+    assert sorted(rows) == list(range(len(LAYERS))), sorted(rows)
+    missing = []
+    for i, (name, members) in enumerate(LAYERS):
+        words = set(re.findall(r"[\w.]+", rows[i].replace("/", "")))
+        for member in members:
+            short = member.split(".")[-1]
+            if member not in words and short not in words and member.replace(".", "") not in words:
+                missing.append(f"layer {i} ({name}): {member}")
+    assert not missing, missing

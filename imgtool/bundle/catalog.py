@@ -158,6 +158,16 @@ class Catalog:
             _answer_upstream(repo)
 
     def _add(self, b: int, index: BundleIndex) -> None:
+        self._add_blobs(b, index)
+        seen: Dict[Tuple[str, str, str], List[BundleImage]] = {}
+        kept = {x.digest: x for x in index.upstream_indexes}
+        for image in index.images:
+            self._add_image(image, kept, seen)
+        for (registry, path, tag), images in seen.items():
+            self._add_tag(self.repositories[(registry, path)], tag, images, kept)
+
+    def _add_blobs(self, b: int, index: BundleIndex) -> None:
+        """Where bundle `b`'s files start, and where each blob lies in them (the first bundle's copy is served)."""
         # a compressed bundle is served from its archive unpacked into one file (inplace.unpack_archive): one "part"
         sizes = [p.size for p in index.parts] if index.archive.compression == "none" else [index.archive.tar_size]
         starts, pos = [], 0
@@ -171,43 +181,46 @@ class Catalog:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,
                                                    p.member.media_type)
-        seen: Dict[Tuple[str, str, str], List[BundleImage]] = {}
-        kept = {x.digest: x for x in index.upstream_indexes}
-        for image in index.images:
-            ref = image.image_ref
-            key = (_registry(ref.registry), ref.repository)
-            repo = self.repositories.setdefault(key, Repository(*key))
-            if image.index_digest in kept:
-                repo.kept.setdefault(image.index_digest, kept[image.index_digest])
-            twin = layout.oci_manifest(image)
-            repo.manifests.setdefault(image.manifest_digest, Manifest(image.manifest_digest, image.manifest_media_type,
-                                                                      str(image.platform)))
-            repo.blobs.add(image.manifest_digest)
-            if twin:
-                repo.manifests.setdefault(Digest.of(twin), Manifest(Digest.of(twin), OCI_MANIFEST, str(image.platform)))
-                repo.blobs.add(Digest.of(twin))
-            repo.blobs.add(image.image_id)
-            repo.blobs.update(x.digest for x in image.layers if not x.omitted)
-            if ref.tag:
-                seen.setdefault(key + (ref.tag,), []).append(image)
-        for (registry, path, tag), images in seen.items():
-            repo = self.repositories[(registry, path)]
-            digests = [im.manifest_digest for im in images]
-            if tag in repo.tags and repo.tags[tag] != digests:
-                self.conflicts.append(f"{repo.name}:{tag}")
-                continue
-            repo.tags[tag] = digests
-            for im in images:
-                if im.index_digest is not None:
-                    repo.upstream.setdefault(im.index_digest, tag)
-            whole = _whole_upstream(images, kept)
-            if whole is not None:  # the bundle holds every manifest upstream's index lists: the tag answers it
-                repo.indexes[tag] = whole.digest
-            elif len(images) > 1:
-                media, data = layout.platform_index(images)
-                digest = Digest.of(data)
-                repo.indexes[tag] = digest
-                repo.manifests.setdefault(digest, Manifest(digest, media, "index", data))
+
+    def _add_image(self, image: BundleImage, kept: Dict[Digest, UpstreamIndex],
+                   seen: Dict[Tuple[str, str, str], List[BundleImage]]) -> None:
+        """The image's manifests and blobs in its repository; its tag noted in `seen` for _add_tag."""
+        ref = image.image_ref
+        key = (_registry(ref.registry), ref.repository)
+        repo = self.repositories.setdefault(key, Repository(*key))
+        if image.index_digest in kept:
+            repo.kept.setdefault(image.index_digest, kept[image.index_digest])
+        twin = layout.oci_manifest(image)
+        repo.manifests.setdefault(image.manifest_digest, Manifest(image.manifest_digest, image.manifest_media_type,
+                                                                  str(image.platform)))
+        repo.blobs.add(image.manifest_digest)
+        if twin:
+            repo.manifests.setdefault(Digest.of(twin), Manifest(Digest.of(twin), OCI_MANIFEST, str(image.platform)))
+            repo.blobs.add(Digest.of(twin))
+        repo.blobs.add(image.image_id)
+        repo.blobs.update(x.digest for x in image.layers if not x.omitted)
+        if ref.tag:
+            seen.setdefault(key + (ref.tag,), []).append(image)
+
+    def _add_tag(self, repo: "Repository", tag: str, images: List[BundleImage], kept: Dict[Digest, UpstreamIndex]) -> None:
+        """What `tag` answers: its one manifest, upstream's index where the bundle holds all of it, else an index of
+        the platforms held; a tag an earlier bundle holds differently is a conflict (the first is served)."""
+        digests = [im.manifest_digest for im in images]
+        if tag in repo.tags and repo.tags[tag] != digests:
+            self.conflicts.append(f"{repo.name}:{tag}")
+            return
+        repo.tags[tag] = digests
+        for im in images:
+            if im.index_digest is not None:
+                repo.upstream.setdefault(im.index_digest, tag)
+        whole = _whole_upstream(images, kept)
+        if whole is not None:  # the bundle holds every manifest upstream's index lists: the tag answers it
+            repo.indexes[tag] = whole.digest
+        elif len(images) > 1:
+            media, data = layout.platform_index(images)
+            digest = Digest.of(data)
+            repo.indexes[tag] = digest
+            repo.manifests.setdefault(digest, Manifest(digest, media, "index", data))
 
     def repository(self, name: str, ns: Optional[str] = None) -> Optional[Repository]:
         """The repository a request names: `ascend/vllm-ascend` (with containerd's `?ns=quay.io`, or alone when

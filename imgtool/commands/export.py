@@ -32,9 +32,12 @@ def export(images, output, chunk_size, compress, gzip_level, gzip_library, threa
     uncompressed from `docker save` and are gzip-compressed in parallel, so the bundle still
     loads on old Docker.
     """
+    from ..memory import tune_for_downloads
     from ..config import docker_host
     from ..runtimes.docker import open_daemon
     from ..export import ExportOptions, check_options, export as do_export
+
+    tune_for_downloads()  # measured with it (memory.py says why)
 
     opts = ExportOptions(images, output=output, chunk_size=size_value(chunk_size), compress=compress,
                          gzip_level=gzip_level, gzip_library=gzip_library, jobs=threads or 0, force=force, tool=tool,

@@ -71,10 +71,13 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
     a bundle.toml naming images and platforms, pinned by `imgtool lock`.
     """
+    from ..memory import tune_for_downloads
     from ..config import source_date_epoch
     from ..fetch import FetchOptions, fetch as do_fetch, parse_platforms
     from ..lock import spec_fetch_options
     from ..spec import parse_created
+
+    tune_for_downloads()  # measured with it (memory.py says why)
 
     config = registries(mirrors_file)
     opts = FetchOptions(refs=refs, platforms=parse_platforms(arch, platform_), output=output, mirror=mirror,

@@ -69,8 +69,10 @@ class RuntimeDestination:
 
     @staticmethod
     def _plan(load: "LoadPlan", images: Sequence[PulledImage], placed: List[layout.Placed], tar_size: int) -> Plan:
-        order = tuple(p.member.digest for p in placed if p.member.kind == "layer") if not load.loaded else ()
-        return Plan(tuple(images), order, frozenset(), {"load": load, "placed": (placed, tar_size)})
+        layers = tuple(p.member.digest for p in placed if p.member.kind == "layer")
+        # the runtime holds every image whole: nothing is read, so nothing is downloaded either
+        return Plan(tuple(images), () if load.loaded else layers, frozenset(layers) if load.loaded else frozenset(),
+                    {"load": load, "placed": (placed, tar_size)})
 
     def write(self, plan: Plan, source: "Source") -> List[LoadedImage]:
         """The archive streamed into the runtime and landed; raises what the source raised (nothing registered
