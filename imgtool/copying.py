@@ -19,6 +19,7 @@ from .errors import UsageError
 from .model import Platform
 from .pipeline import copy
 from .progress import Progress
+from .trust import State
 
 if TYPE_CHECKING:
     from .config import MirrorConfig
@@ -67,6 +68,14 @@ def check_pair(source: End, destination: End) -> None:
                          f"{sys.version_info[0]}.{sys.version_info[1]}")
 
 
+def check_bundle_options(source: End, **given: Optional[str]) -> None:
+    """--expect and --sign-key are for a bundle source (a bundle → bundle copy); raises UsageError."""
+    for name, value in given.items():
+        if value is not None and source.kind != "bundle":
+            raise UsageError(f"--{name.replace('_', '-')} is for a bundle source (copy bundle:DIR bundle:DIR)",
+                             hint="a registry source is checked by its digests as it is downloaded")
+
+
 @dataclass
 class CopyOptions:
     source: End
@@ -84,6 +93,8 @@ class CopyOptions:
     have: Optional[Path] = None  # bundle destinations: leave out what the offline side holds (a delta)
     created: Optional[str] = None
     signers: Optional[str] = None  # bundle sources: the signature policy
+    expect: Optional[str] = None  # bundle sources: the sha256 of bundle.json (as load --expect)
+    sign_key: Optional[str] = None  # bundle destinations: sign the new bundle.json with it
 
 
 @dataclass
@@ -94,6 +105,7 @@ class CopyResult:
     bundle: Any = None  # bundle destinations: writer.BundleResult
     stats: Any = None
     warnings: List[str] = field(default_factory=list)
+    signed: Any = None  # bundle destinations with --sign-key: bundle.signature.Signed
 
     def to_json(self) -> dict:
         out = {"source": self.source, "destination": self.destination,
@@ -129,13 +141,16 @@ def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store
 
 def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
     """The images of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or not, or
-    a delta leaving out what `--have`'s inventory holds. Every blob is checked against its digest as it is read
-    (the source bundle's signature policy first); imgtool.pyz is carried over; the new bundle.json is unsigned.
-    Raises UsageError, VerifyError, ImgtoolError (the new bundle is not written: no bundle.json)."""
+    a delta leaving out what `--have`'s inventory holds. The source is checked as `load` checks it before a byte is
+    written (the signature policy, --expect, bundle.json against SHA256SUMS and the files, every part there at its
+    size: verify.check_source), then every blob against its digest as it is read; imgtool.pyz is carried over.
+    The new bundle.json is new, so a signature does not carry over: with `sign_key` it is signed, else a signed
+    source's copy says it is unsigned (a warning). Raises UsageError, SignatureError/VerifyError (exit 3, nothing
+    written), ImgtoolError (the new bundle is not written: no bundle.json)."""
     from . import dirlock, gz
+    from .bundle import signature
     from .bundle.format import TOOL_PYZ
-    from .bundle.reader import read_index
-    from .bundle.signature import enforce
+    from .bundle.verify import check_source
     from .delta import DeltaPlan
     from .ends.bundle_dest import BundleDestination, read_have
     from .ends.bundle_source import BundleSource
@@ -143,20 +158,42 @@ def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
     src, out = Path(opts.source.value), Path(opts.destination.value)
     if out.resolve() == src.resolve():
         raise UsageError(f"copy {src} into itself: name another directory as the destination")
-    _, raw = read_index(src)
-    enforce(src, raw, opts.signers, doing="copy")  # the signature policy before a part is read
-    source = BundleSource(src)
-    if source.index.is_delta:
+    if opts.sign_key:
+        signature.check_key(opts.sign_key)
+    have, _ = read_have(opts.have, None)
+    index, report = check_source(src, signers=opts.signers, expect=opts.expect, doing="copy", progress=progress)
+    source = BundleSource(src, index)
+    if index.is_delta:
         raise UsageError(f"{src} is a delta bundle: its left-out layers are not in it, so it cannot be copied "
                          "into a bundle of its own", hint="copy the full bundle it was cut against")
-    have, _ = read_have(opts.have, None)
+    for w in report.warnings:
+        progress.warn(w)
     images = source.images()
     delta = DeltaPlan.make(have, None, images) if have is not None else None
-    tool = {TOOL_PYZ: src / TOOL_PYZ} if any(f.name == TOOL_PYZ for f in source.index.files) else {}
+    tool = {TOOL_PYZ: src / TOOL_PYZ} if any(f.name == TOOL_PYZ for f in index.files) else {}
     destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                     force=opts.force, gzip=gz.compressor(), delta=delta, created=opts.created,
                                     extra_files=tool)
     plan = destination.plan(images)
     with dirlock.lock_output(out, "copy"):
         copied = copy(source, destination, plan=plan)
-    return CopyResult(str(opts.source), str(opts.destination), list(copied.result.images), bundle=copied.result)
+    written = copied.result
+    warnings = list(report.warnings)
+    signed = None
+    if opts.sign_key:
+        signed = signature.sign_written(out, opts.sign_key, written.bundle_json_sha256)
+    elif report.signature is not None and report.signature.state is not State.UNSIGNED:
+        unsigned = unsigned_copy(src, out, report.signature.signer)
+        progress.warn(unsigned)
+        warnings.append(unsigned)
+    written.warnings.extend(warnings)
+    return CopyResult(str(opts.source), str(opts.destination), list(written.images), bundle=written,
+                      warnings=warnings, signed=signed)
+
+
+def unsigned_copy(src: Path, out: Path, signer: Optional[str]) -> str:
+    """What copy says when the source is signed and no --sign-key was given."""
+    by = f" (by {signer})" if signer else ""
+    return (f"the new bundle {out} is unsigned: {src} is signed{by}, but a signature covers only the bundle.json it "
+            "was made for, and the copy's bundle.json is new (its parts, compression and time of making); sign it: "
+            f"imgtool sign {out} --sign-key KEY (or copy with --sign-key KEY)")

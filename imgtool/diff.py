@@ -68,12 +68,13 @@ class Side:
 def read_side(path: str) -> Side:
     """A bundle directory, a bundle.json, or an inventory JSON file; raises UsageError/VerifyError."""
     from .bundle.format import BUNDLE_JSON, FORMAT_NAME, BundleIndex
-    from .bundle.reader import read_index
+    from .bundle.verify import read_checked_index
 
     p = Path(path)
-    if p.is_dir():
-        index, _ = read_index(p)
-        return _from_bundle(path, index)
+    if p.is_dir():  # checked against SHA256SUMS as verify does: diff says what a bundle holds, never an edited one
+        return _from_bundle(path, read_checked_index(p, "diff"))
+    if p.name == BUNDLE_JSON and p.is_file():
+        return _from_bundle(path, read_checked_index(p.parent, "diff"))
     try:
         with open_regular(p) as f:
             data = f.read()

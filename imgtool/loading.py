@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from .bundle.format import BundleIndex
-from .bundle.load import (Applied, Cut, LoadedImage, LoadResult, arch_warnings, before_sending, check_before,
-                          landed, outgoing_meta, plan_load)
+from .bundle.load import (Applied, Cut, LoadedImage, LoadResult, arch_warnings, before_sending, landed,
+                          outgoing_meta, plan_load)
 from .bundle.reader import read_index
 from .bundle.signature import enforce
-from .bundle.verify import VerifyReport, deep_check
+from .bundle.verify import VerifyReport, check_before, deep_check
 from .ends.bundle_stream import ArchiveSource
 from .ends.runtime_dest import RuntimeDestination
 from .errors import VerifyError

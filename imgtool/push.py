@@ -61,13 +61,20 @@ def _client(host: str, insecure: bool, ca_cert: Optional[str], waits: Dict[str, 
 
 
 def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: Optional[str] = None,
-                progress: Progress, chunk: int = CHUNK, waits: Optional[Dict[str, Any]] = None) -> PushResult:
+                progress: Progress, chunk: int = CHUNK, waits: Optional[Dict[str, Any]] = None,
+                expect: Optional[str] = None, signers: Optional[str] = None) -> PushResult:
     """Push every image of the bundle to the registry `to`; `waits`: the client's read_timeout, response_timeout
-    and min_rate (commands/push.py's, from the environment; None: the defaults). Raises UsageError, VerifyError,
-    RegistryError, ImgtoolError (a delta bundle whose base the registry lacks)."""
+    and min_rate (commands/push.py's, from the environment; None: the defaults). The bundle is checked as `load`
+    checks it before the registry is asked anything (the signature policy, `expect`, bundle.json against SHA256SUMS
+    and the files, every part there at its size: verify.check_source), then every blob as it is read. Raises
+    UsageError, SignatureError/VerifyError (exit 3, nothing pushed), RegistryError, ImgtoolError (a delta bundle
+    whose base the registry lacks)."""
+    from .bundle.verify import check_source
+
     started = time.monotonic()
-    source = BundleSource(Path(bundle_dir))
     host, namespace = parse_target(to)
+    index, report = check_source(Path(bundle_dir), signers=signers, expect=expect, doing="push", progress=progress)
+    source = BundleSource(Path(bundle_dir), index)
     client, scheme = _client(host, insecure, ca_cert, waits or {})
     destination = RegistryDestination(client, host, namespace, scheme, progress, chunk=chunk, omitted=source.omitted,
                                       prefer=source.order, rewind=source.rewind, name=str(bundle_dir), to=to)
@@ -76,4 +83,5 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     finally:
         source.finish()  # a refusal in plan (before the copy started the source) leaves no reading thread either
     result.seconds = time.monotonic() - started
+    result.warnings[:0] = report.warnings
     return result

@@ -196,3 +196,60 @@ def test_the_pyz_cuts_a_bundle_again_on_kylins_python(factory, tmp_path):
     assert r.returncode == 0, r.stderr
     assert imgtool("verify", str(tmp_path / "out")).returncode == 0
     assert _archive_sha(tmp_path / "out")[0] == _archive_sha(src)[0]
+
+
+def test_a_signed_source_is_signed_again_with_sign_key_or_the_copy_says_it_is_unsigned(factory, tmp_path):
+    """A signature covers one bundle.json's bytes, and a copy's bundle.json is new (its parts, compression, time of
+    making): the copy is signed with --sign-key, or says plainly (stderr, and --json's warnings) that it is not."""
+    import hashlib
+    import subprocess
+
+    from tests.support.bundles import BlobDir, write
+    from tests.test_edited import Keys
+
+    store = BlobDir(tmp_path / "blobs")
+    src = tmp_path / "src"
+    write(src, [store.pulled(factory.image(host_arch(), layers=2), "quay.io/ascend/vllm-ascend:v1")], store,
+          chunk_size=700 * 1024)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "IMGTOOL_SIGNERS": ""}
+    keys = Keys(tmp_path / "keys")
+    assert imgtool("sign", str(src), "--sign-key", str(keys.key), env=env).returncode == 0
+    expect = hashlib.sha256((src / "bundle.json").read_bytes()).hexdigest()
+    fingerprint = subprocess.run(["ssh-keygen", "-l", "-f", f"{keys.key}.pub"], capture_output=True, text=True,
+                                 check=True, timeout=60).stdout.split()
+    signer = f"{fingerprint[-1].strip('()')} key {fingerprint[1]}"
+
+    plain = tmp_path / "plain"
+    r = imgtool("copy", f"bundle:{src}", f"bundle:{plain}", "--chunk-size", "100M", "--expect", expect,
+                "--signers", str(keys.policy), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    said = (f"the new bundle {plain} is unsigned: {src} is signed (by {signer}), but a signature covers only the "
+            "bundle.json it was made for, and the copy's bundle.json is new (its parts, compression and time of "
+            f"making); sign it: imgtool sign {plain} --sign-key KEY (or copy with --sign-key KEY)")
+    assert f"warning: {said}" in r.stderr.splitlines()
+    out = json.loads(r.stdout)
+    assert said in out["warnings"] and out["signature"] is None
+    assert not (plain / "bundle.json.sig").exists()
+    refused = imgtool("verify", str(plain), "--signers", str(keys.policy), env=env)
+    assert refused.returncode == 3
+
+    signed = tmp_path / "signed"
+    r = imgtool("copy", f"bundle:{src}", f"bundle:{signed}", "--chunk-size", "100M", "--sign-key", str(keys.key),
+                env=env)
+    assert r.returncode == 0, r.stderr
+    assert "unsigned" not in r.stderr
+    assert f"signed: {signed / 'bundle.json.sig'} by {signer}" in r.stdout.splitlines()
+    ok = imgtool("verify", str(signed), "--signers", str(keys.policy), env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "signature: signed by release@example.com" in ok.stdout
+
+
+def test_expect_and_sign_key_are_for_a_bundle_source():
+    for option in ("--expect", "--sign-key"):
+        r = imgtool("copy", "registry:v1", "runtime:", option, "x")
+        assert r.returncode == 2
+        assert r.stderr.splitlines()[-2:] == [
+            f"error: {option} is for a bundle source (copy bundle:DIR bundle:DIR)",
+            "hint: a registry source is checked by its digests as it is downloaded"]

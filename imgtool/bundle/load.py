@@ -22,7 +22,6 @@ kept of it).
 """
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
@@ -34,8 +33,6 @@ from ..progress import Progress
 from . import hostcheck, layout
 from .format import BundleImage, BundleIndex
 from ..trust import Verdict
-from .reader import stat_parts
-from .verify import VerifyReport, check_metadata, check_parts
 
 if TYPE_CHECKING:
     from ..runtimes.base import ImageInfo, Runtime, RuntimeInfo, Unfinished
@@ -209,21 +206,6 @@ def _pin(daemon: "Runtime", images: List[LoadedImage], ids: Dict[str, str], pin:
         loaded.finished = finished.get(loaded.ref, "")
         if pin:
             loaded.pinned = daemon.pin(ids[loaded.ref])
-
-
-def check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
-                  whole: bool, progress: Progress, jobs: int) -> VerifyReport:
-    """Before the runtime sees a byte or a tag: bundle.json against SHA256SUMS and --expect, every part there
-    at its size. When something is wrong, or nothing will be streamed (and so checked on the way: `whole`),
-    check the whole bundle as verify does, so every problem is named at once; raises VerifyError."""
-    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), signature=verdict)
-    if verdict.warning:
-        report.warnings.append(verdict.warning)
-    check_metadata(bundle_dir, index, report, expect)
-    if report.problems or stat_parts(bundle_dir, index) or whole:
-        check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
-    report.raise_if_bad("load")
-    return report
 
 
 def before_sending(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: LoadPlan,

@@ -3,7 +3,8 @@
 bundle.json pins the size and sha256 of every part and file, so signing it signs the bundle.
 Signing runs after the bundle is complete (bundle.json written last); the signature is written
 atomically beside it, so a bundle is complete-and-unsigned for a moment, never signed-and-half-
-written. `verify` and `load` call `enforce` first, before any part is read or Docker is asked.
+written. Every verb that reads a bundle's parts (`verify`, `load`, `copy`, `push`, `serve`, `self-update`) calls
+`enforce` first, before any part is read, a runtime or a registry is asked, or anything is written.
 """
 
 import hashlib
@@ -140,9 +141,10 @@ def enforce(bundle_dir: Path, raw: bytes, signers: Optional[str] = None, *, doin
     verdict = trust.judge(policy, examine(bundle_dir, raw, policy))
     if verdict.refuse:
         head = {"load": f"refusing to load {bundle_dir}", "update": f"refusing to update imgtool from {bundle_dir}",
-                "serve": f"refusing to serve {bundle_dir}"}.get(doing, f"bundle failed verification: {bundle_dir}")
-        tail = {"load": "; nothing was loaded", "update": "; nothing was updated", "serve": "; nothing is served"
-                }.get(doing, "")
+                "serve": f"refusing to serve {bundle_dir}", "copy": f"refusing to copy {bundle_dir}",
+                "push": f"refusing to push {bundle_dir}"}.get(doing, f"bundle failed verification: {bundle_dir}")
+        tail = {"load": "; nothing was loaded", "update": "; nothing was updated", "serve": "; nothing is served",
+                "copy": "; nothing was written", "push": "; nothing was pushed"}.get(doing, "")
         raise SignatureError(f"{head}: {verdict.message}{tail}", hint=verdict.hint, reason=verdict.state.value,
                              signer=verdict.signer)
     return verdict

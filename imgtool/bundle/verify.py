@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..errors import VerifyError
 from ..fsutil import NotRegularFile, open_regular
@@ -22,6 +22,18 @@ from .signature import enforce
 from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, part_unreadable,
                      read_index, stat_parts)
 from .walk import walk_archive
+
+
+# raise_if_bad's words per verb: (the refusal, what it did not do); any other verb: "bundle failed verification"
+REFUSALS = {
+    "load": ("refusing to load", "; nothing was loaded"),
+    "sign": ("refusing to sign", "; nothing was signed"),
+    "serve": ("refusing to serve", "; nothing is served"),
+    "copy": ("refusing to copy", "; nothing was written"),
+    "push": ("refusing to push", "; nothing was pushed"),
+    "base": ("refusing to use the base bundle", "; nothing was written"),  # fetch --base DIR
+    "diff": ("refusing to compare", ""),
+}
 
 
 @dataclass
@@ -49,10 +61,7 @@ class VerifyReport:
         """Raise VerifyError listing every problem, if there are any."""
         if self.problems:
             n = len(self.problems)
-            what = {"load": "refusing to load", "sign": "refusing to sign", "serve": "refusing to serve"
-                    }.get(doing, "bundle failed verification")
-            tail = {"load": "; nothing was loaded", "sign": "; nothing was signed", "serve": "; nothing is served"
-                    }.get(doing, "")
+            what, tail = REFUSALS.get(doing, ("bundle failed verification", ""))
             raise VerifyError(f"{what}: {self.dir}: {n} problem{'s' if n != 1 else ''}{tail}",
                               problems=[p.message for p in self.problems])
 
@@ -101,6 +110,47 @@ def verify_bundle(bundle_dir: Path, *, expect: Optional[str] = None, quick: bool
     else:
         check_parts(bundle_dir, index, report, progress, jobs or os.cpu_count() or 2, quick=quick, diff_ids=True)
     report.seconds = time.monotonic() - started
+    return report
+
+
+def check_source(bundle_dir: Path, *, signers: Optional[str], expect: Optional[str], doing: str, progress: Progress,
+                 jobs: Optional[int] = None) -> Tuple[BundleIndex, VerifyReport]:
+    """A bundle another verb reads (`doing`: copy, push), checked as load checks it before a byte goes out: the
+    signature policy, then check_before (its parts' content is checked as it streams, by the verb). Returns the
+    index to read the bundle by (not read again: what was checked is what is read) and the report (its warnings);
+    raises UsageError, SignatureError, VerifyError."""
+    bundle_dir = Path(bundle_dir)
+    index, raw = read_index(bundle_dir)
+    verdict = enforce(bundle_dir, raw, signers, doing=doing)
+    return index, check_before(bundle_dir, index, raw, verdict, expect, False, progress,
+                               jobs or os.cpu_count() or 2, doing)
+
+
+def read_checked_index(bundle_dir: Path, doing: str) -> BundleIndex:
+    """bundle.json read and checked as verify checks it against SHA256SUMS and the files beside it (not the parts,
+    not the signature), for the verbs that read bundle.json only (diff, fetch --base); raises UsageError, VerifyError
+    worded for `doing` (REFUSALS)."""
+    bundle_dir = Path(bundle_dir)
+    index, raw = read_index(bundle_dir)
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest())
+    check_metadata(bundle_dir, index, report, None)
+    report.raise_if_bad(doing)
+    return index
+
+
+def check_before(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
+                 whole: bool, progress: Progress, jobs: int, doing: str = "load") -> VerifyReport:
+    """Before a runtime, a registry or a new bundle sees a byte or a name: bundle.json against SHA256SUMS and
+    --expect, every part there at its size. When something is wrong, or nothing will be streamed (and so checked
+    on the way: `whole`), check the whole bundle as verify does, so every problem is named at once; raises
+    VerifyError worded for `doing` (REFUSALS)."""
+    report = VerifyReport(bundle_dir, index, hashlib.sha256(raw).hexdigest(), signature=verdict)
+    if verdict.warning:
+        report.warnings.append(verdict.warning)
+    check_metadata(bundle_dir, index, report, expect)
+    if report.problems or stat_parts(bundle_dir, index) or whole:
+        check_parts(bundle_dir, index, report, progress, jobs, quick=False, diff_ids=False)
+    report.raise_if_bad(doing)
     return report
 
 

@@ -3,8 +3,9 @@
 import click
 
 from ..bundle.format import COMPRESSIONS
-from .options import (CHUNK_SIZE_HELP, blob_store, common, json_option, mirror_option, mirrors_option, registries,
-                      runtime_choice, runtime_options, say_choice, signers_option, size_value)
+from .options import (CHUNK_SIZE_HELP, blob_store, bundle_usage, common, expect_option, json_option, mirror_option,
+                      mirrors_option, registries, runtime_choice, runtime_options, say_choice, signers_option,
+                      size_value)
 from .output import bundle_report, emit_json, progress, table
 
 
@@ -25,12 +26,16 @@ from .output import bundle_report, emit_json, progress, table
               help="bundle: a delta, leaving out the layers the offline runtime holds (FILE from `imgtool inventory -o`).")
 @click.option("--force", is_flag=True,
               help="runtime: load even when its disk looks too small; bundle: replace an existing directory.")
+@expect_option("bundle: the sha256 of the source's bundle.json that `fetch` printed.")
 @signers_option
+@click.option("--sign-key", metavar="KEY",
+              help="bundle: sign the new bundle.json (a signed source's signature does not carry over: the copy's "
+                   "bundle.json is new): an SSH private key, or the .pub of a key in ssh-agent.")
 @runtime_options
 @json_option("result")
 @common
-def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chunk_size, compress, have, force, signers,
-             runtime, address, namespace, as_json):
+def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chunk_size, compress, have, force, expect,
+             signers, sign_key, runtime, address, namespace, as_json):
     """Copy images from SOURCE to DESTINATION through the one pipeline.
 
     \b
@@ -40,17 +45,23 @@ def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chun
     registry → runtime: a connected node loads the image straight from the registry, checked and
     landed as `load` lands a bundle (on a Kubernetes node: where the kubelet looks, pinned).
     bundle → bundle: cut a bundle again (--chunk-size), compress or decompress it (--compress),
-    or cut a delta from a full bundle offline (--have).
+    or cut a delta from a full bundle offline (--have). The source is checked as load checks it
+    before a byte is written (signature policy, --expect, SHA256SUMS, every part at its size; exit 3
+    and nothing written), and every blob as it is read. A signature does not carry over: --sign-key.
     """
-    from ..copying import CopyOptions, check_pair, parse_end, registry_to_runtime
+    from ..copying import CopyOptions, check_bundle_options, check_pair, parse_end, registry_to_runtime
     from ..fetch import parse_platforms
     from ..runtimes.choice import open_runtime
 
     src, dst = parse_end(source, "source"), parse_end(destination, "destination")
     check_pair(src, dst)
+    check_bundle_options(src, expect=expect, sign_key=sign_key)
+    if src.kind == "bundle":
+        bundle_usage(src.value, expect)
     opts = CopyOptions(src, dst, platforms=parse_platforms(arch, None) if arch and src.kind == "registry" else (),
                        mirror=mirror, tags=tags, arch=arch, force=force, pin=not no_pin,
-                       chunk_size=size_value(chunk_size), compress=compress, have=have, signers=signers)
+                       chunk_size=size_value(chunk_size), compress=compress, have=have, signers=signers,
+                       expect=expect, sign_key=sign_key)
     p = progress()
     if src.kind == "registry":
         config = registries(mirrors_file)
@@ -68,5 +79,5 @@ def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chun
     from ..copying import bundle_to_bundle
 
     result = bundle_to_bundle(opts, p)
-    bundle_report(result.bundle.summary(), result.bundle.describe, None, as_json)
+    bundle_report(result.bundle.summary(), result.bundle.describe, result.signed, as_json)
 

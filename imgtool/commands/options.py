@@ -120,6 +120,11 @@ presets_option = click.option("--presets", "presets_file", metavar="FILE",
                               help="Presets file merged over the built-in ones (default: $IMGTOOL_PRESETS, "
                                    "~/.config/imgtool/presets.toml).")
 
+def expect_option(help_text: str = "The sha256 of bundle.json that `fetch` printed."):
+    """--expect SHA256: one declaration for the verbs that read a bundle (load, verify, copy, push)."""
+    return click.option("--expect", metavar="SHA256", help=help_text)
+
+
 signers_option = click.option(
     "--signers", metavar="FILE",
     help="Only a bundle signed by a key in FILE (OpenSSH allowed_signers) passes (default: $IMGTOOL_SIGNERS, "

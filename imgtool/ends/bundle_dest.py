@@ -80,8 +80,9 @@ def not_carried(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progr
 
 
 def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional[Have], Optional[dict]]:
-    """The chains the offline side holds, from `--have FILE` and/or `--base DIR`; raises UsageError/VerifyError."""
-    from ..bundle.reader import read_index
+    """The chains the offline side holds, from `--have FILE` and/or `--base DIR` (its bundle.json checked against
+    SHA256SUMS as verify does); raises UsageError/VerifyError."""
+    from ..bundle.verify import read_checked_index
 
     have: Optional[Have] = None
     described = []
@@ -98,7 +99,7 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
         have = have_from_inventory(Inventory.from_bytes(data, str(path)), f"inventory {path.name}")
         described.append(("inventory", path.name))
     if base is not None:
-        index, _ = read_index(Path(base))
+        index = read_checked_index(Path(base), "base")  # an edited bundle.json would decide what is left out
         from_bundle = Have(f"base bundle {Path(base).name}")
         for im in index.images:
             from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))

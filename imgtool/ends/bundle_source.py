@@ -31,13 +31,14 @@ class OutOfOrder(ImgtoolError):
 
 
 class BundleSource:
-    """The bundle in `bundle_dir` (bundle.json read and validated here); `index` is its BundleIndex, `omitted` the
-    layers a delta bundle leaves out, per image (manifest digest -> its omitted layers): a destination must hold
-    them already (it checks, then puts them into its plan's skip). Raises UsageError, VerifyError."""
+    """The bundle in `bundle_dir` (bundle.json read and validated here, or `index`: the one the caller checked, so
+    what was checked is what is read); `index` is its BundleIndex, `omitted` the layers a delta bundle leaves out,
+    per image (manifest digest -> its omitted layers): a destination must hold them already (it checks, then puts
+    them into its plan's skip). Raises UsageError, VerifyError."""
 
-    def __init__(self, bundle_dir: Path):
+    def __init__(self, bundle_dir: Path, index: Optional[BundleIndex] = None):
         self.dir = Path(bundle_dir)
-        self.index: BundleIndex = read_index(self.dir)[0]
+        self.index: BundleIndex = index if index is not None else read_index(self.dir)[0]
         self.what = f"bundle {self.dir.name}"
         placed, _ = layout.place(layout.members(self.index.images, self.index.legacy_names))
         self.placed: Dict[Digest, layout.Placed] = {p.member.digest: p for p in placed if p.member.kind != "meta"}
