@@ -239,7 +239,9 @@ def test_modelscope_through_the_storage_bridge_with_a_token(tmp_path, model):
         assert_snapshot(Path(path), model)
         bridged = hub.requests_to("bridge")
         assert sorted(r.route.split("/")[-1] for r in bridged) == sorted(p for p, f in model.head.files.items() if f.lfs)
-        assert all("authorization" not in r.headers and r.status == 200 for r in bridged)
+        assert all("authorization" not in r.headers and "cookie" not in r.headers and r.status == 200 for r in bridged)
+        assert all(r.headers.get("cookie") == "m_session_id=ms-sekrit" for r in hub.requests_to("hub")
+                   if r.route.startswith("/api/v1/models/"))
 
 
 # --- the fault switches -----------------------------------------------------------------------------------------

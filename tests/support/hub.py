@@ -18,7 +18,7 @@ against it; docs/testing.md lists the requests):
   ?Revision=&Recursive= (Data.Files[{Name,Path,Type,Size,Sha256,Revision,IsLFS}]), GET /api/v1/models/{id}/repo
   ?Revision=&FilePath= (Range -> 206), GET /api/v1/models/{id}; everything wrapped {Code, Data, Message, Success}.
 
-The storage bridge is a second server on another port (another origin): with `faults.redirect` the hub
+The storage bridge is a second server on another loopback address and port (127.0.0.2: another host): with `faults.redirect` the hub
 answers an LFS file's resolve/download with a 302 there, as the Hub sends LFS and Xet files to its CDN.
 Like a presigned-URL store, the bridge refuses a request that carries an Authorization header (400).
 """
@@ -127,10 +127,12 @@ class Hub:
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> "Hub":
-        for name in ("hub", "bridge"):
-            server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, name))
+        # The bridge on another loopback address too: another host, not only another port, so that a cookie
+        # (which ignores ports: ModelScope's m_session_id) stays with the hub as it does with the real hubs' CDNs.
+        for name, host in (("hub", "127.0.0.1"), ("bridge", "127.0.0.2")):
+            server = ThreadingHTTPServer((host, 0), _handler(self, name))
             server.daemon_threads = True
-            url = f"http://127.0.0.1:{server.server_address[1]}"
+            url = f"http://{host}:{server.server_address[1]}"
             if name == "hub":
                 self.url = url
             else:
