@@ -33,6 +33,15 @@ if [ "${IMGTOOL_REINSTALL:-0}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
     else
         "$VENV/bin/python" -m pip install -q pytest cryptography requests hypothesis
     fi
+    # The real model-hub clients ([tool.imgtool] hub-clients) in a venv of their own inside $VENV: their click
+    # and imgtool's cannot share one (pyproject.toml says why); tests/support/hubclients.py runs them there.
+    if [ -f pyproject.toml ]; then
+        rm -rf "$VENV/hub-clients"
+        "$PYTHON" -m venv "$VENV/hub-clients"
+        mapfile -t hub_clients < <("$VENV/bin/python" -c \
+            'import sys, tomli; print("\n".join(tomli.load(open(sys.argv[1], "rb"))["tool"]["imgtool"]["hub-clients"]))' pyproject.toml)
+        "$VENV/hub-clients/bin/python" -m pip install -q "${hub_clients[@]}"
+    fi
     echo "$want" >"$stamp"
 fi
 
