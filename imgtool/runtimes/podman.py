@@ -40,6 +40,7 @@ INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get inst
 STAGED_PREFIX = "imgtool-load-"  # a load's own directory there: imgtool-load-<pid>-<random>/archive.tar (older: .tar)
 _STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}(\.tar)?\Z")
 _LEFT = "the archive copy and Podman's temporaries of an imgtool load that was cut short"
+_LEFT_COPY = "the archive copy of an imgtool load that was cut short"  # a bare .tar: of an earlier imgtool
 
 
 class _PodmanTraits(Traits):
@@ -327,7 +328,7 @@ class Podman:
     def debris(self) -> List[Debris]:
         """What earlier loads left in the staging dir when they were killed (their pid gone): the archive copy and
         Podman's own temporaries, with their size. Another live load's is never counted."""
-        return [Debris(f"{path} ({format_size(size)}), {_LEFT} (pid {pid})", "the next imgtool load removes it",
+        return [Debris(f"{path} ({format_size(size)}), {_left(path)} (pid {pid})", "the next imgtool load removes it",
                        size) for path, size, pid in self._staged() if not process_alive(pid)]
 
     def remove_debris(self) -> List[str]:
@@ -337,7 +338,7 @@ class Podman:
         for path, size, pid in self._staged():
             if process_alive(pid) or not _remove(path):
                 continue
-            removed.append(f"removed {path} ({format_size(size)}), {_LEFT} (pid {pid})")
+            removed.append(f"removed {path} ({format_size(size)}), {_left(path)} (pid {pid})")
         return removed
 
     def left_behind(self) -> str:
@@ -540,6 +541,10 @@ def _load_env(env: Mapping[str, str], work: str, euid: int) -> Dict[str, str]:
             return out
     out["TMPDIR"] = work
     return out
+
+
+def _left(path: str) -> str:
+    return _LEFT_COPY if path.endswith(".tar") else _LEFT
 
 
 def _tree_size(path: str) -> int:
