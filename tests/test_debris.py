@@ -125,3 +125,14 @@ def test_what_a_killed_load_left_for_podman_is_named_by_doctor_and_removed_by_th
             f"imgtool load that was cut short (pid {load.pid})") in again.stderr.splitlines()
     assert sorted(os.listdir(stage)) == []
     assert node.holds(f"{REPO}:v1", image)
+
+
+def test_podman_gets_the_loads_tmpdir_unless_rootless_podman_would_keep_its_run_dirs_there():
+    """Root, or rootless with a runtime dir: TMPDIR is the load's own directory. Rootless with no XDG_RUNTIME_DIR and
+    no /run/user/<uid> of its own, Podman would put its runtime dir and storage's run root under TMPDIR: left alone."""
+    from imgtool.runtimes.podman import _load_env
+
+    assert _load_env({"TMPDIR": "/x", "A": "1"}, "/w", 0) == {"TMPDIR": "/w", "A": "1"}
+    assert _load_env({"XDG_RUNTIME_DIR": "/run/user/4242"}, "/w", 4242)["TMPDIR"] == "/w"
+    assert not os.path.exists("/run/user/4243")
+    assert _load_env({"TMPDIR": "/x"}, "/w", 4243) == {"TMPDIR": "/x"}

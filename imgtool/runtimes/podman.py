@@ -285,7 +285,9 @@ class Podman:
                 raise DaemonError(f"cannot stage the archive for podman load in {self.staging_dir}: "
                                   f"{e.strerror or e}", hint="podman load needs the archive's size free there; set "
                                                              "TMPDIR to another directory") from e
-            podman = Program(["podman"], "Podman", env=_load_env(os.environ, work, os.geteuid()),
+            from ..config import tool_environment
+
+            podman = Program(["podman"], "Podman", env=_load_env(tool_environment(), work, os.geteuid()),
                              install_hint=INSTALL_HINT)
             return podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
         finally:
