@@ -433,6 +433,12 @@ def _size(n: int) -> str:
     return format_size(n).replace(".0 ", " ")
 
 
+def tool_environment() -> Dict[str, str]:
+    """This process's whole environment, for a runtime's tool run with a variable of imgtool's changed (podman
+    load's TMPDIR: runtimes/podman.py), everything else as the tool would see it."""
+    return dict(os.environ)
+
+
 def runtime_environment() -> Dict[str, str]:
     """The variables the runtimes' own tools read, as `docker`, `ctr` and `podman` do: DOCKER_HOST
     (docker_host()), CONTAINERD_ADDRESS, CONTAINERD_NAMESPACE, TMPDIR (podman load's staging), and where Podman's

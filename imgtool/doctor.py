@@ -6,6 +6,8 @@ Kubernetes node the kubelet's runtime (and whether the choice sends images elsew
 GC thresholds against the image filesystem's use, the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
+What loads of imgtool's cut short left in a runtime (Podman's temporaries and imgtool's archive copy, containerd's
+import lease, an image left half-loaded) is listed, each with what removes or finishes it.
 Reads only; never loads anything, nor creates anything (Podman's storage is not asked for when it is not
 there yet: any podman command but `--version` would create it).
 """
@@ -19,7 +21,7 @@ import os
 from .bundle.hostcheck import Check, held_chains, need_for, space_check, storage_check, zstd_check
 from .errors import DaemonError, ImgtoolError
 from .model import Platform, format_size
-from .runtimes.base import RuntimeInfo
+from .runtimes.base import Debris, RuntimeInfo
 from .runtimes.choice import ROOMS, Choice, open_runtime
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
             try:
                 facts = runtime.info()
                 held = _held(runtime) if index is not None and facts.local else frozenset()
+                left = _debris(runtime)
             finally:
                 runtime.close()
         except ImgtoolError as e:
@@ -54,6 +57,7 @@ def runtime_checks(checks: List[Check], index: Optional["BundleIndex"], choice: 
             checks.append(zstd)
         checks.append(storage_check(facts))
         checks.append(space_check(facts, index, held_chains=held))
+        checks.extend(Check(name, "warn", f"{d.what}", d.advice) for d in left)
     for check in absent:
         if found and not (choice.follows_kubelet and choice.loads_into(check.name)):
             check = Check(check.name, "info", check.detail)  # another runtime is here: this one's absence is a fact
@@ -122,6 +126,15 @@ def _held(runtime: "Runtime") -> frozenset:
         return held_chains(runtime)
     except DaemonError:
         return frozenset()
+
+
+def _debris(runtime: "Runtime") -> List[Debris]:
+    """What loads of imgtool's cut short left in the runtime (read only: the next load removes it); none when it
+    cannot be listed."""
+    try:
+        return runtime.debris()
+    except DaemonError:
+        return []
 
 
 def _describe(facts: RuntimeInfo) -> str:

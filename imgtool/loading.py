@@ -32,7 +32,7 @@ from .bundle.signature import enforce
 from .bundle.verify import VerifyReport, check_before, deep_check
 from .ends.bundle_stream import ArchiveSource
 from .ends.runtime_dest import RuntimeDestination
-from .errors import VerifyError
+from .errors import DaemonError, VerifyError
 from .pipeline import copy
 from .progress import Progress
 
@@ -95,6 +95,12 @@ def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Runti
                            jobs=os.cpu_count() or 2) as source:
             copied = copy(source, destination, plan=destination.for_bundle(plan, replace))
         return copied.result, destination.sent
+    except DaemonError as e:
+        if not daemon.left_behind():
+            raise
+        # the runtime stopped answering before the load could remove what it left: the next load finishes it
+        raise DaemonError(e.message, hint=f"once {facts.title} answers again, run imgtool load {bundle_dir} again: it "
+                                         "finishes what this load left (imgtool doctor lists it)") from e
     except (VerifyError, Cut) as e:
         # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
         # name every damaged part, as verify would.

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
@@ -501,5 +502,140 @@ def test_containerd_killed_during_the_unpack_is_finished_by_the_next_load(versio
         third = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
                                 "--address", own.socket], capture_output=True, text=True, env=clean_env(), timeout=600)
         assert third.returncode == 0 and "finishing" not in third.stderr, third.stderr
+    finally:
+        own.stop()
+
+
+# --- what a killed containerd leaves is imgtool's: found, said, removed or finished (issue 46 item 5) -------------
+
+def _load_args(out: Path, socket: str) -> List[str]:
+    return [sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd", "--address", socket]
+
+
+def _load(out: Path, socket: str) -> subprocess.Popen:
+    return subprocess.Popen(_load_args(out, socket), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())
+
+
+def _doctor(socket: str) -> List[str]:
+    r = subprocess.run([sys.executable, "-m", "imgtool", "doctor", "--runtime", "containerd", "--address", socket],
+                       capture_output=True, text=True, env=clean_env(), timeout=300)
+    return r.stdout.splitlines()
+
+
+def _leases(socket: str) -> Dict[str, List[str]]:
+    """`ctr leases ls`: ID -> [created at, labels]."""
+    return {f[0]: f[1:] for f in (line.split() for line in ctr(socket, "leases", "ls").stdout.splitlines()[1:]) if f}
+
+
+@pytest.fixture
+def big_bundle(factory, tmp_path):
+    image = factory.image(host_arch(), layers=2, layer_size=[256 * 1024, 48 * 1024 * 1024])
+    store = BlobDir(tmp_path / "blobs")
+    write(tmp_path / "bundle", [store.pulled(image, f"{REPO}:v1")], store)
+    return tmp_path / "bundle", image
+
+
+def test_containerd_killed_mid_send_leaves_a_lease_doctor_names_and_the_next_load_removes(services, big_bundle):
+    """containerd 1.7 SIGKILLed while the archive streams in (8 MiB of the big layer ingested): ctr's own lease (24 h,
+    with what containerd had received) stayed, and neither the next load nor doctor said a word. doctor names it;
+    the next load removes it (and says so), and only it: another tool's lease stays."""
+    out, image = big_bundle
+    own = OwnContainerd(services, "1.7")
+    try:
+        own.start()
+        ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
+        ingest = own.dir / "root" / "io.containerd.content.v1.content" / "ingest"
+        load = _load(out, own.socket)
+        deadline = time.monotonic() + 120
+        while not any(p.stat().st_size > 8 << 20 for p in ingest.glob("*/data")):
+            assert load.poll() is None, load.communicate()[1]
+            assert time.monotonic() < deadline, "the import never began"
+            time.sleep(0.01)
+        own.kill()
+        _, err = load.communicate(timeout=300)
+        assert load.returncode == 5, err
+        own.start()  # the same root
+        leases = _leases(own.socket)
+        theirs = [x for x in leases if x != "someone-else" and not x.startswith("imgtool-")]
+        assert len(theirs) == 1, leases  # ctr's, with nothing but its expiry
+        expiry = leases[theirs[0]][1].split("containerd.io/gc.expire=")[1].split(",")[0]
+        mark = [x for x in leases if x.startswith("imgtool-load.")]
+        assert len(mark) == 1, leases
+
+        lines = _doctor(own.socket)
+        said = (f"WARN  containerd   lease {theirs[0]} of an imgtool load that was cut short (pid {load.pid}, "
+                f"{leases[mark[0]][0]}) holds what containerd had received of it until {expiry}")
+        assert said in lines, "\n".join(lines)
+        assert lines[lines.index(said) + 1] == f"{'':<18}-> the next imgtool load removes it"
+
+        again = subprocess.run(_load_args(out, own.socket), capture_output=True, text=True, env=clean_env(),
+                               timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert (f"warning: removed containerd lease {theirs[0]}, with what containerd had received of an imgtool "
+                f"load that was cut short (pid {load.pid})") in again.stderr.splitlines()
+        assert list(_leases(own.socket)) == ["someone-else"]
+        assert not [x for x in _doctor(own.socket) if x.startswith("WARN  containerd")]
+    finally:
+        own.stop()
+
+
+def test_containerd_killed_while_registering_leaves_a_half_loaded_image_said_and_finished(services, big_bundle):
+    """containerd 1.6 SIGKILLed as it registers the image (its /images/create event): the image stays named in
+    k8s.io, not unpacked nor pinned, and the kubelet's CRI takes it for present. The failed load said only "could not
+    check for what the failed load left". It says what it may have left and that the next load finishes it; doctor
+    names the image half-loaded; the next load finishes it and removes the lease and its mark."""
+    out, image = big_bundle
+    own = OwnContainerd(services, "1.6")
+    try:
+        own.start()
+        ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
+        events = subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+        load = _load(out, own.socket)
+        assert events.stdout is not None
+        for line in events.stdout:
+            if "/images/create" in line and f'"{REPO}:v1"' in line:
+                own.kill()
+                break
+        events.kill()
+        events.wait()
+        _, err = load.communicate(timeout=300)
+        assert load.returncode == 5, err
+        own.start()
+        leases = _leases(own.socket)
+        theirs = [x for x in leases if x != "someone-else" and not x.startswith("imgtool-")]
+        mark = [x for x in leases if x.startswith("imgtool-load.")]
+        assert len(theirs) == 1 and len(mark) == 1, leases
+        lines = err.splitlines()
+        warning = [x for x in lines if x.startswith("warning: could not check for what the failed load left")]
+        assert len(warning) == 1 and warning[0].endswith(
+            f": it may hold lease {theirs[0]} with what it had received, and {REPO}:v1 named but not unpacked if it "
+            "had registered it (the kubelet would take it for present); imgtool knows these for its own: the next "
+            "imgtool load removes and finishes them, and imgtool doctor lists them"), err
+        assert lines[-1] == (f"hint: once containerd answers again, run imgtool load {out} again: it finishes what "
+                             "this load left (imgtool doctor lists it)"), err
+        cri = ImageService(own.socket)
+        try:
+            assert cri.status(f"{REPO}:v1") is not None  # the harm: the kubelet takes it for present
+        finally:
+            cri.close()
+
+        doctor = _doctor(own.socket)
+        said = (f"WARN  containerd   {REPO}:v1 is half-loaded (it is not unpacked into overlayfs), but the kubelet "
+                f"takes it for present: an imgtool load was cut short (pid {load.pid}, {leases[mark[0]][0]})")
+        assert said in doctor, "\n".join(doctor)
+        assert doctor[doctor.index(said) + 1] == (f"{'':<18}-> run imgtool load DIR again, DIR the bundle that holds "
+                                                  "it: it finishes it")
+
+        again = subprocess.run(_load_args(out, own.socket), capture_output=True, text=True, env=clean_env(),
+                               timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert f"{REPO}:v1 is in containerd, but it is not unpacked into overlayfs: finishing it ..." in again.stderr
+        assert "already loaded: nothing sent to containerd" in again.stdout
+        assert list(_leases(own.socket)) == ["someone-else"]
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        assert top in ctr(own.socket, "snapshots", "ls").stdout
+        assert "io.cri-containerd.pinned=pinned" in ctr(own.socket, "images", "ls").stdout
+        assert not [x for x in _doctor(own.socket) if x.startswith("WARN  containerd")]
     finally:
         own.stop()

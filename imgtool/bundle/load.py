@@ -120,7 +120,9 @@ def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "LoadPlan", send: Callab
         try:
             _forget_failed_load(daemon, plan.loading, plan.present)
         except DaemonError as e:  # the runtime gone mid-way: its own error is the story, this a warning
-            progress.warn(f"could not check for what the failed load left in {facts.title}: {e.message}")
+            left = daemon.left_behind()  # what the room knows the load may have left, as imgtool's own
+            progress.warn(f"could not check for what the failed load left in {facts.title} ({e.message})"
+                          + (f": {left}" if left else ""))
         raise
     images = _tag_and_confirm(daemon, facts, plan.view, plan.wanted, plan.present, plan.ids)
     _digest_refs(daemon, facts, plan.view, plan.ids)

@@ -102,7 +102,9 @@ class RuntimeDestination:
                     yield from held
                     self.progress.note(f"sent; {self.facts.title} is registering the layers ...")
 
-                self.runtime.load_archive(held_back(), platforms)
+                # the images named, so that what a load cut short leaves is known for imgtool's (containerd)
+                self.runtime.load_archive(held_back(), platforms,
+                                          images=[(im.ref, image_id) for im, image_id in load.loading])
             return self.sent
 
         images, _ = land(self.runtime, self.facts, load, send, self.progress, self.pin)

@@ -177,6 +177,17 @@ class Unfinished:
     needs_import: bool = False  # True: blobs are missing, the archive must be imported again; False: unpack it
 
 
+@dataclass(frozen=True)
+class Debris:
+    """What a load of imgtool's, cut short (imgtool, the runtime or its tool killed), left in a runtime and no one
+    removed: known for imgtool's own by a name or label it carries. `doctor` lists it; the next load removes or
+    finishes it (`Runtime.remove_debris`, or the load's own plan for a half-loaded image of its bundle)."""
+
+    what: str  # in words, with where it is and, where known, its size
+    advice: str  # what removes or finishes it: "the next imgtool load removes it"
+    size: int = 0  # bytes it holds, where known
+
+
 if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never imports it
     from typing import Protocol
 
@@ -202,7 +213,9 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
         def remove_image(self, image_id: str) -> None: ...
 
-        def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]: ...
+        # `images`: (name, ID) of each image the archive registers, so that what a load cut short leaves is known
+        def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = (), *,
+                         images: Sequence[Tuple[str, str]] = ()) -> List[str]: ...
 
         def applied_diff_ids(self, image_id: str) -> Optional[List[str]]: ...
 
@@ -212,7 +225,11 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
 
         def pin(self, image_id: str) -> bool: ...
 
-        def remove_debris(self) -> List[str]: ...
+        def debris(self) -> List[Debris]: ...  # what loads of imgtool's cut short left here, read only (doctor)
+
+        def remove_debris(self) -> List[str]: ...  # that removed, a line for each (what a load finishes, said)
+
+        def left_behind(self) -> str: ...  # what this process's failed load may have left where it could not look
 
         def close(self) -> None: ...
 

@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from ..errors import DaemonError, ProgramFailed, UsageError
 from ..model import Digest
 from ..program import Program
-from .base import ImageInfo, RuntimeInfo, Traits, Unfinished, tags_of
+from .base import Debris, ImageInfo, RuntimeInfo, Traits, Unfinished, tags_of
 
 
 class _ContainerdTraits(Traits):
@@ -52,6 +52,15 @@ LOAD_TIMEOUT = 3600.0  # after the last byte: unpacking a 15 GB image into the s
 INSTALL_HINT = "ctr comes with containerd (the containerd or containerd.io package)"
 PINNED = "io.cri-containerd.pinned=pinned"  # the CRI plugin reports such images pinned (1.7+): no kubelet GC
 LEASE_PREFIX = "imgtool-unpack."  # imgtool-unpack.<pid>.<its start time>: the lease of an unpack of imgtool's
+# imgtool-load.<pid>.<its start time>.<n>: a lease that holds nothing and marks a load of imgtool's while it runs (made
+# once the import has begun, deleted when the load ends, whatever the end): its labels name `ctr images import`'s own
+# lease (MARK_CTR_LEASE) and the images the load registers (MARK_IMAGE<i>). One whose process is gone marks a load cut
+# short (containerd, imgtool or ctr killed): the next load removes that lease and finishes those images; doctor lists them.
+MARK_PREFIX = "imgtool-load."
+MARK_CTR_LEASE = "imgtool.ctr-lease"
+MARK_IMAGE = "imgtool.image."
+MARK_AFTER = 1 << 20  # bytes fed to ctr before the mark is made: by then it has read from the pipe, so its lease exists
+GC_EXPIRE = "containerd.io/gc.expire"
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4,
           "kB": 1000, "KB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3, "TB": 1000 ** 4}
 
@@ -72,9 +81,18 @@ class Containerd:
                            install_hint=INSTALL_HINT)
         self._version = self._server_version()
         self._unpacks = 0  # unpacks run by this process: each under a lease of its own
+        self._marks = 0
+        self._mark: Optional[Tuple[str, str, Tuple[Tuple[str, str], ...]]] = None  # (lease, ctr's lease, images)
 
     def close(self) -> None:
-        pass
+        """The load's mark deleted: the load ended here, and it removed what it left (else the mark stays, and the
+        next load or doctor finds it)."""
+        if self._mark is not None:
+            try:
+                self.ctr.run(["leases", "delete", self._mark[0]], what="leases delete")
+                self._mark = None
+            except DaemonError:
+                pass  # containerd gone: the mark stays for the next load
 
     def __enter__(self) -> "Containerd":
         return self
@@ -133,9 +151,118 @@ class Containerd:
         """The image IDs that carry the CRI's pinned label on a name."""
         return {digest for _, digest, _, _, labels in self._rows() if PINNED in labels.split(",")}
 
+    def _leases(self) -> Dict[str, Tuple[str, Dict[str, str]]]:
+        """`ctr leases ls`: every lease's (created at, labels) by its ID."""
+        out: Dict[str, Tuple[str, Dict[str, str]]] = {}
+        for line in self.ctr.run(["leases", "ls"], what="leases ls").splitlines()[1:]:
+            f = line.split()
+            if f:
+                labels = f[2] if len(f) > 2 else ""
+                out[f[0]] = (f[1] if len(f) > 1 else "", dict(x.partition("=")[::2] for x in labels.split(",") if "=" in x))
+        return out
+
+    def _cut_short(self, leases: Dict[str, Tuple[str, Dict[str, str]]]) -> List[Tuple[str, str, str, Dict[str, str]]]:
+        """(lease, pid, created at, labels) of imgtool's marks and unpack leases whose process is gone."""
+        out = []
+        for lease, (created, labels) in sorted(leases.items()):
+            for prefix in (MARK_PREFIX, LEASE_PREFIX):
+                if lease.startswith(prefix) and not _alive(lease[len(prefix):]):
+                    out.append((lease, lease[len(prefix):].partition(".")[0], created, labels))
+        return out
+
+    def _half_loaded(self, labels: Dict[str, str]) -> List[Tuple[str, str]]:
+        """(its name, what it lacks) of each image a mark names that containerd holds but not all of."""
+        named: Dict[str, List[str]] = {}
+        for name, digest, _, _ in self._listing():
+            named.setdefault(digest, []).append(name)
+        out = []
+        for key, image_id in sorted(labels.items()):
+            if not key.startswith(MARK_IMAGE) or image_id not in named:
+                continue
+            diff_ids = self._diff_ids_of(image_id)
+            missing = self.incomplete(image_id, diff_ids) if diff_ids is not None else \
+                Unfinished("its config cannot be read", needs_import=True)
+            if missing is not None:
+                name = sorted(named[image_id], key=lambda n: (n.startswith("sha256:"), "@" in n, n))[0]
+                out.append((name, missing.reason))
+        return out
+
+    def debris(self) -> List[Debris]:
+        """What loads of imgtool's cut short left (their process gone), read only: ctr's import lease and what it
+        holds, the images they left half-loaded, the leases of unpacks of imgtool's. Raises DaemonError."""
+        leases = self._leases()
+        out = []
+        for lease, pid, created, labels in self._cut_short(leases):
+            if lease.startswith(LEASE_PREFIX):
+                out.append(Debris(f"lease {lease} of an unpack of imgtool's that was cut short (pid {pid}, {created}) "
+                                  "holds the layers it had unpacked", "the next imgtool load removes it"))
+                continue
+            theirs = labels.get(MARK_CTR_LEASE, "")
+            if theirs in leases:
+                until = leases[theirs][1].get(GC_EXPIRE, "")
+                out.append(Debris(f"lease {theirs} of an imgtool load that was cut short (pid {pid}, {created}) holds "
+                                  f"what containerd had received of it{f' until {until}' if until else ''}",
+                                  "the next imgtool load removes it"))
+            for name, reason in self._half_loaded(labels):
+                out.append(Debris(f"{name} is half-loaded ({reason}), but the kubelet takes it for present: an imgtool "
+                                  f"load was cut short (pid {pid}, {created})",
+                                  "run imgtool load DIR again, DIR the bundle that holds it: it finishes it"))
+        return out
+
     def remove_debris(self) -> List[str]:
-        """Nothing here: the leases and snapshots of an interrupted unpack go when `finish` completes it."""
-        return []
+        """What loads of imgtool's cut short left, removed: ctr's import lease and what only it held, the leases of
+        unpacks and their unfinished snapshots; an image such a load left half-loaded is said, and finished when
+        its bundle is loaded (`incomplete`, `finish`), which then removes the load's mark. Nothing of another
+        tool's, nor of a load still running, is touched. One listing when there is nothing."""
+        try:
+            leases = self._leases()
+        except DaemonError:
+            return []  # the load's own first call says why
+        said = []
+        for lease, pid, _, labels in self._cut_short(leases):
+            if lease.startswith(LEASE_PREFIX):
+                if self._delete_lease(lease):
+                    said.append(f"removed containerd lease {lease}, with the layers an unpack of imgtool's that was "
+                                f"cut short (pid {pid}) had unpacked")
+                continue
+            theirs = labels.get(MARK_CTR_LEASE, "")
+            if theirs in leases and self._delete_lease(theirs):
+                said.append(f"removed containerd lease {theirs}, with what containerd had received of an imgtool load "
+                            f"that was cut short (pid {pid})")
+            half = self._half_loaded(labels)
+            for name, reason in half:
+                said.append(f"{name} is half-loaded in containerd ({reason}): an imgtool load was cut short (pid "
+                            f"{pid}); loading its bundle finishes it")
+            if not half:
+                self._delete_lease(lease)
+        return said
+
+    def _delete_lease(self, lease: str) -> bool:
+        """Delete a lease, and with it (--sync: the garbage collection that follows) what only it held."""
+        try:
+            self.ctr.run(["leases", "delete", "--sync", lease], what="leases delete")
+            return True
+        except DaemonError:
+            return False  # it expires by itself (ctr's: 24 h) and containerd's GC then collects what it held
+
+    def left_behind(self) -> str:
+        """What this process's load, failed where containerd no longer answered, may have left there (by its
+        mark); "" when its mark was never made."""
+        if self._mark is None:
+            return ""
+        try:
+            _reachable(self.address)
+            return ""  # it answers: the load removed what it left (load_archive, bundle.load.land)
+        except DaemonError:
+            pass
+        _, theirs, images = self._mark
+        names = ", ".join(sorted({name for name, _ in images}))
+        held = f"lease {theirs} with what it had received" if theirs else "what it had received, under ctr's lease"
+        return (f"it may hold {held}" + (f", and {names} named but not unpacked if it had registered "
+                                          f"{'them' if len(images) > 1 else 'it'} (the kubelet would take "
+                                          f"{'them' if len(images) > 1 else 'it'} for present)" if names else "")
+                + "; imgtool knows these for its own: the next imgtool load removes and finishes them, and imgtool "
+                  "doctor lists them")
 
     def pin(self, image_id: str) -> bool:
         """Label every name of the image `io.cri-containerd.pinned=pinned`: the CRI plugin (1.7+) then reports it
@@ -240,22 +367,16 @@ class Containerd:
         return None if found is None else [str(d) for d in found]
 
     def _drop_stale_leases(self) -> None:
-        """Delete imgtool's unpack leases whose process is gone (never another's, never a live one's); the
-        garbage collection that follows (--sync) removes the snapshots only they held."""
+        """Delete imgtool's unpack leases whose process is gone (never another's, never a live one's), and the
+        marks of loads cut short whose images are all whole now; the garbage collection that follows (--sync)
+        removes the snapshots only they held."""
         try:
-            lines = self.ctr.run(["leases", "ls"]).splitlines()[1:]
+            stale = self._cut_short(self._leases())
         except DaemonError:
             return
-        stale = []
-        for line in lines:
-            lease = line.split()[0] if line.split() else ""
-            if lease.startswith(LEASE_PREFIX) and not _alive(lease[len(LEASE_PREFIX):]):
-                stale.append(lease)
-        for lease in stale:
-            try:
-                self.ctr.run(["leases", "delete", "--sync", lease], what="leases delete")
-            except DaemonError:
-                pass  # it expires by itself (24 h) and containerd's GC then collects what it held
+        for lease, _, _, labels in stale:
+            if lease.startswith(LEASE_PREFIX) or not self._half_loaded(labels):
+                self._delete_lease(lease)
 
     def stored_name(self, name: str) -> str:
         """containerd's form of a name: fully qualified, as Docker's reference normalization gives it."""
@@ -274,13 +395,16 @@ class Containerd:
         if refs:
             self.ctr.run(["images", "rm", "--sync"] + refs, what="images rm")
 
-    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]:
+    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = (), *,
+                     images: Sequence[Tuple[str, str]] = ()) -> List[str]:
         """`ctr images import` of a tar stream into the namespace, unpacked into the snapshotter.
 
         `platforms`: the platforms the archive's images are for (one: --platform it; several:
         --all-platforms). No import-DATE@sha256 names (no --digests): images carry the names the
         archive's index.json gives. When the import fails or the stream is cut short, what it left
-        (image records, blobs) that was not here before is removed. Raises DaemonError, or what the
+        (image records, blobs) that was not here before is removed. Once the import has begun, the load is
+        marked (a lease of imgtool's naming ctr's lease and `images`, (name, ID) each) until it ends (close), so
+        that what it leaves when it is cut short is known for imgtool's. Raises DaemonError, or what the
         chunks raised.
         """
         args = ["images", "import", "--no-unpack"]  # unpacked under imgtool's own lease: finish()
@@ -292,11 +416,40 @@ class Containerd:
             args += ["--snapshotter", self.snapshotter]
         before_images = {n for n, _, _, _ in self._listing()}
         before_blobs = self._blobs()
+        before_leases = set(self._leases())
+
+        def marked() -> Iterable[bytes]:
+            fed, tried = 0, False
+            for chunk in chunks:
+                if fed >= MARK_AFTER and not tried:  # the chunks before it written: ctr has read from the pipe
+                    tried = True
+                    self._make_mark(before_leases, tuple(images))
+                yield chunk
+                fed += len(chunk)
+            if not tried:
+                self._make_mark(before_leases, tuple(images))
+
         try:
-            return self.ctr.feed(args + ["-"], chunks, self.timeout, "images import")
+            return self.ctr.feed(args + ["-"], marked(), self.timeout, "images import")
         except BaseException:
             self._forget(before_images, before_blobs)
             raise
+
+    def _make_mark(self, before: Set[str], images: Tuple[Tuple[str, str], ...]) -> None:
+        """Mark the running load (MARK_PREFIX): ctr's lease is the one lease that came since `before` with no label
+        but its expiry (none is named when that is not one alone: another tool's is never taken for it)."""
+        try:
+            new = [lease for lease, (_, labels) in self._leases().items()
+                   if lease not in before and set(labels) == {GC_EXPIRE}]
+            theirs = new[0] if len(new) == 1 else ""
+            self._marks += 1
+            lease = f"{MARK_PREFIX}{_process_mark(os.getpid())}.{self._marks}"
+            labels = [f"{MARK_CTR_LEASE}={theirs}"] if theirs else []
+            labels += [f"{MARK_IMAGE}{i}={image_id}" for i, (_, image_id) in enumerate(images)]
+            self.ctr.run(["leases", "create", "--id", lease, "--expires", "0"] + labels, what="leases create")
+            self._mark = (lease, theirs, images)
+        except DaemonError:
+            pass  # unmarked: what a cut-short load leaves is then not known for imgtool's (ctr's lease expires in 24 h)
 
     def _blobs(self) -> Set[str]:
         return {line.strip() for line in self.ctr.run(["content", "ls", "--quiet"]).splitlines() if line.strip()}

@@ -7,7 +7,7 @@ facts, load, image inspection, inventory, save, and container runs.
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 from ..errors import DaemonError, UsageError, one_line
-from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
+from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
 
 
 class _DockerTraits(Traits):
@@ -282,9 +282,17 @@ class Daemon:
     def finish(self, image_id: str) -> None:
         """Nothing to finish: see incomplete."""
 
-    def remove_debris(self) -> List[str]:
-        """Nothing: an interrupted `docker load` leaves nothing imgtool made (dockerd cleans its own tmp)."""
+    def debris(self) -> List[Debris]:
+        """None: an interrupted `docker load` leaves nothing imgtool made (dockerd cleans its own tmp)."""
         return []
+
+    def remove_debris(self) -> List[str]:
+        """Nothing: see debris."""
+        return []
+
+    def left_behind(self) -> str:
+        """Nothing: dockerd registers nothing of an upload it did not receive whole."""
+        return ""
 
     def pin(self, image_id: str) -> bool:
         """False: Docker has no kubelet image GC to keep the image from (a kubelet on cri-dockerd pins by its own
@@ -312,10 +320,12 @@ class Daemon:
             raise DaemonError(f"cannot tag {image_id[:19]} as {name}: {one_line(e)}") from e
 
     def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = (),
-                     on_message: Optional[Callable[[dict], None]] = None) -> List[str]:
+                     on_message: Optional[Callable[[dict], None]] = None,
+                     images: Sequence[Tuple[str, str]] = ()) -> List[str]:
         """POST a tar stream (an iterable of chunks, sent chunked: never held in memory) to /images/load.
 
-        `platforms` is ignored: Docker loads every image the archive's manifest.json lists.
+        `platforms` and `images` are ignored: Docker loads every image the archive's manifest.json lists, and
+        registers nothing of an upload it did not receive whole.
         Reads the whole answer: an `errorDetail` is a failure even after HTTP 200. Returns the
         "Loaded image" lines. Raises DaemonError, or whatever the chunk iterable raised.
         """

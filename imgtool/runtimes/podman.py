@@ -14,17 +14,18 @@ Standard library only (the offline side runs on 3.7).
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
 from ..fsutil import process_alive, remove_quietly
 from ..model import foreign_arch_warning, format_size
 from ..program import QUICK, Process, ProcessTimeout, Program
-from .base import ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
+from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
 
 if TYPE_CHECKING:
     from .base import ContainerSpec
@@ -36,8 +37,10 @@ INSTALL_HINT = ("install Podman (dnf install podman; Debian/Ubuntu: apt-get inst
                 "or choose another runtime with --runtime")
 
 
-STAGED_PREFIX = "imgtool-load-"  # the archive copy podman load reads: imgtool-load-<pid>-<random>.tar
-_STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}\.tar\Z")
+STAGED_PREFIX = "imgtool-load-"  # a load's own directory there: imgtool-load-<pid>-<random>/archive.tar (older: .tar)
+_STAGED = re.compile(r"imgtool-load-([0-9]{1,10})-[A-Za-z0-9_]{1,32}(\.tar)?\Z")
+_LEFT = "the archive copy and Podman's temporaries of an imgtool load that was cut short"
+_LEFT_COPY = "the archive copy of an imgtool load that was cut short"  # a bare .tar: of an earlier imgtool
 
 
 class _PodmanTraits(Traits):
@@ -258,36 +261,47 @@ class Podman:
             if self.image_info(image_id) is not None:
                 raise
 
-    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = ()) -> List[str]:
-        """`podman load -i` of the tar stream, written whole to the staging dir first (the copy podman itself
-        would make of a pipe), so podman runs only when every chunk came; the copy is removed after.
+    def load_archive(self, chunks: Iterable[bytes], platforms: Tuple[str, ...] = (), *,
+                     images: Sequence[Tuple[str, str]] = ()) -> List[str]:
+        """`podman load -i` of the tar stream, written whole to a directory of this load's own in the staging dir
+        first (the copy podman itself would make of a pipe), so podman runs only when every chunk came; podman
+        runs with that directory as its TMPDIR, so its own temporaries (it unpacks the archive into an oci*
+        directory there, and stages layers in a storage* one) are this load's too. The directory is removed
+        after, whatever happened; what a load killed midway left is removed by the next (remove_debris).
         Raises DaemonError, or what the chunks raised (then podman never ran)."""
         try:
-            fd, path = tempfile.mkstemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", suffix=".tar", dir=self.staging_dir)
+            work = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", dir=self.staging_dir)
         except OSError as e:
             raise DaemonError(f"cannot stage the archive for podman load in {self.staging_dir}: {e.strerror or e}",
                               hint="podman load needs the archive's size free there; set TMPDIR to another "
                                    "directory") from e
+        path = os.path.join(work, "archive.tar")
         try:
             try:
-                with os.fdopen(fd, "wb") as f:
+                with open(path, "xb") as f:
                     for chunk in chunks:
                         f.write(chunk)
             except OSError as e:
                 raise DaemonError(f"cannot stage the archive for podman load in {self.staging_dir}: "
                                   f"{e.strerror or e}", hint="podman load needs the archive's size free there; set "
                                                              "TMPDIR to another directory") from e
-            return self.podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
+            from ..config import tool_environment
+
+            podman = Program(["podman"], "Podman", env=_load_env(tool_environment(), work, os.geteuid()),
+                             install_hint=INSTALL_HINT)
+            return podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
         finally:
             # on a thread of its own: freeing an archive-sized file's blocks took 0.2-0.4 s for 1.6 GB, which the
             # checks and tags after the load now overlap (docs/benchmarks.md, "Podman's load, the staged copy"); one
             # that cannot be removed is left to the next load's remove_debris (this pid is gone by then)
-            remover = threading.Thread(target=remove_quietly, args=(path,), name="staged-copy-unlink")
+            remover = threading.Thread(target=_remove, args=(work,), name="staged-copy-unlink")
             remover.start()
             self._removing.append(remover)
 
     def _staged(self) -> List[Tuple[str, int, int]]:
-        """(path, size, pid) of every imgtool archive copy in the staging dir that is this user's regular file."""
+        """(path, bytes, pid) of everything imgtool loads staged in the staging dir that is this user's: each
+        load's directory (the archive copy and Podman's temporaries), and the bare archive copies earlier versions
+        of imgtool staged (imgtool-load-<pid>-<random>.tar)."""
         found = []
         try:
             names = os.listdir(self.staging_dir)
@@ -295,30 +309,43 @@ class Podman:
             return []
         for name in names:
             m = _STAGED.match(name)
+            if not m:
+                continue
             path = os.path.join(self.staging_dir, name)
             try:
-                st = os.lstat(path) if m else None
+                st = os.lstat(path)
             except OSError:
                 continue
-            if m and st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            if st.st_uid != os.geteuid():
+                continue
+            if stat.S_ISREG(st.st_mode) and m.group(2):
                 found.append((path, st.st_size, int(m.group(1))))
+            elif stat.S_ISDIR(st.st_mode) and not m.group(2):
+                found.append((path, _tree_size(path), int(m.group(1))))
         return sorted(found)
 
     def _staged_by_others(self) -> Tuple[Tuple[str, int], ...]:
         return tuple((path, size) for path, size, pid in self._staged() if pid != os.getpid() and process_alive(pid))
 
+    def debris(self) -> List[Debris]:
+        """What earlier loads left in the staging dir when they were killed (their pid gone): the archive copy and
+        Podman's own temporaries, with their size. Another live load's is never counted."""
+        return [Debris(f"{path} ({format_size(size)}), {_left(path)} (pid {pid})", "the next imgtool load removes it",
+                       size) for path, size, pid in self._staged() if not process_alive(pid)]
+
     def remove_debris(self) -> List[str]:
-        """The archive copies earlier loads left in the staging dir when they were killed (their pid gone, the
-        file this user's), removed; a line for each. Another live load's copy is never touched."""
+        """That debris removed (the file this user's, its pid gone); a line for each. Another live load's is never
+        touched."""
         removed = []
         for path, size, pid in self._staged():
-            if process_alive(pid):
+            if process_alive(pid) or not _remove(path):
                 continue
-            if not remove_quietly(path):
-                continue
-            removed.append(f"removed {path} ({format_size(size)}), the archive copy of an imgtool load that "
-                           f"was cut short (pid {pid})")
+            removed.append(f"removed {path} ({format_size(size)}), {_left(path)} (pid {pid})")
         return removed
+
+    def left_behind(self) -> str:
+        """Nothing it could not look at: a failed load's directory is removed by the load itself."""
+        return ""
 
     # --- imgtool run / run-flags ----------------------------------------------------------------
 
@@ -497,3 +524,46 @@ def _sha(value: object) -> str:
 def _image(d: dict) -> ImageInfo:
     return ImageInfo(_sha(d.get("Id")), tuple(t for t in d.get("RepoTags") or () if t), str(d.get("Os") or ""),
                      str(d.get("Architecture") or ""), d.get("Variant") or None, int(d.get("Size") or 0))
+
+
+def _load_env(env: Mapping[str, str], work: str, euid: int) -> Dict[str, str]:
+    """The environment `podman load` runs in: this one, with TMPDIR this load's own directory (where Podman puts
+    the archive it unpacks and the layers it stages). Rootless Podman with no XDG_RUNTIME_DIR and no
+    /run/user/<uid> of its own would place its runtime directory and containers/storage's run root under TMPDIR
+    (podman-run-<uid>, storage-run-<uid>): there TMPDIR is left as it is, and Podman's temporaries go where they
+    went before (the staging dir), not into the load's directory."""
+    out = dict(env)
+    if euid != 0 and not env.get("XDG_RUNTIME_DIR"):
+        try:
+            st = os.stat(f"/run/user/{euid}")
+            own = st.st_uid == euid and stat.S_ISDIR(st.st_mode) and st.st_mode & 0o700 == 0o700
+        except OSError:
+            own = False
+        if not own:
+            return out
+    out["TMPDIR"] = work
+    return out
+
+
+def _left(path: str) -> str:
+    return _LEFT_COPY if path.endswith(".tar") else _LEFT
+
+
+def _tree_size(path: str) -> int:
+    """The bytes of the files under `path` (links not followed; what vanishes meanwhile not counted)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _remove(path: str) -> bool:
+    """Remove a file or a directory tree (never following a link out of it); True when it is gone."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
+    return remove_quietly(path)
