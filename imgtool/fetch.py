@@ -120,28 +120,28 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # The bundle is written while the layers download: the destination takes each blob, in archive order, as
         # soon as the cache has it, so the disk writes the bundle while the network is still busy. An uncompressed
         # bundle of the layers as served goes further: each layer is downloaded straight into its place in the
-        # archive, written once (bundle/placed.py), and the cache only remembers where it is.
+        # archive, written once (bundle/regions.py), and the cache only remembers where it is.
         source = RegistrySource(pulled, store, progress, (opts.jobs, opts.max_connections))
         destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip, delta=delta, created=opts.created,
                                         extra_files=tool, place=_placeable(opts, images, left_out))
         plan = destination.plan(images)
-        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool, plan.places)
+        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool, plan.regions)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
-        if plan.places is not None:
-            writer.prepare_places(plan.places, opts.force)
+        if plan.regions is not None:
+            writer.prepare_regions(plan.regions, opts.force)
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
             copied = copy(source, destination, layers, plan)
         except KeyboardInterrupt:
-            if plan.places is None:
+            if plan.regions is None:
                 raise  # the command says what the cache keeps
             raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the unfinished bundle "
                               f"{output} (it has no bundle.json)", hint=RESUME_HINT) from None
         finally:
             layers.close()  # after the source's cancel: a check waiting for a blob wakes when the download ends
-        if plan.places is not None:
-            _remember_places(store, plan.places, copied.result)
+        if plan.regions is not None:
+            _remember_places(store, plan.regions, copied.result)
         signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
         return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed)
@@ -154,11 +154,11 @@ def _placeable(opts: FetchOptions, images: Sequence[PulledImage], left_out) -> b
             and not any(transcode.changes(im, opts.layers, ()) for im in images))
 
 
-def _remember_places(store: Store, places, result: "BundleResult") -> None:
+def _remember_places(store: Store, regions, result: "BundleResult") -> None:
     """The cache learns where the bundle holds each layer it downloaded there (a later fetch copies it from there)."""
     names = [p.name for p in result.parts]
-    for digest, (_, size) in places.blobs.items():
-        store.locate(digest, size, places.regions(digest, names))
+    for digest, (_, size) in regions.blobs.items():
+        store.locate(digest, size, regions.regions(digest, names))
 
 
 def _platform_images(resolutions: Sequence[Resolution], opts: FetchOptions, store: Store
@@ -198,7 +198,7 @@ class _Layers:
             return found
 
         self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.skip, unpack=opts.check_diff_ids,
-                                          read_at=plan.places.read_at if plan.places is not None else None)
+                                          read_at=plan.regions.read_at if plan.regions is not None else None)
         rewrites = any(transcode.changes(im, opts.layers, plan.skip) for im in images)
         if rewrites:  # a gzip image (compat) never comes here
             images = transcode.transcode_images(images, opts.layers, path, store, progress, plan.skip,
@@ -238,21 +238,21 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
 
 
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
-                extra_files, places=None) -> None:
+                extra_files, regions=None) -> None:
     """Refuse up front when the cache's or the output's file system has less free space than the fetch
     will write (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
     load's space refusal).
 
     From the manifests' sizes: the cache needs the blobs it lacks (less what a killed run left in
     partial/) plus the copy of each layer `layers` rewrites, nothing for a layer written straight into the
-    bundle (`places`); the output needs every blob the bundle holds and the extra files, with --compress only the
+    bundle (`regions`); the output needs every blob the bundle holds and the extra files, with --compress only the
     layers that stay compressed. A rewritten
     layer's size is not known before it is written: a zstd layer as gzip (compat) is counted at
     model.GZIP_PER_ZSTD times its size, a layer unpacked (plain) at model.UNPACKED_PER_COMPRESSED
     times. Layers a delta leaves out (`skip`) need nothing."""
     from .model import GZIP_PER_ZSTD, UNPACKED_PER_COMPRESSED, format_size
 
-    cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress, places)
+    cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress, regions)
     out_need += sum(Path(p).stat().st_size for p in extra_files.values())
     out_fs = output
     while not out_fs.exists() and out_fs.parent != out_fs:
@@ -275,7 +275,7 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
         raise ImgtoolError("not enough space: fetch needs " + " and ".join(short), hint=hint)
 
 
-def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str, compress: str, places=None
+def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str, compress: str, regions=None
                   ) -> Tuple[int, int, bool]:
     """(bytes the cache needs, bytes the output needs without the extra files, whether a layer is rewritten)."""
     from .model import GZIP_PER_ZSTD, LAYER_COMPRESSION, UNPACKED_PER_COMPRESSED
@@ -287,8 +287,8 @@ def _space_needed(images: Sequence[PulledImage], store: Store, skip, layers: str
     rewritten = {im.manifest.layers[i].digest for im in images for i in transcode.changes(im, layers, skip)}
     cache_need = out_need = 0
     for digest, (size, media_type) in blobs.items():
-        if places is not None and places.holds(digest):  # downloaded into the bundle: counted there
-            out_need -= places.partial_bytes(digest, size) if places.resumable() else 0
+        if regions is not None and regions.holds(digest):  # downloaded into the bundle: counted there
+            out_need -= regions.partial_bytes(digest, size) if regions.resumable() else 0
         elif not store.has(digest, size):
             cache_need += size - store.partial_bytes(digest, size)
         if digest in rewritten:

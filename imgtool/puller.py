@@ -22,7 +22,7 @@ from .registry import BlobStream
 from .store import Partial, Store
 
 if TYPE_CHECKING:
-    from .bundle.placed import Places
+    from .bundle.regions import Regions
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
@@ -248,9 +248,9 @@ class _Scheduler:
     of the biggest range still running, so no connection idles while one slow range finishes."""
 
     def __init__(self, store: Store, progress: Progress, stats: PullStats, total_bar: Bar, tuning: Tuning,
-                 stop: threading.Event, per_source: int, places: Optional["Places"] = None):
+                 stop: threading.Event, per_source: int, regions: Optional["Regions"] = None):
         self.store, self.progress, self.stats, self.total_bar = store, progress, stats, total_bar
-        self.places = places  # where the destination wants blobs written instead of the store (bundle/placed.py)
+        self.regions = regions  # where the destination wants blobs written instead of the store (bundle/regions.py)
         self.tuning = tuning
         self.queue: Deque[_Range] = deque()
         self.running: List[_Range] = []
@@ -373,12 +373,12 @@ class _Scheduler:
         returns the first of them for this worker (None: nothing to fetch).
 
         A blob the cache lacks is first copied from a bundle the cache remembers it in (`Store.locate`), a blob the
-        destination placed (bundle/placed.py) from the cache too (another imgtool that held the lock may have just
+        destination placed (bundle/regions.py) from the cache too (another imgtool that held the lock may have just
         placed it in its own bundle)."""
         desc = blob.desc
         unlock = self.store.lock_blob(desc.digest, waiting=self.progress.note)
         try:
-            if self.places is not None and self.places.holds(desc.digest):
+            if self.regions is not None and self.regions.holds(desc.digest):
                 partial: Optional[Partial] = self._open_placed(blob)
                 if partial is None:  # here already
                     unlock()
@@ -419,21 +419,21 @@ class _Scheduler:
     def _open_placed(self, blob: _Blob) -> Optional[Partial]:
         """The partial of a placed blob, or None when it is in place already: whole from an earlier run into this
         bundle (hashed again), or copied from this machine (hashed)."""
-        assert self.places is not None
+        assert self.regions is not None
         desc = blob.desc
-        partial = self.places.partial(desc.digest, desc.size)
+        partial = self.regions.partial(desc.digest, desc.size)
         if not partial.missing():
             if self._whole_already(desc, partial):
                 return None
-            partial = self.places.partial(desc.digest, desc.size)  # it did not match: discarded, start over
+            partial = self.regions.partial(desc.digest, desc.size)  # it did not match: discarded, start over
         elif blob.attempt == 0 and not partial.done and self._copy_local(desc, partial):
             return None
         return partial
 
     def _located(self, desc: Descriptor) -> None:
         """A placed blob is whole: the cache learns where (a fetch waiting for its lock copies it from there)."""
-        if self.places is not None and self.places.holds(desc.digest):
-            self.store.locate(desc.digest, desc.size, self.places.regions(desc.digest, self.places.part_names))
+        if self.regions is not None and self.regions.holds(desc.digest):
+            self.store.locate(desc.digest, desc.size, self.regions.regions(desc.digest, self.regions.part_names))
 
     def _here(self, desc: Descriptor, partial: Partial, hexdigest: str) -> None:
         """A blob that came from this machine, hashed: committed (VerifyError when it does not match), counted as
@@ -613,9 +613,9 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
              jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
              order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
              tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS,
-             places: Optional["Places"] = None) -> PullStats:
+             regions: Optional["Regions"] = None) -> PullStats:
     """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    or those `places` holds into their places, over `jobs` connections per source, at most `connections` at
+    or those `regions` holds into their regions, over `jobs` connections per source, at most `connections` at
     once over all; returns what was transferred. Setting `cancel` stops it (what arrived stays in the partial
     files for the next run), and ends any wait before a retry at once.
 
@@ -623,14 +623,14 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     trouble, VerifyError when a blob kept arriving corrupt.
     """
     stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
-    todo = _missing(images, skip, store, stats, order, places)
+    todo = _missing(images, skip, store, stats, order, regions)
     if not todo:
         return stats
-    total = sum(d.size - (places.partial_bytes(d.digest, d.size) if places is not None and places.holds(d.digest)
+    total = sum(d.size - (regions.partial_bytes(d.digest, d.size) if regions is not None and regions.holds(d.digest)
                           else store.partial_bytes(d.digest, d.size)) for d, _ in todo)
     with progress.bar(total, "download") as total_bar:
         sched = _Scheduler(store, progress, stats, total_bar, tuning, cancel if cancel is not None else threading.Event(),
-                           max(1, jobs), places)
+                           max(1, jobs), regions)
         for i, (desc, sources) in enumerate(todo):
             sched.queue.append(_Range.unopened(_Blob(desc, sched.pool(sources), 0, i)))
         names = {s.name for _, sources in todo for s in sources}  # the shape: connections per source
@@ -643,10 +643,10 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
 
 
 def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Collection[Digest], store: Store,
-             stats: PullStats, order: Sequence[Digest], places: Optional["Places"] = None
+             stats: PullStats, order: Sequence[Digest], regions: Optional["Regions"] = None
              ) -> List[Tuple[Descriptor, Sequence[Source]]]:
     """The layers to download (each once, with the sources of the first image that has it), `order`
-    first; those already in the store are counted in `stats` instead, unless `places` wants them (copied there)."""
+    first; those already in the store are counted in `stats` instead, unless `regions` wants them (copied there)."""
     wanted: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
     for image, sources in images:
         for layer in image.manifest.layers:
@@ -654,7 +654,7 @@ def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Colle
                 wanted.setdefault(layer.digest, (layer, sources))
     todo = []
     for desc, sources in wanted.values():
-        if store.has(desc.digest, desc.size) and not (places is not None and places.holds(desc.digest)):
+        if store.has(desc.digest, desc.size) and not (regions is not None and regions.holds(desc.digest)):
             stats.cached(desc.size)
         else:
             todo.append((desc, sources))

@@ -88,7 +88,7 @@ def recorded_bytes(path: Path, digest: Digest, size: int) -> int:
 class Partial:
     """A half-downloaded blob: a sparse file of the final size plus the ranges already written.
 
-    Where the bytes live is the subclass's (`PlacedPartial`: in a bundle's unfinished archive, bundle/placed.py);
+    Where the bytes live is the subclass's (`RegionPartial`: in a bundle's unfinished archive, bundle/regions.py);
     the record of done ranges, the hashing and the check are the same for both."""
 
     # The record of done ranges is rewritten after every write (in place, see _save), so a SIGKILL
@@ -364,7 +364,7 @@ class Store:
         """How many bytes of this blob a previous run left in `partial/` (0 if none)."""
         return recorded_bytes(_partial_paths(self.root, digest)[1], digest, size)
 
-    # A blob a fetch wrote straight into a bundle's archive (bundle/placed.py) is not copied into blobs/: the
+    # A blob a fetch wrote straight into a bundle's archive (bundle/regions.py) is not copied into blobs/: the
     # store keeps where it is (`located/`), and a later fetch copies it from there, digest-checked, before
     # downloading it (the bundle may have been moved, edited or removed since: then it downloads).
 

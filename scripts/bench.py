@@ -298,8 +298,8 @@ def check_disk(stay: Sequence[Need], phases: Sequence[Sequence[Need]]) -> None:
         items = mine + peak
         total = sum(n for _, n, _ in items)
         if total > free[dev]:
-            places = sorted({str(w) for _, _, w in items})
-            short.append(f"{_size(total)} needed on the file system of {' and '.join(places)}, {_size(free[dev])} free ("
+            regions = sorted({str(w) for _, _, w in items})
+            short.append(f"{_size(total)} needed on the file system of {' and '.join(regions)}, {_size(free[dev])} free ("
                          + "; ".join(f"{what}: {_size(n)}" for what, n, _ in items) + ")")
     if short:
         raise SystemExit("bench: not enough disk for this run: " + "; ".join(short)

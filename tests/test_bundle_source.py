@@ -25,7 +25,7 @@ def _bundle(tmp_path, image, store, compress):
 
 
 def _read(source, digest):
-    return b"".join(source.chunks(digest, source.placed[digest].member.size, "test"))
+    return b"".join(source.chunks(digest, source.slots[digest].member.size, "test"))
 
 
 @pytest.mark.parametrize("compress", ["none", "gzip", "zstd"])
@@ -47,11 +47,11 @@ def test_a_compressed_bundle_hands_blobs_over_in_archive_order_only(tmp_path, im
     image, store = image_and_store
     source = BundleSource(_bundle(tmp_path, image, store, compress))
     source.images()
-    layers = [d for d in source.order if source.placed[d].member.kind == "layer"]
+    layers = [d for d in source.order if source.slots[d].member.kind == "layer"]
     _read(source, layers[-1])
     with pytest.raises(OutOfOrder) as e:
         _read(source, layers[0])
-    what = source.placed[layers[0]].member.what
+    what = source.slots[layers[0]].member.what
     assert e.value.message == (f"bundle {compress} is {compress}-compressed: its blobs are read once, in archive "
                                f"order, and {what} (blob {layers[0].short}) lies behind the blob read last")
     source.rewind()  # a second pass, asked for: read from the start again
@@ -63,9 +63,9 @@ def test_a_damaged_blob_is_refused_before_its_last_chunk_with_its_parts_named(tm
     image, store = image_and_store
     out = _bundle(tmp_path, image, store, "none")
     source = BundleSource(out)
-    biggest = max(source.order, key=lambda d: source.placed[d].member.size)
-    placed = source.placed[biggest]
-    tar_offset = placed.data_offset + placed.member.size // 2
+    biggest = max(source.order, key=lambda d: source.slots[d].member.size)
+    slots = source.slots[biggest]
+    tar_offset = slots.data_offset + slots.member.size // 2
     for part in parts_of(out):  # flip one byte in the middle of the blob, in whichever part holds it
         size = part.stat().st_size
         if tar_offset < size:
@@ -76,12 +76,12 @@ def test_a_damaged_blob_is_refused_before_its_last_chunk_with_its_parts_named(tm
         tar_offset -= size
     got = []
     with pytest.raises(VerifyError) as e:
-        for chunk in source.chunks(biggest, placed.member.size, "test"):
+        for chunk in source.chunks(biggest, slots.member.size, "test"):
             got.append(chunk)
-    assert sum(map(len, got)) < placed.member.size  # the consumer never holds the whole damaged blob
+    assert sum(map(len, got)) < slots.member.size  # the consumer never holds the whole damaged blob
     held = sorted({s.part for s in source._files.catalog.spans(source._files.catalog.blobs[biggest])})
     where = f"part {held[0] + 1:03d}" if len(held) == 1 else f"parts {held[0] + 1:03d}-{held[-1] + 1:03d}"
-    assert e.value.message == (f"{placed.member.what} (blob {biggest.short}) is damaged in the bundle ({where}): "
+    assert e.value.message == (f"{slots.member.what} (blob {biggest.short}) is damaged in the bundle ({where}): "
                                "its sha256 differs from its digest")
     assert e.value.hint == "run `imgtool verify` on the bundle and re-copy the parts it names"
 

@@ -7,7 +7,7 @@ product. tests/test_selfbundle.py runs it for real under pyenv's 3.7 and 3.8.
 
 import pytest
 
-from imgtool.loading import load_bundle
+from imgtool.load import load_bundle
 from imgtool.runtimes.docker import Daemon, connect, default_transport, open_daemon
 from imgtool.errors import DaemonError, UsageError
 from imgtool.progress import Progress

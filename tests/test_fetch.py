@@ -115,7 +115,7 @@ def test_two_tags_share_layers_stored_once(services, factory, mirrored, tmp_path
 
 def test_each_layer_is_written_once_and_a_later_fetch_copies_it_from_the_bundle_it_went_into(services, factory,
                                                                                               mirrored, tmp_path):
-    """An uncompressed bundle takes each layer from the network straight into its parts (bundle/placed.py): the cache
+    """An uncompressed bundle takes each layer from the network straight into its parts (bundle/regions.py): the cache
     keeps where it lies, not a copy. A later fetch sharing layers copies them from that bundle, hashed, instead of
     downloading them; a layer the bundle no longer holds as it was (a byte changed, the bundle removed) is
     downloaded again, and every bundle verifies."""
@@ -174,9 +174,9 @@ def test_each_layer_is_written_once_and_a_later_fetch_copies_it_from_the_bundle_
 
 
 def _placed_whole(out: Path, hex_: str) -> bool:
-    """The unfinished bundle's record says the layer is all there (bundle/placed.py)."""
+    """The unfinished bundle's record says the layer is all there (bundle/regions.py)."""
     try:
-        record = json.loads((out / f".imgtool-placed-{hex_}.json").read_text())
+        record = json.loads((out / f".imgtool-slots-{hex_}.json").read_text())
     except (OSError, ValueError):
         return False
     return record["done"] == [[0, record["size"]]]
@@ -399,7 +399,7 @@ def test_ctrl_c_says_what_was_kept_and_the_rerun_resumes(services, factory, mirr
             "hint: run the same command again to resume: it downloads only what is missing and finishes the bundle",
         ]
         assert not (out / "bundle.json").exists()
-        assert list(out.glob(".imgtool-placed-*.json"))  # something was kept, where the layers go
+        assert list(out.glob(".imgtool-slots-*.json"))  # something was kept, where the layers go
         slow.times = 0
         r = imgtool(*args, env={"IMGTOOL_CACHE": str(cache)})
         assert r.returncode == 0, r.stderr
@@ -636,7 +636,7 @@ def test_not_enough_space_is_refused_before_the_download_and_a_delta_needs_less(
     """The cache and the output on one 20 MiB file system (ext4, loop-mounted): a 13 MiB image fetched into a
     compressed bundle needs it twice (the blobs in the cache, the bundle beside them), so fetch refuses before
     downloading; a delta against the bundle of the previous tag needs only the new layer, and fits. Into an
-    uncompressed bundle each layer is written once, straight into the archive (bundle/placed.py): it fits, and
+    uncompressed bundle each layer is written once, straight into the archive (bundle/regions.py): it fits, and
     the cache holds none of the layers."""
     base = factory.layers(2, 6 << 20)
     old, new = factory.image("amd64", layers=0, base=base), factory.image("amd64", layers=1, base=base,

@@ -516,7 +516,7 @@ def hostile(services, factory, mirrored, tmp_path):
 @pytest.mark.runtimes
 def test_hostile_input_is_refused_with_its_exit_code_on_every_runtime(hostile, node):
     """Issue 46 item 6: a registry whose config diff_ids do not match its layers, copied into Podman, ended as
-    `internal error: Applied: ...` (exit 1): the exceptions raised while an image lands (bundle/load.py's Cut,
+    `internal error: Applied: ...` (exit 1): the exceptions raised while an image lands (bundle/landing.py's Cut,
     Applied) were not of the error root. Each hostile input through each verb that lands it in a runtime, on
     every runtime: its exit code, no `internal error`, nothing left in the runtime.
 

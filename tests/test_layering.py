@@ -117,7 +117,7 @@ def test_later_stages_never_import_earlier_ones():
 
 
 def test_the_bundle_package_takes_a_daemon_never_imports_the_docker_adapter():
-    # bundle/load.py is handed a daemon.Daemon by the CLI; the Docker room stays one module
+    # bundle/landing.py is handed a daemon.Daemon by the CLI; the Docker room stays one module
     for p in (PKG / "bundle").glob("*.py"):
         names = {full for _, full in imports_of(p)}
         assert not any(n.endswith(("runtimes.docker", "docker")) for n in names), (p, names)
@@ -186,13 +186,13 @@ LAYERS = (
                       "nodeconfig"}),
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
                          "connections"}),
-    ("bundle model", {"bundle.layout", "bundle.placed", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
+    ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
     ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
-    ("verbs", {"fetch", "export", "push", "serve", "copying", "loading", "inventory", "doctor", "diff", "install", "inspection",
+    ("verbs", {"fetch", "export", "push", "serve", "copying", "load", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec
     ("commands", {"cli", "__main__", "commands"}),

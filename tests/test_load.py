@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from imgtool.bundle.load import _compatibility
+from imgtool.bundle.landing import _compatibility
 from imgtool.runtimes import docker
 from imgtool.runtimes.base import RuntimeInfo as DaemonInfo
 from imgtool.errors import ImgtoolError

@@ -77,7 +77,7 @@ def fingerprint(out: Path):
 
 def assert_cache_sound(cache: Path) -> int:
     """Every published blob hashes to its name, and so does every blob the cache says a bundle holds (a layer
-    written straight into a bundle, bundle/placed.py, while that bundle is there); returns how many there are."""
+    written straight into a bundle, bundle/regions.py, while that bundle is there); returns how many there are."""
     blobs = sorted((cache / "blobs" / "sha256").iterdir()) if (cache / "blobs" / "sha256").exists() else []
     bad = [p.name for p in blobs if not p.name.startswith(".") and sha256_file(p) != p.name]
     assert bad == [], f"corrupt blobs in the cache: {bad}"

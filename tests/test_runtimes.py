@@ -126,7 +126,7 @@ def test_podman_without_a_record_of_the_layers_it_applied_is_a_runtime_error(run
                                                                             tmp_path):
     """The applied-diff_id check finds no record in Podman's storage (a fault put in front of the real room):
     the image is removed and the error names Podman, not the bundle (which is fine), exit 5."""
-    from imgtool.loading import load_bundle
+    from imgtool.load import load_bundle
     from imgtool.errors import DaemonError
     from imgtool.runtimes.podman import Podman
     from imgtool.progress import Progress

@@ -277,7 +277,7 @@ def test_a_remembered_diff_id_is_read_back_and_a_damaged_one_ignored(store):
 
 
 def test_a_located_blob_is_read_from_where_the_cache_says_and_not_when_the_record_is_off(store, tmp_path):
-    """A layer a fetch wrote straight into a bundle (bundle/placed.py): the cache keeps where it lies, in pieces
+    """A layer a fetch wrote straight into a bundle (bundle/regions.py): the cache keeps where it lies, in pieces
     of the bundle's parts, and hands its bytes out unchecked (the puller hashes them as it copies)."""
     parts = [tmp_path / "b.tar.part001", tmp_path / "b.tar.part002"]
     parts[0].write_bytes(b"H" * 100 + DATA[:7])

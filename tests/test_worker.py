@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from imgtool import loading as load_mod
+from imgtool import load as load_mod
 from imgtool.bundle import reader, walk, writer
 from imgtool.bundle.verify import verify_bundle
 from imgtool.progress import Progress

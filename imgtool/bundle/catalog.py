@@ -54,7 +54,7 @@ class Blob:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class ServedManifest:
     """A manifest a repository answers: a platform manifest the parts hold, or (`data`) an index: upstream's, as
     bundle.json keeps it, or the index over the platforms of a tag held for several, generated from bundle.json
     (layout.platform_index)."""
@@ -72,7 +72,7 @@ class Repository:
     registry: str
     path: str
     tags: Dict[str, List[Digest]] = field(default_factory=dict)  # several: one per platform of a multi-arch tag
-    manifests: Dict[Digest, Manifest] = field(default_factory=dict)
+    manifests: Dict[Digest, ServedManifest] = field(default_factory=dict)
     blobs: set = field(default_factory=set)  # digests of its configs, layers and manifests
     indexes: Dict[str, Digest] = field(default_factory=dict)  # a tag answered with an index -> that index
     upstream: Dict[Digest, str] = field(default_factory=dict)  # upstream's index digest -> the tag it was
@@ -111,7 +111,7 @@ class Repository:
         return f"{self.registry}/{self.path}"
 
 
-UPSTREAM = "upstream index"  # Manifest.platform of upstream's index, as bundle.json keeps it
+UPSTREAM = "upstream index"  # ServedManifest.platform of upstream's index, as bundle.json keeps it
 
 
 def _whole_upstream(images: Sequence[BundleImage], kept: Dict[Digest, UpstreamIndex]) -> Optional[UpstreamIndex]:
@@ -132,7 +132,7 @@ def _answer_upstream(repo: Repository) -> None:
         entries = upstream.entries
         if not any(e.digest in repo.manifests for e in entries):
             continue
-        repo.manifests.setdefault(digest, Manifest(digest, upstream.media_type, UPSTREAM, upstream.data))
+        repo.manifests.setdefault(digest, ServedManifest(digest, upstream.media_type, UPSTREAM, upstream.data))
         tag = repo.upstream.get(digest)
         of = f"upstream's index {digest}" + (f" (tag {tag})" if tag else "")
         for e in entries:
@@ -176,8 +176,8 @@ class Catalog:
             pos += size
         self._starts.append(starts)
         self._sizes.append(sizes)
-        placed, _ = layout.place(layout.members(index.images, index.legacy_names))
-        for p in placed:
+        slots, _ = layout.arrange(layout.members(index.images, index.legacy_names))
+        for p in slots:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,
                                                    p.member.media_type)
@@ -191,11 +191,11 @@ class Catalog:
         if image.index_digest in kept:
             repo.kept.setdefault(image.index_digest, kept[image.index_digest])
         twin = layout.oci_manifest(image)
-        repo.manifests.setdefault(image.manifest_digest, Manifest(image.manifest_digest, image.manifest_media_type,
+        repo.manifests.setdefault(image.manifest_digest, ServedManifest(image.manifest_digest, image.manifest_media_type,
                                                                   str(image.platform)))
         repo.blobs.add(image.manifest_digest)
         if twin:
-            repo.manifests.setdefault(Digest.of(twin), Manifest(Digest.of(twin), OCI_MANIFEST, str(image.platform)))
+            repo.manifests.setdefault(Digest.of(twin), ServedManifest(Digest.of(twin), OCI_MANIFEST, str(image.platform)))
             repo.blobs.add(Digest.of(twin))
         repo.blobs.add(image.image_id)
         repo.blobs.update(x.digest for x in image.layers if not x.omitted)
@@ -220,7 +220,7 @@ class Catalog:
             media, data = layout.platform_index(images)
             digest = Digest.of(data)
             repo.indexes[tag] = digest
-            repo.manifests.setdefault(digest, Manifest(digest, media, "index", data))
+            repo.manifests.setdefault(digest, ServedManifest(digest, media, "index", data))
 
     def repository(self, name: str, ns: Optional[str] = None) -> Optional[Repository]:
         """The repository a request names: `ascend/vllm-ascend` (with containerd's `?ns=quay.io`, or alone when

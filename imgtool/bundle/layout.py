@@ -36,7 +36,7 @@ class Member:
 
 
 @dataclass(frozen=True)
-class Placed:
+class Slot:
     """A member with its tar header and where its data lies in the tar stream."""
 
     member: Member
@@ -210,25 +210,25 @@ def padding(size: int) -> int:
     return -size % BLOCK
 
 
-def place(all_members: Sequence[Member]) -> Tuple[List[Placed], int]:
+def arrange(all_members: Sequence[Member]) -> Tuple[List[Slot], int]:
     """Headers and offsets of every member, and the total tar size (end blocks and record padding)."""
-    placed = []
+    slots = []
     offset = 0
     for m in all_members:
         h = header(m.name, m.size)
-        placed.append(Placed(m, h, offset, offset + len(h)))
+        slots.append(Slot(m, h, offset, offset + len(h)))
         offset += len(h) + m.size + padding(m.size)
     end = offset + 2 * BLOCK
-    return placed, end + (-end % RECORD)
+    return slots, end + (-end % RECORD)
 
 
-def pieces(placed: Sequence[Placed], tar_size: int, small: Dict[Digest, bytes],
+def pieces(slots: Sequence[Slot], tar_size: int, small: Dict[Digest, bytes],
            blob: Callable[[Member], Iterable[bytes]]) -> Iterator[Tuple[bytes, bool]]:
     """The archive's bytes in order, each piece with whether it is member data: each member's header, its data
     (generated content, `small` (manifests and configs), else `blob(member)`: a source's chunks, checked by it), its
     padding, then the tar's end. The bundle writer (into parts) and the runtime destination (into `docker load`,
     holding back from the last member data on) send exactly these."""
-    for p in placed:
+    for p in slots:
         m = p.member
         yield p.header, False
         data = m.content if m.content is not None else small.get(m.digest)
@@ -240,6 +240,6 @@ def pieces(placed: Sequence[Placed], tar_size: int, small: Dict[Digest, bytes],
         pad = padding(m.size)
         if pad:
             yield bytes(pad), False
-    if placed:
-        last = placed[-1]
+    if slots:
+        last = slots[-1]
         yield bytes(tar_size - (last.end + padding(last.member.size))), False

@@ -80,8 +80,8 @@ class _Walk:
     def __init__(self, stream, index: BundleIndex, part_map: PartMap, diff_ids: bool, jobs: int):
         self.stream, self.index, self.map = stream, index, part_map
         self.check_diff_ids = diff_ids
-        self.placed, self.tar_size = layout.place(layout.members(index.images, index.legacy_names))
-        self.expected = {p.member.name: p for p in self.placed}
+        self.members, self.tar_size = layout.arrange(layout.members(index.images, index.legacy_names))
+        self.expected = {p.member.name: p for p in self.members}
         self.diff: Dict[Digest, Set[Digest]] = {}
         for image in index.images:
             for layer in image.layers:
@@ -197,9 +197,9 @@ class _Walk:
                 self.seen.add(name)
             return
         self.seen.add(name)
-        placed = self.expected[name]
-        member = placed.member
-        if raw != placed.header:
+        slot = self.expected[name]
+        member = slot.member
+        if raw != slot.header:
             self.problem(f"archive member {name} has a tar header imgtool does not write "
                          "(owner, mode, time or name encoding differ)", start)
         sha = hashlib.sha256()

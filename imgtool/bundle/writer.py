@@ -26,7 +26,7 @@ from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
 from ..worker import Worker, sha256_of
 from . import layout, texts
-from .placed import PLACED_PREFIX, Hole, Places
+from .regions import REGIONS_PREFIX, Hole, Regions
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
                      SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Part, UpstreamIndex, bundle_images)
 
@@ -188,7 +188,7 @@ def _is_ours(path: Path) -> bool:
     return path.is_file() and (name in (SHA256SUMS, SIGNATURE, LOAD_SH, README_TXT, TOOL_PYZ, LOCK_NAME)
                                or name.endswith(_OWN_SUFFIXES)
                                or bool(_PART_RE.search(name)) or (name.startswith(".") and ".tmp-" in name)
-                               or name.startswith(PLACED_PREFIX))
+                               or name.startswith(REGIONS_PREFIX))
 
 
 def is_unfinished_bundle(out_dir: Path) -> bool:
@@ -223,7 +223,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
                  extra_files: Optional[Dict[str, Path]] = None,
                  before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
                  gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False,
-                 places: Optional[Places] = None) -> BundleResult:
+                 regions: Optional[Regions] = None) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -239,29 +239,29 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
     `gzip` compresses a gzip archive (level 1: the layers are already gzip; default gz.compressor()); bundle.json
     records it (`gzip`) when it did, or when the caller's layers were compressed by it (`gzipped_layers`),
     so two builds that differ only by it can be told apart.
-    `places`: the source wrote the layers into the parts already (bundle/placed.py; `prepare_places` made the
+    `regions`: the source wrote the layers into the parts already (bundle/regions.py; `prepare_regions` made the
     directory): the writer writes around them and reads them back to hash the parts.
     """
     started = time.monotonic()
     plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress)
     gzip = gzip or gz.compressor()
-    if places is None:
+    if regions is None:
         check_output_dir(plan.out_dir, force)
         warnings = _prepare_dir(plan.out_dir, force)
     else:
-        warnings = list(places.warnings)
-        if places.layout != places_for(plan).layout:
+        warnings = list(regions.warnings)
+        if regions.layout != regions_for(plan).layout:
             raise ImgtoolError("internal: the bundle's layout changed after its layers were placed")
     written: List[Path] = []  # removed again if anything fails: a half-written bundle must not stay
     try:
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
         with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single,
-                       placed=places is not None) as sink:
-            _stream_archive(plan, sink, blobs, progress, gzip, places)
+                       prefilled=regions is not None) as sink:
+            _stream_archive(plan, sink, blobs, progress, gzip, regions)
             sizes = before_seal() if before_seal is not None else None
             parts, archive = _seal_archive(plan, sink, written)
-            if places is not None:
-                places.cleanup()
+            if regions is not None:
+                regions.cleanup()
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
                                 base=_delta_base(plan.images, delta.base if delta else None),
                                 gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None,
@@ -284,7 +284,7 @@ class BundlePlan:
 
     out_dir: Path
     images: Tuple[BundleImage, ...]
-    placed: Tuple[layout.Placed, ...]  # every member with its header, in archive order
+    slots: Tuple[layout.Slot, ...]  # every member with its header, in archive order
     tar_size: int
     small: Dict[Digest, bytes]  # manifests and configs: from the pulled images, not from the store
     archive_name: str
@@ -294,7 +294,7 @@ class BundlePlan:
     @property
     def blobs(self) -> int:
         """Distinct blobs in the archive: every member but the generated ones (index.json, manifest.json, ...)."""
-        return sum(1 for p in self.placed if p.member.kind != "meta")
+        return sum(1 for p in self.slots if p.member.kind != "meta")
 
     @property
     def part_digits(self) -> int:
@@ -320,44 +320,44 @@ def plan_bundle(out_dir: Path, images: Sequence[PulledImage], delta: Optional[De
     bimages = bundle_images(images, delta)
     small = {im.manifest_digest: im.manifest_bytes for im in images}
     small.update({im.image_id: im.config_bytes for im in images})
-    placed, tar_size = layout.place(layout.members(bimages))
-    return BundlePlan(out_dir, tuple(bimages), tuple(placed), tar_size, small,
+    slots, tar_size = layout.arrange(layout.members(bimages))
+    return BundlePlan(out_dir, tuple(bimages), tuple(slots), tar_size, small,
                       _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size)
 
 
-def places_for(plan: BundlePlan) -> Places:
-    """Where the plan's layer blobs lie in its parts (only an uncompressed archive has them at fixed places)."""
+def regions_for(plan: BundlePlan) -> Regions:
+    """Where the plan's layer blobs lie in its parts (only an uncompressed archive has them at fixed regions)."""
     if plan.compress != "none":
-        raise ImgtoolError("internal: a compressed archive has no places for its blobs")
-    return Places(plan.out_dir, plan.archive_name, plan.placed, plan.tar_size, plan.chunk_size, plan.part_digits)
+        raise ImgtoolError("internal: a compressed archive has no regions for its blobs")
+    return Regions(plan.out_dir, plan.archive_name, plan.slots, plan.tar_size, plan.chunk_size, plan.part_digits)
 
 
-def prepare_places(places: Places, force: bool) -> List[str]:
+def prepare_regions(regions: Regions, force: bool) -> List[str]:
     """The directory ready for a source to place blobs (made, or an unfinished one kept when it holds this very plan:
     the run resumes; anything else cleared as `write_bundle` would); the parts opened. Returns warnings."""
-    out_dir = places.out_dir
+    out_dir = regions.out_dir
     warnings: List[str] = []
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         unfinished = is_unfinished_bundle(out_dir)
-        resumed = unfinished and places.resumable()
+        resumed = unfinished and regions.resumable()
         # an unfinished run of this very plan is resumed even with --force (what it placed is hashed again)
         if (unfinished and not resumed) or (force and not unfinished):
             warnings = _clear_old_bundle(out_dir)
     except OSError as e:
         raise _os_error(e, out_dir, "create") from e
     try:
-        places.open()
+        regions.open()
     except OSError as e:
         if not resumed:
-            places.remove()
-            raise _os_error(e, out_dir, "write", places.tar_size) from None
+            regions.remove()
+            raise _os_error(e, out_dir, "write", regions.tar_size) from None
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise ImgtoolError(f"no space left on the device of {out_dir} (the bundle needs about "
-                               f"{format_size(places.tar_size)}); what was downloaded into it is kept",
+                               f"{format_size(regions.tar_size)}); what was downloaded into it is kept",
                                hint="free space there and run the same command again") from None
         raise _os_error(e, out_dir, "write") from None
-    places.warnings = warnings
+    regions.warnings = warnings
     return warnings
 
 
@@ -382,17 +382,17 @@ def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
 
 
 def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progress: Progress, gzip: gz.Gzip,
-                    places: Optional[Places]) -> None:
+                    regions: Optional[Regions]) -> None:
     """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`; each blob
     read through the source's `blobs.chunks` (checked by it), or where the source placed it, as holes."""
     def blob(m: layout.Member):
-        if places is not None and places.holds(m.digest):
-            return places.holes(m.digest, m.size)
+        if regions is not None and regions.holds(m.digest):
+            return regions.holes(m.digest, m.size)
         return blobs.chunks(m.digest, m.size, m.what)
 
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
-        for data, _ in layout.pieces(plan.placed, plan.tar_size, plan.small, blob):
+        for data, _ in layout.pieces(plan.slots, plan.tar_size, plan.small, blob):
             stream.write(data)
             bar.update(len(data))
         stream.finish()
@@ -472,11 +472,11 @@ class _PartSink:
     """Bytes in; part files out, rolling over at chunk_size, each hashed and fsynced."""
 
     def __init__(self, out_dir: Path, archive_name: str, chunk_size: Optional[int], width: int,
-                 single: bool = False, placed: bool = False):
+                 single: bool = False, prefilled: bool = False):
         self.out_dir, self.archive_name, self.chunk_size, self.width = out_dir, archive_name, chunk_size, width
-        # placed: the parts exist at their sizes with the layers in them (bundle/placed.py): written around, read
+        # prefilled: the parts exist at their sizes with the layers in them (bundle/regions.py): written around, read
         # back where a Hole comes, and kept on failure (a rerun resumes into them)
-        self.placed = placed
+        self.prefilled = prefilled
         # single: the archive is known to be one part, so the part's sha256 is the archive's: hash it once,
         # on the background thread
         self.single = single
@@ -494,7 +494,7 @@ class _PartSink:
     def _open(self) -> BinaryIO:
         path = self.out_dir / f"{self.archive_name}.part{len(self.parts) + 1:0{self.width}d}"
         self.paths.append(path)
-        self.file = f = open(path, "r+b" if self.placed else "wb", buffering=0)
+        self.file = f = open(path, "r+b" if self.prefilled else "wb", buffering=0)
         self.sha = hashlib.sha256()
         self.size = 0
         return f
@@ -588,7 +588,7 @@ class _PartSink:
                 self.file.close()
             except OSError:
                 pass
-        if not self.placed:
+        if not self.prefilled:
             for path in self.paths:
                 remove_quietly(path)
 

@@ -38,7 +38,7 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
     namespace k8s.io, unpacked and pinned; cri-dockerd: Docker).
     """
-    from ..loading import load_bundle
+    from ..load import load_bundle
     from ..bundle.reader import read_index
     from ..model import format_size
     from ..runtimes.choice import open_runtime

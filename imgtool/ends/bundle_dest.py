@@ -17,7 +17,7 @@ from ..pipeline import Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
-    from ..bundle.placed import Places
+    from ..bundle.regions import Regions
     from ..bundle.writer import BundleResult
     from ..pipeline import Blobs
 
@@ -34,19 +34,19 @@ class BundleDestination:
     created: Optional[str] = None
     extra_files: Dict[str, Path] = field(default_factory=dict)  # imgtool.pyz
     what: str = "bundle"
-    # the layers' places in the uncompressed archive go into the plan (bundle/placed.py): a downloading source
-    # writes each there, once; the caller makes the directory ready (writer.prepare_places) under its lock
+    # the layers' regions in the uncompressed archive go into the plan (bundle/regions.py): a downloading source
+    # writes each there, once; the caller makes the directory ready (writer.prepare_regions) under its lock
     place: bool = False
-    places: Optional["Places"] = None
+    regions: Optional["Regions"] = None
 
     def plan(self, images: Sequence[PulledImage]) -> Plan:
         writer.check_output_dir(self.output, self.force)
         skip = not_carried(images, self.delta, self.progress) if self.delta is not None else set()
         if self.place and self.compress == "none":
-            self.places = writer.places_for(writer.plan_bundle(self.output, images, self.delta,
+            self.regions = writer.regions_for(writer.plan_bundle(self.output, images, self.delta,
                                                                chunk_size=self.chunk_size, compress=self.compress))
         return Plan(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip),
-                    places=self.places)
+                    regions=self.regions)
 
     def write(self, plan: Plan, source: "Blobs") -> "BundleResult":
         """`plan.extra`: `gzipped_layers` (a transform gzipped layers: bundle.json records by what), `before_seal`
@@ -56,16 +56,16 @@ class BundleDestination:
                                        compress=self.compress, force=self.force, progress=self.progress,
                                        gzip=self.gzip, gzipped_layers=bool(plan.extra.get("gzipped_layers")),
                                        delta=self.delta, created=self.created, extra_files=self.extra_files,
-                                       before_seal=plan.extra.get("before_seal"), places=plan.places)
+                                       before_seal=plan.extra.get("before_seal"), regions=plan.regions)
         finally:
-            if plan.places is not None:
-                plan.places.close()
+            if plan.regions is not None:
+                plan.regions.close()
 
     def abort(self) -> None:
-        """write_bundle removes what it wrote on every failure; before it, nothing was. Blobs placed in the
+        """write_bundle removes what it wrote on every failure; before it, nothing was. Blobs slots in the
         unfinished archive stay there with their records: the same command run again resumes."""
-        if self.places is not None:
-            self.places.close()
+        if self.regions is not None:
+            self.regions.close()
 
 
 def not_carried(images: Sequence[PulledImage], delta: DeltaPlan, progress: Progress) -> Set[Digest]:

@@ -40,10 +40,10 @@ class BundleSource:
         self.dir = Path(bundle_dir)
         self.index: BundleIndex = index if index is not None else read_index(self.dir)[0]
         self.what = f"bundle {self.dir.name}"
-        placed, _ = layout.place(layout.members(self.index.images, self.index.legacy_names))
-        self.placed: Dict[Digest, layout.Placed] = {p.member.digest: p for p in placed if p.member.kind != "meta"}
+        slots, _ = layout.arrange(layout.members(self.index.images, self.index.legacy_names))
+        self.slots: Dict[Digest, layout.Slot] = {p.member.digest: p for p in slots if p.member.kind != "meta"}
         # every blob in the order the archive holds it (a compressed bundle hands blobs over in this order only)
-        self.order: List[Digest] = [p.member.digest for p in placed if p.member.kind != "meta"]
+        self.order: List[Digest] = [p.member.digest for p in slots if p.member.kind != "meta"]
         self.omitted: Dict[Digest, Tuple[Layer, ...]] = {im.manifest_digest: im.omitted for im in self.index.images
                                                           if im.omitted}
         self.compressed = self.index.archive.compression != "none"
@@ -90,7 +90,7 @@ class BundleSource:
         """A compressed bundle's manifests and configs, read from the start of its archive up to the last of them
         (the stream stays open there: the blob pass goes on from it when it can)."""
         wanted = {d for im in self.index.images for d in (im.manifest_digest, im.image_id)}
-        small = sorted((self.placed[d] for d in wanted), key=lambda p: p.data_offset)
+        small = sorted((self.slots[d] for d in wanted), key=lambda p: p.data_offset)
         stream = self._open()
         for p in small:
             self._small[p.member.digest] = b"".join(stream.blob(p, HASH_READ))
@@ -117,7 +117,7 @@ class BundleSource:
         """The blob's bytes in big reads, checked against its digest before the last chunk is handed over; raises
         VerifyError naming the damaged, missing or truncated part, ImgtoolError (a blob the bundle does not hold),
         OutOfOrder (a compressed bundle's blob behind the stream)."""
-        p = self.placed.get(digest)
+        p = self.slots.get(digest)
         if p is None:
             left_out = any(x.digest == digest for layers in self.omitted.values() for x in layers)
             raise ImgtoolError(f"{self.what} does not hold blob {digest} ({what})"
@@ -167,7 +167,7 @@ class BundleSource:
             self._stream = None
 
 
-def _checked(chunks: Iterator[bytes], p: layout.Placed, where: str) -> Iterator[bytes]:
+def _checked(chunks: Iterator[bytes], p: layout.Slot, where: str) -> Iterator[bytes]:
     """The chunks, the last held back until the whole blob matched its digest; raises VerifyError."""
     sha = p.member.digest.hasher()
     held = None
@@ -182,7 +182,7 @@ def _checked(chunks: Iterator[bytes], p: layout.Placed, where: str) -> Iterator[
         yield held
 
 
-def _damaged(p: layout.Placed, where: str = "") -> VerifyError:
+def _damaged(p: layout.Slot, where: str = "") -> VerifyError:
     return VerifyError(f"{p.member.what} (blob {p.member.digest.short}) is damaged in the bundle{where}: its sha256 "
                        "differs from its digest", hint=VERIFY_HINT)
 
@@ -214,7 +214,7 @@ class _Archive:
         (and hashed, not decompressed) until one differs from bundle.json (raises VerifyError naming it)."""
         self.raw.drain()
 
-    def blob(self, p: layout.Placed, size: int) -> Iterator[bytes]:
+    def blob(self, p: layout.Slot, size: int) -> Iterator[bytes]:
         """The member's data, `size` at a time, digest-checked before the last chunk (a mismatch: the damaged part
         named, or else the blob); the stream skips forward to it."""
         while self.position < p.data_offset:

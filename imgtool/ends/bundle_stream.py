@@ -11,7 +11,7 @@ deviation anywhere cuts the upload short and the runtime, which registers nothin
 drops it. For a runtime that does not check diff_ids itself (Podman where its records cannot be read), every layer
 handed over is also decompressed and hashed for its diff_id (`diff_ids`).
 
-What it raises: VerifyError (a part), `bundle.load.Cut`, itself one (the archive deviates); either way the caller
+What it raises: VerifyError (a part), `bundle.landing.Cut`, itself one (the archive deviates); either way the caller
 checks the whole bundle to name every damaged part. Python 3.7 (the pyz loads through this).
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Tuple, Union
 
 from ..bundle import layout
 from ..bundle.format import BundleIndex
-from ..bundle.load import Cut
+from ..bundle.landing import Cut
 from ..bundle.reader import READ_SIZE, DecodeError, PartsStream, decompressed
 from ..bundle.walk import layer_digester
 from ..errors import ImgtoolError
@@ -40,7 +40,7 @@ class ArchiveSource:
     def __init__(self, bundle_dir: Path, index: BundleIndex, diff_ids: bool = False, jobs: int = 2):
         self.index = index
         self.what = f"bundle {Path(bundle_dir).name}"
-        self.placed, self.tar_size = layout.place(layout.members(index.images, index.legacy_names))
+        self.slots, self.tar_size = layout.arrange(layout.members(index.images, index.legacy_names))
         # an uncompressed archive's every byte is checked below (headers, member digests, padding, the end): its
         # parts are not hashed again; a compressed one's parts are (bytes the decompressor skips are checked so)
         self.parts = PartsStream(Path(bundle_dir), index, strict=True, hash_parts=index.archive.compression != "none")
@@ -51,7 +51,7 @@ class ArchiveSource:
             raise
         self.hashes: Worker = Worker(_bad_members, "member-sha256")
         self.diff_ids = _DiffIds(index, jobs) if diff_ids else None
-        self.at = 0  # the next member of `placed` to read
+        self.at = 0  # the next member of `slots` to read
         self.consumed = 0  # tar bytes read
 
     def __enter__(self) -> "ArchiveSource":
@@ -60,7 +60,7 @@ class ArchiveSource:
     def __exit__(self, *exc: object) -> None:
         self.finish()
 
-    def images(self):  # the runtime destination is handed the bundle's own plan (bundle.load.plan_load)
+    def images(self):  # the runtime destination is handed the bundle's own plan (bundle.landing.plan_load)
         raise NotImplementedError("load plans from bundle.json")
 
     def start(self, plan: "Plan") -> None:
@@ -84,7 +84,7 @@ class ArchiveSource:
     def _exactly(self, n: int) -> bytes:
         return b"".join(self._take(n))
 
-    def _member(self, p: layout.Placed, hand_over: bool) -> Iterator[bytes]:
+    def _member(self, p: layout.Slot, hand_over: bool) -> Iterator[bytes]:
         """One member: its header checked, its data hashed (handed over when asked), its padding checked."""
         m = p.member
         if self._exactly(len(p.header)) != p.header:
@@ -105,8 +105,8 @@ class ArchiveSource:
     def chunks(self, digest: Digest, size: int, what: str) -> Iterator[bytes]:
         """The member's data, read forward from the stream (the members before it read and checked as they pass);
         raises ImgtoolError for a member behind the stream or not in the bundle."""
-        while self.at < len(self.placed):
-            p = self.placed[self.at]
+        while self.at < len(self.slots):
+            p = self.slots[self.at]
             self.at += 1
             if p.member.digest == digest and p.member.kind != "meta":
                 if p.member.size != size:
@@ -120,8 +120,8 @@ class ArchiveSource:
 
     def settle(self) -> None:
         """Read and check the rest of the archive, then every digest and diff_id: raises Cut or VerifyError."""
-        while self.at < len(self.placed):
-            p = self.placed[self.at]
+        while self.at < len(self.slots):
+            p = self.slots[self.at]
             self.at += 1
             for _ in self._member(p, False):
                 pass

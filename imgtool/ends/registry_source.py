@@ -1,6 +1,6 @@
 """A registry (and its mirrors) as a pipeline source: the images resolved, their blobs downloaded into the cache
 (`puller.download` on a thread, in the destination's order) and read from there as each lands, or, where the
-destination placed them (`Plan.places`), downloaded straight into its archive."""
+destination placed them (`Plan.regions`), downloaded straight into its archive."""
 
 import threading
 from pathlib import Path
@@ -35,21 +35,21 @@ class RegistrySource:
         return [im for im, _ in self.pulled]
 
     def start(self, plan: "Plan") -> None:
-        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order), plan.places),
+        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order), plan.regions),
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, skip, order, places) -> None:
+    def _run(self, skip, order, regions) -> None:
         try:
             download(self.pulled, self.store, self.progress, jobs=self.jobs[0], skip=skip, stats=self.stats,
-                     order=order, cancel=self.stop, connections=self.jobs[1], places=places)
+                     order=order, cancel=self.stop, connections=self.jobs[1], regions=regions)
         except BaseException as e:  # raised in the reading thread by path/finish
             self.error = e
         finally:
             self.ended = True
             self.store.announce()  # a reader waiting for a blob that will not come wakes up
-            if places is not None:
-                places.ended(self.error)
+            if regions is not None:
+                regions.ended(self.error)
 
     def path(self, digest: Digest) -> Path:
         """The blob's path once the store has it; raises the download's error if it ended without it."""

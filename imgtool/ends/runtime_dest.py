@@ -1,8 +1,8 @@
 """A container runtime (Docker, containerd, Podman: a `runtimes.base.Runtime`) as a pipeline destination: the
-images it lacks are sent as the docker-archive `bundle.layout` places them (the headers a bundle's archive has),
+images it lacks are sent as the docker-archive `bundle.layout` arranges them (the headers a bundle's archive has),
 each blob read through the source's `chunks`, the last member bytes held back until the source settled every
 check (`settle`: a deviation cuts the stream and the runtime, which registers nothing before an archive is
-complete, drops it), then landed as every load lands (`bundle.load.land`: unpacked, named, confirmed by ID, named
+complete, drops it), then landed as every load lands (`bundle.landing.land`: unpacked, named, confirmed by ID, named
 by digest on containerd, pinned for the kubelet; what a failed load registered removed).
 
 Two pairs end here: registry → runtime (`imgtool copy registry:REF runtime:`: `plan` chooses and checks, from the
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
 from .. import __version__
 from ..bundle import layout
 from ..bundle.format import Archive, BundleIndex, bundle_images
-from ..bundle.load import LoadedImage, check_room, land, landed, plan_load
+from ..bundle.landing import LoadedImage, check_room, land, landed, plan_load
 from ..model import Digest, PulledImage, foreign_arch_warning
 from ..pipeline import Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
-    from ..bundle.load import LoadPlan
+    from ..bundle.landing import LoadPlan
     from ..pipeline import Source
     from ..runtimes.base import Runtime, RuntimeInfo
 
@@ -46,7 +46,7 @@ class RuntimeDestination:
         load = plan_load(every, self.runtime, self.facts, self.tags, self.arch, False)
         chosen = {im.manifest_digest for im in load.view.images}
         images = [im for im in images if im.manifest_digest in chosen]
-        placed, tar_size = layout.place(layout.members(load.view.images))
+        slots, tar_size = layout.arrange(layout.members(load.view.images))
         load = dataclasses.replace(load, view=dataclasses.replace(
             load.view, archive=Archive("", "none", tar_size, "", tar_size)))
         if not load.loaded:
@@ -55,24 +55,24 @@ class RuntimeDestination:
                                                                host=self.facts.title) for im in load.view.images) if w]
             for w in self.warnings:
                 self.progress.warn(w)
-        return self._plan(load, images, placed, tar_size)
+        return self._plan(load, images, slots, tar_size)
 
     def for_bundle(self, load: "LoadPlan", replace: Dict[str, bytes]) -> Plan:
-        """A bundle's own plan (bundle.load.plan_load, checked by `load`): its images (a delta's left-out layers are
+        """A bundle's own plan (bundle.landing.plan_load, checked by `load`): its images (a delta's left-out layers are
         not sent: the runtime holds them) and further platforms (`--all-platforms`), the archive's index.json /
         manifest.json replaced by `replace` where not every image goes out as the bundle names it."""
         members = [dataclasses.replace(m, size=len(replace[m.name]), content=replace[m.name],
                                        digest=Digest.of(replace[m.name])) if m.name in replace else m
                    for m in layout.members(list(load.view.images) + list(load.others), load.view.legacy_names)]
-        placed, tar_size = layout.place(members)
-        return self._plan(load, [], placed, tar_size)
+        slots, tar_size = layout.arrange(members)
+        return self._plan(load, [], slots, tar_size)
 
     @staticmethod
-    def _plan(load: "LoadPlan", images: Sequence[PulledImage], placed: List[layout.Placed], tar_size: int) -> Plan:
-        layers = tuple(p.member.digest for p in placed if p.member.kind == "layer")
+    def _plan(load: "LoadPlan", images: Sequence[PulledImage], slots: List[layout.Slot], tar_size: int) -> Plan:
+        layers = tuple(p.member.digest for p in slots if p.member.kind == "layer")
         # the runtime holds every image whole: nothing is read, so nothing is downloaded either
         return Plan(tuple(images), () if load.loaded else layers, frozenset(layers) if load.loaded else frozenset(),
-                    {"load": load, "placed": (placed, tar_size)})
+                    {"load": load, "slots": (slots, tar_size)})
 
     def write(self, plan: Plan, source: "Source") -> List[LoadedImage]:
         """The archive streamed into the runtime and landed; raises what the source raised (nothing registered
@@ -80,7 +80,7 @@ class RuntimeDestination:
         load = plan.extra["load"]
         if load.loaded:
             return landed(self.runtime, self.facts, load, self.progress, self.pin)
-        placed, tar_size = plan.extra["placed"]
+        slots, tar_size = plan.extra["slots"]
         small: Dict[Digest, bytes] = {im.manifest_digest: im.manifest_bytes for im in plan.images}
         small.update({im.image_id: im.config_bytes for im in plan.images})
         outgoing = list(load.view.images) + list(load.others)
@@ -90,7 +90,7 @@ class RuntimeDestination:
             with self.progress.bar(tar_size, f"loading into {self.facts.runtime}") as bar:
                 def held_back() -> Iterator[bytes]:
                     held: List[bytes] = []  # from the latest member data on: what goes out last
-                    for data, is_data in layout.pieces(placed, tar_size, small,
+                    for data, is_data in layout.pieces(slots, tar_size, small,
                                                        lambda m: source.chunks(m.digest, m.size, m.what)):
                         if is_data:
                             yield from held

@@ -25,7 +25,7 @@ from ..model import Digest, PulledImage
 if TYPE_CHECKING:  # typing.Protocol is 3.8+: the protocols exist for mypy only, the offline side never meets them
     from pathlib import Path
 
-    from ..bundle.placed import Places
+    from ..bundle.regions import Regions
     from typing import Iterator, List, Protocol, Sequence
 
     class Blobs(Protocol):
@@ -81,9 +81,9 @@ class Plan:
     order: Tuple[Digest, ...]  # the layer blobs to read, in the order the destination takes them
     skip: FrozenSet[Digest] = frozenset()  # layer blobs the destination already holds: never read
     extra: dict = field(default_factory=dict, compare=False)  # what the destination planned and wants back in write
-    # where the destination wants layer blobs written (a bundle's unfinished archive, bundle/placed.py): a source
+    # where the destination wants layer blobs written (a bundle's unfinished archive, bundle/regions.py): a source
     # that downloads writes them there instead of its cache, and the destination reads them back only to hash
-    places: Optional["Places"] = field(default=None, compare=False)
+    regions: Optional["Regions"] = field(default=None, compare=False)
 
 
 T = TypeVar("T")

@@ -252,7 +252,7 @@ class Containerd:
             return ""
         try:
             _reachable(self.address)
-            return ""  # it answers: the load removed what it left (load_archive, bundle.load.land)
+            return ""  # it answers: the load removed what it left (load_archive, bundle.landing.land)
         except DaemonError:
             pass
         _, theirs, images = self._mark

@@ -1,7 +1,7 @@
 """`imgtool load`: the pipeline's bundle → runtime. The bundle checked before the runtime is asked anything (the
 signature policy, bundle.json against SHA256SUMS and --expect, every part at its size; space, zstd and a delta's
 base against the runtime), then streamed as one checked stream (ends/bundle_stream.py) into the runtime destination
-(ends/runtime_dest.py), which lands it as every load into a runtime does (bundle/load.py `land`).
+(ends/runtime_dest.py), which lands it as every load into a runtime does (bundle/landing.py `land`).
 
 One pass over the parts and never a copy on disk. On the way: every part's sha256, every tar header
 byte-identical to the one bundle.json implies (the runtime is sent those headers, so a crafted member never
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from .bundle.format import BundleIndex
-from .bundle.load import (Applied, Cut, LoadedImage, LoadResult, arch_warnings, before_sending, landed,
+from .bundle.landing import (Applied, Cut, LoadedImage, LoadResult, arch_warnings, before_sending, landed,
                           outgoing_meta, plan_load)
 from .bundle.reader import read_index
 from .bundle.signature import enforce
@@ -37,7 +37,7 @@ from .pipeline import copy
 from .progress import Progress
 
 if TYPE_CHECKING:
-    from .bundle.load import LoadPlan
+    from .bundle.landing import LoadPlan
     from .runtimes.base import Runtime, RuntimeInfo
 
 

@@ -2,12 +2,12 @@
 
 A fetch into an uncompressed bundle knows the archive's layout from the manifests before the first byte: every
 layer blob has its region in the parts. So the download writes each layer straight into its region of the unfinished
-parts (`PlacedPartial`, the store's partial with its bytes here), the writer writes the tar headers, the small members
-and the padding around them and reads the placed bytes back only to hash the parts (`Hole`), and the cache keeps
+parts (`RegionPartial`, the store's partial with its bytes here), the writer writes the tar headers, the small members
+and the padding around them and reads the slots bytes back only to hash the parts (`Hole`), and the cache keeps
 where each blob is (`Store.locate`) instead of a second copy.
 
-Resume: the plan lies beside the parts (`.imgtool-placed.json`) with each blob's record of done ranges
-(`.imgtool-placed-<hex>.json`, the store's record format). A run into the same directory with the same plan keeps
+Resume: the plan lies beside the parts (`.imgtool-slots.json`) with each blob's record of done ranges
+(`.imgtool-slots-<hex>.json`, the store's record format). A run into the same directory with the same plan keeps
 both and downloads only what is missing, --force or not; any other plan starts the directory over. Both files go before
 bundle.json is written: a bundle never holds them.
 """
@@ -24,16 +24,16 @@ from ..fsutil import allocate, remove_quietly, write_atomic
 from ..model import Digest, json_object
 from ..store import MAX_RECORD, Partial, recorded_bytes
 from ..worker import SIGNAL_SLICE
-from .layout import Placed
+from .layout import Slot
 
-PLACED_PREFIX = ".imgtool-placed"  # what the writer counts as its own in an unfinished bundle
-PLAN_NAME = PLACED_PREFIX + ".json"
-RECORD_PREFIX = PLACED_PREFIX + "-"
+REGIONS_PREFIX = ".imgtool-slots"  # what the writer counts as its own in an unfinished bundle
+PLAN_NAME = REGIONS_PREFIX + ".json"
+RECORD_PREFIX = REGIONS_PREFIX + "-"
 HOLE_PIECE = 8 << 20  # the writer reads a placed blob back in pieces of this size (its progress moves with them)
 
 
 class Hole:
-    """`n` bytes of the archive a source already placed: the part sink reads them back (to hash) instead of writing."""
+    """`n` bytes of the archive a source already slots: the part sink reads them back (to hash) instead of writing."""
 
     __slots__ = ("n",)
 
@@ -44,11 +44,11 @@ class Hole:
         return self.n
 
 
-class Places:
+class Regions:
     """Where each layer blob of an uncompressed archive lies in its parts, the parts' files while the bundle is
     written, and which blobs have arrived (the source says; the writer waits)."""
 
-    def __init__(self, out_dir: Path, archive_name: str, placed: Sequence[Placed], tar_size: int,
+    def __init__(self, out_dir: Path, archive_name: str, slots: Sequence[Slot], tar_size: int,
                  chunk_size: Optional[int], width: int):
         self.out_dir, self.tar_size = Path(out_dir), tar_size
         self.chunk = chunk_size if chunk_size and chunk_size < tar_size else tar_size
@@ -57,11 +57,11 @@ class Places:
                                               min(self.chunk, tar_size - i * self.chunk)) for i in range(count)]
         self.part_names = [name for name, _ in self.parts]  # as written; sealed, one part is renamed
         self.blobs: Dict[Digest, Tuple[int, int]] = {p.member.digest: (p.data_offset, p.member.size)
-                                                     for p in placed if p.member.kind == "layer"}
+                                                     for p in slots if p.member.kind == "layer"}
         self.layout = {"archive": archive_name, "tar_size": tar_size, "parts": [list(p) for p in self.parts],
                        "blobs": {str(d): list(v) for d, v in sorted(self.blobs.items())}}
         self._fds: List[int] = []
-        self.warnings: List[str] = []  # what making the directory ready left to say (writer.prepare_places)
+        self.warnings: List[str] = []  # what making the directory ready left to say (writer.prepare_regions)
         self._cond = threading.Condition()
         self._arrived: set = set()
         self._ended = False
@@ -123,8 +123,8 @@ class Places:
     def record_path(self, digest: Digest) -> Path:
         return self.out_dir / f"{RECORD_PREFIX}{digest.hex}.json"
 
-    def partial(self, digest: Digest, size: int) -> "PlacedPartial":
-        return PlacedPartial(self, digest, size)
+    def partial(self, digest: Digest, size: int) -> "RegionPartial":
+        return RegionPartial(self, digest, size)
 
     def partial_bytes(self, digest: Digest, size: int) -> int:
         """How many bytes of this blob an earlier run left in place (0 if none)."""
@@ -173,7 +173,7 @@ class Places:
             self._cond.notify_all()
 
     def holes(self, digest: Digest, size: int) -> Iterator[Hole]:
-        """Once the source placed the blob (checked: its digest matched), its bytes as holes for the writer."""
+        """Once the source slots the blob (checked: its digest matched), its bytes as holes for the writer."""
         with self._cond:
             while digest not in self._arrived and not self._ended:
                 self._cond.wait(SIGNAL_SLICE)  # in slices: Ctrl-C is handled at once
@@ -185,19 +185,19 @@ class Places:
             yield Hole(min(HOLE_PIECE, size - pos))
 
 
-class PlacedPartial(Partial):
-    """A blob being downloaded into its region of the unfinished archive (`Places`): the store's partial, with its
+class RegionPartial(Partial):
+    """A blob being downloaded into its region of the unfinished archive (`Regions`): the store's partial, with its
     bytes in the parts and its record beside them. Committed, it stays (the record says it is whole) until the
     bundle is sealed."""
 
-    def __init__(self, places: Places, digest: Digest, size: int):
-        self.places, self.digest, self.size = places, digest, size
-        self.path, self.state_path = places.out_dir, places.record_path(digest)
-        self._fd = -1  # the parts' descriptors are the places'
+    def __init__(self, regions: Regions, digest: Digest, size: int):
+        self.regions, self.digest, self.size = regions, digest, size
+        self.path, self.state_path = regions.out_dir, regions.record_path(digest)
+        self._fd = -1  # the parts' descriptors are the Regions'
         self._setup()
 
     def _error(self, e: OSError) -> StoreError:
-        return self.places.error(e)
+        return self.regions.error(e)
 
     def _open(self) -> None:
         state = self._recorded()
@@ -209,11 +209,11 @@ class PlacedPartial(Partial):
                 raise self._error(e) from e
 
     def _pwrite(self, data, offset: int) -> int:
-        fd, at, room = self.places.at(self.digest, offset)
+        fd, at, room = self.regions.at(self.digest, offset)
         return os.pwrite(fd, data[:room], at)
 
     def _pread(self, n: int, offset: int) -> bytes:
-        fd, at, room = self.places.at(self.digest, offset)
+        fd, at, room = self.regions.at(self.digest, offset)
         return os.pread(fd, min(n, room), at)
 
     def _publish(self) -> Optional[Path]:
@@ -222,7 +222,7 @@ class PlacedPartial(Partial):
         return None
 
     def _announce(self) -> None:
-        self.places.arrived(self.digest)
+        self.regions.arrived(self.digest)
 
     def _forget_data(self) -> None:
         """The bytes stay in the part (overwritten by the next download): only the record goes."""
