@@ -28,7 +28,7 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
 # what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -520,6 +520,55 @@ def test_load_sh_finds_the_kubelets_runtime_where_imgtool_does(case, factory, tm
     if expect is not None:
         assert r.stderr.splitlines()[2] == ("load.sh: start it, or choose another runtime with --runtime (Pods will not "
                                             "find the images there)")
+
+
+def _hostile_cases():
+    from tests.test_kubelet import HOSTILE
+
+    busybox = {"attacker-older", "different", "zombie", "config-writable", "config-kmsg", "config-fifo", "newline"}
+    return [(case, "dash") for case in HOSTILE] + [(case, "busybox") for case in HOSTILE if case in busybox]
+
+
+@pytest.mark.parametrize("case,shell", _hostile_cases())
+def test_load_sh_takes_only_roots_kubelet_and_reads_its_files_as_imgtool_does(case, shell, factory, tmp_path):
+    """Issue 46 items 1, 2 and 7 in load.sh, on the nodes of tests/test_kubelet.py's hostile cases: an unprivileged
+    user's kubelet, a zombie, root's kubelets that disagree, root's files that anyone may write, /proc/kmsg (which
+    load.sh read forever), a FIFO, a 1 GiB config.yaml (100 s and more), a kubelet argument with a newline in it
+    (load.sh read two): load.sh follows what imgtool follows and says what imgtool says, in the same words, within
+    a minute (a hang fails the test)."""
+    from tests.test_kubelet import QUICK, hostile_node_of, pids_as_n
+
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b",
+                  [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    node, expect, warnings = hostile_node_of(case, tmp_path)
+    argv, env = shell_env(shell, tmp_path / "env")
+    r = node.run(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv, "load.sh"],
+                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=out, timeout=QUICK)
+    lines = [pids_as_n(line) for line in r.stderr.splitlines()]
+    assert r.returncode == 5, r.stderr
+    assert [line for line in lines if line.startswith("load.sh: warning: ")] == \
+        [f"load.sh: warning: {w}" for w in warnings]
+    error = next(line for line in lines if line.startswith("load.sh: error: "))
+    if expect is None:
+        assert error.startswith("load.sh: error: no container runtime to load into (docker: not installed, "), r.stderr
+    else:
+        assert error == (f"load.sh: error: the kubelet's runtime does not answer: containerd at "
+                         f"{expect['endpoint'][len('unix://'):]} (the kubelet's, from {expect['source']}): no ctr "
+                         f"command; nothing was loaded")
+
+
+def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
+    """The caps on what load.sh reads of the host are kubelet.py's numbers, written into it: every `head -c` of the
+    kubelet's block reads one of them (a config file: no more than the size it has, itself within MAX_FILE)."""
+    import re
+
+    from imgtool.bundle import loadsh
+    from imgtool.runtimes import kubelet
+
+    caps = re.findall(r"head -c (\S+)", loadsh.KUBELET)
+    assert sorted(caps) == sorted([str(kubelet.MAX_COMM), str(kubelet.MAX_FILE), str(kubelet.MAX_STATUS), '"$kube_size"'])
+    assert f'[ "$kube_size" -gt {kubelet.MAX_FILE} ]' in loadsh.KUBELET
+    assert "@" not in loadsh.KUBELET.replace("$@", "")  # every number put in
 
 
 @pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])
