@@ -571,6 +571,65 @@ def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
     assert "@" not in loadsh.KUBELET.replace("$@", "")  # every number put in
 
 
+def test_a_containerd_socket_that_never_answers_is_given_up_on_as_quickly_as_imgtool_does(factory, tmp_path):
+    """Issue 46 item 7: a socket that accepts and never answers. Every question load.sh asked of it waited ctr's
+    10 s, 70 s in all; imgtool gave up after its first (10 s). Now load.sh asks first what imgtool asks first, and
+    says what imgtool says."""
+    import socket
+    import threading
+    import time
+
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b",
+                  [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    path = f"/tmp/imgtool-silent-{os.getpid()}.sock"  # short: a unix socket path is at most 107 bytes
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(64)
+    held: List[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts, and never says a word
+        server.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except socket.timeout:
+                continue
+
+    worker = threading.Thread(target=accept)
+    worker.start()
+    try:
+        said = f'cannot reach containerd at {path}: ctr: failed to dial "{path}": context deadline exceeded'
+        started = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd", "--address",
+                            path], capture_output=True, text=True, timeout=HANG,
+                           env={**os.environ, "HOME": str(tmp_path)})
+        took = time.monotonic() - started
+        assert r.returncode == 5, r.stderr
+        imgtool_said = next(line for line in r.stderr.splitlines() if line.startswith("error: "))
+        assert imgtool_said.startswith(f"error: {said}"), r.stderr
+        env = _bare(tmp_path, {"ctr": _which("ctr")}, CONTAINERD_ADDRESS=path)
+        started = time.monotonic()
+        r = subprocess.run(["sh", "load.sh", "--runtime", "containerd"], cwd=out, env=env, capture_output=True,
+                           text=True, timeout=HANG)
+        took_sh = time.monotonic() - started
+        assert (r.returncode, r.stderr.splitlines()[1:]) == (5, [
+            f"load.sh: error: cannot load into containerd (--runtime or IMGTOOL_RUNTIME): "
+            f"{imgtool_said[len('error: '):]}; nothing was loaded"])
+        assert took_sh < took + 5, (took_sh, took)
+        r = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+        assert (r.returncode, r.stderr.splitlines()[1]) == (5, (
+            f"load.sh: error: no container runtime to load into (docker: not installed, containerd: "
+            f"{imgtool_said[len('error: '):]}, podman: not installed); nothing was loaded"))
+    finally:
+        stop.set()
+        worker.join()
+        for s in held:
+            s.close()
+        server.close()
+        os.unlink(path)
+
+
 @pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])
 def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_docker_gets_nothing(
         version, shell, services, factory, uniq, tmp_path):
