@@ -109,6 +109,7 @@ kube_file() {  # $1 counts as a file of the kubelet's (absent: silently not); se
     [ -e "$1" ] || return 1
     if [ ! -f "$1" ]; then kube_warn "cannot read $1: not a regular file"; return 1; fi
     facts=$(ls -lnLd -- "$1" 2>/dev/null | awk 'NR == 1 { print substr($1, 1, 10), $3, $5 }')
+    [ -n "$facts" ] || return 1  # gone since
     mode=${facts%% *}; facts=${facts#* }; owner=${facts%% *}; kube_size=${facts#* }
     why=""
     if [ "$owner" != 0 ]; then why="owned by uid $owner, not by root"

@@ -309,9 +309,9 @@ bounded() {
 # not answer is said once, not met again by every later question (each of which would wait 10 s more).
 ctr_answers() {
     if command -v timeout >/dev/null 2>&1; then
-        said=$(timeout 30 $CTR -a "$address" version 2>&1 >/dev/null)
+        said=$(timeout 30 $CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
     else
-        said=$($CTR -a "$address" version 2>&1 >/dev/null)
+        said=$($CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
     fi
     status=$?
     [ "$status" -ne 0 ] || return 0

@@ -110,7 +110,7 @@ def _processes() -> Iterator[Tuple[int, str, List[str]]]:
             continue
         try:
             comm = _read_bytes("comm", MAX_COMM, fd)
-            name = None if comm is None else comm.decode("utf-8", "replace").rstrip("\n")
+            name = "" if comm is None else comm.decode("utf-8", "replace").rstrip("\n")
             if name not in NAMES:
                 continue
             raw = _read_bytes("cmdline", MAX_FILE, fd)
