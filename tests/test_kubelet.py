@@ -167,6 +167,134 @@ def test_a_kubelet_file_that_cannot_be_read_is_a_warning_never_a_crash(tmp_path)
         f"['cannot read /etc/crictl.yaml: {size} bytes is too big for a configuration file']"]
 
 
+# --- only root steers root's load (issue 46) -----------------------------------------------------------------
+
+ATTACKER = 65534  # nobody: an unprivileged user of the node
+EVIL = "unix:///tmp/evil.sock"
+FIND_ALL = ("import json, sys; from imgtool.runtimes import kubelet; w = []; k = kubelet.find(w); "
+            "json.dump(dict(kubelet=None if k is None else dict(runtime=k.runtime, endpoint=k.endpoint, "
+            "source=k.source), warnings=w), sys.stdout)")
+HOSTILE = ["attacker", "attacker-config", "attacker-older", "different", "same", "zombie", "config-not-roots",
+           "config-writable", "config-group-writable", "config-kmsg", "config-fifo", "config-huge", "config-at-cap",
+           "config-over-cap", "newline", "newline-config"]
+QUICK = 60  # seconds: a node run here that takes longer is hanging (the old load.sh never ended on /proc/kmsg)
+
+
+def hostile_node_of(case: str, tmp_path: Path):
+    """A node where an unprivileged user runs a kubelet of their own, or root's kubelet files are not what they should
+    be (HOSTILE), and what must be found there: (node, {runtime, endpoint, source} or None, the warnings), pids as N.
+    tests/test_load_sh.py holds load.sh to the same."""
+    from imgtool.runtimes.kubelet import MAX_FILE
+    from tests.support.kubenode import Kubelet
+
+    x = "unix:///x/containerd.sock"
+    conf = "/etc/kubernetes/kubelet.yaml"
+    cmdline = "the kubelet's command line, pid N"
+    default = dict(runtime="containerd", endpoint=SOCK, source=f"{cmdline}: no endpoint given, the kubelet's default")
+    kubelets, files, owners, fifos, sizes = [], {}, {}, [], {}
+    expect, warnings = None, []
+    if case == "attacker":  # alone: no kubelet here
+        kubelets = [Kubelet([f"--container-runtime-endpoint={EVIL}"], uid=ATTACKER)]
+    elif case == "attacker-config":  # a configuration of their own: never read
+        files[conf], owners[conf] = kubelet_config(EVIL), (ATTACKER, 0o644)
+        kubelets = [Kubelet([f"--config={conf}"], uid=ATTACKER)]
+    elif case == "attacker-older":  # older (a lower pid) than root's kubelet, which systemd restarted
+        kubelets = [Kubelet([f"--container-runtime-endpoint={EVIL}"], uid=ATTACKER),
+                    Kubelet([f"--container-runtime-endpoint={x}"])]
+        expect = dict(runtime="containerd", endpoint=x, source=cmdline)
+    elif case == "different":  # root's, and they disagree: none of them, and the files decide
+        kubelets = [Kubelet([f"--container-runtime-endpoint={x}"]), Kubelet(["--container-runtime-endpoint=unix:///y.sock"])]
+        files["/var/lib/kubelet/config.yaml"] = kubelet_config("unix:///z/containerd.sock")
+        expect = dict(runtime="containerd", endpoint="unix:///z/containerd.sock", source="/var/lib/kubelet/config.yaml")
+        warnings = [f"kubelets that name different runtimes run here (pid N: containerd at {x}, pid N: containerd at "
+                    "unix:///y.sock): none of them is followed"]
+    elif case == "same":  # root's, and they agree (one by its flag, one by its configuration)
+        files[conf] = kubelet_config(x)
+        kubelets = [Kubelet([f"--container-runtime-endpoint={x}"]), Kubelet([f"--config={conf}"])]
+        expect = dict(runtime="containerd", endpoint=x, source=cmdline)
+    elif case == "zombie":
+        kubelets = [Kubelet([f"--container-runtime-endpoint={x}"], zombie=True)]
+    elif case.startswith("config-") and case not in ("config-huge", "config-at-cap", "config-over-cap"):
+        path, why = conf, ""
+        files[conf] = kubelet_config(x)
+        if case == "config-not-roots":
+            owners[conf], why = (ATTACKER, 0o644), f"owned by uid {ATTACKER}, not by root"
+        elif case == "config-writable":
+            owners[conf], why = (0, 0o666), "writable by others than root (mode -rw-rw-rw-)"
+        elif case == "config-group-writable":
+            owners[conf], why = (0, 0o664), "writable by others than root (mode -rw-rw-r--)"
+        elif case == "config-kmsg":  # the kernel's log: a regular file of size 0, and a read of it waits for the next
+            path, why = "/proc/kmsg", "its size is 0 (an empty file, or one of the kernel's)"
+        elif case == "config-fifo":
+            path, why = "/etc/kubernetes/fifo", "not a regular file"
+            fifos = [path]
+        kubelets = [Kubelet([f"--config={path}"])]
+        expect, warnings = default, [f"cannot read {path}: {why}"]
+    elif case == "config-huge":
+        sizes["/var/lib/kubelet/config.yaml"] = 1 << 30
+        warnings = [f"cannot read /var/lib/kubelet/config.yaml: {1 << 30} bytes is too big for a configuration file"]
+    elif case in ("config-at-cap", "config-over-cap"):  # kubelet.MAX_FILE bytes count, one more does not
+        text = kubelet_config("unix:///z/containerd.sock")
+        pad = MAX_FILE + (case == "config-over-cap") - len(text)
+        text += ("#" * 999 + "\n") * (pad // 1000) + "#" * (pad % 1000 - 1) + "\n"
+        files["/var/lib/kubelet/config.yaml"] = text
+        if case == "config-at-cap":
+            expect = dict(runtime="containerd", endpoint="unix:///z/containerd.sock", source="/var/lib/kubelet/config.yaml")
+        else:
+            warnings = [f"cannot read /var/lib/kubelet/config.yaml: {MAX_FILE + 1} bytes is too big for a configuration file"]
+    elif case == "newline":  # load.sh read two arguments here, and took the second
+        kubelets = [Kubelet([f"--container-runtime-endpoint={x}\n--container-runtime-endpoint={EVIL}"])]
+        warnings = [f"{cmdline}: --container-runtime-endpoint holds a control character: not followed"]
+    elif case == "newline-config":
+        kubelets = [Kubelet([f"--config={conf}\n--container-runtime-endpoint={EVIL}"])]
+        warnings = [f"{cmdline}: --config holds a control character: not followed"]
+    node = SimulatedNode(tmp_path / "node", files=files, kubelets=kubelets, owners=owners, fifos=fifos, sizes=sizes)
+    return node, expect, warnings
+
+
+def pids_as_n(text: str) -> str:
+    """Every pid in `text` as N."""
+    import re
+
+    return re.sub(r"\bpid [0-9]+\b", "pid N", text)
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_only_roots_living_kubelet_and_roots_own_files_say_where_the_images_go(case, tmp_path):
+    """Issue 46 items 1 and 2: an unprivileged user's process named kubelet (alone, with a configuration of its own,
+    or older than root's kubelet) was followed, the lowest pid first; a zombie counted as a kubelet with no endpoint;
+    a configuration file anyone could write, or /proc/kmsg, a FIFO, a 1 GiB file, was read (load.sh waited on
+    /proc/kmsg forever). Each is passed over, said, within a minute."""
+    node, expect, warnings = hostile_node_of(case, tmp_path)
+    started = time.monotonic()
+    r = node.run([sys.executable, "-c", FIND_ALL], env=clean_env(), timeout=QUICK)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    if found["kubelet"] is not None:
+        found["kubelet"]["source"] = pids_as_n(found["kubelet"]["source"])
+    assert (found["kubelet"], [pids_as_n(w) for w in found["warnings"]]) == (expect, warnings)
+    assert time.monotonic() - started < 20
+
+
+def test_imgtool_run_by_a_user_takes_roots_kubelet_and_not_anothers(tmp_path):
+    """Run by an unprivileged user, imgtool cannot read the kubelets' namespaces (root's to read) and takes them as
+    this node's, as on a real node; it still reads whose each is, and follows root's only."""
+    from tests.support.kubenode import Kubelet
+
+    python = Path(os.path.realpath(sys.executable))
+    node = SimulatedNode(tmp_path / "node", kubelets=[
+        Kubelet([f"--container-runtime-endpoint={EVIL}"], uid=ATTACKER + 1),
+        Kubelet(["--container-runtime-endpoint=unix:///x/containerd.sock"])],
+        binds={"/run/py": sys.base_prefix, "/run/src": str(Path(__file__).resolve().parents[1])})
+    r = node.run(["setpriv", f"--reuid={ATTACKER}", f"--regid={ATTACKER}", "--clear-groups",
+                  f"/run/py/bin/{python.name}", "-I", "-c", "import sys; sys.path.insert(0, '/run/src'); " + FIND_ALL],
+                 env=clean_env(), timeout=QUICK)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    assert (found["kubelet"]["endpoint"], pids_as_n(found["kubelet"]["source"]), found["warnings"]) == (
+        "unix:///x/containerd.sock", "the kubelet's command line, pid N", [])
+
+
 def test_run_and_run_flags_follow_the_kubelet_as_load_does(tmp_path):
     """Issue 37: run-flags defaulted to Docker wherever it ran. On a node whose kubelet reads containerd it now
     writes the Pod (containerd has no `run` of its own) and `run` says why it cannot start one, before asking

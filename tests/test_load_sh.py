@@ -28,7 +28,7 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
 # what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -520,6 +520,114 @@ def test_load_sh_finds_the_kubelets_runtime_where_imgtool_does(case, factory, tm
     if expect is not None:
         assert r.stderr.splitlines()[2] == ("load.sh: start it, or choose another runtime with --runtime (Pods will not "
                                             "find the images there)")
+
+
+def _hostile_cases():
+    from tests.test_kubelet import HOSTILE
+
+    busybox = {"attacker-older", "different", "zombie", "config-writable", "config-kmsg", "config-fifo", "newline"}
+    return [(case, "dash") for case in HOSTILE] + [(case, "busybox") for case in HOSTILE if case in busybox]
+
+
+@pytest.mark.parametrize("case,shell", _hostile_cases())
+def test_load_sh_takes_only_roots_kubelet_and_reads_its_files_as_imgtool_does(case, shell, factory, tmp_path):
+    """Issue 46 items 1, 2 and 7 in load.sh, on the nodes of tests/test_kubelet.py's hostile cases: an unprivileged
+    user's kubelet, a zombie, root's kubelets that disagree, root's files that anyone may write, /proc/kmsg (which
+    load.sh read forever), a FIFO, a 1 GiB config.yaml (100 s and more), a kubelet argument with a newline in it
+    (load.sh read two): load.sh follows what imgtool follows and says what imgtool says, in the same words, within
+    a minute (a hang fails the test)."""
+    from tests.test_kubelet import QUICK, hostile_node_of, pids_as_n
+
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b",
+                  [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    node, expect, warnings = hostile_node_of(case, tmp_path)
+    argv, env = shell_env(shell, tmp_path / "env")
+    r = node.run(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv, "load.sh"],
+                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd=out, timeout=QUICK)
+    lines = [pids_as_n(line) for line in r.stderr.splitlines()]
+    assert r.returncode == 5, r.stderr
+    assert [line for line in lines if line.startswith("load.sh: warning: ")] == \
+        [f"load.sh: warning: {w}" for w in warnings]
+    error = next(line for line in lines if line.startswith("load.sh: error: "))
+    if expect is None:
+        assert error.startswith("load.sh: error: no container runtime to load into (docker: not installed, "), r.stderr
+    else:
+        assert error == (f"load.sh: error: the kubelet's runtime does not answer: containerd at "
+                         f"{expect['endpoint'][len('unix://'):]} (the kubelet's, from {expect['source']}): no ctr "
+                         f"command; nothing was loaded")
+
+
+def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
+    """The caps on what load.sh reads of the host are kubelet.py's numbers, written into it: every `head -c` of the
+    kubelet's block reads one of them (a config file: no more than the size it has, itself within MAX_FILE)."""
+    import re
+
+    from imgtool.bundle import loadsh
+    from imgtool.runtimes import kubelet
+
+    caps = re.findall(r"head -c (\S+)", loadsh.KUBELET)
+    assert sorted(caps) == sorted([str(kubelet.MAX_COMM), str(kubelet.MAX_FILE), str(kubelet.MAX_STATUS), '"$kube_size"'])
+    assert f'[ "$kube_size" -gt {kubelet.MAX_FILE} ]' in loadsh.KUBELET
+    assert "@" not in loadsh.KUBELET.replace("$@", "")  # every number put in
+
+
+def test_a_containerd_socket_that_never_answers_is_given_up_on_as_quickly_as_imgtool_does(factory, tmp_path):
+    """Issue 46 item 7: a socket that accepts and never answers. Every question load.sh asked of it waited ctr's
+    10 s, 70 s in all; imgtool gave up after its first (10 s). Now load.sh asks first what imgtool asks first, and
+    says what imgtool says."""
+    import socket
+    import threading
+    import time
+
+    out = _bundle(BlobDir(tmp_path / "blobs"), tmp_path / "b",
+                  [(factory.image(host_arch(), layers=1, layer_size=20_000), f"{REPO}/x:v1")])
+    path = f"/tmp/imgtool-silent-{os.getpid()}.sock"  # short: a unix socket path is at most 107 bytes
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(64)
+    held: List[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts, and never says a word
+        server.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except socket.timeout:
+                continue
+
+    worker = threading.Thread(target=accept)
+    worker.start()
+    try:
+        said = f'cannot reach containerd at {path}: ctr: failed to dial "{path}": context deadline exceeded'
+        started = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd", "--address",
+                            path], capture_output=True, text=True, timeout=HANG,
+                           env={**os.environ, "HOME": str(tmp_path)})
+        took = time.monotonic() - started
+        assert r.returncode == 5, r.stderr
+        imgtool_said = next(line for line in r.stderr.splitlines() if line.startswith("error: "))
+        assert imgtool_said.startswith(f"error: {said}"), r.stderr
+        env = _bare(tmp_path, {"ctr": _which("ctr")}, CONTAINERD_ADDRESS=path)
+        started = time.monotonic()
+        r = subprocess.run(["sh", "load.sh", "--runtime", "containerd"], cwd=out, env=env, capture_output=True,
+                           text=True, timeout=HANG)
+        took_sh = time.monotonic() - started
+        assert (r.returncode, r.stderr.splitlines()[1:]) == (5, [
+            f"load.sh: error: cannot load into containerd (--runtime or IMGTOOL_RUNTIME): "
+            f"{imgtool_said[len('error: '):]}; nothing was loaded"])
+        assert took_sh < took + 5, (took_sh, took)
+        r = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+        assert (r.returncode, r.stderr.splitlines()[1]) == (5, (
+            f"load.sh: error: no container runtime to load into (docker: not installed, containerd: "
+            f"{imgtool_said[len('error: '):]}, podman: not installed); nothing was loaded"))
+    finally:
+        stop.set()
+        worker.join()
+        for s in held:
+            s.close()
+        server.close()
+        os.unlink(path)
 
 
 @pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])

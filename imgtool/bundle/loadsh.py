@@ -12,7 +12,7 @@ from typing import Dict, List, Tuple
 
 from ..delta import chain_ids
 from ..model import UNPACKED_PER_COMPRESSED
-from ..runtimes import containerd, docker, podman
+from ..runtimes import containerd, docker, kubelet, podman
 from ..text import sh_quote
 from .format import BUNDLE_JSON, SHA256SUMS, BundleIndex
 from .layout import runtime_image_id
@@ -76,21 +76,60 @@ def sums_choice(index: BundleIndex) -> str:
 
 # --- 2. the kubelet's runtime ----------------------------------------------------------------------------------
 
-KUBELET = r"""
-# The kubelet of this node, found as imgtool finds it (imgtool/kubelet.py), in this order: a running kubelet's
-# command line (--container-runtime-endpoint, else --config FILE's containerRuntimeEndpoint; k3s runs it inside
-# its own process, on its own containerd), kubeadm's flags file, /var/lib/kubelet/config.yaml, /etc/crictl.yaml,
-# then k3s/RKE2's and MicroK8s's containerd sockets. A kubelet in another PID or mount namespace (a kind node's,
-# a container's) is another node's. cri-dockerd means Docker. Only read, never written.
-kube_runtime=""; kube_endpoint=""; kube_source=""
+_KUBELET = r"""
+# The kubelet of this node, found as imgtool finds it (imgtool/runtimes/kubelet.py), in this order: a running
+# kubelet's command line (--container-runtime-endpoint, else --config FILE's containerRuntimeEndpoint; k3s runs it
+# inside its own process, on its own containerd), kubeadm's flags file, /var/lib/kubelet/config.yaml,
+# /etc/crictl.yaml, then k3s/RKE2's and MicroK8s's containerd sockets. A kubelet in another PID or mount namespace
+# (a kind node's, a container's) is another node's. cri-dockerd means Docker. Only read, never written.
+# Only root steers root's load: a kubelet process counts when every uid of it is 0 and it is alive; root's
+# kubelets that name different runtimes are none of them followed. A file counts when it is a regular file owned
+# by root, writable by root alone, not empty and at most @MAX_FILE@ bytes, and is read only up to its size
+# (/proc/kmsg says 0; a FIFO is no regular file). A value holding a control character (a newline, which the
+# command line read a line per argument would split) is no value. Every read of the host's files has a cap.
+kube_runtime=""; kube_endpoint=""; kube_source=""; kube_said=""
+kube_nl='
+'
+kube_warn() {  # a warning, once (as imgtool says each once)
+    case "$kube_nl$kube_said$kube_nl" in *"$kube_nl$1$kube_nl"*) return 0 ;; esac
+    kube_said="$kube_said$kube_nl$1"
+    echo "load.sh: warning: $1" >&2
+}
 kube_flag() {  # stdin: the arguments, one a line; the last value of --$1 (--$1=V or --$1 V, as pflag takes it)
     awk -v f="$1" 'BEGIN { p = f "=" }
         { if (want) { v = $0; want = 0 } if (index($0, p) == 1) v = substr($0, length(p) + 1); else if ($0 == f) want = 1 }
         END { printf "%s", v }'
 }
-kube_key() {  # the top-level scalar $2 of the small YAML (or JSON) file $1, as kubelet.read_keys reads it
-    [ -f "$1" ] && [ -r "$1" ] || return 0
-    awk -v k="$2" -v q="'" '
+kube_valid() {  # $1 is a value (no control character in it); else said, as $2 holding one
+    if printf '%s' "$1" | awk '/[\001-\037\177]/ { bad = 1 } END { exit !bad }'; then
+        kube_warn "$2 holds a control character: not followed"; return 1
+    fi
+}
+kube_file() {  # $1 counts as a file of the kubelet's (absent: silently not); sets kube_size
+    [ -e "$1" ] || return 1
+    if [ ! -f "$1" ]; then kube_warn "cannot read $1: not a regular file"; return 1; fi
+    facts=$(ls -lnLd -- "$1" 2>/dev/null | awk 'NR == 1 { print substr($1, 1, 10), $3, $5 }')
+    [ -n "$facts" ] || return 1  # gone since
+    mode=${facts%% *}; facts=${facts#* }; owner=${facts%% *}; kube_size=${facts#* }
+    why=""
+    if [ "$owner" != 0 ]; then why="owned by uid $owner, not by root"
+    else
+        case "$mode" in ?????w*|????????w*) why="writable by others than root (mode $mode)" ;; esac
+    fi
+    if [ -n "$why" ]; then :
+    elif [ "$kube_size" -gt @MAX_FILE@ ]; then why="$kube_size bytes is too big for a configuration file"
+    elif [ "$kube_size" -eq 0 ]; then why="its size is 0 (an empty file, or one of the kernel's)"
+    elif [ ! -r "$1" ]; then why="Permission denied"
+    fi
+    if [ -n "$why" ]; then kube_warn "cannot read $1: $why"; return 1; fi
+}
+kube_read() {  # the text of the file $1, up to the size kube_file found (and within a minute, as every wait here)
+    bounded head -c "$kube_size" -- "$1" 2>/dev/null | tr -d '\r'
+}
+kube_key() {  # kube_value: the top-level scalar $2 of the small YAML (or JSON) file $1, as kubelet.read_keys reads it
+    kube_value=""
+    kube_file "$1" || return 0
+    kube_value=$(kube_read "$1" | awk -v k="$2" -v q="'" '
         NR == 1 && /^[ \t]*[{]/ { json = 1 }
         json { text = text $0 "\n"; next }
         /^[ \t#-]/ || !/:/ { next }
@@ -103,7 +142,7 @@ kube_key() {  # the top-level scalar $2 of the small YAML (or JSON) file $1, as 
           if (rest != "" && index("[{|>&*!", substr(rest, 1, 1)) == 0) v = rest }
         END { if (json && match(text, "\"" k "\"[ \t\r\n]*:[ \t\r\n]*\"[^\"]*\"")) {
                   v = substr(text, RSTART, RLENGTH); sub(/^"[^"]*"[ \t\r\n]*:[ \t\r\n]*"/, "", v); sub(/"$/, "", v) }
-              printf "%s", v }' "$1" 2>/dev/null
+              printf "%s", v }' 2>/dev/null)
 }
 runtime_of() {  # which runtime an endpoint is: cri-dockerd (and the old dockershim) mean Docker
     name=${1%/}; name=${name##*/}
@@ -115,13 +154,18 @@ runtime_of() {  # which runtime an endpoint is: cri-dockerd (and the old dockers
     esac
 }
 kube_set() { kube_endpoint=$1; kube_source=$2; kube_runtime=${3:-$(runtime_of "$1")}; }
-kube_from_args() {  # $1: the kubelet's arguments, one a line; $2: where they were read
+kube_from_args() {  # $1: the kubelet's arguments, one a line; $2: where they were read. 1: none named; 2: no value
     value=$(printf '%s\n' "$1" | kube_flag --container-runtime-endpoint)
     config=$(printf '%s\n' "$1" | kube_flag --config)
+    kube_valid "$value" "$2: --container-runtime-endpoint" || return 2
+    kube_valid "$config" "$2: --config" || return 2
     if [ -n "$value" ]; then kube_set "$value" "$2"; return 0; fi
     if [ -n "$config" ]; then
-        value=$(kube_key "$config" containerRuntimeEndpoint)
-        if [ -n "$value" ]; then kube_set "$value" "$config"; return 0; fi
+        kube_key "$config" containerRuntimeEndpoint
+        if [ -n "$kube_value" ]; then
+            kube_valid "$kube_value" "$config: containerRuntimeEndpoint" || return 2
+            kube_set "$kube_value" "$config"; return 0
+        fi
     fi
     if [ "$(printf '%s\n' "$1" | kube_flag --container-runtime)" = docker ]; then  # before 1.24: the dockershim
         kube_set unix:///var/run/dockershim.sock "$2" docker; return 0
@@ -135,47 +179,74 @@ same_namespaces() {  # where they cannot be compared (not root), the kubelet is 
         [ -z "$theirs" ] || [ -z "$ours" ] || [ "$theirs" = "$ours" ] || return 1
     done
 }
+kube_found=""  # "pid runtime endpoint" of each of root's kubelets, a line each
+kube_first=""  # the first one's runtime, endpoint and source, a line each
 for pid in $(grep -lxE 'kubelet|k3s|k3s-server|k3s-agent' /proc/[0-9]*/comm 2>/dev/null | sed 's|^/proc/||; s|/comm$||' | sort -n); do
-    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
-    # (the group: a redirection that fails is reported to the stderr in force before its own 2>/dev/null applies;
+    # (the groups: a redirection that fails is reported to the stderr in force before its own 2>/dev/null applies;
     # a process that ended since the listing is no kubelet)
-    args=$( { tr '\000' '\n' <"/proc/$pid/cmdline"; } 2>/dev/null) || continue
+    comm=$( { head -c @MAX_COMM@ "/proc/$pid/comm"; } 2>/dev/null) || continue
+    case "$comm" in kubelet|k3s|k3s-server|k3s-agent) ;; *) continue ;; esac
+    # a NUL ends an argument; a newline in one becomes \001, which kube_valid refuses as imgtool refuses the newline
+    args=$( { head -c @MAX_FILE@ "/proc/$pid/cmdline" | tr '\n\000' '\001\n'; } 2>/dev/null) || continue
+    [ -n "$args" ] || continue  # a zombie, or a kernel thread
+    # read after the command line: the process was root's, and alive, as that was read
+    { head -c @MAX_STATUS@ "/proc/$pid/status" | awk '$1 == "State:" { s = $2 } $1 == "Uid:" { n = NF; u = $2 $3 $4 $5 }
+        END { exit !(s != "" && s != "Z" && s != "X" && n == 5 && u == "0000") }'; } 2>/dev/null || continue
     same_namespaces "$pid" || continue
     case "$comm" in kubelet) source="the kubelet's command line, pid $pid" ;; *) source="k3s's command line, pid $pid" ;; esac
-    kube_from_args "$(printf '%s\n' "$args" | sed 1d)" "$source" && break
-    case "$comm" in
-        k3s*)  # the embedded kubelet: on k3s's containerd, or on cri-dockerd with --docker
-            if printf '%s\n' "$args" | grep -qx -e --docker; then
-                kube_set unix:///run/k3s/cri-dockerd/cri-dockerd.sock "$source" docker
-            else
-                kube_set unix:///run/k3s/containerd/containerd.sock "$source" containerd
-            fi ;;
-        *) kube_set unix:///run/containerd/containerd.sock "$source: no endpoint given, the kubelet's default" containerd ;;
+    kube_from_args "$(printf '%s\n' "$args" | sed 1d)" "$source"
+    case $? in
+        0) ;;
+        2) continue ;;
+        *) case "$comm" in
+               k3s*)  # the embedded kubelet: on k3s's containerd, or on cri-dockerd with --docker
+                   if printf '%s\n' "$args" | grep -qx -e --docker; then
+                       kube_set unix:///run/k3s/cri-dockerd/cri-dockerd.sock "$source" docker
+                   else
+                       kube_set unix:///run/k3s/containerd/containerd.sock "$source" containerd
+                   fi ;;
+               *) kube_set unix:///run/containerd/containerd.sock "$source: no endpoint given, the kubelet's default" containerd ;;
+           esac ;;
     esac
-    break
+    kube_found="$kube_found$pid $kube_runtime $kube_endpoint$kube_nl"
+    [ -n "$kube_first" ] || kube_first="$kube_runtime$kube_nl$kube_endpoint$kube_nl$kube_source"
 done
-if [ -z "$kube_runtime" ] && [ -f /var/lib/kubelet/kubeadm-flags.env ]; then
-    while IFS= read -r line || [ -n "$line" ]; do
+kube_runtime=""; kube_endpoint=""; kube_source=""
+if [ -n "$kube_first" ]; then
+    if [ "$(printf '%s' "$kube_found" | sed 's/^[^ ]* //' | sort -u | awk 'END { print NR }')" -gt 1 ]; then
+        named=$(printf '%s' "$kube_found" | awk '{ e = $0; sub(/^[^ ]* [^ ]* /, "", e)
+            printf "%spid %s: %s at %s", (NR > 1 ? ", " : ""), $1, $2, e }')
+        kube_warn "kubelets that name different runtimes run here ($named): none of them is followed"
+    else
+        kube_runtime=${kube_first%%"$kube_nl"*}; rest=${kube_first#*"$kube_nl"}
+        kube_endpoint=${rest%%"$kube_nl"*}; kube_source=${rest#*"$kube_nl"}
+    fi
+fi
+if [ -z "$kube_runtime" ] && kube_file /var/lib/kubelet/kubeadm-flags.env; then
+    text=$(kube_read /var/lib/kubelet/kubeadm-flags.env)
+    while IFS= read -r line; do
         value=$(printf '%s\n' "$line" | sed -n 's/^[[:blank:]]*KUBELET_KUBEADM_ARGS[[:blank:]]*=//p' |
             sed "s/^[[:blank:]]*//; s/[[:blank:]]*\$//; s/^\"//; s/\"\$//; s/^'//; s/'\$//")
         [ -n "$value" ] || continue
         set -f
         kube_from_args "$(printf '%s\n' $value)" /var/lib/kubelet/kubeadm-flags.env && { set +f; break; }
         set +f
-    done </var/lib/kubelet/kubeadm-flags.env
+    done <<KUBEADM_FLAGS
+$text
+KUBEADM_FLAGS
 fi
 if [ -z "$kube_runtime" ]; then
-    value=$(kube_key /var/lib/kubelet/config.yaml containerRuntimeEndpoint)
-    if [ -n "$value" ]; then kube_set "$value" /var/lib/kubelet/config.yaml
-    else
-        value=$(kube_key /etc/crictl.yaml runtime-endpoint)
-        if [ -n "$value" ]; then kube_set "$value" /etc/crictl.yaml
-        else
-            k3s=/run/k3s/containerd/containerd.sock; microk8s=/var/snap/microk8s/common/run/containerd.sock
-            if [ -e "$k3s" ]; then kube_set "unix://$k3s" "k3s/RKE2's containerd socket, $k3s" containerd
-            elif [ -e "$microk8s" ]; then kube_set "unix://$microk8s" "MicroK8s's containerd socket, $microk8s" containerd; fi
+    for f in /var/lib/kubelet/config.yaml:containerRuntimeEndpoint /etc/crictl.yaml:runtime-endpoint; do
+        kube_key "${f%%:*}" "${f#*:}"
+        if [ -n "$kube_value" ] && kube_valid "$kube_value" "${f%%:*}: ${f#*:}"; then
+            kube_set "$kube_value" "${f%%:*}"; break
         fi
-    fi
+    done
+fi
+if [ -z "$kube_runtime" ]; then
+    k3s=/run/k3s/containerd/containerd.sock; microk8s=/var/snap/microk8s/common/run/containerd.sock
+    if [ -e "$k3s" ]; then kube_set "unix://$k3s" "k3s/RKE2's containerd socket, $k3s" containerd
+    elif [ -e "$microk8s" ]; then kube_set "unix://$microk8s" "MicroK8s's containerd socket, $microk8s" containerd; fi
 fi
 kube_address=${kube_endpoint#unix://}
 follows=""
@@ -198,6 +269,9 @@ case "$kube_runtime" in
 esac
 [ -z "$elsewhere" ] || echo "load.sh: warning: $elsewhere: Pods on this node will not find the images there" >&2
 """
+# kubelet.py's caps, the same numbers in load.sh (tests/test_load_sh.py holds them equal)
+KUBELET = (_KUBELET.replace("@MAX_FILE@", str(int(kubelet.MAX_FILE))).replace("@MAX_COMM@", str(int(kubelet.MAX_COMM)))
+           .replace("@MAX_STATUS@", str(int(kubelet.MAX_STATUS))))
 
 
 # --- 3. room where the runtime keeps images -------------------------------------------------------------------

@@ -304,6 +304,21 @@ _RUNTIME_CHOICE_SH = r"""
 bounded() {
     if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
 }
+# containerd is asked first what imgtool asks it first, `ctr version`, within imgtool's 30 s (ctr itself gives up
+# on a socket that accepts and never answers after 10 s, as under imgtool), in imgtool's words: a socket that does
+# not answer is said once, not met again by every later question (each of which would wait 10 s more).
+ctr_answers() {
+    if command -v timeout >/dev/null 2>&1; then
+        said=$(timeout 30 $CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
+    else
+        said=$($CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
+    fi
+    status=$?
+    [ "$status" -ne 0 ] || return 0
+    said=$(printf '%s\n' "$said" | tr -d '\r' | sed '/^$/d' | tail -n 1)
+    if [ "$status" -eq 124 ] || [ -z "$said" ]; then echo "containerd: \`ctr version\` did not finish within 30 s"
+    else echo "cannot reach containerd at $address: $said"; fi
+}
 why_not() {
     case "$1" in
         docker)
@@ -311,7 +326,8 @@ why_not() {
             elif ! bounded $DOCKER version >/dev/null 2>&1; then echo "its daemon does not answer"; fi ;;
         containerd)
             if ! command -v "${CTR%% *}" >/dev/null 2>&1; then echo "no ctr command"
-            elif [ ! -S "$address" ]; then echo "no socket at $address"; fi ;;
+            elif [ ! -S "$address" ]; then echo "no socket at $address"
+            else ctr_answers; fi ;;
         podman)
             command -v "${PODMAN%% *}" >/dev/null 2>&1 || echo "not installed" ;;
     esac
