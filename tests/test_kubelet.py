@@ -767,3 +767,14 @@ def test_containerd_killed_while_registering_leaves_a_half_loaded_image_said_and
         assert not [x for x in _doctor(own.socket) if x.startswith("WARN  containerd")]
     finally:
         own.stop()
+
+
+def test_a_process_gone_since_it_was_listed_is_in_no_namespace_of_ours():
+    """A kubelet listed in /proc that ends before its namespaces are read (another test's simulated node, a kubelet
+    restarting) is no kubelet of this node: its links are gone, which is not "cannot compare" (a user's EACCES)."""
+    from imgtool.runtimes import kubelet
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert kubelet._same_namespaces(p.pid) is False
+    assert kubelet._same_namespaces(os.getpid()) is True

@@ -141,13 +141,15 @@ def _same_namespaces(pid: int) -> bool:
     """The process shares this one's PID and mount namespaces. A kubelet in another (a kind node's, a
     container's, a test's) is another node's: its endpoint is a path in a file system this process does not
     see. Where the namespaces cannot be compared (not root: the kubelet's are root's to read), it is taken as
-    this node's, as it is on a real node."""
+    this node's, as it is on a real node. A process gone since it was listed (its links no longer there) is none."""
     for ns in ("pid", "mnt"):
         try:
             if os.readlink(f"{PROC}/{pid}/ns/{ns}") != os.readlink(f"{PROC}/self/ns/{ns}"):
                 return False
-        except OSError:
+        except PermissionError:
             continue
+        except OSError:
+            return False
     return True
 
 
