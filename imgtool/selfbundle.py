@@ -130,7 +130,7 @@ def collect() -> Tuple[List[Package], List[str]]:
                                hint=f"pip install {name}, or pass --no-tool") from None
         packages[key] = pkg = _package(dist, notes)
         for req in map(Requirement.parse, dist.requires or ()):
-            if req.for_extra or _norm(req.name) in packages:
+            if req.for_extra or req.not_for_linux or _norm(req.name) in packages:
                 continue
             try:
                 metadata.distribution(req.name)
@@ -293,6 +293,7 @@ class Requirement:
 
     name: str
     variables: FrozenSet[str]  # e.g. {"extra"}, {"python_version", "sys_platform"}; empty: unconditional
+    marker: str = field(default="", compare=False)  # the marker's text, for not_for_linux
 
     @classmethod
     def parse(cls, text: str) -> "Requirement":
@@ -300,7 +301,7 @@ class Requirement:
         spec, _, marker = text.partition(";")
         m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
         names = {t.group(1) for t in _MARKER_TOKEN.finditer(marker) if t.group(1)}
-        return cls(m.group(1) if m else spec.strip(), frozenset(names - {"and", "or", "in", "not"}))
+        return cls(m.group(1) if m else spec.strip(), frozenset(names - {"and", "or", "in", "not"}), marker.strip())
 
     @property
     def for_extra(self) -> bool:
@@ -310,6 +311,13 @@ class Requirement:
     @property
     def conditional(self) -> bool:
         return bool(self.variables)
+
+    @property
+    def not_for_linux(self) -> bool:
+        """A marker on the platform alone that never names Linux or POSIX (`platform_system == "Windows"`: tqdm's
+        colorama): the pyz runs on Linux hosts only, so it stays out even where it is installed here."""
+        platform_only = self.variables and self.variables <= {"platform_system", "sys_platform", "os_name"}
+        return bool(platform_only) and not re.search(r"linux|posix", self.marker, re.IGNORECASE)
 
 
 def _norm(name: str) -> str:

@@ -40,6 +40,7 @@ from .errors import BlobDamaged, Interrupted, UsageError, counted
 from .fsutil import NotRegularFile, open_regular
 from .model import Digest, format_size, is_attestation
 from .nodeconfig import NodeConfig, node_config
+from .runtimes.choice import mirror_parts
 from .progress import Progress
 
 MAX_CLIENTS = 4096  # connections held at once (a few hundred nodes, several each); then idle ones make room
@@ -135,7 +136,7 @@ def nodes_need(catalog: Catalog, settings: Settings, port: int) -> Tuple[NodeCon
     address, why = advertised(settings, port)
     ca = read_ca(settings.tls_ca) if settings.tls_cert and settings.tls_ca else None
     images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in sorted(catalog.repositories.items())]
-    return node_config(address, settings.scheme, images, ca_pem=ca, ca_file=settings.tls_ca if ca else None,
+    return node_config(address, settings.scheme, images, mirror_parts(), ca_pem=ca, ca_file=settings.tls_ca if ca else None,
                        tls_cert=settings.tls_cert), why
 
 
@@ -599,32 +600,7 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
         for signum in (signal.SIGINT, signal.SIGTERM):
             old[signum] = signal.signal(signum, lambda signum, frame: server.interrupt())
     try:
-        host, port = str(server.server_address[0]), server.server_address[1]
-        shown = f"[{host}]" if ":" in host else host
-        tags = sum(len(r.tags) for r in catalog.repositories.values())
-        say(f"serving {counted(len(catalog.repositories), 'repository', 'repositories')} ({counted(tags, 'tag')}) from "
-            f"{counted(len(dirs), 'bundle')} at "
-            f"{settings.scheme}://{shown}:{port}/ (Ctrl-C stops)")
-        for repo in sorted(catalog.repositories.values(), key=lambda r: r.name):
-            say(f"  {repo.name}: {', '.join(sorted(repo.tags)) or '(by digest only)'}")
-        for d, index in zip(dirs, catalog.indexes):
-            if index.is_delta:
-                n = len(index.omitted_chains())
-                say(f"note: {d} is a delta bundle: the {counted(n, 'layer')} it leaves out {'is' if n == 1 else 'are'} "
-                    f"not served; only nodes that hold {'it' if n == 1 else 'them'} already can pull its images")
-        for b, path in sorted((unpacked or {}).items()):
-            say(f"note: {dirs[b]} is {catalog.indexes[b].archive.compression}-compressed: served from its archive "
-                f"unpacked into {path}")
-        for conflict in catalog.conflicts:
-            say(f"note: {conflict} differs between the bundles: the first bundle's is served")
-        for repo in catalog.repositories.values():
-            for note in index_notes(repo):
-                say(f"note: {note}")
-        nodes, why = nodes_need(catalog, settings, port)
-        if why:
-            say(f"note: {why}")
-        for line in nodes.lines():
-            say(line)
+        startup(dirs, catalog, settings, server.server_address, unpacked or {}, say)
         server.serve_forever()
         if server.interrupted:
             raise KeyboardInterrupt
@@ -637,3 +613,33 @@ def serve(dirs: Sequence[Path], catalog: Catalog, settings: Settings, *, say: Ca
             signal.signal(signum, handler)
     return Served(server.requests, time.monotonic() - started)
 
+
+def startup(dirs: Sequence[Path], catalog: Catalog, settings: Settings, address: Tuple, unpacked: Dict[int, Path],
+            say: Callable[[str], None]) -> None:
+    """What serve says as it starts: where it listens, what it serves, each bundle's notes, and what every node needs
+    (nodeconfig); raises UsageError (a bad --tls-ca)."""
+    host, port = str(address[0]), address[1]
+    shown = f"[{host}]" if ":" in host else host
+    tags = sum(len(r.tags) for r in catalog.repositories.values())
+    say(f"serving {counted(len(catalog.repositories), 'repository', 'repositories')} ({counted(tags, 'tag')}) from "
+        f"{counted(len(dirs), 'bundle')} at {settings.scheme}://{shown}:{port}/ (Ctrl-C stops)")
+    for repo in sorted(catalog.repositories.values(), key=lambda r: r.name):
+        say(f"  {repo.name}: {', '.join(sorted(repo.tags)) or '(by digest only)'}")
+    for d, index in zip(dirs, catalog.indexes):
+        if index.is_delta:
+            n = len(index.omitted_chains())
+            say(f"note: {d} is a delta bundle: the {counted(n, 'layer')} it leaves out {'is' if n == 1 else 'are'} "
+                f"not served; only nodes that hold {'it' if n == 1 else 'them'} already can pull its images")
+    for b, path in sorted(unpacked.items()):
+        say(f"note: {dirs[b]} is {catalog.indexes[b].archive.compression}-compressed: served from its archive "
+            f"unpacked into {path}")
+    for conflict in catalog.conflicts:
+        say(f"note: {conflict} differs between the bundles: the first bundle's is served")
+    for repo in catalog.repositories.values():
+        for note in index_notes(repo):
+            say(f"note: {note}")
+    nodes, why = nodes_need(catalog, settings, port)
+    if why:
+        say(f"note: {why}")
+    for line in nodes.lines():
+        say(line)

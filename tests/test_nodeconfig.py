@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from imgtool.nodeconfig import node_config
+from imgtool.runtimes.choice import mirror_parts
 from tests.support.bundles import BlobDir, imgtool, write
 from tests.support.images import host_arch
 
@@ -55,7 +56,7 @@ quay.io/ascend/vllm-ascend:v1
 
 
 def test_plain_http_for_quay_io_as_a_node_administrator_pastes_it():
-    config = node_config("10.0.0.5:5000", "http", [("quay.io", "ascend/vllm-ascend:v1")])
+    config = node_config("10.0.0.5:5000", "http", [("quay.io", "ascend/vllm-ascend:v1")], mirror_parts())
     assert "\n".join(config.lines()) + "\n" == HTTP
     assert config.to_json()["files"][-1] == {"runtime": "docker", "path": "/etc/docker/daemon.json", "merge": True,
                                              "content": '{\n  "insecure-registries": [\n    "10.0.0.5:5000"\n  ]\n}\n'}
@@ -64,7 +65,7 @@ def test_plain_http_for_quay_io_as_a_node_administrator_pastes_it():
 def test_tls_writes_the_ca_where_each_runtime_looks_and_docker_hub_gets_registry_mirrors():
     pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
     config = node_config("[fd00::5]:5443", "https", [("docker.io", "library/busybox:1"), ("quay.io", "a/b:v1")],
-                         ca_pem=pem, ca_file="/etc/pki/site-ca.pem")
+                         mirror_parts(), ca_pem=pem, ca_file="/etc/pki/site-ca.pem")
     files = {f.path: (f.content, f.merge) for f in config.files}
     assert files["/etc/containerd/certs.d/docker.io/hosts.toml"] == (
         'server = "https://registry-1.docker.io"\n\n[host."https://[fd00::5]:5443"]\n'
@@ -76,7 +77,7 @@ def test_tls_writes_the_ca_where_each_runtime_looks_and_docker_hub_gets_registry
     assert "insecure = true" not in files["/etc/containers/registries.conf.d/imgtool-serve.conf"][0]
     assert config.to_json()["ca"] == "/etc/pki/site-ca.pem"
     # without --tls-ca: hosts.toml still names ca.crt beside it, and the notes say which certificate to copy there
-    bare = node_config("reg:5443", "https", [("quay.io", "a/b:v1")], tls_cert="/srv/tls/server.pem")
+    bare = node_config("reg:5443", "https", [("quay.io", "a/b:v1")], mirror_parts(), tls_cert="/srv/tls/server.pem")
     assert "\n".join(bare.lines()).count(
         "# copy the CA certificate that issued /srv/tls/server.pem (a self-signed certificate: that file itself) to ") == 3
 

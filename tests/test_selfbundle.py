@@ -214,6 +214,12 @@ def test_requirements_for_an_extra_are_left_out_by_the_marker_variable_not_by_wo
     odd = parse("""colorama; platform_system == 'extra' and sys_platform != "win32" or python_full_version>'3'""")
     assert odd.variables == frozenset({"platform_system", "sys_platform", "python_full_version"})
     assert not odd.for_extra
+    # a platform marker that never names Linux: not for the pyz (tqdm's colorama on Windows); one that may: kept
+    assert parse('colorama; platform_system == "Windows"').not_for_linux
+    assert parse("pywin32>=304; sys_platform == 'win32'").not_for_linux
+    assert not parse('uvloop; sys_platform == "linux" or sys_platform == "darwin"').not_for_linux
+    assert not parse('tomli>=1.1.0; python_version < "3.11"').not_for_linux
+    assert not odd.not_for_linux
 
 
 def test_compiled_only_packages_are_refused():

@@ -12,6 +12,7 @@ from . import containerd, docker, podman
 from .base import RunProgram, Traits
 
 if TYPE_CHECKING:
+    from ..nodeconfig import PartMaker
     from .base import Runner, Runtime
     from .kubelet import Kubelet
 
@@ -176,3 +177,8 @@ def refuse_without_run(traits: Traits) -> RunProgram:
                          hint="write a Pod for it: imgtool run-flags PRESET --format k8s > pod.yaml, then kubectl apply "
                               "-f pod.yaml; or choose another runtime with --runtime")
     return traits.run_program
+
+
+def mirror_parts() -> Tuple["PartMaker", ...]:
+    """Each room's node configuration for pulling from `imgtool serve`, in the order the script prints them."""
+    return (containerd.mirror_part, podman.mirror_part, docker.mirror_part)

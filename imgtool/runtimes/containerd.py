@@ -22,6 +22,7 @@ import tempfile
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import DaemonError, ProgramFailed, UsageError
+from ..nodeconfig import HUB, Mirror, NodeFile, RuntimePart, toml_string
 from ..model import Digest
 from ..program import Program
 from .base import Debris, ImageInfo, RuntimeInfo, Traits, Unfinished, tags_of
@@ -602,3 +603,34 @@ def _plugins(text: str, snapshotter: str) -> Tuple[Dict[str, str], str]:
         elif len(words) == 2 and words[0] == "root" and current:
             roots.setdefault(current, words[1])
     return roots, platforms.get(snapshotter, "")
+
+
+# --- what a node's containerd needs to pull from `imgtool serve` (nodeconfig.py asks each room) ------------------
+
+CERTS_D = "/etc/containerd/certs.d"  # containerd 2.x reads it by default; 1.6/1.7's CRI when config_path names it
+_HUB_SERVER = "https://registry-1.docker.io"  # containerd's name for Docker Hub's registry
+
+
+def mirror_part(mirror: Mirror) -> RuntimePart:
+    """A hosts.toml per upstream registry naming serve as its mirror (and the CA beside it under TLS)."""
+
+    files = []
+    for registry in mirror.registries:
+        server = _HUB_SERVER if registry == HUB else f"https://{registry}"
+        hosts = (f"server = {toml_string(server)}\n\n[host.{toml_string(mirror.url)}]\n"
+                 "  capabilities = [\"pull\", \"resolve\"]\n")
+        if mirror.tls:
+            hosts += "  ca = \"ca.crt\"\n"  # relative: the directory of this hosts.toml
+        files.append(NodeFile(f"{CERTS_D}/{registry}/hosts.toml", hosts))
+        if mirror.tls and mirror.ca_pem is not None:
+            files.append(NodeFile(f"{CERTS_D}/{registry}/ca.crt", mirror.ca_pem))
+    notes = (f"1.6 and 1.7 read these files only when /etc/containerd/config.toml has config_path = \"{CERTS_D}\" "
+             "under [plugins.\"io.containerd.grpc.v1.cri\".registry] (2.x reads them by default); a change to "
+             "hosts.toml needs no restart, one to config.toml does",
+             "pods keep their image names (quay.io/...:TAG or @sha256:...); the mirror is asked first, the upstream "
+             "registry only when it fails (unreachable offline)",
+             "k3s and RKE2 write these files themselves, from /etc/rancher/k3s/registries.yaml (rke2/registries.yaml): "
+             f"mirrors: {{{mirror.registries[0] if mirror.registries else 'quay.io'}: {{endpoint: [\"{mirror.url}\"]}}}}, "
+             "and restart")
+    return RuntimePart("containerd", "containerd (Kubernetes nodes; ctr --hosts-dir, crictl, the kubelet)",
+                       tuple(files), notes, f"{CERTS_D}/<registry>/ca.crt")

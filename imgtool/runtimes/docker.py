@@ -7,6 +7,7 @@ facts, load, image inspection, inventory, save, and container runs.
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 from ..errors import DaemonError, UsageError, one_line
+from ..nodeconfig import HUB, Mirror, NodeFile, RuntimePart
 from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
 
 
@@ -653,3 +654,37 @@ def _run_interactive(api, cid, spec, errors: tuple, APIError) -> int:  # noqa: N
         except errors:
             pass
     return api.wait(cid).get("StatusCode", 1)
+
+
+# --- what a node's Docker needs to pull from `imgtool serve` (nodeconfig.py asks each room) ----------------------
+
+DAEMON_JSON = "/etc/docker/daemon.json"
+
+
+def mirror_part(mirror: Mirror) -> RuntimePart:
+    """daemon.json's registry-mirrors (Docker Hub only) and insecure-registries, to merge; the CA under TLS; for
+    other registries, the pull-and-tag Docker needs instead."""
+    import json
+
+    daemon: dict = {}
+    if HUB in mirror.registries:
+        daemon["registry-mirrors"] = [mirror.url]
+    if not mirror.tls:
+        daemon["insecure-registries"] = [mirror.address]
+    files = [NodeFile(DAEMON_JSON, json.dumps(daemon, indent=2) + "\n", merge=True)] if daemon else []
+    ca_path = f"/etc/docker/certs.d/{mirror.address}/ca.crt"
+    if mirror.tls and mirror.ca_pem is not None:
+        files.append(NodeFile(ca_path, mirror.ca_pem))
+    notes = []
+    others = [(r, path) for r, path in mirror.images if r != HUB]
+    if others:
+        registry, path = others[0]
+        notes.append("registry-mirrors mirrors Docker Hub only: Docker cannot mirror "
+                     f"{', '.join(r for r in mirror.registries if r != HUB)}. Pull through this address by name instead "
+                     "(serve answers the path without the registry), then give it the upstream name:")
+        notes.append(f"  docker pull {mirror.address}/{path} && docker tag {mirror.address}/{path} {registry}/{path}")
+    if HUB in mirror.registries:
+        notes.append("Docker Hub images (docker.io) keep their names through registry-mirrors")
+    if not mirror.tls:
+        notes.append("plain HTTP needs insecure-registries (without it Docker speaks plain HTTP to 127.0.0.0/8 only)")
+    return RuntimePart("docker", "Docker", tuple(files), tuple(notes), ca_path)

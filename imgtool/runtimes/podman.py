@@ -22,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from ..nodeconfig import Mirror, NodeFile, RuntimePart, toml_string
 from ..fsutil import process_alive, remove_quietly
 from ..model import foreign_arch_warning, format_size
 from ..program import QUICK, Process, ProcessTimeout, Program
@@ -567,3 +568,24 @@ def _remove(path: str) -> bool:
         shutil.rmtree(path, ignore_errors=True)
         return not os.path.lexists(path)
     return remove_quietly(path)
+
+
+# --- what a node's Podman needs to pull from `imgtool serve` (nodeconfig.py asks each room) ----------------------
+
+PODMAN_DROP_IN = "/etc/containers/registries.conf.d/imgtool-serve.conf"
+
+
+def mirror_part(mirror: Mirror) -> RuntimePart:
+    """A registries.conf.d drop-in naming serve as each registry's mirror (and the CA under TLS)."""
+
+    entries = [f"[[registry]]\nprefix = {toml_string(registry)}\nlocation = {toml_string(registry)}\n\n"
+               f"[[registry.mirror]]\nlocation = {toml_string(mirror.address)}\n" + ("" if mirror.tls else "insecure = true\n")
+               for registry in mirror.registries]
+    files = [NodeFile(PODMAN_DROP_IN, "\n".join(entries))] if entries else []
+    ca_path = f"/etc/containers/certs.d/{mirror.address}/ca.crt"
+    if mirror.tls and mirror.ca_pem is not None:
+        files.append(NodeFile(ca_path, mirror.ca_pem))
+    notes = ("images keep their names; `podman pull quay.io/...` asks the mirror first (Podman 2.1+ reads "
+             "registries.conf.d; an older one: append the same lines to /etc/containers/registries.conf)",)
+    return RuntimePart("podman", "Podman, Buildah, CRI-O, skopeo (containers-registries.conf(5))", tuple(files), notes,
+                       ca_path)
