@@ -141,18 +141,32 @@ class _Placement:
             path = self.folder / entry
             if pid is not None and path.is_dir() and not path.is_symlink():
                 left.append((path.stat().st_mtime, path, pid))
-        for i, (_, path, pid) in enumerate(sorted(left, reverse=True)):
-            if i == 0:
+        mine = self._staging_for()
+        resumed = False
+        for _, path, pid in sorted(left, reverse=True):
+            try:
+                same = (path / "for").read_bytes() == mine
+            except OSError:
+                same = False
+            if same and not resumed:  # staged for this model at this commit: its files were checked against these
                 _make_writable(path)
                 os.rename(str(path), str(self.staging))
                 for scratch in ("partial", "links", "old"):
                     _remove_tree(self.staging / scratch)
                 self.done.notes.append(f"resumed the placement pid {pid} left in {path}")
+                resumed = True
             else:
                 size = _tree_size(path)
                 _remove_tree(path)
                 self.done.notes.append(f"removed {path} ({format_size(size)}), left by a stopped placement (pid {pid})")
         (self.staging / "tree").mkdir(parents=True, exist_ok=True)
+        if not resumed:
+            write_atomic(self.staging / "for", mine)
+
+    def _staging_for(self) -> bytes:
+        """What a staging directory is for: the name it will become and the commit whose sha256s its files were
+        checked against (a folder is shared: ModelScope's models/ORG holds every model of ORG)."""
+        return f"{self.name}\n{self.snapshot.commit}\n".encode()
 
     def _unchanged(self) -> bool:
         """Whether this snapshot is placed whole already (a second load of an unchanged model writes nothing)."""

@@ -260,6 +260,20 @@ def test_a_damaged_file_places_nothing_and_is_named(tmp_path, target):
     assert done.kept > 0 and done.notes and done.notes[0].startswith("resumed the placement pid ")
 
 
+def test_what_a_stopped_placement_of_another_commit_staged_is_never_taken_for_this_one(tmp_path):
+    # v1 and main differ in shard 2 alone, at the same path and size: v1's staged shard must not be kept for main
+    model = two_revisions(seed=48)
+    assert model.head.files[SHARD2].size == model.resolve("v1").files[SHARD2].size
+    with pytest.raises(PlacementDamaged):
+        place_model(snapshot_of(model, "v1"), "modelscope", tmp_path, reader(model.resolve("v1"), damage="tokenizer.json"))
+    [left] = [p for p in (tmp_path / "models" / "imgtool-test").iterdir() if p.name.startswith(STAGING_PREFIX)]
+    done = place_model(snapshot_of(model, "master"), "modelscope", tmp_path, reader(model.head))
+    assert done.kept == 0 and done.written == sum(f.size for f in model.head.files.values())
+    assert (done.path / SHARD2).read_bytes() == model.head.files[SHARD2].read()
+    assert len(done.notes) == 1 and done.notes[0].startswith(f"removed {left} (") and \
+        done.notes[0].endswith(f"), left by a stopped placement (pid {os.getpid()})")
+
+
 def test_not_enough_space_refuses_before_writing_and_force_tries_anyway(tmp_path):
     model = small_model(seed=48, shard_bytes=6 << 20)  # two 6 MiB shards: 12.0 MiB
     with small_fs(tmp_path / "disk", 12 << 20) as disk:
