@@ -274,6 +274,19 @@ def test_what_a_stopped_placement_of_another_commit_staged_is_never_taken_for_th
         done.notes[0].endswith(f"), left by a stopped placement (pid {os.getpid()})")
 
 
+def test_a_link_planted_where_a_blob_goes_is_replaced_never_written_through(tmp_path):
+    model = small_model(seed=48)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"x" * model.head.files[SHARD1].size)  # the blob's size: a size check through the link passes
+    blobs = tmp_path / "hub" / "models--imgtool-test--tiny-llm" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / model.head.files[SHARD1].sha256).symlink_to(victim)
+    done = place_model(snapshot_of(model), "hf", tmp_path / "hub", reader(model.head))
+    blob = blobs / model.head.files[SHARD1].sha256
+    assert not blob.is_symlink() and blob.read_bytes() == model.head.files[SHARD1].read()
+    assert victim.read_bytes() == b"x" * model.head.files[SHARD1].size and done.kept == 0
+
+
 def test_not_enough_space_refuses_before_writing_and_force_tries_anyway(tmp_path):
     model = small_model(seed=48, shard_bytes=6 << 20)  # two 6 MiB shards: 12.0 MiB
     with small_fs(tmp_path / "disk", 12 << 20) as disk:
