@@ -294,6 +294,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("IMGTOOL_CACHE") or os.path.expanduser("~/.cache/imgtool"))
 
 
+def _client_path(value: str) -> str:
+    return os.path.expandvars(os.path.expanduser(value))  # as the hub clients read their cache variables
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face cache models are placed into, where huggingface_hub looks (its constants.py): `$HF_HUB_CACHE`,
+    else the older `$HUGGINGFACE_HUB_CACHE`, else `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
+    `~/.cache/huggingface/hub`."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                     "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(_client_path(home), "hub")
+    return Path(_client_path(hub))
+
+
+def modelscope_cache() -> Path:
+    """The ModelScope cache models are placed into: `$MODELSCOPE_CACHE`, else its older alias `$MS_CACHE_HOME`, else
+    `~/.cache/modelscope/hub`: where modelscope <= 1.37 keeps models, and where the current client (cache
+    `~/.cache/modelscope`) looks first (placement.py says why)."""
+    value = os.environ.get("MODELSCOPE_CACHE") or os.environ.get("MS_CACHE_HOME") or "~/.cache/modelscope/hub"
+    return Path(_client_path(value))
+
+
 def read_timeout() -> float:
     """Seconds a blob or manifest read may stall: `$IMGTOOL_READ_TIMEOUT`, default 60. Raises UsageError."""
     return _seconds("IMGTOOL_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)

@@ -152,7 +152,7 @@ def _busy(directory: Path, holder: str) -> DirectoryBusy:
     if verb == "serve" and pid.isdigit():
         return DirectoryBusy(f"{directory} is being served by imgtool serve (pid {pid}); it was not changed",
                              hint="stop that server first, or write the new bundle to another --output", holder=holder)
-    if verb in ("fetch", "export") and pid.isdigit():
+    if verb in ("fetch", "export", "load") and pid.isdigit():
         return DirectoryBusy(f"{directory} is being written by imgtool {verb} (pid {pid}); nothing was done",
                              hint="wait for it to finish, or choose another directory", holder=holder)
     return DirectoryBusy(f"{directory} is in use by another imgtool run (its lock file {LOCK_NAME} names none); "
