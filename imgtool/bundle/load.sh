@@ -502,10 +502,11 @@ kube_from_args() {  # $1: the kubelet's arguments, one a line; $2: where they we
 }
 # shellcheck disable=SC2012  # the namespace a link names, from POSIX ls (readlink is not POSIX)
 ns_of() { ls -l "/proc/$1/ns/$2" 2>/dev/null | sed -n 's/.* -> //p'; }
-same_namespaces() {  # where they cannot be compared (not root), the kubelet is taken as this node's
+same_namespaces() {  # where they cannot be compared (not root), the kubelet is taken as this node's; gone: none
     for ns in pid mnt; do
         theirs=$(ns_of "$1" "$ns"); ours=$(ns_of self "$ns")
-        [ -z "$theirs" ] || [ -z "$ours" ] || [ "$theirs" = "$ours" ] || return 1
+        if [ -z "$theirs" ]; then [ "$(id -u)" != 0 ] || return 1; continue; fi
+        [ -z "$ours" ] || [ "$theirs" = "$ours" ] || return 1
     done
 }
 kube_found=""  # "pid runtime endpoint" of each of root's kubelets, a line each
