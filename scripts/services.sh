@@ -90,6 +90,7 @@ openssh-client ssh-keygen
 containerd ctr
 podman podman
 util-linux unshare
+shellcheck shellcheck
 EOF
     [ "${#missing[@]}" -eq 0 ] && return 0
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)

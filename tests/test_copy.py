@@ -182,6 +182,8 @@ def test_a_delta_cut_offline_from_a_full_bundle_loads_where_its_base_is(services
 def test_the_pyz_cuts_a_bundle_again_on_kylins_python(factory, tmp_path):
     """bundle → bundle is offline work: imgtool.pyz on Python 3.7 (isolated, stdlib only) cuts a bundle into other
     parts and the result is the same archive, checked by 3.11's verify."""
+    from imgtool.bundle import loadsh
+    from imgtool.bundle.reader import read_index
     from tests.support.bundles import BlobDir, write
     from tests.test_selfbundle import old_python, run_clean
 
@@ -196,6 +198,10 @@ def test_the_pyz_cuts_a_bundle_again_on_kylins_python(factory, tmp_path):
     assert r.returncode == 0, r.stderr
     assert imgtool("verify", str(tmp_path / "out")).returncode == 0
     assert _archive_sha(tmp_path / "out")[0] == _archive_sha(src)[0]
+    # load.sh is the package's shell file with the bundle's parameters (bundle/loadsh.py), carried in the pyz:
+    # the one 3.7 wrote is the one this checkout writes
+    index, _ = read_index(tmp_path / "out")
+    assert (tmp_path / "out" / "load.sh").read_bytes() == loadsh.load_sh(index)
 
 
 def test_a_signed_source_is_signed_again_with_sign_key_or_the_copy_says_it_is_unsigned(factory, tmp_path):

@@ -8,6 +8,7 @@ Podman), never docker; the same test runs on every runtime.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -558,17 +559,63 @@ def test_load_sh_takes_only_roots_kubelet_and_reads_its_files_as_imgtool_does(ca
 
 
 def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
-    """The caps on what load.sh reads of the host are kubelet.py's numbers, written into it: every `head -c` of the
-    kubelet's block reads one of them (a config file: no more than the size it has, itself within MAX_FILE)."""
+    """The caps on what load.sh reads of the host are kubelet.py's numbers, written into its parameters: every
+    `head -c` of the shell file reads one of them (a config file: no more than the size it has, itself within
+    MAX_FILE), and the file itself holds no such number."""
     import re
 
     from imgtool.bundle import loadsh
     from imgtool.runtimes import kubelet
+    from tests.test_text import BENIGN, zstd_index
 
-    caps = re.findall(r"head -c (\S+)", loadsh.KUBELET)
-    assert sorted(caps) == sorted([str(kubelet.MAX_COMM), str(kubelet.MAX_FILE), str(kubelet.MAX_STATUS), '"$kube_size"'])
-    assert f'[ "$kube_size" -gt {kubelet.MAX_FILE} ]' in loadsh.KUBELET
-    assert "@" not in loadsh.KUBELET.replace("$@", "")  # every number put in
+    text = loadsh.template()
+    caps = re.findall(r"head -c (\S+)", text)
+    assert sorted(caps) == ['"$kube_max_comm"', '"$kube_max_file"', '"$kube_max_status"', '"$kube_size"']
+    assert '[ "$kube_size" -gt "$kube_max_file" ]' in text
+    written = loadsh.load_sh(zstd_index(BENIGN)).decode()
+    for name, cap in (("kube_max_file", kubelet.MAX_FILE), ("kube_max_comm", kubelet.MAX_COMM),
+                      ("kube_max_status", kubelet.MAX_STATUS)):
+        assert f"\n{name}={cap}\n" in written, name
+
+
+def _shellcheck(*paths: Path) -> subprocess.CompletedProcess:
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed: scripts/services.sh packages installs it (Debian's shellcheck)"
+    return subprocess.run([shellcheck, "--shell=sh", "--format=gcc", *map(str, paths)], capture_output=True,
+                          text=True, timeout=HANG)
+
+
+def test_load_sh_is_one_shell_file_shellcheck_finds_nothing_in_as_written_or_as_filled_in(tmp_path):
+    """load.sh is a shell file of the package (imgtool/bundle/load.sh) with one block of parameters, which
+    loadsh.py fills in for a bundle: shellcheck (as POSIX sh) finds nothing in the file, nor in what is written for
+    bundles that use every part of it (a delta, zstd layers, a tag for several architectures, a gzip archive, no
+    pyz; values with quotes, dollars and backquotes); and nothing but the block differs from the file."""
+    import dataclasses
+
+    from imgtool.bundle import loadsh
+    from imgtool.bundle.format import Archive
+    from tests.test_text import delta_index, platform_index, zstd_index
+
+    template = loadsh.template()
+    shell_file = Path(loadsh.__file__).with_name("load.sh")
+    assert shell_file.read_text() == template
+    r = _shellcheck(shell_file)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    hostile = "it's $(touch owned) `x` \\ \" %s"  # shellcheck runs a few seconds a file: one of each kind
+    delta = delta_index(hostile)
+    indexes = {"delta-gzip-no-pyz": dataclasses.replace(delta, archive=Archive("b.tar.gz", "gzip", 1034, "2" * 64, 5000),
+                                                        files=()),
+               "zstd": zstd_index(hostile), "multiarch": platform_index(hostile)}
+    written = []
+    for name, index in indexes.items():
+        path = tmp_path / f"{name}.sh"
+        path.write_bytes(loadsh.load_sh(index))
+        written.append(path)
+        text = path.read_text()
+        assert text.split(loadsh.BEGIN)[0] == template.split(loadsh.BEGIN)[0]
+        assert text.split(loadsh.END)[1] == template.split(loadsh.END)[1]
+    r = _shellcheck(*written)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
 
 
 def test_a_containerd_socket_that_never_answers_is_given_up_on_as_quickly_as_imgtool_does(factory, tmp_path):

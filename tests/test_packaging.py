@@ -71,3 +71,6 @@ def test_non_editable_install_into_a_fresh_venv(tmp_path):
     builtin = subprocess.run([str(venv / "bin/python"), "-c", "from imgtool.config import load_mirrors; print(load_mirrors().path)"],
                              capture_output=True, text=True, env=env, cwd=tmp_path)
     assert str(venv) in builtin.stdout  # mirrors.toml shipped in the package
+    shell = subprocess.run([str(venv / "bin/python"), "-c", "from imgtool.bundle import loadsh; print(loadsh.template())"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert shell.stdout.startswith("#!/bin/sh\n"), shell.stderr  # load.sh's text shipped in the package

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from imgtool.bundle import texts
+from imgtool.bundle import loadsh, texts
 from imgtool.bundle.format import Archive, BundleImage, BundleIndex, Layer, Part
 from imgtool.delta import chain_ids
 from imgtool.model import DOCKER_LAYER_GZIP, DOCKER_MANIFEST, OCI_LAYER_ZSTD, Digest, Platform
@@ -177,11 +177,11 @@ _BENIGN_RUNS: Dict[Tuple[str, str, Tuple[str, ...]], Run] = {}
 
 
 def same_as_benign(make, value: str, runtime: str, args: Tuple[str, ...] = ()) -> None:
-    script = texts.load_sh(make(value))
+    script = loadsh.load_sh(make(value))
     assert subprocess.run(["sh", "-n"], input=script, capture_output=True, timeout=30).returncode == 0
     key = (make.__name__, runtime, args)
     if key not in _BENIGN_RUNS:
-        _BENIGN_RUNS[key] = run_load_sh(texts.load_sh(make(BENIGN)), runtime, args)
+        _BENIGN_RUNS[key] = run_load_sh(loadsh.load_sh(make(BENIGN)), runtime, args)
     hostile = run_load_sh(script, runtime, args)
     assert hostile == _with(value, _BENIGN_RUNS[key])
     assert not hostile[4], "load.sh created a file"
@@ -190,18 +190,18 @@ def same_as_benign(make, value: str, runtime: str, args: Tuple[str, ...] = ()) -
 def test_the_benign_runs_reach_the_values():
     """The scenarios below exercise the lines that carry the values: the base check asks for the image by its
     name, the zstd refusal, the platform check and the multi-arch refusal name them."""
-    code, _, err, calls, _ = run_load_sh(texts.load_sh(delta_index(BENIGN)), "docker")
+    code, _, err, calls, _ = run_load_sh(loadsh.load_sh(delta_index(BENIGN)), "docker")
     assert code == 1 and [b"image", b"inspect", BENIGN.encode()] in calls, err
     assert f"Docker lacks one of {BENIGN}, base:v0; load that image".encode() in err
-    code, _, err, _, _ = run_load_sh(texts.load_sh(delta_index(BENIGN)), "containerd")
+    code, _, err, _, _ = run_load_sh(loadsh.load_sh(delta_index(BENIGN)), "containerd")
     assert code == 1 and f"containerd (namespace k8s.io) lacks one of {BENIGN}, base:v0;".encode() in err, err
-    code, _, err, _, _ = run_load_sh(texts.load_sh(zstd_index(BENIGN)), "docker")
+    code, _, err, _, _ = run_load_sh(loadsh.load_sh(zstd_index(BENIGN)), "docker")
     assert code == 5 and f"zstd-compressed layers ({BENIGN}), which Docker 20.10.7 cannot read".encode() in err, err
-    code, _, err, calls, _ = run_load_sh(texts.load_sh(platform_index(BENIGN)), "docker")
+    code, _, err, calls, _ = run_load_sh(loadsh.load_sh(platform_index(BENIGN)), "docker")
     assert code == 0 and [b"tag", str(d(202)).encode(), b"quay.io/a/b:v1"] in calls, err
-    code, _, err, _, _ = run_load_sh(texts.load_sh(platform_index(BENIGN)), "containerd")
+    code, _, err, _, _ = run_load_sh(loadsh.load_sh(platform_index(BENIGN)), "containerd")
     assert code == 5 and b"holds quay.io/a/b:v1 for several architectures" in err, err
-    code, _, err, _, _ = run_load_sh(texts.load_sh(foreign_index(BENIGN)), "containerd")
+    code, _, err, _, _ = run_load_sh(loadsh.load_sh(foreign_index(BENIGN)), "containerd")
     assert code == 1 and f"(it holds linux/{BENIGN}/v8), and containerd".encode() in err, err
 
 

@@ -1,419 +1,19 @@
-"""The two files of a bundle meant for people and plain shells: load.sh and README.txt."""
+"""README.txt, the file of a bundle meant for people, and the words it shares with load.sh (bundle/loadsh.py)."""
 
-from typing import Dict, List, Sequence
+from typing import List
 
 from .. import __version__
-from ..delta import describe_requirements, requirements
 from ..model import FAT32_MAX, format_size
-from ..sshsig import NAMESPACE
-from ..text import for_terminal, sh_quote
-from . import loadsh
-from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
+from ..text import for_terminal
+from .format import BUNDLE_JSON, LOAD_SH, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex
 from .hostcheck import zstd_layer_refs
-
-_DECOMPRESS = {"none": None, "gzip": "gzip -dc", "zstd": "zstd -dc"}
-#: what to do about zstd layers on Docker before 23.0 (load.sh, load, doctor)
-ZSTD_REMEDY = ("upgrade Docker to 23.0 or later, or fetch the image again with imgtool fetch --layers compat "
-               "(the default), which rewrites zstd layers as gzip: this bundle kept the registry's zstd bytes")
-
-
-def load_sh(index: BundleIndex) -> bytes:
-    """A POSIX sh loader for hosts without Python: check SHA256SUMS, then cat parts | docker load (or
-    ctr images import, or podman load).
-
-    Every value of bundle.json reaches the script through `text.sh_quote` (or is an int), and only where the
-    script needs it: a value is data to sh, never code (docs/security.md)."""
-    parts = " ".join(sh_quote(p.name) for p in index.parts)
-    sizes = "\n".join(f"check_size {sh_quote(p.name)} {int(p.size)}" for p in index.parts)
-    decompress = _DECOMPRESS[index.archive.compression]
-    tool = decompress.split()[0] if decompress else ""
-    need_tool = "" if not decompress else f"""
-if ! command -v {tool} >/dev/null 2>&1; then
-    echo "load.sh: error: {tool} is not installed; the archive is {index.archive.compression}-compressed" >&2
-    echo "load.sh: install {tool}, or use: imgtool load \\"$here\\"" >&2
-    exit 1
-fi
-"""
-    pipe = f"cat -- {parts} | {decompress} | load_into" if decompress else f"cat -- {parts} | load_into"
-    text = f"""#!/bin/sh
-# Load this imgtool bundle into Docker, containerd or Podman on a host without Python or imgtool.
-# Written by imgtool {__version__}. README.txt and bundle.json list the images.
-set -u
-
-usage() {{
-    cat <<'EOF'
-usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]
-
-Checks every file of this bundle against SHA256SUMS (naming any damaged or
-missing part; without a SHA256SUMS naming every part, against the sha256
-bundle.json gives for each, else it refuses: exit 3), checks that the runtime
-has room for the images, then streams the parts in order into the runtime.
-On a Kubernetes node it loads where the kubelet reads images, as its
-configuration says (a kubelet process's flags, /var/lib/kubelet, /etc/crictl.yaml,
-k3s/RKE2 and MicroK8s sockets): its containerd at that socket, namespace k8s.io,
-unpacked and pinned (io.cri-containerd.pinned=pinned; --no-pin: not), or Docker
-for cri-dockerd; and it says why. Elsewhere, the first of:
-  docker       `docker load`, when the docker command is there and its daemon answers;
-  containerd   else `ctr images import` (a Kubernetes node): the socket is
-               $CONTAINERD_ADDRESS (default /run/containerd/containerd.sock), the
-               namespace $CONTAINERD_NAMESPACE (default k8s.io, the kubelet's), as ctr
-               reads them; only this host's platform is imported and unpacked;
-  podman       else `podman load`.
-It prints the runtime it chose; with none of them it says why for each and exits 5.
---runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other.
---force loads even when the runtime's root seems to lack the room (exit 1 without).
-A failed ctr import leaves nothing: what it recorded is removed.
-Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
-Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
-~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
-finds it) it checks bundle.json.sig with `ssh-keygen -Y verify` and every file
-against the signed bundle.json, and refuses (exit 3) an unsigned bundle, a bad
-signature, or a key not listed; without a policy a present signature must still
-be good.
-This script protects against DAMAGE only: whoever can edit the bundle can edit
-load.sh (and imgtool.pyz) too. Against an edited bundle, load it with the host's
-installed imgtool (README.txt, "Who checks the bundle"):  imgtool load .
-
-{_ways(index, "en")}
-
-用法: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force]
-先按 SHA256SUMS 校验本目录的每个文件（指出损坏或缺失的分卷；SHA256SUMS 缺失或未列出每个分卷时，按 bundle.json
-给出的 sha256 校验，两者都不行则拒绝导入，退出码 3），再检查运行时的存储目录空间是否足够，然后按顺序把分卷送入容器运行时。
-在 Kubernetes 节点上，按 kubelet 的配置（kubelet 进程的参数、/var/lib/kubelet、/etc/crictl.yaml、k3s/RKE2 与
-MicroK8s 的套接字）导入 kubelet 读取镜像的地方：它的 containerd（该套接字，命名空间 k8s.io，解压并固定，
-即 io.cri-containerd.pinned=pinned；--no-pin 则不固定），或 cri-dockerd 对应的 Docker，并说明原因。其他主机依次尝试：
-  docker       有 docker 命令且其守护进程有响应时，用 `docker load`；
-  containerd   否则用 `ctr images import`（Kubernetes 节点）：套接字为 $CONTAINERD_ADDRESS
-               （默认 /run/containerd/containerd.sock），命名空间为 $CONTAINERD_NAMESPACE
-               （默认 k8s.io，即 kubelet 使用的），与 ctr 读取的变量相同；只导入并解压本机平台的镜像；
-  podman       否则用 `podman load`。
-会打印所选的运行时；三者都没有时逐一说明原因并以退出码 5 结束。
---runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。
---force：运行时存储目录空间看似不足时仍然导入（不加时退出码 1）。ctr 导入失败时，会删除这次导入记录的内容。
-可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
-签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
-~/.config/imgtool/allowed_signers、/etc/imgtool/allowed_signers），先用 `ssh-keygen -Y verify` 校验
-bundle.json.sig，并按已签名的 bundle.json 校验每个文件；未签名、签名无效或签名密钥不在文件中时拒绝导入
-（退出码 3）；没有策略时，已有的签名也必须有效。
-本脚本只能防范损坏：能改动镜像包的人也能改动 load.sh（和 imgtool.pyz）。要防范被改动的镜像包，
-请用主机上安装好的 imgtool 导入（见 README.txt “谁来校验镜像包”）：imgtool load .
-
-{_ways(index, "zh")}
-EOF
-}}
-
-runtime=${{IMGTOOL_RUNTIME:-auto}}
-no_pin=""
-force=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        -h|--help) usage; exit 0 ;;
-        --no-pin) no_pin=1; shift ;;
-        --force) force=1; shift ;;
-        --runtime=*) runtime=${{1#--runtime=}}; shift ;;
-        --runtime)
-            if [ $# -lt 2 ]; then echo "load.sh: error: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
-            runtime=$2; shift 2 ;;
-        *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
-    esac
-done
-case "$runtime" in
-    auto|docker|containerd|podman) ;;
-    *) echo "load.sh: error: unknown runtime '$runtime' (--runtime or IMGTOOL_RUNTIME): docker, containerd, podman or auto" >&2
-       exit 2 ;;
-esac
-
-here=$(dirname "$0")
-# The allowed_signers policy, found as imgtool finds it: $IMGTOOL_SIGNERS, then the user's
-# ~/.config/imgtool/allowed_signers, then the site's /etc/imgtool/allowed_signers.
-signers=${{IMGTOOL_SIGNERS:-}}
-if [ -n "$signers" ]; then
-    case "$signers" in /*) ;; *) signers="$(pwd)/$signers" ;; esac
-    if [ ! -f "$signers" ]; then
-        echo "load.sh: error: \\$IMGTOOL_SIGNERS $signers: no such file" >&2
-        echo "load.sh: an OpenSSH allowed_signers file: one line per key, NAME KEYTYPE BASE64" >&2
-        exit 2
-    fi
-else
-    for f in "${{HOME:+$HOME/.config/imgtool/allowed_signers}}" /etc/imgtool/allowed_signers; do
-        [ -n "$f" ] || continue
-        if [ -f "$f" ]; then signers=$f; break; fi
-        if [ -e "$f" ] || [ -L "$f" ]; then
-            echo "load.sh: error: $f is not a regular file (an allowed_signers policy must be one)" >&2
-            exit 2
-        fi
-    done
-fi
-cd "$here" || exit 1
-DOCKER=${{DOCKER:-docker}}
-CTR=${{CTR:-ctr}}
-PODMAN=${{PODMAN:-podman}}
-address=${{CONTAINERD_ADDRESS:-}}  # else the kubelet's, else /run/containerd/containerd.sock
-namespace=${{CONTAINERD_NAMESPACE:-k8s.io}}
-
-# Nothing is read that is not a regular file: a FIFO, or a link to /dev/zero, would be read forever.
-not_regular() {{
-    echo "load.sh: error: $1 is not a regular file; re-copy it from the source medium; nothing was loaded" >&2
-    exit 3
-}}
-for f in {BUNDLE_JSON} {SHA256SUMS} {SIGNATURE}; do
-    if [ -e "$f" ] || [ -L "$f" ]; then [ -f "$f" ] || not_regular "$f"; fi
-done
-check_size() {{
-    if [ -e "$1" ] || [ -L "$1" ]; then
-        [ -f "$1" ] || not_regular "$1"
-        size=$(ls -lnL -- "$1" | awk '{{ print $5 }}')
-        if [ "$size" != "$2" ]; then
-            echo "load.sh: error: $1 is $size bytes, {BUNDLE_JSON} says $2; re-copy it from the source medium; nothing was loaded" >&2
-            exit 3
-        fi
-    fi
-}}
-{sizes}
-if [ -f {SHA256SUMS} ]; then
-    while read -r sum name; do
-        name=${{name#\\*}}
-        if [ -e "$name" ] || [ -L "$name" ]; then [ -f "$name" ] || not_regular "$name"; fi
-    done <{SHA256SUMS}
-fi
-{_signature_check()}{loadsh.sums_choice(index)}
-if [ -z "$sums_file" ]; then
-    :  # a signed bundle: every file was checked against the signed {BUNDLE_JSON}
-elif command -v sha256sum >/dev/null 2>&1; then
-    [ "$sums_file" = - ] || echo "load.sh: checking the files against {SHA256SUMS} ..." >&2
-    bad=$(printf '%s\n' "${{sums:-}}" | sha256sum -c "$sums_file" 2>/dev/null | grep -v ': OK$')
-    # a file that is there and cannot be opened is a permission problem (re-copying it would not help)
-    unreadable=$(printf '%s\n' "$bad" | sed -n 's/: FAILED open or read$//p' | while IFS= read -r f; do
-        if [ -e "$f" ]; then printf '%s\n' "$f"; fi
-    done)
-    if [ -n "$unreadable" ]; then
-        echo "load.sh: error: these files cannot be read by this user (a permission problem: they are not damaged):" >&2
-        printf '%s\n' "$unreadable" | sed 's/^/    /' >&2
-        echo "load.sh: let this user read them (chmod a+r FILE, or chown it), or run load.sh as their owner; nothing was loaded" >&2
-        exit 3
-    fi
-    if [ -n "$bad" ]; then
-        echo "load.sh: error: these files are damaged or missing:" >&2
-        echo "$bad" | sed 's/^/    /' >&2
-        echo "load.sh: re-copy them from the source medium, then run load.sh again" >&2
-        exit 3
-    fi
-else
-    echo "load.sh: error: sha256sum not found: cannot check the parts; nothing was loaded" >&2
-    echo "load.sh: install coreutils (or busybox), which brings sha256sum; or load with imgtool" >&2
-    exit 3
-fi
-{need_tool}{_RUNTIME_CHOICE}{_platform_check(index)}{_zstd_layers_check(index)}{_base_check(index)}{_multiarch_check(index)}{loadsh.space_check(index)}{loadsh.forget()}{loadsh.before_import()}
-echo "load.sh: loading {len(index.images)} image(s) into $runtime ..." >&2
-{pipe}
-status=$?
-if [ "$status" -ne 0 ]; then
-    echo "load.sh: error: $loader failed (exit $status)" >&2
-    [ "$runtime" != containerd ] || forget
-    exit "$status"
-fi
-{loadsh.pin(index)}{_tag_multiarch(index)}echo "load.sh: done" >&2
-"""
-    return text.encode()
-
-
-_SIGNATURE_CHECK = r"""
-# Signed bundles: under an allowed_signers policy, bundle.json must carry a good signature by a key
-# listed there; without one, a signature that is there must still be good (as imgtool checks it). A
-# good signature makes every file answer to the signed bundle.json (SHA256SUMS is not signed).
-refuse() {
-    echo "load.sh: error: $1; nothing was loaded" >&2
-    [ -z "${2:-}" ] || echo "load.sh: $2" >&2
-    exit 3
-}
-signed=""
-if [ -z "$signers" ] && [ -f @SIG@ ]; then
-    if command -v ssh-keygen >/dev/null 2>&1; then
-        if ! found=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>/dev/null); then
-            why=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>&1 >/dev/null | tr -d '\r' | tail -n 1)
-            refuse "bad signature: @SIG@ does not match @JSON@ or is not an imgtool bundle signature (ssh-keygen: $why)" \
-                "copy @JSON@ and @SIG@ again from the source medium"
-        fi
-        echo "load.sh: @JSON@ is signed by $(printf '%s\n' "$found" | sed 's/.* with //') (good signature; no allowed_signers policy here, so who signed was not checked)" >&2
-        signed=1
-    else
-        echo "load.sh: warning: @SIG@ was not checked: ssh-keygen not found (no allowed_signers policy here, so this is not a refusal)" >&2
-    fi
-fi
-if [ -n "$signers" ]; then
-    [ -r "$signers" ] || refuse "$signers cannot be read"
-    command -v ssh-keygen >/dev/null 2>&1 || \
-        refuse "cannot check @SIG@: ssh-keygen not found, and $signers requires a signature" \
-            "install OpenSSH's client tools (openssh-client / openssh), which bring ssh-keygen"
-    [ -f @SIG@ ] || refuse "not signed (no @SIG@), and $signers requires a signature by a key it lists" \
-        "sign it where it was made: imgtool sign DIR --sign-key KEY"
-    signer=""
-    set -f
-    while IFS= read -r line || [ -n "$line" ]; do
-        line=${line#"${line%%[! 	]*}"}
-        case "$line" in ''|'#'*) continue ;; esac
-        names=$(printf '%s\n' "${line%%[ 	]*}" | tr -d '"')
-        old_ifs=$IFS
-        IFS=,
-        for name in $names; do
-            case "$name" in ''|'!'*) continue ;; esac
-            if ssh-keygen -Y verify -f "$signers" -I "$name" -n @NS@ -s @SIG@ <@JSON@ >/dev/null 2>&1; then
-                signer=$name
-                break
-            fi
-        done
-        IFS=$old_ifs
-        [ -z "$signer" ] || break
-    done <"$signers"
-    set +f
-    if [ -z "$signer" ]; then
-        if found=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>/dev/null); then
-            refuse "signed by a key not in $signers: $(printf '%s\n' "$found" | sed 's/.* with //')" \
-                "if that key is your release engineer's, add its public key to $signers"
-        fi
-        why=$(ssh-keygen -Y check-novalidate -n @NS@ -s @SIG@ <@JSON@ 2>&1 >/dev/null | tr -d '\r' | tail -n 1)
-        refuse "bad signature: @SIG@ does not match @JSON@ or is not an imgtool bundle signature (ssh-keygen: $why)" \
-            "copy @JSON@ and @SIG@ again from the source medium"
-    fi
-    echo "load.sh: @JSON@ is signed by $signer ($signers)" >&2
-    signed=1
-fi
-if [ -n "$signed" ]; then
-    command -v sha256sum >/dev/null 2>&1 || refuse "sha256sum not found: cannot check the files against the signed @JSON@"
-    sums=$(awk '/^  "(parts|files)": \[/ { s = 1; next } /^  []]/ { s = 0 }
-        s && /"name": "/ { n = $2; gsub(/[",]/, "", n) }
-        s && /"sha256": "/ { h = $2; gsub(/[",]/, "", h); print h "  " n }' @JSON@)
-    bad=$(printf '%s\n' "$sums" | sha256sum -c - 2>/dev/null | grep -v ': OK$')
-    if [ -n "$bad" ] || [ -z "$sums" ]; then
-        echo "load.sh: error: these files do not match the signed @JSON@:" >&2
-        printf '%s\n' "${bad:-    (no files listed)}" | sed 's/^/    /' >&2
-        refuse "the bundle was changed after it was signed" "re-copy them from the source medium, then run load.sh again"
-    fi
-fi
-"""
-
-
-def _signature_check() -> str:
-    return _SIGNATURE_CHECK.replace("@SIG@", SIGNATURE).replace("@JSON@", BUNDLE_JSON).replace("@NS@", NAMESPACE)
-
-
-_RUNTIME_CHOICE_SH = r"""
-# The runtime: Docker when its daemon answers, else containerd (a Kubernetes node) when ctr and its
-# socket are there, else Podman; --runtime / IMGTOOL_RUNTIME names one. Every question asked of a
-# runtime has a time limit (where coreutils' timeout is there); the load itself has none, as docker load.
-bounded() {
-    if command -v timeout >/dev/null 2>&1; then timeout 60 "$@"; else "$@"; fi
-}
-# containerd is asked first what imgtool asks it first, `ctr version`, within imgtool's 30 s (ctr itself gives up
-# on a socket that accepts and never answers after 10 s, as under imgtool), in imgtool's words: a socket that does
-# not answer is said once, not met again by every later question (each of which would wait 10 s more).
-ctr_answers() {
-    if command -v timeout >/dev/null 2>&1; then
-        said=$(timeout 30 $CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
-    else
-        said=$($CTR -a "$address" -n "$namespace" version 2>&1 >/dev/null)
-    fi
-    status=$?
-    [ "$status" -ne 0 ] || return 0
-    said=$(printf '%s\n' "$said" | tr -d '\r' | sed '/^$/d' | tail -n 1)
-    if [ "$status" -eq 124 ] || [ -z "$said" ]; then echo "containerd: \`ctr version\` did not finish within 30 s"
-    else echo "cannot reach containerd at $address: $said"; fi
-}
-why_not() {
-    case "$1" in
-        docker)
-            if ! command -v "${DOCKER%% *}" >/dev/null 2>&1; then echo "not installed"
-            elif ! bounded $DOCKER version >/dev/null 2>&1; then echo "its daemon does not answer"; fi ;;
-        containerd)
-            if ! command -v "${CTR%% *}" >/dev/null 2>&1; then echo "no ctr command"
-            elif [ ! -S "$address" ]; then echo "no socket at $address"
-            else ctr_answers; fi ;;
-        podman)
-            command -v "${PODMAN%% *}" >/dev/null 2>&1 || echo "not installed" ;;
-    esac
-}
-@KUBELET@
-if [ "$runtime" = auto ]; then
-    skipped=""
-    for candidate in docker containerd podman; do
-        why=$(why_not "$candidate")
-        if [ -z "$why" ]; then runtime=$candidate; break; fi
-        skipped="$skipped${skipped:+, }$candidate: $why"
-    done
-    if [ "$runtime" = auto ]; then
-        echo "load.sh: error: no container runtime to load into ($skipped); nothing was loaded" >&2
-        echo "load.sh: start Docker, or set CONTAINERD_ADDRESS to containerd's socket, or install Podman (--runtime picks one)" >&2
-        exit 5
-    fi
-else
-    why=$(why_not "$runtime")
-    because=""
-    if [ -n "$follows" ] && [ "$runtime" = containerd ]; then because="the kubelet's, from $kube_source"
-    elif [ -n "$follows" ]; then because="the kubelet's, through cri-dockerd at $kube_endpoint, from $kube_source"; fi
-    if [ -n "$why" ] && [ -n "$follows" ]; then
-        at=""; [ "$runtime" != containerd ] || at=" at $address"
-        echo "load.sh: error: the kubelet's runtime does not answer: $runtime$at ($because): $why; nothing was loaded" >&2
-        echo "load.sh: start it, or choose another runtime with --runtime (Pods will not find the images there)" >&2
-        exit 5
-    fi
-    if [ -n "$why" ]; then
-        echo "load.sh: error: cannot load into $runtime (--runtime or IMGTOOL_RUNTIME): $why; nothing was loaded" >&2
-        exit 5
-    fi
-    skipped=$because
-fi
-case "$(uname -m)" in
-    x86_64|amd64) arch=amd64; platform=linux/amd64 ;;
-    aarch64|arm64|armv8*) arch=arm64; platform=linux/arm64 ;;
-    armv7*|armhf) arch=arm; platform=linux/arm/v7 ;;
-    i?86) arch=386; platform=linux/386 ;;
-    loongarch64) arch=loong64; platform=linux/loong64 ;;
-    *) arch=$(uname -m); platform=linux/$arch ;;
-esac
-case "$runtime" in
-    docker) loader="docker load"; lacks="Docker"; where="docker" ;;
-    containerd) loader="ctr images import"; lacks="containerd (namespace $namespace)"
-        where="containerd at $address, namespace $namespace, platform $platform" ;;
-    podman) loader="podman load"; lacks="Podman"; where="podman" ;;
-esac
-echo "load.sh: runtime: $where${skipped:+ ($skipped)}" >&2
-load_into() {
-    case "$runtime" in
-        docker) $DOCKER load ;;
-        containerd) $CTR -a "$address" -n "$namespace" images import --platform "$platform" - ;;
-        podman) $PODMAN load ;;
-    esac
-}
-"""
-
-
-_RUNTIME_CHOICE = _RUNTIME_CHOICE_SH.replace("@KUBELET@", loadsh.KUBELET)
-
-
-def _platform_check(index: BundleIndex) -> str:
-    """ctr imports only the host's platform, and fails after the whole upload when the bundle has none
-    ("image might be filtered out"): say so before."""
-    arches = sorted({im.platform.architecture for im in index.images})
-    held = ", ".join(sorted({str(im.platform) for im in index.images}))
-    return f"""
-if [ "$runtime" = containerd ]; then
-    held={sh_quote(held)}
-    case "$arch" in
-        {"|".join(sh_quote(a) for a in arches)}) ;;
-        *) printf "load.sh: error: this bundle holds no image for this host's platform %s (it holds %s), and containerd imports only the host's; nothing was loaded\\n" "$platform" "$held" >&2
-           echo "load.sh: fetch it again with --arch $arch" >&2
-           exit 1 ;;
-    esac
-fi
-"""
-
 
 def has_tool(index: BundleIndex) -> bool:
     """Whether the bundle carries imgtool.pyz (fetch without --no-tool)."""
     return any(f.name == TOOL_PYZ for f in index.files)
 
 
-def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
+def ways(index: BundleIndex, lang: str, indent: str = "") -> str:
     """The three ways to load, run in the bundle directory (load.sh --help, README.txt)."""
     if lang == "zh":
         pyz = f"任何 python3 3.7+，无需安装（本目录中的 {TOOL_PYZ}）" if has_tool(index) else \
@@ -443,141 +43,12 @@ def _ways(index: BundleIndex, lang: str, indent: str = "") -> str:
     return "\n".join(indent + line for line in lines)
 
 
-def _multiarch_refs(index: BundleIndex) -> List[str]:
+def multiarch_refs(index: BundleIndex) -> List[str]:
     """The tags this bundle holds for several architectures."""
     seen: dict = {}
     for im in index.images:
         seen.setdefault(im.ref, []).append(im)
     return [ref for ref, ims in seen.items() if len(ims) > 1]
-
-
-def _zstd_layers_check(index: BundleIndex) -> str:
-    """Docker before 23.0 reads a zstd layer as a plain tar and fails with FAQ 19's `invalid tar header`
-    after the upload: refuse before docker load, saying why and what to do (containerd 1.5+ and Podman
-    read zstd layers)."""
-    refs = zstd_layer_refs(index)
-    if not refs:
-        return ""
-    return f"""
-# zstd-compressed layers: Docker reads them only from 23.0 on; an older one fails with
-# "archive/tar: invalid tar header" (vllm-ascend FAQ 19) after the whole upload. containerd (1.5+)
-# and Podman read them.
-if [ "$runtime" = docker ]; then
-    server=$(bounded $DOCKER version --format '{{{{.Server.Version}}}}' 2>/dev/null)
-    case "${{server%%.*}}" in
-        ''|*[!0-9]*) echo "load.sh: warning: cannot read Docker's server version; this bundle has zstd-compressed layers, which need Docker 23.0 or later" >&2 ;;
-        *) if [ "${{server%%.*}}" -lt 23 ]; then
-            printf "load.sh: error: this bundle has zstd-compressed layers (%s), which Docker %s cannot read (it needs 23.0 or later; older ones fail with 'invalid tar header', vllm-ascend FAQ 19); nothing was loaded\\n" {sh_quote(", ".join(refs))} "$server" >&2
-            echo "load.sh: {ZSTD_REMEDY}" >&2
-            exit 5
-        fi ;;
-    esac
-fi
-"""
-
-
-def _multiarch_check(index: BundleIndex) -> str:
-    """Docker's containerd image store knows images by manifest digest, and load.sh names the platform of
-    such a tag by config digest (bundles before format version 3 even gave every platform the one name,
-    and that store then failed to unpack the host's); ctr imports only the images index.json names, and
-    such a tag is unnamed there (ctr would import nothing, and say nothing). Refuse both before a byte is
-    sent, and point at imgtool, which sends and names one platform."""
-    refs = _multiarch_refs(index)
-    if not refs:
-        return ""
-    how = f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load ."
-    return f"""
-# A tag held for several architectures: load.sh names the host's one after the load, by image ID.
-multiarch={sh_quote(", ".join(refs))}
-if [ "$runtime" = docker ] && \\
-        bounded $DOCKER info --format '{{{{json .DriverStatus}}}}' 2>/dev/null | grep -q io.containerd.snapshotter; then
-    printf 'load.sh: error: this bundle holds %s for several architectures, and load.sh cannot load and name the right one in the containerd image store of this Docker (that store knows images by manifest digest, load.sh names them by config digest); nothing was loaded\\n' "$multiarch" >&2
-    echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
-    exit 5
-fi
-if [ "$runtime" = containerd ]; then
-    printf "load.sh: error: this bundle holds %s for several architectures, and load.sh cannot load and name the right one in containerd (ctr imports only the images the archive names, and these are unnamed there so that no platform takes another's name); nothing was loaded\\n" "$multiarch" >&2
-    echo "load.sh: run instead, in this directory: {how}   (it loads this host's architecture only)" >&2
-    exit 5
-fi
-"""
-
-
-def _tag_multiarch(index: BundleIndex) -> str:
-    """A tag held for several architectures has no RepoTags in manifest.json: name the runtime's one here
-    (Docker with a graphdriver, Podman: both know the image by its config digest)."""
-    by_ref: Dict[str, List[BundleImage]] = {}
-    for im in index.images:
-        by_ref.setdefault(im.ref, []).append(im)
-    multi = {ref: ims for ref, ims in by_ref.items() if len(ims) > 1 and ims[0].repo_tag}
-    if not multi:
-        return ""
-    lines = ["# This bundle holds some tags for several architectures; the load left them unnamed.",
-             "# Name the one matching this Docker or Podman (the others stay as unnamed images: docker image prune,",
-             "# podman image prune).",
-             'if [ "$runtime" = podman ]; then',
-             "    arch=$(bounded $PODMAN info --format '{{.Host.Arch}}' 2>/dev/null)",
-             "    tag_image() { $PODMAN tag \"$1\" \"$2\"; }",
-             "else",
-             "    arch=$(bounded $DOCKER version --format '{{.Server.Arch}}' 2>/dev/null)",
-             "    tag_image() { $DOCKER tag \"$1\" \"$2\"; }",
-             "fi",
-             'case "$arch" in']
-    for arch in sorted({im.platform.architecture for ims in multi.values() for im in ims}):
-        cmds = [f"tag_image {sh_quote(im.image_id)} {sh_quote(im.repo_tag)}" for ims in multi.values() for im in ims
-                if im.platform.architecture == arch]
-        lines.append(f"    {sh_quote(arch)}) {' && '.join(cmds)} || exit 5 ;;")
-    lines.append('    *) echo "load.sh: warning: this bundle has no image for the $runtime architecture $arch; '
-                 'nothing was named" >&2 ;;')
-    lines.append("esac")
-    return "\n".join(lines) + "\n"
-
-
-def _base_check(index: BundleIndex) -> str:
-    """For a delta bundle: refuse unless the runtime has the images its omitted layers come from (containerd:
-    their unpacked layers, snapshots named by chain ID; ctr would record the image, then fail to unpack it)."""
-    if not index.is_delta:
-        return ""
-    def what(names: Sequence[str]) -> str:
-        return sh_quote(describe_requirements([tuple(names)]))
-
-    checks = []
-    for names in requirements(index.omitted_chains()):
-        quoted = " ".join(sh_quote(n) for n in names)
-        checks.append(f'    has_one_of {quoted} || lacking {what(names)}')
-    # A snapshot keeps its parents: per image, the deepest left-out chain stands for all below it.
-    chains = []
-    for im in index.images:
-        omitted = [x for x in im.layers if x.omitted and x.chain_id is not None]
-        if omitted and (omitted[-1].chain_id, omitted[-1].provided_by) not in chains:
-            chains.append((omitted[-1].chain_id, omitted[-1].provided_by))
-    snapshots = "\n".join(f'    has_chain {sh_quote(chain)} || lacking {what(names)}' for chain, names in chains)
-    body = "\n".join(checks)
-    return f"""
-# A delta bundle: some layer files are left out because the runtime should already hold them;
-# any one image of each list provides them (containerd: their layers, unpacked).
-lacking() {{
-    printf 'load.sh: error: this is a delta bundle and %s lacks %s; load that image (its bundle) first\\n' "$lacks" "$1" >&2
-    exit 1
-}}
-has_one_of() {{
-    for base in "$@"; do
-        case "$runtime" in
-            podman) bounded $PODMAN image exists "$base" ;;
-            *) bounded $DOCKER image inspect "$base" ;;
-        esac >/dev/null 2>&1 && return 0
-    done
-    return 1
-}}
-has_chain() {{
-    bounded $CTR -a "$address" -n "$namespace" snapshots info "$1" >/dev/null 2>&1
-}}
-if [ "$runtime" = containerd ]; then
-{snapshots}
-else
-{body}
-fi
-"""
 
 
 def _image_lines(index: BundleIndex) -> List[str]:
@@ -594,7 +65,7 @@ def _runtimes_en(index: BundleIndex, unpack: str) -> str:
         else "<this host's: amd64, arm64>"
     multi = ("\n  A tag held for several architectures (as here) cannot be named by load.sh in containerd:\n"
              "  load it with imgtool load (or the pyz), which imports and names this host's platform.") \
-        if _multiarch_refs(index) else ""
+        if multiarch_refs(index) else ""
     zstd = ("This bundle HAS zstd layers: fetch it again with --layers compat." if zstd_layer_refs(index)
             else "This bundle has no zstd layers.")
     return f"""
@@ -627,7 +98,7 @@ def _runtimes_zh(index: BundleIndex, unpack: str) -> str:
     arch = for_terminal(index.images[0].platform.architecture) if len({im.platform.architecture for im in index.images}) == 1 \
         else "<本机架构：amd64、arm64>"
     multi = ("\n  同一标签含多个架构的镜像（本镜像包即是）load.sh 无法在 containerd 中命名：\n"
-             "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if _multiarch_refs(index) else ""
+             "  请用 imgtool load（或 pyz）导入，它只导入并命名本机架构的镜像。") if multiarch_refs(index) else ""
     zstd = "本镜像包含 zstd 压缩层：请用 --layers compat 重新获取。" if zstd_layer_refs(index) else "本镜像包没有 zstd 压缩层。"
     return f"""
 在 Kubernetes 节点上（containerd）
@@ -735,7 +206,7 @@ Signed bundles
   looks for the same files and checks them too (it needs ssh-keygen), against damage only.
 
 Load it
-{_ways(index, "en", "  ")}
+{ways(index, "en", "  ")}
   or by hand: cat <parts in order>{unpack} | docker load
 {_runtimes_en(index, unpack)}
 
@@ -788,7 +259,7 @@ imgtool 离线镜像包
   （需要 ssh-keygen），但只能防范损坏。
 
 导入
-{_ways(index, "zh", "  ")}
+{ways(index, "zh", "  ")}
   或手动：cat <按顺序列出的分卷>{unpack} | docker load
 {_runtimes_zh(index, unpack)}
 

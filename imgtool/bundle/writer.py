@@ -25,7 +25,7 @@ from ..fsutil import fsync_dir, remove_quietly, write_atomic
 from ..model import Digest, PulledImage, format_size, utc_time
 from ..progress import Progress
 from ..worker import Worker, sha256_of
-from . import layout, texts
+from . import layout, loadsh, texts
 from .regions import REGIONS_PREFIX, Hole, Regions
 from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
                      SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Part, UpstreamIndex, bundle_images)
@@ -444,7 +444,7 @@ def _write_side_files(out_dir: Path, index: BundleIndex, extra_files: Dict[str, 
                           0o755 if name.endswith(".pyz") else 0o644, written)
               for name, src in sorted(extra_files.items())]
     index = dataclasses.replace(index, files=tuple(extras))
-    texts_ = [_write_file(out_dir / LOAD_SH, texts.load_sh(index), 0o755, written),
+    texts_ = [_write_file(out_dir / LOAD_SH, loadsh.load_sh(index), 0o755, written),
               _write_file(out_dir / README_TXT, texts.readme(index), 0o644, written)]
     return dataclasses.replace(index, files=tuple(texts_ + extras))
 
