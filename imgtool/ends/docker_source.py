@@ -242,8 +242,8 @@ class DockerSource:
         return self._images
 
     def has(self) -> FrozenSet[Digest]:
-        """Every layer and config of the images saved."""
-        return frozenset(d for im in self.images() for d in [im.manifest.config.digest]
+        """Every blob of the images saved."""
+        return frozenset(d for im in self.images() for d in [im.manifest_digest, im.manifest.config.digest]
                          + [x.digest for x in im.manifest.layers])
 
     def start(self, plan: "Plan[Any]") -> None:

@@ -35,8 +35,8 @@ class RegistrySource:
         return [im for im, _ in self.pulled]
 
     def has(self) -> FrozenSet[Digest]:
-        """Every layer and config of its images (a config is in the cache once the image resolved)."""
-        return frozenset(d for im, _ in self.pulled for d in [im.manifest.config.digest]
+        """Every blob of its images (manifests and configs are in the cache once the images resolved)."""
+        return frozenset(d for im, _ in self.pulled for d in [im.manifest_digest, im.manifest.config.digest]
                          + [x.digest for x in im.manifest.layers])
 
     def start(self, plan: "Plan[Any]") -> None:

@@ -90,7 +90,8 @@ class RuntimeDestination:
 
     def _holding(self, load: LoadPlan, images: Sequence[PulledImage], slots: List[layout.Slot],
                  tar_size: int) -> "Holding[Landing]":
-        blobs = tuple(p.member.digest for p in slots if p.member.kind != "meta")
+        # what is read from the source: every member but those imgtool makes (index.json, an OCI twin manifest)
+        blobs = tuple(p.member.digest for p in slots if p.member.content is None)
         # the runtime holds every image whole: every blob is held, nothing is read (nor downloaded)
         held: FrozenSet[Digest] = frozenset(blobs) if load.loaded else frozenset()
         diff_ids = not (self.facts.checks_diff_ids or self.facts.reports_applied_diff_ids)

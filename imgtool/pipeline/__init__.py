@@ -130,7 +130,8 @@ def bind(holding: Holding[D], has: FrozenSet[Digest], source: str, destination: 
     moves = tuple(d for d in dict.fromkeys(holding.order) if d not in holding.held)
     lacking = [d for d in moves if d not in has]
     if lacking:
-        raise Unheld(f"{source} lacks {len(lacking)} blobs {destination} needs and does not hold "
+        n = f"{len(lacking)} blob" + ("s" if len(lacking) > 1 else "")
+        raise Unheld(f"{source} lacks {n} {destination} needs and does not hold "
                      f"(first: {lacking[0]}); nothing was copied",
                      hint="copy the full source, or the base it was cut against first")
     return Plan(holding.images, moves, holding.held, holding.destination, holding.regions, holding.diff_ids)
