@@ -134,7 +134,7 @@ def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store
                                clients=clients)
     pulled = [(resolve_image(res, p, store), res.sources) for res in resolutions for p in platforms]
     source = RegistrySource(pulled, store, progress, opts.connections)
-    copied = copy(source, destination, plan=destination.plan([im for im, _ in pulled]))
+    copied = copy(source, destination)
     return CopyResult(str(opts.source), f"{destination.what} {destination.facts.version}", copied.result,
                       stats=copied.stats, warnings=destination.warnings)
 
@@ -174,9 +174,8 @@ def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
     destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                     force=opts.force, gzip=gz.compressor(), delta=delta, created=opts.created,
                                     extra_files=tool)
-    plan = destination.plan(images)
     with dirlock.lock_output(out, "copy"):
-        copied = copy(source, destination, plan=plan)
+        copied = copy(source, destination)
     written = copied.result
     warnings = list(report.warnings)
     signed = None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 from . import dirlock, gz
-from .ends.bundle_dest import BundleDestination
+from .ends.bundle_dest import BundleDestination, Bundled
 from .ends.docker_source import DockerSource
 from .model import PulledImage
 from .pipeline import copy
@@ -76,8 +76,9 @@ def export(opts: ExportOptions, daemon: "Daemon", store: Store, progress: Progre
         destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip,
                                         extra_files=bundle_tool(store.root, progress) if opts.tool else {})
-        plan = destination.plan(images)
-        result = copy(source, destination, plan=replace(plan, extra={"gzipped_layers": bool(source.made)})).result
+        # bundle.json says by what the layers Docker saved uncompressed were gzipped here
+        result = copy(source, destination, lambda plan, _: replace(plan, destination=Bundled(
+            gzipped_layers=bool(source.made)))).result
         signed = signature.sign_written(out, opts.sign_key, result.bundle_json_sha256) if opts.sign_key \
             else None
     return ExportResult(images, result, signed)

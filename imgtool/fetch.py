@@ -18,7 +18,7 @@ from .errors import ImgtoolError, Interrupted, UsageError
 from .mirrors import Clients, Resolution, sources_for
 from .model import Descriptor, Digest, Platform, PulledImage
 from .progress import Progress
-from .ends.bundle_dest import BundleDestination, read_have
+from .ends.bundle_dest import BundleDestination, Bundled, read_have
 from .ends.registry_source import RegistrySource
 from .pipeline import Plan, copy
 from .puller import CONNECTIONS, JOBS, PullStats
@@ -122,26 +122,26 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # bundle of the layers as served goes further: each layer is downloaded straight into its place in the
         # archive, written once (bundle/regions.py), and the cache only remembers where it is.
         source = RegistrySource(pulled, store, progress, (opts.jobs, opts.max_connections))
+
+        def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
+            check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions)
+
         destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip, delta=delta, created=opts.created,
-                                        extra_files=tool, place=_placeable(opts, images, left_out))
-        plan = destination.plan(images)
-        check_space(images, store, output, plan.skip, opts.layers, opts.compress, tool, plan.regions)
+                                        extra_files=tool, place=_placeable(opts, images, left_out), check=room)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
-        if plan.regions is not None:
-            writer.prepare_regions(plan.regions, opts.force)
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
-            copied = copy(source, destination, layers, plan)
+            copied = copy(source, destination, layers)
         except KeyboardInterrupt:
-            if plan.regions is None:
+            if destination.regions is None:
                 raise  # the command says what the cache keeps
             raise Interrupted(f"interrupted: finished layers and partial downloads are kept in the unfinished bundle "
                               f"{output} (it has no bundle.json)", hint=RESUME_HINT) from None
         finally:
             layers.close()  # after the source's cancel: a check waiting for a blob wakes when the download ends
-        if plan.regions is not None:
-            _remember_places(store, plan.regions, copied.result)
+        if copied.plan.regions is not None:
+            _remember_places(store, copied.plan.regions, copied.result)
         signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
         return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed)
@@ -186,7 +186,7 @@ class _Layers:
                                                                                       left_out, held)
         self.check: Optional[transcode.LayerCheck] = None
 
-    def __call__(self, plan: Plan, source: "Source") -> Plan:
+    def __call__(self, plan: "Plan[Bundled]", source: "Source") -> "Plan[Bundled]":
         opts, store, progress = self.opts, self.store, self.progress
         images = list(plan.images)
 
@@ -197,16 +197,16 @@ class _Layers:
                                  "layers")
             return found
 
-        self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.skip, unpack=opts.check_diff_ids,
+        self.check = transcode.LayerCheck(images, opts.layers, path, store, plan.held, unpack=opts.check_diff_ids,
                                           read_at=plan.regions.read_at if plan.regions is not None else None)
-        rewrites = any(transcode.changes(im, opts.layers, plan.skip) for im in images)
+        rewrites = any(transcode.changes(im, opts.layers, plan.held) for im in images)
         if rewrites:  # a gzip image (compat) never comes here
-            images = transcode.transcode_images(images, opts.layers, path, store, progress, plan.skip,
-                                                gzip=self.gzip, order=list(plan.order))
+            images = transcode.transcode_images(images, opts.layers, path, store, progress, plan.held,
+                                                gzip=self.gzip, order=list(plan.moves))
         if self.left_out:
             images = transcode.name_held_blobs(images, self.left_out, self.held, opts.layers, store, progress)
-        extra = {"gzipped_layers": opts.layers == "compat" and rewrites, "before_seal": self.check.wait}
-        return dataclasses.replace(plan, images=tuple(images), extra=extra)
+        return dataclasses.replace(plan, images=tuple(images), destination=Bundled(
+            gzipped_layers=opts.layers == "compat" and rewrites, before_seal=self.check.wait))
 
     def close(self) -> None:
         if self.check is not None:

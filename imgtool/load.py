@@ -22,23 +22,24 @@ they kept of it). Python 3.7: the pyz loads through this.
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, Iterator, List, Optional, Sequence
 
 from .bundle.format import BundleIndex
-from .bundle.landing import (Applied, Cut, LoadedImage, LoadResult, arch_warnings, before_sending, landed,
-                          outgoing_meta, plan_load)
+from .bundle.landing import Applied, Cut, LoadResult
 from .bundle.reader import read_index
 from .bundle.signature import enforce
 from .bundle.verify import VerifyReport, check_before, deep_check
 from .ends.bundle_stream import ArchiveSource
-from .ends.runtime_dest import RuntimeDestination
+from .ends.runtime_dest import BundleLoad, RuntimeDestination
 from .errors import DaemonError, VerifyError
+from .model import Digest, PulledImage
 from .pipeline import copy
 from .progress import Progress
+from .trust import Verdict
 
 if TYPE_CHECKING:
-    from .bundle.landing import LoadPlan
-    from .runtimes.base import Runtime, RuntimeInfo
+    from .pipeline import Plan
+    from .runtimes.base import Runtime
 
 
 def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
@@ -64,37 +65,12 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
     verdict = enforce(bundle_dir, raw, signers, doing="load")
-    for said in daemon.remove_debris():  # before the space is counted: what they held is free again
-        progress.warn(said)
-    facts = daemon.info()
-    plan = plan_load(index, daemon, facts, tags, arch, all_platforms)
-    report = check_before(bundle_dir, index, raw, verdict, expect, plan.loaded and not quick, progress, jobs)
-    warnings = list(report.warnings) + arch_warnings(plan.view, facts.arch, facts.title)
-    if plan.loaded:
-        images = landed(daemon, facts, plan, progress, pin)
-        return LoadResult(bundle_dir, images, False, facts.to_json(), seconds=time.monotonic() - started,
-                          warnings=warnings, signature=verdict)
-
-    warnings = before_sending(bundle_dir, index, daemon, facts, plan, force) + warnings
-    for w in warnings:
-        progress.warn(w)
-    images, sent = _send(bundle_dir, index, daemon, facts, plan, report, progress, jobs, pin)
-    return LoadResult(bundle_dir, images, True, facts.to_json(), report.unpacked_size, sent,
-                      time.monotonic() - started, warnings, verdict)
-
-
-def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "RuntimeInfo", plan: "LoadPlan",
-          report: VerifyReport, progress: Progress, jobs: int, pin: bool) -> Tuple[List[LoadedImage], int]:
-    """The pipeline's bundle → runtime: the bundle as one checked stream into the runtime destination, landed there
-    (`land`). A stream cut short (or what Podman applied, refused) is then checked whole, naming every damaged part
-    (VerifyError)."""
-    replace = outgoing_meta(index, plan.view.images, plan.others, facts.traits.digest_names)
-    destination = RuntimeDestination(daemon, progress, facts=facts, pin=pin)
+    destination = RuntimeDestination(daemon, progress, tags=tags, arch=arch, force=force, pin=pin,
+                                     bundle=BundleLoad(bundle_dir, index, all_platforms))
+    source = _CheckedBundle(bundle_dir, index, raw, verdict, expect, quick, progress, jobs)
+    facts = destination.facts
     try:
-        with ArchiveSource(bundle_dir, index, diff_ids=not (facts.checks_diff_ids or facts.reports_applied_diff_ids),
-                           jobs=os.cpu_count() or 2) as source:
-            copied = copy(source, destination, plan=destination.for_bundle(plan, replace))
-        return copied.result, destination.sent
+        copied = copy(source, destination)
     except DaemonError as e:
         if not daemon.left_behind():
             raise
@@ -102,11 +78,76 @@ def _send(bundle_dir: Path, index: BundleIndex, daemon: "Runtime", facts: "Runti
         raise DaemonError(e.message, hint=f"once {facts.title} answers again, run imgtool load {bundle_dir} again: it "
                                          "finishes what this load left (imgtool doctor lists it)") from e
     except (VerifyError, Cut) as e:
+        if source.report is None or source.stream is None:
+            raise  # refused before a byte was sent (check_before names every problem)
         # The upload was cut short and the runtime dropped it (or what it applied was refused and removed);
         # name every damaged part, as verify would.
         done = "refused what was loaded" if isinstance(e, Applied) else "stopped the upload"
         progress.note(f"{done}: {e}; checking the whole bundle ...")
-        deep_check(bundle_dir, index, report, progress, jobs, diff_ids=not facts.checks_diff_ids)
-        report.raise_if_bad("load")
+        deep_check(bundle_dir, index, source.report, progress, jobs, diff_ids=not facts.checks_diff_ids)
+        source.report.raise_if_bad("load")
         raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
                           "(is something changing the bundle?); nothing was loaded") from e
+    finally:
+        source.finish()
+    report = source.report
+    assert report is not None
+    sent = not copied.plan.destination.load.loaded
+    if sent:
+        warnings = destination.warnings + list(report.warnings)
+        return LoadResult(bundle_dir, copied.result, True, facts.to_json(), report.unpacked_size, destination.sent,
+                          time.monotonic() - started, warnings, verdict)
+    return LoadResult(bundle_dir, copied.result, False, facts.to_json(), seconds=time.monotonic() - started,
+                      warnings=list(report.warnings) + destination.warnings, signature=verdict)
+
+
+class _CheckedBundle:
+    """The bundle as load's source: checked as `check_before` checks it once what moves is known (the whole bundle
+    when nothing will be streamed, and so checked on the way, unless `quick`), then read as one checked stream
+    (ends/bundle_stream.py), hashing the layers' diff_ids where the runtime asks (Plan.diff_ids)."""
+
+    def __init__(self, bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
+                 quick: bool, progress: Progress, jobs: int):
+        self.dir, self.index, self.raw, self.verdict, self.expect, self.quick = (bundle_dir, index, raw, verdict,
+                                                                                 expect, quick)
+        self.progress, self.jobs = progress, jobs
+        self.what = f"bundle {bundle_dir.name}"
+        self.report: Optional[VerifyReport] = None
+        self.stream: Optional[ArchiveSource] = None
+        self._has = frozenset(d for im in index.images for d in [im.manifest_digest, im.image_id]
+                              + [x.digest for x in im.layers if not x.omitted])
+
+    def images(self) -> List[PulledImage]:
+        return []  # the runtime destination plans from bundle.json (BundleLoad)
+
+    def has(self) -> FrozenSet[Digest]:
+        return self._has
+
+    def start(self, plan: "Plan[Any]") -> None:
+        """The bundle checked before the runtime sees a byte; the stream opened when something moves."""
+        self.report = check_before(self.dir, self.index, self.raw, self.verdict, self.expect,
+                                   not plan.moves and not self.quick, self.progress, self.jobs)
+        if plan.moves:  # nothing sent: the command says the warnings with the result
+            for w in self.report.warnings:
+                self.progress.warn(w)
+            self.stream = ArchiveSource(self.dir, self.index, diff_ids=plan.diff_ids, jobs=os.cpu_count() or 2)
+
+    def _open(self) -> ArchiveSource:
+        assert self.stream is not None, "start() opens the stream before a blob is read"
+        return self.stream
+
+    def path(self, digest: Digest) -> None:
+        return None
+
+    def chunks(self, digest: Digest, size: int, what: str) -> Iterator[bytes]:
+        return self._open().chunks(digest, size, what)
+
+    def settle(self) -> None:
+        self._open().settle()
+
+    def cancel(self) -> None:
+        self.finish()
+
+    def finish(self) -> None:
+        if self.stream is not None:
+            self.stream.finish()

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Collection, Deque, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
 from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, VerifyError
@@ -610,12 +610,12 @@ class _Scheduler:
 
 
 def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
-             jobs: int = JOBS, skip: Collection[Digest] = (), stats: Optional[PullStats] = None,
-             order: Sequence[Digest] = (), cancel: Optional[threading.Event] = None,
+             jobs: int = JOBS, stats: Optional[PullStats] = None,
+             blobs: Optional[Sequence[Digest]] = None, cancel: Optional[threading.Event] = None,
              tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS,
              regions: Optional["Regions"] = None) -> PullStats:
-    """Bring every layer of `images` (but those in `skip`: a delta bundle leaves them out) into the store,
-    or those `regions` holds into their regions, over `jobs` connections per source, at most `connections` at
+    """Bring the layers `blobs` of `images` (exactly those, in that order: what a copy moves; None: every layer)
+    into the store, or those `regions` holds into their regions, over `jobs` connections per source, at most `connections` at
     once over all; returns what was transferred. Setting `cancel` stops it (what arrived stays in the partial
     files for the next run), and ends any wait before a retry at once.
 
@@ -623,7 +623,7 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     trouble, VerifyError when a blob kept arriving corrupt.
     """
     stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
-    todo = _missing(images, skip, store, stats, order, regions)
+    todo = _missing(images, blobs, store, stats, regions)
     if not todo:
         return stats
     total = sum(d.size - (regions.partial_bytes(d.digest, d.size) if regions is not None and regions.holds(d.digest)
@@ -642,25 +642,24 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     return stats
 
 
-def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], skip: Collection[Digest], store: Store,
-             stats: PullStats, order: Sequence[Digest], regions: Optional["Regions"] = None
+def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], blobs: Optional[Sequence[Digest]],
+             store: Store, stats: PullStats, regions: Optional["Regions"] = None
              ) -> List[Tuple[Descriptor, Sequence[Source]]]:
-    """The layers to download (each once, with the sources of the first image that has it), `order`
-    first; those already in the store are counted in `stats` instead, unless `regions` wants them (copied there)."""
-    wanted: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
+    """The layers to download (each once, with the sources of the first image that has it), in the order of
+    `blobs` (fetch: the bundle's archive order, so its writer can start on the first blob early) and none other;
+    those already in the store are counted in `stats` instead, unless `regions` wants them (copied there)."""
+    known: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
     for image, sources in images:
         for layer in image.manifest.layers:
-            if layer.digest not in skip:
-                wanted.setdefault(layer.digest, (layer, sources))
+            known.setdefault(layer.digest, (layer, sources))
+    wanted = list(known) if blobs is None else [d for d in dict.fromkeys(blobs) if d in known]
     todo = []
-    for desc, sources in wanted.values():
+    for digest in wanted:
+        desc, sources = known[digest]
         if store.has(desc.digest, desc.size) and not (regions is not None and regions.holds(desc.digest)):
             stats.cached(desc.size)
         else:
             todo.append((desc, sources))
-    # `order` first (fetch: the bundle's archive order, so its writer can start on the first blob early)
-    rank = {d: i for i, d in enumerate(order)}
-    todo.sort(key=lambda t: rank.get(t[0].digest, len(rank)))
     return todo
 
 

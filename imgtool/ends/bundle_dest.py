@@ -4,7 +4,7 @@ README.txt and bundle.json last (a bundle without bundle.json is not one: nothin
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from .. import gz
 from ..bundle import writer
@@ -13,13 +13,21 @@ from ..delta import DeltaPlan, Have, Inventory, have_from_inventory
 from ..errors import UsageError
 from ..fsutil import NotRegularFile, open_regular
 from ..model import Descriptor, Digest, PulledImage
-from ..pipeline import Plan
+from ..pipeline import Holding, Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
     from ..bundle.regions import Regions
     from ..bundle.writer import BundleResult
     from ..pipeline import Blobs
+
+
+@dataclass(frozen=True)
+class Bundled:
+    """A bundle destination's planned data (pipeline.Holding.destination): what a layer transform tells the writer."""
+
+    gzipped_layers: bool = False  # layers were gzipped on the way (rewritten zstd, a save): bundle.json says by what
+    before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None  # run once every byte is written, before the parts get names
 
 
 @dataclass
@@ -38,25 +46,37 @@ class BundleDestination:
     # writes each there, once; the caller makes the directory ready (writer.prepare_regions) under its lock
     place: bool = False
     regions: Optional["Regions"] = None
+    # the verb's check once what moves is known, before the first byte (fetch: the free space of its cache and the
+    # output, which depends on what --layers rewrites)
+    check: Optional[Callable[["Plan[Bundled]"], None]] = None
 
-    def plan(self, images: Sequence[PulledImage]) -> Plan:
+    def plan(self, images: Sequence[PulledImage]) -> "Holding[Bundled]":
+        """Every layer in the archive's order; a delta's left-out layers held (never read). Raises UsageError (the
+        output directory)."""
         writer.check_output_dir(self.output, self.force)
         skip = not_carried(images, self.delta, self.progress) if self.delta is not None else set()
         if self.place and self.compress == "none":
             self.regions = writer.regions_for(writer.plan_bundle(self.output, images, self.delta,
                                                                chunk_size=self.chunk_size, compress=self.compress))
-        return Plan(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip),
-                    regions=self.regions)
+        return Holding(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip), Bundled(),
+                       regions=self.regions)
 
-    def write(self, plan: Plan, source: "Blobs") -> "BundleResult":
-        """`plan.extra`: `gzipped_layers` (a transform gzipped layers: bundle.json records by what), `before_seal`
-        (run once every byte is written, before the parts get their names: writer.write_bundle)."""
+    def before(self, plan: "Plan[Bundled]") -> None:
+        """The verb's check (space), then the unfinished archive made ready for the layers downloaded into it (the
+        caller holds the output's lock); raises ImgtoolError."""
+        if self.check is not None:
+            self.check(plan)
+        if plan.regions is not None:
+            writer.prepare_regions(plan.regions, self.force)
+
+    def write(self, plan: "Plan[Bundled]", source: "Blobs") -> "BundleResult":
+        """The bundle written, bundle.json last; raises ImgtoolError with no bundle.json written."""
         try:
             return writer.write_bundle(self.output, plan.images, source, chunk_size=self.chunk_size,
                                        compress=self.compress, force=self.force, progress=self.progress,
-                                       gzip=self.gzip, gzipped_layers=bool(plan.extra.get("gzipped_layers")),
+                                       gzip=self.gzip, gzipped_layers=plan.destination.gzipped_layers,
                                        delta=self.delta, created=self.created, extra_files=self.extra_files,
-                                       before_seal=plan.extra.get("before_seal"), regions=plan.regions)
+                                       before_seal=plan.destination.before_seal, regions=plan.regions)
         finally:
             if plan.regions is not None:
                 plan.regions.close()

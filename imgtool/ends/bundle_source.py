@@ -13,7 +13,7 @@ bundles through this.
 """
 
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 from ..bundle import layout
 from ..bundle.catalog import Catalog
@@ -101,11 +101,15 @@ class BundleSource:
         self._stream = _Archive(self.dir, self.index)
         return self._stream
 
+    def has(self) -> FrozenSet[Digest]:
+        """Every blob its archive holds (a delta bundle's left-out layers are not)."""
+        return frozenset(self.slots)
+
     def start(self, plan) -> None:
         """A compressed bundle: refuses a plan whose order is not the archive's (OutOfOrder)."""
         if self.compressed:
             at = {d: i for i, d in enumerate(self.order)}
-            wanted = [at[d] for d in plan.order if d in at]
+            wanted = [at[d] for d in plan.moves if d in at]
             if wanted != sorted(wanted):
                 raise OutOfOrder(f"{self.what} is {self.index.archive.compression}-compressed: its blobs can be read "
                                  "only in the order of its archive, and the destination asked for another order")

@@ -18,7 +18,7 @@ checks the whole bundle to name every damaged part. Python 3.7 (the pyz loads th
 import hashlib
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Tuple, Union
+from typing import TYPE_CHECKING, Dict, FrozenSet, Iterable, Iterator, List, Tuple, Union
 
 from ..bundle import layout
 from ..bundle.format import BundleIndex
@@ -26,7 +26,7 @@ from ..bundle.landing import Cut
 from ..bundle.reader import READ_SIZE, DecodeError, PartsStream, decompressed
 from ..bundle.walk import layer_digester
 from ..errors import ImgtoolError
-from ..model import Digest
+from ..model import Digest, PulledImage
 from ..worker import Worker
 
 if TYPE_CHECKING:
@@ -60,8 +60,14 @@ class ArchiveSource:
     def __exit__(self, *exc: object) -> None:
         self.finish()
 
-    def images(self):  # the runtime destination is handed the bundle's own plan (bundle.landing.plan_load)
-        raise NotImplementedError("load plans from bundle.json")
+    def images(self) -> List[PulledImage]:
+        """None: a runtime destination plans a bundle from its bundle.json (runtime_dest.BundleLoad), and reads its
+        manifests and configs, like every blob, from the stream."""
+        return []
+
+    def has(self) -> FrozenSet[Digest]:
+        """Every blob its archive holds (a delta bundle's left-out layers are not)."""
+        return frozenset(p.member.digest for p in self.slots if p.member.kind != "meta")
 
     def start(self, plan: "Plan") -> None:
         """Nothing to start: the stream is read as the destination asks."""

@@ -21,7 +21,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from .. import gz, tarstream
 from ..errors import ExportError, ManifestError, UsageError
@@ -241,7 +241,12 @@ class DockerSource:
                                          gzip=self.gzip, made=self.made)
         return self._images
 
-    def start(self, plan: "Plan") -> None:
+    def has(self) -> FrozenSet[Digest]:
+        """Every blob of the images saved."""
+        return frozenset(d for im in self.images() for d in [im.manifest_digest, im.manifest.config.digest]
+                         + [x.digest for x in im.manifest.layers])
+
+    def start(self, plan: "Plan[Any]") -> None:
         """Every blob is in the cache once `images()` returned."""
 
     def path(self, digest: Digest) -> Path:

@@ -19,7 +19,7 @@ from ..bundle.format import BundleImage, Layer, bundle_images
 from ..bundle.layout import platform_index
 from ..errors import ImgtoolError, RegistryError
 from ..model import Digest, ImageRef, PulledImage, format_size
-from ..pipeline import Plan
+from ..pipeline import Holding, Plan
 from ..progress import Progress
 from ..registry import RegistryClient
 
@@ -89,6 +89,15 @@ class _BlobPlan:
     sizes: Dict[Digest, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Pushing:
+    """A registry destination's planned data (pipeline.Holding.destination): the blobs it lacks per repository, and
+    each image with the repository it goes to."""
+
+    blobs: _BlobPlan
+    targets: Tuple[Tuple[BundleImage, str], ...]
+
+
 @dataclass
 class RegistryDestination:
     """`client` reaches `host` over `scheme`; `namespace` prefixes every repository. `omitted`: the layers a delta
@@ -109,18 +118,23 @@ class RegistryDestination:
     to: str = ""
     what: str = "registry"
 
-    def plan(self, images: Sequence[PulledImage]) -> Plan:
-        """What the registry lacks, in the source's order; raises ImgtoolError (a delta whose omitted layers the
-        registry lacks: nothing is pushed), RegistryError."""
+    def plan(self, images: Sequence[PulledImage]) -> "Holding[Pushing]":
+        """Every config and layer, in the source's order, and what the registry holds of them (HEAD, per target
+        repository; a delta's omitted layers, which it must hold); raises ImgtoolError (a delta whose omitted layers
+        the registry lacks: nothing is pushed), RegistryError."""
         targets = [(im, target_repository(self.namespace, im.image_ref)) for im in self._bundle_images(images)]
         self._check_delta_base(targets)
         blobs = _plan_blobs(self.client, targets)
         at = {d: i for i, d in enumerate(self.prefer)}
         blobs.todo.sort(key=lambda pair: at.get(pair[1], len(at)))  # stable: one digest's repositories stay in order
-        order = tuple(dict.fromkeys(d for _, d in blobs.todo))
-        skip = {x.digest for layers in self.omitted.values() for x in layers}
-        skip -= {x.digest for im, _ in targets for x in im.layers if not x.omitted}
-        return Plan(tuple(images), order, frozenset(skip), {"blobs": blobs, "targets": targets})
+        every = sorted(blobs.sizes, key=lambda d: at.get(d, len(at)))
+        lacking = {d for _, d in blobs.todo}
+        # held: what every target repository has, and a delta's omitted layers (checked above: there)
+        return Holding(tuple(images), tuple(every), frozenset(d for d in every if d not in lacking),
+                       Pushing(blobs, tuple(targets)))
+
+    def before(self, plan: "Plan[Pushing]") -> None:
+        """Nothing more: a delta's base was checked with what the registry holds."""
 
     def _bundle_images(self, images: Sequence[PulledImage]) -> List[BundleImage]:
         """bundle.json's view of the images, with the layers the source leaves out marked so."""
@@ -146,11 +160,10 @@ class RegistryDestination:
                            "nothing was pushed",
                            hint=f"push the bundle of {', '.join(names)} to {self.to} first, or fetch a full bundle")
 
-    def write(self, plan: Plan, source: "Blobs") -> PushResult:
+    def write(self, plan: "Plan[Pushing]", source: "Blobs") -> PushResult:
         """Every blob the registry lacks, then the manifests (and indexes); raises RegistryError, VerifyError (a
         blob damaged in the source: no manifest naming it is pushed)."""
-        blobs: _BlobPlan = plan.extra["blobs"]
-        targets: List[Tuple[BundleImage, str]] = plan.extra["targets"]
+        blobs, targets = plan.destination.blobs, list(plan.destination.targets)
         result = PushResult(self.host, self.scheme, [])
         result.blobs_present = blobs.present
         self._push_blobs(source, blobs, result)

@@ -4,7 +4,7 @@ destination placed them (`Plan.regions`), downloaded straight into its archive."
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, FrozenSet, List, Optional, Sequence, Tuple
 
 from ..model import Digest, PulledImage
 from ..progress import Progress
@@ -34,15 +34,21 @@ class RegistrySource:
     def images(self) -> List[PulledImage]:
         return [im for im, _ in self.pulled]
 
-    def start(self, plan: "Plan") -> None:
-        self.thread = threading.Thread(target=self._run, args=(set(plan.skip), list(plan.order), plan.regions),
+    def has(self) -> FrozenSet[Digest]:
+        """Every blob of its images (manifests and configs are in the cache once the images resolved)."""
+        return frozenset(d for im, _ in self.pulled for d in [im.manifest_digest, im.manifest.config.digest]
+                         + [x.digest for x in im.manifest.layers])
+
+    def start(self, plan: "Plan[Any]") -> None:
+        """Download exactly what moves, in the destination's order, on a thread."""
+        self.thread = threading.Thread(target=self._run, args=(list(plan.moves), plan.regions),
                                        name="download", daemon=True)
         self.thread.start()
 
-    def _run(self, skip, order, regions) -> None:
+    def _run(self, blobs, regions) -> None:
         try:
-            download(self.pulled, self.store, self.progress, jobs=self.jobs[0], skip=skip, stats=self.stats,
-                     order=order, cancel=self.stop, connections=self.jobs[1], regions=regions)
+            download(self.pulled, self.store, self.progress, jobs=self.jobs[0], stats=self.stats, blobs=blobs,
+                     cancel=self.stop, connections=self.jobs[1], regions=regions)
         except BaseException as e:  # raised in the reading thread by path/finish
             self.error = e
         finally:
