@@ -15,7 +15,8 @@ One reader, its modes as options (`Archive`):
 - fail-fast (`fail`): the first deviation raises what `fail` makes of its words (load: landing.Cut; copy and push:
   a VerifyError naming the damaged part; serve --unpack-to: "cannot unpack").
 - hand-over (`blob`): a member's data handed to the caller as it passes, the members before it read and checked on
-  the way. With `digests="inline"` (copy, push) its last chunk is held back until its digest matched; with
+  the way. With `digests="handed"` (copy, push) its last chunk is held back until its digest matched (a blob only
+  passed over is not hashed: the consumer does not take it, or takes it in a later pass); with
   `digests="deferred"` (load) the digests are hashed on a worker beside the consumer and settled by `to_end`
   (the runtime destination holds its own last bytes until then); `diff_ids="handed"`: the layers handed over are
   also decompressed for their diff_ids (a runtime that does not check them).
@@ -120,7 +121,8 @@ def _bad_members(feed: Iterable[Union[bytes, layout.Member]]) -> List[layout.Mem
 class Archive:
     """The archive of the bundle in `bundle_dir` (its parsed `index`) read forward once; see the module's text for
     the modes. `fail`: None collects problems (strict), else makes the exception a deviation raises from its words.
-    `digests`: "inline" | "deferred" | "off"; `diff_ids`: None | "all" | "handed" (`jobs` layers at once);
+    `digests`: "inline" (every member as it passes) | "handed" (inline, the members handed over and the generated
+    ones) | "deferred" | "off"; `diff_ids`: None | "all" | "handed" (`jobs` layers at once);
     `hash_parts`, `strict_parts`, `on_bytes`: the PartsStream's. Close it (`with`) on every path: its workers end."""
 
     def __init__(self, bundle_dir: Path, index: BundleIndex, *, fail: Optional[Callable[[str], BaseException]] = None,
@@ -310,8 +312,12 @@ class Archive:
         digests are checked inline), then its padding."""
         m = slot.member
         start = self.offset
-        inline = self.digests == "inline"
-        sha = hashlib.sha256() if inline else None
+        inline = self.digests in ("inline", "handed")
+        # "handed": a blob passed over is not hashed: a pass that passes it hands it over in a later pass (and
+        # hashes it then) or the consumer does not take it; its header, size, padding and place are checked all the
+        # same (a compressed bundle's first pass for the manifests passes layers: hashing them was a second sha256
+        # of them on copy's path)
+        sha = hashlib.sha256() if self.digests == "inline" or (inline and (hand_over or m.kind == "meta")) else None
         job = None
         if m.kind == "layer" and (self.diff_mode == "all" or (self.diff_mode == "handed" and hand_over)):
             self.slots_free.acquire()

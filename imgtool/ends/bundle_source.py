@@ -105,7 +105,7 @@ class BundleSource:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-        self._stream = Archive(self.dir, self.index, fail=self._refusal, read_size=HASH_READ)
+        self._stream = Archive(self.dir, self.index, fail=self._refusal, digests="handed", read_size=HASH_READ)
         return self._stream
 
     def _refusal(self, message: str) -> VerifyError:
