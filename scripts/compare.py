@@ -7,8 +7,9 @@
 The older version is checked out (git worktree) and installed into its own venv under --work-dir;
 this checkout runs as `python -m imgtool`. Each round runs, for each version in turn: `fetch` of the
 bench image's arm64 platform (scripts/benchimage.py: the vllm-ascend-shaped one) with a fresh cache, the full `verify` of
-that bundle, and `load` into Docker 20.10 and into containerd 1.7's k8s.io (where the services run it; the
-image removed before each load). Prints the medians,
+that bundle, `copy` of it into a gzip bundle and of that back into an uncompressed one (the compressed archive read
+forward: bundle/archive.py), and `load` into Docker 20.10 and into containerd 1.7's k8s.io (where the services run
+it; the image removed before each load). Prints the medians,
 each one's peak RSS, and the ratio after/before: above 1 is slower now. Not product code.
 """
 
@@ -83,17 +84,20 @@ def main(argv=None) -> int:
     docker = ["docker", "-H", docker_host]
     # containerd 1.7 (a Kubernetes node's), where the test services run it: the same load into k8s.io
     containerd = dict(item.split("=", 1) for item in os.environ.get("IMGTOOL_TEST_CONTAINERDS", "").split()).get("1.7")
-    jobs = ["fetch", "verify", "load"] + (["load-containerd"] if containerd else [])
+    jobs = ["fetch", "verify", "copy", "copy-back", "load"] + (["load-containerd"] if containerd else [])
     times: Dict[str, List[float]] = {}
     rss: Dict[str, int] = {}
     for n in range(args.runs):
         for name, cmd in (versions.items() if n % 2 == 0 else reversed(list(versions.items()))):
             out, cache = work / f"bundle-{name}", work / f"cache-{name}"
-            for d in (out, cache):
+            gz, back = work / f"bundle-{name}-gz", work / f"bundle-{name}-back"
+            for d in (out, cache, gz, back):
                 shutil.rmtree(d, ignore_errors=True)
             e = dict(env, IMGTOOL_CACHE=str(cache))
             for job, argv_ in (("fetch", ["fetch", ref, "--arch", "arm64", "--mirrors", str(mirrors), "-o", str(out)]),
                                ("verify", ["verify", str(out)]),
+                               ("copy", ["copy", f"bundle:{out}", f"bundle:{gz}", "--compress", "gzip"]),
+                               ("copy-back", ["copy", f"bundle:{gz}", f"bundle:{back}"]),
                                ("load", ["load", str(out), "--runtime", "docker"]),
                                ("load-containerd", ["load", str(out), "--runtime", "containerd", "--address", str(containerd)])):
                 if job not in jobs:
@@ -107,6 +111,9 @@ def main(argv=None) -> int:
                 rss[f"{job}.{name}"] = max(rss.get(f"{job}.{name}", 0), kb)
                 print(f"run {n + 1} {name:6} {job:6} {seconds:7.2f} s", file=sys.stderr, flush=True)
     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
+    for name in versions:
+        for d in (work / f"bundle-{name}-gz", work / f"bundle-{name}-back"):
+            shutil.rmtree(d, ignore_errors=True)
     if containerd:
         _empty_k8s_io(containerd)
     print(f"| job | before ({args.old}) | after | after/before | peak RSS before | after |")

@@ -552,15 +552,14 @@ def test_hostile_input_is_refused_with_its_exit_code_on_every_runtime(hostile, n
             "bytes): report it to the image's publisher"]
 
 
-def test_hostile_input_is_refused_with_its_exit_code_by_every_verb_that_reads_it(hostile, services, uniq):
+def test_hostile_input_is_refused_with_its_exit_code_by_every_verb_that_reads_it(hostile, services, uniq, registry):
     """The same hostile inputs through the verbs that meet them without a runtime (fetch, inspect; verify, copy
     bundle: bundle:, push): the exit code, and no `internal error`.
 
     The codes are the ones each refusal has today: a layer that arrives unlike its digest is 3 (the puller's
     VerifyError), a config 4 (no source serves it: another may), and inspect says 1 for "no source could be
-    inspected" (tests/test_cli.py holds it so). Bytes after a gzip archive's end are refused by verify and load
-    (above); copy bundle: bundle: and push copy the members and never read past the tar's end, so they are not
-    listed here (issue 46 items 3-4: those verbs are to check their source as verify does)."""
+    inspected" (tests/test_cli.py holds it so). Bytes after a gzip archive's end are refused by every verb that reads
+    the archive (issue 47: one reader; copy bundle: bundle: and push read only up to the last blob and exited 0)."""
     h = hostile
     out = h.tmp / "out"
     to = f"{services.plain}/{uniq}"  # a registry that holds none of the blobs: push reads each one
@@ -578,9 +577,14 @@ def test_hostile_input_is_refused_with_its_exit_code_by_every_verb_that_reads_it
         "bundle: a part edited, copy bundle: bundle:": (("copy", f"bundle:{h.edited}", f"bundle:{out / '4'}"), 3),
         "bundle: a part edited, push": (("push", str(h.edited), "--to", to, "--insecure"), 3),
         "bundle: bytes after a gzip archive's last member, verify": (("verify", str(h.gz)), 3),
+        "bundle: bytes after a gzip archive's last member, copy bundle: bundle:": (
+            ("copy", f"bundle:{h.gz}", f"bundle:{out / '5'}"), 3),
+        "bundle: bytes after a gzip archive's last member, push": (("push", str(h.gz), "--to", to, "--insecure"), 3),
     }
     runs = {case: imgtool(*args, env={"IMGTOOL_CACHE": h.cache(), "HOME": "/nonexistent", "IMGTOOL_SIGNERS": ""},
                           timeout=HANG) for case, (args, _) in cases.items()}
     got = {case: _refusal(r) for case, r in runs.items()}
     assert {case: (code, lines) for case, (code, _, lines) in got.items()} == \
         {case: (code, []) for case, (_, code) in cases.items()}, got
+    assert not (out / "5" / "bundle.json").exists()  # the copy left no bundle
+    assert registry("plain").head_manifest(f"{uniq}/ascend/vllm-ascend", "gzend") is None  # no manifest pushed

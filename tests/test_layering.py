@@ -189,7 +189,7 @@ LAYERS = (
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
-    ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
+    ("bundle reading", {"bundle"}),  # a source: reader, archive, verify, signature, inplace, landing
     ("presets", {"presets"}),
     ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
     ("verbs", {"fetch", "export", "push", "serve", "copying", "load", "inventory", "doctor", "diff", "install", "inspection",

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from imgtool import load as load_mod
-from imgtool.bundle import reader, walk, writer
+from imgtool.bundle import archive, reader, writer
 from imgtool.bundle.verify import verify_bundle
 from imgtool.progress import Progress
 from imgtool.worker import Worker
@@ -107,10 +107,10 @@ def bundle(factory, tmp_path):
 
 
 def test_verify_ends_when_a_layer_worker_fails(bundle, monkeypatch):
-    def broken(raw, compression):  # walk decompresses only layers (the archive stream is verify's)
+    def broken(raw, compression):  # the reader decompresses only layers through this (the archive: reader's)
         raise Boom("layer worker")
 
-    monkeypatch.setattr(walk, "decompressed", broken)
+    monkeypatch.setattr(archive, "decompressed", broken)
     out = ends_within(60, verify_bundle, bundle, progress=Progress())
     assert isinstance(out.get("error"), Boom), out
     assert worker_threads() == []
@@ -151,9 +151,7 @@ def test_load_ends_when_the_member_hash_worker_fails_and_docker_keeps_nothing(bu
         for _ in feed:
             raise Boom("member hash")
 
-    from imgtool.ends import bundle_stream
-
-    monkeypatch.setattr(bundle_stream, "_bad_members", broken)
+    monkeypatch.setattr(archive, "_bad_members", broken)
     monkeypatch.setenv("DOCKER_HOST", services.docker_host)
     before = docker_cli.image_ids()
     daemon = open_daemon()

@@ -24,7 +24,8 @@ from ..model import Digest, format_size
 from ..progress import Progress
 from .catalog import Blob, Catalog
 from .format import BundleIndex, part_label
-from .reader import HASH_READ, DecodeError, PartsStream, decompressed, part_problem, part_unreadable, unreadable
+from .archive import Archive
+from .reader import HASH_READ, part_problem, part_unreadable, unreadable
 
 
 HASH_FIRST = 16 * 1024 * 1024  # a blob up to this is hashed before its first answer (milliseconds); bigger: on the way
@@ -48,11 +49,12 @@ def require_unpack_dir(into: Path) -> Path:
 
 
 def unpack_archive(bundle_dir: Path, index: BundleIndex, into: Path, progress: Progress) -> Path:
-    """A compressed bundle's archive decompressed once into `into` (unpacked_name), each part checked against
-    bundle.json on the way, written atomically; a file already there at the tar's size is taken as it is (every
+    """A compressed bundle's archive decompressed once into `into` (unpacked_name) by the archive's one reader
+    (archive.py: each part, every header, the padding, the trailer and the stream's end checked on the way), written
+    atomically; a file already there at the tar's size is taken as it is (every
     blob is still checked against its digest before it is first served). Raises UsageError (`into` not a
     directory), ImgtoolError (too little space, cannot write), VerifyError (a part missing or damaged, the
-    stream not decodable or not the tar's size)."""
+    archive not as bundle.json implies it)."""
     into = require_unpack_dir(into)
     target = into / unpacked_name(index)
     try:
@@ -67,30 +69,23 @@ def unpack_archive(bundle_dir: Path, index: BundleIndex, into: Path, progress: P
         raise ImgtoolError(f"cannot unpack {bundle_dir} into {into}: it needs {format_size(index.archive.tar_size)}, "
                            f"{format_size(free)} free", hint="give --unpack-to a directory on a disk with room")
     partial = into / f".{target.name}.{os.getpid()}.partial"
-    written = 0
+
+    def refusal(message: str) -> VerifyError:
+        return VerifyError(f"cannot unpack {bundle_dir}: {message}",
+                           hint="run `imgtool verify` on the bundle and re-copy the parts it names")
+
     try:
-        with PartsStream(Path(bundle_dir), index, strict=True) as raw, open(partial, "wb") as out, \
+        with open(partial, "wb") as out, \
                 progress.bar(index.archive.tar_size, f"unpacking {Path(bundle_dir).name}") as bar:
-            stream = decompressed(raw, index.archive.compression)
-            while True:
-                try:
-                    data = stream.read(HASH_READ)
-                except DecodeError as e:
-                    raise VerifyError(f"cannot unpack {bundle_dir}: its archive is {e}",
-                                      hint="run `imgtool verify` on the bundle and re-copy the parts it names") from None
-                if not data:
-                    break
-                written += len(data)
-                if written > index.archive.tar_size:
-                    break
+            def write(data: bytes) -> None:
                 out.write(data)
                 bar.update(len(data))
-            raw.drain()
-            if written != index.archive.tar_size:
-                raise VerifyError(f"cannot unpack {bundle_dir}: its archive unpacks to "
-                                  f"{'more than ' if written > index.archive.tar_size else ''}{written} bytes, "
-                                  f"bundle.json says {index.archive.tar_size}",
-                                  hint="run `imgtool verify` on the bundle")
+
+            # the archive's one reader: every header, the padding, the trailer and the end checked on the way (not
+            # the blobs' digests: serve checks each blob before it hands it out)
+            with Archive(Path(bundle_dir), index, fail=refusal, digests="off", read_size=HASH_READ,
+                         tee=write) as archive:
+                archive.to_end()
             out.flush()
             os.fsync(out.fileno())
         os.chmod(partial, 0o444)

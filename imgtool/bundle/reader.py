@@ -1,7 +1,7 @@
 """Reading a bundle: bundle.json, the parts as one stream (hashed on the way), decompression.
 
 Nothing here extracts anything to disk: the archive is only ever a stream of bytes that is
-checked (walk.py) or handed to Docker (load.py).
+checked or handed on (archive.py: the one forward reader of the archive).
 """
 
 import bisect

@@ -1,7 +1,7 @@
 """`imgtool verify`: is this bundle directory exactly what the fetch wrote?
 
 Checks bundle.json (format, version, --expect, SHA256SUMS), every part (presence, size,
-sha256), and unless quick, every member of the archive (walk.py): blob digests, layer
+sha256), and unless quick, every member of the archive (archive.py, strict): blob digests, layer
 diff_ids, structure. Every problem is collected and named with the part that holds it.
 """
 
@@ -19,9 +19,8 @@ from ..progress import Progress
 from ..trust import Verdict
 from .format import BUNDLE_JSON, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
 from .signature import enforce
-from .reader import (PartMap, PartsStream, Problem, decompressed, hash_part, part_problem, part_unreadable,
-                     read_index, stat_parts)
-from .walk import walk_archive
+from .archive import walk_archive
+from .reader import Problem, hash_part, part_problem, part_unreadable, read_index, stat_parts
 
 
 # raise_if_bad's words per verb: (the refusal, what it did not do); any other verb: "bundle failed verification"
@@ -253,16 +252,12 @@ def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyRep
 
 def deep_check(bundle_dir: Path, index: BundleIndex, report: VerifyReport, progress: Progress, jobs: int,
                diff_ids: bool) -> None:
-    """One pass over the parts: each part's sha256 plus the strict archive walk (walk.py).
+    """One pass over the parts: each part's sha256 plus the strict archive walk (archive.py).
 
     Problems the walk finds inside a damaged part are dropped: "re-copy part N" says it all.
     """
-    part_map = PartMap(index)
     with progress.bar(index.archive.size, "checking bundle") as bar:
-        with PartsStream(bundle_dir, index, strict=False, on_bytes=bar.update) as parts:
-            result = walk_archive(decompressed(parts, index.archive.compression), index, part_map,
-                                  diff_ids=diff_ids, jobs=jobs)
-            parts.drain()
+        result, parts = walk_archive(bundle_dir, index, diff_ids=diff_ids, jobs=jobs, on_bytes=bar.update)
     report.bytes_read += parts.position
     report.parts_checked = len(index.parts)
     bad = set(parts.bad)

@@ -2,11 +2,15 @@
 
 An uncompressed bundle's blobs are read from the spans of the part files that hold them (bundle/catalog.py's spans,
 read by bundle/inplace.py's `PartFiles`: the one reader of blobs in place, serve's too). A `--compress`ed bundle's
-archive is one gzip or zstd stream cut into parts: no blob can be read in place, so the archive is decompressed as
-one sequential stream (each part checked against bundle.json as it ends) and the blobs are handed over in archive
-order (`order`): a destination takes them in that order, and a request behind the stream is refused, unless
-`rewind()` asked for a new pass first. The manifests and configs `images()` returns are read by a first pass that
-stops once it holds them all; the blobs then follow on from there, or from the start when one lies before.
+archive is one gzip or zstd stream cut into parts: no blob can be read in place, so the archive is read by its one
+forward reader (bundle/archive.py: each part checked against bundle.json as it ends, every header, member digest,
+padding and the trailer as they pass) and the blobs are handed over in archive order (`order`): a destination takes
+them in that order, and a request behind the stream is refused, unless `rewind()` asked for a new pass first. The
+manifests and configs `images()` returns are read by a first pass that stops once it holds them all; the blobs then
+follow on from there, or from the start when one lies before. The rest of the archive, to its end and the
+decompressed stream's, is read and checked before the last chunk of the last blob the plan reads is handed over
+(or by `settle`, which a destination calls before it commits): bytes after the archive refuse the copy as they
+refuse verify and load.
 
 Every blob is checked against its digest before its last chunk is handed over. Python 3.7: the offline side reads
 bundles through this.
@@ -16,10 +20,11 @@ from pathlib import Path
 from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 from ..bundle import layout
+from ..bundle.archive import Archive
 from ..bundle.catalog import Catalog
 from ..bundle.format import BundleImage, BundleIndex, Layer, part_label
 from ..bundle.inplace import PartFiles
-from ..bundle.reader import HASH_READ, DecodeError, PartsStream, decompressed, read_index
+from ..bundle.reader import HASH_READ, read_index
 from ..errors import ImgtoolError, VerifyError
 from ..model import Digest, ImageConfig, ImageRef, Manifest, PulledImage, parse_manifest
 
@@ -48,7 +53,8 @@ class BundleSource:
                                                           if im.omitted}
         self.compressed = self.index.archive.compression != "none"
         self._files = None if self.compressed else PartFiles([self.dir], Catalog([self.index]))
-        self._stream: Optional[_Archive] = None
+        self._stream: Optional[Archive] = None
+        self._last: Optional[Digest] = None  # the last blob in archive order the plan reads: the archive's end after it
         self._small: Dict[Digest, bytes] = {}  # a compressed bundle's manifests and configs, read by the first pass
         self._images: Optional[List[PulledImage]] = None
         self._handed = False  # a blob of the blob pass was handed over: the stream may no longer start over
@@ -93,17 +99,25 @@ class BundleSource:
         small = sorted((self.slots[d] for d in wanted), key=lambda p: p.data_offset)
         stream = self._open()
         for p in small:
-            self._small[p.member.digest] = b"".join(stream.blob(p, HASH_READ))
+            self._small[p.member.digest] = b"".join(stream.blob(p))
 
-    def _open(self) -> "_Archive":
+    def _open(self) -> Archive:
         if self._stream is not None:
             self._stream.close()
-        self._stream = _Archive(self.dir, self.index)
+            self._stream = None
+        self._stream = Archive(self.dir, self.index, fail=self._refusal, digests="handed", read_size=HASH_READ)
         return self._stream
 
     def has(self) -> FrozenSet[Digest]:
         """Every blob its archive holds (a delta bundle's left-out layers are not)."""
         return frozenset(self.slots)
+
+    def _refusal(self, message: str) -> VerifyError:
+        """What the archive's reader found, said as the part that is damaged when one is: the rest of the parts
+        read (and hashed, not decompressed) until one differs from bundle.json (raises VerifyError naming it)."""
+        if self._stream is not None:
+            self._stream.parts.drain()
+        return VerifyError(f"cannot read {self.dir}: {message}", hint=VERIFY_HINT)
 
     def start(self, plan) -> None:
         """A compressed bundle: refuses a plan whose order is not the archive's (OutOfOrder)."""
@@ -113,6 +127,10 @@ class BundleSource:
             if wanted != sorted(wanted):
                 raise OutOfOrder(f"{self.what} is {self.index.archive.compression}-compressed: its blobs can be read "
                                  "only in the order of its archive, and the destination asked for another order")
+            read = [at[d] for d in plan.order if d in at and d not in plan.skip and d not in self._small]
+            self._last = self.order[max(read)] if read else None
+            if self._last is None:  # no blob is read: the archive's end is checked now
+                self.settle()
 
     def path(self, digest: Digest) -> Optional[Path]:
         return None  # no file per blob
@@ -136,14 +154,14 @@ class BundleSource:
             yield from _checked(self._files.chunks(blob, 0, size, HASH_READ), p, self._parts(blob))
             return
         stream = self._stream
-        if stream is None or p.data_offset < stream.position:
+        if stream is None or p.offset < stream.offset:
             if self._handed:
                 raise OutOfOrder(f"{self.what} is {self.index.archive.compression}-compressed: its blobs are read "
                                  f"once, in archive order, and {p.member.what} (blob {digest.short}) lies behind the "
                                  "blob read last")
             stream = self._open()
         self._handed = True
-        yield from stream.blob(p, HASH_READ)
+        yield from stream.blob(p, then_end=digest == self._last)
 
     def _parts(self, blob) -> str:
         """Which parts hold the blob, as verify names them: " (part 003)", " (parts 003-004)"."""
@@ -160,7 +178,11 @@ class BundleSource:
         self._handed = False
 
     def settle(self) -> None:
-        """Every blob was checked before its last chunk was handed over."""
+        """Every blob was checked before its last chunk was handed over; a compressed bundle's archive is read and
+        checked to its end (raises VerifyError)."""
+        if self.compressed:
+            stream = self._stream if self._stream is not None else self._open()
+            stream.to_end()
 
     def cancel(self) -> None:
         self.finish()
@@ -189,55 +211,3 @@ def _checked(chunks: Iterator[bytes], p: layout.Slot, where: str) -> Iterator[by
 def _damaged(p: layout.Slot, where: str = "") -> VerifyError:
     return VerifyError(f"{p.member.what} (blob {p.member.digest.short}) is damaged in the bundle{where}: its sha256 "
                        "differs from its digest", hint=VERIFY_HINT)
-
-
-class _Archive:
-    """A compressed bundle's archive as one stream read forward: its parts in order (each checked against
-    bundle.json as it ends: a damaged one raises VerifyError naming it), decompressed."""
-
-    def __init__(self, bundle_dir: Path, index: BundleIndex):
-        self.dir = bundle_dir
-        self.raw = PartsStream(bundle_dir, index, strict=True)
-        self.stream = decompressed(self.raw, index.archive.compression)
-        self.position = 0  # in the tar
-
-    def _read(self, n: int) -> bytes:
-        try:
-            data = self.stream.read(n)
-        except DecodeError as e:
-            self._name_the_part()
-            raise VerifyError(f"cannot read {self.dir}: its archive is {e}", hint=VERIFY_HINT) from None
-        if not data:
-            raise VerifyError(f"cannot read {self.dir}: its archive ends at {self.position} bytes, before bundle.json "
-                              "says", hint=VERIFY_HINT)
-        self.position += len(data)
-        return data
-
-    def _name_the_part(self) -> None:
-        """What the stream found wrong, said as the part that is damaged when one is: the rest of the parts read
-        (and hashed, not decompressed) until one differs from bundle.json (raises VerifyError naming it)."""
-        self.raw.drain()
-
-    def blob(self, p: layout.Slot, size: int) -> Iterator[bytes]:
-        """The member's data, `size` at a time, digest-checked before the last chunk (a mismatch: the damaged part
-        named, or else the blob); the stream skips forward to it."""
-        while self.position < p.data_offset:
-            self._read(min(size, p.data_offset - self.position))
-        sha = p.member.digest.hasher()
-        held = None
-        left = p.member.size
-        while left:
-            data = self._read(min(size, left))
-            left -= len(data)
-            sha.update(data)
-            if held is not None:
-                yield held
-            held = data
-        if sha.hexdigest() != p.member.digest.hex:
-            self._name_the_part()
-            raise _damaged(p)
-        if held is not None:
-            yield held
-
-    def close(self) -> None:
-        self.raw.close()

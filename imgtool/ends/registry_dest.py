@@ -24,7 +24,7 @@ from ..progress import Progress
 from ..registry import RegistryClient
 
 if TYPE_CHECKING:
-    from ..pipeline import Blobs
+    from ..pipeline import Blobs, Source
 
 CHUNK = 16 * 1024 * 1024  # blobs above this go up as PATCH chunks of this size (bounded memory)
 
@@ -160,13 +160,14 @@ class RegistryDestination:
                            "nothing was pushed",
                            hint=f"push the bundle of {', '.join(names)} to {self.to} first, or fetch a full bundle")
 
-    def write(self, plan: "Plan[Pushing]", source: "Blobs") -> PushResult:
+    def write(self, plan: "Plan[Pushing]", source: "Source") -> PushResult:
         """Every blob the registry lacks, then the manifests (and indexes); raises RegistryError, VerifyError (a
         blob damaged in the source: no manifest naming it is pushed)."""
         blobs, targets = plan.destination.blobs, list(plan.destination.targets)
         result = PushResult(self.host, self.scheme, [])
         result.blobs_present = blobs.present
         self._push_blobs(source, blobs, result)
+        source.settle()  # what the source defers (a compressed bundle: its archive to the end) before a manifest goes
         for repo, images in _by_tag(targets):
             self._push_manifests(repo, images, {im.manifest_digest: im for im in plan.images}, result)
         return result
