@@ -115,7 +115,7 @@ def test_bytes_after_the_archive_are_refused_in_every_mode(tmp_path, edit):
     source = BundleSource(out)  # rewindable, inline: copy bundle: bundle:, push
     source.images()
     layers = [d for d in source.order if source.slots[d].member.kind == "layer"]
-    source.start(Plan(tuple(source.images()), tuple(layers)))
+    source.start(Plan(tuple(source.images()), tuple(layers), frozenset(), None))
     last = layers[-1]
     for digest in layers[:-1]:
         b"".join(source.chunks(digest, source.slots[digest].member.size, "test"))
@@ -131,7 +131,7 @@ def test_bytes_after_the_archive_are_refused_in_every_mode(tmp_path, edit):
     skipping = BundleSource(out)  # a destination that reads no blob (it holds them all): checked at start
     images = skipping.images()
     with pytest.raises(VerifyError) as e:
-        skipping.start(Plan(tuple(images), tuple(layers), frozenset(layers)))
+        skipping.start(Plan(tuple(images), (), frozenset(layers), None))
     skipping.finish()
     assert e.value.message.startswith(f"cannot read {out}: {said}")
 

@@ -318,23 +318,13 @@ class Archive:
         # same (a compressed bundle's first pass for the manifests passes layers: hashing them was a second sha256
         # of them on copy's path)
         sha = hashlib.sha256() if self.digests == "inline" or (inline and (hand_over or m.kind == "meta")) else None
-        job = None
-        if m.kind == "layer" and (self.diff_mode == "all" or (self.diff_mode == "handed" and hand_over)):
-            self.slots_free.acquire()
-            # 16 MiB of read-ahead per layer: the reader moves on to the next layer while this one inflates
-            job = Worker(layer_digester(m.media_type, self.slots_free), f"diff-id-{m.digest.short}", maxsize=16)
-            self.jobs.append((m, job))
+        job = self._diff_job(m, hand_over)
         held = None
         got = 0
         try:
             for data in self._chunks(m.size):
                 got += len(data)
-                if sha is not None:
-                    sha.update(data)
-                if self.hashes is not None:
-                    self.hashes.put(data)
-                if job is not None:
-                    job.put(data)
+                self._feed(data, sha, job)
                 if hand_over:
                     if held is not None:
                         yield held
@@ -344,6 +334,33 @@ class Archive:
         finally:
             if job is not None:
                 job.close()  # the layer's data ends here, or the reader stops here
+        self._member_read(slot, start, got, sha)
+        if held is not None:
+            yield held
+        if self._exactly(layout.padding(m.size)).strip(b"\0"):
+            self._problem(f"the archive has non-zero padding after {m.name}", start + m.size)
+
+    def _diff_job(self, m: "layout.Member", hand_over: bool) -> Optional[Worker]:
+        """The worker that inflates a layer for its diff_id, when this mode asks for it (None otherwise)."""
+        if m.kind != "layer" or not (self.diff_mode == "all" or (self.diff_mode == "handed" and hand_over)):
+            return None
+        self.slots_free.acquire()
+        # 16 MiB of read-ahead per layer: the reader moves on to the next layer while this one inflates
+        job = Worker(layer_digester(m.media_type, self.slots_free), f"diff-id-{m.digest.short}", maxsize=16)
+        self.jobs.append((m, job))
+        return job
+
+    def _feed(self, data: bytes, sha: Optional["hashlib._Hash"], job: Optional[Worker]) -> None:
+        if sha is not None:
+            sha.update(data)
+        if self.hashes is not None:
+            self.hashes.put(data)
+        if job is not None:
+            job.put(data)
+
+    def _member_read(self, slot: layout.Slot, start: int, got: int, sha: Optional["hashlib._Hash"]) -> None:
+        """After a member's data: was all of it there, and (inline) its digest; the deferred hash told its end."""
+        m = slot.member
         if got < m.size:
             self._problem(f"the archive ends early, inside {m.name} ({m.what})", slot.offset, stop=True)
         self.result.blobs_checked += m.kind != "meta"
@@ -352,10 +369,6 @@ class Archive:
         if sha is not None and sha.hexdigest() != m.digest.hex:
             self.damaged.add(m.digest)
             self._problem(_differs(m), start, start + m.size)
-        if held is not None:
-            yield held
-        if self._exactly(layout.padding(m.size)).strip(b"\0"):
-            self._problem(f"the archive has non-zero padding after {m.name}", start + m.size)
 
     def _trailer(self, start: int) -> None:
         """The end-of-archive blocks and record padding up to the tar size: zeros; then nothing more, and the

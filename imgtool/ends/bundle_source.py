@@ -127,7 +127,7 @@ class BundleSource:
             if wanted != sorted(wanted):
                 raise OutOfOrder(f"{self.what} is {self.index.archive.compression}-compressed: its blobs can be read "
                                  "only in the order of its archive, and the destination asked for another order")
-            read = [at[d] for d in plan.order if d in at and d not in plan.skip and d not in self._small]
+            read = [at[d] for d in plan.moves if d in at and d not in self._small]
             self._last = self.order[max(read)] if read else None
             if self._last is None:  # no blob is read: the archive's end is checked now
                 self.settle()
