@@ -188,7 +188,8 @@ LAYERS = (
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
                          "connections", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
-    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull"}),  # what a copy does on the way
+    # what a copy does on the way
+    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull"}),
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, walk, verify, signature, inplace, load
     ("presets", {"presets"}),
