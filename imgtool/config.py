@@ -10,7 +10,7 @@ import os
 import pkgutil
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
@@ -50,6 +50,21 @@ class Mirror:
 
 
 @dataclass(frozen=True)
+class ModelMirror:
+    """One `[[model_mirrors]]` entry: an endpoint speaking a model hub's API (`hub` "hf" or "modelscope"), e.g.
+    hf-mirror.com for Hugging Face. The hub's token (`$HF_TOKEN`, `$MODELSCOPE_API_TOKEN`) goes to it only with
+    `token = true`: a mirror is a third party unless the user says otherwise."""
+
+    name: str
+    hub: str
+    url: str
+    insecure: bool = False
+    ca_cert: Optional[str] = None
+    upstream: bool = False  # its answer for a revision is authoritative (as the hub itself is)
+    token: bool = False
+
+
+@dataclass(frozen=True)
 class MirrorConfig:
     """How imgtool reaches registries: the whole mirrors.toml (the default image and the mirror entries,
     in file order), how long a read may stall (`$IMGTOOL_READ_TIMEOUT`), a whole answer may take
@@ -64,6 +79,7 @@ class MirrorConfig:
     helper_timeout: float = DEFAULT_HELPER_TIMEOUT
     response_timeout: Optional[float] = None
     min_rate: int = DEFAULT_MIN_RATE
+    model_mirrors: Tuple[ModelMirror, ...] = ()
 
     def parse_ref(self, text: str) -> ImageRef:
         """Parse a user reference against this config's default image; raises UsageError."""
@@ -209,6 +225,7 @@ _MIRRORS_FILE = Table(
     Key("default_image", str, check=_default_image, wrong='default_image must be a string like "quay.io/ascend/vllm-ascend"',
         missing='default_image must be a string like "quay.io/ascend/vllm-ascend"', required=True),
     Key("mirrors", list, wrong="mirrors must be an array of tables ([[mirrors]])"),
+    Key("model_mirrors", list, wrong="model_mirrors must be an array of tables ([[model_mirrors]])"),
 )
 _MIRROR = Table(
     Key("name", str, required=True, what="string", check=_mirror_name),
@@ -220,6 +237,47 @@ _MIRROR = Table(
     Key("upstream", bool, what="boolean"),
     wrong="{key} must be a {what}",
 )
+
+
+def _hub_name(value: str) -> str:
+    if value not in ("hf", "modelscope"):
+        raise UsageError(f"invalid hub {value!r}: \"hf\" (Hugging Face) or \"modelscope\"")
+    return value
+
+
+_MODEL_MIRROR = Table(
+    Key("name", str, required=True, what="string", check=_mirror_name),
+    Key("hub", str, required=True, what="string", check=_hub_name),
+    Key("url", str, required=True, what="string", check=_mirror_url),
+    Key("insecure", bool, what="boolean"),
+    Key("ca_cert", str, what="string"),
+    Key("upstream", bool, what="boolean"),
+    Key("token", bool, what="boolean"),
+    wrong="{key} must be a {what}",
+)
+
+
+def _model_mirrors(entries: List[Any], text: str, path: Path) -> Tuple[ModelMirror, ...]:
+    """The `[[model_mirrors]]` entries, validated as `[[mirrors]]` are; raises ConfigError at file:line."""
+    out: List[ModelMirror] = []
+    seen: Dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: model_mirrors[{i}] must be a table")
+        fail = toml_fail(path, text, "model_mirrors", i, f"model_mirrors[{i}]: ")
+        values = _MODEL_MIRROR.check(entry, fail)
+        name, url = values["name"], values["url"].rstrip("/")
+        if name in seen:
+            fail("name", f"duplicate name {name!r} (also model_mirrors[{seen[name]}])")
+        seen[name] = i
+        if url.startswith("http://") and not values.get("insecure", False):
+            fail("url", f"url {values['url']!r} uses http://; set insecure = true for this entry to allow it")
+        ca_cert = values.get("ca_cert")
+        if ca_cert:
+            ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
+        out.append(ModelMirror(name, values["hub"], url, values.get("insecure", False), ca_cert,
+                               values.get("upstream", False), values.get("token", False)))
+    return tuple(out)
 
 
 def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
@@ -243,7 +301,8 @@ def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
             ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
         mirrors.append(Mirror(name, values["registry"], url, values.get("prefix", "").strip("/"),
                               values.get("insecure", False), ca_cert, values.get("upstream")))
-    return MirrorConfig(top["default_image"], tuple(mirrors), str(path))
+    return MirrorConfig(top["default_image"], tuple(mirrors), str(path),
+                        model_mirrors=_model_mirrors(top.get("model_mirrors", []), text, path))
 
 
 def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[Path]:
@@ -363,6 +422,95 @@ def _seconds(name: str, default: float) -> float:
     if not 0 < value <= 3600:
         raise UsageError(f"invalid {name} {text!r}: give seconds between 0 and 3600, e.g. {default:g}")
     return value
+
+
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+DEFAULT_MODELSCOPE_ENDPOINT = "https://modelscope.cn"
+MAX_TOKEN_FILE = 4096  # a token file longer than this is not a token
+
+
+@dataclass(frozen=True)
+class HubEnvironment:
+    """What the model hubs' own clients read from the environment, read once by commands/ (`hub_environment`)
+    and handed to the hubs room: the endpoints (`$HF_ENDPOINT`; `$MODELSCOPE_ENDPOINT`, else
+    `$MODELSCOPE_DOMAIN`) and the tokens. `hf_default`/`modelscope_default` are the hubs themselves."""
+
+    hf_endpoint: Optional[str] = None
+    hf_token: Optional[str] = field(default=None, repr=False)
+    modelscope_endpoint: Optional[str] = None
+    modelscope_token: Optional[str] = field(default=None, repr=False)
+    hf_default: Optional[str] = DEFAULT_HF_ENDPOINT
+    modelscope_default: Optional[str] = DEFAULT_MODELSCOPE_ENDPOINT
+
+
+def hub_environment() -> HubEnvironment:
+    """The hubs' endpoints and tokens as their clients read them (huggingface_hub 2.4, modelscope 1.40):
+    `hf_endpoint`, `hf_token`, `modelscope_endpoint`, `modelscope_token`. Raises UsageError for an endpoint
+    that is not an http(s) URL."""
+    return HubEnvironment(hf_endpoint(), hf_token(), modelscope_endpoint(), modelscope_token())
+
+
+def _endpoint(name: str, value: str) -> str:
+    url = value.strip().rstrip("/")
+    if not _URL_RE.match(url):
+        raise UsageError(f"invalid {name} {value!r}: expected https://host[:port]")
+    return url
+
+
+def hf_endpoint() -> Optional[str]:
+    """`$HF_ENDPOINT` (how hf-mirror.com is used), or None. Raises UsageError."""
+    value = os.environ.get("HF_ENDPOINT", "").strip()
+    return _endpoint("HF_ENDPOINT", value) if value else None
+
+
+def modelscope_endpoint() -> Optional[str]:
+    """`$MODELSCOPE_ENDPOINT`, else `$MODELSCOPE_DOMAIN` (a bare host gets https://, a value with http:// is used
+    as given, as modelscope's client does), or None. Raises UsageError."""
+    for name in ("MODELSCOPE_ENDPOINT", "MODELSCOPE_DOMAIN"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            if not value.lower().startswith(("http://", "https://")):
+                value = "https://" + value
+            return _endpoint(name, value)
+    return None
+
+
+def _clean_token(value: Optional[str]) -> Optional[str]:
+    """A token as huggingface_hub cleans it: CR and LF removed, blanks stripped; None when empty."""
+    if value is None:
+        return None
+    return value.replace("\r", "").replace("\n", "").strip() or None
+
+
+def hf_token() -> Optional[str]:
+    """The Hugging Face token as huggingface_hub finds it: `$HF_TOKEN` (or the older `$HUGGING_FACE_HUB_TOKEN`),
+    else the token file: `$HF_TOKEN_PATH`, else `$HF_HOME/token`, else `$XDG_CACHE_HOME/huggingface/token`, else
+    `~/.cache/huggingface/token`. A file that is not regular or is longer than 4 KiB is not read."""
+    token = _clean_token(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
+    if token:
+        return token
+    path = os.environ.get("HF_TOKEN_PATH")
+    if not path:
+        home = os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+        path = os.path.join(home, "token")
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TOKEN_FILE + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_TOKEN_FILE:
+        return None
+    return _clean_token(data.decode("utf-8", "replace"))
+
+
+def modelscope_token() -> Optional[str]:
+    """`$MODELSCOPE_API_TOKEN`, or None. modelscope's own login file (`~/.modelscope/credentials/cookies`) is a
+    pickle, which imgtool does not load: unpickling runs code."""
+    return _clean_token(os.environ.get("MODELSCOPE_API_TOKEN"))
 
 
 def source_date_epoch() -> Optional[str]:

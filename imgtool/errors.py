@@ -102,6 +102,15 @@ class VerifyError(ImgtoolError):
         self.problems = list(problems)
 
 
+class CorruptBlob(VerifyError):
+    """A download's blob kept arriving with other bytes than its digest names; `digest` is that digest (a caller
+    that knows the blob by another name, a model's file, says so)."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, *, digest: str):
+        super().__init__(message, hint)
+        self.digest = digest
+
+
 class SignatureError(VerifyError):
     """A bundle's signature refused (policy or a bad signature): `reason` says which, `signer` who signed.
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
-from .errors import Cancelled, ImgtoolError, NotFoundError, RegistryError, VerifyError
-from .mirrors import Source
+from .errors import Cancelled, CorruptBlob, ImgtoolError, NotFoundError, RegistryError, VerifyError
 from .model import Descriptor, Digest, PulledImage, format_size
 from .progress import Bar, Progress
 from .puller_sources import Retries, Slots, SourcePool, asks_for_fewer
@@ -23,6 +22,7 @@ from .store import Partial, Store
 
 if TYPE_CHECKING:
     from .bundle.regions import Regions
+    from .puller_sources import BlobSource
 
 MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
@@ -265,7 +265,7 @@ class _Scheduler:
         self.slots = Slots(per_source)
         self.pools: Dict[int, SourcePool] = {}
 
-    def pool(self, sources: Sequence[Source]) -> SourcePool:
+    def pool(self, sources: Sequence["BlobSource"]) -> SourcePool:
         """The pool of an image's sources (one per list of sources), sharing the per-source slots."""
         return self.pools.setdefault(id(sources), SourcePool(sources, self.slots))
 
@@ -512,7 +512,7 @@ class _Scheduler:
                 except Cancelled:
                     return  # stopped (Ctrl-C, or another worker's error): the caller is unwinding
 
-    def _request(self, source: Source, rng: _Range) -> None:
+    def _request(self, source: "BlobSource", rng: _Range) -> None:
         """One request for the range, from `rng.pos` to where `_ask` says; its bytes go to the partial.
         The client does not retry it: `_fetch` does, by the same policy, maybe from another source."""
         start, size = rng.pos, rng.blob.desc.size
@@ -526,12 +526,12 @@ class _Scheduler:
                 chunk = self._read(blob, min(READ_CHUNK, asked - rng.pos), source, rng)
                 self._write(rng, chunk[:asked - rng.pos], source.name)
 
-    def _skip(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> None:
+    def _skip(self, blob: BlobStream, n: int, source: "BlobSource", rng: _Range) -> None:
         """Read and drop the first `n` bytes of a response."""
         while n and not self.stop.is_set():
             n -= len(self._read(blob, min(READ_CHUNK, n), source, rng))
 
-    def _read(self, blob: BlobStream, n: int, source: Source, rng: _Range) -> bytes:
+    def _read(self, blob: BlobStream, n: int, source: "BlobSource", rng: _Range) -> bytes:
         """Up to `n` raw bytes of the response; raises RegistryError if the connection broke or closed early."""
         chunk = blob.read(n)
         if not chunk:
@@ -586,8 +586,9 @@ class _Scheduler:
         """The blob arrived corrupt: queue it again, first in line; raises VerifyError after BLOB_ATTEMPTS."""
         self.progress.warn(f"{corrupt.message}; downloading it again")
         if blob.attempt + 1 >= BLOB_ATTEMPTS:
-            raise VerifyError(f"blob {blob.desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
-                              hint="a proxy or mirror is damaging data; try another with --mirror NAME") from corrupt
+            raise CorruptBlob(f"blob {blob.desc.digest} arrived corrupt {BLOB_ATTEMPTS} times; giving up",
+                              hint="a proxy or mirror is damaging data; try another with --mirror NAME",
+                              digest=str(blob.desc.digest)) from corrupt
         with self.lock:
             self.queue.appendleft(_Range.unopened(replace(blob, attempt=blob.attempt + 1)))
 
@@ -609,21 +610,37 @@ class _Scheduler:
             self._close(job)
 
 
-def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Store, progress: Progress,
+def download(images: Sequence[Tuple[PulledImage, Sequence["BlobSource"]]], store: Store, progress: Progress,
              jobs: int = JOBS, stats: Optional[PullStats] = None,
              blobs: Optional[Sequence[Digest]] = None, cancel: Optional[threading.Event] = None,
              tuning: Tuning = DEFAULT_TUNING, connections: int = CONNECTIONS,
              regions: Optional["Regions"] = None) -> PullStats:
     """Bring the layers `blobs` of `images` (exactly those, in that order: what a copy moves; None: every layer)
-    into the store, or those `regions` holds into their regions, over `jobs` connections per source, at most `connections` at
-    once over all; returns what was transferred. Setting `cancel` stops it (what arrived stays in the partial
-    files for the next run), and ends any wait before a retry at once.
+    into the store, or those `regions` holds into their regions, over `jobs` connections per source, at most
+    `connections` at once over all; returns what was transferred. Setting `cancel` stops it (what arrived stays in
+    the partial files for the next run), and ends any wait before a retry at once.
 
     Raises RegistryError when every source failed for some blob, StoreError on disk
-    trouble, VerifyError when a blob kept arriving corrupt.
+    trouble, VerifyError (CorruptBlob) when a blob kept arriving corrupt.
     """
+    known: Dict[Digest, Tuple[Descriptor, Sequence["BlobSource"]]] = {}
+    for image, sources in images:
+        for layer in image.manifest.layers:
+            known.setdefault(layer.digest, (layer, sources))
+    wanted = list(known) if blobs is None else [d for d in dict.fromkeys(blobs) if d in known]
+    return download_blobs([known[d] for d in wanted], store, progress, jobs=jobs, stats=stats, cancel=cancel,
+                          tuning=tuning, connections=connections, regions=regions)
+
+
+def download_blobs(blobs: Sequence[Tuple[Descriptor, Sequence["BlobSource"]]], store: Store, progress: Progress,
+                   jobs: int = JOBS, stats: Optional[PullStats] = None, order: Sequence[Digest] = (),
+                   cancel: Optional[threading.Event] = None, tuning: Tuning = DEFAULT_TUNING,
+                   connections: int = CONNECTIONS, regions: Optional["Regions"] = None) -> PullStats:
+    """`download` of blobs named by their descriptors, each with the sources that serve it (a registry's
+    mirrors, a model hub's endpoints: anything of `puller_sources.BlobSource`'s shape); each blob once, with
+    the sources given first for it, in the order given (`order` first, when given). Raises as `download` does."""
     stats = stats if stats is not None else PullStats()  # the caller's: it may watch `fresh` grow
-    todo = _missing(images, blobs, store, stats, regions)
+    todo = _missing(blobs, store, stats, order, regions)
     if not todo:
         return stats
     total = sum(d.size - (regions.partial_bytes(d.digest, d.size) if regions is not None and regions.holds(d.digest)
@@ -642,24 +659,23 @@ def download(images: Sequence[Tuple[PulledImage, Sequence[Source]]], store: Stor
     return stats
 
 
-def _missing(images: Sequence[Tuple[PulledImage, Sequence[Source]]], blobs: Optional[Sequence[Digest]],
-             store: Store, stats: PullStats, regions: Optional["Regions"] = None
-             ) -> List[Tuple[Descriptor, Sequence[Source]]]:
-    """The layers to download (each once, with the sources of the first image that has it), in the order of
-    `blobs` (fetch: the bundle's archive order, so its writer can start on the first blob early) and none other;
+def _missing(blobs: Sequence[Tuple[Descriptor, Sequence["BlobSource"]]], store: Store, stats: PullStats,
+             order: Sequence[Digest], regions: Optional["Regions"] = None
+             ) -> List[Tuple[Descriptor, Sequence["BlobSource"]]]:
+    """The blobs to download (each once, with the sources given first for it), in the order given, `order` first;
     those already in the store are counted in `stats` instead, unless `regions` wants them (copied there)."""
-    known: Dict[Digest, Tuple[Descriptor, Sequence[Source]]] = {}
-    for image, sources in images:
-        for layer in image.manifest.layers:
-            known.setdefault(layer.digest, (layer, sources))
-    wanted = list(known) if blobs is None else [d for d in dict.fromkeys(blobs) if d in known]
+    wanted: Dict[Digest, Tuple[Descriptor, Sequence["BlobSource"]]] = {}
+    for desc, sources in blobs:
+        wanted.setdefault(desc.digest, (desc, sources))
     todo = []
-    for digest in wanted:
-        desc, sources = known[digest]
+    for desc, sources in wanted.values():
         if store.has(desc.digest, desc.size) and not (regions is not None and regions.holds(desc.digest)):
             stats.cached(desc.size)
         else:
             todo.append((desc, sources))
+    if order:  # fetch: the bundle's archive order, so its writer can start on the first blob early
+        rank = {d: i for i, d in enumerate(order)}
+        todo.sort(key=lambda t: rank.get(t[0].digest, len(rank)))
     return todo
 
 

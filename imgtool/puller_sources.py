@@ -1,15 +1,45 @@
 """A download's sources: how many connections each may have at once (`Slots`, shared by every image), which
 are still healthy (`SourcePool`), and one range's failures on them (`Retries`: which source next, when one is
 dropped, how long to back off by its client's RetryPolicy). puller.py's scheduler asks them; they move no byte.
+
+A source is anything of `BlobSource`'s shape: a registry mirror (mirrors.Source) or a model hub's endpoint
+(hubs.HubSource), each opening a blob's bytes [start, end) as a `BlobStream`.
 """
 
 import threading
 from contextlib import contextmanager
-from typing import Collection, Dict, Iterator, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Collection, Dict, Iterator, Optional, Sequence, Set
 
 from .errors import NotFoundError, RegistryError, RegistryUnavailable
-from .mirrors import Source
 from .model import Digest
+
+if TYPE_CHECKING:  # typing.Protocol is Python 3.8's
+    from typing import Protocol
+
+    from .registry_answers import BlobStream, RetryPolicy
+
+    class BlobClient(Protocol):
+        """What opens a source's blobs: one try of a range (`retry=False`: the puller retries by `retry`)."""
+
+        retry: RetryPolicy
+
+        def blob(self, repository: str, digest: Digest, start: int = 0, end: Optional[int] = None, *,
+                 retry: bool = True) -> BlobStream: ...
+
+    class BlobSource(Protocol):
+        """One endpoint a download may take a blob's bytes from."""
+
+        @property
+        def name(self) -> str: ...
+
+        @property
+        def repository(self) -> str: ...
+
+        @property
+        def client(self) -> BlobClient: ...
+
+        def describe(self) -> str: ...
+
 
 
 class Slots:
@@ -74,14 +104,14 @@ class SourcePool:
     """Healthy sources, their connections counted in the shared `Slots`; a failing source is dropped for
     the run."""
 
-    def __init__(self, sources: Sequence[Source], slots: Slots):
+    def __init__(self, sources: Sequence["BlobSource"], slots: Slots):
         self.sources = list(sources)
         self.slots = slots
         self.dead: Dict[str, str] = {}
         self.last_error: Dict[str, str] = {}
         self.lock = threading.Lock()
 
-    def pick(self, preferred: int, exclude: Collection[str] = ()) -> Source:
+    def pick(self, preferred: int, exclude: Collection[str] = ()) -> "BlobSource":
         """The live source (outside `exclude` while any is) with the fewest connections in use, the one at
         `preferred` (modulo) among equals; raises RegistryError when every source is dead."""
         with self.lock:
@@ -96,7 +126,7 @@ class SourcePool:
         start = preferred % len(live)
         return min(live[start:] + live[:start], key=lambda s: self.slots.in_use(s.name))
 
-    def fail(self, source: Source, error: str, fatal: bool) -> None:
+    def fail(self, source: "BlobSource", error: str, fatal: bool) -> None:
         with self.lock:
             self.last_error[source.name] = error
             if fatal:
@@ -129,18 +159,18 @@ class Retries:
         self.failures = 0
         self.out: Set[str] = set()
 
-    def next_source(self, preferred: int) -> Source:
+    def next_source(self, preferred: int) -> "BlobSource":
         """Raises RegistryError when every source of the pool is dead."""
         return self.pool.pick(preferred + self.failures, exclude=self.out)
 
-    def not_found(self, source: Source, error: NotFoundError, digest: Digest) -> None:
+    def not_found(self, source: "BlobSource", error: NotFoundError, digest: Digest) -> None:
         """`source` does not have the blob: the others are asked; raises RegistryError once none has it."""
         self.out.add(source.name)
         self.pool.fail(source, error.message, fatal=False)
         if len(self.out) >= len(self.pool.sources):
             raise RegistryError(f"blob {digest.short} is on no source: {error.message}") from error
 
-    def failed(self, source: Source, error: RegistryError) -> float:
+    def failed(self, source: "BlobSource", error: RegistryError) -> float:
         """A failure on `source` (it may strike out); returns the seconds to wait before the next try: the
         policy's back-off, or the `Retry-After` the registry asked for."""
         policy = source.client.retry

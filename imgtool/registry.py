@@ -178,7 +178,7 @@ class RegistryClient:
             s.headers["User-Agent"] = USER_AGENT
             s.headers["Accept-Encoding"] = "identity"  # as registry_http asks: a byte cap is a cap on what arrives
             if self._net.name == "requests":
-                adapter = _watched_adapter()(pool_connections=4, pool_maxsize=16, max_retries=0)
+                adapter = watched_adapter()(pool_connections=4, pool_maxsize=16, max_retries=0)
                 s.mount("http://", adapter)
                 s.mount("https://", adapter)
             else:
@@ -565,7 +565,7 @@ class RegistryClient:
 _ADAPTER: Optional[type] = None
 
 
-def _watched_adapter() -> type:
+def watched_adapter() -> type:
     """requests' HTTPAdapter whose urllib3 connections tell `deadline` which socket an answer arrives on (made
     once, on first use: requests and urllib3 are imported only where they run)."""
     global _ADAPTER

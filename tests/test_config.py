@@ -70,7 +70,7 @@ insecure = true
     (GOOD.replace('url = "https://quay.io"', 'url = "ftp://quay.io"'),
      ":6: mirrors[0]: invalid url 'ftp://quay.io': expected https://host[:port]"),
     ("default_image = 3\n", ":1: default_image must be a string like \"quay.io/ascend/vllm-ascend\""),
-    ("colour = 1\n" + GOOD, ":1: unknown key 'colour' (expected default_image, mirrors)"),
+    ("colour = 1\n" + GOOD, ":1: unknown key 'colour' (expected default_image, mirrors, model_mirrors)"),
 ])
 def test_malformed_file_is_one_line_exit_2(tmp_path, body, message):
     f = tmp_path / "mirrors.toml"

@@ -77,13 +77,14 @@ def test_the_stdlib_registry_client_is_reached_only_through_registry_py():
 def test_only_the_registry_room_speaks_requests():
     # The registry room hides its transport: a blob is a registry.BlobStream, a transport failure a
     # RegistryError, so resolve.py and puller.py never catch (or import) requests' or urllib3's types.
-    # daemon.py catches what docker-py's own transport raises (requests), inside the Docker room.
+    # daemon.py catches what docker-py's own transport raises (requests), inside the Docker room. The model hubs'
+    # room hides its transport the same way, in one module (hubs/http.py): a file is a BlobStream there too.
     users = {}
     for p in modules():
         found = {top for top, _ in imports_of(p) if top in ("requests", "urllib3")}
         if found:
             users[p.relative_to(PKG).as_posix()] = found
-    assert set(users) <= {"registry.py", "runtimes/docker.py"}, users
+    assert set(users) <= {"registry.py", "runtimes/docker.py", "hubs/http.py"}, users
     assert "requests" in users.get("registry.py", set()), users  # the rule holds where the transport is
 
 
@@ -185,9 +186,10 @@ LAYERS = (
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset", "weights",
                       "placement", "nodeconfig"}),
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
-                         "connections", "placer"}),
+                         "connections", "placer", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
-    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline"}),  # what a copy does on the way
+    # what a copy does on the way
+    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull"}),
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, archive, verify, signature, inplace, landing
     ("presets", {"presets"}),
