@@ -575,6 +575,36 @@ class OwnContainerd:
         subprocess.run(["rm", "-rf", str(self.dir)], capture_output=True)
 
 
+def watch_events(own) -> subprocess.Popen:
+    """containerd's events (`ctr events`), watched from before the load starts."""
+    return subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+
+
+def kill_at_event(own, events: subprocess.Popen, load: subprocess.Popen, wanted, seconds: float = 300) -> None:
+    """SIGKILL containerd at the first of its `events` for which `wanted(line)` holds; the test fails, never waits
+    for ever, when the load ends first or no such event comes within `seconds`."""
+    import select
+
+    try:
+        assert events.stdout is not None
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "containerd never said the event the test waits for"
+            ready, _, _ = select.select([events.stdout], [], [], min(left, 0.5))
+            if not ready:
+                assert load.poll() is None, "the load ended before the event: " + load.communicate()[1]
+                continue
+            line = events.stdout.readline()
+            assert line, "ctr events ended"
+            if wanted(line):
+                own.kill()
+                return
+    finally:
+        events.kill()
+        events.wait()
+
+
 @pytest.mark.parametrize("version", ["1.6", "1.7"])
 def test_containerd_killed_during_the_unpack_is_finished_by_the_next_load(version, services, factory, tmp_path):
     """SIGKILL to containerd once imgtool's unpack has begun (ctr events: an extract snapshot prepared): the image
@@ -590,19 +620,14 @@ def test_containerd_killed_during_the_unpack_is_finished_by_the_next_load(versio
         own.start()
         # another tool's lease and snapshot, which imgtool must never touch
         ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
-        events = subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+        events = watch_events(own)
         load = subprocess.Popen([sys.executable, "-m", "imgtool", "load", str(out), "--runtime", "containerd",
                                  "--address", own.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=clean_env())
-        assert events.stdout is not None
-        for line in events.stdout:
-            # the big layer's extract (its parent is the small one's), killed while it is applied: at the small
-            # layer's own prepare, the kill could land after that layer's commit, leaving no extract snapshot
-            if "/snapshot/prepare" in line and '"extract-' in line and '"parent":"sha256:' in line:
-                own.kill()
-                break
-        events.kill()
-        events.wait()
+        # the big layer's extract (its parent is the small one's), killed while it is applied: at the small
+        # layer's own prepare, the kill could land after that layer's commit, leaving no extract snapshot
+        kill_at_event(own, events, load, lambda line: "/snapshot/prepare" in line and '"extract-' in line
+                      and '"parent":"sha256:' in line)
         _, err = load.communicate(timeout=300)
         assert load.returncode == 5, err
         own.start()  # the same root
@@ -718,26 +743,22 @@ def test_containerd_killed_while_registering_leaves_a_half_loaded_image_said_and
     try:
         own.start()
         ctr(own.socket, "leases", "create", "--id", "someone-else", "owner=test")
-        events = subprocess.Popen(["ctr", "--address", own.socket, "events"], stdout=subprocess.PIPE, text=True)
+        events = watch_events(own)
         load = _load(out, own.socket)
-        assert events.stdout is not None
-        for line in events.stdout:
-            if "/images/create" in line and f'"{REPO}:v1"' in line:
-                own.kill()
-                break
-        events.kill()
-        events.wait()
+        kill_at_event(own, events, load, lambda line: "/images/create" in line and f'"{REPO}:v1"' in line)
         _, err = load.communicate(timeout=300)
         assert load.returncode == 5, err
         own.start()
         leases = _leases(own.socket)
         theirs = [x for x in leases if x != "someone-else" and not x.startswith("imgtool-")]
         mark = [x for x in leases if x.startswith("imgtool-load.")]
-        assert len(theirs) == 1 and len(mark) == 1, leases
+        # ctr's lease: named by the mark; gone already when ctr ended it between the event and the kill
+        ctr_lease = leases[mark[0]][1].split("imgtool.ctr-lease=")[1].split(",")[0] if len(mark) == 1 else None
+        assert len(mark) == 1 and theirs in ([], [ctr_lease]), leases
         lines = err.splitlines()
         warning = [x for x in lines if x.startswith("warning: could not check for what the failed load left")]
         assert len(warning) == 1 and warning[0].endswith(
-            f": it may hold lease {theirs[0]} with what it had received, and {REPO}:v1 named but not unpacked if it "
+            f": it may hold lease {ctr_lease} with what it had received, and {REPO}:v1 named but not unpacked if it "
             "had registered it (the kubelet would take it for present); imgtool knows these for its own: the next "
             "imgtool load removes and finishes them, and imgtool doctor lists them"), err
         assert lines[-1] == (f"hint: once containerd answers again, run imgtool load {out} again: it finishes what "
