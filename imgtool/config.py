@@ -257,52 +257,38 @@ _MODEL_MIRROR = Table(
 )
 
 
-def _model_mirrors(entries: List[Any], text: str, path: Path) -> Tuple[ModelMirror, ...]:
-    """The `[[model_mirrors]]` entries, validated as `[[mirrors]]` are; raises ConfigError at file:line."""
-    out: List[ModelMirror] = []
+def _entries(section: str, table: Any, entries: List[Any], text: str, path: Path) -> List[Tuple[Dict[str, Any], str, Optional[str]]]:
+    """Each `[[section]]` entry checked against `table` as [[mirrors]] and [[model_mirrors]] are: a table, a name
+    used once, http:// only with insecure = true; (its values, its url without a trailing /, its ca_cert beside
+    the file); raises ConfigError at file:line."""
+    out = []
     seen: Dict[str, int] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: model_mirrors[{i}] must be a table")
-        fail = toml_fail(path, text, "model_mirrors", i, f"model_mirrors[{i}]: ")
-        values = _MODEL_MIRROR.check(entry, fail)
+            raise ConfigError(f"{path}: {section}[{i}] must be a table")
+        fail = toml_fail(path, text, section, i, f"{section}[{i}]: ")
+        values = table.check(entry, fail)
         name, url = values["name"], values["url"].rstrip("/")
         if name in seen:
-            fail("name", f"duplicate name {name!r} (also model_mirrors[{seen[name]}])")
+            fail("name", f"duplicate name {name!r} (also {section}[{seen[name]}])")
         seen[name] = i
         if url.startswith("http://") and not values.get("insecure", False):
             fail("url", f"url {values['url']!r} uses http://; set insecure = true for this entry to allow it")
         ca_cert = values.get("ca_cert")
-        if ca_cert:
-            ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
-        out.append(ModelMirror(name, values["hub"], url, values.get("insecure", False), ca_cert,
-                               values.get("upstream", False), values.get("token", False)))
-    return tuple(out)
+        out.append((values, url, str((path.parent / os.path.expanduser(ca_cert)).resolve()) if ca_cert else None))
+    return out
 
 
 def parse_mirrors(data: Dict[str, Any], text: str, path: Path) -> MirrorConfig:
     """Validate a loaded mirrors.toml; raises ConfigError naming file, line and key."""
     top = _MIRRORS_FILE.check(data, toml_fail(path, text))
-    mirrors: List[Mirror] = []
-    seen: Dict[str, int] = {}
-    for i, entry in enumerate(top.get("mirrors", [])):
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: mirrors[{i}] must be a table")
-        fail = toml_fail(path, text, "mirrors", i, f"mirrors[{i}]: ")
-        values = _MIRROR.check(entry, fail)
-        name, url = values["name"], values["url"].rstrip("/")
-        if name in seen:
-            fail("name", f"duplicate name {name!r} (also mirrors[{seen[name]}])")
-        seen[name] = i
-        if url.startswith("http://") and not values.get("insecure", False):
-            fail("url", f"url {values['url']!r} uses http://; set insecure = true for this entry to allow it")
-        ca_cert = values.get("ca_cert")
-        if ca_cert:
-            ca_cert = str((path.parent / os.path.expanduser(ca_cert)).resolve())
-        mirrors.append(Mirror(name, values["registry"], url, values.get("prefix", "").strip("/"),
-                              values.get("insecure", False), ca_cert, values.get("upstream")))
-    return MirrorConfig(top["default_image"], tuple(mirrors), str(path),
-                        model_mirrors=_model_mirrors(top.get("model_mirrors", []), text, path))
+    mirrors = [Mirror(v["name"], v["registry"], url, v.get("prefix", "").strip("/"), v.get("insecure", False), ca_cert,
+                      v.get("upstream"))
+               for v, url, ca_cert in _entries("mirrors", _MIRROR, top.get("mirrors", []), text, path)]
+    models = [ModelMirror(v["name"], v["hub"], url, v.get("insecure", False), ca_cert, v.get("upstream", False),
+                          v.get("token", False))
+              for v, url, ca_cert in _entries("model_mirrors", _MODEL_MIRROR, top.get("model_mirrors", []), text, path)]
+    return MirrorConfig(top["default_image"], tuple(mirrors), str(path), model_mirrors=tuple(models))
 
 
 def find_user_file(option: Optional[str], env_var: str, name: str) -> Optional[Path]:

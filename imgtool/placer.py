@@ -31,7 +31,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .dirlock import lock_output
 from .errors import ImgtoolError, VerifyError, counted
-from .fsutil import fsync_dir, remove_quietly, write_atomic
+from .fsutil import fsync_dir, remove_quietly, tree_size, write_atomic
 from .model import format_size
 from .placement import (CACHEDIR_TAG, MARKER, Layout, files_to_place, git_blob_header, hf_blob_id, hf_etag, hf_link,
                         hf_tree, layout, marker, modelscope_meta, same_marker, staging_name, staging_pid)
@@ -156,7 +156,7 @@ class _Placement:
                 self.done.notes.append(f"resumed the placement pid {pid} left in {path}")
                 resumed = True
             else:
-                size = _tree_size(path)
+                size = tree_size(str(path))
                 _remove_tree(path)
                 self.done.notes.append(f"removed {path} ({format_size(size)}), left by a stopped placement (pid {pid})")
         (self.staging / "tree").mkdir(parents=True, exist_ok=True)
@@ -390,13 +390,3 @@ def _remove_tree(path: Path) -> None:
     else:
         remove_quietly(str(path))
 
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for here, _, names in os.walk(str(path)):
-        for n in names:
-            try:
-                total += os.lstat(os.path.join(here, n)).st_size
-            except OSError:
-                pass
-    return total

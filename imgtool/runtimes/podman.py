@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, 
 
 from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
 from ..nodeconfig import Mirror, NodeFile, RuntimePart, toml_string
-from ..fsutil import process_alive, remove_quietly
+from ..fsutil import process_alive, remove_quietly, tree_size
 from ..model import foreign_arch_warning, format_size
 from ..program import QUICK, Process, ProcessTimeout, Program
 from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
@@ -322,7 +322,7 @@ class Podman:
             if stat.S_ISREG(st.st_mode) and m.group(2):
                 found.append((path, st.st_size, int(m.group(1))))
             elif stat.S_ISDIR(st.st_mode) and not m.group(2):
-                found.append((path, _tree_size(path), int(m.group(1))))
+                found.append((path, tree_size(path), int(m.group(1))))
         return sorted(found)
 
     def _staged_by_others(self) -> Tuple[Tuple[str, int], ...]:
@@ -549,17 +549,6 @@ def _load_env(env: Mapping[str, str], work: str, euid: int) -> Dict[str, str]:
 def _left(path: str) -> str:
     return _LEFT_COPY if path.endswith(".tar") else _LEFT
 
-
-def _tree_size(path: str) -> int:
-    """The bytes of the files under `path` (links not followed; what vanishes meanwhile not counted)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def _remove(path: str) -> bool:
