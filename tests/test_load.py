@@ -308,7 +308,7 @@ def test_crafted_member_is_refused_before_docker(case, bundle, services, docker_
     r = imgtool("load", str(out), docker_host=services.docker_host)
     assert r.returncode == 3, r.stderr
     lines = err_lines(r)
-    assert lines[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded"
+    assert lines[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded", r.stderr
     assert lines[1].startswith(f"  - {message} (in part 001)"), lines
     assert docker_cli.image_ids() == before
     assert imgtool("verify", str(out)).returncode == 3

@@ -146,6 +146,7 @@ class Archive:
         self.at = 0  # the index in `slots` of the next member the archive must hold
         self.offset = 0  # tar bytes read
         self.ended = False  # the archive was read to its end (or, strict, as far as it could be)
+        self.strays = False  # a member bundle.json does not list was found: what it adds to the length is said
         self.result = WalkResult()
         self.parts = PartsStream(Path(bundle_dir), index, strict=strict_parts, on_bytes=on_bytes,
                                  hash_parts=hash_parts)
@@ -236,6 +237,7 @@ class Archive:
             bad = self._refusal(name, linkname, kind, size)
             if bad is not None:
                 self._problem(f"archive member {name!r} {bad}", start, data_start + size)
+                self.strays = self.strays or name not in self.expected
                 for _ in self._chunks(size + layout.padding(size)):
                     pass
                 if name in self.expected and _path_problem(name) is None:
@@ -384,7 +386,7 @@ class Archive:
         tee, self.tee = self.tee, None  # bytes past the tar's end are not the archive
         longer = self._read(self.read_size)
         self.tee = tee
-        if longer:
+        if longer and not self.strays:  # a stray member's bytes make it longer: that member is named already
             self._problem(f"the archive is longer than bundle.json says: it goes on after byte {self.tar_size}",
                           self.tar_size, stop=True)
         self.parts.drain()  # a compressed archive may end before its last part does: check that part too
