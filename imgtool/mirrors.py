@@ -11,7 +11,7 @@ import ipaddress
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple, TypeVar
 from urllib.parse import urlsplit
 
 from .config import Mirror, MirrorConfig
@@ -268,12 +268,20 @@ def _none_serves(ref: ImageRef, probes: List[Probe]) -> RegistryError:
 def _choose(answers: List[Probe]) -> Digest:
     """The digest a tag means: the upstream registry's answer; with upstream unreachable, the digest most
     sources agree on, ties to the fastest."""
-    upstream = [p.digest for p in answers if p.source.is_upstream and p.digest]
+    return agreed([(p.digest, p.source.is_upstream, p.latency or 0) for p in answers if p.digest])
+
+
+T = TypeVar("T")
+
+
+def agreed(answers: Sequence[Tuple[T, bool, float]]) -> T:
+    """What several sources' answers (answer, from upstream, latency) mean: upstream's; without it, the answer most
+    sources agree on, ties to the fastest (a tag's digest here, a model revision's commit in hubs/)."""
+    upstream = [value for value, is_upstream, _ in answers if is_upstream]
     if upstream:
         return upstream[0]
-    counts: Dict[Digest, int] = {}
-    for p in answers:
-        if p.digest:
-            counts[p.digest] = counts.get(p.digest, 0) + 1
-    fastest = sorted(answers, key=lambda p: p.latency or 0)
-    return max((p.digest for p in fastest if p.digest), key=lambda d: counts[d])
+    counts: Dict[T, int] = {}
+    for value, _, _ in answers:
+        counts[value] = counts.get(value, 0) + 1
+    fastest = sorted(answers, key=lambda a: a[2])
+    return max((value for value, _, _ in fastest), key=lambda v: counts[v])

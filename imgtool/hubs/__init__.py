@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from ..config import HubEnvironment, MirrorConfig
 from ..errors import (ImgtoolError, ManifestError, NotFoundError, RegistryError,
                       RegistryUnavailable, UsageError, VerifyError)
+from ..mirrors import agreed
 from ..model import Descriptor
 from ..registry_answers import RetryPolicy
 from ..store import Store
@@ -273,15 +274,8 @@ def resolve(ref: ModelRef, hubs: Sequence[Hub], timeout: float = 5.0) -> HubReso
 
 
 def _choose(answers: List[HubProbe]) -> str:
-    upstream = [p.commit for p in answers if p.hub.upstream and p.commit]
-    if upstream:
-        return upstream[0]
-    counts: Dict[str, int] = {}
-    for p in answers:
-        if p.commit:
-            counts[p.commit] = counts.get(p.commit, 0) + 1
-    fastest = sorted(answers, key=lambda p: p.latency or 0)
-    return str(max((p.commit for p in fastest if p.commit), key=lambda c: counts[c]))
+    """The commit a revision means, as mirrors.agreed decides a tag's digest."""
+    return agreed([(p.commit, p.hub.upstream, p.latency or 0) for p in answers if p.commit])
 
 
 def _none_serves(ref: ModelRef, probes: List[HubProbe]) -> RegistryError:
