@@ -132,7 +132,7 @@ class Archive:
         self.index, self.fail, self.digests, self.diff_mode = index, fail, digests, diff_ids
         self.read_size, self.tee = read_size, tee
         self.map = PartMap(index)
-        self.slots, self.tar_size = layout.arrange(layout.members(index.images, index.legacy_names))
+        self.slots, self.tar_size = layout.arrange(layout.bundle_members(index))
         self.expected: Dict[str, Tuple[int, layout.Slot]] = {p.member.name: (i, p) for i, p in enumerate(self.slots)}
         self.diff: Dict[Digest, Set[Digest]] = {}
         for image in index.images:

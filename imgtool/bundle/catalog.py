@@ -176,7 +176,7 @@ class Catalog:
             pos += size
         self._starts.append(starts)
         self._sizes.append(sizes)
-        slots, _ = layout.arrange(layout.members(index.images, index.legacy_names))
+        slots, _ = layout.arrange(layout.bundle_members(index))
         for p in slots:
             if p.member.kind != "meta" and p.member.digest not in self.blobs:
                 self.blobs[p.member.digest] = Blob(p.member.digest, p.member.size, b, p.data_offset, p.member.what,

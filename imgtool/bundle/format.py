@@ -21,12 +21,17 @@ from ..model import (INDEX_TYPES, LAYER_COMPRESSION, MANIFEST_TYPES, Descriptor,
 from ..schema import Invalid, Key, Table
 from ..text import is_printable
 from ..trust import SIGNATURE as SIGNATURE
+from ..weights import (MODEL_LAYER_TYPES, ModelFile, ModelRef, ModelSnapshot, check_path, is_commit, layer_media_type,
+                       modelpack, parse_model_ref)
 
 FORMAT_NAME = "imgtool-bundle"
-FORMAT_VERSION = 3  # the newest this imgtool reads; 2 = delta bundles (layers left out)
+FORMAT_VERSION = 4  # the newest this imgtool reads; 2 = delta bundles (layers left out)
 # 3 = a tag held for several architectures is unnamed in index.json too (as in manifest.json), so a
 # plain docker load names none of its platforms on any image store; written only by such bundles
 UNNAMED_MULTIARCH_VERSION = 3
+# 4 = the bundle carries models (bundle.json `models`, their files after the images' members): an older imgtool
+# would take the model members for strays, so it refuses the version instead, saying to upgrade
+MODELS_VERSION = 4
 FULL_VERSION = 1  # what a bundle without omitted layers is written as, so older imgtools read it
 
 BUNDLE_JSON = "bundle.json"
@@ -134,6 +139,91 @@ class BundleImage:
 
 
 @dataclass(frozen=True)
+class ModelEntry:
+    """One file of a model as bundle.json lists it: the path under the model's directory, its size, its sha256 (the
+    hub's: the raw layer's digest and the archive member's name), its ModelPack media type, the git blob id the hub
+    gave (the Hugging Face cache names a small file's blob by it) and whether it is an LFS file. `omitted`: a delta
+    leaves the file out of the archive; the offline side holds a file with this sha256 (an inventory's or a base
+    bundle's)."""
+
+    path: str
+    size: int
+    sha256: Digest
+    media_type: str
+    git_oid: Optional[str] = None
+    lfs: bool = False  # stored in LFS/Xet on the hub (the Hugging Face cache names its blob by the sha256)
+    omitted: bool = False
+
+    def to_json(self) -> dict:
+        out = {"path": self.path, "size": self.size, "sha256": str(self.sha256), "media_type": self.media_type}
+        if self.git_oid is not None:
+            out["git_oid"] = self.git_oid
+        if self.lfs:
+            out["lfs"] = True
+        if self.omitted:
+            out["omitted"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class BundleModel:
+    """One model in the bundle: the reference as asked (`hf:ORG/NAME@REVISION`), where it came from, the commit the
+    revision resolved to, and every file. Its ModelPack artifact (manifest, config: weights.modelpack) is a pure
+    function of these and the bundle's `created`; bundle.json records the two digests and a reader checks they
+    follow (BundleIndex.from_bytes), so serve, push and the archive's members agree on one artifact."""
+
+    ref: str
+    source: str
+    commit: str
+    files: Tuple[ModelEntry, ...]
+    manifest_digest: Digest
+    manifest_size: int
+    config_digest: Digest
+    config_size: int
+
+    @property
+    def model_ref(self) -> ModelRef:
+        return parse_model_ref(self.ref)
+
+    @property
+    def size(self) -> int:
+        """Bytes of every file (omitted ones too: the model's size, not the bundle's share)."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def carried(self) -> Tuple[ModelEntry, ...]:
+        """The files the archive holds (a delta leaves the others out)."""
+        return tuple(f for f in self.files if not f.omitted)
+
+    def snapshot(self) -> ModelSnapshot:
+        """The model as the placer and weights.modelpack take it (every file, with its hub digests)."""
+        return ModelSnapshot(self.model_ref, self.commit,
+                             tuple(ModelFile(f.path, f.size, f.sha256, f.git_oid, f.lfs)
+                                   for f in self.files))
+
+    def artifact(self, created: str) -> Tuple[bytes, bytes]:
+        """The ModelPack manifest and config bytes (the archive's members, what serve answers and push sends)."""
+        manifest, config, _ = modelpack(self.snapshot(), created)
+        return manifest, config
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "source": self.source, "commit": self.commit,
+                "manifest_digest": str(self.manifest_digest), "manifest_size": self.manifest_size,
+                "config_digest": str(self.config_digest), "config_size": self.config_size,
+                "files": [f.to_json() for f in self.files]}
+
+
+def bundle_model(snapshot: ModelSnapshot, source: str, created: str, omitted: Collection[Digest] = ()) -> BundleModel:
+    """bundle.json's view of a resolved snapshot (every file with its sha256 by now); `omitted`: the sha256s a
+    delta leaves out. Raises ValueError for a file without its sha256 (weights.modelpack's)."""
+    manifest, config, _ = modelpack(snapshot, created)
+    files = tuple(ModelEntry(f.path, f.size, f.sha256, f.media_type, f.git_oid, f.lfs, f.sha256 in omitted)  # type: ignore
+                  for f in sorted(snapshot.files, key=lambda f: f.path))
+    return BundleModel(str(snapshot.ref), source, snapshot.commit, files, Digest.of(manifest), len(manifest),
+                       Digest.of(config), len(config))
+
+
+@dataclass(frozen=True)
 class Part:
     """One file of the split archive; the parts in order concatenate to the archive."""
 
@@ -198,6 +288,8 @@ class BundleIndex:
     gzip: Optional[dict] = None
     # upstream's multi-arch indexes the images came from, byte for byte (absent in bundles of imgtools before it)
     upstream_indexes: Tuple[UpstreamIndex, ...] = ()
+    # the models it carries (format version 4), each an OCI artifact whose members follow the images'
+    models: Tuple[BundleModel, ...] = ()
 
     @property
     def layer_bytes(self) -> int:
@@ -232,6 +324,8 @@ class BundleIndex:
     @property
     def version(self) -> int:
         """The oldest format version that describes this bundle, so older imgtools read what they can."""
+        if self.models:
+            return MODELS_VERSION
         if self.has_multiarch_tag and not self.legacy_names:
             return UNNAMED_MULTIARCH_VERSION
         return 2 if self.is_delta else FULL_VERSION
@@ -253,6 +347,8 @@ class BundleIndex:
             out["gzip"] = self.gzip
         if self.upstream_indexes:
             out["upstream_indexes"] = [x.to_json() for x in self.upstream_indexes]
+        if self.models:
+            out["models"] = [m.to_json() for m in self.models]
         return out
 
     def to_bytes(self) -> bytes:
@@ -264,7 +360,9 @@ class BundleIndex:
         obj = json_object(data, MAX_BUNDLE_JSON, _bad)
         version = _version(obj)
         parsed_images = tuple(_image(x, i, version) for i, x in enumerate(_list(obj, "images")))
-        if not parsed_images:
+        created = _printable(obj, "created")
+        models = _models(obj.get("models"), version, created)
+        if not parsed_images and not models:
             raise _bad("it lists no images")
         refs = [(im.ref, im.platform.architecture) for im in parsed_images]
         if len(set(refs)) != len(refs):  # one tag may be held for several architectures, each once
@@ -283,7 +381,7 @@ class BundleIndex:
             _str(gzip, "library", "gzip.")
             _size(gzip, "level", "gzip.")
         return cls(
-            created=_printable(obj, "created"),
+            created=created,
             imgtool_version=_printable(obj, "imgtool_version"),
             images=parsed_images,
             archive=archive,
@@ -293,6 +391,7 @@ class BundleIndex:
             legacy_names=version < UNNAMED_MULTIARCH_VERSION,
             gzip=gzip,
             upstream_indexes=_upstream_indexes(obj.get("upstream_indexes"), parsed_images),
+            models=models,
         )
 
 
@@ -581,6 +680,96 @@ def _upstream_indexes(x: object, images: Tuple[BundleImage, ...]) -> Tuple[Upstr
         if any(x.digest == digest for x in out):
             raise _bad(f"`{where}digest` {digest} is listed twice")
         out.append(UpstreamIndex(digest, media, data))
+    return tuple(out)
+
+
+def _model_ref(text: str) -> str:
+    try:
+        parse_model_ref(text)
+    except UsageError as e:
+        raise Invalid("`{where}{key}` is not a model reference: {value!r}") from e
+    return text
+
+
+def _commit(text: str) -> str:
+    """A commit: git's 40 hex digits, or (ModelScope, whose revisions may name none) a printable revision name."""
+    if not (is_commit(text) or (is_printable(text) and 0 < len(text) <= 255 and "/" not in text)):
+        raise Invalid("`{where}{key}` is not a commit: {value!r}")
+    return text
+
+
+def _file_path(text: str) -> str:
+    if check_path(text) is not None:
+        raise Invalid("`{where}{key}` is not a path under a model's directory: {value!r}")
+    return text
+
+
+def _git_oid(text: str) -> str:
+    if not re.match(r"[0-9a-f]{40}\Z", text):
+        raise Invalid("`{where}{key}` is not a git blob id: {value!r}")
+    return text
+
+
+_MODEL = Table(
+    Key("ref", str, True, check=_model_ref),
+    Key("source", str, check=_text),
+    Key("commit", str, True, check=_commit),
+    _digest_key("manifest_digest"),
+    _size_key("manifest_size"),
+    _digest_key("config_digest"),
+    _size_key("config_size"),
+    Key("files", list, True, wrong="`{where}{key}` is not a list"),
+    wrong=_STRING,
+)
+_MODEL_FILE = Table(
+    Key("path", str, True, check=_file_path),
+    _size_key("size"),
+    _digest_key("sha256"),
+    Key("media_type", str, True, check=_choice(MODEL_LAYER_TYPES, "a model layer type")),
+    Key("git_oid", str, check=_git_oid),
+    Key("lfs", bool),
+    Key("omitted", bool),
+    wrong=_STRING,
+)
+
+
+def _models(x: object, version: int, created: str) -> Tuple[BundleModel, ...]:
+    """bundle.json's models, each file's name checked as a hub's would be, the recorded artifact digests checked to
+    follow from the files; raises VerifyError."""
+    if x is None:
+        return ()
+    if version < MODELS_VERSION:
+        raise _bad(f"`models` needs format version {MODELS_VERSION}")
+    if not isinstance(x, list):
+        raise _bad("`models` is not a list")
+    out: List[BundleModel] = []
+    for i, item in enumerate(x):
+        where = f"models[{i}]."
+        v = _checked(_MODEL, item, where)
+        files = []
+        for j, f in enumerate(v["files"]):
+            fv = _checked(_MODEL_FILE, f, f"{where}files[{j}].")
+            if fv["media_type"] != layer_media_type(fv["path"]):
+                raise _bad(f"`{where}files[{j}].media_type` is not {layer_media_type(fv['path'])} for {fv['path']!r}")
+            files.append(ModelEntry(fv["path"], fv["size"], fv["sha256"], fv["media_type"], fv.get("git_oid"),
+                                    fv.get("lfs", False), fv.get("omitted", False)))
+        if [f.path for f in files] != sorted(f.path for f in files):
+            raise _bad(f"`{where}files` are not in path order")
+        source = v.get("source")
+        model = BundleModel(v["ref"], source if isinstance(source, str) else "", v["commit"], tuple(files),
+                            v["manifest_digest"], v["manifest_size"], v["config_digest"], v["config_size"])
+        try:
+            model.snapshot().check()
+        except UsageError as e:
+            raise _bad(f"`{where}files`: {e.message}") from None
+        manifest, config = model.artifact(created)
+        if (Digest.of(manifest), len(manifest), Digest.of(config), len(config)) != (
+                model.manifest_digest, model.manifest_size, model.config_digest, model.config_size):
+            raise _bad(f"`{where}manifest_digest` does not follow from its files: the artifact of {model.ref} is "
+                       f"{Digest.of(manifest)}")
+        if any(m.model_ref.repo == model.model_ref.repo and m.model_ref.hub == model.model_ref.hub for m in out):
+            raise _bad(f"{model.ref} is listed twice")
+        out.append(model)
     return tuple(out)
 
 

@@ -10,9 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from ..weights import MODEL_CONFIG
 from ..model import (DOCKER_FOREIGN_LAYER, DOCKER_LAYER, DOCKER_LAYER_GZIP, DOCKER_LIST, DOCKER_MANIFEST, OCI_CONFIG,
                      OCI_INDEX, OCI_LAYER, OCI_LAYER_GZIP, OCI_MANIFEST, Digest)
-from .format import BundleImage
+from .format import BundleImage, BundleIndex, BundleModel
 from .ustar import BLOCK
 from .ustar import header as _ustar_header
 
@@ -28,7 +29,7 @@ class Member:
 
     name: str
     size: int
-    kind: str  # manifest | config | layer | meta
+    kind: str  # manifest | config | layer | meta | model (a model's file) | model-meta (its artifact's manifest, config)
     digest: Digest  # the blob digest; for meta members the sha256 of `content`
     what: str  # for messages: "layer 3 of quay.io/ascend/vllm-ascend:v1"
     content: Optional[bytes] = None  # meta members only (small, generated)
@@ -194,6 +195,47 @@ def members(images: Sequence[BundleImage], legacy_names: bool = False) -> List[M
                           ("oci-layout", OCI_LAYOUT_BYTES)):
         out.append(Member(name, len(content), "meta", Digest.of(content), name, content))
     return sorted(out, key=lambda m: m.name)
+
+
+def model_members(models: Sequence[BundleModel], created: str, images: Sequence[Member] = ()) -> List[Member]:
+    """The members of the models, after the images' (`images`: a blob they hold is not written again): for each
+    model in bundle.json's order, its carried files in path order, then its artifact's config and manifest. A raw
+    file's member is named by its sha256 (the layer digest), so each byte is written once however many models or
+    revisions share it."""
+    seen = {m.digest for m in images}
+    out: List[Member] = []
+    for model in models:
+        for f in model.carried:
+            if f.sha256 not in seen:
+                seen.add(f.sha256)
+                out.append(Member(blob_name(f.sha256), f.size, "model", f.sha256, f"{f.path} of {model.ref}",
+                                  None, f.media_type))
+        manifest, config = model.artifact(created)
+        for digest, data, what, media in ((model.config_digest, config, "config", MODEL_CONFIG),
+                                          (model.manifest_digest, manifest, "manifest", OCI_MANIFEST)):
+            if digest not in seen:
+                seen.add(digest)
+                out.append(Member(blob_name(digest), len(data), "model-meta", digest, f"{what} of {model.ref}", data,
+                                  media))
+    return out
+
+
+def bundle_members(index: BundleIndex) -> List[Member]:
+    """Every member of a bundle's archive: the images' (sorted by name), then the models' (model_members)."""
+    image_members = members(index.images, index.legacy_names)
+    return image_members + model_members(index.models, index.created, image_members)
+
+
+def images_end(slots: Sequence[Slot]) -> int:
+    """Where the images' members end in the tar stream (the offset of the first model member, or of the tar's end
+    blocks): a runtime is sent the archive up to here, then the tar's end (runtime_tail), never a model's bytes."""
+    for s in slots:
+        if s.member.kind in ("model", "model-meta"):
+            return s.offset
+    if not slots:
+        return 0
+    last = slots[-1]
+    return last.end + padding(last.member.size)
 
 
 def header(name: str, size: int) -> bytes:

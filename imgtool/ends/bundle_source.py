@@ -45,7 +45,7 @@ class BundleSource:
         self.dir = Path(bundle_dir)
         self.index: BundleIndex = index if index is not None else read_index(self.dir)[0]
         self.what = f"bundle {self.dir.name}"
-        slots, _ = layout.arrange(layout.members(self.index.images, self.index.legacy_names))
+        slots, _ = layout.arrange(layout.bundle_members(self.index))
         self.slots: Dict[Digest, layout.Slot] = {p.member.digest: p for p in slots if p.member.kind != "meta"}
         # every blob in the order the archive holds it (a compressed bundle hands blobs over in this order only)
         self.order: List[Digest] = [p.member.digest for p in slots if p.member.kind != "meta"]
