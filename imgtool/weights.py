@@ -172,18 +172,20 @@ def modelscope_folder(repo: str) -> str:
     return f"models/{org}/{name.replace('.', '___')}"
 
 
-def modelpack(snapshot: ModelSnapshot, created: str) -> Tuple[bytes, bytes, List[Descriptor]]:
+def modelpack(snapshot: ModelSnapshot, created: Optional[str] = None) -> Tuple[bytes, bytes, List[Descriptor]]:
     """The ModelPack artifact of a snapshot: (manifest bytes, config bytes, the layers) with one raw layer per file,
     its digest the file's sha256 (every file must have one by now); the files in path order, so the artifact is a
-    pure function of the snapshot. Raises ValueError for a file without its sha256."""
+    pure function of the snapshot. `created` (ModelPack's optional createdAt) is left out by bundles: one commit is
+    then one artifact digest in every bundle and registry, and a resumed fetch plans the same archive. Raises
+    ValueError for a file without its sha256."""
     layers = []
     for f in sorted(snapshot.files, key=lambda f: f.path):
         if f.sha256 is None:
             raise ValueError(f"{f.path}: no sha256 yet")
         layers.append(Descriptor(f.media_type, f.sha256, f.size, annotations={FILEPATH: f.path}))
     config = {
-        "descriptor": {"createdAt": created, "name": snapshot.ref.repo, "revision": snapshot.commit,
-                       "sourceURL": _source_url(snapshot.ref)},
+        "descriptor": {**({"createdAt": created} if created else {}), "name": snapshot.ref.repo,
+                       "revision": snapshot.commit, "sourceURL": _source_url(snapshot.ref)},
         "config": {},
         "modelfs": {"type": "layers", "diff_ids": [str(d.digest) for d in layers]},
     }

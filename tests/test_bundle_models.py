@@ -28,7 +28,7 @@ def _index(models, omitted=()) -> BundleIndex:
 
 
 def test_a_bundle_of_a_model_round_trips_as_version_4_and_its_members_follow_the_images():
-    model = bundle_model(_snapshot(), "huggingface.co", CREATED)
+    model = bundle_model(_snapshot(), "huggingface.co")
     index = _index([model])
     doc = json.loads(index.to_bytes())
     assert doc["version"] == MODELS_VERSION
@@ -40,17 +40,17 @@ def test_a_bundle_of_a_model_round_trips_as_version_4_and_its_members_follow_the
     kinds = [m.kind for m in members]
     assert kinds == ["meta", "meta", "meta", "model", "model", "model", "model", "model-meta", "model-meta"]
     assert members[3].what == "README.md of hf:Qwen/Qwen3-8B@main"
-    assert members[-1].digest == model.manifest_digest and members[-1].content == model.artifact(CREATED)[0]
+    assert members[-1].digest == model.manifest_digest and members[-1].content == model.artifact()[0]
     slots, _ = layout.arrange(members)
     assert layout.images_end(slots) == slots[3].offset
 
 
 def test_an_omitted_file_is_not_a_member_but_stays_in_the_artifact():
     held = Digest.of(b"model-00001-of-00002.safetensors")
-    model = bundle_model(_snapshot(), "huggingface.co", CREATED, omitted={held})
+    model = bundle_model(_snapshot(), "huggingface.co", omitted={held})
     members = layout.bundle_members(BundleIndex.from_bytes(_index([model]).to_bytes()))
     assert held not in {m.digest for m in members}
-    assert model.manifest_digest == bundle_model(_snapshot(), "huggingface.co", CREATED).manifest_digest
+    assert model.manifest_digest == bundle_model(_snapshot(), "huggingface.co").manifest_digest
 
 
 @pytest.mark.parametrize("edit, why", [
@@ -63,7 +63,7 @@ def test_an_omitted_file_is_not_a_member_but_stays_in_the_artifact():
     (lambda m: m.update(ref="hf:../x"), "`models[0].ref` is not a model reference: 'hf:../x'"),
 ])
 def test_an_edited_model_entry_is_refused_naming_it(edit, why):
-    doc = json.loads(_index([bundle_model(_snapshot(), "huggingface.co", CREATED)]).to_bytes())
+    doc = json.loads(_index([bundle_model(_snapshot(), "huggingface.co")]).to_bytes())
     edit(doc["models"][0])
     with pytest.raises(VerifyError) as e:
         BundleIndex.from_bytes(json.dumps(doc).encode())
@@ -71,8 +71,27 @@ def test_an_edited_model_entry_is_refused_naming_it(edit, why):
 
 
 def test_models_in_an_older_version_are_refused():
-    doc = json.loads(_index([bundle_model(_snapshot(), "huggingface.co", CREATED)]).to_bytes())
+    doc = json.loads(_index([bundle_model(_snapshot(), "huggingface.co")]).to_bytes())
     doc["version"] = 3
     with pytest.raises(VerifyError) as e:
         BundleIndex.from_bytes(json.dumps(doc).encode())
     assert e.value.message == "bundle.json is malformed: `models` needs format version 4"
+
+
+def test_a_bundle_with_an_image_and_a_model_verifies_and_a_damaged_part_is_refused(tmp_path, factory):
+    from tests.support.bundles import BlobDir, damage_member, imgtool, put_model, write
+    from tests.support.models import small_model
+
+    store = BlobDir(tmp_path / "blobs")
+    image = store.pulled(factory.image(layers=1), "quay.io/ascend/vllm-ascend:v1")
+    model = put_model(store, small_model(seed=3))
+    out = tmp_path / "b"
+    write(out, [image], store, chunk_size=64 << 10, models=[model])
+    ok = imgtool("verify", str(out))
+    assert ok.returncode == 0, ok.stderr
+    shard = next(m for m in layout.bundle_members(BundleIndex.from_bytes((out / "bundle.json").read_bytes()))
+                 if m.what.startswith("model-00002-of-00002.safetensors"))
+    damage_member(out, shard.name)
+    bad = imgtool("verify", str(out))
+    assert bad.returncode == 3
+    assert "is damaged: its sha256 differs from bundle.json" in bad.stderr

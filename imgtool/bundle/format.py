@@ -169,7 +169,7 @@ class ModelEntry:
 class BundleModel:
     """One model in the bundle: the reference as asked (`hf:ORG/NAME@REVISION`), where it came from, the commit the
     revision resolved to, and every file. Its ModelPack artifact (manifest, config: weights.modelpack) is a pure
-    function of these and the bundle's `created`; bundle.json records the two digests and a reader checks they
+    function of these; bundle.json records the two digests and a reader checks they
     follow (BundleIndex.from_bytes), so serve, push and the archive's members agree on one artifact."""
 
     ref: str
@@ -201,9 +201,9 @@ class BundleModel:
                              tuple(ModelFile(f.path, f.size, f.sha256, f.git_oid, f.lfs)
                                    for f in self.files))
 
-    def artifact(self, created: str) -> Tuple[bytes, bytes]:
+    def artifact(self) -> Tuple[bytes, bytes]:
         """The ModelPack manifest and config bytes (the archive's members, what serve answers and push sends)."""
-        manifest, config, _ = modelpack(self.snapshot(), created)
+        manifest, config, _ = modelpack(self.snapshot())
         return manifest, config
 
     def to_json(self) -> dict:
@@ -213,10 +213,10 @@ class BundleModel:
                 "files": [f.to_json() for f in self.files]}
 
 
-def bundle_model(snapshot: ModelSnapshot, source: str, created: str, omitted: Collection[Digest] = ()) -> BundleModel:
+def bundle_model(snapshot: ModelSnapshot, source: str, omitted: Collection[Digest] = ()) -> BundleModel:
     """bundle.json's view of a resolved snapshot (every file with its sha256 by now); `omitted`: the sha256s a
     delta leaves out. Raises ValueError for a file without its sha256 (weights.modelpack's)."""
-    manifest, config, _ = modelpack(snapshot, created)
+    manifest, config, _ = modelpack(snapshot)
     files = tuple(ModelEntry(f.path, f.size, f.sha256, f.media_type, f.git_oid, f.lfs, f.sha256 in omitted)  # type: ignore
                   for f in sorted(snapshot.files, key=lambda f: f.path))
     return BundleModel(str(snapshot.ref), source, snapshot.commit, files, Digest.of(manifest), len(manifest),
@@ -361,7 +361,7 @@ class BundleIndex:
         version = _version(obj)
         parsed_images = tuple(_image(x, i, version) for i, x in enumerate(_list(obj, "images")))
         created = _printable(obj, "created")
-        models = _models(obj.get("models"), version, created)
+        models = _models(obj.get("models"), version)
         if not parsed_images and not models:
             raise _bad("it lists no images")
         refs = [(im.ref, im.platform.architecture) for im in parsed_images]
@@ -733,7 +733,7 @@ _MODEL_FILE = Table(
 )
 
 
-def _models(x: object, version: int, created: str) -> Tuple[BundleModel, ...]:
+def _models(x: object, version: int) -> Tuple[BundleModel, ...]:
     """bundle.json's models, each file's name checked as a hub's would be, the recorded artifact digests checked to
     follow from the files; raises VerifyError."""
     if x is None:
@@ -762,7 +762,7 @@ def _models(x: object, version: int, created: str) -> Tuple[BundleModel, ...]:
             model.snapshot().check()
         except UsageError as e:
             raise _bad(f"`{where}files`: {e.message}") from None
-        manifest, config = model.artifact(created)
+        manifest, config = model.artifact()
         if (Digest.of(manifest), len(manifest), Digest.of(config), len(config)) != (
                 model.manifest_digest, model.manifest_size, model.config_digest, model.config_size):
             raise _bad(f"`{where}manifest_digest` does not follow from its files: the artifact of {model.ref} is "

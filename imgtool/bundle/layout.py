@@ -197,7 +197,7 @@ def members(images: Sequence[BundleImage], legacy_names: bool = False) -> List[M
     return sorted(out, key=lambda m: m.name)
 
 
-def model_members(models: Sequence[BundleModel], created: str, images: Sequence[Member] = ()) -> List[Member]:
+def model_members(models: Sequence[BundleModel], images: Sequence[Member] = ()) -> List[Member]:
     """The members of the models, after the images' (`images`: a blob they hold is not written again): for each
     model in bundle.json's order, its carried files in path order, then its artifact's config and manifest. A raw
     file's member is named by its sha256 (the layer digest), so each byte is written once however many models or
@@ -210,7 +210,7 @@ def model_members(models: Sequence[BundleModel], created: str, images: Sequence[
                 seen.add(f.sha256)
                 out.append(Member(blob_name(f.sha256), f.size, "model", f.sha256, f"{f.path} of {model.ref}",
                                   None, f.media_type))
-        manifest, config = model.artifact(created)
+        manifest, config = model.artifact()
         for digest, data, what, media in ((model.config_digest, config, "config", MODEL_CONFIG),
                                           (model.manifest_digest, manifest, "manifest", OCI_MANIFEST)):
             if digest not in seen:
@@ -223,7 +223,7 @@ def model_members(models: Sequence[BundleModel], created: str, images: Sequence[
 def bundle_members(index: BundleIndex) -> List[Member]:
     """Every member of a bundle's archive: the images' (sorted by name), then the models' (model_members)."""
     image_members = members(index.images, index.legacy_names)
-    return image_members + model_members(index.models, index.created, image_members)
+    return image_members + model_members(index.models, image_members)
 
 
 def images_end(slots: Sequence[Slot]) -> int:

@@ -27,7 +27,7 @@ from ..progress import Progress
 from ..worker import Worker, sha256_of
 from . import layout, loadsh, texts
 from .regions import REGIONS_PREFIX, Hole, Regions
-from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
+from .format import (ARCHIVE_SUFFIX, BUNDLE_JSON, BundleModel, COMPRESSIONS, LOAD_SH, LOCK_NAME, MAX_KEPT_INDEX, README_TXT, SHA256SUMS,
                      SIGNATURE, TOOL_PYZ, Archive, BundleImage, BundleIndex, Part, UpstreamIndex, bundle_images)
 
 COPY_BUFFER = 1024 * 1024  # big copies: 16 KiB ones cost a third more time on real disks
@@ -223,7 +223,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
                  extra_files: Optional[Dict[str, Path]] = None,
                  before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
                  gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False,
-                 regions: Optional[Regions] = None) -> BundleResult:
+                 regions: Optional[Regions] = None, models: Sequence[BundleModel] = ()) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -241,9 +241,11 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
     so two builds that differ only by it can be told apart.
     `regions`: the source wrote the layers into the parts already (bundle/regions.py; `prepare_regions` made the
     directory): the writer writes around them and reads them back to hash the parts.
+    `models`: the models the bundle carries (format.bundle_model); their files' members follow the images' and are
+    read through `blobs.chunks` (or their regions) as layers are.
     """
     started = time.monotonic()
-    plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress)
+    plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress, models=models)
     gzip = gzip or gz.compressor()
     if regions is None:
         check_output_dir(plan.out_dir, force)
@@ -265,7 +267,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
                                 base=_delta_base(plan.images, delta.base if delta else None),
                                 gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None,
-                                upstream_indexes=upstream_indexes(images))
+                                upstream_indexes=upstream_indexes(images), models=plan.models)
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
             doc_sha = _write_index(plan.out_dir, index, written)
     except BaseException as e:
@@ -290,11 +292,12 @@ class BundlePlan:
     archive_name: str
     compress: str
     chunk_size: Optional[int]
+    models: Tuple[BundleModel, ...] = ()
 
     @property
     def blobs(self) -> int:
         """Distinct blobs in the archive: every member but the generated ones (index.json, manifest.json, ...)."""
-        return sum(1 for p in self.slots if p.member.kind != "meta")
+        return sum(1 for p in self.slots if p.member.kind not in ("meta", "model-meta"))
 
     @property
     def part_digits(self) -> int:
@@ -309,9 +312,9 @@ class BundlePlan:
 
 def plan_bundle(out_dir: Path, images: Sequence[PulledImage], delta: Optional[DeltaPlan], *,
                 chunk_size: Optional[int],
-                compress: str) -> BundlePlan:
-    """The plan of the bundle for `images`; raises UsageError for bad knobs or images, ImgtoolError."""
-    if not images:
+                compress: str, models: Sequence[BundleModel] = ()) -> BundlePlan:
+    """The plan of the bundle for `images` and `models`; raises UsageError for bad knobs or images, ImgtoolError."""
+    if not images and not models:
         raise UsageError("nothing to bundle: no images")
     if compress not in COMPRESSIONS:
         raise UsageError(f"invalid compression {compress!r}: use one of {', '.join(COMPRESSIONS)}")
@@ -320,9 +323,10 @@ def plan_bundle(out_dir: Path, images: Sequence[PulledImage], delta: Optional[De
     bimages = bundle_images(images, delta)
     small = {im.manifest_digest: im.manifest_bytes for im in images}
     small.update({im.image_id: im.config_bytes for im in images})
-    slots, tar_size = layout.arrange(layout.members(bimages))
+    image_members = layout.members(bimages)
+    slots, tar_size = layout.arrange(image_members + layout.model_members(models, image_members))
     return BundlePlan(out_dir, tuple(bimages), tuple(slots), tar_size, small,
-                      _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size)
+                      _archive_stem(out_dir) + ARCHIVE_SUFFIX[compress], compress, chunk_size, tuple(models))
 
 
 def regions_for(plan: BundlePlan) -> Regions:

@@ -206,14 +206,34 @@ def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[st
 
 def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_size: Optional[int] = None,
           compress: str = "none", force: bool = False, created: str = "2025-01-01T00:00:00Z",
-          verified=()):
-    """write_bundle with quiet progress and a fixed creation time (`verified`: blobs it copies unchecked)."""
+          verified=(), models=()):
+    """write_bundle with quiet progress and a fixed creation time (`verified`: blobs it copies unchecked; `models`:
+    BundleModels whose files are in `store`, see put_model)."""
     from imgtool.bundle.writer import write_bundle
     from imgtool.store import FileBlobs
     from imgtool.progress import Progress
 
     return write_bundle(out, images, FileBlobs(store.path, verified), chunk_size=chunk_size, compress=compress,
-                        force=force, progress=Progress(), created=created)
+                        force=force, progress=Progress(), created=created, models=models)
+
+
+def put_model(store: "BlobDir", model, revision: str = "main", hub: str = "hf", omitted=()):
+    """A seeded model's revision (tests/support/models.py HubModel) as a bundle carries it: its files written into
+    `store` by sha256, and the BundleModel describing them (`omitted`: sha256s a delta leaves out)."""
+    from imgtool.bundle.format import bundle_model
+    from imgtool.weights import ModelFile, ModelRef, ModelSnapshot
+
+    rev = model.resolve(revision)
+    files = []
+    for f in rev.files.values():
+        path = store.path(Digest.parse("sha256:" + f.sha256))
+        if not path.exists():
+            with open(path, "wb") as out:
+                for chunk in f.chunks():
+                    out.write(chunk)
+        files.append(ModelFile(f.path, f.size, Digest.parse("sha256:" + f.sha256), f.blob_id, f.lfs))
+    snapshot = ModelSnapshot(ModelRef(hub, model.repo_id, revision), rev.commit, tuple(files))
+    return bundle_model(snapshot, "test", omitted)
 
 
 def write_delta(out: Path, factory, store: "BlobDir", repo: str):
