@@ -29,7 +29,7 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
 # what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "id")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
