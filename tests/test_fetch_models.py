@@ -3,12 +3,9 @@ written once (straight into its region of an uncompressed archive), resumed afte
 delta when the other side holds its sha256. Against the loopback hubs of tests/support/hub.py, through the real CLI.
 """
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -17,7 +14,7 @@ import pytest
 from imgtool.bundle import layout
 from imgtool.bundle.format import BundleIndex
 from tests.support.hub import Hub
-from tests.support.models import small_model, two_revisions
+from tests.support.models import small_model
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "imgtool-test/tiny-llm"
