@@ -3,6 +3,7 @@ written once (straight into its region of an uncompressed archive), resumed afte
 delta when the other side holds its sha256. Against the loopback hubs of tests/support/hub.py, through the real CLI.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from imgtool.bundle import layout
 from imgtool.bundle.format import BundleIndex
 from tests.support.hub import Hub
-from tests.support.models import small_model
+from tests.support.models import small_model, two_revisions
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = "imgtool-test/tiny-llm"
@@ -129,3 +130,39 @@ def test_a_bad_model_reference_is_refused_before_any_work(tmp_path):
     assert r.returncode == 2
     assert "invalid model reference 'hf:../x': the model is ORG/NAME (letters, digits, . _ -)" in r.stderr
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("against", ["base", "have"])
+def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, tmp_path):
+    model = two_revisions(seed=50, shards=4, shard_bytes=512 << 10)  # main changes the last of 4 shards
+    cache = tmp_path / "cache"
+    with Hub([model], flavour="hf") as hub:
+        full = tmp_path / "v1"
+        r = imgtool(hub, cache, "fetch", f"hf:{REPO}@v1", "-o", str(full), "--no-tool")
+        assert r.returncode == 0, r.stderr
+        if against == "base":
+            other = ["--base", str(full)]
+        else:  # the inventory of an offline host where v1 is placed (docs/models.md "The inventory's models")
+            inv = tmp_path / "inv.json"
+            inv.write_text(json.dumps({"format": "imgtool-inventory", "version": 1, "created": "", "daemon": {},
+                                       "images": [], "models": [{"ref": f"hf:{REPO}@v1", "commit": model.refs["v1"],
+                                                                 "files": [{"path": f.path, "size": f.size,
+                                                                            "sha256": "sha256:" + f.sha256}
+                                                                           for f in model.resolve("v1").files.values()]}]}))
+            other = ["--have", str(inv)]
+        hub.clear()
+        delta = tmp_path / "v2"
+        r = imgtool(hub, cache, "fetch", f"hf:{REPO}", "-o", str(delta), "--no-tool", *other)
+        assert r.returncode == 0, r.stderr
+        changed = "model-00004-of-00004.safetensors"
+        shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 4)]
+        assert [served(hub, p) for p in shards] == [0, 0, 0]  # the unchanged shards are not downloaded
+        assert served(hub, changed) == model.head.files[changed].size
+    same = {p for p, f in model.head.files.items() if model.resolve("v1").files[p].sha256 == f.sha256}
+    assert set(shards) <= same and changed not in same
+    assert_carries(delta, model, "main", omitted=same)
+    size = sum(p.size for p in index_of(delta).parts)
+    assert size < 0.4 * sum(p.size for p in index_of(full).parts)
+    assert index_of(delta).base is not None
+    ok = imgtool(None, cache, "verify", str(delta))
+    assert ok.returncode == 0, ok.stderr
