@@ -58,16 +58,35 @@ class InventoryImage:
 
 
 @dataclass(frozen=True)
+class InventoryModel:
+    """One model placed on the offline host (docs/models.md, "The inventory's models"): its reference, the commit,
+    and each file's path, size and sha256; a delta leaves out the files whose sha256 it holds."""
+
+    ref: str
+    commit: str
+    files: Tuple[Tuple[str, int, Digest], ...]  # (path, size, sha256)
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "commit": self.commit,
+                "files": [{"path": p, "size": n, "sha256": str(d)} for p, n, d in self.files]}
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains."""
+    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains, and the models placed
+    there (absent in inventories of imgtools before issue 48)."""
 
     created: str
     daemon: dict
     images: Tuple[InventoryImage, ...]
+    models: Tuple[InventoryModel, ...] = ()
 
     def to_json(self) -> dict:
-        return {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
-                "daemon": self.daemon, "images": [im.to_json() for im in self.images]}
+        out = {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
+               "daemon": self.daemon, "images": [im.to_json() for im in self.images]}
+        if self.models:
+            out["models"] = [m.to_json() for m in self.models]
+        return out
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
@@ -107,7 +126,31 @@ class Inventory:
         daemon = obj.get("daemon")
         if not isinstance(daemon, dict):
             daemon = {}
-        return cls(str(obj.get("created") or ""), daemon, tuple(images))
+        return cls(str(obj.get("created") or ""), daemon, tuple(images), _models(obj.get("models"), bad))
+
+
+def _models(value: object, bad: Callable[[str], UsageError]) -> Tuple[InventoryModel, ...]:
+    """An inventory's `models` (absent: none); only the sha256s decide anything (what a delta leaves out)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad("models is not a list")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("ref"), str) or not isinstance(m.get("files"), list):
+            raise bad(f"models[{i}] is malformed")
+        files = []
+        for j, f in enumerate(m["files"]):
+            where = f"models[{i}].files[{j}]"
+            if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not isinstance(f.get("size"), int) \
+                    or isinstance(f.get("size"), bool) or f["size"] < 0:
+                raise bad(f"{where} is malformed")
+            try:
+                files.append((f["path"], f["size"], Digest.parse(f["sha256"] if isinstance(f.get("sha256"), str) else "")))
+            except (UsageError, TypeError, AttributeError):
+                raise bad(f"{where}.sha256 is not a digest: {str(f.get('sha256'))[:80]!r}") from None
+        out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files)))
+    return tuple(out)
 
 
 # An inventory's names reach load.sh's base check, bundle.json and messages: each is checked against its
@@ -147,6 +190,12 @@ class Have:
     blobs: Dict[Digest, Descriptor] = field(default_factory=dict)
     # Images of a containerd-store inventory, by name: their blobs are unknown until looked up (heldblobs.py)
     containerd: Dict[str, InventoryImage] = field(default_factory=dict)
+    # model files the offline side holds, by sha256 (a placed model's, a base bundle's): the model named
+    model_files: Dict[Digest, str] = field(default_factory=dict)
+
+    def add_model(self, ref: str, sha256s: Iterable[Digest]) -> None:
+        for d in sha256s:
+            self.model_files.setdefault(d, ref)
 
     def add(self, diff_ids: Sequence[Digest], name: str, platform: str = "") -> None:
         for chain in chain_ids(diff_ids):
@@ -162,6 +211,8 @@ class Have:
             self.blobs.setdefault(chain, layer)
 
     def merge(self, other: "Have") -> None:
+        for d, ref in other.model_files.items():
+            self.model_files.setdefault(d, ref)
         for chain, layer in other.blobs.items():
             self.blobs.setdefault(chain, layer)
         for name, image in other.containerd.items():
@@ -190,6 +241,8 @@ def have_from_inventory(inventory: Inventory, what: str) -> Have:
         have.add(im.diff_ids, im.name, im.platform)
         if inventory.containerd_store:
             have.containerd.setdefault(im.name, im)
+    for m in inventory.models:
+        have.add_model(m.ref, (d for _, _, d in m.files))
     return have
 
 

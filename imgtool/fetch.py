@@ -11,15 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from . import dirlock, gz, heldblobs, transcode
-from .config import MirrorConfig
+from . import dirlock, gz, heldblobs, model_pull, transcode
+from .config import HubEnvironment, MirrorConfig
 from .delta import DeltaPlan, Have
 from .errors import ImgtoolError, Interrupted, UsageError
 from .mirrors import Clients, Resolution, sources_for
-from .model import Descriptor, Digest, Platform, PulledImage
+from .model import Descriptor, Digest, Platform, PulledImage, format_size
 from .progress import Progress
 from .ends.bundle_dest import BundleDestination, Bundled, read_have
-from .ends.registry_source import RegistrySource
+from .ends.hub_source import RegistryAndHubs
+from .weights import ModelRef, is_model_ref, parse_model_ref
 from .pipeline import Plan, copy
 from .puller import CONNECTIONS, JOBS, PullStats
 from .resolve import resolve_image, resolve_refs
@@ -27,6 +28,8 @@ from .selfbundle import bundle_tool
 from .store import Store
 
 if TYPE_CHECKING:  # imported where used: spec and the writer are needed only by some verbs
+    from .bundle.format import BundleModel
+    from .hubs import HubResolution
     from .pipeline import Source
     from .bundle.signature import Signed
     from .bundle.writer import BundleResult
@@ -60,6 +63,7 @@ class FetchOptions:
     gzip_level: int = 1  # zlib's scale, 1 (fast: ISA-L) .. 9, for rewritten layers and a gzip archive (--gzip-level)
     gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
+    hubs: Optional[HubEnvironment] = None  # the model hubs' endpoints and tokens (config.hub_environment); None: none
 
 
 @dataclass
@@ -68,6 +72,22 @@ class FetchResult:
     stats: PullStats
     bundle: "BundleResult"
     signed: Optional["Signed"] = None  # with sign_key
+    models: List["BundleModel"] = dataclasses.field(default_factory=list)
+
+
+def split_refs(refs: Sequence[str]) -> Tuple[List[str], List[ModelRef]]:
+    """(image references, model references) of what fetch was given, each as given, in order; raises UsageError
+    for a malformed model reference."""
+    images: List[str] = []
+    models: List[ModelRef] = []
+    for text in refs:
+        if is_model_ref(text):
+            ref = parse_model_ref(text)
+            if ref not in models:
+                models.append(ref)
+        else:
+            images.append(text)
+    return images, models
 
 
 def parse_platforms(arch: Optional[str], platform: Optional[str]) -> List[Platform]:
@@ -98,16 +118,20 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         stale = store.remove_stale()  # what a killed rewrite left: nothing can resume it
         if stale:
             progress.note(stale)
-        resolutions = resolve_refs(config, opts.refs, opts.mirror, progress, opts.probe_timeout,
-                                   pins=opts.lock.pins() if opts.lock else None, clients=clients)
+        image_refs, model_refs = split_refs(opts.refs)
+        resolutions = resolve_refs(config, image_refs, _image_mirror(config, opts.mirror), progress, opts.probe_timeout,
+                                   pins=opts.lock.pins() if opts.lock else None, clients=clients) if image_refs else []
+        hubs = _resolve_models(config, opts, model_refs, store, progress)
         # After resolving (a dead network fails in a fraction of a second, not after building the pyz),
         # before downloading (a failure here costs no download).
         tool = bundle_tool(store.root, progress) if opts.tool else {}
-        progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
-                      + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
+        if image_refs:
+            progress.note("platform: " + ", ".join(str(p) for p in opts.platforms)
+                          + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
         pulled = _platform_images(resolutions, opts, store)
         images = [img for img, _ in pulled]
-        output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images))
+        models = _bundle_models(hubs, have, progress)
+        output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images, models))
         writer.check_output_dir(output, opts.force)
         # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
         delta = None if have is None else DeltaPlan.make(have, base, images)
@@ -121,14 +145,19 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # soon as the cache has it, so the disk writes the bundle while the network is still busy. An uncompressed
         # bundle of the layers as served goes further: each layer is downloaded straight into its place in the
         # archive, written once (bundle/regions.py), and the cache only remembers where it is.
-        source = RegistrySource(pulled, store, progress, (opts.jobs, opts.max_connections))
+        # Model files go the same way after the layers (their members follow the images'): into their regions of an
+        # uncompressed archive, else through the cache (--compress: the archive is one compressed stream).
+        carried = [model_pull.carrying(res, {f.sha256 for f in m.files if f.omitted}) for res, m in zip(hubs, models)]
+        source = RegistryAndHubs(pulled, carried, store, progress, (opts.jobs, opts.max_connections))
 
         def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
-            check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions)
+            check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions,
+                        [(f.sha256, f.size) for m in models for f in m.carried])
 
         destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip, delta=delta, created=opts.created,
-                                        extra_files=tool, place=_placeable(opts, images, left_out), check=room)
+                                        extra_files=tool, place=_placeable(opts, images, left_out), check=room,
+                                        models=models)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
@@ -144,7 +173,38 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
             _remember_places(store, copied.plan.regions, copied.result)
         signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
-        return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed)
+        return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed, models)
+
+
+def _resolve_models(config: MirrorConfig, opts: FetchOptions, refs: Sequence[ModelRef], store: Store,
+                    progress: Progress) -> List["HubResolution"]:
+    """The model references resolved (pinned by bundle.lock where it names them) and completed."""
+    if not refs:
+        return []
+    pins = opts.lock.model_pins() if opts.lock else None
+    return model_pull.resolve_models(refs, config, opts.hubs or HubEnvironment(), store, progress, mirror=opts.mirror,
+                                     timeout=opts.probe_timeout, pins=pins)
+
+
+def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progress: Progress) -> List["BundleModel"]:
+    """bundle.json's models: each file the other side holds by sha256 (--have, --base) marked omitted."""
+    from .bundle.format import bundle_model
+
+    out = []
+    held = have.model_files if have is not None else {}
+    for res in hubs:
+        omitted = {f.sha256 for f in res.snapshot.files if f.sha256 in held}
+        if omitted:
+            size = sum(f.size for f in res.snapshot.files if f.sha256 in omitted)
+            progress.note(f"delta against {have.what if have else ''}: {len(omitted)} files of {res.ref} "
+                          f"({format_size(size)}) are already on the offline side and are not downloaded")
+        out.append(bundle_model(res.snapshot, res.hubs[0].name if res.hubs else "", omitted))
+    return out
+
+
+def _image_mirror(config: MirrorConfig, mirror: str) -> str:
+    """--mirror for the images: a [[model_mirrors]] name forces the models' source only."""
+    return "auto" if any(m.name == mirror for m in config.model_mirrors) else mirror
 
 
 def _placeable(opts: FetchOptions, images: Sequence[PulledImage], left_out) -> bool:
@@ -219,7 +279,7 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
     from .bundle import signature, writer
 
     if not opts.refs:
-        raise UsageError("nothing to fetch: give at least one image reference")
+        raise UsageError("nothing to fetch: give at least one image or model reference")
     if opts.jobs < 1 or opts.jobs > 64:
         raise UsageError(f"invalid --connections {opts.jobs}: use 1 to 64")
     if opts.max_connections < 1 or opts.max_connections > 256:
@@ -232,13 +292,14 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
     if opts.sign_key:
         signature.check_key(opts.sign_key)
     have, base = read_have(opts.have, opts.base)
-    for text in opts.refs:  # bad input (reference, --mirror) is exit 2 before any work
-        sources_for(config.parse_ref(text), config, opts.mirror, clients)
+    image_refs, _ = split_refs(opts.refs)  # a malformed model reference: exit 2 here
+    for text in image_refs:  # bad input (reference, --mirror) is exit 2 before any work
+        sources_for(config.parse_ref(text), config, _image_mirror(config, opts.mirror), clients)
     return have, base
 
 
 def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip, layers: str, compress: str,
-                extra_files, regions=None) -> None:
+                extra_files, regions=None, model_files: Sequence[Tuple[Digest, int]] = ()) -> None:
     """Refuse up front when the cache's or the output's file system has less free space than the fetch
     will write (one file system holding both counts once for both); raises ImgtoolError (exit 1, as
     load's space refusal).
@@ -253,6 +314,13 @@ def check_space(images: Sequence[PulledImage], store: Store, output: Path, skip,
     from .model import GZIP_PER_ZSTD, UNPACKED_PER_COMPRESSED, format_size
 
     cache_need, out_need, rewritten = _space_needed(images, store, skip, layers, compress, regions)
+    for digest, size in dict(model_files).items():  # into their regions, else through the cache (--compress)
+        if regions is not None and regions.holds(digest):
+            out_need += size - (regions.partial_bytes(digest, size) if regions.resumable() else 0)
+            continue
+        if not store.has(digest, size):
+            cache_need += size - store.partial_bytes(digest, size)
+        out_need += size if compress == "none" else 0
     out_need += sum(Path(p).stat().st_size for p in extra_files.values())
     out_fs = output
     while not out_fs.exists() and out_fs.parent != out_fs:

@@ -138,17 +138,51 @@ class LockedImage:
 
 
 @dataclass(frozen=True)
+class LockedModel:
+    """One spec model pinned: the commit its revision meant, and each file's size and sha256 (issue 48)."""
+
+    ref: str  # as written in the spec: hf:ORG/NAME[@REVISION]
+    commit: str
+    files: Tuple[Tuple[str, int, Digest], ...]  # (path, size, sha256), in path order
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "commit": self.commit, "source": self.source,
+                "files": [{"path": p, "size": n, "sha256": str(d)} for p, n, d in self.files]}
+
+
+@dataclass(frozen=True)
 class Lock:
     """A parsed bundle.lock."""
 
     path: Path
     platforms: Tuple[str, ...]
     images: Tuple[LockedImage, ...]
+    models: Tuple[LockedModel, ...] = ()
 
     def to_bytes(self) -> bytes:
-        doc = {"lock_version": LOCK_VERSION, "platforms": list(self.platforms),
-               "images": [im.to_json() for im in self.images]}
+        doc: Dict[str, Any] = {"lock_version": LOCK_VERSION, "platforms": list(self.platforms),
+                               "images": [im.to_json() for im in self.images]}
+        if self.models:
+            doc["models"] = [m.to_json() for m in self.models]
         return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def model_pins(self) -> Dict[str, str]:
+        """Model reference as written -> pinned commit, for fetch."""
+        return {m.ref: m.commit for m in self.models}
+
+    def check_model(self, ref: str, files: Sequence[Tuple[str, int, Optional[Digest]]]) -> None:
+        """A resolved model's files must be those the lock pins (path, size, sha256); raises ConfigError."""
+        locked = next((m for m in self.models if m.ref == ref), None)
+        if locked is None:
+            return
+        got = {p: (n, d) for p, n, d in files}
+        want = {p: (n, d) for p, n, d in locked.files}
+        differ = sorted(p for p in set(got) | set(want) if got.get(p) != want.get(p))
+        if differ:
+            more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+            raise ConfigError(f"{self.path}: {ref} at commit {locked.commit[:12]} lists other files than the lock pins: "
+                              f"{', '.join(differ[:3])}{more}", hint="run imgtool lock --update -f SPEC")
 
     def pins(self) -> Dict[str, Digest]:
         """Canonical name -> pinned digest, for fetch."""

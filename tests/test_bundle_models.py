@@ -84,14 +84,21 @@ def test_a_bundle_with_an_image_and_a_model_verifies_and_a_damaged_part_is_refus
 
     store = BlobDir(tmp_path / "blobs")
     image = store.pulled(factory.image(layers=1), "quay.io/ascend/vllm-ascend:v1")
-    model = put_model(store, small_model(seed=3))
+    model = put_model(store, small_model(seed=3, shard_bytes=256 << 10))
     out = tmp_path / "b"
     write(out, [image], store, chunk_size=64 << 10, models=[model])
     ok = imgtool("verify", str(out))
     assert ok.returncode == 0, ok.stderr
     shard = next(m for m in layout.bundle_members(BundleIndex.from_bytes((out / "bundle.json").read_bytes()))
                  if m.what.startswith("model-00002-of-00002.safetensors"))
-    damage_member(out, shard.name)
+    spans = damage_member(out, shard.name)
     bad = imgtool("verify", str(out))
     assert bad.returncode == 3
-    assert "is damaged: its sha256 differs from bundle.json" in bad.stderr
+    index = BundleIndex.from_bytes((out / "bundle.json").read_bytes())
+    assert len(spans) > 2  # the damaged part, in the shard's middle, holds nothing else
+    part = index.parts[spans[len(spans) // 2]]
+    n = part.name[-3:]
+    assert bad.stderr.splitlines()[-1] == (
+        f"  - part {n} ({part.name}) is damaged: its sha256 differs from "
+        f"bundle.json (it holds model-00002-of-00002.safetensors of hf:imgtool-test/tiny-llm@main); re-copy part {n} "
+        "from the source medium")

@@ -18,7 +18,7 @@ from imgtool.bundle.landing import _compatibility
 from imgtool.runtimes import docker
 from imgtool.runtimes.base import RuntimeInfo as DaemonInfo
 from imgtool.errors import ImgtoolError
-from tests.support.bundles import (BlobDir, canonical_tar, fetch_from_registry, imgtool, member_bytes, parts_of,
+from tests.support.bundles import (BlobDir, canonical_tar, damaged_part_line, fetch_from_registry, imgtool, member_bytes, parts_of,
                                    random_layer, replace_archive, simple_image, tar_body, write)
 from tests.support.images import host_arch
 
@@ -87,8 +87,7 @@ def test_damaged_part_is_named_and_the_runtime_keeps_nothing(bundle, node):
     assert r.returncode == 3
     assert err_lines(r) == [
         f"error: refusing to load: {out}: 1 problem; nothing was loaded",
-        f"  - part 002 ({part.name}) is damaged: its sha256 differs from bundle.json; "
-        "re-copy part 002 from the source medium",
+        damaged_part_line(out, 1),
     ]
     assert node.leftovers(before) == []
 
@@ -130,6 +129,7 @@ def test_every_problem_is_named_not_only_the_first(bundle, services, docker_cli)
     """part 002 damaged and part 004 missing: load names both, as verify does."""
     out, _ = bundle
     parts = parts_of(out)
+    damaged = damaged_part_line(out, 1)  # what part 002 holds, read before part 004 goes
     data = bytearray(parts[1].read_bytes())
     data[4242] ^= 0x40
     parts[1].write_bytes(bytes(data))
@@ -139,8 +139,7 @@ def test_every_problem_is_named_not_only_the_first(bundle, services, docker_cli)
     assert r.returncode == 3, r.stderr
     assert err_lines(r) == [
         f"error: refusing to load: {out}: 2 problems; nothing was loaded",
-        f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
-        "re-copy part 002 from the source medium",
+        damaged,
         f"  - part 004 ({parts[3].name}) is missing; copy part 004 from the source medium",
     ]
     assert err_lines(imgtool("verify", str(out)))[1:] == err_lines(r)[1:]
@@ -182,8 +181,7 @@ def test_an_already_loaded_bundle_is_still_checked(bundle, node):
     assert r.returncode == 3, r.stderr
     assert err_lines(r) == [
         f"error: refusing to load: {out}: 1 problem; nothing was loaded",
-        f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
-        "re-copy part 002 from the source medium",
+        damaged_part_line(out, 1),
     ]
     assert "vllm:prod" not in node.names(image)
     quick = imgtool("load", str(out), "--quick", "--tag", "vllm:prod", env=node.env)

@@ -7,7 +7,7 @@ import pytest
 
 from imgtool.bundle.reader import PartsStream, read_index
 from imgtool.errors import VerifyError
-from tests.support.bundles import BlobDir, imgtool, parts_holding, parts_of, write
+from tests.support.bundles import BlobDir, damaged_part_line, imgtool, parts_holding, parts_of, write
 
 REPO = "quay.io/ascend/vllm-ascend"
 
@@ -67,8 +67,7 @@ def test_flipped_byte_names_that_part_only(bundle, quick):
     assert r.returncode == 3
     assert err_lines(r) == [
         f"error: bundle failed verification: {bundle}: 1 problem",
-        f"  - part 002 ({parts[1].name}) is damaged: its sha256 differs from bundle.json; "
-        "re-copy part 002 from the source medium",
+        damaged_part_line(bundle, 1),
     ]
 
 
@@ -267,8 +266,7 @@ def test_damaged_compressed_bundle_ends_naming_the_part(tmp_path, factory, compr
     assert r.returncode == 3, r.stderr
     assert err_lines(r) == [
         f"error: bundle failed verification: {out}: 1 problem",
-        f"  - part 001 ({part.name}) is damaged: its sha256 differs from bundle.json; "
-        "re-copy part 001 from the source medium",
+        damaged_part_line(out, 0),
     ]
 
 

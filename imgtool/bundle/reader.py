@@ -117,11 +117,36 @@ def part_unreadable(index: BundleIndex, i: int, path: Path, e: OSError) -> Probl
     return Problem(f"{label} ({index.parts[i].name}) {words[0]}; {words[1]}", (i,), kind="permission")
 
 
+DAMAGED = "is damaged: its sha256 differs from bundle.json"
+HELD_NAMES = 3  # a damaged part names at most this many of the members it holds, then "and N more"
+
+
 def part_problem(index: BundleIndex, i: int, what: str) -> Problem:
+    """The one line saying what is wrong with part `i` and what to do; a damaged part of an uncompressed archive
+    also says what it holds (a layer, a model's file), so the user knows what the damage would have hit."""
     label = part_label(i, len(index.parts))
     name = index.parts[i].name
     verb = "copy" if what == "is missing" else "re-copy"
+    if what == DAMAGED:
+        held = part_holds(index, i)
+        if held:
+            more = f" and {len(held) - HELD_NAMES} more" if len(held) > HELD_NAMES else ""
+            what += f" (it holds {', '.join(held[:HELD_NAMES])}{more})"
     return Problem(f"{label} ({name}) {what}; {verb} {label} from the source medium", (i,))
+
+
+def part_holds(index: BundleIndex, i: int) -> List[str]:
+    """What the data of part `i` of an uncompressed archive belongs to: its layers and model files, in archive order
+    (`layer 3 of REF`, `PATH of hf:ORG/NAME@REV`); none for a compressed archive (a part is not a member's bytes)."""
+    from . import layout
+
+    if index.archive.compression != "none":
+        return []
+    start = sum(p.size for p in index.parts[:i])
+    end = start + index.parts[i].size
+    slots, _ = layout.arrange(layout.bundle_members(index))
+    return [s.member.what for s in slots if s.member.kind in ("layer", "model")
+            and s.data_offset < end and start < s.end]
 
 
 def stat_parts(bundle_dir: Path, index: BundleIndex) -> List[Problem]:
@@ -221,7 +246,7 @@ class PartsStream:
         hasher, self.hasher = self.hasher, None
         if hasher is not None and hasher.result() != self.parts[self.i].sha256:
             if self.strict:
-                raise VerifyError(part_problem(self.index, self.i, "is damaged: its sha256 differs from bundle.json"
+                raise VerifyError(part_problem(self.index, self.i, DAMAGED
                                                ).message)
             self.bad.append(self.i)
         self._next()

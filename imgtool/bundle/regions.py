@@ -45,7 +45,7 @@ class Hole:
 
 
 class Regions:
-    """Where each layer blob of an uncompressed archive lies in its parts, the parts' files while the bundle is
+    """Where each layer blob and model file of an uncompressed archive lies in its parts, the parts' files while the bundle is
     written, and which blobs have arrived (the source says; the writer waits)."""
 
     def __init__(self, out_dir: Path, archive_name: str, slots: Sequence[Slot], tar_size: int,
@@ -57,7 +57,7 @@ class Regions:
                                               min(self.chunk, tar_size - i * self.chunk)) for i in range(count)]
         self.part_names = [name for name, _ in self.parts]  # as written; sealed, one part is renamed
         self.blobs: Dict[Digest, Tuple[int, int]] = {p.member.digest: (p.data_offset, p.member.size)
-                                                     for p in slots if p.member.kind == "layer"}
+                                                     for p in slots if p.member.kind in ("layer", "model")}
         self.layout = {"archive": archive_name, "tar_size": tar_size, "parts": [list(p) for p in self.parts],
                        "blobs": {str(d): list(v) for d, v in sorted(self.blobs.items())}}
         self._fds: List[int] = []

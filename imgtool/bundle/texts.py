@@ -54,9 +54,12 @@ def multiarch_refs(index: BundleIndex) -> List[str]:
 def _image_lines(index: BundleIndex) -> List[str]:
     """README.txt's list of images, one line each (values as `text.for_terminal` shows them: it is read with cat)."""
     refs = [for_terminal(im.ref) for im in index.images]
-    width = max(len(ref) for ref in refs)
+    models = [for_terminal(m.ref) for m in index.models]
+    width = max(len(ref) for ref in refs + models)
     return [f"    {ref.ljust(width)}  {for_terminal(im.platform)}  {format_size(im.size)}  ID {im.image_id}"
-            for ref, im in zip(refs, index.images)]
+            for ref, im in zip(refs, index.images)] + \
+        [f"    {ref.ljust(width)}  commit {for_terminal(m.commit)}  {len(m.files)} files  {format_size(m.size)}"
+         for ref, m in zip(models, index.models)]
 
 
 def _runtimes_en(index: BundleIndex, unpack: str) -> str:

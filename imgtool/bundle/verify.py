@@ -20,7 +20,7 @@ from ..trust import Verdict
 from .format import BUNDLE_JSON, LOAD_SH, LOCK_NAME, README_TXT, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleIndex, parse_expect
 from .signature import enforce
 from .archive import walk_archive
-from .reader import Problem, hash_part, part_problem, part_unreadable, read_index, stat_parts
+from .reader import DAMAGED, Problem, hash_part, part_problem, part_unreadable, read_index, stat_parts
 
 
 # raise_if_bad's words per verb: (the refusal, what it did not do); any other verb: "bundle failed verification"
@@ -246,7 +246,7 @@ def _hash_parts_parallel(bundle_dir: Path, index: BundleIndex, report: VerifyRep
             report.parts_checked += 1
             report.bytes_read += index.parts[i].size
             if digest != index.parts[i].sha256:
-                report.problems.append(part_problem(index, i, "is damaged: its sha256 differs from bundle.json"))
+                report.problems.append(part_problem(index, i, DAMAGED))
     report.problems.sort(key=lambda p: p.parts or (-1,))
 
 
@@ -261,7 +261,7 @@ def deep_check(bundle_dir: Path, index: BundleIndex, report: VerifyReport, progr
     report.bytes_read += parts.position
     report.parts_checked = len(index.parts)
     bad = set(parts.bad)
-    report.problems += [part_problem(index, i, "is damaged: its sha256 differs from bundle.json") for i in sorted(bad)]
+    report.problems += [part_problem(index, i, DAMAGED) for i in sorted(bad)]
     kept = [p for p in result.problems if p.parts and not bad.intersection(p.parts)] if bad else result.problems
     if len(kept) < len(result.problems):
         report.skipped = "findings inside damaged parts are left out: re-copy those parts first"

@@ -68,6 +68,7 @@ class BundleResult:
     warnings: List[str] = field(default_factory=list)
     base: Optional[dict] = None  # a delta bundle's base (bundle.json `base`)
     files: List[Part] = field(default_factory=list)  # bundle.json `files`: imgtool.pyz, load.sh, README.txt
+    models: List[BundleModel] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -97,6 +98,9 @@ class BundleResult:
             "parts": [p.to_json() for p in self.parts],
             "images": [{"ref": im.ref, "platform": str(im.platform), "image_id": str(im.image_id),
                         "size": im.size} for im in self.images],
+            "models": [{"ref": m.ref, "commit": m.commit, "source": m.source, "files": len(m.files), "size": m.size,
+                        "carried_files": len(m.carried), "carried_bytes": sum(f.size for f in m.carried),
+                        "manifest_digest": str(m.manifest_digest)} for m in self.models],
             "blobs": self.blobs,
             "seconds": round(self.seconds, 3),
             "files": [f.to_json() for f in self.files],
@@ -126,10 +130,16 @@ class BundleResult:
         n = len(self.parts)
         lines = [f"bundle: {self.dir}  ({n} part{'s' if n != 1 else ''}, {format_size(self.size)}, "
                  f"compression {self.archive.compression}, {self.blobs} blobs)"]
-        width = max(len(im.ref) for im in self.images)
+        width = max([len(im.ref) for im in self.images] + [len(m.ref) for m in self.models])
         for im in self.images:
             lines.append(f"  {im.ref.ljust(width)}  {im.platform}  {format_size(im.size)}  ID {im.image_id.short}"
                          + (f"  via {im.source}" if im.source else ""))
+        for m in self.models:
+            carried = m.carried
+            left = "" if len(carried) == len(m.files) else \
+                f"  ({len(m.files) - len(carried)} files held by the other side left out)"
+            lines.append(f"  {m.ref.ljust(width)}  commit {m.commit[:12]}  {len(m.files)} files  "
+                         f"{format_size(m.size)}  via {m.source}{left}")
         if self.base is not None:
             full, delta = self.layer_bytes(False), self.layer_bytes(True)
             lines.append(f"delta bundle against {self.base.get('kind')} {self.base.get('name')}: "
@@ -166,14 +176,20 @@ class BundleResult:
         return next((f.sha256 for f in self.files if f.name == TOOL_PYZ), None)
 
 
-def default_bundle_name(images: Sequence[PulledImage]) -> str:
-    """A short directory name from image, tag and arch: `vllm-ascend-v0.22.1rc1-arm64`."""
+def default_bundle_name(images: Sequence[PulledImage], models: Sequence[BundleModel] = ()) -> str:
+    """A short directory name from image, tag and arch: `vllm-ascend-v0.22.1rc1-arm64`; without an image, from the
+    model and its revision (or commit): `Qwen3-8B-main`."""
 
     def joined(values: List[str], keep: int) -> str:
         values = list(dict.fromkeys(values))
         text = "+".join(values[:keep])
         return text + (f"+{len(values) - keep}more" if len(values) > keep else "")
 
+    if not images:
+        refs = [m.model_ref for m in models]
+        name = "-".join(x for x in (joined([r.repo.rsplit("/", 1)[-1] for r in refs], 1),
+                                    joined([r.default_revision for r in refs], 2)) if x)
+        return re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".-") or "bundle"
     names = [im.ref.repository.rsplit("/", 1)[-1] for im in images]
     tags = [im.ref.tag or (im.ref.digest or im.manifest_digest).short for im in images]
     arches = [im.platform.architecture + (f"{im.platform.variant}" if im.platform.architecture == "arm" and
@@ -215,6 +231,11 @@ def check_output_dir(out_dir: Path, force: bool) -> None:
 def archive_order(images: Sequence[PulledImage], delta: Optional[DeltaPlan] = None) -> List[Digest]:
     """The layer blobs in the order write_bundle copies them (their order in the archive)."""
     return [m.digest for m in layout.members(bundle_images(images, delta)) if m.kind == "layer"]
+
+
+def model_order(models: Sequence[BundleModel]) -> List[Digest]:
+    """The model files the archive carries, in its order (after every layer)."""
+    return list(dict.fromkeys(f.sha256 for m in models for f in m.carried))
 
 
 def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *,
@@ -265,7 +286,7 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
             if regions is not None:
                 regions.cleanup()
             index = BundleIndex(created or _now(), __version__, _with_sizes(plan.images, sizes or {}), archive, tuple(parts),
-                                base=_delta_base(plan.images, delta.base if delta else None),
+                                base=_delta_base(plan.images, delta.base if delta else None, plan.models),
                                 gzip=gzip.to_json() if gzipped_layers or compress == "gzip" else None,
                                 upstream_indexes=upstream_indexes(images), models=plan.models)
             index = _write_side_files(plan.out_dir, index, extra_files or {}, written)
@@ -277,7 +298,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
             raise _os_error(e, plan.out_dir, "write", plan.tar_size) from None
         raise
     return BundleResult(plan.out_dir, plan.out_dir / BUNDLE_JSON, doc_sha, archive, parts, list(plan.images),
-                        plan.blobs, time.monotonic() - started, warnings, index.base, list(index.files))
+                        plan.blobs, time.monotonic() - started, warnings, index.base, list(index.files),
+                        list(plan.models))
 
 
 @dataclass(frozen=True)
@@ -434,11 +456,13 @@ def upstream_indexes(images: Sequence[PulledImage]) -> Tuple[UpstreamIndex, ...]
     return tuple(out.values())
 
 
-def _delta_base(images: Sequence[BundleImage], base: Optional[dict]) -> Optional[dict]:
-    """bundle.json `base`: where the offline side's chains came from and the images whose layers were left out;
-    None for a full bundle."""
+def _delta_base(images: Sequence[BundleImage], base: Optional[dict], models: Sequence[BundleModel] = ()
+                ) -> Optional[dict]:
+    """bundle.json `base`: where the offline side's chains (and model files) came from and the images whose layers
+    were left out; None for a full bundle."""
     used = list(dict.fromkeys(n for im in images for x in im.layers if x.omitted for n in x.provided_by))
-    return dict(base or {"kind": "inventory", "name": ""}, images=used) if used else None
+    files = any(f.omitted for m in models for f in m.files)
+    return dict(base or {"kind": "inventory", "name": ""}, images=used) if used or files else None
 
 
 def _write_side_files(out_dir: Path, index: BundleIndex, extra_files: Dict[str, Path],

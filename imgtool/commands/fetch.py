@@ -1,5 +1,7 @@
 """imgtool fetch: registry -> bundle."""
 
+import dataclasses
+
 import click
 
 from ..bundle.format import COMPRESSIONS
@@ -65,17 +67,20 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
 @common
 def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_file, chunk_size, compress, layers,
           check_diff_ids, gzip_level, gzip_library, connections, max_connections, force, have, base, tool, sign_key, as_json):
-    """Pull images from the fastest healthy mirror into a verified bundle directory.
+    """Pull images and models from the fastest healthy mirror into a verified bundle directory.
 
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
-    references (host/path:tag, ...@sha256:...). Several go into one bundle. Or -f SPEC:
-    a bundle.toml naming images and platforms, pinned by `imgtool lock`.
+    references (host/path:tag, ...@sha256:...), and models: hf:ORG/NAME[@REVISION],
+    modelscope:ORG/NAME[@REVISION] ($HF_ENDPOINT, $MODELSCOPE_DOMAIN and [[model_mirrors]]
+    are honoured). Several go into one bundle. Or -f SPEC: a bundle.toml naming images,
+    models and platforms, pinned by `imgtool lock`.
     """
     from ..memory import tune_for_downloads
     from ..config import source_date_epoch
     from ..fetch import FetchOptions, fetch as do_fetch, parse_platforms
     from ..lock import spec_fetch_options
     from ..spec import parse_created
+    from ..weights import is_model_ref
 
     tune_for_downloads()  # measured with it (memory.py says why)
 
@@ -89,6 +94,10 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
         given = {field for field, option in _SPEC_OPTIONS if on_command_line(option)}
         config, opts = spec_fetch_options(spec_file, opts, config, given, progress())
     warn_chunk_size(opts.chunk_size)
+    if any(is_model_ref(r) for r in opts.refs):
+        from .. import config as settings  # read through the module: the tests' stand-in hubs replace it
+
+        opts = dataclasses.replace(opts, hubs=settings.hub_environment())
     store = blob_store()
     try:
         result = do_fetch(config, opts, store, progress())

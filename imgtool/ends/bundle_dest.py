@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from .. import gz
 from ..bundle import writer
-from ..bundle.format import bundle_images
+from ..bundle.format import BundleModel, bundle_images
 from ..delta import DeltaPlan, Have, Inventory, have_from_inventory
 from ..errors import UsageError
 from ..fsutil import NotRegularFile, open_regular
@@ -49,6 +49,9 @@ class BundleDestination:
     # the verb's check once what moves is known, before the first byte (fetch: the free space of its cache and the
     # output, which depends on what --layers rewrites)
     check: Optional[Callable[["Plan[Bundled]"], None]] = None
+    # the models the bundle carries (format.bundle_model): their files' members follow the images', taken in that
+    # order from the source as layers are
+    models: Sequence[BundleModel] = ()
 
     def plan(self, images: Sequence[PulledImage]) -> "Holding[Bundled]":
         """Every layer in the archive's order; a delta's left-out layers held (never read). Raises UsageError (the
@@ -57,9 +60,10 @@ class BundleDestination:
         skip = not_carried(images, self.delta, self.progress) if self.delta is not None else set()
         if self.place and self.compress == "none":
             self.regions = writer.regions_for(writer.plan_bundle(self.output, images, self.delta,
-                                                               chunk_size=self.chunk_size, compress=self.compress))
-        return Holding(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip), Bundled(),
-                       regions=self.regions)
+                                                               chunk_size=self.chunk_size, compress=self.compress,
+                                                               models=self.models))
+        order = writer.archive_order(images, self.delta) + writer.model_order(self.models)
+        return Holding(tuple(images), tuple(order), frozenset(skip), Bundled(), regions=self.regions)
 
     def before(self, plan: "Plan[Bundled]") -> None:
         """The verb's check (space), then the unfinished archive made ready for the layers downloaded into it (the
@@ -76,7 +80,8 @@ class BundleDestination:
                                        compress=self.compress, force=self.force, progress=self.progress,
                                        gzip=self.gzip, gzipped_layers=plan.destination.gzipped_layers,
                                        delta=self.delta, created=self.created, extra_files=self.extra_files,
-                                       before_seal=plan.destination.before_seal, regions=plan.regions)
+                                       before_seal=plan.destination.before_seal, regions=plan.regions,
+                                       models=self.models)
         finally:
             if plan.regions is not None:
                 plan.regions.close()
@@ -125,6 +130,8 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
             from_bundle.add([x.diff_id for x in im.layers], im.ref, str(im.platform))
             from_bundle.add_blobs([x.diff_id for x in im.layers],
                                   [Descriptor(x.media_type, x.digest, x.size) for x in im.layers])
+        for m in index.models:  # every file, those the base left out too: the offline side held them then
+            from_bundle.add_model(m.ref, (f.sha256 for f in m.files))
         if have is None:
             have = from_bundle
         else:

@@ -47,8 +47,7 @@ class RegistrySource:
 
     def _run(self, blobs, regions) -> None:
         try:
-            download(self.pulled, self.store, self.progress, jobs=self.jobs[0], stats=self.stats, blobs=blobs,
-                     cancel=self.stop, connections=self.jobs[1], regions=regions)
+            self._download(blobs, regions)
         except BaseException as e:  # raised in the reading thread by path/finish
             self.error = e
         finally:
@@ -56,6 +55,10 @@ class RegistrySource:
             self.store.announce()  # a reader waiting for a blob that will not come wakes up
             if regions is not None:
                 regions.ended(self.error)
+
+    def _download(self, blobs: List[Digest], regions) -> None:
+        download(self.pulled, self.store, self.progress, jobs=self.jobs[0], stats=self.stats, blobs=blobs,
+                 cancel=self.stop, connections=self.jobs[1], regions=regions)
 
     def path(self, digest: Digest) -> Path:
         """The blob's path once the store has it; raises the download's error if it ended without it."""

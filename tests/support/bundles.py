@@ -368,3 +368,33 @@ def fetch_two_arch(services, factory, mirrored, tmp_path: Path, media: str, *ext
                 env={"IMGTOOL_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     return out, idx, ms.repo
+
+
+_EMPTY_TAR = bytes(10240)  # a compressed archive's part holds no member's bytes as they are: none is named
+
+
+def damaged_part_line(bundle: Path, k: int) -> str:
+    """verify's line for part `k` (0 = part 001) of an uncompressed bundle damaged: what the part holds found from
+    the tar itself (tarfile's member offsets) and bundle.json's layers and model files, at most 3 named."""
+    doc = json.loads((bundle / "bundle.json").read_text())
+    names = {}
+    for im in doc["images"]:
+        for i, x in enumerate(im["layers"]):
+            names.setdefault("blobs/sha256/" + x["digest"].split(":")[1], f"layer {i + 1} of {im['ref']}")
+    for m in doc.get("models", []):
+        for f in m["files"]:
+            names.setdefault("blobs/sha256/" + f["sha256"].split(":")[1], f"{f['path']} of {m['ref']}")
+    sizes = [p["size"] for p in doc["parts"]]
+    start, end = sum(sizes[:k]), sum(sizes[:k + 1])
+    held: List[str] = []
+    with tarfile.open(fileobj=io.BytesIO(canonical_tar(bundle) if doc["archive"]["compression"] == "none" else
+                                         _EMPTY_TAR)) as tar:
+        for info in tar.getmembers():
+            if info.name in names and info.offset_data < end and start < info.offset_data + info.size \
+                    and names[info.name] not in held:
+                held.append(names[info.name])
+    part = doc["parts"][k]["name"]
+    n = f"{k + 1:03d}"
+    holds = f" (it holds {', '.join(held[:3])}{f' and {len(held) - 3} more' if len(held) > 3 else ''})" if held else ""
+    return (f"  - part {n} ({part}) is damaged: its sha256 differs from bundle.json{holds}; re-copy part {n} "
+            "from the source medium")

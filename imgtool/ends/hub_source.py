@@ -1,0 +1,36 @@
+"""A registry's images and the hubs' models as one pipeline source (issue 48): fetch's one download thread brings
+the images' layers, then each model's files (their members follow the images' in the archive), into the cache or
+straight into their regions of an uncompressed bundle, each file checked against the hub's sha256 as it arrives."""
+
+from typing import FrozenSet, List, Sequence, Tuple
+
+from ..hubs import HubResolution
+from ..model import Digest, PulledImage
+from ..model_pull import pull_model
+from ..progress import Progress
+from ..store import Store
+from .registry_source import RegistrySource
+
+
+class RegistryAndHubs(RegistrySource):
+    """`models`: each model's resolution narrowed to the files the bundle carries (model_pull.carrying)."""
+
+    def __init__(self, pulled: Sequence[Tuple[PulledImage, list]], models: Sequence[HubResolution], store: Store,
+                 progress: Progress, jobs: Tuple[int, int]):
+        super().__init__(pulled, store, progress, jobs,
+                         what=" and ".join(w for w, n in (("registry", pulled), ("model hub", models)) if n))
+        self.models = list(models)
+
+    def has(self) -> FrozenSet[Digest]:
+        """The images' blobs and every carried model file."""
+        return super().has() | frozenset(f.sha256 for res in self.models for f in res.snapshot.files
+                                         if f.sha256 is not None)
+
+    def _download(self, blobs: List[Digest], regions) -> None:
+        if self.pulled:
+            super()._download(blobs, regions)
+        for res in self.models:
+            if self.stop.is_set():
+                return
+            pull_model(res, self.store, self.progress, jobs=self.jobs[0], connections=self.jobs[1], stats=self.stats,
+                       order=blobs, cancel=self.stop, regions=regions)

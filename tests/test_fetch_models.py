@@ -1,0 +1,168 @@
+"""`imgtool fetch` of models (issue 48, docs/models.md "fetch"): hf:/modelscope: references into a bundle, each file
+written once (straight into its region of an uncompressed archive), resumed after a kill, checked, and left out of a
+delta when the other side holds its sha256. Against the loopback hubs of tests/support/hub.py, through the real CLI.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from imgtool.bundle import layout
+from imgtool.bundle.format import BundleIndex
+from tests.support.hub import Hub
+from tests.support.models import small_model, two_revisions
+
+ROOT = Path(__file__).resolve().parent.parent
+REPO = "imgtool-test/tiny-llm"
+SHARD1 = "model-00001-of-00002.safetensors"
+SHARD2 = "model-00002-of-00002.safetensors"
+
+# The CLI with the hubs' own defaults (huggingface.co, modelscope.cn) taken away: the loopback hub named by
+# HF_ENDPOINT / MODELSCOPE_DOMAIN is the only endpoint (no network beyond loopback).
+_CLI = """
+import dataclasses, sys
+from imgtool import config
+_read = config.hub_environment
+config.hub_environment = lambda: dataclasses.replace(_read(), hf_default=None, modelscope_default=None)
+from imgtool.cli import main
+sys.argv[0] = "imgtool"
+main()
+"""
+
+
+def cli_args(*args: str) -> List[str]:
+    return [sys.executable, "-c", _CLI, *args]
+
+
+def env_for(hub: Hub, cache: Path, **more: str) -> Dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    e.update(IMGTOOL_CACHE=str(cache), **more)
+    e["HF_ENDPOINT" if hub.flavour == "hf" else "MODELSCOPE_DOMAIN"] = hub.url
+    return e
+
+
+def imgtool(hub: Optional[Hub], cache: Path, *args: str, cwd: Optional[Path] = None, timeout: float = 180):
+    env = env_for(hub, cache) if hub is not None else {**os.environ, "IMGTOOL_CACHE": str(cache)}
+    return subprocess.run(cli_args(*args), capture_output=True, text=True, env=env, cwd=str(cwd or ROOT),
+                          timeout=timeout)
+
+
+def index_of(bundle: Path) -> BundleIndex:
+    return BundleIndex.from_bytes((bundle / "bundle.json").read_bytes())
+
+
+def archive_bytes(bundle: Path) -> bytes:
+    idx = index_of(bundle)
+    return b"".join((bundle / p.name).read_bytes() for p in idx.parts)
+
+
+def served(hub: Hub, path: str) -> int:
+    """Body bytes the hub (and its bridge) sent of a file's contents."""
+    return sum(r.sent for r in hub.requests if r.method == "GET" and (
+        r.route.endswith("/" + path) and ("/resolve/" in r.route or r.server == "bridge")
+        or r.query.get("FilePath") == path))
+
+
+def assert_carries(bundle: Path, model, revision: str = "main", omitted=()) -> None:
+    """Every carried file of the model is in the archive at its member, byte for byte."""
+    idx = index_of(bundle)
+    data = archive_bytes(bundle)
+    slots, _ = layout.arrange(layout.bundle_members(idx))
+    at = {s.member.digest: s for s in slots}
+    rev = model.resolve(revision)
+    (m,) = idx.models
+    for f in m.files:
+        assert f.omitted == (f.path in omitted), f.path
+        if f.omitted:
+            assert f.sha256 not in at
+            continue
+        s = at[f.sha256]
+        assert data[s.data_offset:s.end] == rev.files[f.path].read(), f.path
+
+
+@pytest.mark.parametrize("flavour", ["hf", "modelscope"])
+def test_a_model_alone_is_a_model_only_bundle_each_file_downloaded_once_into_its_place(flavour, tmp_path):
+    model = small_model(seed=48, shard_bytes=1536 << 10)
+    cache = tmp_path / "cache"
+    with Hub([model], flavour=flavour) as hub:
+        r = imgtool(hub, cache, "fetch", f"{flavour}:{REPO}", "--chunk-size", "1M", "--no-tool", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        bundle = tmp_path / f"tiny-llm-{'main' if flavour == 'hf' else 'master'}"  # the default name: model, revision
+        assert f"bundle: {bundle.name}" in r.stdout
+        rev = model.head
+        for path in (SHARD1, SHARD2):
+            assert served(hub, path) == rev.files[path].size, path  # each weight file sent once
+    idx = index_of(bundle)
+    assert idx.images == () and len(idx.parts) > 3
+    (m,) = idx.models
+    assert (m.ref, m.commit) == (f"{flavour}:{REPO}", rev.commit)
+    assert f"  {flavour}:{REPO}  commit {rev.commit[:12]}  {len(rev.files)} files" in r.stdout
+    assert_carries(bundle, model)
+    # written once: the weight files went straight into the parts, the cache holds no copy of them (only where they
+    # are: its `located` records, and their locks)
+    copies = [p for p in cache.rglob("*") if p.is_file() and p.name.startswith((rev.files[SHARD1].sha256,
+                                                                                rev.files[SHARD2].sha256))]
+    assert copies and all(p.stat().st_size < 1024 for p in copies), copies
+    ok = imgtool(None, cache, "verify", str(bundle))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_with_compress_the_files_go_through_the_cache_and_the_bundle_verifies(tmp_path):
+    model = small_model(seed=49, shard_bytes=128 << 10)
+    cache = tmp_path / "cache"
+    with Hub([model], flavour="hf") as hub:
+        r = imgtool(hub, cache, "fetch", f"hf:{REPO}", "--compress", "gzip", "-o", str(tmp_path / "b"), "--no-tool")
+        assert r.returncode == 0, r.stderr
+    assert index_of(tmp_path / "b").archive.compression == "gzip"
+    shard = model.head.files[SHARD1]
+    assert [p.stat().st_size for p in cache.rglob(shard.sha256)] == [shard.size]  # through the cache
+    ok = imgtool(None, cache, "verify", str(tmp_path / "b"))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_bad_model_reference_is_refused_before_any_work(tmp_path):
+    r = imgtool(None, tmp_path / "cache", "fetch", "hf:../x", "-o", str(tmp_path / "b"))
+    assert r.returncode == 2
+    assert "invalid model reference 'hf:../x': the model is ORG/NAME (letters, digits, . _ -)" in r.stderr
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("against", ["base", "have"])
+def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, tmp_path):
+    model = two_revisions(seed=50, shards=4, shard_bytes=512 << 10)  # main changes the last of 4 shards
+    cache = tmp_path / "cache"
+    with Hub([model], flavour="hf") as hub:
+        full = tmp_path / "v1"
+        r = imgtool(hub, cache, "fetch", f"hf:{REPO}@v1", "-o", str(full), "--no-tool")
+        assert r.returncode == 0, r.stderr
+        if against == "base":
+            other = ["--base", str(full)]
+        else:  # the inventory of an offline host where v1 is placed (docs/models.md "The inventory's models")
+            inv = tmp_path / "inv.json"
+            inv.write_text(json.dumps({"format": "imgtool-inventory", "version": 1, "created": "", "daemon": {},
+                                       "images": [], "models": [{"ref": f"hf:{REPO}@v1", "commit": model.refs["v1"],
+                                                                 "files": [{"path": f.path, "size": f.size,
+                                                                            "sha256": "sha256:" + f.sha256}
+                                                                           for f in model.resolve("v1").files.values()]}]}))
+            other = ["--have", str(inv)]
+        hub.clear()
+        delta = tmp_path / "v2"
+        r = imgtool(hub, cache, "fetch", f"hf:{REPO}", "-o", str(delta), "--no-tool", *other)
+        assert r.returncode == 0, r.stderr
+        changed = "model-00004-of-00004.safetensors"
+        shards = [f"model-0000{i}-of-00004.safetensors" for i in range(1, 4)]
+        assert [served(hub, p) for p in shards] == [0, 0, 0]  # the unchanged shards are not downloaded
+        assert served(hub, changed) == model.head.files[changed].size
+    same = {p for p, f in model.head.files.items() if model.resolve("v1").files[p].sha256 == f.sha256}
+    assert set(shards) <= same and changed not in same
+    assert_carries(delta, model, "main", omitted=same)
+    size = sum(p.size for p in index_of(delta).parts)
+    assert size < 0.4 * sum(p.size for p in index_of(full).parts)
+    assert index_of(delta).base is not None
+    ok = imgtool(None, cache, "verify", str(delta))
+    assert ok.returncode == 0, ok.stderr
