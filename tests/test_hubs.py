@@ -110,13 +110,28 @@ def test_a_snapshot_is_the_hubs_listing_at_the_revisions_commit(flavour, tmp_pat
         assert len(tree) > 2 and all(r.query.get("recursive") == "true" for r in tree)  # followed rel="next"
 
 
-def test_an_unknown_model_or_revision_is_not_found():
-    with Hub([small_model(seed=48)], flavour="hf") as hub:
+@pytest.mark.parametrize("flavour", ["hf", "modelscope"])
+def test_an_unknown_model_or_revision_is_not_found_naming_the_revision_and_the_model(flavour):
+    token = "set HF_TOKEN (or log in with `hf auth login`)" if flavour == "hf" else "set MODELSCOPE_API_TOKEN"
+    with Hub([small_model(seed=48)], flavour=flavour) as hub, Hub([small_model(seed=48)], flavour=flavour) as mirror:
+        host, other = hub.url[7:], mirror.url[7:]
+        revision = "(HTTP 404 RevisionNotFound)" if flavour == "hf" else "(not among the model's branches and tags)"
         with pytest.raises(NotFoundError) as e:
-            resolved("hf", hub, "nope")
-        assert e.value.message == (f"hf:{REPO}@nope not found: HF_ENDPOINT ({hub.url}): {hub.url[7:]}: "
-                                   f"hf:{REPO}@nope: no such revision (HTTP 404 RevisionNotFound)")
+            resolved(flavour, hub, "nope", mirrors=[mirror])
+        assert e.value.message == (f"{flavour}:{REPO}@nope: not found on {host} (no such revision {revision}), "
+                                   f"{other} (no such revision {revision})")
+        assert e.value.hint == ("check the revision 'nope' (a branch, tag or commit of the model) and the model name "
+                                f"'{REPO}' on the hub; a gated or private model is not found without its token: {token}")
         assert e.value.exit_code == 4
+        default = "main" if flavour == "hf" else "master"
+        said = "HTTP 404 RepoNotFound" if flavour == "hf" else f"HTTP 404 model {REPO}-x not found"
+        with pytest.raises(NotFoundError) as e:
+            hubs.resolve(parse_model_ref(f"{flavour}:{REPO}-x"),
+                         hubs.open_hubs(parse_model_ref(f"{flavour}:{REPO}-x"), *endpoints(flavour, hub), retry=FAST))
+        assert e.value.message == f"{flavour}:{REPO}-x@{default}: not found on {host} (no such model ({said}))"
+        assert e.value.hint == (f"check the revision '{default}' (a branch, tag or commit of the model) and the model "
+                                f"name '{REPO}-x' on the hub; a gated or private model is not found without its token: "
+                                f"{token}")
 
 
 @pytest.mark.parametrize("name, why", [("../evil.json", "a `.`, `..` or empty component"),

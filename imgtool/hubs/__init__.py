@@ -30,7 +30,7 @@ from ..registry_answers import RetryPolicy
 from ..store import Store
 from ..weights import FILEPATH, ModelFile, ModelRef, ModelSnapshot, is_commit
 from . import huggingface, modelscope
-from .base import Hub, HubSource
+from .base import Hub, HubSource, MissingOnHub
 from .http import HubHttp
 
 __all__ = ["Hub", "HubSource", "HubProbe", "HubResolution", "open_hubs", "resolve"]
@@ -123,6 +123,7 @@ class HubProbe:
     latency: Optional[float] = None
     error: str = ""
     not_found: bool = False
+    missing: str = ""  # not_found: what the endpoint said is missing (no such model, no such revision)
     stale: bool = False  # answered another commit than the chosen one
     hint: Optional[str] = None
 
@@ -138,8 +139,10 @@ def _probe(hub: Hub, ref: ModelRef, timeout: float) -> HubProbe:
     try:
         p.commit = hub.commit(ref, timeout=(timeout, timeout))
         p.latency = time.monotonic() - start
+    except MissingOnHub as e:
+        p.error, p.not_found, p.missing = e.message, True, e.why
     except NotFoundError as e:
-        p.error, p.not_found = e.message, True
+        p.error, p.not_found, p.missing = e.message, True, e.message
     except ImgtoolError as e:
         p.error, p.hint = e.message, e.hint
     return p
@@ -282,7 +285,12 @@ def _none_serves(ref: ModelRef, probes: List[HubProbe]) -> RegistryError:
     detail = "; ".join(f"{p.hub.describe()}: {p.error or 'no answer'}" for p in probes) or "no endpoint"
     answered = [p for p in probes if p.not_found]
     if answered and len(answered) == len(probes):
-        return NotFoundError(f"{ref} not found: {detail}", hint="check the model's name and revision on the hub")
+        where = ", ".join(f"{p.hub.host} ({p.missing})" for p in answered)
+        token = answered[0].hub.token_hint
+        return NotFoundError(f"{ref.hub}:{ref.repo}@{ref.default_revision}: not found on {where}",
+                             hint=f"check the revision {ref.default_revision!r} (a branch, tag or commit of the "
+                                  f"model) and the model name {ref.repo!r} on the hub; a gated or private model is "
+                                  f"not found without its token: {token}")
     hints = [p.hint for p in probes if p.hint]
     return RegistryError(f"no source can serve {ref}: {detail}",
                          hint=hints[0] if hints else "check the network or proxy, or force a source with --mirror NAME")
