@@ -189,6 +189,32 @@ def test_a_file_that_grows_is_refused(tmp_path):
         assert e.value.exit_code == 3
 
 
+def test_a_second_run_downloads_nothing_the_small_git_files_included(tmp_path):
+    model = small_model(seed=48)
+    small = [p for p, f in model.head.files.items() if not f.lfs]
+    with Hub([model], flavour="hf") as hub:
+        store = Store(tmp_path / "cache")
+        res = resolved("hf", hub).complete(store)
+        pull_model(res, store, Progress(), tuning=SMALL)
+        assert all(len(file_gets(hub, p)) == 1 for p in small)  # hashed as they arrived: no sha256 in the listing
+        hub.clear()
+        again = resolved("hf", hub).complete(store)
+        stats = pull_model(again, store, Progress(), tuning=SMALL)
+        assert not [r.path for r in hub.requests if not r.path.startswith("/api/")]  # no file asked for again
+        assert again.snapshot == res.snapshot and stats.blobs_downloaded == 0
+        assert_store_holds(store, again, model)
+        # the record is a hint: a blob whose bytes are not the git blob any more is downloaded again
+        config = next(f for f in res.snapshot.files if f.path == "config.json")
+        assert config.sha256 is not None
+        path = store.blob_path(config.sha256)
+        path.chmod(0o644)
+        path.write_bytes(b"{}" + path.read_bytes()[2:])
+        hub.clear()
+        third = resolved("hf", hub).complete(store)
+        assert [r.route.rsplit("/", 1)[-1] for r in hub.requests if not r.path.startswith("/api/")] == ["config.json"]
+        assert_store_holds(store, third, model)
+
+
 @pytest.mark.parametrize("flavour", ["hf", "modelscope"])
 def test_the_token_goes_to_the_hub_and_never_to_the_storage_bridge(flavour, tmp_path):
     model = small_model(seed=48)

@@ -4,7 +4,8 @@
     res = resolve(ref, hubs)               # probed in parallel: the commit, the agreeing endpoints fastest first,
                                            # the listing from the fastest (checked: names from a hub are data)
     res = res.complete(store)              # small git files the hub gives no sha256 for: downloaded whole, checked
-                                           # against their git blob id, hashed, kept in the store
+                                           # against their git blob id, hashed, kept in the store (by git blob
+                                           # id too: a later run downloads them no more)
     model_pull.pull_model(res, store, progress)   # every file through puller.download_blobs, by its sha256
 
 One room per hub (hubs/huggingface.py, hubs/modelscope.py) behind `hubs.base.Hub`; the transport is hubs/http.py.
@@ -188,7 +189,8 @@ class HubResolution:
 
     def complete(self, store: Store, cancel: Optional[threading.Event] = None) -> "HubResolution":
         """This resolution with every file's sha256: a file the hub gives none for (a small git file on Hugging
-        Face) is downloaded whole into the store, checked against its git blob id, and hashed. Raises
+        Face) is downloaded whole into the store, checked against its git blob id, and hashed; one an earlier run
+        kept (store.blob_for_git_oid, its bytes checked again) is not downloaded. Raises
         VerifyError (its bytes are not what the hub lists), RegistryError (no endpoint could send it),
         StoreError, Cancelled."""
         files = tuple(f if f.sha256 is not None else self._hashed(f, store, cancel) for f in self.snapshot.files)
@@ -197,6 +199,9 @@ class HubResolution:
         return replace(self, snapshot=replace(self.snapshot, files=files), _sources=None)
 
     def _hashed(self, f: ModelFile, store: Store, cancel: Optional[threading.Event]) -> ModelFile:
+        held = store.blob_for_git_oid(f.git_oid, f.size) if f.git_oid else None
+        if held is not None:  # an earlier run's download, its bytes that git blob: not asked for again
+            return replace(f, sha256=held)
         errors: List[str] = []
         for hub in self.hubs:
             policy = hub.http.retry
@@ -240,6 +245,8 @@ def _hash_one(hub: Hub, snapshot: ModelSnapshot, f: ModelFile, store: Store) -> 
                               "refused", hint="the hub's listing and its bytes disagree: try another endpoint with "
                                               "--mirror NAME")
         digest = blob.publish()
+    if f.git_oid is not None:
+        store.remember_git_oid(f.git_oid, digest)
     return replace(f, sha256=digest)
 
 
