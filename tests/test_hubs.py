@@ -79,7 +79,8 @@ def file_gets(hub: Hub, path: str, server: Optional[str] = None) -> List:
 
 
 def assert_store_holds(store: Store, res: hubs.HubResolution, model: HubModel) -> None:
-    rev = model.revisions[res.commit]
+    rev = model.resolve(res.commit)
+    assert rev is not None
     for f in res.snapshot.files:
         assert f.sha256 is not None and store.has(f.sha256, f.size), f.path
         assert store.blob_path(f.sha256).read_bytes() == rev.files[f.path].read(), f.path
@@ -172,6 +173,31 @@ def test_a_lying_sha256_is_refused_naming_the_file(path, lfs, tmp_path):
                                        f"{claimed}; refused")
         assert e.value.exit_code == 3
         assert not store.has(Digest("sha256", lie))
+
+
+def test_a_modelscope_revision_without_a_commit_is_pinned_by_its_name_and_listing(tmp_path):
+    old, new = small_model(seed=48), two_revisions(seed=48)  # new's master differs from old's in one shard
+    with Hub([old], flavour="modelscope") as hub:
+        hub.faults.commit_ids = False  # /revisions names the branches, no commit ids
+        res = resolved("modelscope", hub)
+        assert (res.commit, res.pinned) == ("master", False)
+        locked = res.listing_digest()
+        res.hold_to(locked)  # the same files: held
+        store = Store(tmp_path / "cache")
+        pull_model(res.complete(store), store, Progress(), tuning=SMALL)
+        assert_store_holds(store, res, old)
+        hub.models[REPO] = new  # the branch moved, and the hub still says no commit
+        moved = resolved("modelscope", hub)
+        assert moved.commit == "master"
+        with pytest.raises(VerifyError) as e:
+            moved.hold_to(locked)
+        assert e.value.message == (f"modelscope:{REPO}: the files under revision 'master' (the hub gives no commit for "
+                                   f"it) are not the ones locked: listing {moved.listing_digest().short}, the lock has "
+                                   f"{locked.short}; refused")
+        assert e.value.hint == "lock again to take the new files, or name a revision that does not move (a tag)"
+        assert e.value.exit_code == 3
+        hub.faults.commit_ids = True
+        assert resolved("modelscope", hub).pinned  # with a commit id, the commit is the pin
 
 
 def test_a_file_that_grows_is_refused(tmp_path):

@@ -26,7 +26,7 @@ from ..config import HubEnvironment, MirrorConfig
 from ..errors import (ImgtoolError, ManifestError, NotFoundError, RegistryError,
                       RegistryUnavailable, UsageError, VerifyError)
 from ..mirrors import agreed
-from ..model import Descriptor
+from ..model import Descriptor, Digest
 from ..registry_answers import RetryPolicy
 from ..store import Store
 from ..weights import FILEPATH, ModelFile, ModelRef, ModelSnapshot, is_commit
@@ -169,6 +169,30 @@ class HubResolution:
     notes: List[str] = field(default_factory=list)  # endpoints that did not answer
     warnings: List[str] = field(default_factory=list)  # endpoints serving another commit (stale), not used
     _sources: Optional[List[HubSource]] = field(default=None, repr=False)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the hub named a commit (Hugging Face always does; ModelScope's /revisions may give none, and
+        then `commit` is the revision's name, which can move)."""
+        return is_commit(self.commit)
+
+    def listing_digest(self) -> Digest:
+        """The sha256 of the listing: a line `DIGEST SIZE PATH` per file, sorted by path, DIGEST the file's sha256
+        (or `git:<oid>` before `complete` where the hub gives only that). What lock records beside a revision that
+        is not a commit: the name plus this digest are the snapshot, and `hold_to` refuses another."""
+        lines = sorted(f"{f.sha256 or 'git:' + str(f.git_oid)} {f.size} {f.path}\n" for f in self.snapshot.files)
+        return Digest("sha256", hashlib.sha256("".join(lines).encode("utf-8")).hexdigest())
+
+    def hold_to(self, listing: Digest) -> None:
+        """Refuse this resolution unless its listing is `listing` (the one lock recorded). Raises VerifyError naming
+        the revision when the files under it changed."""
+        found = self.listing_digest()
+        if found == listing:
+            return
+        what = "its commit" if self.pinned else f"revision {self.commit!r} (the hub gives no commit for it)"
+        raise VerifyError(f"{self.ref}: the files under {what} are not the ones locked: listing {found.short}, the "
+                          f"lock has {listing.short}; refused",
+                          hint="lock again to take the new files, or name a revision that does not move (a tag)")
 
     def sources(self) -> List[HubSource]:
         """The endpoints as the puller's sources, one list for every file (so they share one pool)."""
