@@ -414,6 +414,23 @@ def test_the_token_goes_to_a_mirror_only_when_mirrors_toml_says_so():
             assert all(("authorization" in r.headers) == send for r in mirror.requests)
 
 
+def test_a_dead_proxy_is_named_as_the_registry_room_names_it(monkeypatch):
+    # one transport set-up for both rooms (imgtool/transport.py): the hub names the proxy and its variable too
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")
+    with Hub([small_model(seed=48)], flavour="hf") as hub:
+        with pytest.raises(RegistryError) as e:
+            resolved("hf", hub)
+        host = hub.url[7:]
+        assert e.value.message == (f"no source can serve hf:{REPO}: HF_ENDPOINT ({hub.url}): cannot reach the proxy "
+                                   f"http://127.0.0.1:1 (from $http_proxy) for {host}: connection refused")
+        assert e.value.hint == "check that variable (or unset it), or name this hub in $no_proxy to connect directly"
+        assert e.value.exit_code == 4
+        assert not hub.requests
+
+
 # --- the environment and mirrors.toml ----------------------------------------------------------------------------
 
 def test_the_hf_token_comes_from_hf_token_else_the_clients_token_file(tmp_path, monkeypatch):
