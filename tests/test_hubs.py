@@ -152,19 +152,20 @@ def test_a_name_from_the_hub_that_is_not_a_safe_path_is_refused(flavour, name, w
 
 # --- what is downloaded and checked --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, lfs", [(SHARD1, True), ("config.json", False)])
-def test_a_lying_sha256_is_refused_naming_the_file(path, lfs, tmp_path):
+@pytest.mark.parametrize("flavour, path, lfs", [("hf", SHARD1, True), ("hf", "config.json", False),
+                                               ("modelscope", SHARD1, True), ("modelscope", "config.json", False)])
+def test_a_lying_sha256_is_refused_naming_the_file(flavour, path, lfs, tmp_path):
     model = small_model(seed=48)
     lie = "0" * 64
-    with Hub([model], flavour="hf") as hub:
+    with Hub([model], flavour=flavour) as hub:
         hub.faults.lie_sha256[path] = lie
-        res = resolved("hf", hub)
+        res = resolved(flavour, hub)
         store = Store(tmp_path / "cache")
         with pytest.raises(VerifyError) as e:
             res = res.complete(store)
             pull_model(res, store, Progress(), tuning=SMALL)
-        if lfs:  # the LFS file: its bytes never hash to the sha256 listed
-            assert e.value.message == (f"hf:{REPO}: {path}: the bytes the hub serves do not match the sha256 it lists "
+        if lfs or flavour == "modelscope":  # its bytes never hash to the sha256 listed (ModelScope lists every file's)
+            assert e.value.message == (f"{flavour}:{REPO}: {path}: the bytes the hub serves do not match the sha256 it lists "
                                        f"(sha256:{lie}), 3 times; refused")
         else:  # a small git file: its bytes are not the git blob the listing names
             actual = model.head.files[path].blob_id
@@ -379,6 +380,8 @@ def test_a_killed_download_resumes_in_a_later_process_asking_only_for_the_rest(t
         second = sum(r.sent for f in shards for r in file_gets(hub, f.path))
         assert second == total - kept, (first, kept, second, total)  # only what was not on disk is asked for again
         assert stats.resumed_bytes == kept
+        # the goal: of what the killed run received, at most 5 % is downloaded again (what was in flight)
+        assert first + second - total <= 0.05 * first, (first, kept, second, total)
         assert_store_holds(store, res, model)
 
 
@@ -401,6 +404,21 @@ def test_two_endpoints_serve_one_file_together_the_faster_more_and_a_stale_one_n
                  if sum(r.sent for r in file_gets(fast, p)) and sum(r.sent for r in file_gets(slow, p))]
         assert split, "no file came from both endpoints"
         assert not file_gets(stale, SHARD1) and not file_gets(stale, SHARD2)
+
+
+def test_one_endpoint_of_two_ignoring_range_still_serves_its_share(tmp_path):
+    model = small_model(seed=48, shard_bytes=1 << 20)
+    with Hub([model], flavour="hf") as ranged, Hub([model], flavour="hf") as whole:
+        whole.faults.honour_range = False  # answers every ranged GET with 200 and the whole file
+        res = resolved("hf", ranged, mirrors=[whole])
+        store = Store(tmp_path / "cache")
+        res = res.complete(store)
+        stats = pull_model(res, store, Progress(), jobs=2, tuning=SMALL)
+        assert_store_holds(store, res, model)
+        ignored = [r for p in (SHARD1, SHARD2) for r in file_gets(whole, p) if r.range]
+        assert ignored and {r.status for r in ignored} == {200}
+        assert stats.per_source["HF_ENDPOINT"] > 0 and stats.per_source["m1"] > 0  # both gave bytes that were kept
+        assert sum(stats.per_source.values()) == sum(f.size for f in res.snapshot.files if f.lfs)
 
 
 def test_the_token_goes_to_a_mirror_only_when_mirrors_toml_says_so():
