@@ -202,7 +202,9 @@ def main_bench(args) -> int:
     try:
         links = [("loopback", 0.0, 1), (f"{args.rate:g} MB/s per connection, one source", rate, 1),
                  (f"{args.rate:g} MB/s per connection, two sources", rate, 2)]
-        for link, r, n in links:
+        for (link, r, n), which in zip(links, ("loopback", "one", "two")):
+            if which not in args.links:
+                continue
             proxies = [ThrottleProxy(hub1.url[7:], r), ThrottleProxy(hub2.url[7:], r)][:n]
             urls = [f"http://{p.address}" for p in proxies]
             try:
@@ -221,7 +223,7 @@ def main_bench(args) -> int:
                     p.close()
         proxy = ThrottleProxy(hub1.url[7:], 0.0)
         try:
-            for name, make in contestants[:2]:
+            for name, make in contestants[:2] if args.kill else []:
                 dest = fresh(work, "dest")
                 cmd, env = make([f"http://{proxy.address}"], dest)
                 got = killed_half_way(cmd, env, proxy, total)
@@ -263,6 +265,8 @@ def report(results: Dict[str, List[Run]], kills: Dict[str, Tuple[int, int]], tot
         ratio = f"{base / mine:.2f}× faster" if mine and base else "-"
         lines.append(f"| download time, {link} | " + " | ".join(cells) + f" | {ratio} |")
     first = links[0]
+    if not kills:
+        return "\n".join(lines) + "\n"
     cells = []
     for n in names:
         w = med(f"{first}|{n}", "written")
@@ -291,6 +295,10 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=20.0, help="constrained link: MB/s per TCP connection")
     p.add_argument("--hf-workers", nargs="*", default=["default"],
                    help="the client's max_workers to run (default: its default, 8); e.g. default 16")
+    p.add_argument("--links", nargs="*", default=["loopback", "one", "two"], choices=("loopback", "one", "two"),
+                   help="the download-time rows to run: on loopback, --rate from one source, from two")
+    p.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True,
+                   help="the SIGKILL half-way and rerun row (and the bytes and RSS rows)")
     p.add_argument("--work-dir", default="/tmp/imgtool-bench-models")
     p.add_argument("--output", default="")
     p.add_argument("--endpoint", action="append", default=[])
