@@ -348,8 +348,10 @@ def resolved_url(url: str) -> hubs.HubResolution:
 
 
 def test_a_killed_download_resumes_in_a_later_process_asking_only_for_the_rest(tmp_path):
-    model = small_model(seed=48, shard_bytes=2 << 20)
-    shards = [model.head.files[SHARD1], model.head.files[SHARD2]]
+    # one shard of ~8.4 MB, in ranges over four connections: half of it on disk long before it is whole, and 5 % of
+    # that half outweighs what is in flight at the kill
+    model = small_model(seed=48, shards=1, shard_bytes=8 << 20)
+    shards = [model.head.files["model-00001-of-00001.safetensors"]]
     total = sum(f.size for f in shards)
     with Hub([model], flavour="hf") as hub:
         cache = tmp_path / "cache"
@@ -363,7 +365,7 @@ def test_a_killed_download_resumes_in_a_later_process_asking_only_for_the_rest(t
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.monotonic() + 60
-            while p.poll() is None and time.monotonic() < deadline and on_disk() < total // 3:
+            while p.poll() is None and time.monotonic() < deadline and on_disk() < total // 2:
                 time.sleep(0.05)
         finally:
             p.kill()  # SIGKILL: no cleanup runs
