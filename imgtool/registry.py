@@ -19,22 +19,22 @@ import re
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, Optional, Tuple, Union
 from urllib.parse import urljoin, urlsplit
 
 from . import deadline
-from .config import DEFAULT_HELPER_TIMEOUT, DEFAULT_MIN_RATE, docker_config_dir, proxy_variable
+from .config import DEFAULT_HELPER_TIMEOUT, DEFAULT_MIN_RATE, docker_config_dir
 from .errors import (CredentialHelperError, ImgtoolError, NotFoundError, RegistryError, RegistryUnavailable,
                      TagListingRefused, UsageError)
-from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest, format_size, json_object
+from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest, json_object
 from .registry_answers import (MAX_ANSWER_BYTES, MAX_ERROR_BYTES, RETRY_STATUS, Answer, BlobStream, RetryPolicy,
                                network_error_text, registry_error_text, retry_after)
 from .registry_auth import Auth, Credentials, TokenAsk, origin
+from .transport import Waits, new_session, read_capped, tls_verify, unreachable
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
     import requests
 
-USER_AGENT = "imgtool"
 TRANSPORTS = ("requests", "http")
 
 MAX_TAG_PAGES = 1000  # a repository's tag list: a registry that links pages forever stops here,
@@ -159,12 +159,12 @@ class RegistryClient:
         except ValueError:
             raise UsageError(f"invalid registry URL {base_url!r}") from None
         self._net = _Net(transport or default_transport())
-        # Passed on every call: a Session's own `verify` loses to $REQUESTS_CA_BUNDLE.
-        self.verify = False if insecure else (ca_cert or True)
-        self.timeout = (connect_timeout, read_timeout)
-        # an answer's headers (and a small answer's body, again) within this; a blob's body at `min_rate`
-        # bytes/s over each `read_timeout` seconds spent waiting for it
-        self.response_timeout = response_timeout or 2 * read_timeout
+        self.verify = tls_verify(insecure, ca_cert)  # passed on every call (transport.py says why)
+        # an answer's headers (and a small answer's body, again) within the response deadline; a blob's body at
+        # `min_rate` bytes/s over each `read_timeout` seconds spent waiting for it
+        self.waits = Waits.of(connect_timeout, read_timeout, response_timeout, min_rate)
+        self.timeout = self.waits.timeout
+        self.response_timeout = self.waits.response
         self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
         self._local = threading.local()
@@ -174,25 +174,12 @@ class RegistryClient:
     def _session(self) -> "requests.Session":
         s = getattr(self._local, "session", None)
         if s is None:
-            s = self._net.lib.Session()
-            s.headers["User-Agent"] = USER_AGENT
-            s.headers["Accept-Encoding"] = "identity"  # as registry_http asks: a byte cap is a cap on what arrives
-            if self._net.name == "requests":
-                adapter = watched_adapter()(pool_connections=4, pool_maxsize=16, max_retries=0)
-                s.mount("http://", adapter)
-                s.mount("https://", adapter)
-            else:
-                s.on_send = deadline.attach
-            self._local.session = s
+            s = self._local.session = new_session(self._net.lib)
         return s
 
     def _unreachable(self, e: Exception, url: str) -> RegistryError:
         """The error for a request that could not be sent: the registry, or the proxy in between, named."""
-        if isinstance(e, self._net.proxy_error):
-            return RegistryError(f"cannot reach the proxy {proxy_named(url)} for {self.host}: {network_error_text(e)}",
-                                 hint="check that variable (or unset it), or name this registry in $no_proxy to "
-                                      "connect directly")
-        return RegistryError(f"{self.host}: {network_error_text(e)}")
+        return unreachable(self.host, e, url, self._net.proxy_error)
 
     def _authenticate(self, resp: Answer, scope: Optional[str]) -> bool:
         """React to a 401: fetch a bearer token or switch to Basic. False when nothing more to try."""
@@ -227,14 +214,10 @@ class RegistryClient:
             raise RegistryError(f"{self.host}: token request to {_netloc(realm)} failed: {network_error_text(e)}") from e
 
     def _seconds(self, timeout) -> float:
-        """The response timeout for a call given `timeout` (None, seconds, or (connect, read)): twice its read
-        timeout when that is shorter than the client's (a probe's few seconds)."""
-        read = timeout[1] if isinstance(timeout, (tuple, list)) else timeout
-        return self.response_timeout if read is None else min(self.response_timeout, 2 * read)
+        return self.waits.seconds(timeout)
 
     def _too_slow(self, seconds: float) -> RegistryError:
-        return RegistryError(f"{self.host}: answered too slowly: not complete within {seconds:g} s "
-                             "($IMGTOOL_RESPONSE_TIMEOUT)")
+        return self.waits.too_slow(self.host, seconds)
 
     def _answer(self, resp: "requests.Response", limit: int) -> Answer:
         """An answer whose body only says why (an error): what of it arrives, at most `limit` bytes."""
@@ -249,26 +232,11 @@ class RegistryClient:
         """A streamed body read to its end (which releases the connection for the next request), at most
         `limit` bytes, within `seconds` (the response timeout); raises RegistryError past either (the response
         closed), and the transport's errors."""
-        read = self._net.raw_reader(resp)
-        seconds = seconds or self.response_timeout
-        due = time.monotonic() + seconds
-        chunks: List[bytes] = []
-        total = 0
         try:
-            while True:
-                chunk = read(65536)  # returns with what has arrived: a dripping body comes back here each time
-                if not chunk:
-                    resp.close()  # read to its end: the connection goes back to the pool
-                    return b"".join(chunks)
-                total += len(chunk)
-                if total > limit:
-                    raise RegistryError(f"{what}: larger than {format_size(limit)}; imgtool stops reading there")
-                if time.monotonic() > due:
-                    raise self._too_slow(seconds)
-                chunks.append(chunk)
-        except BaseException:
-            resp.close()
-            raise
+            return read_capped(self._net.raw_reader(resp), limit, what, seconds or self.response_timeout,
+                               self._too_slow)
+        finally:
+            resp.close()  # read to its end, the connection goes back to the pool; else it is not reused
 
     def request(self, method: str, path: str, *, scope: Optional[str] = None, headers: Optional[dict] = None,
                 timeout=None, retry: bool = True, data: Optional[bytes] = None,
@@ -562,65 +530,8 @@ class RegistryClient:
         return url
 
 
-_ADAPTER: Optional[type] = None
-
-
-def watched_adapter() -> type:
-    """requests' HTTPAdapter whose urllib3 connections tell `deadline` which socket an answer arrives on (made
-    once, on first use: requests and urllib3 are imported only where they run)."""
-    global _ADAPTER
-    if _ADAPTER is None:
-        import requests.adapters
-        from urllib3.connection import HTTPConnection, HTTPSConnection
-        from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
-        def watched(base: type) -> type:
-            """`base` (urllib3's connection, plain or TLS) telling `deadline` of itself as it connects and sends."""
-
-            class Watched(base):
-                def connect(self) -> None:
-                    super().connect()
-                    deadline.attach(self)
-
-                def request(self, *args, **kwargs):
-                    deadline.attach(self)
-                    return super().request(*args, **kwargs)
-
-            return Watched
-
-        Watched, WatchedTLS = watched(HTTPConnection), watched(HTTPSConnection)
-
-        class Pool(HTTPConnectionPool):
-            ConnectionCls = Watched
-
-        class PoolTLS(HTTPSConnectionPool):
-            ConnectionCls = WatchedTLS
-
-        pools = {"http": Pool, "https": PoolTLS}
-
-        class Adapter(requests.adapters.HTTPAdapter):
-            def init_poolmanager(self, *args, **kwargs):
-                super().init_poolmanager(*args, **kwargs)
-                self.poolmanager.pool_classes_by_scheme = pools
-
-            def proxy_manager_for(self, *args, **kwargs):
-                manager = super().proxy_manager_for(*args, **kwargs)
-                manager.pool_classes_by_scheme = pools
-                return manager
-
-        _ADAPTER = Adapter
-    return _ADAPTER
-
-
 def _parse_digest_header(value: Optional[str]) -> Optional[Digest]:
     try:
         return Digest.parse(value.strip()) if value else None
     except UsageError:
         return None
-
-
-def proxy_named(url: str) -> str:
-    """The proxy the environment gives for `url` and the variable it came from, as requests and
-    registry_http read them (urllib's order: lowercase first, then the scheme's, then all_proxy)."""
-    named = proxy_variable(urlsplit(url).scheme)
-    return f"{named[1]} (from ${named[0]})" if named else "(none named)"

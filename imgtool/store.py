@@ -502,6 +502,36 @@ class Store:
         except OSError:
             pass
 
+    # A hub's small git file has a git blob id and no sha256 (hubs.HubResolution.complete hashes it as it arrives):
+    # `gitblobs/<oid>` says which blob it became, so a later run finds it without downloading it again.
+
+    def blob_for_git_oid(self, oid: str, size: int) -> Optional[Digest]:
+        """The blob recorded for the git blob id `oid`, if the store holds it at `size` bytes and its bytes are that
+        git blob (checked here: the record is a hint, the bytes decide); else None."""
+        if not (len(oid) == 40 and all(c in "0123456789abcdef" for c in oid)):
+            return None
+        try:
+            digest = Digest.parse((self.root / "gitblobs" / oid).read_text(encoding="ascii").strip())
+        except (OSError, UnicodeDecodeError, ImgtoolError):
+            return None
+        if not self.has(digest, size):
+            return None
+        git = hashlib.sha1(b"blob %d\0" % size)
+        try:
+            for chunk in _file_chunks([(self.blob_path(digest), 0, size)]):
+                git.update(chunk)
+        except OSError:
+            return None
+        return digest if git.hexdigest() == oid else None
+
+    def remember_git_oid(self, oid: str, digest: Digest) -> None:
+        """Record the blob a git blob id's bytes are (best effort: a full disk only costs a later download)."""
+        try:
+            (self.root / "gitblobs").mkdir(exist_ok=True)
+            write_atomic(self.root / "gitblobs" / oid, f"{digest}\n".encode("ascii"), 0o444)
+        except OSError:
+            pass
+
 
 def _file_chunks(regions: Sequence[Tuple[Path, int, int]]) -> Iterator[bytes]:
     """The bytes of each (file, offset, length) in turn, in COPY_BUFFER reads; OSError when one is short."""

@@ -84,7 +84,7 @@ def test_only_the_registry_room_speaks_requests():
         found = {top for top, _ in imports_of(p) if top in ("requests", "urllib3")}
         if found:
             users[p.relative_to(PKG).as_posix()] = found
-    assert set(users) <= {"registry.py", "runtimes/docker.py", "hubs/http.py"}, users
+    assert set(users) <= {"registry.py", "transport.py", "runtimes/docker.py", "hubs/http.py"}, users
     assert "requests" in users.get("registry.py", set()), users  # the rule holds where the transport is
 
 
@@ -185,7 +185,7 @@ LAYERS = (
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset", "weights",
                       "placement", "nodeconfig"}),
-    ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
+    ("outside systems", {"registry_http", "registry_auth", "registry_answers", "transport", "registry", "mirrors", "store", "runtimes",
                          "connections", "placer", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     # what a copy does on the way

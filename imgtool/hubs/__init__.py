@@ -4,7 +4,8 @@
     res = resolve(ref, hubs)               # probed in parallel: the commit, the agreeing endpoints fastest first,
                                            # the listing from the fastest (checked: names from a hub are data)
     res = res.complete(store)              # small git files the hub gives no sha256 for: downloaded whole, checked
-                                           # against their git blob id, hashed, kept in the store
+                                           # against their git blob id, hashed, kept in the store (by git blob
+                                           # id too: a later run downloads them no more)
     model_pull.pull_model(res, store, progress)   # every file through puller.download_blobs, by its sha256
 
 One room per hub (hubs/huggingface.py, hubs/modelscope.py) behind `hubs.base.Hub`; the transport is hubs/http.py.
@@ -25,12 +26,12 @@ from ..config import HubEnvironment, MirrorConfig
 from ..errors import (ImgtoolError, ManifestError, NotFoundError, RegistryError,
                       RegistryUnavailable, UsageError, VerifyError)
 from ..mirrors import agreed
-from ..model import Descriptor
+from ..model import Descriptor, Digest
 from ..registry_answers import RetryPolicy
 from ..store import Store
 from ..weights import FILEPATH, ModelFile, ModelRef, ModelSnapshot, is_commit
 from . import huggingface, modelscope
-from .base import Hub, HubSource
+from .base import Hub, HubSource, MissingOnHub
 from .http import HubHttp
 
 __all__ = ["Hub", "HubSource", "HubProbe", "HubResolution", "open_hubs", "resolve"]
@@ -123,6 +124,7 @@ class HubProbe:
     latency: Optional[float] = None
     error: str = ""
     not_found: bool = False
+    missing: str = ""  # not_found: what the endpoint said is missing (no such model, no such revision)
     stale: bool = False  # answered another commit than the chosen one
     hint: Optional[str] = None
 
@@ -138,8 +140,10 @@ def _probe(hub: Hub, ref: ModelRef, timeout: float) -> HubProbe:
     try:
         p.commit = hub.commit(ref, timeout=(timeout, timeout))
         p.latency = time.monotonic() - start
+    except MissingOnHub as e:
+        p.error, p.not_found, p.missing = e.message, True, e.why
     except NotFoundError as e:
-        p.error, p.not_found = e.message, True
+        p.error, p.not_found, p.missing = e.message, True, e.message
     except ImgtoolError as e:
         p.error, p.hint = e.message, e.hint
     return p
@@ -166,6 +170,30 @@ class HubResolution:
     warnings: List[str] = field(default_factory=list)  # endpoints serving another commit (stale), not used
     _sources: Optional[List[HubSource]] = field(default=None, repr=False)
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the hub named a commit (Hugging Face always does; ModelScope's /revisions may give none, and
+        then `commit` is the revision's name, which can move)."""
+        return is_commit(self.commit)
+
+    def listing_digest(self) -> Digest:
+        """The sha256 of the listing: a line `DIGEST SIZE PATH` per file, sorted by path, DIGEST the file's sha256
+        (or `git:<oid>` before `complete` where the hub gives only that). What lock records beside a revision that
+        is not a commit: the name plus this digest are the snapshot, and `hold_to` refuses another."""
+        lines = sorted(f"{f.sha256 or 'git:' + str(f.git_oid)} {f.size} {f.path}\n" for f in self.snapshot.files)
+        return Digest("sha256", hashlib.sha256("".join(lines).encode("utf-8")).hexdigest())
+
+    def hold_to(self, listing: Digest) -> None:
+        """Refuse this resolution unless its listing is `listing` (the one lock recorded). Raises VerifyError naming
+        the revision when the files under it changed."""
+        found = self.listing_digest()
+        if found == listing:
+            return
+        what = "its commit" if self.pinned else f"revision {self.commit!r} (the hub gives no commit for it)"
+        raise VerifyError(f"{self.ref}: the files under {what} are not the ones locked: listing {found.short}, the "
+                          f"lock has {listing.short}; refused",
+                          hint="lock again to take the new files, or name a revision that does not move (a tag)")
+
     def sources(self) -> List[HubSource]:
         """The endpoints as the puller's sources, one list for every file (so they share one pool)."""
         if self._sources is None:
@@ -185,7 +213,8 @@ class HubResolution:
 
     def complete(self, store: Store, cancel: Optional[threading.Event] = None) -> "HubResolution":
         """This resolution with every file's sha256: a file the hub gives none for (a small git file on Hugging
-        Face) is downloaded whole into the store, checked against its git blob id, and hashed. Raises
+        Face) is downloaded whole into the store, checked against its git blob id, and hashed; one an earlier run
+        kept (store.blob_for_git_oid, its bytes checked again) is not downloaded. Raises
         VerifyError (its bytes are not what the hub lists), RegistryError (no endpoint could send it),
         StoreError, Cancelled."""
         files = tuple(f if f.sha256 is not None else self._hashed(f, store, cancel) for f in self.snapshot.files)
@@ -194,6 +223,9 @@ class HubResolution:
         return replace(self, snapshot=replace(self.snapshot, files=files), _sources=None)
 
     def _hashed(self, f: ModelFile, store: Store, cancel: Optional[threading.Event]) -> ModelFile:
+        held = store.blob_for_git_oid(f.git_oid, f.size) if f.git_oid else None
+        if held is not None:  # an earlier run's download, its bytes that git blob: not asked for again
+            return replace(f, sha256=held)
         errors: List[str] = []
         for hub in self.hubs:
             policy = hub.http.retry
@@ -237,6 +269,8 @@ def _hash_one(hub: Hub, snapshot: ModelSnapshot, f: ModelFile, store: Store) -> 
                               "refused", hint="the hub's listing and its bytes disagree: try another endpoint with "
                                               "--mirror NAME")
         digest = blob.publish()
+    if f.git_oid is not None:
+        store.remember_git_oid(f.git_oid, digest)
     return replace(f, sha256=digest)
 
 
@@ -282,7 +316,12 @@ def _none_serves(ref: ModelRef, probes: List[HubProbe]) -> RegistryError:
     detail = "; ".join(f"{p.hub.describe()}: {p.error or 'no answer'}" for p in probes) or "no endpoint"
     answered = [p for p in probes if p.not_found]
     if answered and len(answered) == len(probes):
-        return NotFoundError(f"{ref} not found: {detail}", hint="check the model's name and revision on the hub")
+        where = ", ".join(f"{p.hub.host} ({p.missing})" for p in answered)
+        token = answered[0].hub.token_hint
+        return NotFoundError(f"{ref.hub}:{ref.repo}@{ref.default_revision}: not found on {where}",
+                             hint=f"check the revision {ref.default_revision!r} (a branch, tag or commit of the "
+                                  f"model) and the model name {ref.repo!r} on the hub; a gated or private model is "
+                                  f"not found without its token: {token}")
     hints = [p.hint for p in probes if p.hint]
     return RegistryError(f"no source can serve {ref}: {detail}",
                          hint=hints[0] if hints else "check the network or proxy, or force a source with --mirror NAME")

@@ -22,10 +22,20 @@ _HEX40 = re.compile(r"[0-9a-f]{40}\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
+class MissingOnHub(NotFoundError):
+    """An endpoint's answer that it has no such model, or no such revision of it: `why` says which (and what the hub
+    said), for the one message that names every endpoint asked."""
+
+    def __init__(self, host: str, ref: ModelRef, why: str):
+        super().__init__(f"{host}: {ref}: {why}")
+        self.host, self.why = host, why
+
+
 class Hub:
     """One endpoint of a model hub. Subclasses say how to ask for a commit, a listing and a file."""
 
     kind = ""  # "hf" or "modelscope": the ModelRef.hub it serves
+    token_hint = ""  # how to give this hub's token (the hint of a model not found: it may be gated or private)
 
     def __init__(self, name: str, http: HubHttp, upstream: bool = False):
         self.name, self.http, self.upstream = name, http, upstream

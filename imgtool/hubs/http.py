@@ -1,5 +1,5 @@
 """The hubs room's transport: one endpoint's GETs over requests (Python 3.9+, the connected side), with the rules
-issue 35 gave the registry room and one more.
+issue 35 gave the registry room (one copy of them, shared with it: transport.py) and one more.
 
 - A login (the hub's token) goes only to the endpoint's own origin (scheme, host, port). Redirects are followed
   here, hop by hop, so a `Location` on another origin (the hub's storage bridge, a CDN with a presigned URL) is
@@ -13,17 +13,16 @@ issue 35 gave the registry room and one more.
 
 import http.client
 import threading
-import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 from urllib.parse import urljoin, urlsplit
 
 from .. import deadline
 from ..config import DEFAULT_MIN_RATE
 from ..errors import NotFoundError, RegistryError, RegistryUnavailable
-from ..model import format_size, json_object
-from ..registry import USER_AGENT, watched_adapter
+from ..model import json_object
 from ..registry_answers import MAX_ERROR_BYTES, RETRY_STATUS, Answer, BlobStream, RetryPolicy, network_error_text, retry_after
 from ..registry_auth import origin
+from ..transport import Waits, new_session, read_capped, tls_verify, unreachable
 
 if TYPE_CHECKING:
     import requests
@@ -54,14 +53,16 @@ class HubHttp:
         self.host = urlsplit(self.base_url).netloc
         self._login = dict(login or {})
         self.login_hint = login_hint
-        self.verify = False if insecure else (ca_cert or True)
-        self.timeout = (connect_timeout, read_timeout)
-        self.response_timeout = response_timeout or 2 * read_timeout
+        self.verify = tls_verify(insecure, ca_cert)
+        self.waits = Waits.of(connect_timeout, read_timeout, response_timeout, min_rate)
+        self.timeout = self.waits.timeout
+        self.response_timeout = self.waits.response
         self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
         self._local = threading.local()
         self._error = requests.RequestException
         self._tls_error = requests.exceptions.SSLError
+        self._proxy_error = requests.exceptions.ProxyError
         self.read_errors: tuple = (requests.RequestException, OSError, http.client.HTTPException,
                                    urllib3.exceptions.HTTPError)
 
@@ -72,18 +73,9 @@ class HubHttp:
     def _session(self) -> "requests.Session":
         s = getattr(self._local, "session", None)
         if s is None:
-            import http.cookiejar
-
             import requests
 
-            s = requests.Session()
-            s.headers["User-Agent"] = USER_AGENT
-            s.headers["Accept-Encoding"] = "identity"  # a cap on bytes is a cap on what arrives; a file's raw bytes
-            s.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))  # keeps no cookie
-            adapter = watched_adapter()(pool_connections=4, pool_maxsize=16, max_retries=0)
-            s.mount("http://", adapter)
-            s.mount("https://", adapter)
-            self._local.session = s
+            s = self._local.session = new_session(requests, keep_cookies=False)
         return s
 
     def login_for(self, url: str) -> Dict[str, str]:
@@ -94,12 +86,10 @@ class HubHttp:
             return {}
 
     def _seconds(self, timeout) -> float:
-        read = timeout[1] if isinstance(timeout, (tuple, list)) else timeout
-        return self.response_timeout if read is None else min(self.response_timeout, 2 * read)
+        return self.waits.seconds(timeout)
 
     def _too_slow(self, seconds: float) -> RegistryError:
-        return RegistryError(f"{self.host}: answered too slowly: not complete within {seconds:g} s "
-                             "($IMGTOOL_RESPONSE_TIMEOUT)")
+        return self.waits.too_slow(self.host, seconds)
 
     def send(self, url: str, headers: Optional[Dict[str, str]] = None, timeout=None) -> "requests.Response":
         """One GET of `url` with its redirects followed here (each hop within the response timeout, the login only
@@ -139,22 +129,8 @@ class HubHttp:
         `seconds` of now; the response closed."""
         raw = resp.raw
         read = getattr(raw, "read1", None) or raw.read
-        due = time.monotonic() + seconds
-        chunks: List[bytes] = []
-        total = 0
         try:
-            while True:
-                chunk = read(65536, decode_content=False)
-                if not chunk:
-                    return b"".join(chunks)
-                total += len(chunk)
-                if total > limit:
-                    if cut:
-                        return b"".join(chunks)
-                    raise RegistryError(f"{what}: larger than {format_size(limit)}; imgtool stops reading there")
-                if time.monotonic() > due:
-                    raise self._too_slow(seconds)
-                chunks.append(chunk)
+            return read_capped(lambda n: read(n, decode_content=False), limit, what, seconds, self._too_slow, cut)
         finally:
             resp.close()
 
@@ -180,7 +156,7 @@ class HubHttp:
             except self.read_errors as e:
                 attempt += 1
                 if attempt >= attempts:
-                    raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+                    raise unreachable(self.host, e, url, self._proxy_error, "hub") from e
                 self.retry.wait(self.retry.delay(attempt - 1), cancel)
 
     def stream(self, url: str, start: int, end: Optional[int], what: str) -> Tuple[BlobStream, int, Dict[str, str]]:
@@ -193,7 +169,7 @@ class HubHttp:
         try:
             resp = self.send(url, headers)
         except self.read_errors as e:
-            raise RegistryError(f"{self.host}: {network_error_text(e)}") from e
+            raise unreachable(self.host, e, url, self._proxy_error, "hub") from e
         if resp.status_code in (200, 206):
             raw = resp.raw
             read = getattr(raw, "read1", None) or raw.read

@@ -12,12 +12,12 @@ import re
 from typing import List, Optional
 from urllib.parse import quote, urljoin
 
-from ..errors import ManifestError, NotFoundError, RegistryError
+from ..errors import ManifestError, RegistryError
 from ..model import json_object
 from ..registry_answers import MAX_ANSWER_BYTES, Answer
 from ..registry_auth import origin
 from ..weights import MAX_FILES, ModelFile, ModelRef
-from .base import Hub, is_hex40, json_value, not_a_listing, sha256_of
+from .base import Hub, MissingOnHub, is_hex40, json_value, not_a_listing, sha256_of
 
 MAX_PAGES = 1000
 MAX_INFO_BYTES = 32 * 1024 * 1024  # the revision's answer lists every file's name (without ?blobs=true)
@@ -29,6 +29,7 @@ class HuggingFace(Hub):
     """A Hugging Face endpoint."""
 
     kind = "hf"
+    token_hint = "set HF_TOKEN (or log in with `hf auth login`)"
 
     def _api(self, repo: str) -> str:
         return f"{self.http.base_url}/api/models/{repo}"
@@ -50,7 +51,9 @@ class HuggingFace(Hub):
         code = answer.headers.get("X-Error-Code", "")
         if answer.status_code == 404 and code in ("RepoNotFound", "RevisionNotFound", ""):
             kind = "no such revision" if code == "RevisionNotFound" else "no such model"
-            return NotFoundError(f"{self.host}: {ref}: {kind} (HTTP 404{' ' + code if code else ''})")
+            return MissingOnHub(self.host, ref, f"{kind} (HTTP 404{' ' + code if code else ''})")
+        if answer.status_code == 401 and code == "RepoNotFound":  # huggingface.co's answer without a token
+            return MissingOnHub(self.host, ref, "no such model, or a private one (HTTP 401 RepoNotFound)")
         return self.http.refused(answer, what)
 
     def listing(self, ref: ModelRef, commit: str) -> List[ModelFile]:

@@ -16,7 +16,7 @@ from ..errors import ManifestError, NotFoundError, RegistryError
 from ..model import json_object
 from ..registry_answers import Answer
 from ..weights import MAX_FILES, ModelFile, ModelRef, is_commit
-from .base import Hub, is_hex40, not_a_listing, sha256_of
+from .base import Hub, MissingOnHub, is_hex40, not_a_listing, sha256_of
 from .http import hub_error_text
 
 MAX_LISTING_BYTES = 32 * 1024 * 1024  # the whole listing in one answer (~250 bytes a file)
@@ -27,6 +27,7 @@ class ModelScope(Hub):
     """A ModelScope endpoint."""
 
     kind = "modelscope"
+    token_hint = "set MODELSCOPE_API_TOKEN"
 
     def _api(self, repo: str) -> str:
         return f"{self.http.base_url}/api/v1/models/{repo}"
@@ -50,6 +51,8 @@ class ModelScope(Hub):
         what = f"{ref} revision {rev}"
         answer = self.http.get(f"{self._api(ref.repo)}/revisions", limit=MAX_LISTING_BYTES,
                                what=f"{self.host}: {ref} revisions", timeout=timeout)
+        if answer.status_code == 404:  # the model's revisions are not there: the model is not
+            raise MissingOnHub(self.host, ref, f"no such model ({hub_error_text(answer)})")
         data = self._data(answer, ref, what, MAX_LISTING_BYTES)
         found = data.get("RevisionMap")
         if not isinstance(found, dict):
@@ -59,7 +62,7 @@ class ModelScope(Hub):
                 if isinstance(entry, dict) and entry.get("Revision") == rev:
                     commit = entry.get("CommitId")
                     return str(commit) if is_hex40(commit) else rev  # no commit given: the revision is the name
-        raise NotFoundError(f"{self.host}: {ref}: no such revision (not among the model's branches and tags)")
+        raise MissingOnHub(self.host, ref, "no such revision (not among the model's branches and tags)")
 
     def listing(self, ref: ModelRef, commit: str) -> List[ModelFile]:
         query = urlencode({"Revision": commit, "Recursive": "true"})

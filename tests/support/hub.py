@@ -61,6 +61,7 @@ class Faults:
     grow: Dict[str, int] = field(default_factory=dict)      # path -> bytes more at download than the listing says
     drip: int = 0                   # file bodies at this many bytes per second (0: at full speed)
     token: Optional[str] = None     # gated: every hub request needs "Authorization: Bearer TOKEN" (401 without)
+    commit_ids: bool = True         # ModelScope: False: /revisions gives each branch and tag without its CommitId
 
     def fail(self, times: int, status: int = 503, retry_after: Optional[int] = None,
              match: Optional[Callable[[str, str], bool]] = None) -> Failure:
@@ -451,8 +452,8 @@ def _handler(hub: Hub, server: str):
             if rest == ["revisions"]:
                 def entries(kind: str) -> List[dict]:
                     names = [r for r in m.refs if (r in ("main", "master")) == (kind == "branch")]
-                    return [{"Revision": r, "CommitId": m.refs[r], "CreatedAt": 1767225600, "Description": ""}
-                            for r in sorted(names)]
+                    return [{"Revision": r, "CreatedAt": 1767225600, "Description": "",
+                             **({"CommitId": m.refs[r]} if hub.faults.commit_ids else {})} for r in sorted(names)]
                 raise self._ms_ok({"RevisionMap": {"Branches": entries("branch"), "Tags": entries("tag")}})
             rev = self._revision(m, q.get("Revision") or "master")
             if rest == ["repo", "files"]:

@@ -8,6 +8,7 @@ Hugging Face's `blobId`/`oid` and a small file's `ETag` carry; for an LFS file t
     m = small_model(seed=1)                 # config, tokenizer, README, 2 shards + index, in memory
     m = two_revisions(seed=1)               # tag v1 and main: only model-00002-of-00002 differs
     m = big_model(seed=1, directory=d, shards=5, shard_bytes=4 << 30)   # streamed to disk
+    m = generated_model(seed=1, shards=5, shard_bytes=4 << 30)           # made as served: never on disk
 
 Small shards are written by the real `safetensors` library (numpy tensors drawn from the seed); big
 ones are written by hand, streaming (`write_safetensors`: 8-byte header length, JSON header, raw
@@ -23,7 +24,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from tests.support.images import suite_seed
 
@@ -58,6 +59,8 @@ class ModelFile:
     lfs: bool
     data: Optional[bytes] = field(default=None, repr=False)
     source: Optional[Path] = None
+    # or made on demand: generate(start, end) -> the bytes [start, end) in pieces (a benchmark's shards, never on disk)
+    generate: Optional[Callable[[int, int], Iterator[bytes]]] = field(default=None, repr=False, compare=False)
 
     @property
     def blob_id(self) -> str:
@@ -80,6 +83,9 @@ class ModelFile:
     def chunks(self, start: int = 0, end: Optional[int] = None, chunk: int = CHUNK) -> Iterator[bytes]:
         """The bytes [start, end) in pieces, never the whole of a big file at once."""
         end = self.size if end is None else end
+        if self.generate is not None:
+            yield from self.generate(start, end)
+            return
         with self.open() as f:
             f.seek(start)
             left = end - start
@@ -355,3 +361,62 @@ def big_model(seed=0, directory: Path = Path("."), repo_id: str = "imgtool-test/
         revisions[old.commit] = old
         refs["v1"] = old.commit
     return HubModel(repo_id=repo_id, revisions=revisions, refs=refs)
+
+
+# --- big shards, generated as they are served (benchmarks: never on disk) -------------------------------------
+
+GENERATED_HEADER = 256  # the safetensors JSON header of a generated shard, padded to this many bytes
+
+
+def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path]) -> ModelFile:
+    """A safetensors file of `size` bytes (one U8 tensor) whose bytes are made on demand: the header, then
+    1 MiB blocks, each its index (8 bytes) and the rest of one seeded block, so every block differs and a range
+    costs a copy, not a hash. Its sha256 is computed once (one pass over the bytes), kept in `sha_cache`."""
+    n = size - 8 - GENERATED_HEADER
+    assert n > 0, size
+    head = json.dumps({"__metadata__": {"format": "pt"}, "weight": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}},
+                      separators=(",", ":")).encode()
+    prefix = struct.pack("<Q", GENERATED_HEADER) + head.ljust(GENERATED_HEADER)
+    base = hashlib.shake_256(_label(seed, "generated", name)).digest(CHUNK)
+
+    def generate(start: int, end: int) -> Iterator[bytes]:
+        pos = start
+        if pos < len(prefix):
+            yield prefix[pos:min(end, len(prefix))]
+            pos = len(prefix)
+        while pos < end:
+            k, off = divmod(pos - len(prefix), CHUNK)
+            block = struct.pack(">Q", k) + base[8:]
+            piece = block[off:min(CHUNK, off + end - pos)]
+            yield piece
+            pos += len(piece)
+
+    key = hashlib.sha1(_label(seed, "generated", name, size)).hexdigest()
+    cached = sha_cache / f"{key}.sha256" if sha_cache else None
+    if cached is not None and cached.exists():
+        sha = cached.read_text().strip()
+    else:
+        h = hashlib.sha256()
+        for piece in generate(0, size):
+            h.update(piece)
+        sha = h.hexdigest()
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(sha + "\n")
+    return ModelFile(path=name, size=size, sha256=sha, lfs=True, generate=generate)
+
+
+def generated_model(seed=0, repo_id: str = "imgtool-bench/big-llm", shards: int = 5, shard_bytes: int = 4 << 30,
+                    sha_cache: Optional[Path] = None) -> HubModel:
+    """One revision: the small files (config, tokenizer, README, .gitattributes, the index) in memory and `shards`
+    generated safetensors shards of `shard_bytes` each, made as they are served (`_generated_shard`): a 20 GB
+    model on a disk that has no 20 GB to spare."""
+    names = _shard_names(shards)
+    files = {p: memory_file(p, b) for p, b in _small_files(seed, repo_id, 4096, shards, 64).items()}
+    files["model.safetensors.index.json"] = memory_file("model.safetensors.index.json", _json(
+        {"metadata": {"total_size": shards * (shard_bytes - 8 - GENERATED_HEADER)},
+         "weight_map": {f"model.layers.{i}.weight": names[i] for i in range(shards)}}))
+    for name in names:
+        files[name] = _generated_shard(seed, name, shard_bytes, sha_cache)
+    rev = Revision(commit=commit_id(seed, f"{repo_id}@generated-{shards}x{shard_bytes}"), files=dict(sorted(files.items())))
+    return HubModel(repo_id=repo_id, revisions={rev.commit: rev}, refs={"main": rev.commit, "master": rev.commit})
