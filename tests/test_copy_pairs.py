@@ -1,0 +1,183 @@
+"""`imgtool copy`'s pair matrix (issue 47): every pair copying.PAIRS accepts runs once against the real services and
+lands the image (the runtime lists it by its ID, the registry serves its manifest digest, the bundle verifies); then
+again, with a cache of its own (nothing to take from), where the destination already holds everything: not one
+layer is downloaded (the source registry's blob GETs, counted by a proxy in front of it) and not one blob is sent
+(the destination registry's uploads; a runtime's `was_present` / `sent`; a bundle's delta leaves every layer out).
+
+docker → bundle has no second run: export cuts no delta, so a bundle destination of Docker's holds nothing.
+One small seeded image per test; the runtime pairs once per kind of runtime (Docker 20.10, containerd 1.7,
+Podman 4.3). Also: a containerd store's inventory makes `copy bundle: bundle: --have` name the held blobs and refuse
+a zstd delta as fetch does (item 3); registry → runtime checks diff_ids where Podman's records cannot be read
+(item 2).
+"""
+
+import json
+
+import pytest
+
+from tests.support.bundles import imgtool
+from tests.support.images import host_arch
+from tests.support.proxy import FaultProxy
+from tests.support.registry import get_manifest
+
+
+class Counted:
+    """A seeded 2-layer image published upstream behind a counting proxy, and the mirrors.toml that reaches it."""
+
+    def __init__(self, services, factory, mirrored, tmp_path, uniq):
+        self.image = factory.image(host_arch(), layers=2, layer_size=96 * 1024)
+        ms = mirrored(factory.index([self.image]), tag="v1", targets=("upstream",))
+        self.proxy = FaultProxy(services.plain)
+        self.ref = f"quay.io/{ms.repo}:v1"
+        self.repo = ms.repo
+        self.services, self.tmp = services, tmp_path
+        self.cfg = tmp_path / "mirrors.toml"
+        self.cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                            f'url = "http://{self.proxy.hostport}"\nupstream = true\ninsecure = true\n')
+        self.namespace = f"{uniq}-copied"  # the destination registry: the same registry, behind the same proxy
+        self.caches = 0
+
+    def copy(self, *args, env=None, code=0):
+        """`imgtool copy ARGS --json` with a cache of its own; the proxy's records start afresh."""
+        self.caches += 1
+        self.proxy.records.clear()
+        e = dict(env or {}, IMGTOOL_CACHE=str(self.tmp / f"cache{self.caches}"))
+        r = imgtool("copy", *args, "--mirrors-file", str(self.cfg), "--json", env=e)
+        assert r.returncode == code, r.stderr
+        return json.loads(r.stdout) if code == 0 else r
+
+    def layer_gets(self):
+        layers = {x.digest for x in self.image.layers}
+        return [r.path for r in self.proxy.records if r.method == "GET" and r.path.rsplit("/", 1)[-1] in layers]
+
+    def uploads(self):
+        return [f"{r.method} {r.path}" for r in self.proxy.records if "/blobs/uploads" in r.path]
+
+    @property
+    def registry(self):
+        return f"registry:{self.proxy.hostport}/{self.namespace}"
+
+    def served(self, repo_path: str, tag: str = "v1") -> str:
+        """The digest the destination registry serves for NAMESPACE/repo_path:tag."""
+        got = get_manifest(self.services.plain, f"{self.namespace}/{repo_path}", tag)
+        import hashlib
+
+        return "sha256:" + hashlib.sha256(got.body).hexdigest()
+
+    def close(self):
+        self.proxy.close()
+
+
+@pytest.fixture
+def counted(services, factory, mirrored, tmp_path, uniq):
+    c = Counted(services, factory, mirrored, tmp_path, uniq)
+    yield c
+    c.close()
+
+
+def _manifests(bundle) -> list:
+    return [im["manifest_digest"] for im in json.loads((bundle / "bundle.json").read_text())["images"]]
+
+
+def _layers_omitted(bundle) -> list:
+    return [bool(x.get("omitted")) for im in json.loads((bundle / "bundle.json").read_text())["images"]
+            for x in im["layers"]]
+
+
+def test_registry_to_bundle_and_registry_to_registry(counted):
+    c = counted
+    out = c.tmp / "fetched"
+    got = c.copy("registry:v1", f"bundle:{out}", "--arch", host_arch())
+    assert [im["image_id"] for im in got["images"]] == [c.image.config_digest]
+    assert _manifests(out) == [c.image.manifest_digest] and imgtool("verify", str(out)).returncode == 0
+    assert len(c.layer_gets()) == 2
+    # the offline side holds the whole image (the bundle as --base): not one layer is downloaded
+    again = c.copy("registry:v1", f"bundle:{c.tmp / 'delta'}", "--arch", host_arch(), "--base", str(out))
+    assert again["delta"]["omitted_layers"] == 2 and _manifests(c.tmp / "delta") == [c.image.manifest_digest]
+    assert _layers_omitted(c.tmp / "delta") == [True, True] and c.layer_gets() == []
+
+    pushed = c.copy("registry:v1", c.registry, "--insecure")
+    target = f"{c.proxy.hostport}/{c.namespace}/{c.repo}:v1"
+    assert [(im["target"], im["manifest_digest"]) for im in pushed["images"]] == [(target, c.image.manifest_digest)]
+    assert c.served(c.repo) == c.image.manifest_digest
+    assert pushed["blobs_uploaded"] == 3 and len(c.layer_gets()) == 2
+    # the destination registry holds every blob: none is downloaded, none is sent
+    again = c.copy("registry:v1", c.registry, "--insecure")
+    assert (again["blobs_uploaded"], again["blobs_present"]) == (0, 3)
+    assert c.layer_gets() == [] and c.uploads() == []
+    assert c.served(c.repo) == c.image.manifest_digest
+
+
+def test_bundle_to_bundle_and_bundle_to_registry(counted):
+    c = counted
+    src = c.tmp / "src"
+    c.copy("registry:v1", f"bundle:{src}", "--arch", host_arch())
+    out = c.tmp / "cut"
+    got = c.copy(f"bundle:{src}", f"bundle:{out}", "--compress", "gzip")
+    assert _manifests(out) == [c.image.manifest_digest]
+    assert imgtool("verify", str(out)).returncode == 0 and got["archive"]["compression"] == "gzip"
+    again = c.copy(f"bundle:{src}", f"bundle:{c.tmp / 'delta'}", "--base", str(src))
+    assert _layers_omitted(c.tmp / "delta") == [True, True] and again["delta"]["omitted_layers"] == 2
+    assert _manifests(c.tmp / "delta") == [c.image.manifest_digest]
+
+    pushed = c.copy(f"bundle:{src}", c.registry, "--insecure")
+    assert [im["manifest_digest"] for im in pushed["images"]] == [c.image.manifest_digest]
+    assert c.served(c.repo) == c.image.manifest_digest and pushed["blobs_uploaded"] == 3
+    again = c.copy(f"bundle:{src}", c.registry, "--insecure")
+    assert (again["blobs_uploaded"], again["blobs_present"]) == (0, 3) and c.uploads() == []
+
+
+def test_docker_to_bundle_and_docker_to_registry(counted, docker_cli, docker_cleanup):
+    c = counted
+    src = c.tmp / "src"
+    c.copy("registry:v1", f"bundle:{src}", "--arch", host_arch())
+    docker_cleanup.image(c.ref, *docker_cli.ids_of(c.image))
+    assert imgtool("load", str(src), docker_host=c.services.docker_host).returncode == 0
+    docker = {"DOCKER_HOST": c.services.docker_host}
+
+    out = c.tmp / "exported"
+    got = c.copy(f"docker:{c.ref}", f"bundle:{out}", env=docker)
+    assert [im["image_id"] for im in got["images"]] == [c.image.config_digest]
+    assert imgtool("verify", str(out)).returncode == 0
+
+    pushed = c.copy(f"docker:{c.ref}", c.registry, "--insecure", env=docker)
+    digest = pushed["images"][0]["manifest_digest"]
+    assert c.served(c.repo) == digest and pushed["blobs_uploaded"] == 3
+    config = json.loads(get_manifest(c.services.plain, f"{c.namespace}/{c.repo}", "v1").body)["config"]["digest"]
+    assert config == c.image.config_digest
+    # export's gzip is deterministic: the same layers are the same blobs, which the registry holds
+    again = c.copy(f"docker:{c.ref}", c.registry, "--insecure", env=docker)
+    assert (again["blobs_uploaded"], again["images"][0]["manifest_digest"]) == (0, digest) and c.uploads() == []
+
+
+@pytest.mark.parametrize("engine", ["20.10", "containerd-1.7", "podman-4.3"], indirect=True)
+def test_registry_bundle_and_docker_to_each_kind_of_runtime(counted, node, docker_cli, docker_cleanup):
+    c = counted
+    env = dict(node.env)
+    node.remove_later(c.ref, *node.ids_of(c.image))
+
+    def landed(got, present):
+        assert [(im["image_id"], im["was_present"]) for im in got["images"]] == [(c.image.config_digest, present)]
+        assert got["images"][0]["docker_id"] in node.image_ids()
+
+    landed(c.copy("registry:v1", "runtime:", env=env), False)
+    assert node.holds(c.ref, c.image) and len(c.layer_gets()) == 2
+    landed(c.copy("registry:v1", "runtime:", env=env), True)  # held whole: not one layer downloaded
+    assert c.layer_gets() == []
+
+    src = c.tmp / "src"
+    c.copy("registry:v1", f"bundle:{src}", "--arch", host_arch())
+    node.remove(c.ref, *node.ids_of(c.image))
+    got = c.copy(f"bundle:{src}", "runtime:", env=env)
+    assert got["sent"] is True and node.holds(c.ref, c.image)
+    again = c.copy(f"bundle:{src}", "runtime:", env=env)
+    assert again["sent"] is False and [im["was_present"] for im in again["images"]] == [True]
+
+    # docker → runtime: the image in Docker 20.10 (loaded from the bundle), copied into this runtime by name
+    docker_cleanup.image(c.ref, *docker_cli.ids_of(c.image))
+    assert imgtool("load", str(src), docker_host=c.services.docker_host).returncode == 0
+    into = dict(env, DOCKER_HOST=c.services.docker_host)
+    if node.kind != "docker":  # the same Docker holds it already: the first copy is the second
+        node.remove(c.ref, *node.ids_of(c.image))
+        landed(c.copy(f"docker:{c.ref}", f"runtime:{node.kind}", env=into), False)
+    landed(c.copy(f"docker:{c.ref}", f"runtime:{node.kind}", env=into), True)
