@@ -181,3 +181,50 @@ def test_registry_bundle_and_docker_to_each_kind_of_runtime(counted, node, docke
         node.remove(c.ref, *node.ids_of(c.image))
         landed(c.copy(f"docker:{c.ref}", f"runtime:{node.kind}", env=into), False)
     landed(c.copy(f"docker:{c.ref}", f"runtime:{node.kind}", env=into), True)
+
+
+@pytest.mark.parametrize("engine", ["podman-4.3"], indirect=True)
+def test_registry_to_a_podman_whose_records_cannot_be_read_checks_diff_ids_as_they_stream(services, mirrored, node,
+                                                                                          monkeypatch, tmp_path):
+    """Issue 47 item 2: Podman applies a layer whatever its diff_id, and where its storage's records cannot be read
+    (another user's storage: a fault put in front of the real room) load hashes every layer while it streams.
+    copy registry → runtime now does too (fetch --check-diff-ids' check, as each layer lands in the cache): the
+    copy fails, exit 3, naming the layer, and Podman keeps nothing (it loaded the image before)."""
+    from contextlib import nullcontext
+
+    from imgtool.config import load_mirrors
+    from imgtool.copying import CopyOptions, End, Reach, registry_to_runtime
+    from imgtool.errors import VerifyError
+    from imgtool.progress import Progress
+    from imgtool.runtimes.podman import Podman
+    from imgtool.store import Store
+    from tests.support.bundles import random_layer, simple_image
+    from tests.support.images import Layer, sha256_digest
+
+    class Unrecorded(Podman):
+        def _records_readable(self):
+            return False
+
+    good = random_layer(32 * 1024, seed=11)
+    wrong = Layer(blob=good.blob, digest=good.digest, size=good.size, diff_id=sha256_digest(b"not this"),
+                  uncompressed_size=good.uncompressed_size)
+    image = simple_image([random_layer(16 * 1024, seed=12), wrong], host_arch(), seed=8)
+    ms = mirrored(image, tag="wrongdiff", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    for key, value in node.env.items():
+        monkeypatch.setenv(key, value)
+    node.remove_later(f"quay.io/{ms.repo}:wrongdiff", image.config_digest)
+    room = Unrecorded(staging_dir=str(tmp_path))
+    assert not room.info().reports_applied_diff_ids and not room.info().checks_diff_ids
+    before = node.snapshot()
+    reach = Reach(Progress(), config=lambda: load_mirrors(str(cfg)), store=lambda: Store(tmp_path / "cache"),
+                  runtime=lambda: nullcontext(room), docker=nullcontext)
+    with pytest.raises(VerifyError) as e:
+        registry_to_runtime(CopyOptions(End("registry", "wrongdiff"), End("runtime", "podman")), reach)
+    assert e.value.exit_code == 3
+    assert e.value.message.startswith(f"layer 2 of quay.io/{ms.repo}:wrongdiff ({good.digest}) from ")
+    assert e.value.message.endswith(f": its content has diff_id {good.diff_id}, the config says "
+                                    f"{sha256_digest(b'not this')}")
+    assert node.leftovers(before) == []
