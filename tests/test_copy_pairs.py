@@ -228,3 +228,70 @@ def test_registry_to_a_podman_whose_records_cannot_be_read_checks_diff_ids_as_th
     assert e.value.message.endswith(f": its content has diff_id {good.diff_id}, the config says "
                                     f"{sha256_digest(b'not this')}")
     assert node.leftovers(before) == []
+
+
+@pytest.mark.parametrize("engine", ["26.1-containerd"], indirect=True)
+def test_a_delta_cut_offline_for_a_containerd_store_names_its_blobs_or_is_refused_as_fetch(
+        services, factory, mirrored, tmp_path, docker_cli, docker_cleanup):
+    """Issue 47 item 3: `copy bundle: bundle: --have` against a containerd image store's inventory does what
+    `fetch --have` does. The store keeps an image by its manifest's blobs: a zstd delta whose manifest names blobs
+    the store never received (its base was loaded from a gzip bundle no registry serves) would load an image that
+    store cannot save, push or export, so it is refused with fetch's words and nothing is written; with the base
+    bundle (--base) the delta names the base's blobs, loads, and `docker save` holds every layer."""
+    import tarfile
+
+    from tests.support.bundles import BlobDir, write
+
+    arch = host_arch()
+    base = factory.layers(2, size=200_000)
+    old = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    new = factory.image(arch, layers=1, base=base, layer_size=100_000)
+    ms = mirrored(factory.index([factory.zstd_twin(new)]), tag="v2", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    env = {"IMGTOOL_CACHE": str(tmp_path / "cache")}
+    old_ref, new_ref = f"quay.io/{ms.repo}-base:v1", f"quay.io/{ms.repo}:v2"
+    docker_cleanup.image(new_ref, old_ref, *docker_cli.ids_of(old), *docker_cli.ids_of(new))
+    store = BlobDir(tmp_path / "blobs")
+    write(tmp_path / "v1", [store.pulled(old, old_ref)], store)
+    assert imgtool("load", str(tmp_path / "v1"), docker_host=services.docker_host).returncode == 0
+    inv = tmp_path / "inventory.json"
+    assert imgtool("inventory", "-o", str(inv), docker_host=services.docker_host).returncode == 0
+    assert json.loads(inv.read_text())["daemon"]["image_store"] == "containerd"
+    full = tmp_path / "v2"  # the registry's zstd layers, kept as served
+    r = imgtool("fetch", "--no-tool", "v2", "--layers", "as-is", "--mirrors", str(cfg), "-o", str(full), env=env)
+    assert r.returncode == 0, r.stderr
+
+    refused = tmp_path / "refused"
+    r = imgtool("copy", f"bundle:{full}", f"bundle:{refused}", "--have", str(inv), "--mirrors-file", str(cfg),
+                env={"IMGTOOL_CACHE": str(tmp_path / "offline-cache")})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: cannot make {new_ref} a delta for the containerd image store of the inventory inventory.json: its "
+        "manifest must name the blobs that Docker holds for the 2 layers it leaves out, and neither the cache nor "
+        f"any source has the manifest of {old_ref} ({docker_cli.bundle_id(old)})",
+        "hint: give the bundle that image was loaded from with --base DIR, or fetch a full bundle (without --have)"]
+    assert not refused.exists()
+
+    delta = tmp_path / "delta"
+    r = imgtool("copy", f"bundle:{full}", f"bundle:{delta}", "--have", str(inv), "--base", str(tmp_path / "v1"),
+                "--mirrors-file", str(cfg), env={"IMGTOOL_CACHE": str(tmp_path / "offline-cache")})
+    assert r.returncode == 0, r.stderr
+    assert (f"{new_ref} (linux/{arch}): 2 left-out layers named as the offline Docker holds them (its base's "
+            "blobs); the image ID is unchanged") in r.stderr
+    doc = json.loads((delta / "bundle.json").read_text())["images"][0]
+    assert [(x["digest"], x.get("omitted", False)) for x in doc["layers"]] == \
+        [(x.digest, True) for x in base] + [(new.layers[-1].zstd().digest, False)]
+    assert doc["upstream"]["base_blobs"] == [0, 1]
+    assert imgtool("verify", str(delta)).returncode == 0
+    r = imgtool("load", str(delta), docker_host=services.docker_host)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.inspect_image(new_ref)["RootFS"]["Layers"] == new.diff_ids
+    saved = tmp_path / "saved.tar"
+    r = docker_cli("save", "-o", str(saved), new_ref, check=False)
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(saved) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert manifest[0]["Layers"] and all(x in names for x in manifest[0]["Layers"]), (manifest, sorted(names))
