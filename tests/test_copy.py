@@ -5,6 +5,7 @@ real `fetch` wrote.
 """
 
 import json
+import re
 
 import pytest
 
@@ -98,10 +99,31 @@ def test_ends_copy_does_not_take_are_usage_errors(source, destination, message):
     assert r.stderr.splitlines()[0] == message
 
 
+def _doc_rows(text):
+    """docs/copy.md's pair table: (source kind, destination kind, the verb that runs it too or "")."""
+    row = re.compile(r"^\| `(\w+):[^`]*` \| `(\w+):[^`]*` \| (?:`imgtool (\w+)[^`]*`|—) \|")
+    return {(m.group(1), m.group(2), m.group(3) or "") for m in map(row.match, text.splitlines()) if m}
+
+
+def _readme_matrix(text):
+    """The README's matrix (a row per source, a column per destination; a cell names the verb, or —), each half."""
+    found = set()
+    columns = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if cells and cells[0].startswith("from"):
+            columns = [c.strip("`").split(":")[0] for c in cells[1:]]
+        elif cells and columns and cells[0].startswith("`") and len(cells) == len(columns) + 1:
+            source = cells[0].strip("`").split(":")[0]
+            found |= {(source, d, c[1:].split("`")[0] if c.startswith("`") else "") for d, c in zip(columns, cells[1:])}
+        elif not cells:
+            columns = []
+    return found
+
+
 def test_every_source_goes_to_every_destination_and_the_docs_list_the_pairs_as_they_run():
-    """copying.PAIRS is what runs: every source with every destination; README.md and docs/copy.md list exactly
-    those pairs, each with the verb that runs it too."""
-    import re
+    """copying.PAIRS is what runs: every source with every destination; docs/copy.md's table and the README's
+    matrix (both halves) list exactly those pairs, each with the verb that runs it too."""
     from pathlib import Path
 
     from imgtool.copying import DESTINATIONS, PAIRS, SOURCES
@@ -109,11 +131,10 @@ def test_every_source_goes_to_every_destination_and_the_docs_list_the_pairs_as_t
     assert {(p.source, p.destination) for p in PAIRS} == {(s, d) for s in SOURCES for d in DESTINATIONS}
     assert len(PAIRS) == len(SOURCES) * len(DESTINATIONS)
     want = {(p.source, p.destination, p.verb or "") for p in PAIRS}
-    row = re.compile(r"^\| `(\w+):[^`]*` \| `(\w+):[^`]*` \| (?:`imgtool (\w+)[^`]*`|—) \|")
-    for doc in ("README.md", "docs/copy.md"):
-        text = (Path(__file__).resolve().parent.parent / doc).read_text()
-        found = {(m.group(1), m.group(2), m.group(3) or "") for m in map(row.match, text.splitlines()) if m}
-        assert found == want, (doc, found ^ want)
+    root = Path(__file__).resolve().parent.parent
+    assert _doc_rows((root / "docs" / "copy.md").read_text()) == want
+    english, chinese = (root / "README.md").read_text().split("\n# 中文\n", 1)
+    assert _readme_matrix(english) == _readme_matrix(chinese) == want
 
 
 def _two_tags(services, factory, mirrored, tmp_path):
