@@ -226,6 +226,9 @@ def bundle_to_runtime(opts: CopyOptions, reach: Reach) -> CopyResult:
     with reach.runtime() as daemon:
         loaded = load_bundle(src, daemon, tags=opts.tags, expect=opts.expect, force=opts.force,
                              progress=reach.progress, arch=opts.arch, signers=opts.signers, pin=opts.pin)
+    if not loaded.sent:  # sent: load said them as it sent
+        for w in loaded.warnings:
+            reach.progress.warn(w)
     return CopyResult(str(opts.source), f"{loaded.daemon['title']} {loaded.daemon['version']}", loaded.images,
                       warnings=loaded.warnings, summary=loaded.to_json)
 

@@ -37,14 +37,14 @@ class Counted:
         self.namespace = f"{uniq}-copied"  # the destination registry: the same registry, behind the same proxy
         self.caches = 0
 
-    def copy(self, *args, env=None, code=0):
-        """`imgtool copy ARGS --json` with a cache of its own; the proxy's records start afresh."""
+    def copy(self, *args, env=None, as_json=True):
+        """`imgtool copy ARGS --json` (its result) with a cache of its own; the proxy's records start afresh."""
         self.caches += 1
         self.proxy.records.clear()
         e = dict(env or {}, IMGTOOL_CACHE=str(self.tmp / f"cache{self.caches}"))
-        r = imgtool("copy", *args, "--mirrors-file", str(self.cfg), "--json", env=e)
-        assert r.returncode == code, r.stderr
-        return json.loads(r.stdout) if code == 0 else r
+        r = imgtool("copy", *args, "--mirrors-file", str(self.cfg), *(["--json"] if as_json else []), env=e)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout) if as_json else r
 
     def layer_gets(self):
         layers = {x.digest for x in self.image.layers}
@@ -157,6 +157,7 @@ def test_registry_bundle_and_docker_to_each_kind_of_runtime(counted, node, docke
     node.remove_later(c.ref, *node.ids_of(c.image))
 
     def landed(got, present):
+        node.remove_later(c.ref, got["images"][0]["docker_id"])  # node.remove() forgets what it removed before
         assert [(im["image_id"], im["was_present"]) for im in got["images"]] == [(c.image.config_digest, present)]
         assert got["images"][0]["docker_id"] in node.image_ids()
 
@@ -169,9 +170,13 @@ def test_registry_bundle_and_docker_to_each_kind_of_runtime(counted, node, docke
     c.copy("registry:v1", f"bundle:{src}", "--arch", host_arch())
     node.remove(c.ref, *node.ids_of(c.image))
     got = c.copy(f"bundle:{src}", "runtime:", env=env)
+    node.remove_later(c.ref, *node.ids_of(c.image))
     assert got["sent"] is True and node.holds(c.ref, c.image)
     again = c.copy(f"bundle:{src}", "runtime:", env=env)
     assert again["sent"] is False and [im["was_present"] for im in again["images"]] == [True]
+    said = c.copy(f"bundle:{src}", "runtime:", env=env, as_json=False).stdout.splitlines()[-1]
+    assert said.startswith(f"{node.title} ") and said.endswith(f" already holds the 1 image(s) of bundle:{src}: "
+                                                               "nothing was sent")
 
     # docker → runtime: the image in Docker 20.10 (loaded from the bundle), copied into this runtime by name
     docker_cleanup.image(c.ref, *docker_cli.ids_of(c.image))

@@ -92,6 +92,10 @@ def copy_cmd(source, destination, arch, mirror, mirrors_file, tags, no_pin, chun
         return
     rows = [(", ".join(im.tags) or im.ref, im.docker_id[7:19], im.platform) for im in result.images]
     click.echo(table(rows, ["name", "id", "platform"]))
+    if result.images and all(im.was_present for im in result.images):
+        click.echo(f"{result.destination} already holds the {len(result.images)} image(s) of {result.source}: "
+                   "nothing was sent")
+        return
     click.echo(f"copied {len(result.images)} image(s) from {result.source} to {result.destination}"
                + ("" if pair.verb is None else f" (as {pair.verb})"))
 
