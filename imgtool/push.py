@@ -26,7 +26,7 @@ from .pipeline import copy
 from .progress import Progress
 from .registry import RegistryClient
 
-__all__ = ["CHUNK", "PushedImage", "PushResult", "parse_target", "push_bundle", "target_repository"]
+__all__ = ["CHUNK", "PushedImage", "PushResult", "connect", "parse_target", "push_bundle", "target_repository"]
 
 _TARGET = re.compile(r"^(?P<host>[A-Za-z0-9.-]+(?::[0-9]+)?|\[[0-9A-Fa-f:]+\](?::[0-9]+)?)"
                      r"(?:/(?P<ns>[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*))?/?$")
@@ -43,8 +43,9 @@ def parse_target(text: str) -> Tuple[str, str]:
     return m.group("host"), m.group("ns") or ""
 
 
-def _client(host: str, insecure: bool, ca_cert: Optional[str], waits: Dict[str, Any]) -> Tuple[RegistryClient, str]:
-    """An HTTPS client; with --insecure, unverified HTTPS or else plain HTTP (as dockerd's insecure-registries)."""
+def connect(host: str, insecure: bool, ca_cert: Optional[str], waits: Dict[str, Any]) -> Tuple[RegistryClient, str]:
+    """An HTTPS client for the registry `host`, and the scheme it answered on; with `insecure`, unverified HTTPS or
+    else plain HTTP (as dockerd's insecure-registries). Raises UsageError, RegistryError."""
     if ca_cert and not Path(ca_cert).is_file():
         raise UsageError(f"--ca-cert {ca_cert}: no such file")
     client = RegistryClient(f"https://{host}", insecure=insecure, ca_cert=ca_cert, **waits)
@@ -75,7 +76,7 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     host, namespace = parse_target(to)
     index, report = check_source(Path(bundle_dir), signers=signers, expect=expect, doing="push", progress=progress)
     source = BundleSource(Path(bundle_dir), index)
-    client, scheme = _client(host, insecure, ca_cert, waits or {})
+    client, scheme = connect(host, insecure, ca_cert, waits or {})
     destination = RegistryDestination(client, host, namespace, scheme, progress, chunk=chunk, omitted=source.omitted,
                                       prefer=source.order, rewind=source.rewind, name=str(bundle_dir), to=to)
     try:

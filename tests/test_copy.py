@@ -5,6 +5,7 @@ real `fetch` wrote.
 """
 
 import json
+import re
 
 import pytest
 
@@ -72,19 +73,68 @@ def test_a_damaged_cached_blob_cuts_the_stream_and_the_runtime_keeps_nothing(ser
 
 
 @pytest.mark.parametrize("source, destination, message", [
-    ("bundle:a", "registry:x", "error: copy bundle → registry is `push`'s job"),
-    ("registry:v1", "bundle:b", "error: copy registry → bundle is `fetch`'s job"),
-    ("bundle:a", "runtime:", "error: copy bundle → runtime is `load`'s job"),
-    ("runtime:", "bundle:b", "error: cannot copy runtime → bundle: copy runs registry → runtime and bundle → bundle"),
-    ("docker:x", "bundle:b", "error: invalid source 'docker:x': use registry:REF, bundle:DIR or runtime:[NAME]"),
+    # a runtime is read only through Docker (docker:NAME); docker: is no destination (runtime:docker loads into it)
+    ("runtime:", "bundle:b", "error: invalid source 'runtime:': a runtime is a destination; an image in the local "
+                             "Docker is the source docker:NAME"),
+    ("runtime:containerd", "registry:reg.local", "error: invalid source 'runtime:containerd': a runtime is a "
+                                                 "destination; an image in the local Docker is the source docker:NAME"),
+    ("registry:v1", "docker:x", "error: invalid destination 'docker:x': docker: is a source (an image in the local "
+                                "Docker); load into Docker with runtime:docker"),
+    ("oci:x", "bundle:b", "error: invalid source 'oci:x': use registry:REF, bundle:DIR or docker:NAME"),
+    ("bundle:a", "tar:x", "error: invalid destination 'tar:x': use registry:HOST[:PORT][/NAMESPACE], bundle:DIR or "
+                          "runtime:[NAME]"),
     ("registry:v1", "runtime:cri-o", "error: invalid destination 'runtime:cri-o': the runtime is docker, containerd, "
                                      "podman or auto"),
     ("bundle:", "bundle:b", "error: invalid source 'bundle:': bundle: needs a directory"),
+    ("docker:", "bundle:b", "error: invalid source 'docker:': docker: needs an image name"),
+    ("bundle:a", "registry:", "error: invalid destination 'registry:': registry: needs a registry "
+                              "HOST[:PORT][/NAMESPACE]"),
+    ("bundle:a", "registry:https://reg.local/Upper", "error: invalid destination 'registry:https://reg.local/Upper': "
+                                                     "expected registry:HOST[:PORT][/NAMESPACE], e.g. "
+                                                     "registry:harbor.local/ascend"),
 ])
-def test_pairs_and_ends_copy_does_not_run_are_usage_errors(source, destination, message):
+def test_ends_copy_does_not_take_are_usage_errors(source, destination, message):
     r = imgtool("copy", source, destination)
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == message
+
+
+def _doc_rows(text):
+    """docs/copy.md's pair table: (source kind, destination kind, the verb that runs it too or "")."""
+    row = re.compile(r"^\| `(\w+):[^`]*` \| `(\w+):[^`]*` \| (?:`imgtool (\w+)[^`]*`|—) \|")
+    return {(m.group(1), m.group(2), m.group(3) or "") for m in map(row.match, text.splitlines()) if m}
+
+
+def _readme_matrix(text):
+    """The README's matrix (a row per source, a column per destination; a cell names the verb, or —), each half."""
+    found = set()
+    columns = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if cells and cells[0].startswith("from"):
+            columns = [c.strip("`").split(":")[0] for c in cells[1:]]
+        elif cells and columns and cells[0].startswith("`") and len(cells) == len(columns) + 1:
+            source = cells[0].strip("`").split(":")[0]
+            found |= {(source, d, c[1:].split("`")[0] if c.startswith("`") else "") for d, c in zip(columns, cells[1:])}
+        elif not cells:
+            columns = []
+    return found
+
+
+def test_every_source_goes_to_every_destination_and_the_docs_list_the_pairs_as_they_run():
+    """copying.PAIRS is what runs: every source with every destination; docs/copy.md's table and the README's
+    matrix (both halves) list exactly those pairs, each with the verb that runs it too."""
+    from pathlib import Path
+
+    from imgtool.copying import DESTINATIONS, PAIRS, SOURCES
+
+    assert {(p.source, p.destination) for p in PAIRS} == {(s, d) for s in SOURCES for d in DESTINATIONS}
+    assert len(PAIRS) == len(SOURCES) * len(DESTINATIONS)
+    want = {(p.source, p.destination, p.verb or "") for p in PAIRS}
+    root = Path(__file__).resolve().parent.parent
+    assert _doc_rows((root / "docs" / "copy.md").read_text()) == want
+    english, chinese = (root / "README.md").read_text().split("\n# 中文\n", 1)
+    assert _readme_matrix(english) == _readme_matrix(chinese) == want
 
 
 def _two_tags(services, factory, mirrored, tmp_path):
@@ -252,10 +302,23 @@ def test_a_signed_source_is_signed_again_with_sign_key_or_the_copy_says_it_is_un
     assert "signature: signed by release@example.com" in ok.stdout
 
 
-def test_expect_and_sign_key_are_for_a_bundle_source():
-    for option in ("--expect", "--sign-key"):
-        r = imgtool("copy", "registry:v1", "runtime:", option, "x")
-        assert r.returncode == 2
-        assert r.stderr.splitlines()[-2:] == [
-            f"error: {option} is for a bundle source (copy bundle:DIR bundle:DIR)",
-            "hint: a registry source is checked by its digests as it is downloaded"]
+@pytest.mark.parametrize("args, message, hint", [
+    (("registry:v1", "runtime:", "--expect", "x"), "error: --expect is for a bundle source (copy bundle:DIR ...)",
+     "hint: a registry source is checked by its digests as it is downloaded"),
+    (("docker:x", "runtime:", "--signers", "x"), "error: --signers is for a bundle source (copy bundle:DIR ...)",
+     "hint: a registry source is checked by its digests as it is downloaded"),
+    (("registry:v1", "runtime:", "--sign-key", "x"),
+     "error: --sign-key is for a bundle destination (copy ... bundle:DIR)", None),
+    (("bundle:a", "registry:reg.local", "--have", "x"),
+     "error: --have is for a bundle destination (copy ... bundle:DIR)", None),
+    (("bundle:a", "bundle:b", "--insecure"), "error: --insecure is for a registry destination (copy ... registry:HOST)",
+     None),
+    (("docker:x", "bundle:b", "--base", "x"),
+     "error: --have and --base are for a registry or bundle source: a copy from Docker (as export) writes a full "
+     "bundle", None),
+])
+def test_an_option_for_another_end_is_a_usage_error(args, message, hint):
+    r = imgtool("copy", *args)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+    assert lines == [message] + ([hint] if hint else [])

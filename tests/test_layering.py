@@ -194,9 +194,11 @@ LAYERS = (
     ("bundle reading", {"bundle"}),  # a source: reader, archive, verify, signature, inplace, landing
     ("presets", {"presets"}),
     ("ends", {"ends"}),  # the pipeline's sources and destinations: registry, bundle, Docker, runtime
-    ("verbs", {"fetch", "export", "push", "serve", "copying", "load", "inventory", "doctor", "diff", "install", "inspection",
+    ("verbs", {"fetch", "export", "push", "serve", "load", "inventory", "doctor", "diff", "install", "inspection",
                "mirror_report"}),
     ("spec verbs", {"lock"}),  # `fetch -f SPEC`: fetch's options from a spec
+    # `imgtool copy`: every pair; the pairs a verb runs go through that verb's core function (its checks, its words)
+    ("pairs", {"copying"}),
     ("commands", {"cli", "__main__", "commands"}),
 )
 ALONE = {"verbs"}  # a verb imports no other verb: what two share belongs a layer down

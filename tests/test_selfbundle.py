@@ -398,7 +398,7 @@ def test_connected_verbs_on_kylins_python_say_they_need_3_9(version, tmp_path):
         assert r.returncode == 2, (verb, r.stderr)
         assert r.stderr.splitlines() == [
             f"error: imgtool {verb} needs Python 3.9 or newer; this is Python {version}",
-            "hint: run it on a host with python3 3.9+; here imgtool can verify, load, copy (bundle → bundle), doctor, inventory, presets, "
+            "hint: run it on a host with python3 3.9+; here imgtool can verify, load, copy (from a bundle), doctor, inventory, presets, "
             "run-flags, run, diff, push, serve, sign, self-install, self-update"]
 
 

@@ -16,7 +16,7 @@ from .output import HintedUsageError, Run, invoke
 # rest on 3.7 too: Kylin V10's system python3 (daemon.py talks to Docker and registry.py to the
 # site registry over the stdlib there).
 NEEDS_PY39 = ("export", "fetch", "inspect", "lock", "mirrors", "self-bundle", "tags")
-OFFLINE_VERBS = ("verify, load, copy (bundle → bundle), doctor, "
+OFFLINE_VERBS = ("verify, load, copy (from a bundle), doctor, "
                  "inventory, presets, run-flags, run, diff, push, serve, sign, self-install, self-update")
 
 

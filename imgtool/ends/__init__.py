@@ -4,5 +4,5 @@ One module per end and direction: `registry_source` (a registry and its mirrors,
 (a bundle directory written), `bundle_source` (a bundle read in place), `registry_dest` (a registry pushed to),
 `docker_source` (the local Docker's `docker save`, through the cache), `runtime_dest` (Docker, containerd or
 Podman, loaded). The verbs are pairs of them: fetch = registry → bundle, export = Docker → bundle,
-push = bundle → registry, load = bundle → runtime, copy = any of these and bundle → bundle, registry → runtime.
+push = bundle → registry, load = bundle → runtime; copy = every source with every destination (copying.PAIRS).
 """
