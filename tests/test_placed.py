@@ -14,8 +14,11 @@ from imgtool.placer import place_model
 from tests.support.bundles import imgtool as imgtool_cli
 from tests.support.models import small_model, two_revisions
 from tests.test_placement import DOTTED, SHARD1, SHARD2, reader, snapshot_of
-from tests.test_presets import (GOLDEN, TRANSPORTS, busybox_image, busybox_rootfs, imgtool,  # noqa: F401 (fixtures)
-                                run_in_docker)
+from tests import test_presets
+from tests.test_presets import GOLDEN, TRANSPORTS, imgtool, run_in_docker
+
+busybox_rootfs = test_presets.busybox_rootfs  # fixtures: a busybox image with a shell, in the test's dockerd
+busybox_image = test_presets.busybox_image
 
 REPO = "imgtool-test/tiny-llm"
 IMAGE = "quay.io/ascend/vllm-ascend:v0.11.0rc1"
