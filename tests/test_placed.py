@@ -288,3 +288,13 @@ def test_run_model_mounts_it_read_only_where_the_container_reads_it(transport, s
     assert rest[0] == "HF_HUB_OFFLINE=1"
     assert rest[-1] == "refused" and "Read-only file system" in rest[-2]
     assert not (placed.path.parent.parent / "x").exists()
+
+
+def test_a_cache_path_that_would_split_the_mount_is_refused(tmp_path, home):
+    hf = tmp_path / "a:rw,b"
+    place_hf(small_model(seed=48), hf)
+    r = flags("--model", REPO, home=home, env={"HF_HUB_CACHE": str(hf), "MODELSCOPE_CACHE": str(tmp_path / "ms")})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: cannot mount {hf}/models--imgtool-test--tiny-llm: a ':' or ',' in the path",
+        "hint: place the model under a path without them (--models-dir DIR, HF_HUB_CACHE)"]
