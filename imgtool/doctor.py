@@ -6,6 +6,9 @@ Kubernetes node the kubelet's runtime (and whether the choice sends images elsew
 GC thresholds against the image filesystem's use, the architecture (against the bundle's),
 unpigz (dockerd uses it to decompress layers), zstd layers against Docker's version, and the OS
 (Kylin: vllm-ascend FAQ 19, zstd layers on Docker before 23.0).
+The models placed on this host (issue 48: the Hugging Face cache, ModelScope's, and a plain directory when named),
+each with its revision, commit and size, a failure when a file is missing or of another size than the listing its
+placement wrote, a warning when it is not read-only.
 What loads of imgtool's cut short left in a runtime (Podman's temporaries and imgtool's archive copy, containerd's
 import lease, an image left half-loaded) is listed, each with what removes or finishes it.
 Reads only; never loads anything, nor creates anything (Podman's storage is not asked for when it is not
@@ -141,6 +144,38 @@ def _describe(facts: RuntimeInfo) -> str:
     return facts.traits.describe(facts)
 
 
+def model_checks(models_dir: Optional[str] = None) -> List[Check]:
+    """A line per placed model (every snapshot in the HF cache) with its size, and what is wrong with it; one
+    `models` line when none is placed, naming where doctor looked."""
+    from .fsutil import tree_size
+    from .placed import WHERE, cache_root, placed_models, staging_left
+
+    places = [("hf", cache_root("hf")), ("modelscope", cache_root("modelscope"))]
+    if models_dir is not None:
+        places.append(("dir", Path(models_dir)))
+    checks: List[Check] = []
+    for target, root in places:
+        for m in placed_models(target, root):
+            detail = m.describe() + ("" if m.checked else " (no listing from a placement: sizes not checked)")
+            if not m.problems:
+                checks.append(Check("model", "ok", detail))
+                continue
+            broken = [p for p in m.problems if not p.startswith("not read-only")]
+            advice = (f"place it again: imgtool load BUNDLE (a bundle that holds {m.ref})" if broken else
+                      f"chmod -R a-w {m.folder} (a file that can be written can change under the server unnoticed); "
+                      f"imgtool load places models read-only")
+            checks.append(Check("model", "fail" if broken else "warn", f"{detail}: {'; '.join(m.problems)}", advice))
+        for left in staging_left(target, root):
+            checks.append(Check("model", "warn", f"{left} ({format_size(tree_size(str(left)))}) is what a stopped "
+                                                 f"placement left", "the next imgtool load of that model resumes or "
+                                                                    "removes it"))
+    if not checks:
+        where = ", ".join(f"{WHERE[t]} ({root})" for t, root in places)
+        checks.append(Check("models", "info", f"none placed in {where}",
+                            "imgtool load BUNDLE places the models a bundle holds"))
+    return checks
+
+
 def read_os_release(path: Path = Path("/etc/os-release")) -> Dict[str, str]:
     out: Dict[str, str] = {}
     try:
@@ -168,7 +203,7 @@ def os_check(os_release: Path = Path("/etc/os-release")) -> Check:
 
 
 def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/os-release"),
-               choice: Optional[Choice] = None) -> List[Check]:
+               choice: Optional[Choice] = None, models_dir: Optional[str] = None) -> List[Check]:
     """Every check, in order; never raises for a failed check (it becomes a `fail` line). The runtime
     checks are of `choice`'s runtime, or with "auto" of every runtime found (the first is the one
     `load` would use: its facts decide the arch and pigz lines)."""
@@ -216,6 +251,7 @@ def run_checks(bundle_dir: Optional[str] = None, os_release: Path = Path("/etc/o
                             "built-in gzip", "install the pigz package from the OS media (yum install pigz, "
                             "apt install pigz)"))
     checks.append(os_check(os_release))
+    checks.extend(model_checks(models_dir))
     return checks
 
 

@@ -57,7 +57,7 @@ def test_healthy_host_with_a_fitting_bundle(node, engine, bundle):
     assert by["bundle"].startswith(f"OK    bundle       {REPO}:v1: ")
     assert by["pigz"].startswith("OK    pigz         unpigz at ")
     checks = json.loads(imgtool("doctor", "--json", "--runtime", node.kind, env=node.env).stdout)
-    assert {c["name"] for c in checks} == {node.kind, "storage", "space", "arch", "pigz", "os"}
+    assert {c["name"] for c in checks} == {node.kind, "storage", "space", "arch", "pigz", "os", "models"}
 
 
 def test_auto_names_every_runtime_found_and_the_one_load_uses(services, bundle):
@@ -68,7 +68,7 @@ def test_auto_names_every_runtime_found_and_the_one_load_uses(services, bundle):
     assert r.returncode == 0, r.stdout + r.stderr
     names = [line[6:18].strip() for line in r.stdout.splitlines() if not line.startswith(" ")]
     assert names == ["docker", "storage", "space", "containerd", "storage", "space", "podman", "storage", "space",
-                     "runtime", "arch", "pigz", "os"]
+                     "runtime", "arch", "pigz", "os", "models"]
     assert rows(r)["runtime"].startswith("OK    runtime      imgtool load uses Docker ")
     nodocker = imgtool("doctor", docker_host=f"unix://{sock}.none", env={"CONTAINERD_ADDRESS": sock})
     assert nodocker.returncode == 0, nodocker.stdout

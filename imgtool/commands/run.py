@@ -37,6 +37,14 @@ def run_options(f):
         click.option("-e", "--env", multiple=True, metavar="NAME=VALUE", help="Environment variable; repeatable."),
         click.option("-v", "--volume", "volumes", multiple=True, metavar="/HOST:/CONTAINER[:ro]",
                      help="Extra bind mount, e.g. the model directory; repeatable."),
+        click.option("--model", metavar="ORG/NAME[@REV]",
+                     help="Serve this placed model (hf:ORG/NAME, modelscope:ORG/NAME pin the hub): mount it read-only, "
+                          "set the offline environment, and run `vllm serve` on it (words after -- that are options "
+                          "are added to it). Looks in the Hugging Face cache, then ModelScope's."),
+        click.option("--models", type=click.Choice(["hf", "modelscope"]), default=None,
+                     help="--model: look only in this cache (HF_HUB_CACHE or HF_HOME; MODELSCOPE_CACHE)."),
+        click.option("--models-dir", metavar="DIR", default=None,
+                     help="--model: look in DIR/ORG/NAME (where `imgtool load --models-dir DIR` places it)."),
         click.option("-p", "--publish", multiple=True, metavar="[IP:]HOST:CONTAINER",
                      help="Published port, replacing the preset's 8000:8000; repeatable."),
         click.option("-d", "--detach", is_flag=True, help="Start in the background, like docker run -itd."),
@@ -62,13 +70,39 @@ def _run_spec(preset_name, kw, program=PROGRAMS[0]):
     pset = P.load_presets(kw.pop("presets_file"))
     preset = pset.get(preset_name)
     command = click.get_current_context().meta.get("imgtool.container_command", ())
+    model = _served_model(kw["model"], kw["models"], kw["models_dir"])
     opts = P.RunOptions(
         devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
         name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
         volumes=tuple(kw["volumes"]), publish=tuple(kw["publish"]), multi_node=kw["multi_node"],
-        detach=kw["detach"], remove=kw["remove"], command=command, program=program)
+        detach=kw["detach"], remove=kw["remove"], command=command, program=program, model=model)
     spec = P.build_spec(pset, preset_name, opts)
     return pset, preset, spec, load_mirrors(kw["mirrors_file"])
+
+
+def _served_model(text, models, models_dir):
+    """--model's placed model as the container serves it (None without --model), said on stderr with where it was
+    found and what is wrong with it. Raises UsageError: not placed (naming where it looked), options that disagree."""
+    from .. import presets as P
+    from ..errors import UsageError
+    from ..placed import WHERE, find_model, parse_wanted
+
+    if text is None:
+        for given, flag in ((models, "--models"), (models_dir, "--models-dir")):
+            if given is not None:
+                raise UsageError(f"{flag} applies with --model: it says where to look for the model")
+        return None
+    placed, notes = find_model(parse_wanted(text), models, models_dir)
+    for path in (placed.folder, placed.path):
+        if ":" in str(path) or "," in str(path):  # -v HOST:CONTAINER[:ro] and --mount cannot say it
+            raise UsageError(f"cannot mount {path}: a ':' or ',' in the path",
+                             hint="place the model under a path without them (--models-dir DIR, HF_HUB_CACHE)")
+    progress().note(f"model: {placed.describe()}, from {WHERE[placed.target]}")
+    for note in notes:
+        progress().note(note)
+    for problem in placed.problems:
+        progress().warn(f"{placed.ref}: {problem} (imgtool doctor lists the placed models)")
+    return P.ServedModel(placed.repo, placed.target, str(placed.folder), str(placed.path))
 
 
 ASK_TIMEOUT = 5  # run-flags asks the runtime about local images, and needs no runtime at all
@@ -163,6 +197,7 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
 
     \b
         imgtool run-flags a2 -v /data/models:/models -- vllm serve /models/Qwen3-8B
+        imgtool run-flags a2 --model Qwen/Qwen3-8B -- --tensor-parallel-size 2
         imgtool run-flags a2 --format k8s --bundle DIR -- vllm serve Qwen/Qwen3-8B > pod.yaml
     """
 
@@ -208,6 +243,9 @@ def _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundl
                 raise UsageError(f"{flag} applies to --format k8s")
     elif one_line:
         raise UsageError("--one-line applies to --format docker and podman")
+    elif kw["model"] is not None:
+        raise UsageError("--model applies to --format docker and podman: a Pod gets no model volume from imgtool "
+                         "yet; mount the model with a volume of your own")
     elif arch is not None and bundle_dir is None:
         raise UsageError("--arch applies with --bundle: it chooses which of the bundle's manifests the Pod names")
     pset, p, spec, config = _run_spec(preset, kw, program)
@@ -273,6 +311,7 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
 
     \b
         imgtool run a3 v0.11.0rc1-a3 -v /data/models:/models -- vllm serve /models/Qwen3-32B
+        imgtool run a3 --model Qwen/Qwen3-32B -- --tensor-parallel-size 4
     """
     from .. import presets as P
     from ..runtimes.choice import ROOMS, open_runtime, refuse_without_run, runner

@@ -12,14 +12,16 @@ from .files import BUILTIN_PRESETS, find_presets_file, load_presets
 from .k8s import KINDS, KubeOptions, image_from_bundle, manifest, to_yaml
 from .preset import (EnvPreset, Mount, MultiNode, Port, Preset, PresetSet, docker_size, format_cards, parse_cards,
                      parse_env, parse_mount, parse_resource_name)
-from .run import (CARD_DEVICE, DEFAULT_NAME, PLACEHOLDER_TAG, PRIVILEGED_EFFECT, RunOptions, RunSpec, build_spec,
+from .run import (CARD_DEVICE, DEFAULT_NAME, HF_OFFLINE, MODELSCOPE_ENV, PLACEHOLDER_TAG, PRIVILEGED_EFFECT, RunOptions,
+                  RunSpec, ServedModel, build_spec,
                   default_image_for, explicit_cards, fit_to_host, normalize_image, privileged_warning, render_argv,
                   render_command, render_groups, suffix_mismatch)
 
 __all__ = [
     "BUILTIN_PRESETS", "CARD_DEVICE", "KINDS", "KubeOptions", "image_from_bundle", "manifest", "to_yaml",
     "parse_resource_name", "DEFAULT_NAME", "PLACEHOLDER_TAG", "PRIVILEGED_EFFECT",
-    "EnvPreset", "Mount", "MultiNode", "Port", "Preset", "PresetSet", "RunOptions", "RunSpec",
+    "EnvPreset", "HF_OFFLINE", "MODELSCOPE_ENV", "Mount", "MultiNode", "Port", "Preset", "PresetSet", "RunOptions",
+    "RunSpec", "ServedModel",
     "build_spec", "default_image_for", "docker_size", "explicit_cards", "find_presets_file", "fit_to_host",
     "format_cards", "load_presets", "normalize_image", "parse_cards", "parse_env", "parse_mount", "pick_tag",
     "privileged_warning", "render_argv", "render_command", "render_groups", "suffix_mismatch",

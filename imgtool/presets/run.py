@@ -38,6 +38,38 @@ PRIVILEGED_EFFECT = (
 )
 
 
+# What the container is told so that nothing in it reaches for a hub: huggingface_hub and transformers read the HF
+# cache only; vLLM reads VLLM_USE_MODELSCOPE as true only when it lowercases to "true" ("1" is false there).
+HF_OFFLINE = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"))
+MODELSCOPE_ENV = (("VLLM_USE_MODELSCOPE", "true"),)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A placed model a container serves: `folder` (all of the model: for the HF cache models--ORG--NAME, whose
+    snapshot links reach its blobs/) is bound read-only at the same path inside, and `vllm serve PATH` is its
+    command, served under its hub name. `target`: hf, modelscope or dir (a plain directory)."""
+
+    name: str  # ORG/NAME: the name clients of the OpenAI API ask for (--served-model-name)
+    target: str
+    folder: str
+    path: str
+
+    @property
+    def mount(self) -> Mount:
+        return Mount(self.folder, self.folder, readonly=True, create=False, user=True)
+
+    @property
+    def env(self) -> Tuple[Tuple[str, str], ...]:
+        return MODELSCOPE_ENV if self.target == "modelscope" else HF_OFFLINE
+
+    def command(self, extra: Sequence[str] = ()) -> Tuple[str, ...]:
+        return ("vllm", "serve", self.path, "--served-model-name", self.name, *extra)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "target": self.target, "folder": self.folder, "path": self.path}
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What the user asked for on top of a preset (all optional)."""
@@ -57,6 +89,7 @@ class RunOptions:
     interactive: bool = True
     command: Tuple[str, ...] = ()
     program: RunProgram = DEFAULT_PROGRAM  # the runtime's `run`
+    model: Optional[ServedModel] = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,7 @@ class RunSpec:
     interactive: bool = True  # -it (rendered with -d too: detached like `docker run -itd`)
     image_is_placeholder: bool = False
     program: RunProgram = DEFAULT_PROGRAM  # the runtime's `run`: the program rendered
+    model: Optional[ServedModel] = None
 
     def for_program(self, program: RunProgram) -> "RunSpec":
         return replace(self, program=program)
@@ -119,6 +153,7 @@ class RunSpec:
             "command": list(self.command),
             "detach": self.detach,
             "remove": self.remove,
+            "model": self.model.to_json() if self.model is not None else None,
             "argv": render_argv(self),
             "command_line": render_command(self, one_line=True),
         }
@@ -148,6 +183,8 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
     env: Dict[str, str] = dict(preset.env)
     for name in options.env_presets:
         env.update(presets.env_preset(name).env)
+    if options.model is not None:
+        env.update(options.model.env)
     env.update(parse_env(item) for item in options.env)
     ports = tuple(Port.parse(p, "--publish") for p in options.publish) if options.publish else preset.ports
     if network in ("host", "none") or network.startswith("container:"):
@@ -165,12 +202,22 @@ def build_spec(presets: PresetSet, preset_name: str, options: RunOptions, image:
         privileged=options.privileged or preset.privileged,
         privileged_by_preset=preset.privileged,
         name=options.name,
-        command=tuple(options.command),
+        command=_command(options),
         detach=options.detach,
         remove=options.remove,
         interactive=options.interactive,
         program=options.program,
+        model=options.model,
     )
+
+
+def _command(options: RunOptions) -> Tuple[str, ...]:
+    """The container's command: with a model, `vllm serve PATH` and the words after -- that are options
+    (`-- --tensor-parallel-size 2`), or the words after -- when they are a command of their own (`-- bash`)."""
+    words = tuple(options.command)
+    if options.model is None or (words and not words[0].startswith("-")):
+        return words
+    return options.model.command(words)
 
 
 def _cards(preset: Preset, devices: Optional[str]) -> Tuple[int, ...]:
@@ -204,6 +251,8 @@ def _network_and_mounts(presets: PresetSet, preset: Preset, options: RunOptions)
         mounts += [m for m in presets.multi_node.mounts if m.container not in {x.container for x in mounts}]
     if options.network:
         network = options.network
+    if options.model is not None:  # before --volume: a -v to the same container path replaces it, as it does a preset's
+        mounts = [x for x in mounts if x.container != options.model.mount.container] + [options.model.mount]
     for v in options.volumes:
         m = parse_mount(v, "--volume")
         mounts = [x for x in mounts if x.container != m.container]
@@ -329,7 +378,10 @@ def render_groups(spec: RunSpec) -> List[List[str]]:
     groups += [["-v", m.spec] for m in spec.mounts]
     groups += [["-e", f"{k}={v}"] for k, v in spec.env]
     groups += [["-p", str(p)] for p in spec.ports]
-    groups.append([spec.image, *spec.command])
+    if spec.model is not None and spec.command:  # `vllm serve PATH ...` on a line of its own: what is served
+        groups += [[spec.image], list(spec.command)]
+    else:
+        groups.append([spec.image, *spec.command])
     return groups
 
 

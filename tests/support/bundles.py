@@ -189,6 +189,9 @@ def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[st
     and `podman` is the private one of the test services (its storage under the services dir)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "CONTAINERD_", "CONTAINERS_"))}
     e["CONTAINERD_ADDRESS"] = "/nonexistent/imgtool-test/containerd.sock"
+    # the machine's model caches too: doctor lists what is placed there
+    e["HF_HUB_CACHE"] = "/nonexistent/imgtool-test/huggingface/hub"
+    e["MODELSCOPE_CACHE"] = "/nonexistent/imgtool-test/modelscope/hub"
     podman = os.environ.get("IMGTOOL_TEST_PODMAN")
     if podman:
         e["PATH"] = os.path.join(podman, "bin") + os.pathsep + e.get("PATH", "/usr/bin:/bin")
