@@ -10,11 +10,20 @@ bench image's arm64 platform (scripts/benchimage.py: the vllm-ascend-shaped one)
 that bundle, `copy` of it into a gzip bundle and of that back into an uncompressed one (the compressed archive read
 forward: bundle/archive.py), and `load` into Docker 20.10 and into containerd 1.7's k8s.io (where the services run
 it; the image removed before each load). Prints the medians,
-each one's peak RSS, and the ratio after/before: above 1 is slower now. Not product code.
+each one's peak RSS, and the ratio after/before: above 1 is slower now; beside them the median CPU seconds (user +
+system of imgtool and what it waited for, not a daemon's) and their ratio, which a busy machine hardly moves when it
+swings the wall times by 3x. Not product code.
+
+Both versions run from bytecode compiled before the first timed run: pip compiles the older one's at install, and
+this checkout's modules are compiled here (`compiled`). Without it, where PYTHONDONTWRITEBYTECODE is set (the
+shells of the machine issue 47 was measured on set it), "after" compiled its ~80 modules from source on every run
+(0.17 CPU s each time) while "before" read pip's .pyc: copy's 1.4 s at scale 0.05 came out 10-15 % slower for that
+alone.
 """
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,6 +53,14 @@ def old_imgtool(rev: str, work: Path) -> List[str]:
     return [str(where / "venv" / "bin" / "imgtool")]
 
 
+def compiled(root: Path) -> None:
+    """This checkout's modules compiled to bytecode, as pip compiled the older version's when it installed it.
+
+    compileall writes the .pyc files even under PYTHONDONTWRITEBYTECODE, where the interpreter never would (and
+    into PYTHONPYCACHEPREFIX when that is set, where the timed runs read them with the same environment)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "imgtool")], check=True)
+
+
 def _empty_k8s_io(address: str) -> None:
     """Every image record in the test containerd's k8s.io removed, with what only they held: a load leaves its
     name, the CRI's config-digest ref and ctr's import ref, and any one of them makes the next load a no-op."""
@@ -53,9 +70,12 @@ def _empty_k8s_io(address: str) -> None:
         subprocess.run(ctr + ["rm", "--sync", *names], capture_output=True, check=True)
 
 
-def timed(cmd: List[str], env: Dict[str, str]) -> Tuple[float, int]:
+def timed(cmd: List[str], env: Dict[str, str]) -> Tuple[float, int, float]:
+    """(wall seconds, peak RSS in KiB, CPU seconds: user + system of the command and the children it waited for)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = bench.run(cmd, env=env, rss=True)
-    return r.seconds, r.rss_kb
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.seconds, r.rss_kb, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main(argv=None) -> int:
@@ -72,6 +92,7 @@ def main(argv=None) -> int:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     versions = {"before": old_imgtool(args.old, work), "after": [sys.executable, "-m", "imgtool"]}
+    compiled(ROOT)
     meta = bench.build_image(work / "images", args.scale, args.seed, full=False)
     repo = f"cmp{os.getpid()}/vllm-ascend"
     bench.push_image(registry, repo, "v1", meta)
@@ -86,6 +107,7 @@ def main(argv=None) -> int:
     containerd = dict(item.split("=", 1) for item in os.environ.get("IMGTOOL_TEST_CONTAINERDS", "").split()).get("1.7")
     jobs = ["fetch", "verify", "copy", "copy-back", "load"] + (["load-containerd"] if containerd else [])
     times: Dict[str, List[float]] = {}
+    cpu: Dict[str, List[float]] = {}
     rss: Dict[str, int] = {}
     for n in range(args.runs):
         for name, cmd in (versions.items() if n % 2 == 0 else reversed(list(versions.items()))):
@@ -106,22 +128,25 @@ def main(argv=None) -> int:
                     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
                 if job == "load-containerd":
                     _empty_k8s_io(str(containerd))
-                seconds, kb = timed(cmd + ["-q", *argv_], e)
+                seconds, kb, used = timed(cmd + ["-q", *argv_], e)
                 times.setdefault(f"{job}.{name}", []).append(seconds)
+                cpu.setdefault(f"{job}.{name}", []).append(used)
                 rss[f"{job}.{name}"] = max(rss.get(f"{job}.{name}", 0), kb)
-                print(f"run {n + 1} {name:6} {job:6} {seconds:7.2f} s", file=sys.stderr, flush=True)
+                print(f"run {n + 1} {name:6} {job:6} {seconds:7.2f} s  CPU {used:6.2f} s", file=sys.stderr, flush=True)
     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
     for name in versions:
         for d in (work / f"bundle-{name}-gz", work / f"bundle-{name}-back"):
             shutil.rmtree(d, ignore_errors=True)
     if containerd:
         _empty_k8s_io(containerd)
-    print(f"| job | before ({args.old}) | after | after/before | peak RSS before | after |")
-    print("|---|---|---|---|---|---|")
+    print(f"| job | before ({args.old}) | after | after/before | CPU before | after | after/before "
+          "| peak RSS before | after |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for job in jobs:
         b, a = statistics.median(times[f"{job}.before"]), statistics.median(times[f"{job}.after"])
-        print(f"| {job} | {b:.2f} s | {a:.2f} s | {a / b:.2f} | {rss[f'{job}.before'] // 1024} MiB "
-              f"| {rss[f'{job}.after'] // 1024} MiB |")
+        cb, ca = statistics.median(cpu[f"{job}.before"]), statistics.median(cpu[f"{job}.after"])
+        print(f"| {job} | {b:.2f} s | {a:.2f} s | {a / b:.2f} | {cb:.2f} s | {ca:.2f} s | {ca / cb:.2f} "
+              f"| {rss[f'{job}.before'] // 1024} MiB | {rss[f'{job}.after'] // 1024} MiB |")
     print(f"\nscale {args.scale:g}, {args.runs} runs each, alternating; load average at the end "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     return 0
