@@ -30,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote
 
 from . import __version__
-from .bundle.catalog import DIGEST, TAG, Catalog, Repository, valid_name
+from .bundle.catalog import DIGEST, MODEL_REGISTRY, TAG, Catalog, Repository, valid_name
 from .bundle.inplace import Hashing, InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
@@ -135,7 +135,10 @@ def nodes_need(catalog: Catalog, settings: Settings, port: int) -> Tuple[NodeCon
     UsageError (a bad --tls-ca)."""
     address, why = advertised(settings, port)
     ca = read_ca(settings.tls_ca) if settings.tls_cert and settings.tls_ca else None
-    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in sorted(catalog.repositories.items())]
+    # the images' repositories first: a runtime's notes show the first as the example pull (a model's artifact is
+    # no image a runtime runs)
+    repos = sorted(catalog.repositories.items(), key=lambda kv: (kv[0][0] == MODEL_REGISTRY, kv[0]))
+    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in repos]
     return node_config(address, settings.scheme, images, mirror_parts(), ca_pem=ca, ca_file=settings.tls_ca if ca else None,
                        tls_cert=settings.tls_cert), why
 
@@ -164,6 +167,22 @@ def index_notes(repo: Repository) -> List[str]:
                        for e in repo.kept[d].entries if e.digest in repo.lacking]
             out.append(f"{head}; upstream's index {d} by digest, without the {counted(len(lacking), 'entry', 'entries')} "
                        f"the bundles lack ({', '.join(lacking)})")
+    return out
+
+
+def model_notes(catalog: Catalog) -> List[str]:
+    """What startup says of each model: the artifact it is served as, or why it is not."""
+    out = []
+    for model, name in catalog.models:
+        what = (f"{model.ref} (commit {model.commit[:12]}, {counted(len(model.files), 'file')}, "
+                f"{format_size(model.size)})")
+        if name is None:
+            out.append(f"{what} is not served: {model.model_ref.repo} is not a repository name a registry takes")
+            continue
+        left = len(model.files) - len(model.carried)
+        out.append(f"{what} is served as its ModelPack artifact {name}@{model.manifest_digest}"
+                   + (f"; the {counted(left, 'file')} the delta leaves out {'is' if left == 1 else 'are'} not served"
+                      if left else ""))
     return out
 
 
@@ -635,6 +654,8 @@ def startup(dirs: Sequence[Path], catalog: Catalog, settings: Settings, address:
             f"unpacked into {path}")
     for conflict in catalog.conflicts:
         say(f"note: {conflict} differs between the bundles: the first bundle's is served")
+    for line in model_notes(catalog):
+        say(f"note: {line}")
     for repo in catalog.repositories.values():
         for note in index_notes(repo):
             say(f"note: {note}")
