@@ -6,7 +6,6 @@ file's sha256) and by Debian's distribution registry 2.8, which stores it under 
 import hashlib
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 import requests
