@@ -338,3 +338,24 @@ def test_upstreams_index_is_kept_byte_for_byte_and_checked_against_its_digest(fa
     assert (r.returncode, err_lines(r)[0]) == (3, (
         f"error: bundle.json is malformed: `upstream_indexes[0].digest` {other.manifest_digest} is no image's "
         "index_digest"))
+
+
+def test_verify_lists_each_model_with_its_commit_files_and_size(factory, tmp_path):
+    from tests.support.bundles import put_model
+    from tests.support.models import two_revisions
+
+    store = BlobDir(tmp_path / "blobs")
+    hub = two_revisions(seed=4)
+    v1 = put_model(store, hub, "v1")
+    v2 = put_model(store, hub, "main", omitted={f.sha256 for f in v1.files})
+    out = tmp_path / "b"
+    write(out, [store.pulled(factory.image(layers=1), "quay.io/ascend/vllm-ascend:v1")], store, models=[v2])
+    r = imgtool("verify", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"ok: {out}: 1 image(s), 1 model(s); ")
+    assert lines[2] == f"  hf:imgtool-test/tiny-llm@main  commit {v2.commit[:12]}  9 files  85.2 KiB  (8 left out: a delta)"
+    doc = json.loads(imgtool("verify", str(out), "--json").stdout)
+    assert doc["models"] == [{"ref": "hf:imgtool-test/tiny-llm@main", "commit": v2.commit,
+                              "manifest_digest": str(v2.manifest_digest), "files": 9, "size": v2.size,
+                              "omitted_files": 8}]
