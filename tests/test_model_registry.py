@@ -24,15 +24,15 @@ MODEL_REPO = "hf/imgtool-test/tiny-llm"  # hf:imgtool-test/tiny-llm as a registr
 
 
 @pytest.fixture
-def with_model(factory, tmp_path):
-    """A bundle of one image and one model (hf:imgtool-test/tiny-llm@main), parts of 64 KiB (files cross them); the
-    model's files by path, as the hub holds them."""
+def with_model(factory, tmp_path, request):
+    """A bundle of one image and one model (hf:imgtool-test/tiny-llm@main), parts of 64 KiB (files cross them;
+    compressed as the test's parameter asks, else not); the model's files by path, as the hub holds them."""
     store = BlobDir(tmp_path / "blobs")
     hub = small_model(seed=3)
     model = put_model(store, hub)
     out = tmp_path / "bundle"
     write(out, [store.pulled(factory.image(host_arch(), layers=1), f"{REPO}:v1")], store, chunk_size=64 << 10,
-          models=[model])
+          models=[model], compress=getattr(request, "param", "none"))
     files = {f.path: b"".join(f.chunks()) for f in hub.resolve("main").files.values()}
     return out, model, files
 
@@ -114,6 +114,7 @@ def test_serve_answers_each_model_as_its_modelpack_artifact(with_model, serving,
     assert f"docker pull {s.hostport}/ascend/vllm-ascend:v1" in said, said  # Docker's example is the image
 
 
+@pytest.mark.parametrize("with_model", ["none", "zstd"], indirect=True)  # zstd: read in archive order, models last
 def test_push_sends_the_modelpack_artifact_and_a_second_push_sends_no_blob(with_model, services, uniq):
     out, model, _ = with_model
     to = f"{services.plain}/{uniq}"
@@ -165,3 +166,33 @@ def test_a_new_revision_pushes_only_its_changed_file_and_a_delta_needs_its_base(
                          capture_output=True, timeout=120)
     assert Digest.of(raw.stdout) == v2.manifest_digest
     assert BundleIndex.from_bytes((delta / "bundle.json").read_bytes()).models[0].manifest_digest == v2.manifest_digest
+
+
+def test_containerd_fetches_the_artifact_by_its_models_local_name_through_the_printed_hosts_toml(
+        with_model, serving, services, tmp_path, uniq):  # noqa: F811
+    """What issue 49's image volume needs of serve: a node resolves models.local/HUB/org/name:COMMIT through the
+    hosts.toml `serve --print-node-config` printed and gets every blob (containerd 1.7 fetches it; it cannot unpack
+    an artifact, which CRI-O mounts and issue 49's modelcar image is for)."""
+    out, model, files = with_model
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    printed = imgtool("serve", str(out), "--listen", f"127.0.0.1:{s.port}", "--print-node-config", "--json")
+    assert printed.returncode == 0, printed.stderr
+    hosts = {f["path"]: f["content"] for f in json.loads(printed.stdout)["files"]}
+    certs = tmp_path / "certs.d" / "models.local"
+    certs.mkdir(parents=True)
+    (certs / "hosts.toml").write_text(hosts["/etc/containerd/certs.d/models.local/hosts.toml"])
+    ctr = ["ctr", "--address", services.containerd("1.7"), "-n", f"imgtool-{uniq}"]
+    ref = f"models.local/{MODEL_REPO}:{model.commit}"
+    try:
+        r = subprocess.run([*ctr, "content", "fetch", "--hosts-dir", str(certs.parent), ref], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        rows = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+        assert [row.split()[:3] for row in rows[1:]] == [[ref, OCI_MANIFEST, str(model.manifest_digest)]]
+        for f in model.files:
+            got = subprocess.run([*ctr, "content", "get", str(f.sha256)], capture_output=True, timeout=60).stdout
+            assert got == files[f.path], f.path
+    finally:
+        subprocess.run([*ctr, "images", "rm", "--sync", ref], capture_output=True, timeout=60)
+        subprocess.run([*ctr[:3], "namespaces", "rm", ctr[4]], capture_output=True, timeout=60)
+    assert s.said(f"/v2/{MODEL_REPO}/manifests/{model.commit}?ns=models.local 200"), s.log()
