@@ -12,7 +12,7 @@ import requests
 
 from imgtool.bundle.format import BundleIndex
 from imgtool.errors import ManifestError
-from imgtool.model import OCI_MANIFEST, Digest, parse_manifest
+from imgtool.model import OCI_MANIFEST, Digest, format_size, parse_manifest
 from imgtool.weights import MODEL_ARTIFACT, MODEL_CONFIG, WEIGHT_RAW, read_modelpack
 from tests.support.bundles import BlobDir, imgtool, put_model, write
 from tests.support.images import host_arch
@@ -196,3 +196,39 @@ def test_containerd_fetches_the_artifact_by_its_models_local_name_through_the_pr
         subprocess.run([*ctr, "images", "rm", "--sync", ref], capture_output=True, timeout=60)
         subprocess.run([*ctr[:3], "namespaces", "rm", ctr[4]], capture_output=True, timeout=60)
     assert s.said(f"/v2/{MODEL_REPO}/manifests/{model.commit}?ns=models.local 200"), s.log()
+
+
+def test_a_damaged_model_file_is_refused_per_request_never_served_wrong(with_model, serving):  # noqa: F811
+    from tests.support.bundles import damage_member
+
+    out, model, files = with_model
+    shard = next(f for f in model.files if f.path == "model-00002-of-00002.safetensors")
+    spans = damage_member(out, shard.sha256)  # the same size: serve starts (parts by size), the blob's check fails
+    s = serving(str(out), "--listen", "127.0.0.1:0")
+    url = f"{s.url}/v2/{MODEL_REPO}/blobs/{shard.sha256}"
+    for headers in ({}, {"Range": "bytes=0-9"}):
+        r = _get(url, headers=headers)
+        assert r.status_code == 500, headers
+        assert r.json()["errors"][0]["message"] == (
+            f"{shard.path} of {model.ref} (blob {shard.sha256.short}) is damaged in {out} "
+            f"({', '.join(f'part {i + 1:03d}' for i in spans)}): its sha256 differs from its digest; it is not served")
+    # the model's other files are served
+    other = next(f for f in model.files if f.path == "config.json")
+    assert _get(f"{s.url}/v2/{MODEL_REPO}/blobs/{other.sha256}").content == files[other.path]
+
+
+def test_a_model_whose_name_no_registry_takes_is_not_served_and_startup_says_so(factory, tmp_path):
+    from imgtool.bundle.catalog import Catalog, model_repository
+    from imgtool.serve import model_notes
+
+    store = BlobDir(tmp_path / "blobs")
+    odd = put_model(store, small_model(seed=2, repo_id="Some-Org/Tiny-"))  # a hub's name, no registry's
+    fine = put_model(store, small_model(seed=2, repo_id="Some-Org/Tiny.LLM_v2"))
+    assert (model_repository(odd), model_repository(fine)) == (None, "hf/some-org/tiny.llm_v2")
+    out = tmp_path / "b"
+    write(out, [store.pulled(factory.image(layers=1), f"{REPO}:v1")], store, models=[odd, fine])
+    catalog = Catalog([BundleIndex.from_bytes((out / "bundle.json").read_bytes())])
+    assert sorted(catalog.names()) == ["ascend/vllm-ascend", "hf/some-org/tiny.llm_v2"]
+    assert model_notes(catalog)[0] == (f"hf:Some-Org/Tiny-@main (commit {odd.commit[:12]}, 9 files, "
+                                       f"{format_size(odd.size)}) is not served: Some-Org/Tiny- is not a repository "
+                                       "name a registry takes")
