@@ -6,7 +6,9 @@ lacks are taken in the source's order (`prefer`: a compressed bundle hands them 
 `write` mounts a blob another repository of this registry holds, uploads the rest read through `source.chunks`
 (one PUT when small, PATCH chunks when big: bounded memory), then puts the manifests byte for byte (their digests,
 and the image IDs, stay the source's), and for a tag held for several platforms an index over them under the tag.
-Nothing is pushed under a tag before every blob is in: an image appears whole or not at all.
+Nothing is pushed under a tag before every blob is in: an image appears whole or not at all. A bundle's models go
+the same way after the images, each as its ModelPack artifact (registry_models.py): its blobs in the plan, its
+manifest last.
 
 Target repository = NAMESPACE + the image's repository path without its registry host:
 `quay.io/ascend/vllm-ascend:v1` pushed to `reg.local:5000/mirror` becomes `reg.local:5000/mirror/ascend/vllm-ascend:v1`.
@@ -132,9 +134,9 @@ class RegistryDestination:
     models: Sequence[BundleModel] = ()
 
     def plan(self, images: Sequence[PulledImage]) -> "Holding[Pushing]":
-        """Every config and layer, in the source's order, and what the registry holds of them (HEAD, per target
-        repository; a delta's omitted layers, which it must hold); raises ImgtoolError (a delta whose omitted layers
-        the registry lacks: nothing is pushed), RegistryError."""
+        """Every config and layer (and model artifact blob), in the source's order, and what the registry holds of
+        them (HEAD, per target repository; a delta's omitted layers and model files, which it must hold); raises
+        ImgtoolError (a delta whose omitted layers or files the registry lacks: nothing is pushed), RegistryError."""
         targets = [(im, target_repository(self.namespace, im.image_ref)) for im in self._bundle_images(images)]
         models, warnings = model_targets(self.models, self.namespace)
         self._check_delta_base(targets)
