@@ -3,7 +3,8 @@ compressed bundle only from its archive unpacked once with --unpack-to).
 
 Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
-looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path.
+looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path. A bundle's
+models are answered as their ModelPack artifacts, `models.local/HUB/org/name` by commit and revision.
 A bundle is served only after the signature policy and `verify --quick`'s checks passed (an uncompressed
 bundle's parts by size: no part is hashed before the first pull); each blob's digest
 is checked in the background from the start (a blob asked for before its turn: then, or as it is sent),
