@@ -16,6 +16,8 @@ from .delta import INVENTORY_FORMAT, Inventory, chain_ids
 from .errors import UsageError
 from .fsutil import NotRegularFile, open_regular
 from .model import Digest, format_size
+from .model_diff import ModelRow, model_rows
+from .model_diff import describe as describe_models
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Side:
     images: Tuple[SideImage, ...]
     containerd_store: bool = False  # an inventory of a Docker with the containerd image store
     gzip: Optional[dict] = None  # a bundle's `gzip`: what compressed the layers imgtool rewrote or exported
+    models: tuple = ()  # a bundle's models (bundle.format.BundleModel); an inventory's: none yet
 
     def compressor(self) -> str:
         """What gzip-compressed this side's layers, in words ("isal level 2")."""
@@ -117,7 +120,7 @@ def _from_bundle(path: str, index) -> Side:
                                   + [str(x) for x in pulled if x]))
         images.append(SideImage(im.ref, str(im.platform), str(im.image_id), layers, ids,
                                 str(runtime_image_id(im, True))))
-    return Side(path, "bundle", tuple(images), gzip=index.gzip)
+    return Side(path, "bundle", tuple(images), gzip=index.gzip, models=tuple(index.models))
 
 
 @dataclass
@@ -153,6 +156,7 @@ class Diff:
     platforms: Dict[str, List[str]]  # added, removed, both
     layers: List[LayerRow]
     recompressed: int = 0  # shared layers (same content) held as other gzip bytes on each side
+    models: List[ModelRow] = field(default_factory=list)  # model_diff.py
 
     @property
     def only_compression(self) -> bool:
@@ -195,7 +199,8 @@ class Diff:
                 "images": [r.to_json() for r in self.images], "platforms": self.platforms,
                 "layers": [r.to_json() for r in self.layers], "totals": self.totals,
                 "recompressed": {"layers": self.recompressed, "only_compression": self.only_compression,
-                                 "old": self.old.gzip, "new": self.new.gzip}}
+                                 "old": self.old.gzip, "new": self.new.gzip},
+                **({"models": [r.to_json() for r in self.models]} if self.models else {})}
 
     def describe(self) -> List[str]:
         """The text report, line by line."""
@@ -225,7 +230,7 @@ class Diff:
             out.append(f"delta: a bundle of new against old (imgtool fetch --base OLD) carries "
                        f"{format_size(t['added_bytes'])} of layers instead of {format_size(t['new_bytes'])} "
                        f"(saves {format_size(saved)}, {100 * saved // t['new_bytes']}%)")
-        return out
+        return out + describe_models(self.models, self.old.models, self.new.models)
 
 
 def _short(image_id: Optional[str]) -> str:
@@ -238,7 +243,8 @@ def diff_sides(old: Side, new: Side) -> Diff:
     new_p = sorted({im.platform for im in new.images})
     platforms = {"added": [p for p in new_p if p not in old_p], "removed": [p for p in old_p if p not in new_p],
                  "both": [p for p in new_p if p in old_p]}
-    return Diff(old, new, _image_rows(old, new), platforms, _layer_rows(old, new), _recompressed(old, new))
+    return Diff(old, new, _image_rows(old, new), platforms, _layer_rows(old, new), _recompressed(old, new),
+                model_rows(old.models, new.models))
 
 
 def _image_rows(old: Side, new: Side) -> List[ImageRow]:

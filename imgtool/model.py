@@ -10,7 +10,7 @@ import platform as _platform
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import ManifestError, UsageError
 
@@ -500,16 +500,65 @@ def parse_manifest(data: bytes, content_type: Optional[str] = None) -> Union[Man
             raise ManifestError("malformed index: `manifests` is not a list")
         return Index(media, tuple(Descriptor.from_json(e, "index entry") for e in entries))
     if media in MANIFEST_TYPES:
-        layers = obj.get("layers")
-        if not isinstance(layers, list):
-            raise ManifestError("malformed manifest: `layers` is not a list")
-        config = Descriptor.from_json(obj.get("config"), "config descriptor")
-        parsed = tuple(Descriptor.from_json(x, f"layer {i}") for i, x in enumerate(layers))
+        config, parsed = _config_and_layers(obj)
+        kind = obj.get("artifactType")
         for layer in parsed:
             if layer.media_type not in LAYER_COMPRESSION:
+                if isinstance(kind, str) and kind:  # an artifact is read by parse_artifact, never as an image
+                    raise ManifestError(f"the manifest is an OCI artifact ({_printable(kind)}), not an image: "
+                                        f"its layer {layer.digest.short} is {_printable(layer.media_type)}")
                 raise ManifestError(f"unsupported layer media type {layer.media_type!r} ({layer.digest})")
         return Manifest(media, config, parsed)
     raise ManifestError(f"unsupported manifest media type {media!r}")
+
+
+def _config_and_layers(obj: dict) -> Tuple[Descriptor, Tuple[Descriptor, ...]]:
+    layers = obj.get("layers")
+    if not isinstance(layers, list):
+        raise ManifestError("malformed manifest: `layers` is not a list")
+    config = Descriptor.from_json(obj.get("config"), "config descriptor")
+    return config, tuple(Descriptor.from_json(x, f"layer {i}") for i, x in enumerate(layers))
+
+
+def _printable(text: str) -> str:
+    return "".join(c if " " <= c < "\x7f" else "?" for c in text)[:200]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An OCI artifact: an OCI image manifest whose `artifactType` says what it carries (a CNCF ModelPack model),
+    its layers of that kind's media types, not an image's. Read by parse_artifact; parse_manifest refuses one."""
+
+    artifact_type: str
+    config: Descriptor
+    layers: Tuple[Descriptor, ...]
+    annotations: Dict[str, str]
+
+    @property
+    def size(self) -> int:
+        return self.config.size + sum(layer.size for layer in self.layers)
+
+
+def parse_artifact(data: bytes, artifact_type: str, layer_types: Sequence[str],
+                   content_type: Optional[str] = None) -> Artifact:
+    """An OCI manifest of `artifact_type` whose layers are all of `layer_types`; raises ManifestError naming what
+    differs (another media type or artifactType, a layer of another type)."""
+    obj = json_object(data, MAX_MANIFEST_BYTES, lambda why: ManifestError(f"malformed manifest: {why}"))
+    media = obj.get("mediaType") or (content_type or "").split(";")[0].strip()
+    if media != OCI_MANIFEST:
+        raise ManifestError(f"not an OCI artifact: the manifest's media type is {_printable(str(media))!r}")
+    kind = obj.get("artifactType")
+    if kind != artifact_type:
+        raise ManifestError(f"not a {artifact_type} artifact: its artifactType is {_printable(str(kind))!r}")
+    config, layers = _config_and_layers(obj)
+    for layer in layers:
+        if layer.media_type not in layer_types:
+            raise ManifestError(f"unsupported layer media type {_printable(layer.media_type)!r} in a "
+                                f"{artifact_type} artifact ({layer.digest})")
+    notes = obj.get("annotations") or {}
+    if not isinstance(notes, dict):
+        raise ManifestError("malformed manifest: `annotations` is not an object")
+    return Artifact(artifact_type, config, layers, {str(k): str(v) for k, v in notes.items()})
 
 
 @dataclass(frozen=True)

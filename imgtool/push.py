@@ -1,4 +1,4 @@
-"""`imgtool push`: a bundle's images into a registry inside the air-gapped network.
+"""`imgtool push`: a bundle's images and models into a registry inside the air-gapped network.
 
 One push, then every node `docker pull`s from that registry (an A3 SuperPoD does not load the
 same 6.5 GB bundle on each node). The pipeline's bundle → registry: the bundle is the source
@@ -11,7 +11,8 @@ client, the copy, the result.
 
 Target repository = NAMESPACE + the image's repository path without its registry host:
 `quay.io/ascend/vllm-ascend:v1` pushed `--to reg.local:5000/mirror` becomes
-`reg.local:5000/mirror/ascend/vllm-ascend:v1`.
+`reg.local:5000/mirror/ascend/vllm-ascend:v1`. A model's ModelPack artifact goes to NAMESPACE + HUB/org/name, under
+its commit and revision (ends/registry_models.py).
 """
 
 import re
@@ -78,7 +79,8 @@ def push_bundle(bundle_dir: Path, to: str, *, insecure: bool = False, ca_cert: O
     source = BundleSource(Path(bundle_dir), index)
     client, scheme = connect(host, insecure, ca_cert, waits or {})
     destination = RegistryDestination(client, host, namespace, scheme, progress, chunk=chunk, omitted=source.omitted,
-                                      prefer=source.order, rewind=source.rewind, name=str(bundle_dir), to=to)
+                                      prefer=source.order, rewind=source.rewind, name=str(bundle_dir), to=to,
+                                      models=index.models)
     try:
         result = copy(source, destination).result
     finally:

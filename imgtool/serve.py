@@ -3,7 +3,8 @@ compressed bundle only from its archive unpacked once with --unpack-to).
 
 Every node of a cluster pulls from one node holding the bundle: `GET /v2/`, manifests by tag and
 digest, blobs by digest with Range, tags/list, _catalog; writes are 405. Names and digests are
-looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path.
+looked up in bundle.catalog (a function of bundle.json); nothing a request says is ever a path. A bundle's
+models are answered as their ModelPack artifacts, `models.local/HUB/org/name` by commit and revision.
 A bundle is served only after the signature policy and `verify --quick`'s checks passed (an uncompressed
 bundle's parts by size: no part is hashed before the first pull); each blob's digest
 is checked in the background from the start (a blob asked for before its turn: then, or as it is sent),
@@ -30,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, quote
 
 from . import __version__
-from .bundle.catalog import DIGEST, TAG, Catalog, Repository, valid_name
+from .bundle.catalog import DIGEST, MODEL_REGISTRY, TAG, Catalog, Repository, valid_name
 from .bundle.inplace import Hashing, InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
@@ -135,7 +136,10 @@ def nodes_need(catalog: Catalog, settings: Settings, port: int) -> Tuple[NodeCon
     UsageError (a bad --tls-ca)."""
     address, why = advertised(settings, port)
     ca = read_ca(settings.tls_ca) if settings.tls_cert and settings.tls_ca else None
-    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in sorted(catalog.repositories.items())]
+    # the images' repositories first: a runtime's notes show the first as the example pull (a model's artifact is
+    # no image a runtime runs)
+    repos = sorted(catalog.repositories.items(), key=lambda kv: (kv[0][0] == MODEL_REGISTRY, kv[0]))
+    images = [(r.registry, r.path + (f":{max(r.tags)}" if r.tags else "")) for _, r in repos]
     return node_config(address, settings.scheme, images, mirror_parts(), ca_pem=ca, ca_file=settings.tls_ca if ca else None,
                        tls_cert=settings.tls_cert), why
 
@@ -164,6 +168,22 @@ def index_notes(repo: Repository) -> List[str]:
                        for e in repo.kept[d].entries if e.digest in repo.lacking]
             out.append(f"{head}; upstream's index {d} by digest, without the {counted(len(lacking), 'entry', 'entries')} "
                        f"the bundles lack ({', '.join(lacking)})")
+    return out
+
+
+def model_notes(catalog: Catalog) -> List[str]:
+    """What startup says of each model: the artifact it is served as, or why it is not."""
+    out = []
+    for model, name in catalog.models:
+        what = (f"{model.ref} (commit {model.commit[:12]}, {counted(len(model.files), 'file')}, "
+                f"{format_size(model.size)})")
+        if name is None:
+            out.append(f"{what} is not served: {model.model_ref.repo} is not a repository name a registry takes")
+            continue
+        left = len(model.files) - len(model.carried)
+        out.append(f"{what} is served as its ModelPack artifact {name}@{model.manifest_digest}"
+                   + (f"; the {counted(left, 'file')} the delta leaves out {'is' if left == 1 else 'are'} not served"
+                      if left else ""))
     return out
 
 
@@ -635,6 +655,8 @@ def startup(dirs: Sequence[Path], catalog: Catalog, settings: Settings, address:
             f"unpacked into {path}")
     for conflict in catalog.conflicts:
         say(f"note: {conflict} differs between the bundles: the first bundle's is served")
+    for line in model_notes(catalog):
+        say(f"note: {line}")
     for repo in catalog.repositories.values():
         for note in index_notes(repo):
             say(f"note: {note}")

@@ -13,8 +13,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import UsageError
-from .model import OCI_MANIFEST, Descriptor, Digest
+from .errors import ManifestError, UsageError
+from .model import OCI_MANIFEST, Artifact, Descriptor, Digest, parse_artifact
 
 MODEL_ARTIFACT = "application/vnd.cncf.model.manifest.v1+json"  # the manifest's artifactType
 MODEL_CONFIG = "application/vnd.cncf.model.config.v1+json"
@@ -210,6 +210,20 @@ def files_of(layers: Sequence[Descriptor]) -> List[Tuple[str, Descriptor]]:
             raise ValueError(f"layer {d.digest.short}: {FILEPATH} {path!r} is {why}")
         out.append((path, d))
     return out
+
+
+def read_modelpack(data: bytes, content_type: Optional[str] = None) -> Tuple[Artifact, List[Tuple[str, Descriptor]]]:
+    """A ModelPack manifest as a registry or bundle holds it: the artifact, and (path, layer) of each file; raises
+    ManifestError (not a ModelPack artifact, a layer of another media type, a config of another type, a layer
+    without a safe `org.cncf.model.filepath`). An image manifest is parse_manifest's, which refuses this one."""
+    artifact = parse_artifact(data, MODEL_ARTIFACT, MODEL_LAYER_TYPES, content_type)
+    if artifact.config.media_type != MODEL_CONFIG:
+        raise ManifestError(f"not a ModelPack artifact: its config is {artifact.config.media_type!r}, "
+                            f"not {MODEL_CONFIG}")
+    try:
+        return artifact, files_of(artifact.layers)
+    except ValueError as e:
+        raise ManifestError(f"malformed ModelPack manifest: {e}") from None
 
 
 def _source_url(ref: ModelRef) -> str:

@@ -202,3 +202,45 @@ def test_an_image_docker_pulled_from_the_pushed_bundle_is_unchanged(
     rows = [x.split() for x in r.stdout.splitlines() if x.startswith(("  unchanged  ", "  changed  ", "  added  "))]
     assert rows == [["added", pulled, f"linux/{host_arch()}", "ID", shown[7:19]],
                     ["unchanged", ref, f"linux/{host_arch()}", "ID", shown[7:19]]], r.stdout
+
+
+def test_diff_shows_a_models_files_shared_changed_added_removed_and_what_a_delta_carries(factory, tmp_path):
+    from tests.support.bundles import put_model, write
+    from tests.support.models import small_model, two_revisions
+
+    store = BlobDir(tmp_path / "blobs")
+    image = store.pulled(factory.image("arm64", layers=1), f"{REPO}/vllm-ascend:v1")
+    hub = two_revisions(seed=5)
+    v1, v2 = put_model(store, hub, "v1"), put_model(store, hub, "main")
+    other = put_model(store, small_model(seed=9, repo_id="imgtool-test/other"))
+    write(tmp_path / "old", [image], store, models=[v1, other])
+    write(tmp_path / "new", [image], store, models=[v2])
+    shard = "model-00002-of-00002.safetensors"
+    was, now = (next(f for f in m.files if f.path == shard) for m in (v1, v2))
+    shared = v2.size - now.size
+    r = imgtool("diff", str(tmp_path / "old"), str(tmp_path / "new"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    at = lines.index("models:") + 1
+    assert lines[at:at + 5] == [
+        f"  changed    hf:imgtool-test/tiny-llm  commit {v1.commit[:12]} -> {v2.commit[:12]}",
+        f"    files: 8 shared ({format_size(shared)}), 1 changed ({format_size(now.size)}), 0 added (0 B), 0 removed (0 B)",
+        f"    changed  {shard}  {format_size(now.size)}  {was.sha256.short} -> {now.sha256.short}",
+        f"  removed    hf:imgtool-test/other     commit {other.commit[:12]}",
+        f"    files: 0 shared (0 B), 0 changed (0 B), 0 added (0 B), 9 removed ({format_size(other.size)})",
+    ]
+    assert lines[-1] == (f"models delta: a bundle of new against old carries {format_size(now.size)} of model files "
+                         f"instead of {format_size(v2.size)} (saves {format_size(shared)}, "
+                         f"{100 * shared // v2.size}%)")
+    doc = json.loads(imgtool("diff", str(tmp_path / "old"), str(tmp_path / "new"), "--json").stdout)
+    rows = {m["name"]: m for m in doc["models"]}
+    assert rows["hf:imgtool-test/tiny-llm"]["files"][0] == {
+        "status": "changed", "path": shard, "old": {"sha256": str(was.sha256), "size": was.size},
+        "new": {"sha256": str(now.sha256), "size": now.size}}
+    assert [f["status"] for f in rows["hf:imgtool-test/tiny-llm"]["files"]].count("shared") == 8
+    assert rows["hf:imgtool-test/other"]["status"] == "removed"
+    # bundles without models: nothing said of models, as before
+    write(tmp_path / "plain", [image], store)
+    plain = imgtool("diff", str(tmp_path / "plain"), str(tmp_path / "plain"), "--json")
+    assert "models" not in json.loads(plain.stdout)
+    assert "models:" not in imgtool("diff", str(tmp_path / "plain"), str(tmp_path / "plain")).stdout

@@ -147,10 +147,13 @@ def test_missing_or_unreadable_bundle_json(bundle, tmp_path):
     (bundle / "bundle.json").write_text("{not json")
     r = imgtool("verify", str(bundle))
     assert r.returncode == 3 and err_lines(r)[0].startswith("error: bundle.json is malformed: not valid JSON")
-    (bundle / "bundle.json").write_text('{"format": "imgtool-bundle", "version": 5}')
+    from imgtool.bundle.format import FORMAT_VERSION
+
+    newer = FORMAT_VERSION + 1  # format 4 (models) is read now: the first version this imgtool does not know
+    (bundle / "bundle.json").write_text(f'{{"format": "imgtool-bundle", "version": {newer}}}')
     r = imgtool("verify", str(bundle))
-    assert err_lines(r) == ["error: bundle format version 5 is newer than this imgtool understands (4)",
-                            "hint: upgrade imgtool on this host"]
+    assert err_lines(r) == [f"error: bundle format version {newer} is newer than this imgtool understands "
+                            f"({FORMAT_VERSION})", "hint: upgrade imgtool on this host"]
     r = imgtool("verify", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and err_lines(r)[0] == f"error: no such bundle directory: {tmp_path / 'nowhere'}"
 
@@ -336,3 +339,24 @@ def test_upstreams_index_is_kept_byte_for_byte_and_checked_against_its_digest(fa
     assert (r.returncode, err_lines(r)[0]) == (3, (
         f"error: bundle.json is malformed: `upstream_indexes[0].digest` {other.manifest_digest} is no image's "
         "index_digest"))
+
+
+def test_verify_lists_each_model_with_its_commit_files_and_size(factory, tmp_path):
+    from tests.support.bundles import put_model
+    from tests.support.models import two_revisions
+
+    store = BlobDir(tmp_path / "blobs")
+    hub = two_revisions(seed=4)
+    v1 = put_model(store, hub, "v1")
+    v2 = put_model(store, hub, "main", omitted={f.sha256 for f in v1.files})
+    out = tmp_path / "b"
+    write(out, [store.pulled(factory.image(layers=1), "quay.io/ascend/vllm-ascend:v1")], store, models=[v2])
+    r = imgtool("verify", str(out))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"ok: {out}: 1 image(s), 1 model(s); ")
+    assert lines[2] == f"  hf:imgtool-test/tiny-llm@main  commit {v2.commit[:12]}  9 files  85.2 KiB  (8 left out: a delta)"
+    doc = json.loads(imgtool("verify", str(out), "--json").stdout)
+    assert doc["models"] == [{"ref": "hf:imgtool-test/tiny-llm@main", "commit": v2.commit,
+                              "manifest_digest": str(v2.manifest_digest), "files": 9, "size": v2.size,
+                              "omitted_files": 8}]

@@ -12,19 +12,40 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..model import OCI_MANIFEST, Digest, is_attestation
 from . import layout
-from .format import BundleImage, BundleIndex, UpstreamIndex
+from .format import BundleImage, BundleIndex, BundleModel, UpstreamIndex
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")  # matched whole: `$` lets a final newline through
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 # a repository name as a request may give it: path components, the first possibly a registry host[:port]
 _COMPONENT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?::[0-9]{1,5})?\Z")
 _DOCKER_HUB = ("docker.io", "index.docker.io", "registry-1.docker.io")
+# a model's ModelPack artifact is served, and pushed, as MODEL_REGISTRY/HUB/org/name: a registry name of no real
+# registry (a node reaches it only through the mirror serve's node configuration names), the hub first so that
+# hf: and modelscope: models of one ORG/NAME never meet
+MODEL_REGISTRY = "models.local"
+# a path component as Docker distribution and containerd's reference parser take it (lowercase only)
+_DISTRIBUTION_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*\Z")
 
 
 def valid_name(name: str) -> bool:
     """Whether a repository name of a request is well-formed (no `..`, no empty or absolute component)."""
     parts = name.split("/")
     return 0 < len(name) <= 512 and ".." not in name and all(_COMPONENT.match(p) for p in parts)
+
+
+def model_repository(model: BundleModel) -> Optional[str]:
+    """The repository path a model's artifact is served and pushed under: HUB/org/name, lowercased (registries
+    refuse capitals); None when the name is still not one a registry takes (a trailing `-`, `._`)."""
+    ref = model.model_ref
+    path = f"{ref.hub}/{ref.repo.lower()}"
+    return path if all(_DISTRIBUTION_COMPONENT.match(c) for c in path.split("/")) else None
+
+
+def model_tags(model: BundleModel) -> List[str]:
+    """The tags of a model's artifact: the commit, then the revision as asked (the hub's default branch when none
+    was), each when it is a valid tag (a branch `feature/x` is not)."""
+    ref = model.model_ref
+    return [t for t in dict.fromkeys([model.commit, ref.revision or ref.default_revision]) if TAG.match(t)]
 
 
 def _registry(host: str) -> str:
@@ -150,6 +171,7 @@ class Catalog:
         self.repositories: Dict[Tuple[str, str], Repository] = {}
         self.blobs: Dict[Digest, Blob] = {}
         self.conflicts: List[str] = []  # tags two bundles hold differently: the first bundle's is served
+        self.models: List[Tuple[BundleModel, Optional[str]]] = []  # each model, and its repository's name (None: unnamed)
         self._starts: List[List[int]] = []
         self._sizes: List[List[int]] = []  # each bundle's files the blobs lie in: its parts, or its unpacked archive
         for b, index in enumerate(self.indexes):
@@ -165,6 +187,25 @@ class Catalog:
             self._add_image(image, kept, seen)
         for (registry, path, tag), images in seen.items():
             self._add_tag(self.repositories[(registry, path)], tag, images, kept)
+        for model in index.models:
+            self._add_model(model)
+
+    def _add_model(self, model: BundleModel) -> None:
+        """A model's artifact: its manifest under the commit and the revision (model_tags), its config and the files
+        the bundle carries (a delta's omitted files are not served)."""
+        path = model_repository(model)
+        if path is None:
+            self.models.append((model, None))
+            return
+        repo = self.repositories.setdefault((MODEL_REGISTRY, path), Repository(MODEL_REGISTRY, path))
+        self.models.append((model, repo.name))
+        repo.manifests.setdefault(model.manifest_digest, ServedManifest(model.manifest_digest, OCI_MANIFEST, "model"))
+        repo.blobs.update([model.manifest_digest, model.config_digest] + [f.sha256 for f in model.carried])
+        for tag in model_tags(model):
+            if tag in repo.tags and repo.tags[tag] != [model.manifest_digest]:
+                self.conflicts.append(f"{repo.name}:{tag}")
+            else:
+                repo.tags[tag] = [model.manifest_digest]
 
     def _add_blobs(self, b: int, index: BundleIndex) -> None:
         """Where bundle `b`'s files start, and where each blob lies in them (the first bundle's copy is served)."""

@@ -12,9 +12,10 @@ from .output import emit_json
 @json_option("comparison")
 @common
 def diff_cmd(old, new, as_json):
-    """Compare two bundles (or a bundle and an `imgtool inventory` file): images, platforms, layers.
+    """Compare two bundles (or a bundle and an `imgtool inventory` file): images, platforms, layers, models.
 
-    Shared layers are what a delta bundle (`fetch --base OLD`) leaves out.
+    Shared layers are what a delta bundle (`fetch --base OLD`) leaves out; of a model, the files whose sha256 the
+    old bundle holds.
     """
     from ..diff import diff_paths
 

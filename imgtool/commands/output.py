@@ -124,6 +124,27 @@ def bundle_report(summary: dict, describe, signed, as_json: bool) -> None:
         click.echo(_signed_offline_line(signed.path.parent))
 
 
+def model_lines(models) -> list:
+    """Each model of a bundle (bundle.format.BundleModel) as verify lists it: reference, commit, files, size, and
+    the files a delta leaves out."""
+    from ..errors import counted
+    from ..model import format_size
+    from ..text import for_terminal
+
+    out = []
+    for m in models:
+        left = len(m.files) - len(m.carried)
+        out.append(for_terminal(f"  {m.ref}  commit {m.commit[:12]}  {counted(len(m.files), 'file')}  "
+                                f"{format_size(m.size)}" + (f"  ({left} left out: a delta)" if left else "")))
+    return out
+
+
+def models_json(models) -> list:
+    """The models of a bundle as --json reports list them."""
+    return [{"ref": m.ref, "commit": m.commit, "manifest_digest": str(m.manifest_digest), "files": len(m.files),
+             "size": m.size, "omitted_files": len(m.files) - len(m.carried)} for m in models]
+
+
 def _signed_offline_line(bundle_dir) -> str:
     """After `offline side: ... --expect ...`: a site that trusts the key needs no hash, only its policy."""
     import shlex

@@ -17,11 +17,13 @@ from .output import emit_json, progress
 @json_option("result")
 @common
 def push(bundle_dir, to, insecure, ca_cert, expect, signers, as_json):
-    """Push a bundle's images into a registry, so many nodes `docker pull` instead of each loading it.
+    """Push a bundle's images (and models) into a registry, so many nodes `docker pull` instead of each loading it.
 
     Credentials come from ~/.docker/config.json (docker login). The target repository is
     NAMESPACE/ + the image's path without its registry host:
     quay.io/ascend/vllm-ascend:v1 --to reg:5000/ai  ->  reg:5000/ai/ascend/vllm-ascend:v1
+    A model goes as its ModelPack artifact, tagged with its commit and revision:
+    hf:Qwen/Qwen3-8B@main --to reg:5000/ai  ->  reg:5000/ai/hf/qwen/qwen3-8b:COMMIT and :main
 
     The bundle is checked as load checks it before the registry is asked anything (the signature
     policy, --expect, SHA256SUMS, every part at its size; exit 3 and nothing pushed), and every

@@ -5,7 +5,7 @@ import click
 from ..errors import counted
 from ..text import for_terminal
 from .options import bundle_usage, common, json_option, renamed, signers_option
-from .output import echo_signature, emit_json, progress
+from .output import echo_signature, emit_json, model_lines, models_json, progress
 
 
 @click.command()
@@ -31,15 +31,21 @@ def verify(bundle_dir, expect, quick, threads, signers, as_json):
     for w in report.warnings:
         p.warn(w)
     if as_json:
-        emit_json(report.to_json())
+        doc = report.to_json()
+        if report.index.models:
+            doc["models"] = models_json(report.index.models)
+        emit_json(doc)
     elif report.ok:
         what = "parts checked (quick: the blobs inside were not)" if quick else \
             (f"{counted(len(report.index.parts), 'part')}, {counted(report.blobs_checked, 'blob')} and "
              f"{counted(report.layers_checked, 'layer diff_id')} checked")
-        click.echo(f"ok: {report.dir}: {len(report.index.images)} image(s); {what}; "
+        models = f", {len(report.index.models)} model(s)" if report.index.models else ""
+        click.echo(f"ok: {report.dir}: {len(report.index.images)} image(s){models}; {what}; "
                    f"{format_size(report.bytes_read)} in {report.seconds:.1f} s")
         for im in report.index.images:
             click.echo(for_terminal(f"  {im.ref}  {im.platform}  ID {im.image_id.short}"))
+        for line in model_lines(report.index.models):
+            click.echo(line)
         if report.index.is_delta:
             from ..delta import describe_requirements, requirements
 

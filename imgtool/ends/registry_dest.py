@@ -6,7 +6,9 @@ lacks are taken in the source's order (`prefer`: a compressed bundle hands them 
 `write` mounts a blob another repository of this registry holds, uploads the rest read through `source.chunks`
 (one PUT when small, PATCH chunks when big: bounded memory), then puts the manifests byte for byte (their digests,
 and the image IDs, stay the source's), and for a tag held for several platforms an index over them under the tag.
-Nothing is pushed under a tag before every blob is in: an image appears whole or not at all.
+Nothing is pushed under a tag before every blob is in: an image appears whole or not at all. A bundle's models go
+the same way after the images, each as its ModelPack artifact (registry_models.py): its blobs in the plan, its
+manifest last.
 
 Target repository = NAMESPACE + the image's repository path without its registry host:
 `quay.io/ascend/vllm-ascend:v1` pushed to `reg.local:5000/mirror` becomes `reg.local:5000/mirror/ascend/vllm-ascend:v1`.
@@ -15,13 +17,14 @@ Target repository = NAMESPACE + the image's repository path without its registry
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..bundle.format import BundleImage, Layer, bundle_images
+from ..bundle.format import BundleImage, BundleModel, Layer, bundle_images
 from ..bundle.layout import platform_index
 from ..errors import ImgtoolError, RegistryError
 from ..model import Digest, ImageRef, PulledImage, format_size
 from ..pipeline import Holding, Plan
 from ..progress import Progress
 from ..registry import RegistryClient
+from .registry_models import PushedModel, check_model_base, model_blobs, model_targets, push_model
 
 if TYPE_CHECKING:
     from ..pipeline import Blobs, Source
@@ -53,24 +56,32 @@ class PushResult:
     seconds: float = 0.0
     warnings: List[str] = field(default_factory=list)
     indexes: List[dict] = field(default_factory=list)  # multi-arch tags: the index pushed for each
+    models: List[PushedModel] = field(default_factory=list)  # each model's ModelPack artifact
 
     def to_json(self) -> dict:
         return {"registry": self.registry, "scheme": self.scheme, "images": [im.to_json() for im in self.images],
                 "blobs_uploaded": self.blobs_uploaded, "bytes_uploaded": self.bytes_uploaded,
                 "blobs_present": self.blobs_present, "blobs_mounted": self.blobs_mounted,
-                "indexes": self.indexes, "seconds": round(self.seconds, 3), "warnings": self.warnings}
+                "indexes": self.indexes, "models": [m.to_json() for m in self.models],
+                "seconds": round(self.seconds, 3), "warnings": self.warnings}
 
     def describe(self) -> str:
-        lines = [f"pushed {len(self.images)} image(s) to {self.registry} in {self.seconds:.1f} s: "
+        models = f" and {len(self.models)} model(s)" if self.models else ""
+        lines = [f"pushed {len(self.images)} image(s){models} to {self.registry} in {self.seconds:.1f} s: "
                  f"{self.blobs_uploaded} blobs uploaded ({format_size(self.bytes_uploaded)}), "
                  f"{self.blobs_mounted} mounted, {self.blobs_present} already there"]
-        width = max(len(im.target) for im in self.images)
+        width = max((len(im.target) for im in self.images), default=0)
         for im in self.images:
             lines.append(f"  {im.target.ljust(width)}  {im.platform}  {im.manifest_digest}")
         for ix in self.indexes:
             lines.append(f"  {ix['target']}  index over {', '.join(ix['platforms'])}  {ix['digest']}")
-        first = self.indexes[0]["target"] if self.indexes else self.images[0].target
-        lines.append("nodes: docker pull " + first)
+        for m in self.models:
+            also = f" (also :{', :'.join(m.tags[1:])})" if len(m.tags) > 1 else ""
+            lines.append(f"  {m.target}{also}  ModelPack artifact of {m.ref}, {m.files} files, "
+                         f"{format_size(m.size)}  {m.manifest_digest}")
+        if self.images:
+            first = self.indexes[0]["target"] if self.indexes else self.images[0].target
+            lines.append("nodes: docker pull " + first)
         return "\n".join(lines)
 
 
@@ -96,12 +107,15 @@ class Pushing:
 
     blobs: _BlobPlan
     targets: Tuple[Tuple[BundleImage, str], ...]
+    models: Tuple[Tuple[BundleModel, str], ...] = ()  # each model's artifact with the repository it goes to
+    warnings: Tuple[str, ...] = ()  # models not pushed, and why
 
 
 @dataclass
 class RegistryDestination:
     """`client` reaches `host` over `scheme`; `namespace` prefixes every repository. `omitted`: the layers a delta
-    bundle leaves out, per manifest digest (the source's); `prefer`: the order the source hands blobs over in;
+    bundle leaves out, per manifest digest (the source's); `models`: the bundle's models, whose ModelPack artifacts
+    go after the images (registry_models.py); `prefer`: the order the source hands blobs over in;
     `rewind`: called before blobs are read a second time (a mount the registry refused after the upload: the blob
     is uploaded again); `name` and `to`, for the delta refusal's words."""
 
@@ -117,21 +131,25 @@ class RegistryDestination:
     name: str = "the bundle"
     to: str = ""
     what: str = "registry"
+    models: Sequence[BundleModel] = ()
 
     def plan(self, images: Sequence[PulledImage]) -> "Holding[Pushing]":
-        """Every config and layer, in the source's order, and what the registry holds of them (HEAD, per target
-        repository; a delta's omitted layers, which it must hold); raises ImgtoolError (a delta whose omitted layers
-        the registry lacks: nothing is pushed), RegistryError."""
+        """Every config and layer (and model artifact blob), in the source's order, and what the registry holds of
+        them (HEAD, per target repository; a delta's omitted layers and model files, which it must hold); raises
+        ImgtoolError (a delta whose omitted layers or files the registry lacks: nothing is pushed), RegistryError."""
         targets = [(im, target_repository(self.namespace, im.image_ref)) for im in self._bundle_images(images)]
+        models, warnings = model_targets(self.models, self.namespace)
         self._check_delta_base(targets)
+        check_model_base(self.client, models, self.host, self.name, self.to)
         blobs = _plan_blobs(self.client, targets)
+        _plan_model_blobs(self.client, models, blobs)
         at = {d: i for i, d in enumerate(self.prefer)}
         blobs.todo.sort(key=lambda pair: at.get(pair[1], len(at)))  # stable: one digest's repositories stay in order
         every = sorted(blobs.sizes, key=lambda d: at.get(d, len(at)))
         lacking = {d for _, d in blobs.todo}
         # held: what every target repository has, and a delta's omitted layers (checked above: there)
         return Holding(tuple(images), tuple(every), frozenset(d for d in every if d not in lacking),
-                       Pushing(blobs, tuple(targets)))
+                       Pushing(blobs, tuple(targets), tuple(models), tuple(warnings)))
 
     def before(self, plan: "Plan[Pushing]") -> None:
         """Nothing more: a delta's base was checked with what the registry holds."""
@@ -170,6 +188,9 @@ class RegistryDestination:
         source.settle()  # what the source defers (a compressed bundle: its archive to the end) before a manifest goes
         for repo, images in _by_tag(targets):
             self._push_manifests(repo, images, {im.manifest_digest: im for im in plan.images}, result)
+        for model, repo in plan.destination.models:  # every blob of it is in: its manifest, last
+            result.models.append(push_model(self.client, self.host, repo, model))
+        result.warnings.extend(plan.destination.warnings)
         return result
 
     def abort(self) -> None:
@@ -293,6 +314,17 @@ def _plan_blobs(client: RegistryClient, targets: List[Tuple[BundleImage, str]]) 
             else:
                 plan.todo.append((repo, digest))
     return plan
+
+
+def _plan_model_blobs(client: RegistryClient, models: Sequence[Tuple[BundleModel, str]], plan: _BlobPlan) -> None:
+    """Ask the registry (HEAD) for each blob of each model's artifact in its repository, once per pair."""
+    for repo, digest, size in model_blobs(models):
+        plan.sizes[digest] = size
+        if client.has_blob(repo, digest):
+            plan.present += 1
+            plan.where.setdefault(digest, repo)
+        else:
+            plan.todo.append((repo, digest))
 
 
 def _by_tag(targets: List[Tuple[BundleImage, str]]) -> List[Tuple[str, List[BundleImage]]]:
