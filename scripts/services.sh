@@ -19,11 +19,17 @@
 #                     ($IMGTOOL_DEBS_CACHE, default ~/.cache/imgtool-test/trixie), never installed
 #   26.1-containerd   the same dockerd with the containerd image store (containerd-snapshotter),
 #                     what a fresh Docker 29 uses
+#   28.5              Debian unstable's docker.io 28.5 with its containerd 2.1 on PATH (and this
+#                     machine's runc: unstable's needs glibc 2.38), unpacked the same way into
+#                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache); not in the defaults
 # Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all three; `env` prints
 # IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
 #   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
 #                     its own config, root, state and socket, the CRI plugin on (no CNI: no pods)
 #   containerd-1.7    Debian 13's containerd, unpacked with the 26.1 .debs, the same way
+#   containerd-2.1    Debian unstable's containerd 2.1, unpacked with the 28.5 .debs; config version 3,
+#                     this machine's runc; DIR/bin holds its own ctr, first on PATH where tests use it
+#                     (ctr 2.x imports through the transfer service); not in the defaults
 #   podman-4.3        Debian 12's podman (apt); no daemon: DIR holds storage.conf and containers.conf
 #                     (private graphroot/runroot, cgroupfs, no network) and bin/podman, a wrapper
 #                     that runs podman in a private mount namespace with DIR/varlib over
@@ -46,6 +52,7 @@ REGISTRIES="plain mirror tls token"
 ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd}"
 RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 podman-4.3}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
+SID_CACHE="${IMGTOOL_SID_CACHE:-$(dirname "$DEBS_CACHE")/sid}"
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
@@ -54,7 +61,7 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_SLOT,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_SLOT,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE,IMGTOOL_SID_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
@@ -208,7 +215,7 @@ down() {
     # containerds (their runc state is under the state dir, see write_containerd_config) and by
     # podman (its runroot): remove them with runc directly
     local id root
-    for root in "$S"/*/exec/runtime-runc/moby "$S"/c1*/runc/* "$S"/podman/run/runc; do
+    for root in "$S"/*/exec/runtime-runc/moby "$S"/c[0-9]*/runc/* "$S"/podman/run/runc; do
         [ -d "$root" ] && command -v runc >/dev/null || continue
         for id in $(runc --root "$root" list -q 2>/dev/null); do
             say "removing leftover container $id"
@@ -368,23 +375,37 @@ engine_dir() { # ENGINE -> its directory under the state dir (short: sockets liv
     20.10) echo "$S/d20" ;;
     26.1) echo "$S/d26" ;;
     26.1-containerd) echo "$S/d26c" ;;
-    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd)" ;;
+    28.5) echo "$S/d28" ;;
+    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd 28.5)" ;;
     esac
 }
 
 engine_root() { # ENGINE -> the root its binaries are unpacked in ("" = the system's)
     case "$1" in
     20.10) echo "" ;;
+    28.5) echo "$SID_CACHE/root" ;;
     *) echo "$DEBS_CACHE/root" ;;
     esac
 }
 
-# Debian 13's docker.io and containerd, downloaded with a private apt configuration whose one
-# source is the Debian mirror this machine's apt already uses (suite trixie), unpacked with
-# dpkg -x into the cache dir: nothing is installed over the system's packages.
-ensure_trixie_docker() {
-    local want="docker.io containerd" root="$DEBS_CACHE/root"
-    if [ -x "$root/usr/sbin/dockerd" ] && [ "$(cat "$DEBS_CACHE/stamp" 2>/dev/null)" = "$want" ]; then
+ensure_root_of() { # ENGINE or RUNTIME: the unpacked packages it runs from, fetched when missing
+    case "$1" in
+    28.5 | containerd-2.*) ensure_sid_docker ;;
+    26.1* | containerd-1.7) ensure_trixie_docker ;;
+    esac
+}
+
+# Debian 13's (trixie) and unstable's (sid) docker.io and containerd, downloaded with a private apt
+# configuration whose one source is the Debian mirror this machine's apt already uses, unpacked with
+# dpkg -x into a cache dir: nothing is installed over the system's packages. runc is not taken:
+# unstable's needs glibc 2.38, and the system's (1.1.5) runs both containerds' containers.
+ensure_trixie_docker() { unpack_suite trixie "$DEBS_CACHE" "docker.io containerd" "Debian 13"; }
+ensure_sid_docker() { unpack_suite sid "$SID_CACHE" "docker.io containerd" "Debian unstable"; }
+
+unpack_suite() { # SUITE CACHE_DIR "PACKAGES" TITLE
+    local suite="$1" cache="$2" want="$3" title="$4"
+    local root="$cache/root"
+    if [ -x "$root/usr/sbin/dockerd" ] && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
     local mirror
@@ -392,25 +413,26 @@ ensure_trixie_docker() {
     [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit } $1 == "deb" { print $3; exit }' \
         /etc/apt/sources.list 2>/dev/null)"
     [ -n "$mirror" ] || die "cannot find this machine's Debian mirror in /etc/apt/sources.list{,.d}"
-    say "fetching Debian 13 (trixie) docker.io and containerd from $mirror into $DEBS_CACHE"
-    local apt="$DEBS_CACHE/apt"
+    say "fetching $title ($suite) $want from $mirror into $cache"
+    local apt="$cache/apt"
     rm -rf "$apt" "$root.tmp"
     mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.tmp"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$apt/sources.list"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$apt/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=-"
         -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Get::List-Cleanup=0"
         -o "APT::Sandbox::User=root")
-    apt-get -qq "${opts[@]}" update >&2 || die "apt-get update of trixie from $mirror failed"
+    apt-get -qq "${opts[@]}" update >&2 || die "apt-get update of $suite from $mirror failed"
+    # shellcheck disable=SC2086  # a list of package names
     (cd "$apt/debs" && apt-get -qq "${opts[@]}" download $want >&2) ||
-        die "apt-get download $want (trixie) failed"
+        die "apt-get download $want ($suite) failed"
     local deb
     for deb in "$apt"/debs/*.deb; do dpkg -x "$deb" "$root.tmp"; done
     [ -x "$root.tmp/usr/sbin/dockerd" ] && [ -x "$root.tmp/usr/bin/containerd" ] ||
-        die "the trixie packages did not hold usr/sbin/dockerd and usr/bin/containerd"
+        die "the $suite packages did not hold usr/sbin/dockerd and usr/bin/containerd"
     rm -rf "$root"
     mv "$root.tmp" "$root"
     rm -rf "$apt/lists" "$apt/cache"
-    echo "$want" >"$DEBS_CACHE/stamp"
+    echo "$want" >"$cache/stamp"
 }
 
 start_dockerd() { # ENGINE
@@ -486,14 +508,16 @@ runtime_dir() { # RUNTIME -> its directory under the state dir
     case "$1" in
     containerd-1.6) echo "$S/c16" ;;
     containerd-1.7) echo "$S/c17" ;;
+    containerd-2.1) echo "$S/c21" ;;
     podman-4.3) echo "$S/podman" ;;
-    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 podman-4.3)" ;;
+    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3)" ;;
     esac
 }
 
 runtime_bin() { # RUNTIME -> the directory of its binaries
     case "$1" in
     containerd-1.7) echo "$DEBS_CACHE/root/usr/bin" ;;
+    containerd-2.*) echo "$SID_CACHE/root/usr/bin" ;;
     containerd-*) echo /usr/bin ;;
     *) echo /usr/bin ;;
     esac
@@ -515,6 +539,7 @@ write_containerd_config() { # RUNTIME
     local dir
     dir="$(runtime_dir "$1")"
     mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$dir/runc" "$dir/cni/bin" "$dir/cni/conf" "$dir/certs.d"
+    case "$1" in containerd-2.*) write_containerd_config_v3 "$1" "$dir"; return ;; esac
     cat >"$dir/config.toml" <<EOF
 version = 2
 root = "$dir/root"
@@ -543,6 +568,50 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$dir/certs.d"
 EOF
+}
+
+# containerd 2.x reads `version = 3`: the CRI plugin split into io.containerd.cri.v1.images (the registry's
+# config_path) and io.containerd.cri.v1.runtime, the server part left in io.containerd.grpc.v1.cri. NRI is
+# on by default in 2.x with a socket under /var/run/nri: off, or every set of services would share it.
+# restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, so a pod sandbox dies without it (CONTEXT.md).
+# DIR/bin/ctr is this containerd's own ctr, which the tests put first on PATH, as on a 2.x node.
+write_containerd_config_v3() { # RUNTIME DIR
+    local dir="$2"
+    cat >"$dir/config.toml" <<EOF
+version = 3
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+                    "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "$dir/certs.d"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    Root = "$dir/runc/k8s.io"
+    BinaryName = "/usr/bin/runc"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$dir/cni/bin"]
+    conf_dir = "$dir/cni/conf"
+EOF
+    mkdir -p "$dir/bin"
+    ln -sfn "$(runtime_bin "$1")/ctr" "$dir/bin/ctr"
 }
 
 start_containerd() { # RUNTIME
@@ -692,12 +761,12 @@ up() {
     local engine
     for engine in $ENGINES; do
         engine_dir "$engine" >/dev/null  # dies on an unknown name
-        [ -z "$(engine_root "$engine")" ] || ensure_trixie_docker
+        ensure_root_of "$engine"
     done
     local runtime
     for runtime in $RUNTIMES; do
         runtime_dir "$runtime" >/dev/null
-        [ "$runtime" != containerd-1.7 ] || ensure_trixie_docker
+        ensure_root_of "$runtime"
     done
     local t0=$SECONDS
     mkdir -p "$S"
