@@ -12,7 +12,7 @@
 # State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
 # to 108 bytes and dockerd/containerd put sockets a few levels below it).
 #
-# Engines ($IMGTOOL_SERVICES_ENGINES, default all three; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
+# Engines ($IMGTOOL_SERVICES_ENGINES, default all four; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
 # prints them as IMGTOOL_TEST_ENGINES="NAME=unix://... ..."):
 #   20.10             Debian 12's docker.io (apt), overlay2 graphdriver: Kylin-era Docker
 #   26.1              Debian 13's docker.io + containerd, unpacked with dpkg -x into a cache dir
@@ -21,15 +21,15 @@
 #                     what a fresh Docker 29 uses
 #   28.5              Debian unstable's docker.io 28.5 with its containerd 2.1 on PATH (and this
 #                     machine's runc: unstable's needs glibc 2.38), unpacked the same way into
-#                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache); not in the defaults
-# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all three; `env` prints
+#                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache)
+# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all four; `env` prints
 # IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
 #   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
 #                     its own config, root, state and socket, the CRI plugin on (no CNI: no pods)
 #   containerd-1.7    Debian 13's containerd, unpacked with the 26.1 .debs, the same way
 #   containerd-2.1    Debian unstable's containerd 2.1, unpacked with the 28.5 .debs; config version 3,
 #                     this machine's runc; DIR/bin holds its own ctr, first on PATH where tests use it
-#                     (ctr 2.x imports through the transfer service); not in the defaults
+#                     (ctr 2.x imports through the transfer service)
 #   podman-4.3        Debian 12's podman (apt); no daemon: DIR holds storage.conf and containers.conf
 #                     (private graphroot/runroot, cgroupfs, no network) and bin/podman, a wrapper
 #                     that runs podman in a private mount namespace with DIR/varlib over
@@ -49,8 +49,8 @@ TLS_USER="imgtool"
 DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
 # (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
-ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd}"
-RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 podman-4.3}"
+ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd 28.5}"
+RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 SID_CACHE="${IMGTOOL_SID_CACHE:-$(dirname "$DEBS_CACHE")/sid}"
 
