@@ -35,6 +35,10 @@
 #                     that runs podman in a private mount namespace with DIR/varlib over
 #                     /var/lib/containers, so its blob-info cache is not the machine's. Tests put
 #                     DIR/bin first in PATH and set CONTAINERS_STORAGE_CONF / CONTAINERS_CONF.
+#   podman-5.8        Debian unstable's podman 5.8 (needs glibc 2.38: it cannot run unpacked here), run
+#                     from a Debian unstable root made with debootstrap into $IMGTOOL_SID_CACHE/podman-root;
+#                     DIR/bin/podman chroots into it in a private mount namespace (setup_podman). Not in
+#                     the defaults; `env` prints IMGTOOL_TEST_PODMANS="4.3=DIR 5.8=DIR"
 # Each dockerd is private and leaves the host alone: its own socket, data root, exec root, config
 # file and containerd (dockerd starts a containerd under --exec-root when not given --containerd);
 # no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore have no bridge
@@ -391,6 +395,7 @@ engine_root() { # ENGINE -> the root its binaries are unpacked in ("" = the syst
 ensure_root_of() { # ENGINE or RUNTIME: the unpacked packages it runs from, fetched when missing
     case "$1" in
     28.5 | containerd-2.*) ensure_sid_docker ;;
+    podman-5.*) ensure_sid_podman ;;
     26.1* | containerd-1.7) ensure_trixie_docker ;;
     esac
 }
@@ -402,6 +407,41 @@ ensure_root_of() { # ENGINE or RUNTIME: the unpacked packages it runs from, fetc
 ensure_trixie_docker() { unpack_suite trixie "$DEBS_CACHE" "docker.io containerd" "Debian 13"; }
 ensure_sid_docker() { unpack_suite sid "$SID_CACHE" "docker.io containerd" "Debian unstable"; }
 
+# Debian unstable's podman 5 needs glibc 2.38, libsubid6 and libgpgme45 (Debian 12 has glibc 2.36), so it
+# cannot run unpacked here: it runs from a Debian unstable root of its own, made with debootstrap from the
+# same mirror (minbase and podman's run-time parts), chrooted into by DIR/bin/podman (setup_podman).
+ensure_sid_podman() {
+    local root="$SID_CACHE/podman-root" want="podman crun conmon netavark fuse-overlayfs runc"
+    if [ -x "$root/usr/bin/podman" ] && [ "$(cat "$SID_CACHE/podman-stamp" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    command -v debootstrap >/dev/null 2>&1 || {
+        say "installing debootstrap (for podman-5.8's root)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2
+    }
+    local mirror
+    mirror="$(debian_mirror)"
+    say "making a Debian unstable root with ${want// /, } from $mirror in $root (about 3 minutes)"
+    rm -rf "$root.tmp"
+    mkdir -p "$SID_CACHE"
+    debootstrap --variant=minbase --include="${want// /,}" sid "$root.tmp" "$mirror" >"$SID_CACHE/debootstrap.log" 2>&1 || {
+        log_tail "$SID_CACHE/debootstrap.log"
+        die "debootstrap of Debian unstable from $mirror failed"
+    }
+    rm -rf "$root"
+    mv "$root.tmp" "$root"
+    echo "$want" >"$SID_CACHE/podman-stamp"
+}
+
+debian_mirror() { # the Debian mirror this machine's apt already uses
+    local mirror
+    mirror="$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
+    [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit } $1 == "deb" { print $3; exit }' \
+        /etc/apt/sources.list 2>/dev/null)"
+    [ -n "$mirror" ] || die "cannot find this machine's Debian mirror in /etc/apt/sources.list{,.d}"
+    echo "$mirror"
+}
+
 unpack_suite() { # SUITE CACHE_DIR "PACKAGES" TITLE
     local suite="$1" cache="$2" want="$3" title="$4"
     local root="$cache/root"
@@ -409,10 +449,7 @@ unpack_suite() { # SUITE CACHE_DIR "PACKAGES" TITLE
         return 0
     fi
     local mirror
-    mirror="$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
-    [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit } $1 == "deb" { print $3; exit }' \
-        /etc/apt/sources.list 2>/dev/null)"
-    [ -n "$mirror" ] || die "cannot find this machine's Debian mirror in /etc/apt/sources.list{,.d}"
+    mirror="$(debian_mirror)"
     say "fetching $title ($suite) $want from $mirror into $cache"
     local apt="$cache/apt"
     rm -rf "$apt" "$root.tmp"
@@ -510,7 +547,8 @@ runtime_dir() { # RUNTIME -> its directory under the state dir
     containerd-1.7) echo "$S/c17" ;;
     containerd-2.1) echo "$S/c21" ;;
     podman-4.3) echo "$S/podman" ;;
-    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3)" ;;
+    podman-5.8) echo "$S/p58" ;;
+    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3 podman-5.8)" ;;
     esac
 }
 
@@ -651,9 +689,9 @@ wait_containerd() { # RUNTIME
 }
 
 # Podman has no daemon: its private configuration and a wrapper are all there is to start.
-setup_podman() {
-    local dir
-    dir="$(runtime_dir podman-4.3)"
+setup_podman() { # RUNTIME
+    local runtime="$1" dir
+    dir="$(runtime_dir "$runtime")"
     mkdir -p "$dir/storage" "$dir/run" "$dir/tmp" "$dir/varlib" "$dir/bin" "$dir/volumes" "$dir/networks"
     cat >"$dir/storage.conf" <<EOF
 [storage]
@@ -665,11 +703,14 @@ EOF
     # No static_dir: its default (graphroot/libpod) is private already, and with a custom one every
     # `podman run` waited 20 s after its container exited ("Exceeded conmon timeout waiting for
     # container", as containers/podman#19938 reports for a custom static_dir)
+    local oci=""  # podman 5's OCI runtime: runc (below, the wrapper)
+    [ "$runtime" = podman-4.3 ] || oci='runtime = "runc"'
     cat >"$dir/containers.conf" <<EOF
 [containers]
 netns = "none"
 default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 [engine]
+$oci
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = "$dir/events.log"
@@ -678,32 +719,58 @@ volume_path = "$dir/volumes"
 [network]
 network_config_dir = "$dir/networks"
 EOF
-    cat >"$dir/bin/podman" <<EOF
+    if [ "$runtime" = podman-4.3 ]; then
+        cat >"$dir/bin/podman" <<EOF
 #!/bin/sh
 # podman in a mount namespace of its own, $dir/varlib over /var/lib/containers (scripts/services.sh)
 exec unshare --mount --propagation private sh -c \
     'mount --bind "\$0" /var/lib/containers && exec /usr/bin/podman "\$@"' "$dir/varlib" "\$@"
 EOF
+    else
+        # podman 5 from the Debian unstable root (ensure_sid_podman), chrooted into in a mount namespace of its
+        # own: the root bound onto itself (runc makes / a slave mount, which must be a mount point), its /proc,
+        # /sys and /dev the host's, this directory is bound in at its own path (the
+        # storage.conf paths), $dir/varlib over /var/lib/containers, $dir/runroot over /run (crun's and
+        # Podman's state: the root is shared by every set of services), and the host's /tmp and /var/tmp (the
+        # archives imgtool stages, the bundles tests load) at theirs. cgroups v1 here: Podman 5 warns on every
+        # call, which the variable silences. runc (unstable's 1.3, inside the root), not crun: crun 1.28 refuses
+        # cgroups in hybrid mode ("drop all controllers from cgroupv2"), which this machine runs.
+        mkdir -p "$dir/runroot"
+        cat >"$dir/bin/podman" <<EOF
+#!/bin/sh
+# podman 5 from $SID_CACHE/podman-root in a mount namespace of its own (scripts/services.sh)
+PODMAN_IGNORE_CGROUPSV1_WARNING=1 exec unshare --mount --propagation private sh -c '
+R="\$0"; D="\$1"; shift
+mount --bind "\$R" "\$R" && mount -t proc proc "\$R/proc" && mount --rbind /sys "\$R/sys" && mount --rbind /dev "\$R/dev" &&
+mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" &&
+mkdir -p "\$R\$D" && mount --bind "\$D" "\$R\$D" && mount --bind "\$D/varlib" "\$R/var/lib/containers" &&
+mount --bind "\$D/runroot" "\$R/run" &&
+cd / && exec chroot "\$R" /usr/bin/podman "\$@"' "$SID_CACHE/podman-root" "$dir" "\$@"
+EOF
+    fi
     chmod 755 "$dir/bin/podman"
     [ -d /var/lib/containers ] || mkdir -p /var/lib/containers
+    [ "$runtime" = podman-4.3 ] || mkdir -p "$SID_CACHE/podman-root/var/lib/containers"
     local version
     version="$(CONTAINERS_STORAGE_CONF="$dir/storage.conf" CONTAINERS_CONF="$dir/containers.conf" \
         "$dir/bin/podman" version --format '{{.Client.Version}}' 2>"$dir/podman.log")" || {
         log_tail "$dir/podman.log"
         die "podman version failed with the private configuration in $dir"
     }
-    case "$version" in 4.3.*) ;; *) die "podman-4.3 is podman $version here" ;; esac
+    case "$version" in "${runtime#podman-}".*) ;; *) die "$runtime is podman $version here" ;; esac
 }
 
-runtime_vars() { # the IMGTOOL_TEST_CONTAINERDS and IMGTOOL_TEST_PODMAN values
-    local runtime out=() podman=""
+runtime_vars() { # the IMGTOOL_TEST_CONTAINERDS, IMGTOOL_TEST_PODMAN (4.3's) and IMGTOOL_TEST_PODMANS values
+    local runtime out=() podman="" podmans=()
     for runtime in $RUNTIMES; do
         case "$runtime" in
         containerd-*) out+=("${runtime#containerd-}=$(runtime_dir "$runtime")/containerd.sock") ;;
-        podman-*) podman="$(runtime_dir "$runtime")" ;;
+        podman-*)
+            podmans+=("${runtime#podman-}=$(runtime_dir "$runtime")")
+            [ -n "$podman" ] && [ "$runtime" != podman-4.3 ] || podman="$(runtime_dir "$runtime")" ;;
         esac
     done
-    printf '%s\n%s\n' "${out[*]}" "$podman"
+    printf '%s\n%s\n%s\n' "${out[*]}" "$podman" "${podmans[*]}"
 }
 
 write_env() {
@@ -716,6 +783,7 @@ write_env() {
             "IMGTOOL_TEST_DOCKER_NETWORK=$DOCKER_NETWORK" \
             "IMGTOOL_TEST_CONTAINERDS=$(runtime_vars | sed -n 1p)" \
             "IMGTOOL_TEST_PODMAN=$(runtime_vars | sed -n 2p)" \
+            "IMGTOOL_TEST_PODMANS=$(runtime_vars | sed -n 3p)" \
             "IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:$PORT_plain" \
             "IMGTOOL_TEST_REGISTRY_MIRROR=127.0.0.1:$PORT_mirror" \
             "IMGTOOL_TEST_REGISTRY_TLS=127.0.0.1:$PORT_tls" \
@@ -782,7 +850,7 @@ up() {
     make_certs
     for engine in $ENGINES; do start_dockerd "$engine"; done
     for runtime in $RUNTIMES; do
-        case "$runtime" in containerd-*) start_containerd "$runtime" ;; podman-*) setup_podman ;; esac
+        case "$runtime" in containerd-*) start_containerd "$runtime" ;; podman-*) setup_podman "$runtime" ;; esac
     done
     local name
     for name in $REGISTRIES; do

@@ -26,10 +26,10 @@ from tests.support.images import host_arch
 
 REPO = "example.test/loadsh"
 HANG = 120  # seconds: a load.sh that needs longer for these small bundles is hanging
-RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]
-# what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
+RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]  # podman-5.8: tests/support/runtimes.py
+# what load.sh runs, besides the runtime (the podman wrappers of the services run unshare and mount; 5.8's mkdir, chroot)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "mkdir", "chroot")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -61,7 +61,7 @@ class Node:
 
     def __init__(self, name: str, services, tmp: Path):
         self.name = name
-        self.kind = "podman" if name == "podman" else "containerd"
+        self.kind = "podman" if name.startswith("podman") else "containerd"
         self.home = tmp / "home"
         self.home.mkdir(parents=True)
         if self.kind == "containerd":
@@ -70,10 +70,11 @@ class Node:
             self.ctr_program = own_ctr(self.sock)
             self.bin = tool_dir(tmp / "bin", {"ctr": self.ctr_program})
         else:
-            penv = services.podman_env({})
+            version = name.split("-", 1)[1] if "-" in name else ""  # "podman": 4.3
+            penv = services.podman_env({}, version=version)
             self.env = {k: penv[k] for k in ("CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF")}
-            self.bin = tool_dir(tmp / "bin", {"podman": os.path.join(services.podman, "bin", "podman")})
-            self.podman_env = services.podman_env()
+            self.bin = tool_dir(tmp / "bin", {"podman": os.path.join(penv["PATH"].split(os.pathsep)[0], "podman")})
+            self.podman_env = services.podman_env(version=version)
         self.created: List[str] = []
 
     def load_sh(self, bundle: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
