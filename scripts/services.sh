@@ -12,23 +12,33 @@
 # State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
 # to 108 bytes and dockerd/containerd put sockets a few levels below it).
 #
-# Engines ($IMGTOOL_SERVICES_ENGINES, default all three; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
+# Engines ($IMGTOOL_SERVICES_ENGINES, default all four; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
 # prints them as IMGTOOL_TEST_ENGINES="NAME=unix://... ..."):
 #   20.10             Debian 12's docker.io (apt), overlay2 graphdriver: Kylin-era Docker
 #   26.1              Debian 13's docker.io + containerd, unpacked with dpkg -x into a cache dir
 #                     ($IMGTOOL_DEBS_CACHE, default ~/.cache/imgtool-test/trixie), never installed
 #   26.1-containerd   the same dockerd with the containerd image store (containerd-snapshotter),
 #                     what a fresh Docker 29 uses
-# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all three; `env` prints
+#   28.5              Debian unstable's docker.io 28.5 with its containerd 2.1 on PATH (and this
+#                     machine's runc: unstable's needs glibc 2.38), unpacked the same way into
+#                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache)
+# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all four; `env` prints
 # IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
 #   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
 #                     its own config, root, state and socket, the CRI plugin on (no CNI: no pods)
 #   containerd-1.7    Debian 13's containerd, unpacked with the 26.1 .debs, the same way
+#   containerd-2.1    Debian unstable's containerd 2.1, unpacked with the 28.5 .debs; config version 3,
+#                     this machine's runc; DIR/bin holds its own ctr, first on PATH where tests use it
+#                     (ctr 2.x imports through the transfer service)
 #   podman-4.3        Debian 12's podman (apt); no daemon: DIR holds storage.conf and containers.conf
 #                     (private graphroot/runroot, cgroupfs, no network) and bin/podman, a wrapper
 #                     that runs podman in a private mount namespace with DIR/varlib over
 #                     /var/lib/containers, so its blob-info cache is not the machine's. Tests put
 #                     DIR/bin first in PATH and set CONTAINERS_STORAGE_CONF / CONTAINERS_CONF.
+#   podman-5.8        Debian unstable's podman 5.8 (needs glibc 2.38: it cannot run unpacked here), run
+#                     from a Debian unstable root made with debootstrap into $IMGTOOL_SID_CACHE/podman-root;
+#                     DIR/bin/podman chroots into it in a private mount namespace (setup_podman). Not in
+#                     the defaults; `env` prints IMGTOOL_TEST_PODMANS="4.3=DIR 5.8=DIR"
 # Each dockerd is private and leaves the host alone: its own socket, data root, exec root, config
 # file and containerd (dockerd starts a containerd under --exec-root when not given --containerd);
 # no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore have no bridge
@@ -43,9 +53,10 @@ TLS_USER="imgtool"
 DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
 # (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
-ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd}"
-RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 podman-4.3}"
+ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd 28.5}"
+RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
+SID_CACHE="${IMGTOOL_SID_CACHE:-$(dirname "$DEBS_CACHE")/sid}"
 
 say() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
@@ -54,7 +65,7 @@ die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
 # invoking user afterwards (socket group, readable keys) so the test process can use it.
 if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || die "must run as root (dockerd needs it) and sudo is not installed"
-    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_SLOT,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE \
+    exec sudo --preserve-env=IMGTOOL_SERVICES_DIR,IMGTOOL_SERVICES_SLOT,IMGTOOL_SERVICES_ENGINES,IMGTOOL_SERVICES_RUNTIMES,IMGTOOL_DEBS_CACHE,IMGTOOL_SID_CACHE \
         IMGTOOL_SERVICES_OWNER="$(id -u):$(id -g)" bash "$0" "$@"
 fi
 OWNER="${IMGTOOL_SERVICES_OWNER:-}"
@@ -208,7 +219,7 @@ down() {
     # containerds (their runc state is under the state dir, see write_containerd_config) and by
     # podman (its runroot): remove them with runc directly
     local id root
-    for root in "$S"/*/exec/runtime-runc/moby "$S"/c1*/runc/* "$S"/podman/run/runc; do
+    for root in "$S"/*/exec/runtime-runc/moby "$S"/c[0-9]*/runc/* "$S"/podman/run/runc; do
         [ -d "$root" ] && command -v runc >/dev/null || continue
         for id in $(runc --root "$root" list -q 2>/dev/null); do
             say "removing leftover container $id"
@@ -368,49 +379,97 @@ engine_dir() { # ENGINE -> its directory under the state dir (short: sockets liv
     20.10) echo "$S/d20" ;;
     26.1) echo "$S/d26" ;;
     26.1-containerd) echo "$S/d26c" ;;
-    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd)" ;;
+    28.5) echo "$S/d28" ;;
+    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd 28.5)" ;;
     esac
 }
 
 engine_root() { # ENGINE -> the root its binaries are unpacked in ("" = the system's)
     case "$1" in
     20.10) echo "" ;;
+    28.5) echo "$SID_CACHE/root" ;;
     *) echo "$DEBS_CACHE/root" ;;
     esac
 }
 
-# Debian 13's docker.io and containerd, downloaded with a private apt configuration whose one
-# source is the Debian mirror this machine's apt already uses (suite trixie), unpacked with
-# dpkg -x into the cache dir: nothing is installed over the system's packages.
-ensure_trixie_docker() {
-    local want="docker.io containerd" root="$DEBS_CACHE/root"
-    if [ -x "$root/usr/sbin/dockerd" ] && [ "$(cat "$DEBS_CACHE/stamp" 2>/dev/null)" = "$want" ]; then
+ensure_root_of() { # ENGINE or RUNTIME: the unpacked packages it runs from, fetched when missing
+    case "$1" in
+    28.5 | containerd-2.*) ensure_sid_docker ;;
+    podman-5.*) ensure_sid_podman ;;
+    26.1* | containerd-1.7) ensure_trixie_docker ;;
+    esac
+}
+
+# Debian 13's (trixie) and unstable's (sid) docker.io and containerd, downloaded with a private apt
+# configuration whose one source is the Debian mirror this machine's apt already uses, unpacked with
+# dpkg -x into a cache dir: nothing is installed over the system's packages. runc is not taken:
+# unstable's needs glibc 2.38, and the system's (1.1.5) runs both containerds' containers.
+ensure_trixie_docker() { unpack_suite trixie "$DEBS_CACHE" "docker.io containerd" "Debian 13"; }
+ensure_sid_docker() { unpack_suite sid "$SID_CACHE" "docker.io containerd" "Debian unstable"; }
+
+# Debian unstable's podman 5 needs glibc 2.38, libsubid6 and libgpgme45 (Debian 12 has glibc 2.36), so it
+# cannot run unpacked here: it runs from a Debian unstable root of its own, made with debootstrap from the
+# same mirror (minbase and podman's run-time parts), chrooted into by DIR/bin/podman (setup_podman).
+ensure_sid_podman() {
+    local root="$SID_CACHE/podman-root" want="podman crun conmon netavark fuse-overlayfs runc"
+    if [ -x "$root/usr/bin/podman" ] && [ "$(cat "$SID_CACHE/podman-stamp" 2>/dev/null)" = "$want" ]; then
         return 0
     fi
+    command -v debootstrap >/dev/null 2>&1 || {
+        say "installing debootstrap (for podman-5.8's root)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >&2
+    }
+    local mirror
+    mirror="$(debian_mirror)"
+    say "making a Debian unstable root with ${want// /, } from $mirror in $root (about 3 minutes)"
+    rm -rf "$root.tmp"
+    mkdir -p "$SID_CACHE"
+    debootstrap --variant=minbase --include="${want// /,}" sid "$root.tmp" "$mirror" >"$SID_CACHE/debootstrap.log" 2>&1 || {
+        log_tail "$SID_CACHE/debootstrap.log"
+        die "debootstrap of Debian unstable from $mirror failed"
+    }
+    rm -rf "$root"
+    mv "$root.tmp" "$root"
+    echo "$want" >"$SID_CACHE/podman-stamp"
+}
+
+debian_mirror() { # the Debian mirror this machine's apt already uses
     local mirror
     mirror="$(sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
     [ -n "$mirror" ] || mirror="$(awk '$1 == "deb" && $2 !~ /^\[/ { print $2; exit } $1 == "deb" { print $3; exit }' \
         /etc/apt/sources.list 2>/dev/null)"
     [ -n "$mirror" ] || die "cannot find this machine's Debian mirror in /etc/apt/sources.list{,.d}"
-    say "fetching Debian 13 (trixie) docker.io and containerd from $mirror into $DEBS_CACHE"
-    local apt="$DEBS_CACHE/apt"
+    echo "$mirror"
+}
+
+unpack_suite() { # SUITE CACHE_DIR "PACKAGES" TITLE
+    local suite="$1" cache="$2" want="$3" title="$4"
+    local root="$cache/root"
+    if [ -x "$root/usr/sbin/dockerd" ] && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$want" ]; then
+        return 0
+    fi
+    local mirror
+    mirror="$(debian_mirror)"
+    say "fetching $title ($suite) $want from $mirror into $cache"
+    local apt="$cache/apt"
     rm -rf "$apt" "$root.tmp"
     mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.tmp"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$apt/sources.list"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$apt/sources.list"
     local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=-"
         -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o "APT::Get::List-Cleanup=0"
         -o "APT::Sandbox::User=root")
-    apt-get -qq "${opts[@]}" update >&2 || die "apt-get update of trixie from $mirror failed"
+    apt-get -qq "${opts[@]}" update >&2 || die "apt-get update of $suite from $mirror failed"
+    # shellcheck disable=SC2086  # a list of package names
     (cd "$apt/debs" && apt-get -qq "${opts[@]}" download $want >&2) ||
-        die "apt-get download $want (trixie) failed"
+        die "apt-get download $want ($suite) failed"
     local deb
     for deb in "$apt"/debs/*.deb; do dpkg -x "$deb" "$root.tmp"; done
     [ -x "$root.tmp/usr/sbin/dockerd" ] && [ -x "$root.tmp/usr/bin/containerd" ] ||
-        die "the trixie packages did not hold usr/sbin/dockerd and usr/bin/containerd"
+        die "the $suite packages did not hold usr/sbin/dockerd and usr/bin/containerd"
     rm -rf "$root"
     mv "$root.tmp" "$root"
     rm -rf "$apt/lists" "$apt/cache"
-    echo "$want" >"$DEBS_CACHE/stamp"
+    echo "$want" >"$cache/stamp"
 }
 
 start_dockerd() { # ENGINE
@@ -486,14 +545,17 @@ runtime_dir() { # RUNTIME -> its directory under the state dir
     case "$1" in
     containerd-1.6) echo "$S/c16" ;;
     containerd-1.7) echo "$S/c17" ;;
+    containerd-2.1) echo "$S/c21" ;;
     podman-4.3) echo "$S/podman" ;;
-    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 podman-4.3)" ;;
+    podman-5.8) echo "$S/p58" ;;
+    *) die "unknown runtime $1 in IMGTOOL_SERVICES_RUNTIMES (known: containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3 podman-5.8)" ;;
     esac
 }
 
 runtime_bin() { # RUNTIME -> the directory of its binaries
     case "$1" in
     containerd-1.7) echo "$DEBS_CACHE/root/usr/bin" ;;
+    containerd-2.*) echo "$SID_CACHE/root/usr/bin" ;;
     containerd-*) echo /usr/bin ;;
     *) echo /usr/bin ;;
     esac
@@ -515,6 +577,7 @@ write_containerd_config() { # RUNTIME
     local dir
     dir="$(runtime_dir "$1")"
     mkdir -p "$dir/root" "$dir/state" "$dir/opt" "$dir/runc" "$dir/cni/bin" "$dir/cni/conf" "$dir/certs.d"
+    case "$1" in containerd-2.*) write_containerd_config_v3 "$1" "$dir"; return ;; esac
     cat >"$dir/config.toml" <<EOF
 version = 2
 root = "$dir/root"
@@ -543,6 +606,50 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "$dir/certs.d"
 EOF
+}
+
+# containerd 2.x reads `version = 3`: the CRI plugin split into io.containerd.cri.v1.images (the registry's
+# config_path) and io.containerd.cri.v1.runtime, the server part left in io.containerd.grpc.v1.cri. NRI is
+# on by default in 2.x with a socket under /var/run/nri: off, or every set of services would share it.
+# restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, so a pod sandbox dies without it (CONTEXT.md).
+# DIR/bin/ctr is this containerd's own ctr, which the tests put first on PATH, as on a 2.x node.
+write_containerd_config_v3() { # RUNTIME DIR
+    local dir="$2"
+    cat >"$dir/config.toml" <<EOF
+version = 3
+root = "$dir/root"
+state = "$dir/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+                    "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "$dir/containerd.sock"
+[ttrpc]
+  address = "$dir/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "$dir/certs.d"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+    Root = "$dir/runc/k8s.io"
+    BinaryName = "/usr/bin/runc"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$dir/cni/bin"]
+    conf_dir = "$dir/cni/conf"
+EOF
+    mkdir -p "$dir/bin"
+    ln -sfn "$(runtime_bin "$1")/ctr" "$dir/bin/ctr"
 }
 
 start_containerd() { # RUNTIME
@@ -582,9 +689,9 @@ wait_containerd() { # RUNTIME
 }
 
 # Podman has no daemon: its private configuration and a wrapper are all there is to start.
-setup_podman() {
-    local dir
-    dir="$(runtime_dir podman-4.3)"
+setup_podman() { # RUNTIME
+    local runtime="$1" dir
+    dir="$(runtime_dir "$runtime")"
     mkdir -p "$dir/storage" "$dir/run" "$dir/tmp" "$dir/varlib" "$dir/bin" "$dir/volumes" "$dir/networks"
     cat >"$dir/storage.conf" <<EOF
 [storage]
@@ -596,11 +703,14 @@ EOF
     # No static_dir: its default (graphroot/libpod) is private already, and with a custom one every
     # `podman run` waited 20 s after its container exited ("Exceeded conmon timeout waiting for
     # container", as containers/podman#19938 reports for a custom static_dir)
+    local oci=""  # podman 5's OCI runtime: runc (below, the wrapper)
+    [ "$runtime" = podman-4.3 ] || oci='runtime = "runc"'
     cat >"$dir/containers.conf" <<EOF
 [containers]
 netns = "none"
 default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
 [engine]
+$oci
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 events_logfile_path = "$dir/events.log"
@@ -609,32 +719,58 @@ volume_path = "$dir/volumes"
 [network]
 network_config_dir = "$dir/networks"
 EOF
-    cat >"$dir/bin/podman" <<EOF
+    if [ "$runtime" = podman-4.3 ]; then
+        cat >"$dir/bin/podman" <<EOF
 #!/bin/sh
 # podman in a mount namespace of its own, $dir/varlib over /var/lib/containers (scripts/services.sh)
 exec unshare --mount --propagation private sh -c \
     'mount --bind "\$0" /var/lib/containers && exec /usr/bin/podman "\$@"' "$dir/varlib" "\$@"
 EOF
+    else
+        # podman 5 from the Debian unstable root (ensure_sid_podman), chrooted into in a mount namespace of its
+        # own: the root bound onto itself (runc makes / a slave mount, which must be a mount point), its /proc,
+        # /sys and /dev the host's, this directory is bound in at its own path (the
+        # storage.conf paths), $dir/varlib over /var/lib/containers, $dir/runroot over /run (crun's and
+        # Podman's state: the root is shared by every set of services), and the host's /tmp and /var/tmp (the
+        # archives imgtool stages, the bundles tests load) at theirs. cgroups v1 here: Podman 5 warns on every
+        # call, which the variable silences. runc (unstable's 1.3, inside the root), not crun: crun 1.28 refuses
+        # cgroups in hybrid mode ("drop all controllers from cgroupv2"), which this machine runs.
+        mkdir -p "$dir/runroot"
+        cat >"$dir/bin/podman" <<EOF
+#!/bin/sh
+# podman 5 from $SID_CACHE/podman-root in a mount namespace of its own (scripts/services.sh)
+PODMAN_IGNORE_CGROUPSV1_WARNING=1 exec unshare --mount --propagation private sh -c '
+R="\$0"; D="\$1"; shift
+mount --bind "\$R" "\$R" && mount -t proc proc "\$R/proc" && mount --rbind /sys "\$R/sys" && mount --rbind /dev "\$R/dev" &&
+mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" &&
+mkdir -p "\$R\$D" && mount --bind "\$D" "\$R\$D" && mount --bind "\$D/varlib" "\$R/var/lib/containers" &&
+mount --bind "\$D/runroot" "\$R/run" &&
+cd / && exec chroot "\$R" /usr/bin/podman "\$@"' "$SID_CACHE/podman-root" "$dir" "\$@"
+EOF
+    fi
     chmod 755 "$dir/bin/podman"
     [ -d /var/lib/containers ] || mkdir -p /var/lib/containers
+    [ "$runtime" = podman-4.3 ] || mkdir -p "$SID_CACHE/podman-root/var/lib/containers"
     local version
     version="$(CONTAINERS_STORAGE_CONF="$dir/storage.conf" CONTAINERS_CONF="$dir/containers.conf" \
         "$dir/bin/podman" version --format '{{.Client.Version}}' 2>"$dir/podman.log")" || {
         log_tail "$dir/podman.log"
         die "podman version failed with the private configuration in $dir"
     }
-    case "$version" in 4.3.*) ;; *) die "podman-4.3 is podman $version here" ;; esac
+    case "$version" in "${runtime#podman-}".*) ;; *) die "$runtime is podman $version here" ;; esac
 }
 
-runtime_vars() { # the IMGTOOL_TEST_CONTAINERDS and IMGTOOL_TEST_PODMAN values
-    local runtime out=() podman=""
+runtime_vars() { # the IMGTOOL_TEST_CONTAINERDS, IMGTOOL_TEST_PODMAN (4.3's) and IMGTOOL_TEST_PODMANS values
+    local runtime out=() podman="" podmans=()
     for runtime in $RUNTIMES; do
         case "$runtime" in
         containerd-*) out+=("${runtime#containerd-}=$(runtime_dir "$runtime")/containerd.sock") ;;
-        podman-*) podman="$(runtime_dir "$runtime")" ;;
+        podman-*)
+            podmans+=("${runtime#podman-}=$(runtime_dir "$runtime")")
+            [ -n "$podman" ] && [ "$runtime" != podman-4.3 ] || podman="$(runtime_dir "$runtime")" ;;
         esac
     done
-    printf '%s\n%s\n' "${out[*]}" "$podman"
+    printf '%s\n%s\n%s\n' "${out[*]}" "$podman" "${podmans[*]}"
 }
 
 write_env() {
@@ -647,6 +783,7 @@ write_env() {
             "IMGTOOL_TEST_DOCKER_NETWORK=$DOCKER_NETWORK" \
             "IMGTOOL_TEST_CONTAINERDS=$(runtime_vars | sed -n 1p)" \
             "IMGTOOL_TEST_PODMAN=$(runtime_vars | sed -n 2p)" \
+            "IMGTOOL_TEST_PODMANS=$(runtime_vars | sed -n 3p)" \
             "IMGTOOL_TEST_REGISTRY_PLAIN=127.0.0.1:$PORT_plain" \
             "IMGTOOL_TEST_REGISTRY_MIRROR=127.0.0.1:$PORT_mirror" \
             "IMGTOOL_TEST_REGISTRY_TLS=127.0.0.1:$PORT_tls" \
@@ -692,12 +829,12 @@ up() {
     local engine
     for engine in $ENGINES; do
         engine_dir "$engine" >/dev/null  # dies on an unknown name
-        [ -z "$(engine_root "$engine")" ] || ensure_trixie_docker
+        ensure_root_of "$engine"
     done
     local runtime
     for runtime in $RUNTIMES; do
         runtime_dir "$runtime" >/dev/null
-        [ "$runtime" != containerd-1.7 ] || ensure_trixie_docker
+        ensure_root_of "$runtime"
     done
     local t0=$SECONDS
     mkdir -p "$S"
@@ -713,7 +850,7 @@ up() {
     make_certs
     for engine in $ENGINES; do start_dockerd "$engine"; done
     for runtime in $RUNTIMES; do
-        case "$runtime" in containerd-*) start_containerd "$runtime" ;; podman-*) setup_podman ;; esac
+        case "$runtime" in containerd-*) start_containerd "$runtime" ;; podman-*) setup_podman "$runtime" ;; esac
     done
     local name
     for name in $REGISTRIES; do

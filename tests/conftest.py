@@ -2,10 +2,10 @@
 
 services        Services (registries host:port, dockerd socket, TLS CA, token issuer settings); in a test
                 marked @pytest.mark.engines, docker_host is the socket of the engine it runs on (the
-                test runs once per engine: 20.10, 26.1, 26.1-containerd; see scripts/services.sh)
+                test runs once per engine: 20.10, 26.1, 26.1-containerd, 28.5; see scripts/services.sh)
 engine          the name of that engine (None in unmarked tests, which use the first engine)
-node            in a test marked @pytest.mark.runtimes (run once per Docker engine, then on containerd 1.6
-                and 1.7 and Podman 4.3): tests.support.runtimes.Node, the env for imgtool
+node            in a test marked @pytest.mark.runtimes (run once per Docker engine, then on containerd 1.6,
+                1.7 and 2.1 and Podman 4.3): tests.support.runtimes.Node, the env for imgtool
                 (node.env), what the runtime holds, the ID it gives an image, a container run, cleanup
 factory         ImageFactory seeded from the test's node id (stable per test, distinct across tests)
 uniq            a fresh repository namespace, e.g. "t3f9a0c1d", so tests never share repositories
@@ -30,7 +30,7 @@ from tests.support.registry import RegistryClient, publish_mirrored
 from tests.support.services import Services, ServicesNotRunning, worker_environment
 from tests.support.tokenissuer import TokenIssuer
 
-ENGINES = ("20.10", "26.1", "26.1-containerd")  # scripts/services.sh starts each; CI runs them all
+ENGINES = ("20.10", "26.1", "26.1-containerd", "28.5")  # scripts/services.sh starts each; CI runs them all
 
 
 def pytest_configure(config):

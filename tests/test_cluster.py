@@ -5,12 +5,12 @@ bundle, and nothing else, reaches the cluster. One node runs `imgtool serve` on 
 run-flags a2 --format k8s --bundle` writes the Pod (validated against the Kubernetes schemas), and
 every other node gets the image the Pod names:
 
-- Kubernetes nodes (containerd 1.6 and 1.7 with the CRI plugin): the kubelet's own path, CRI
+- Kubernetes nodes (containerd 1.6, 1.7 and 2.1 with the CRI plugin): the kubelet's own path, CRI
   ImageStatus then PullImage of the Pod's image string `quay.io/...:TAG@sha256:...`, resolved by
   the CRI plugin through a hosts.toml mirror for quay.io in its `config_path` (as
   /etc/containerd/certs.d on a node): the upstream name, unchanged.
 - a Podman host: a registries.conf mirror for quay.io, `podman pull quay.io/...@sha256:...`.
-- Docker hosts (20.10, 26.1): Docker mirrors only Docker Hub, so they pull from the server's address.
+- Docker hosts (20.10, 26.1, 28.5): Docker mirrors only Docker Hub, so they pull from the server's address.
 
 Every runtime checks what it pulls against the digests (the manifest the Pod pins, the layers the
 manifest names), and the image each holds is the bundle's (its config digest). A part damaged after
@@ -113,7 +113,7 @@ class KubeNode:
         assert errors == []
 
 
-@pytest.mark.parametrize("version", ["1.6", "1.7"])
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2.1"])
 def test_a_kubernetes_node_pulls_the_pods_image_by_its_upstream_name(version, cluster, services):
     node = KubeNode(version, services, cluster.server.url)
     try:
@@ -130,7 +130,7 @@ def test_a_kubernetes_node_pulls_the_pods_image_by_its_upstream_name(version, cl
     assert cluster.server.said(f"/manifests/{cluster.image.manifest_digest}?ns=quay.io 200"), cluster.server.log()
 
 
-@pytest.mark.parametrize("version", ["1.6", "1.7"])
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2.1"])
 def test_a_pod_pinned_by_upstreams_index_digest_pulls_through_the_hosts_toml_serve_printed(version, cluster, services):
     """Issue 36 item 6: a GitOps Pod pins quay.io/...:TAG@sha256:<the index digest quay.io shows>. The bundle (this
     host's platform of a two-arch tag) keeps upstream's index; the kubelet's CRI pull finds it through the
@@ -171,7 +171,7 @@ def test_a_podman_host_pulls_the_upstream_name_through_a_registries_conf_mirror(
         assert node.cleanup() == []
 
 
-@pytest.mark.parametrize("engine", ["20.10", "26.1"])
+@pytest.mark.parametrize("engine", ["20.10", "26.1", "28.5"])
 def test_a_docker_host_pulls_from_the_servers_address(engine, cluster, _services):
     cli = DockerCLI(_services.on(engine).docker_host)
     cleanup = DaemonCleanup(cli)

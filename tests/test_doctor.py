@@ -49,7 +49,7 @@ def test_healthy_host_with_a_fitting_bundle(node, engine, bundle):
         assert by["storage"] == (f"OK    storage      containerd's content store and overlayfs snapshotter under "
                                  f"{os.path.dirname(sock)}/root, namespace k8s.io: image IDs are manifest digests")
     else:
-        assert by["podman"] == "OK    podman       Podman 4.3.1"
+        assert by["podman"] == {"podman-4.3": "OK    podman       Podman 4.3.1", "podman-5.8": "OK    podman       Podman 5.8.6"}[engine]
         assert by["storage"] == ("OK    storage      containers-storage (overlay) under "
                                  f"{os.path.dirname(node.env['CONTAINERS_STORAGE_CONF'])}/storage")
     assert by["space"].startswith("OK    space        ") and "the bundle needs about" in by["space"]

@@ -25,6 +25,7 @@ from tests.support.cri import ImageService
 from tests.support.daemon import DockerCLI
 from tests.support.images import host_arch
 from tests.support.kubenode import SimulatedNode, kubelet_config
+from tests.support.runtimes import containerd_path
 
 REPO = "quay.io/ascend/vllm-ascend"
 FIND = ("import json, sys; from imgtool.runtimes import kubelet; w = []; k = kubelet.find(w); "
@@ -363,7 +364,7 @@ def pinned_on(version: str) -> bool:
     return version != "1.6"
 
 
-@pytest.mark.parametrize("version", ["1.6", "1.7"])
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2.1"])
 def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_gets_nothing(version, services, bundle,
                                                                                              tmp_path):
     out, image = bundle
@@ -373,7 +374,9 @@ def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_g
     node = kube_node(tmp_path, socket)
     cri = ImageService(socket)
     try:
-        r = node.run([sys.executable, "-m", "imgtool", "load", str(out)], env=clean_env(DOCKER_HOST=services.docker_host))
+        path = containerd_path(socket)  # the containerd's own ctr (2.x: the transfer service), as on its node
+        r = node.run([sys.executable, "-m", "imgtool", "load", str(out)],
+                     env=clean_env(DOCKER_HOST=services.docker_host, PATH=path))
         assert r.returncode == 0, r.stderr
         assert f"runtime: containerd at unix://{socket}, namespace k8s.io (the kubelet's, from the kubelet's " \
                "command line, pid " in r.stderr
@@ -387,10 +390,66 @@ def test_on_a_mixed_node_the_image_lands_in_the_kubelets_containerd_and_docker_g
             "io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
         top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
         assert top in ctr(socket, "snapshots", "ls").stdout  # unpacked
-        inv = node.run([sys.executable, "-m", "imgtool", "inventory"], env=clean_env(DOCKER_HOST=services.docker_host))
+        inv = node.run([sys.executable, "-m", "imgtool", "inventory"], env=clean_env(DOCKER_HOST=services.docker_host, PATH=path))
         assert inv.returncode == 0, inv.stderr
         mine = [im for im in json.loads(inv.stdout)["images"] if f"{REPO}:v1" in im["tags"]]
         assert [im["pinned"] for im in mine] == [True]
+    finally:
+        cri.close()
+        remove_from(socket, image)
+
+
+def node_of_2026(tmp_path: Path, socket: str, containerd: str, kubelet_running: bool = True) -> SimulatedNode:
+    """A node as kubeadm sets up Kubernetes 1.35/1.36, from its files: the kubelet started with --config alone (the
+    endpoint flags are deprecated), its KubeletConfiguration naming containerRuntimeEndpoint and imageServiceEndpoint,
+    containerd's config at `version = 3` (2.x; 1.7 reads version 2), crictl.yaml naming both endpoints."""
+    endpoint = f"unix://{socket}"
+    v3 = containerd.startswith("2.")
+    cri = '"io.containerd.cri.v1.images"' if v3 else '"io.containerd.grpc.v1.cri"'
+    files = {
+        "/var/lib/kubelet/config.yaml": kubelet_config(endpoint, imageServiceEndpoint=endpoint,
+                                                       imageGCHighThresholdPercent=85, imageGCLowThresholdPercent=80),
+        "/var/lib/kubelet/kubeadm-flags.env": 'KUBELET_KUBEADM_ARGS="--node-ip=10.0.0.1"\n',
+        "/etc/containerd/config.toml": (f"version = {3 if v3 else 2}\n[grpc]\n  address = \"{socket}\"\n"
+                                        f"[plugins.{cri}.registry]\n  config_path = \"/etc/containerd/certs.d\"\n"),
+        "/etc/crictl.yaml": f"runtime-endpoint: {endpoint}\nimage-endpoint: {endpoint}\ntimeout: 10\n",
+    }
+    args = (["--config=/var/lib/kubelet/config.yaml", "--kubeconfig=/etc/kubernetes/kubelet.conf"]
+            if kubelet_running else None)
+    return SimulatedNode(tmp_path / "node", files=files, kubelet_args=args)
+
+
+@pytest.mark.parametrize("kubernetes,version", [("1.35", "1.7"), ("1.35", "2.1"), ("1.36", "2.1")])
+def test_a_1_35_or_1_36_nodes_files_name_its_containerd_and_the_image_lands_there_pinned(kubernetes, version, services,
+                                                                                         bundle, tmp_path):
+    """Issue 49: a Kubernetes 1.35 node (the last on containerd 1.x) and a 1.36 one (containerd 2.x: 2.1 stands in for
+    the 2.2 it needs, the newest Debian ships) found from its files alone. imgtool names the kubelet's containerd
+    from the KubeletConfiguration (the kubelet running with --config only, and stopped: its file still says), loads
+    into k8s.io with the containerd's own ctr, and the CRI reports the image pinned; doctor names the runtime."""
+    out, image = bundle
+    socket = services.containerd(version)
+    env = clean_env(PATH=containerd_path(socket))  # no Docker: the node's containerd and its own ctr
+    stopped = find_on(node_of_2026(tmp_path / "stopped", socket, version, kubelet_running=False))
+    assert stopped == {"runtime": "containerd", "endpoint": f"unix://{socket}", "source": "/var/lib/kubelet/config.yaml",
+                       "gc_high": 85, "gc_low": 80, "gc_source": "/var/lib/kubelet/config.yaml", "warnings": []}
+    node = node_of_2026(tmp_path, socket, version)
+    found = find_on(node)
+    assert (found["runtime"], found["endpoint"], found["source"], found["warnings"]) == (
+        "containerd", f"unix://{socket}", "/var/lib/kubelet/config.yaml", [])
+    cri = ImageService(socket)
+    try:
+        r = node.run([sys.executable, "-m", "imgtool", "load", str(out)], env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"runtime: containerd at unix://{socket}, namespace k8s.io (the kubelet's, from " \
+               "/var/lib/kubelet/config.yaml)" in r.stderr
+        status = cri.status(f"{REPO}:v1")
+        assert status is not None and status.id == image.config_digest and status.pinned is True
+        top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
+        assert top in ctr(socket, "snapshots", "ls").stdout  # unpacked
+        doctor = node.run([sys.executable, "-m", "imgtool", "doctor"], env=env)
+        assert any(line.startswith(f"OK    runtime      imgtool load uses containerd {version}.") and
+                   line.endswith("namespace k8s.io (--runtime auto: the kubelet's, from /var/lib/kubelet/config.yaml)")
+                   for line in doctor.stdout.splitlines()), doctor.stdout
     finally:
         cri.close()
         remove_from(socket, image)

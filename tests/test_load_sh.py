@@ -26,10 +26,10 @@ from tests.support.images import host_arch
 
 REPO = "example.test/loadsh"
 HANG = 120  # seconds: a load.sh that needs longer for these small bundles is hanging
-RUNTIMES = ["containerd-1.6", "containerd-1.7", "podman"]
-# what load.sh runs, besides the runtime (the podman wrapper of the services runs unshare and mount)
+RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]  # podman-5.8: tests/support/runtimes.py
+# what load.sh runs, besides the runtime (the podman wrappers of the services run unshare and mount; 5.8's mkdir, chroot)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "id")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "mkdir", "chroot", "id")
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -38,6 +38,12 @@ def _which(tool: str) -> str:
         if os.access(os.path.join(d, tool), os.X_OK):
             return os.path.join(d, tool)
     raise AssertionError(f"{tool} is not installed: scripts/services.sh installs what load.sh needs")
+
+
+def own_ctr(sock: str) -> str:
+    """The ctr of this containerd's version where scripts/services.sh gives it one (2.x: DIR/bin/ctr), else the system's."""
+    own = os.path.join(os.path.dirname(sock), "bin", "ctr")
+    return own if os.path.exists(own) else _which("ctr")
 
 
 def tool_dir(path: Path, runtime: Dict[str, str]) -> Path:
@@ -55,18 +61,20 @@ class Node:
 
     def __init__(self, name: str, services, tmp: Path):
         self.name = name
-        self.kind = "podman" if name == "podman" else "containerd"
+        self.kind = "podman" if name.startswith("podman") else "containerd"
         self.home = tmp / "home"
         self.home.mkdir(parents=True)
         if self.kind == "containerd":
             self.sock = services.containerd(name.split("-", 1)[1])
             self.env = {"CONTAINERD_ADDRESS": self.sock}
-            self.bin = tool_dir(tmp / "bin", {"ctr": _which("ctr")})
+            self.ctr_program = own_ctr(self.sock)
+            self.bin = tool_dir(tmp / "bin", {"ctr": self.ctr_program})
         else:
-            penv = services.podman_env({})
+            version = name.split("-", 1)[1] if "-" in name else ""  # "podman": 4.3
+            penv = services.podman_env({}, version=version)
             self.env = {k: penv[k] for k in ("CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF")}
-            self.bin = tool_dir(tmp / "bin", {"podman": os.path.join(services.podman, "bin", "podman")})
-            self.podman_env = services.podman_env()
+            self.bin = tool_dir(tmp / "bin", {"podman": os.path.join(penv["PATH"].split(os.pathsep)[0], "podman")})
+            self.podman_env = services.podman_env(version=version)
         self.created: List[str] = []
 
     def load_sh(self, bundle: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -75,7 +83,7 @@ class Node:
                               cwd=bundle, capture_output=True, text=True, timeout=HANG)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", self.sock, "-n", "k8s.io", *args], capture_output=True,
+        return subprocess.run([self.ctr_program, "--address", self.sock, "-n", "k8s.io", *args], capture_output=True,
                               text=True, timeout=HANG, check=check)
 
     def podman(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -677,7 +685,7 @@ def test_a_containerd_socket_that_never_answers_is_given_up_on_as_quickly_as_img
         os.unlink(path)
 
 
-@pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox")])
+@pytest.mark.parametrize("version,shell", [("1.6", "dash"), ("1.7", "dash"), ("1.7", "busybox"), ("2.1", "dash")])
 def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_docker_gets_nothing(
         version, shell, services, factory, uniq, tmp_path):
     """Issue 36's done-when for load.sh: a kubelet on the test's containerd, a dockerd answering too; `sh load.sh`
@@ -694,7 +702,7 @@ def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_d
     docker = DockerCLI(services.docker_host)
     before = docker.image_ids()
     node = kube_node(tmp_path, socket)
-    argv, env = shell_env(shell, tmp_path / "env", {"ctr": _which("ctr"), "docker": _which("docker")},
+    argv, env = shell_env(shell, tmp_path / "env", {"ctr": own_ctr(socket), "docker": _which("docker")},
                           DOCKER_HOST=services.docker_host)
     cri = ImageService(socket)
     try:
@@ -712,11 +720,11 @@ def test_on_a_mixed_node_load_sh_loads_into_the_kubelets_containerd_pinned_and_d
         status = cri.status(ref)
         assert status is not None and status.id == image.config_digest
         assert status.pinned is pinned_on(version)
-        rows = [line.split() for line in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "images", "ls"],
+        rows = [line.split() for line in subprocess.run([own_ctr(socket), "-a", socket, "-n", "k8s.io", "images", "ls"],
                                                         capture_output=True, text=True, timeout=HANG).stdout.splitlines()]
         assert [row[-1] for row in rows if row[0] == ref] == ["io.cri-containerd.image=managed,io.cri-containerd.pinned=pinned"]
         top = str(chain_ids(tuple(Digest.parse(d) for d in image.diff_ids))[-1])
-        assert top in subprocess.run(["ctr", "-a", socket, "-n", "k8s.io", "snapshots", "ls"], capture_output=True,
+        assert top in subprocess.run([own_ctr(socket), "-a", socket, "-n", "k8s.io", "snapshots", "ls"], capture_output=True,
                                      text=True, timeout=HANG).stdout  # unpacked
 
         remove_from(socket, image, ref.rsplit(":", 1)[0])

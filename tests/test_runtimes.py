@@ -211,7 +211,7 @@ def test_podman_is_asked_for_the_space_it_really_needs(node, factory, mirrored, 
         env = dict(node.env, CONTAINERS_STORAGE_CONF=str(conf))
         r = imgtool("load", str(tmp_path / "v1"), env=env)
         assert r.returncode == 0, r.stderr
-        held = subprocess.run(["podman", "images", "-q", "--no-trunc"], env=dict(node.services.podman_env(), **env),
+        held = subprocess.run(["podman", "images", "-q", "--no-trunc"], env=dict(node.services.podman_env(version=node.version), **env),
                               capture_output=True, text=True, timeout=120, check=True).stdout.split()
         assert held == [image.config_digest]
         assert [x["unpacked_size"] for x in doc["images"][0]["layers"]] == [x.uncompressed_size for x in image.layers]

@@ -517,7 +517,7 @@ def test_over_tls_with_the_test_ca(bundle, serving, services, tmp_path):
 
 # Docker's containerd image store (26.1-containerd) does not take loopback registries as insecure by default;
 # nodes pull from another node's address anyway, where every engine needs insecure-registries or TLS (README).
-@pytest.mark.parametrize("engine", ["20.10", "26.1"], indirect=True)
+@pytest.mark.parametrize("engine", ["20.10", "26.1", "28.5"], indirect=True)
 def test_docker_pulls_from_serve(bundle, serving, docker_cli, docker_cleanup, uniq, tmp_path, factory):
     out, vllm, _ = bundle
     s = serving(str(out), "--listen", "127.0.0.1:0")
@@ -527,7 +527,7 @@ def test_docker_pulls_from_serve(bundle, serving, docker_cli, docker_cleanup, un
     assert docker_cli.holds(ref, vllm)
 
 
-@pytest.mark.parametrize("version,tls", [("1.6", False), ("1.7", False), ("1.7", True)])
+@pytest.mark.parametrize("version,tls", [("1.6", False), ("1.7", False), ("1.7", True), ("2.1", False)])
 def test_containerd_pulls_the_upstream_name_through_a_hosts_toml_mirror(version, tls, factory, services, serving,
                                                                         tmp_path, uniq):
     node = ContainerdNode(f"containerd-{version}", services)

@@ -12,6 +12,7 @@ import tarfile
 import pytest
 import requests
 
+from tests.support.runtimes import containerd_path
 from tests.support.images import (
     DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST, SEED_ENV, ImageFactory,
     sha256_digest, write_docker_archive,
@@ -134,22 +135,23 @@ def test_docker_run_with_shm_size_in_the_test_network_mode(services, factory, un
 # -- the runtimes of nodes without Docker: containerd (Kubernetes) and Podman ------------------------
 
 
-@pytest.mark.parametrize("version", ["1.6", "1.7"])
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2.1"])
 def test_private_containerd_imports_unpacks_and_runs_like_a_node(version, services, factory, uniq, tmp_path):
     """Each private containerd is a node's: the CRI plugin marks what is imported into k8s.io as
     the kubelet's, the image unpacks into the default snapshotter, and a container runs from it
-    with runc's state under the services dir."""
+    with runc's state under the services dir (2.1: with its own ctr, through the transfer service)."""
     sock = services.containerd(version)
+    path = containerd_path(sock)
     image = factory.image(layers=1, layer_size=50_000, runnable=True)
     name = f"example.test/{uniq}/node:v1"
     archive = write_docker_archive(image, tmp_path / "image.tar", name)
 
     def ctr(*args, check=True):
         return subprocess.run(["ctr", "--address", sock, "-n", "k8s.io", *args], capture_output=True,
-                              text=True, timeout=120, check=check)
+                              text=True, timeout=120, check=check, env=dict(os.environ, PATH=path))
 
     server = subprocess.run(["ctr", "--address", sock, "version"], capture_output=True, text=True,
-                            timeout=30, check=True).stdout
+                            timeout=30, check=True, env=dict(os.environ, PATH=path)).stdout
     assert f"Version:  {version}." in server.split("Server:", 1)[1]
     try:
         ctr("images", "import", archive)

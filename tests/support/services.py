@@ -56,7 +56,8 @@ class Services:
     token_issuer: str
     # runtimes beside Docker (IMGTOOL_SERVICES_RUNTIMES may leave them out: then empty)
     containerds: Tuple[Tuple[str, str], ...] = ()  # (version, socket path): 1.6, 1.7
-    podman: str = ""  # the private podman's directory (storage.conf, containers.conf, bin/podman)
+    podman: str = ""  # the private podman 4.3's directory (storage.conf, containers.conf, bin/podman)
+    podmans: Tuple[Tuple[str, str], ...] = ()  # (version, directory) of every private podman: 4.3, 5.8
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Services":
@@ -86,6 +87,8 @@ class Services:
             containerds=tuple(tuple(item.split("=", 1))  # type: ignore
                               for item in env.get("IMGTOOL_TEST_CONTAINERDS", "").split()),
             podman=env.get("IMGTOOL_TEST_PODMAN", ""),
+            podmans=tuple(tuple(item.split("=", 1))  # type: ignore
+                          for item in env.get("IMGTOOL_TEST_PODMANS", "").split()),
         )
 
     def on(self, engine: str) -> "Services":
@@ -104,15 +107,18 @@ class Services:
                                      f"{', '.join(sockets) or 'none'}); scripts/test.sh starts every runtime")
         return sockets[version]
 
-    def podman_env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-        """`base` (os.environ by default) with the private podman first in PATH and its configuration."""
-        if not self.podman:
-            raise ServicesNotRunning("podman is not set up (IMGTOOL_TEST_PODMAN is empty); "
+    def podman_env(self, base: Optional[Mapping[str, str]] = None, version: str = "") -> Dict[str, str]:
+        """`base` (os.environ by default) with the private podman (4.3, or `version`) first in PATH and its
+        configuration."""
+        directory = dict(self.podmans).get(version, "") if version else self.podman
+        if not directory:
+            raise ServicesNotRunning(f"podman {version or '4.3'} is not set up (IMGTOOL_TEST_PODMANS: "
+                                     f"{' '.join(v for v, _ in self.podmans) or 'none'}); "
                                      "scripts/test.sh sets up every runtime")
         env = dict(os.environ if base is None else base)
-        env["PATH"] = os.path.join(self.podman, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
-        env["CONTAINERS_STORAGE_CONF"] = os.path.join(self.podman, "storage.conf")
-        env["CONTAINERS_CONF"] = os.path.join(self.podman, "containers.conf")
+        env["PATH"] = os.path.join(directory, "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        env["CONTAINERS_STORAGE_CONF"] = os.path.join(directory, "storage.conf")
+        env["CONTAINERS_CONF"] = os.path.join(directory, "containers.conf")
         return env
 
     @property
