@@ -166,3 +166,30 @@ def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, 
     assert index_of(delta).base is not None
     ok = imgtool(None, cache, "verify", str(delta))
     assert ok.returncode == 0, ok.stderr
+
+
+def test_an_image_and_a_model_from_the_loopback_registry_and_hub_are_one_bundle_that_verifies(services, factory,
+                                                                                              mirrored, tmp_path):
+    """The issue's first "done when": `fetch v1 hf:ORG/NAME --arch arm64` writes ONE bundle holding both."""
+    idx = factory.multiarch(media="oci", layers=2)
+    ms = mirrored(idx, tag="v1", targets=("upstream",))
+    cfg = tmp_path / "mirrors.toml"
+    cfg.write_text(f'default_image = "quay.io/{ms.repo}"\n[[mirrors]]\nname = "quay"\nregistry = "quay.io"\n'
+                   f'url = "http://{services.plain}"\nupstream = true\ninsecure = true\n')
+    model = small_model(seed=51, shard_bytes=256 << 10)
+    cache, out = tmp_path / "cache", tmp_path / "both"
+    with Hub([model], flavour="hf") as hub:
+        r = imgtool(hub, cache, "fetch", "v1", f"hf:{REPO}", "--arch", "arm64", "--mirrors", str(cfg), "-o", str(out),
+                    "--chunk-size", "1M", "--no-tool")
+        assert r.returncode == 0, r.stderr
+        assert [served(hub, p) for p in (SHARD1, SHARD2)] == [model.head.files[p].size for p in (SHARD1, SHARD2)]
+    idx_json = index_of(out)
+    (image,) = idx_json.images
+    assert (image.ref, str(image.platform)) == (f"quay.io/{ms.repo}:v1", "linux/arm64/v8")
+    assert str(image.manifest_digest) == idx.image("arm64").manifest_digest
+    (m,) = idx_json.models
+    assert (m.ref, m.commit, len(m.files)) == (f"hf:{REPO}", model.head.commit, len(model.head.files))
+    assert_carries(out, model)
+    ok = imgtool(None, cache, "verify", str(out))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"ok: {out}: 1 image(s); 3 parts"), ok.stdout
