@@ -182,8 +182,12 @@ def _resolve_models(config: MirrorConfig, opts: FetchOptions, refs: Sequence[Mod
     if not refs:
         return []
     pins = opts.lock.model_pins() if opts.lock else None
-    return model_pull.resolve_models(refs, config, opts.hubs or HubEnvironment(), store, progress, mirror=opts.mirror,
-                                     timeout=opts.probe_timeout, pins=pins)
+    out = model_pull.resolve_models(refs, config, opts.hubs or HubEnvironment(), store, progress, mirror=opts.mirror,
+                                    timeout=opts.probe_timeout, pins=pins)
+    for res in out:  # a pinned commit's files are exactly the lock's: another sha256 is refused, naming the file
+        if opts.lock:
+            opts.lock.check_model(str(res.ref), [(f.path, f.size, f.sha256) for f in res.snapshot.files])
+    return out
 
 
 def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progress: Progress) -> List["BundleModel"]:
