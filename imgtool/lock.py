@@ -121,14 +121,14 @@ def lock_models(config: MirrorConfig, spec: Spec, mirror: str, store: Store, pro
     file the hub gives no sha256 for is read through `store` to hash it). Raises as model_pull.resolve_models."""
     if not spec.models:
         return []
-    from .model_pull import resolve_models
+    from .model_pull import resolve_models, source_of
     from .weights import parse_model_ref
 
     out = []
     for res in resolve_models([parse_model_ref(r) for r in spec.models], config, hubs or HubEnvironment(), store,
                               progress, mirror=mirror, timeout=timeout):
         files = tuple(sorted((f.path, f.size, f.sha256) for f in res.snapshot.files if f.sha256 is not None))
-        out.append(LockedModel(str(res.ref), res.commit, files, res.hubs[0].name if res.hubs else ""))
+        out.append(LockedModel(res.ref.asked, res.commit, files, source_of(res)))
     return out
 
 

@@ -66,7 +66,7 @@ def _models(values: List[Any]) -> Tuple[str, ...]:
         raise Invalid()
     seen: List[str] = []
     for text in values:
-        ref = str(parse_model_ref(text.strip()))
+        ref = parse_model_ref(text.strip()).asked
         if ref in seen:
             raise UsageError(f"model {text!r} is listed twice")
         seen.append(ref)
@@ -321,7 +321,7 @@ def _locked_models(obj: Dict[str, Any], bad: Any) -> Tuple[LockedModel, ...]:
             raise bad(f"{where} needs string ref and commit, and a list of files")
         files = []
         try:
-            parse_model_ref(x["ref"])
+            parse_model_ref(x["ref"])  # a local directory's too (hf:ORG/NAME=DIR)
             for j, f in enumerate(x["files"]):
                 if not isinstance(f, dict) or not isinstance(f.get("path"), str) or check_path(f["path"]) \
                         or not isinstance(f.get("size"), int) or isinstance(f.get("size"), bool) or f["size"] < 0:
