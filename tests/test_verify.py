@@ -147,9 +147,9 @@ def test_missing_or_unreadable_bundle_json(bundle, tmp_path):
     (bundle / "bundle.json").write_text("{not json")
     r = imgtool("verify", str(bundle))
     assert r.returncode == 3 and err_lines(r)[0].startswith("error: bundle.json is malformed: not valid JSON")
-    (bundle / "bundle.json").write_text('{"format": "imgtool-bundle", "version": 4}')
+    (bundle / "bundle.json").write_text('{"format": "imgtool-bundle", "version": 5}')
     r = imgtool("verify", str(bundle))
-    assert err_lines(r) == ["error: bundle format version 4 is newer than this imgtool understands (3)",
+    assert err_lines(r) == ["error: bundle format version 5 is newer than this imgtool understands (4)",
                             "hint: upgrade imgtool on this host"]
     r = imgtool("verify", str(tmp_path / "nowhere"))
     assert r.returncode == 2 and err_lines(r)[0] == f"error: no such bundle directory: {tmp_path / 'nowhere'}"
