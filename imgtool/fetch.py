@@ -182,8 +182,12 @@ def _resolve_models(config: MirrorConfig, opts: FetchOptions, refs: Sequence[Mod
     if not refs:
         return []
     pins = opts.lock.model_pins() if opts.lock else None
-    return model_pull.resolve_models(refs, config, opts.hubs or HubEnvironment(), store, progress, mirror=opts.mirror,
-                                     timeout=opts.probe_timeout, pins=pins)
+    out = model_pull.resolve_models(refs, config, opts.hubs or HubEnvironment(), store, progress, mirror=opts.mirror,
+                                    timeout=opts.probe_timeout, pins=pins)
+    for res in out:  # a pinned commit's files are exactly the lock's: another sha256 is refused, naming the file
+        if opts.lock:
+            opts.lock.check_model(res.ref.asked, [(f.path, f.size, f.sha256) for f in res.snapshot.files])
+    return out
 
 
 def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progress: Progress) -> List["BundleModel"]:
@@ -198,7 +202,7 @@ def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progre
             size = sum(f.size for f in res.snapshot.files if f.sha256 in omitted)
             progress.note(f"delta against {have.what if have else ''}: {len(omitted)} files of {res.ref} "
                           f"({format_size(size)}) are already on the offline side and are not downloaded")
-        out.append(bundle_model(res.snapshot, res.hubs[0].name if res.hubs else "", omitted))
+        out.append(bundle_model(res.snapshot, model_pull.source_of(res), omitted))
     return out
 
 

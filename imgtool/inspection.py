@@ -1,18 +1,22 @@
-"""`imgtool inspect`: a reference's platforms, sizes and layer counts, and which source answered.
+"""`imgtool inspect`: a reference's platforms, sizes and layer counts, and which source answered; for a model
+reference (hf:ORG/NAME[@REV], modelscope:...), the commit, every endpoint's answer, and each file's size and sha256.
 
 A core function taking plain values and a Progress and returning plain values; commands/ formats them.
 """
 
 from dataclasses import dataclass
-from typing import List
+from typing import TYPE_CHECKING, List
 
-from .config import MirrorConfig
+from .config import HubEnvironment, MirrorConfig
 from .errors import ImgtoolError
 from .mirrors import Resolution, Source
 from .model import Digest, ImageRef, Index, Manifest, Platform, parse_manifest
 from .progress import Progress
 from .resolve import resolve_image, resolve_refs
 from .store import Store
+
+if TYPE_CHECKING:
+    from .hubs import HubResolution
 
 
 @dataclass
@@ -69,3 +73,17 @@ def _any_platform_of(manifest: Manifest, source: Source, store: Store) -> Platfo
     from .resolve import fetch_small_blob
 
     return ImageConfig.parse(fetch_small_blob([source], manifest.config, store)).platform
+
+
+def inspect_model(config: MirrorConfig, env: HubEnvironment, text: str, mirror: str, store: Store, progress: Progress,
+                  timeout: float = 5.0) -> "HubResolution":
+    """A model reference resolved: its commit, what every endpoint answered, and each file with its size and sha256
+    (a small git file the hub lists without one is read whole through `store` to hash it, as fetch does). Raises
+    UsageError (a malformed reference), NotFoundError, RegistryError, ManifestError, VerifyError."""
+    from .model_pull import resolve_models
+    from .weights import parse_model_ref
+
+    ref = parse_model_ref(text)
+    store.create()
+    (res,) = resolve_models([ref], config, env, store, progress, mirror=mirror, timeout=timeout)
+    return res

@@ -48,11 +48,16 @@ def resolve_models(refs: Sequence[ModelRef], config: MirrorConfig, env: HubEnvir
     """Each model reference resolved (its revision to a commit: `pins`, from bundle.lock, names it by the reference
     as asked) and completed (every file with its sha256: small git files through the store). Raises as
     hubs.resolve and HubResolution.complete do; UsageError for an unknown --mirror."""
+    from .model_dir import open_dir
+
     out: List[HubResolution] = []
     for ref in refs:
+        if ref.directory is not None:  # a local snapshot: hashed here, read from there (model_dir.py)
+            out.append(open_dir(ref, progress))
+            continue
         asked = ref
-        if pins and str(ref) in pins:
-            ref = dataclasses.replace(ref, revision=pins[str(ref)])
+        if pins and ref.asked in pins:
+            ref = dataclasses.replace(ref, revision=pins[ref.asked])
         only = mirror if mirror != "auto" and any(m.name == mirror for m in config.model_mirrors) else None
         res = resolve(ref, open_hubs(ref, config, env, only=only), timeout)
         for note in res.notes:
@@ -66,6 +71,11 @@ def resolve_models(refs: Sequence[ModelRef], config: MirrorConfig, env: HubEnvir
                       f"({len(res.snapshot.files)} files, {format_size(res.snapshot.size)})")
         out.append(res)
     return out
+
+
+def source_of(res: HubResolution) -> str:
+    """Where a model came from, for bundle.json and the lock: the fastest agreeing endpoint, or the directory."""
+    return res.hubs[0].name if res.hubs else getattr(res, "directory", "")
 
 
 def carrying(res: HubResolution, omitted: Collection[Digest]) -> HubResolution:

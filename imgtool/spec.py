@@ -1,10 +1,11 @@
 """Release bundles described in files: the bundle spec (bundle.toml) and its lock (bundle.lock).
 
-A spec says what goes into a bundle (images, platforms, chunk size, compression, output
+A spec says what goes into a bundle (images, models, platforms, chunk size, compression, output
 name, mirrors); the lock, written next to it by `imgtool lock`, pins every image to the
-digest of its index and of each platform manifest, so a rebuild fetches exactly the same
-bytes after tags move. Pure values and (de)serialisation; reading the files is the only I/O.
-Errors name the file, the line or key, and exit 2. See docs/release.md.
+digest of its index and of each platform manifest, and every model to its commit and each
+file's size and sha256, so a rebuild fetches exactly the same bytes after tags and branches
+move. Pure values and (de)serialisation; reading the files is the only I/O. What `lock --update`
+changed is lock.py's. Errors name the file, the line or key, and exit 2. See docs/release.md.
 """
 
 import calendar
@@ -12,13 +13,13 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .bundle.format import COMPRESSIONS
 from .config import MirrorConfig, parse_chunk_size, read_toml, toml_fail
-from .errors import ConfigError, UsageError
+from .errors import ConfigError, UsageError, VerifyError
 from .fsutil import write_atomic
 from .model import UTC_TIME, Digest, ImageRef, Platform, PulledImage, json_object, utc_time
 from .schema import Invalid, Key, Table, one_of
@@ -39,6 +40,7 @@ class Spec:
     compress: str = "none"
     mirrors: Optional[str] = None  # mirrors.toml, resolved relative to the spec file
     mirror: str = "auto"
+    models: Tuple[str, ...] = ()  # hf:ORG/NAME[@REV], modelscope:...: each as weights.ModelRef prints it
 
     @property
     def lock_path(self) -> Path:
@@ -54,6 +56,20 @@ def _images(values: List[Any]) -> Tuple[str, ...]:
             raise UsageError(f"image {text!r} is listed twice")
         ImageRef.parse(text)
         seen.append(text.strip())
+    return tuple(seen)
+
+
+def _models(values: List[Any]) -> Tuple[str, ...]:
+    from .weights import parse_model_ref
+
+    if not all(isinstance(x, str) and x.strip() for x in values):
+        raise Invalid()
+    seen: List[str] = []
+    for text in values:
+        ref = parse_model_ref(text.strip()).asked
+        if ref in seen:
+            raise UsageError(f"model {text!r} is listed twice")
+        seen.append(ref)
     return tuple(seen)
 
 
@@ -78,8 +94,9 @@ def _text(value: str) -> str:
 
 _PLATFORMS_WRONG = '{key} must be a non-empty array of strings like "arm64" or "linux/arm64"'
 _SPEC = Table(
-    Key("images", list, required=True, check=_images, wrong="images must be a non-empty array of image references (strings)",
-        missing='missing key \'images\' (e.g. images = ["v0.22.1rc1", "v0.22.1rc1-a3"])'),
+    Key("images", list, check=_images, wrong="images must be a non-empty array of image references (strings)"),
+    Key("models", list, check=_models,
+        wrong='models must be an array of model references (strings like "hf:ORG/NAME@REVISION")'),
     Key("arch", (str, list), check=_platforms, wrong=_PLATFORMS_WRONG),
     Key("platforms", (str, list), check=_platforms, wrong=_PLATFORMS_WRONG),
     Key("output", str, check=_text, what="a non-empty string"),
@@ -95,16 +112,19 @@ def parse_spec(data: Dict[str, Any], text: str, path: Path) -> Spec:
     """Validate a loaded bundle.toml; raises ConfigError naming file, line and key."""
     fail = toml_fail(path, text)
     values = _SPEC.check(data, fail)
+    if not values.get("images") and not values.get("models"):
+        fail(None, 'missing key \'images\' (e.g. images = ["v0.22.1rc1", "v0.22.1rc1-a3"]) or \'models\' '
+                   '(e.g. models = ["hf:Qwen/Qwen3-8B"])')
     if "arch" in values and "platforms" in values:
         fail("platforms", "use arch or platforms, not both")
     platforms = values.get("platforms", values.get("arch"))
-    if platforms is None:
+    if platforms is None and values.get("images"):
         fail(None, 'missing key \'arch\' (e.g. arch = ["arm64", "amd64"]); a release bundle names its platforms')
     mirrors = values.get("mirrors")
     if mirrors:
         mirrors = str((path.parent / os.path.expanduser(mirrors)).resolve())
-    return Spec(path, values["images"], platforms, values.get("output"), values.get("chunk_size"),
-                values.get("compress", "none"), mirrors, values.get("mirror", "auto"))
+    return Spec(path, values.get("images", ()), platforms or (), values.get("output"), values.get("chunk_size"),
+                values.get("compress", "none"), mirrors, values.get("mirror", "auto"), values.get("models", ()))
 
 
 def load_spec(path: str) -> Spec:
@@ -172,17 +192,29 @@ class Lock:
         return {m.ref: m.commit for m in self.models}
 
     def check_model(self, ref: str, files: Sequence[Tuple[str, int, Optional[Digest]]]) -> None:
-        """A resolved model's files must be those the lock pins (path, size, sha256); raises ConfigError."""
+        """A resolved model's files must be those the lock pins (path, size, sha256): a hub listing other bytes
+        for the pinned commit is refused, naming the files. Raises VerifyError (exit 3)."""
         locked = next((m for m in self.models if m.ref == ref), None)
         if locked is None:
             return
         got = {p: (n, d) for p, n, d in files}
         want = {p: (n, d) for p, n, d in locked.files}
         differ = sorted(p for p in set(got) | set(want) if got.get(p) != want.get(p))
-        if differ:
-            more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
-            raise ConfigError(f"{self.path}: {ref} at commit {locked.commit[:12]} lists other files than the lock pins: "
-                              f"{', '.join(differ[:3])}{more}", hint="run imgtool lock --update -f SPEC")
+        if not differ:
+            return
+        first = differ[0]
+        if first not in got:
+            why = f"{first}: pinned by the lock, not listed by the hub"
+        elif first not in want:
+            why = f"{first}: listed by the hub, not pinned by the lock"
+        else:
+            why = (f"{first}: the hub lists {got[first][1]} ({got[first][0]} bytes), the lock pins "
+                   f"{want[first][1]} ({want[first][0]} bytes)")
+        more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])}{' ...' if len(differ) > 4 else ''})" \
+            if len(differ) > 1 else ""
+        raise VerifyError(f"{ref} at commit {locked.commit[:12]}: {why}{more}; refused",
+                          hint=f"the hub's files changed under a pinned commit: try another endpoint with --mirror "
+                               f"NAME; if the change is wanted, imgtool lock --update (pins in {self.path})")
 
     def pins(self) -> Dict[str, Digest]:
         """Canonical name -> pinned digest, for fetch."""
@@ -218,6 +250,13 @@ class Lock:
             why.append("no longer in the spec: " + ", ".join(gone))
         if sorted(plats) != sorted(self.platforms):
             why.append(f"platforms {', '.join(plats)} in the spec, {', '.join(self.platforms)} in the lock")
+        locked = [m.ref for m in self.models]
+        added_m = [r for r in spec.models if r not in locked]
+        gone_m = [r for r in locked if r not in spec.models]
+        if added_m:
+            why.append("models not locked: " + ", ".join(added_m))
+        if gone_m:
+            why.append("models no longer in the spec: " + ", ".join(gone_m))
         return "; ".join(why) or None
 
     def require_fit(self, spec: Spec, config: MirrorConfig) -> None:
@@ -264,7 +303,34 @@ def parse_lock(data: bytes, path: Path) -> Lock:
         except UsageError as e:
             raise bad(f"{where}: {e.message}") from e
         out.append(LockedImage(x["ref"], x["name"], digest, pairs, str(x.get("source") or "")))
-    return Lock(path, tuple(str(Platform.parse(p)) for p in platforms), tuple(out))
+    return Lock(path, tuple(str(Platform.parse(p)) for p in platforms), tuple(out), _locked_models(obj, bad))
+
+
+def _locked_models(obj: Dict[str, Any], bad: Any) -> Tuple[LockedModel, ...]:
+    """bundle.lock's `models` (absent in locks of specs without models)."""
+    from .weights import check_path, parse_model_ref
+
+    models = obj.get("models", [])
+    if not isinstance(models, list):
+        raise bad("`models` is not a list")
+    out = []
+    for i, x in enumerate(models):
+        where = f"models[{i}]"
+        if not isinstance(x, dict) or not all(isinstance(x.get(k), str) for k in ("ref", "commit")) \
+                or not isinstance(x.get("files"), list):
+            raise bad(f"{where} needs string ref and commit, and a list of files")
+        files = []
+        try:
+            parse_model_ref(x["ref"])  # a local directory's too (hf:ORG/NAME=DIR)
+            for j, f in enumerate(x["files"]):
+                if not isinstance(f, dict) or not isinstance(f.get("path"), str) or check_path(f["path"]) \
+                        or not isinstance(f.get("size"), int) or isinstance(f.get("size"), bool) or f["size"] < 0:
+                    raise bad(f"{where}.files[{j}] needs a safe path, a size and a sha256")
+                files.append((f["path"], f["size"], Digest.parse(f["sha256"] if isinstance(f.get("sha256"), str) else "")))
+        except UsageError as e:
+            raise bad(f"{where}: {e.message}") from e
+        out.append(LockedModel(x["ref"], x["commit"], tuple(files), str(x.get("source") or "")))
+    return tuple(out)
 
 
 def read_lock(path: Path) -> Optional[Lock]:
@@ -284,51 +350,6 @@ def write_lock(lock: Lock) -> None:
         write_atomic(lock.path, lock.to_bytes())
     except OSError as e:
         raise UsageError(f"cannot write {lock.path}: {e.strerror or e}") from e
-
-
-@dataclass
-class LockChange:
-    """What `imgtool lock --update` changed for one image."""
-
-    name: str
-    kind: str  # added, removed, moved, unchanged
-    old: Optional[Digest] = None
-    new: Optional[Digest] = None
-    platforms: List[str] = field(default_factory=list)  # platforms whose manifest moved
-
-    def describe(self) -> str:
-        old, new = (d.short if d else "-" for d in (self.old, self.new))  # "removed" has no new, "added" no old
-        if self.kind == "moved":
-            detail = f" ({', '.join(self.platforms)} changed)" if self.platforms else ""
-            return f"moved      {self.name}: {old} -> {new}{detail}"
-        if self.kind == "added":
-            return f"added      {self.name}: {new}"
-        if self.kind == "removed":
-            return f"removed    {self.name}: was {old}"
-        return f"unchanged  {self.name}: {new}"
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "change": self.kind, "old": str(self.old) if self.old else None,
-                "new": str(self.new) if self.new else None, "platforms": self.platforms}
-
-
-def compare_locks(old: Optional[Lock], new: Lock) -> List[LockChange]:
-    """Per image: added, removed, moved (with the platforms whose manifest changed), unchanged."""
-    before = old.by_name() if old else {}
-    out = []
-    for im in new.images:
-        was = before.get(im.name)
-        if was is None:
-            out.append(LockChange(im.name, "added", new=im.digest))
-        elif was.digest != im.digest:
-            old_m = dict(was.manifests)
-            moved = [p for p, d in im.manifests if old_m.get(p) != d]
-            out.append(LockChange(im.name, "moved", was.digest, im.digest, moved))
-        else:
-            out.append(LockChange(im.name, "unchanged", was.digest, im.digest))
-    names = {im.name for im in new.images}
-    out += [LockChange(n, "removed", old=im.digest) for n, im in before.items() if n not in names]
-    return out
 
 
 # --- creation time ---------------------------------------------------------------------------
@@ -358,10 +379,11 @@ def parse_created(option: Optional[str], env: Optional[str] = None) -> Optional[
     raise UsageError(f"invalid {what} {text!r}: use UTC like 2025-06-01T08:00:00Z, or unix seconds")
 
 
-def lock_from(spec: Spec, config: MirrorConfig, resolved: Sequence[Tuple[str, Digest, Sequence[Tuple[Platform, Digest]], str]]) -> Lock:
-    """Build the lock for `spec` from (spec ref, digest, [(platform, manifest digest)], source)."""
+def lock_from(spec: Spec, config: MirrorConfig, resolved: Sequence[Tuple[str, Digest, Sequence[Tuple[Platform, Digest]], str]],
+              models: Sequence[LockedModel] = ()) -> Lock:
+    """Build the lock for `spec` from (spec ref, digest, [(platform, manifest digest)], source) and its models."""
     images = []
     for text, digest, manifests, source in resolved:
         images.append(LockedImage(text, _canonical(config, text), digest,
                                   tuple((str(p), d) for p, d in manifests), source))
-    return Lock(spec.lock_path, tuple(str(p) for p in spec.platforms), tuple(images))
+    return Lock(spec.lock_path, tuple(str(p) for p in spec.platforms), tuple(images), tuple(models))

@@ -10,7 +10,7 @@ gives it: Hugging Face's `lfs.sha256` / `X-Linked-Etag`, ModelScope's `Sha256`),
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import ManifestError, UsageError
@@ -39,12 +39,21 @@ _WEIGHT_CONFIG = re.compile(r"(config|generation_config|tokenizer|tokenizer_conf
 
 @dataclass(frozen=True)
 class ModelRef:
-    """`hf:ORG/NAME[@REVISION]`, `modelscope:ORG/NAME[@REVISION]`, or a local directory (`hub` "dir", `repo` its
-    path): where a model's files come from."""
+    """`hf:ORG/NAME[@REVISION]`, `modelscope:ORG/NAME[@REVISION]`: where a model's files come from; with `directory`,
+    a snapshot someone already downloaded (`hf:ORG/NAME[@REVISION]=DIR`, or a Hugging Face cache's
+    `.../models--ORG--NAME/snapshots/<commit>`), read from there instead of the hub."""
 
-    hub: str  # hf | modelscope | dir
-    repo: str  # ORG/NAME (dir: the directory)
+    hub: str  # hf | modelscope
+    repo: str  # ORG/NAME
     revision: Optional[str] = None  # a branch, tag or commit; None: the hub's default branch
+    directory: Optional[str] = None  # a local snapshot of the model (docs/models.md "A local directory")
+    spelled: str = field(default="", compare=False)  # the text as given, for a local directory
+
+    @property
+    def asked(self) -> str:
+        """The reference as the user wrote it (what bundle.toml and bundle.lock name); the hub's spelling
+        (`str`) is what a bundle records."""
+        return self.spelled or str(self)
 
     @property
     def default_revision(self) -> str:
@@ -62,16 +71,45 @@ class ModelRef:
         return f"{self.hub}:{self.repo}" + (f"@{self.revision}" if self.revision else "")
 
 
+_PATH_STARTS = ("/", "./", "../", "~/")  # a local directory; an image reference never starts so
+_HF_SNAPSHOT = re.compile(r"(?:.*/)?models--([^/]+?)--([^/]+)/snapshots/([^/]+)/*\Z")
+
+
 def is_model_ref(text: str) -> bool:
-    """Whether `text` names a model (hf:, modelscope:) rather than an image."""
-    return text.split(":", 1)[0] in HUBS and ":" in text
+    """Whether `text` names a model (hf:, modelscope:, a local directory) rather than an image."""
+    return (text.split(":", 1)[0] in HUBS and ":" in text) or text.startswith(_PATH_STARTS)
 
 
 def parse_model_ref(text: str) -> ModelRef:
-    """`hf:ORG/NAME[@REVISION]` or `modelscope:ORG/NAME[@REVISION]`; raises UsageError naming what is wrong."""
+    """`hf:ORG/NAME[@REVISION]`, `modelscope:ORG/NAME[@REVISION]`, either with `=DIR` (a local snapshot of it), or
+    a Hugging Face cache's snapshot directory (`.../models--ORG--NAME/snapshots/<commit>`: it names the model and
+    the commit itself); raises UsageError naming what is wrong."""
+    if text.startswith(_PATH_STARTS):
+        return _snapshot_dir(text)
     hub, sep, rest = text.partition(":")
     if not sep or hub not in HUBS:
         raise UsageError(f"invalid model reference {text!r}: use hf:ORG/NAME[@REVISION] or modelscope:ORG/NAME[@REVISION]")
+    rest, eq, directory = rest.partition("=")
+    if eq and not directory.strip():
+        raise UsageError(f"invalid model reference {text!r}: no directory after '=' (hf:ORG/NAME=DIR)")
+    ref = _hub_ref(text, hub, rest)
+    return ModelRef(ref.hub, ref.repo, ref.revision, directory, text) if eq else ref
+
+
+def _snapshot_dir(text: str) -> ModelRef:
+    m = _HF_SNAPSHOT.match(text)
+    if not m:
+        raise UsageError(f"{text}: a directory names no model by itself: use hf:ORG/NAME=DIR (or "
+                         "modelscope:ORG/NAME=DIR), or give a Hugging Face cache's snapshot directory "
+                         "(.../models--ORG--NAME/snapshots/<commit>)")
+    org, name, commit = m.groups()
+    if not (_NAME.match(org) and _NAME.match(name)) or not is_commit(commit):
+        raise UsageError(f"{text}: not a Hugging Face cache's snapshot directory "
+                         "(.../models--ORG--NAME/snapshots/<40 hex commit>)")
+    return ModelRef("hf", f"{org}/{name}", commit, text, text)
+
+
+def _hub_ref(text: str, hub: str, rest: str) -> ModelRef:
     repo, at, revision = rest.partition("@")
     parts = repo.split("/")
     if len(parts) != 2 or not all(_NAME.match(p) for p in parts) or ".." in repo:

@@ -61,6 +61,8 @@ def test_an_omitted_file_is_not_a_member_but_stays_in_the_artifact():
     (lambda m: m["files"][0].update(media_type="application/vnd.cncf.model.weight.v1.raw"),
      "`models[0].files[0].media_type` is not application/vnd.cncf.model.doc.v1.raw for 'README.md'"),
     (lambda m: m.update(ref="hf:../x"), "`models[0].ref` is not a model reference: 'hf:../x'"),
+    # a directory of the connected side is never a bundle's name for a model (fetch records the hub's spelling)
+    (lambda m: m.update(ref="hf:Qwen/Qwen3-8B=/etc"), "`models[0].ref` is not a model reference: 'hf:Qwen/Qwen3-8B=/etc'"),
 ])
 def test_an_edited_model_entry_is_refused_naming_it(edit, why):
     doc = json.loads(_index([bundle_model(_snapshot(), "huggingface.co")]).to_bytes())

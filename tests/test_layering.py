@@ -189,7 +189,7 @@ LAYERS = (
                          "connections", "placer", "placed", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     # what a copy does on the way
-    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull"}),
+    ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull", "model_dir"}),
     ("bundle writing", {"bundle.texts", "bundle.loadsh", "bundle.writer"}),  # a destination
     ("bundle reading", {"bundle"}),  # a source: reader, archive, verify, signature, inplace, landing
     ("presets", {"presets"}),

@@ -264,7 +264,7 @@ def test_a_pinned_digest_gone_from_the_registry_says_to_update_the_lock(services
      "invalid chunk_size '4X': use a carrier (fat32, dvd, dvd-dl, bd25, bd50) or a number with an optional unit "
      "K, M, G, T (binary), e.g. 700M"),
     ('images = ["v1"]\narch = "arm64"\ncompres = "gzip"\n', 3,
-     "unknown key 'compres' (expected images, arch, platforms, output, chunk_size, compress, mirrors, mirror)"),
+     "unknown key 'compres' (expected images, models, arch, platforms, output, chunk_size, compress, mirrors, mirror)"),
     ('# spec\nimages = ["v1", "v1"]\narch = ["arm64"]\n', 2, "image 'v1' is listed twice"),
     ('images = ["v1"]\narch = ["arm64", "sparc"]\n', 2, "unknown architecture 'sparc' in 'sparc'"),
     ('images = ["v1"]\narch = ["arm64"]\nplatforms = ["linux/amd64"]\n', 3, "use arch or platforms, not both"),

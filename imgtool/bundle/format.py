@@ -684,10 +684,13 @@ def _upstream_indexes(x: object, images: Tuple[BundleImage, ...]) -> Tuple[Upstr
 
 
 def _model_ref(text: str) -> str:
+    """A hub's spelling (hf:ORG/NAME[@REV]): a bundle never names a directory of the connected side."""
     try:
-        parse_model_ref(text)
+        ref = parse_model_ref(text)
     except UsageError as e:
         raise Invalid("`{where}{key}` is not a model reference: {value!r}") from e
+    if ref.directory is not None:
+        raise Invalid("`{where}{key}` is not a model reference: {value!r}")
     return text
 
 

@@ -72,7 +72,8 @@ def fetch(spec_file, created, refs, arch, platform_, output, mirror, mirrors_fil
     REFS are tags of the default image (v0.22.1rc1, v0.22.1rc1-a3), NAME:TAG, or full
     references (host/path:tag, ...@sha256:...), and models: hf:ORG/NAME[@REVISION],
     modelscope:ORG/NAME[@REVISION] ($HF_ENDPOINT, $MODELSCOPE_DOMAIN and [[model_mirrors]]
-    are honoured). Several go into one bundle. Or -f SPEC: a bundle.toml naming images,
+    are honoured), or a snapshot already downloaded: hf:ORG/NAME=DIR, or a Hugging Face
+    cache's .../models--ORG--NAME/snapshots/COMMIT. Several go into one bundle. Or -f SPEC: a bundle.toml naming images,
     models and platforms, pinned by `imgtool lock`.
     """
     from ..memory import tune_for_downloads

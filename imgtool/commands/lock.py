@@ -15,25 +15,43 @@ from .output import emit_json, progress
 @json_option("changes")
 @common
 def lock_cmd(spec_file, update, mirror, mirrors_file, as_json):
-    """Pin every image of a bundle spec to its index and platform manifest digests (bundle.lock).
+    """Pin every image of a bundle spec to its index and platform manifest digests, and every
+    model to its commit and each file's size and sha256 (bundle.lock).
 
-    `imgtool fetch -f SPEC` then fetches exactly those digests, however the tags move.
+    `imgtool fetch -f SPEC` then fetches exactly those, however the tags and branches move.
     """
-    from ..config import network_waits
+    from .. import config as settings  # read through the module: the tests' stand-in hubs replace it
     from ..lock import lock_spec
 
-    waits = network_waits()
+    waits = settings.network_waits()
     result = lock_spec(spec_file, update, mirror if on_command_line("mirror") else None, mirrors_file, waits.read_timeout,
-                       blob_store(), progress(), waits.helper_timeout, waits=waits)
+                       blob_store(), progress(), waits.helper_timeout, waits=waits,
+                       hubs=settings.hub_environment() if _has_models(spec_file) else None)
     spec, lock = result.spec, result.lock
     if as_json:
         emit_json(result.to_json())
     elif not result.written:
         click.echo(f"{spec.lock_path}: up to date with {spec.path} ({len(lock.images)} image(s) x "
-                   f"{len(lock.platforms)} platform(s) pinned); --update re-resolves the tags")
+                   f"{len(lock.platforms)} platform(s){_models(lock)} pinned); --update re-resolves the tags")
     else:
         for c in result.changes:
             click.echo(c.describe())
         moved = sum(1 for c in result.changes if c.kind != "unchanged")
         click.echo(f"wrote {spec.lock_path}: {len(lock.images)} image(s) x {len(lock.platforms)} platform(s)"
-                   + (f", {moved} change(s)" if result.old is not None else ""))
+                   + _models(lock) + (f", {moved} change(s)" if result.old is not None else ""))
+
+
+def _models(lock) -> str:
+    return f", {len(lock.models)} model(s)" if lock.models else ""
+
+
+def _has_models(spec_file) -> bool:
+    """Whether the spec names models (the hub variables are read, and checked, only then); a spec that cannot be
+    read says so in lock_spec."""
+    from ..errors import ImgtoolError
+    from ..spec import load_spec
+
+    try:
+        return bool(load_spec(spec_file).models)
+    except ImgtoolError:
+        return False
