@@ -105,25 +105,9 @@ def _doc_rows(text):
     return {(m.group(1), m.group(2), m.group(3) or "") for m in map(row.match, text.splitlines()) if m}
 
 
-def _readme_matrix(text):
-    """The README's matrix (a row per source, a column per destination; a cell names the verb, or —), each half."""
-    found = set()
-    columns = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
-        if cells and cells[0].startswith("from"):
-            columns = [c.strip("`").split(":")[0] for c in cells[1:]]
-        elif cells and columns and cells[0].startswith("`") and len(cells) == len(columns) + 1:
-            source = cells[0].strip("`").split(":")[0]
-            found |= {(source, d, c[1:].split("`")[0] if c.startswith("`") else "") for d, c in zip(columns, cells[1:])}
-        elif not cells:
-            columns = []
-    return found
-
-
 def test_every_source_goes_to_every_destination_and_the_docs_list_the_pairs_as_they_run():
-    """copying.PAIRS is what runs: every source with every destination; docs/copy.md's table and the README's
-    matrix (both halves) list exactly those pairs, each with the verb that runs it too."""
+    """copying.PAIRS is what runs: every source with every destination; docs/copy.md's table lists exactly those
+    pairs, each with the verb that runs it too."""
     from pathlib import Path
 
     from imgtool.copying import DESTINATIONS, PAIRS, SOURCES
@@ -133,8 +117,6 @@ def test_every_source_goes_to_every_destination_and_the_docs_list_the_pairs_as_t
     want = {(p.source, p.destination, p.verb or "") for p in PAIRS}
     root = Path(__file__).resolve().parent.parent
     assert _doc_rows((root / "docs" / "copy.md").read_text()) == want
-    english, chinese = (root / "README.md").read_text().split("\n# 中文\n", 1)
-    assert _readme_matrix(english) == _readme_matrix(chinese) == want
 
 
 def _two_tags(services, factory, mirrored, tmp_path):
