@@ -48,5 +48,7 @@ def test_inspect_of_a_revision_names_that_revisions_commit(tmp_path):
 def test_inspect_of_an_unknown_model_says_so(tmp_path):
     with Hub([small_model(seed=54, shard_bytes=1024)], flavour="hf") as hub:
         r = imgtool(hub, tmp_path / "cache", "inspect", "hf:imgtool-test/no-such-model")
-    assert r.returncode != 0
-    assert r.stderr.splitlines()[0].startswith("error: hf:imgtool-test/no-such-model not found: HF_ENDPOINT ("), r.stderr
+    host = hub.url.split("://", 1)[1].rstrip("/")
+    assert (r.returncode, r.stderr.splitlines()[0]) == (
+        4, f"error: hf:imgtool-test/no-such-model@main: not found on {host} (no such model (HTTP 404 RepoNotFound))"), \
+        r.stderr
