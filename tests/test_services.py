@@ -414,16 +414,17 @@ def test_missing_services_fail_the_run_instead_of_skipping(services, tmp_path):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_the_readme_lists_exactly_the_packages_services_sh_installs():
-    """Both languages name the Debian packages `scripts/services.sh up` installs: the list in
-    ensure_packages, no more, no fewer."""
+def test_the_docs_list_exactly_the_packages_services_sh_installs():
+    """Both languages (docs/testing.md, the Chinese manual) name the Debian packages `scripts/services.sh up`
+    installs: the list in ensure_packages, no more, no fewer."""
     import re
 
     script = open(os.path.join(ROOT, "scripts", "services.sh"), encoding="utf-8").read()
     body = script.split("ensure_packages() {", 1)[1].split("done <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
     installed = sorted({line.split()[0] for line in body.splitlines() if line.strip()})
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    lists = [sorted(m.split()) for m in re.findall(r"`(docker\.io docker-registry [^`]+)`", readme)]
+    docs = "".join(open(os.path.join(ROOT, "docs", name), encoding="utf-8").read()
+                   for name in ("testing.md", "manual-zh.md"))
+    lists = [sorted(m.split()) for m in re.findall(r"`(docker\.io docker-registry [^`]+)`", docs)]
     assert len(lists) == 2 and lists[0] == lists[1] == installed, (lists, installed)
 
 
