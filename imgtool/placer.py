@@ -68,6 +68,11 @@ class Placed:
     unchanged: bool = False  # the same model was there already: nothing was written
     notes: List[str] = field(default_factory=list)  # staging left by stopped placements, resumed or removed
 
+    def to_json(self) -> dict:
+        return {"ref": self.model, "target": self.target, "path": str(self.path), "commit": self.commit,
+                "files": self.files, "size": self.size, "written": self.written, "kept": self.kept,
+                "unchanged": self.unchanged, "notes": self.notes}
+
     def line(self) -> str:
         """What load prints for this model."""
         what = f"{counted(self.files, 'file')}, {format_size(self.size)}"

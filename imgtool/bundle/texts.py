@@ -54,7 +54,7 @@ def multiarch_refs(index: BundleIndex) -> List[str]:
 def _image_lines(index: BundleIndex) -> List[str]:
     """README.txt's list of images, one line each (values as `text.for_terminal` shows them: it is read with cat)."""
     refs = [for_terminal(im.ref) for im in index.images]
-    width = max(len(ref) for ref in refs)
+    width = max((len(ref) for ref in refs), default=0)
     return [f"    {ref.ljust(width)}  {for_terminal(im.platform)}  {format_size(im.size)}  ID {im.image_id}"
             for ref, im in zip(refs, index.images)]
 
