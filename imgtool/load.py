@@ -43,12 +43,14 @@ if TYPE_CHECKING:
     from .placer import Placed
     from .runtimes.base import Runtime
 
+EACH_TO_ITS_CACHE = ModelChoice()  # an hf: model into the Hugging Face cache, a modelscope: one into ModelScope's
+
 
 def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence[str] = (),
                 expect: Optional[str] = None, force: bool = False, quick: bool = False, progress: Progress,
                 jobs: Optional[int] = None, arch: Optional[str] = None, signers: Optional[str] = None,
                 all_platforms: bool = False, pin: bool = True,
-                models: Optional[ModelChoice] = ModelChoice()) -> LoadResult:
+                models: Optional[ModelChoice] = EACH_TO_ITS_CACHE) -> LoadResult:
     """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
     Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with

@@ -16,6 +16,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from .. import config
 from ..bundle.archive import Archive, Behind
 from ..bundle.format import BundleIndex, BundleModel
+from ..bundle.layout import Slot
 from ..errors import ImgtoolError, UsageError
 from ..model import Digest
 from ..placer import Placed, StagedModel, place_model, placed_already, stage_model
@@ -106,7 +107,7 @@ class _Reader:
     """A model file's bytes for the placer: its member of the archive, read forward; a file whose bytes the archive
     holds once but a model names twice (or an earlier model staged) is copied from the staged twin."""
 
-    def __init__(self, archive: Archive, slots: Dict[Digest, object], model: BundleModel, staged: List[StagedModel]):
+    def __init__(self, archive: Archive, slots: Dict[Digest, Slot], model: BundleModel, staged: List[StagedModel]):
         self.archive, self.slots, self.model, self.staged = archive, slots, model, staged
 
     def __call__(self, f: ModelFile) -> Iterator[bytes]:
@@ -114,7 +115,7 @@ class _Reader:
         slot = self.slots.get(f.sha256)
         if slot is not None:
             try:
-                yield from self.archive.blob(slot)  # type: ignore[arg-type]
+                yield from self.archive.blob(slot)
                 return
             except Behind:  # raised before a byte: the bytes were read for another path
                 pass
