@@ -28,7 +28,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .dirlock import lock_output
 from .errors import ImgtoolError, VerifyError, counted
@@ -39,6 +39,7 @@ from .placement import (CACHEDIR_TAG, MARKER, Layout, files_to_place, git_blob_h
 from .weights import ModelFile, ModelSnapshot
 
 Reader = Callable[[ModelFile], Iterable[bytes]]  # a file's bytes, in pieces (from the bundle's parts)
+_STAGING_HERE: Set[str] = set()  # staging directories of this process's placements that are not finished
 FILE_MODE = 0o444
 DIR_MODE = 0o555
 # where the user points each target elsewhere, for a refusal's hint
@@ -126,13 +127,15 @@ class StagedModel:
             self.release()
 
     def release(self) -> None:
+        _STAGING_HERE.discard(str(self._placement.staging))  # left for a later placement to resume
         self._lock.close()
 
 
 def stage_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, revision: Optional[str] = None,
-                force: bool = False, created: Optional[int] = None) -> StagedModel:
+                force: bool = False, created: Optional[int] = None, locked: bool = False) -> StagedModel:
     """`place_model`'s first half: every file written to the staging directory and checked, nothing under the model's
-    name yet (load stages every model of a bundle, checks the rest of the bundle, then commits them all). Raises what
+    name yet (load stages every model of a bundle, checks the rest of the bundle, then commits them all). `locked`:
+    the caller holds the folder's lock (`model_folder`; two models of one folder staged by one load). Raises what
     place_model raises, the folder's lock released then."""
     files = files_to_place(snapshot)
     lay = layout(target, str(root), snapshot, revision)
@@ -144,13 +147,19 @@ def stage_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, 
                            hint=f"run as a user who may write there, or {_ELSEWHERE[target]}") from None
     lock = ExitStack()
     try:
-        lock.enter_context(lock_output(folder, "load"))
+        if not locked:
+            lock.enter_context(lock_output(folder, "load"))
         placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
         placement.stage()
     except BaseException:
         lock.close()
         raise
     return StagedModel(placement, lock)
+
+
+def model_folder(snapshot: ModelSnapshot, target: str, root: Path) -> Path:
+    """The folder `snapshot` is staged in under `root` (its lock's), as place_model makes it."""
+    return Path(str(layout(target, str(root), snapshot).folder))
 
 
 def placed_already(snapshot: ModelSnapshot, target: str, root: Path, revision: Optional[str] = None) -> bool:
@@ -170,6 +179,7 @@ class _Placement:
         self.name = Path(str(lay.name))
         self.done = Placed(str(snapshot.ref), lay.target, self.name, snapshot.commit, len(files), snapshot.size)
         self.staging = folder / staging_name(os.getpid(), os.urandom(4).hex())
+        _STAGING_HERE.add(str(self.staging))
         self.computed: Dict[str, str] = {}  # path -> git blob sha1, for small files the snapshot names no blob for
         self.by_sha: Dict[str, Path] = {}  # sha256 hex -> a file staged with those bytes (a twin is copied from it)
 
@@ -196,6 +206,7 @@ class _Placement:
                 self._commit()
         _remove_tree(self.staging)
         fsync_dir(self.folder)
+        _STAGING_HERE.discard(str(self.staging))
         return self.done
 
     @contextmanager
@@ -217,6 +228,8 @@ class _Placement:
         for entry in os.listdir(str(self.folder)):
             pid = staging_pid(entry)
             path = self.folder / entry
+            if str(path) in _STAGING_HERE:
+                continue  # another model of this folder, staged by this process and not committed yet
             if pid is not None and path.is_dir() and not path.is_symlink():
                 left.append((path.stat().st_mtime, path, pid))
         mine = self._staging_for()

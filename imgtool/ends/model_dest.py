@@ -9,6 +9,7 @@ deferred digest) and the images were loaded: a damaged part anywhere places noth
 stays for the next load to resume. Python 3.7 (the pyz places models through this).
 """
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -19,7 +20,8 @@ from ..bundle.format import BundleIndex, BundleModel
 from ..bundle.layout import Slot
 from ..errors import ImgtoolError, UsageError
 from ..model import Digest
-from ..placer import Placed, StagedModel, place_model, placed_already, stage_model
+from ..dirlock import lock_output
+from ..placer import Placed, StagedModel, model_folder, placed_already, stage_model
 from ..progress import Progress
 from ..weights import ModelFile
 
@@ -62,6 +64,7 @@ class ModelDestination:
         self.pending = [(m, t, r) for m, t, r in self.where
                         if not placed_already(m.snapshot(), t, r, m.model_ref.revision)]
         self.staged: List[StagedModel] = []
+        self.locks: Dict[Path, ExitStack] = {}
 
     @property
     def moves(self) -> bool:
@@ -74,10 +77,14 @@ class ModelDestination:
         archive raises. The staged models stay staged until commit() or release()."""
         slots = {p.member.digest: p for p in archive.slots if p.member.kind == "model"}
         for model, target, root in self.pending:
+            folder = model_folder(model.snapshot(), target, root)
+            if folder not in self.locks:  # one lock per folder, held to the end: two models may share one
+                self.locks[folder] = ExitStack()
+                self.locks[folder].enter_context(lock_output(folder, "load"))
             self.progress.note(f"placing {model.ref} ({len(model.files)} files) into {root} ...")
             read = _Reader(archive, slots, model, self.staged)
             self.staged.append(stage_model(model.snapshot(), target, root, read, model.model_ref.revision,
-                                           self.choice.force))
+                                           self.choice.force, locked=True))
 
     def commit(self) -> List[Placed]:
         """Each model under its name: the staged ones renamed, the unchanged ones' refs/ looked after; returns what
@@ -90,17 +97,26 @@ class ModelDestination:
                 if held is not None:
                     out.append(held.commit())
                 else:  # placed whole already: nothing is read (a model changed since the check is refused)
-                    out.append(place_model(model.snapshot(), target, root, _unread(model), model.model_ref.revision,
-                                           self.choice.force))
+                    snapshot = model.snapshot()
+                    locked = model_folder(snapshot, target, root) in self.locks
+                    out.append(stage_model(snapshot, target, root, _unread(model), model.model_ref.revision,
+                                           self.choice.force, locked=locked).commit())
         finally:
             for s in staged.values():
                 s.release()
+            self._unlock()
         return out
 
     def release(self) -> None:
         """Every staged model left staged (a later load resumes it), its folder's lock released."""
         for s in self.staged:
             s.release()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        for lock in self.locks.values():
+            lock.close()
+        self.locks.clear()
 
 
 class _Reader:

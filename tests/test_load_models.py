@@ -1,0 +1,222 @@
+"""`imgtool load` of a bundle that carries models (issue 48): each model placed from the same forward read as the images,
+every file checked, nothing visible before the whole bundle was checked; the runtime is sent the images only.
+
+Service-free, but for the one test that loads an image and a model into the test dockerd (Docker 20.10)."""
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from imgtool.bundle.layout import bundle_members
+from imgtool.bundle.reader import read_index
+from imgtool.placer import place_model
+from tests.support.bundles import BlobDir, damage_member, imgtool, parts_of, put_model, write
+from tests.support.hubclients import run_clients
+from tests.support.images import host_arch
+from tests.support.models import small_model
+
+REPO = "quay.io/ascend/vllm-ascend"
+MODEL = "imgtool-test/tiny-llm"
+HF_DIR = "models--imgtool-test--tiny-llm"
+SHARD2 = "model-00002-of-00002.safetensors"
+
+
+def err_lines(r):
+    return [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:", "  - "))]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return BlobDir(tmp_path / "blobs")
+
+
+@pytest.fixture
+def model():
+    return small_model(seed=4801)
+
+
+@pytest.fixture
+def model_bundle(tmp_path, store, model):
+    """A bundle of one model and no image, in several parts (the shards span part boundaries)."""
+    out = tmp_path / "model-bundle"
+    write(out, [], store, models=[put_model(store, model)], chunk_size=24 << 10)
+    assert len(parts_of(out)) >= 3
+    return out
+
+
+def hf_env(tmp_path):
+    return {"HF_HUB_CACHE": str(tmp_path / "hf"), "HOME": str(tmp_path / "home")}
+
+
+def files_under(root: Path):
+    """path -> (size, mode) of every regular file and link target under root."""
+    out = {}
+    for here, _, names in os.walk(str(root)):
+        for name in names:
+            p = Path(here, name)
+            st = os.lstat(str(p))
+            out[p.relative_to(root).as_posix()] = ("-> " + os.readlink(str(p))) if stat.S_ISLNK(st.st_mode) \
+                else (st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+    return out
+
+
+def test_a_model_only_bundle_loads_without_a_runtime_where_huggingface_hub_finds_it_offline(tmp_path, model,
+                                                                                          model_bundle):
+    env = dict(hf_env(tmp_path), DOCKER_HOST="unix:///nonexistent/imgtool-test/docker.sock")
+    r = imgtool("load", str(model_bundle), env=env)
+    assert r.returncode == 0, r.stderr
+    commit = model.head.commit
+    snapshot = tmp_path / "hf" / HF_DIR / "snapshots" / commit
+    assert r.stdout.splitlines() == [f"placed hf:{MODEL}@main (commit {commit[:12]}) in {snapshot} (9 files, 85.2 KiB)"]
+    found = run_clients([("hf_snapshot_download", {"repo_id": MODEL, "cache_dir": str(tmp_path / "hf"),
+                                                   "local_files_only": True}),
+                         ("hf_hub_download", {"repo_id": MODEL, "filename": SHARD2, "cache_dir": str(tmp_path / "hf"),
+                                              "local_files_only": True})],
+                        {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}, tmp_path)
+    assert found == [str(snapshot), str(snapshot / SHARD2)]
+    assert (snapshot / SHARD2).read_bytes() == model.head.files[SHARD2].read()
+
+
+def test_a_second_load_of_an_unchanged_model_writes_nothing(tmp_path, model, model_bundle):
+    env = hf_env(tmp_path)
+    assert imgtool("load", str(model_bundle), env=env).returncode == 0
+    before = files_under(tmp_path / "hf")
+    r = imgtool("load", str(model_bundle), "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    snapshot = tmp_path / "hf" / HF_DIR / "snapshots" / model.head.commit
+    [placed] = json.loads(r.stdout)["models"]
+    assert (placed["unchanged"], placed["written"], placed["path"]) == (True, 0, str(snapshot))
+    assert files_under(tmp_path / "hf") == before
+    again = imgtool("load", str(model_bundle), env=env)
+    assert again.stdout.splitlines() == [f"hf:{MODEL}@main is placed already in {snapshot} (9 files, 85.2 KiB): "
+                                         "nothing to do"]
+
+
+def test_a_damaged_part_spanning_a_weight_file_places_nothing_and_a_good_copy_resumes(tmp_path, model, model_bundle):
+    env = hf_env(tmp_path)
+    shard = model.head.files[SHARD2]
+    good = {p.name: p.read_bytes() for p in parts_of(model_bundle)}
+    spans = damage_member(model_bundle, "sha256:" + shard.sha256)
+    r = imgtool("load", str(model_bundle), env=env)
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r)[0] == f"error: refusing to load: {model_bundle}: 1 problem; nothing was loaded"
+    label = parts_of(model_bundle)[spans[0]].name.rsplit("part", 1)[1]
+    assert any(line.startswith(f"  - part {label}") for line in err_lines(r)), r.stderr
+    repo = tmp_path / "hf" / HF_DIR
+    assert not (repo / "snapshots").exists() and not (repo / "refs").exists() and not (repo / "blobs").exists()
+    assert [p.name for p in repo.iterdir() if not p.name.startswith(".imgtool-")] == []
+    for name, data in good.items():  # the part copied again: the next load resumes what was staged and checked
+        (model_bundle / name).write_bytes(data)
+    again = imgtool("load", str(model_bundle), env=env)
+    assert again.returncode == 0, again.stderr
+    assert "resumed the placement pid" in again.stderr
+    assert (repo / "snapshots" / model.head.commit / SHARD2).read_bytes() == shard.read()
+
+
+def test_models_dir_places_what_the_placers_dir_target_writes(tmp_path, store, model, model_bundle):
+    r = imgtool("load", str(model_bundle), "--models-dir", str(tmp_path / "plain"))
+    assert r.returncode == 0, r.stderr
+    placed = tmp_path / "plain" / MODEL
+    assert r.stdout.splitlines() == [f"placed hf:{MODEL}@main (commit {model.head.commit[:12]}) in {placed} "
+                                     "(9 files, 85.2 KiB)"]
+    snapshot = put_model(store, model).snapshot()
+    place_model(snapshot, "dir", tmp_path / "by-placer",
+                lambda f: iter([model.head.files[f.path].read()]), revision="main")
+    ours = {k: v[:2] for k, v in files_under(tmp_path / "plain").items()}
+    theirs = {k: v[:2] for k, v in files_under(tmp_path / "by-placer").items()}
+    assert ours == theirs and all(mode == 0o444 for _, mode in ours.values())
+    assert (placed / ".imgtool-model.json").read_bytes() == (tmp_path / "by-placer" / MODEL / ".imgtool-model.json"
+                                                               ).read_bytes()
+
+
+def test_models_modelscope_places_into_modelscope_cache_and_no_models_places_nothing(tmp_path, model_bundle):
+    env = {"MODELSCOPE_CACHE": str(tmp_path / "ms"), "HF_HUB_CACHE": str(tmp_path / "hf")}
+    none = imgtool("load", str(model_bundle), "--no-models", env=env)
+    assert (none.returncode, none.stdout) == (0, f"nothing placed from {model_bundle}: --no-models\n"), none.stderr
+    assert not (tmp_path / "ms").exists() and not (tmp_path / "hf").exists()
+    r = imgtool("load", str(model_bundle), "--models", "modelscope", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"placed hf:{MODEL}@main (commit ") and f" in {tmp_path / 'ms'}/models/{MODEL} " in r.stdout
+    assert not (tmp_path / "hf").exists()
+
+
+def test_contradicting_model_options_are_refused(tmp_path, model_bundle):
+    for args, said in ((("--no-models", "--models-only"),
+                        "error: --no-models places no model: it cannot go with --models-only, --models or --models-dir"),
+                       (("--models", "hf", "--models-dir", str(tmp_path)),
+                        "error: --models and --models-dir both say where the models go: choose one")):
+        r = imgtool("load", str(model_bundle), *args)
+        assert (r.returncode, err_lines(r)[0]) == (2, said)
+
+
+def test_two_models_sharing_files_are_each_placed_whole_from_bytes_the_archive_carries_once(tmp_path, store):
+    """Files of the same bytes in two models are one archive member: the second model's copy comes from the first's
+    staged file (the forward read is past it), in the HF cache and in a plain directory alike."""
+    first, second = small_model(seed=4802), small_model(seed=4802, repo_id="imgtool-test/tiny-llm-copy")
+    shared = {f.sha256 for f in first.head.files.values()} & {f.sha256 for f in second.head.files.values()}
+    assert shared
+    out = tmp_path / "two"
+    write(out, [], store, models=[put_model(store, first), put_model(store, second)])
+    carried = [m for m in bundle_members(read_index(out)[0]) if m.kind == "model"]
+    assert len(carried) == len(first.head.files) + len(second.head.files) - len(shared)
+    for args, where in (((), lambda m: tmp_path / "hf" / f"models--{m.repo_id.replace('/', '--')}" / "snapshots"
+                         / m.head.commit),
+                        (("--models-dir", str(tmp_path / "plain")), lambda m: tmp_path / "plain" / m.repo_id)):
+        r = imgtool("load", str(out), *args, env=hf_env(tmp_path))
+        assert r.returncode == 0, r.stderr
+        for m in (first, second):
+            for path, f in m.head.files.items():
+                assert (where(m) / path).read_bytes() == f.read(), (m.repo_id, path)
+
+
+def test_an_image_and_a_model_load_into_docker_and_no_model_byte_reaches_it(tmp_path, factory, store, model, services,
+                                                                           docker_cli, docker_cleanup):
+    from tests.support.daemon import DockerAPIRecorder
+
+    image = factory.image(host_arch(), layers=2)
+    out = tmp_path / "both"
+    write(out, [store.pulled(image, f"{REPO}:withmodel")], store, models=[put_model(store, model)],
+          chunk_size=200 << 10)
+    docker_cleanup.image(f"{REPO}:withmodel", image.config_digest)
+    recorder = DockerAPIRecorder(services.docker_host, keep=True)
+    try:
+        r = imgtool("load", str(out), "--json", env=dict(hf_env(tmp_path), DOCKER_HOST=f"tcp://{recorder.address}"))
+    finally:
+        recorder.close()
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert docker_cli.holds(f"{REPO}:withmodel", image)
+    [placed] = result["models"]
+    snapshot = tmp_path / "hf" / HF_DIR / "snapshots" / model.head.commit
+    assert placed["path"] == str(snapshot) and (snapshot / SHARD2).read_bytes() == model.head.files[SHARD2].read()
+    sent = bytes(recorder.uploaded)
+    assert image.layers[0].blob[1000:1064] in sent  # what went to Docker: the image
+    for f in model.head.files.values():  # and none of the model's files
+        data = f.read()
+        assert data[len(data) // 2:len(data) // 2 + 64] not in sent, f.path
+    bundle_json = json.loads((out / "bundle.json").read_text())
+    assert result["bytes_sent"] < bundle_json["archive"]["size"] - sum(f.size for f in model.head.files.values())
+
+
+def test_the_models_of_a_bundle_whose_images_docker_holds_are_placed_in_a_pass_of_their_own(
+        tmp_path, factory, store, model, services, docker_cli, docker_cleanup):
+    image = factory.image(host_arch(), layers=1)
+    out = tmp_path / "both"
+    write(out, [store.pulled(image, f"{REPO}:held")], store, models=[put_model(store, model)])
+    docker_cleanup.image(f"{REPO}:held", image.config_digest)
+    env = {"DOCKER_HOST": services.docker_host}
+    assert imgtool("load", str(out), "--no-models", env=env).returncode == 0
+    assert not (tmp_path / "hf").exists()
+    r = imgtool("load", str(out), env=dict(hf_env(tmp_path), **env))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].startswith(f"placed hf:{MODEL}@main ")
+    assert "already loaded: nothing sent to Docker" in r.stdout
+    only = imgtool("load", str(out), "--models-only", "--models-dir", str(tmp_path / "plain"),
+                   env={"DOCKER_HOST": "unix:///nonexistent/imgtool-test/docker.sock"})
+    assert only.returncode == 0, only.stderr
+    assert (tmp_path / "plain" / MODEL / SHARD2).is_file()
+    shutil.rmtree(str(tmp_path / "plain"), ignore_errors=True)
