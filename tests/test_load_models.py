@@ -117,6 +117,18 @@ def test_a_damaged_part_spanning_a_weight_file_places_nothing_and_a_good_copy_re
     assert (repo / "snapshots" / model.head.commit / SHARD2).read_bytes() == shard.read()
 
 
+def test_damage_after_every_file_was_staged_still_places_nothing(tmp_path, model, model_bundle):
+    """The model's files all check out, but its artifact's manifest (after them in the archive) is damaged: the whole
+    bundle is checked before any model is renamed to its name, so nothing is placed."""
+    doc = json.loads((model_bundle / "bundle.json").read_text())
+    damage_member(model_bundle, doc["models"][0]["manifest_digest"])
+    r = imgtool("load", str(model_bundle), env=hf_env(tmp_path))
+    assert r.returncode == 3, r.stderr
+    assert err_lines(r)[0] == f"error: refusing to load: {model_bundle}: 1 problem; nothing was loaded"
+    repo = tmp_path / "hf" / HF_DIR
+    assert [p.name for p in repo.iterdir() if not p.name.startswith(".imgtool-")] == []
+
+
 def test_models_dir_places_what_the_placers_dir_target_writes(tmp_path, store, model, model_bundle):
     r = imgtool("load", str(model_bundle), "--models-dir", str(tmp_path / "plain"))
     assert r.returncode == 0, r.stderr
