@@ -58,16 +58,36 @@ class InventoryImage:
 
 
 @dataclass(frozen=True)
+class InventoryModel:
+    """One model placed on the offline host (issue 48): the reference with the revision it was placed as
+    (`hf:ORG/NAME@main`; `@<commit>` when no branch names it), its commit, and each file's path, size and sha256
+    (None only for a small non-LFS file of the Hugging Face cache that could not be read). `path`: where it lies."""
+
+    ref: str
+    commit: str
+    files: Tuple[Tuple[str, int, Optional[Digest]], ...]
+    path: str = ""
+
+    def to_json(self) -> dict:
+        return {"ref": self.ref, "commit": self.commit, "path": self.path,
+                "files": [{"path": p, "size": n, "sha256": str(d) if d is not None else None}
+                          for p, n, d in self.files]}
+
+
+@dataclass(frozen=True)
 class Inventory:
-    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains."""
+    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains; and the models placed
+    on the host (`models`: what a model's delta may leave out)."""
 
     created: str
     daemon: dict
     images: Tuple[InventoryImage, ...]
+    models: Tuple[InventoryModel, ...] = ()
 
     def to_json(self) -> dict:
         return {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
-                "daemon": self.daemon, "images": [im.to_json() for im in self.images]}
+                "daemon": self.daemon, "images": [im.to_json() for im in self.images],
+                "models": [m.to_json() for m in self.models]}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()

@@ -186,7 +186,7 @@ LAYERS = (
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset", "weights",
                       "placement", "nodeconfig"}),
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "registry", "mirrors", "store", "runtimes",
-                         "connections", "placer", "hubs"}),
+                         "connections", "placer", "placed", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),
     # what a copy does on the way
     ("steps", {"resolve", "puller_sources", "puller", "transcode", "heldblobs", "tags", "pipeline", "model_pull"}),

@@ -232,3 +232,33 @@ def test_the_models_of_a_bundle_whose_images_docker_holds_are_placed_in_a_pass_o
     assert only.returncode == 0, only.stderr
     assert (tmp_path / "plain" / MODEL / SHARD2).is_file()
     shutil.rmtree(str(tmp_path / "plain"), ignore_errors=True)
+
+
+def test_inventory_lists_the_placed_models_from_their_listings(tmp_path, store, model, model_bundle, services):
+    """inventory's `models`: each placed model's reference, commit and files with their sha256, read from the HF cache's
+    trees/<commit>.json and imgtool's markers (the ModelScope cache, --models-dir); a user's own copy without a
+    marker, and a snapshot missing a file, are not listed."""
+    env = {"HF_HUB_CACHE": str(tmp_path / "hf"), "MODELSCOPE_CACHE": str(tmp_path / "ms"),
+           "DOCKER_HOST": services.docker_host}
+    for args in ((), ("--models", "modelscope"), ("--models-dir", str(tmp_path / "plain"))):
+        assert imgtool("load", str(model_bundle), *args, env=env).returncode == 0
+    other = small_model(seed=4803, repo_id="imgtool-test/other")
+    other_bundle = tmp_path / "other"
+    write(other_bundle, [], store, models=[put_model(store, other)])
+    assert imgtool("load", str(other_bundle), env=env).returncode == 0
+    os.chmod(str(tmp_path / "hf" / "models--imgtool-test--other" / "blobs"), 0o755)
+    [lfs] = [f for f in other.head.files.values() if f.lfs][:1]
+    os.chmod(str(tmp_path / "hf" / "models--imgtool-test--other" / "blobs" / lfs.sha256), 0o644)
+    os.remove(str(tmp_path / "hf" / "models--imgtool-test--other" / "blobs" / lfs.sha256))  # no longer whole
+    (tmp_path / "plain" / "someone" / "own").mkdir(parents=True)
+    (tmp_path / "plain" / "someone" / "own" / "config.json").write_text("{}")
+    r = imgtool("inventory", "--models-dir", str(tmp_path / "plain"), env=env)
+    assert r.returncode == 0, r.stderr
+    files = sorted(({"path": p, "size": f.size, "sha256": "sha256:" + f.sha256} for p, f in model.head.files.items()),
+                   key=lambda x: x["path"])
+    commit = model.head.commit
+    assert json.loads(r.stdout)["models"] == [
+        {"ref": f"hf:{MODEL}@main", "commit": commit, "path": str(tmp_path / "hf" / HF_DIR / "snapshots" / commit),
+         "files": files},
+        {"ref": f"hf:{MODEL}@main", "commit": commit, "path": str(tmp_path / "ms" / "models" / MODEL), "files": files},
+        {"ref": f"hf:{MODEL}@main", "commit": commit, "path": str(tmp_path / "plain" / MODEL), "files": files}]
