@@ -18,8 +18,10 @@ from .output import emit_json, progress
 @json_option("inventory (with -o: where it went)")
 @common
 def inventory(output, models_dirs, runtime, address, namespace, as_json):
-    """What this host's runtime already holds (image IDs, tags, layer diff_ids), and the models placed
-    here (the Hugging Face and ModelScope caches: each file's path, size and sha256), as JSON.
+    """What this host's runtime already holds (image IDs, tags, layer diff_ids), and its models, as JSON.
+
+    The models are those placed here (the Hugging Face and ModelScope caches, --models-dir): each
+    file's path, size and sha256, read from the caches' listings, never by hashing the weights.
 
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
     layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.

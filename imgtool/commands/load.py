@@ -38,7 +38,7 @@ from .output import echo_signature, emit_json, progress, table
 @common
 def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, models_target, models_dir, no_models,
          models_only, signers, runtime, address, namespace, as_json):
-    """Check a bundle, then stream it into Docker, containerd or Podman and confirm it.
+    """Check a bundle, then stream it into Docker, containerd or Podman and confirm it; place its models.
 
     Every part's sha256, every tar header and every blob's digest are checked while the parts
     stream into the runtime; the first mismatch cuts the upload short, the runtime drops what it
@@ -46,6 +46,11 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, mo
     wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
     On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
     namespace k8s.io, unpacked and pinned; cri-dockerd: Docker).
+
+    The bundle's models are placed where their clients read them offline (the Hugging Face cache,
+    ModelScope's, or --models-dir), each file checked against its sha256, read-only and atomically:
+    nothing appears under a model's name before the whole bundle was checked. The runtime is sent the
+    images only; a bundle of models alone needs no runtime.
     """
     from ..load import load_bundle
     from ..bundle.reader import read_index
