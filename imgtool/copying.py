@@ -140,8 +140,9 @@ def registry_to_runtime(opts: CopyOptions, config: "MirrorConfig", store: "Store
 
 
 def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
-    """The images of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or not, or
-    a delta leaving out what `--have`'s inventory holds. The source is checked as `load` checks it before a byte is
+    """The images and models of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or
+    not, or a delta leaving out the layers `--have`'s inventory holds (the models are carried whole, as the source
+    holds them: a file it left out stays left out). The source is checked as `load` checks it before a byte is
     written (the signature policy, --expect, bundle.json against SHA256SUMS and the files, every part there at its
     size: verify.check_source), then every blob against its digest as it is read; imgtool.pyz is carried over.
     The new bundle.json is new, so a signature does not carry over: with `sign_key` it is signed, else a signed
@@ -173,7 +174,7 @@ def bundle_to_bundle(opts: CopyOptions, progress: Progress) -> CopyResult:
     tool = {TOOL_PYZ: src / TOOL_PYZ} if any(f.name == TOOL_PYZ for f in index.files) else {}
     destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                     force=opts.force, gzip=gz.compressor(), delta=delta, created=opts.created,
-                                    extra_files=tool)
+                                    extra_files=tool, models=index.models)
     with dirlock.lock_output(out, "copy"):
         copied = copy(source, destination)
     written = copied.result

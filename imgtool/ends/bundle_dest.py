@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Set, Tuple
 
 from .. import gz
-from ..bundle import writer
+from ..bundle import layout, writer
 from ..bundle.format import bundle_images
 from ..delta import DeltaPlan, Have, Inventory, have_from_inventory
 from ..errors import UsageError
@@ -17,6 +17,7 @@ from ..pipeline import Holding, Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
+    from ..bundle.format import BundleModel
     from ..bundle.regions import Regions
     from ..bundle.writer import BundleResult
     from ..pipeline import Blobs
@@ -49,6 +50,8 @@ class BundleDestination:
     # the verb's check once what moves is known, before the first byte (fetch: the free space of its cache and the
     # output, which depends on what --layers rewrites)
     check: Optional[Callable[["Plan[Bundled]"], None]] = None
+    # the models the bundle carries (a bundle copied: its source's), their files' members after the images'
+    models: Sequence["BundleModel"] = ()
 
     def plan(self, images: Sequence[PulledImage]) -> "Holding[Bundled]":
         """Every layer in the archive's order; a delta's left-out layers held (never read). Raises UsageError (the
@@ -57,9 +60,11 @@ class BundleDestination:
         skip = not_carried(images, self.delta, self.progress) if self.delta is not None else set()
         if self.place and self.compress == "none":
             self.regions = writer.regions_for(writer.plan_bundle(self.output, images, self.delta,
-                                                               chunk_size=self.chunk_size, compress=self.compress))
-        return Holding(tuple(images), tuple(writer.archive_order(images, self.delta)), frozenset(skip), Bundled(),
-                       regions=self.regions)
+                                                               chunk_size=self.chunk_size, compress=self.compress,
+                                                               models=self.models))
+        order = writer.archive_order(images, self.delta)
+        order += [m.digest for m in layout.model_members(self.models) if m.kind == "model" and m.digest not in order]
+        return Holding(tuple(images), tuple(order), frozenset(skip), Bundled(), regions=self.regions)
 
     def before(self, plan: "Plan[Bundled]") -> None:
         """The verb's check (space), then the unfinished archive made ready for the layers downloaded into it (the
@@ -76,7 +81,8 @@ class BundleDestination:
                                        compress=self.compress, force=self.force, progress=self.progress,
                                        gzip=self.gzip, gzipped_layers=plan.destination.gzipped_layers,
                                        delta=self.delta, created=self.created, extra_files=self.extra_files,
-                                       before_seal=plan.destination.before_seal, regions=plan.regions)
+                                       before_seal=plan.destination.before_seal, regions=plan.regions,
+                                       models=self.models)
         finally:
             if plan.regions is not None:
                 plan.regions.close()
