@@ -262,3 +262,35 @@ def test_inventory_lists_the_placed_models_from_their_listings(tmp_path, store, 
          "files": files},
         {"ref": f"hf:{MODEL}@main", "commit": commit, "path": str(tmp_path / "ms" / "models" / MODEL), "files": files},
         {"ref": f"hf:{MODEL}@main", "commit": commit, "path": str(tmp_path / "plain" / MODEL), "files": files}]
+
+
+def test_the_pyz_on_python_3_7_places_as_this_python_does(tmp_path, model, model_bundle):
+    """Kylin's Python 3.7 runs imgtool.pyz: `load DIR` of a model bundle places the same trees (HF cache and
+    --models-dir) as 3.11's imgtool, with no runtime, and a second load writes nothing."""
+    import subprocess
+
+    from tests.support.pythons import pyenv_python
+
+    python = pyenv_python("3.7")
+    assert python, "python3.7 is not under pyenv's versions: the pyz places models on Kylin's 3.7 (never a skip)"
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+
+    def run37(*args, **env):
+        given = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home37"), "LANG": "C.UTF-8", **env}
+        return subprocess.run(["env", "-i"] + [f"{k}={v}" for k, v in given.items()] + [python, "-I", str(pyz), *args],
+                              capture_output=True, text=True, timeout=300)
+
+    for args, env, where in (((), {"HF_HUB_CACHE": str(tmp_path / "hf37")}, "hf37"),
+                             (("--models-dir", str(tmp_path / "plain37")), {}, "plain37")):
+        r = run37("load", str(model_bundle), *args, **env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"placed hf:{MODEL}@main (commit {model.head.commit[:12]}) in {tmp_path / where}")
+        mine = where.replace("37", "311")
+        here = {"HF_HUB_CACHE": str(tmp_path / mine)} if env else {}
+        theirs_args = ("--models-dir", str(tmp_path / mine)) if args else ()
+        assert imgtool("load", str(model_bundle), *theirs_args, env=here).returncode == 0
+        assert {k: v[:2] if isinstance(v, tuple) else v for k, v in files_under(tmp_path / where).items()} == \
+            {k: v[:2] if isinstance(v, tuple) else v for k, v in files_under(tmp_path / mine).items()}
+    again = run37("load", str(model_bundle), HF_HUB_CACHE=str(tmp_path / "hf37"))
+    assert again.returncode == 0 and again.stdout.endswith("(9 files, 85.2 KiB): nothing to do\n"), again.stderr
