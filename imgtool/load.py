@@ -218,9 +218,13 @@ class _CheckedBundle:
 
     def settle(self) -> None:
         """The models staged from the stream (their members follow the images'), then the rest of the archive checked,
-        before the runtime gets the images' last bytes: a deviation anywhere loads and places nothing."""
+        before the runtime gets the images' last bytes: a deviation anywhere loads and places nothing. When no model is
+        placed, the images' part only is read."""
         if self.placing is not None and self.placing.moves:
             self.placing.stage(self._open().archive)
+        elif self.index.models:  # no model is placed (--no-models, or each placed already): none of their bytes read
+            self._open().settle_images()
+            return
         self._open().settle()
 
     def cancel(self) -> None:

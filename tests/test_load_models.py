@@ -294,3 +294,24 @@ def test_the_pyz_on_python_3_7_places_as_this_python_does(tmp_path, model, model
             {k: v[:2] if isinstance(v, tuple) else v for k, v in files_under(tmp_path / mine).items()}
     again = run37("load", str(model_bundle), HF_HUB_CACHE=str(tmp_path / "hf37"))
     assert again.returncode == 0 and again.stdout.endswith("(9 files, 85.2 KiB): nothing to do\n"), again.stderr
+
+
+def test_no_models_reads_none_of_their_bytes_and_a_later_load_places_them_in_a_pass_of_their_own(
+        tmp_path, factory, store, model, services, docker_cli, docker_cleanup):
+    """A bundle whose model part is damaged: `--no-models` loads the image (the models' members are not read, so
+    their damage stops nothing); a later load, Docker holding the image, reads the models in a pass of its own and
+    refuses them (exit 3), placing nothing."""
+    image = factory.image(host_arch(), layers=1)
+    out = tmp_path / "both"
+    write(out, [store.pulled(image, f"{REPO}:nomodels")], store, models=[put_model(store, model)])
+    docker_cleanup.image(f"{REPO}:nomodels", image.config_digest)
+    damage_member(out, "sha256:" + model.head.files[SHARD2].sha256)
+    env = dict(hf_env(tmp_path), DOCKER_HOST=services.docker_host)
+    r = imgtool("load", str(out), "--no-models", env=env)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.holds(f"{REPO}:nomodels", image)
+    again = imgtool("load", str(out), env=env)
+    assert again.returncode == 3, again.stderr
+    assert err_lines(again)[0] == f"error: refusing to load: {out}: 1 problem; nothing was loaded"
+    repo = tmp_path / "hf" / HF_DIR
+    assert [p.name for p in repo.iterdir() if not p.name.startswith(".imgtool-")] == []
