@@ -64,15 +64,8 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, mo
     if models_only and not index.models:
         raise UsageError(f"--models-only: {bundle_dir} holds no model", hint="load it without --models-only")
     if models_only or not index.images:  # the models alone: no runtime is needed
-        result = load_bundle(bundle_dir, None, expect=expect, force=force, quick=quick, progress=p, signers=signers,
-                             models=models)
-        if as_json:
-            emit_json(result.to_json())
-            return
-        _say_models(p, result)
-        if not result.models:
-            click.echo(f"nothing placed from {result.dir}: --no-models")
-        echo_signature(result.signature)
+        _models_alone(load_bundle(bundle_dir, None, expect=expect, force=force, quick=quick, progress=p,
+                                  signers=signers, models=models), p, as_json)
         return
     choice = runtime_choice(runtime, address, namespace)
     say_choice(choice)
@@ -102,6 +95,17 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, mo
     else:
         click.echo(f"already loaded: nothing sent to {where} ({result.dir}{_namespace_words(result.daemon)})")
     _say_models(p, result)
+    echo_signature(result.signature)
+
+
+def _models_alone(result, p, as_json) -> None:
+    """What a load of models without a runtime says."""
+    if as_json:
+        emit_json(result.to_json())
+        return
+    _say_models(p, result)
+    if not result.models:
+        click.echo(f"nothing placed from {result.dir}: --no-models")
     echo_signature(result.signature)
 
 
