@@ -100,8 +100,11 @@ def place_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, 
                            hint=f"run as a user who may write there, or {_ELSEWHERE[target]}") from None
     with lock_output(folder, "load"):
         placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
-        placement.stage()
-        return placement.commit()
+        try:
+            placement.stage()
+            return placement.commit()
+        finally:
+            _STAGING_HERE.discard(str(placement.staging))  # what a failure left is for a later placement to resume
 
 
 class StagedModel:
@@ -150,7 +153,11 @@ def stage_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, 
         if not locked:
             lock.enter_context(lock_output(folder, "load"))
         placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
-        placement.stage()
+        try:
+            placement.stage()
+        except BaseException:
+            _STAGING_HERE.discard(str(placement.staging))
+            raise
     except BaseException:
         lock.close()
         raise

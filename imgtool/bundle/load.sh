@@ -84,8 +84,8 @@ model_pieces() { :; }
 
 usage() {
     cat <<'EOF'
-usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force]
-                  [--models-dir DIR] [--models-only] [--no-models] [--help]
+usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]
+                  [--models-dir DIR] [--models-only] [--no-models]
 
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part; without a SHA256SUMS naming every part, against the sha256
