@@ -101,6 +101,8 @@ def _model_parameters(index: BundleIndex) -> Dict[str, Value]:
     `dir` target names it; its reference; its commit; its `.imgtool-model.json`, the placer's bytes; its files and
     size in words), each file (the model's number, its path, size, sha256), and where each carried file's bytes lie
     in the parts of an uncompressed archive (sha256, part, offset in the part, length)."""
+    if not index.models:  # the runtime is sent the whole archive, as before models
+        return {"model_count": 0, "images_end": 0, "models": [], "model_files": [], "model_pieces": []}
     slots, _ = layout.arrange(layout.bundle_members(index))
     models: Items = []
     files: Items = []
