@@ -364,8 +364,9 @@ def _pushed(opts: CopyOptions, pushed: Any) -> CopyResult:
 
 
 def bundle_to_bundle(opts: CopyOptions, reach: Reach) -> CopyResult:
-    """The images of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or not, or
-    a delta leaving out what `--have`'s inventory (or `--base`'s bundle) holds. The source is checked as `load`
+    """The images and models of the bundle `opts.source` written as a new bundle: cut into other parts, compressed or
+    not, or a delta leaving out what `--have`'s inventory (or `--base`'s bundle) holds (the models are carried as
+    the source holds them: a file it left out stays left out). The source is checked as `load`
     checks it before a byte is written (the signature policy, --expect, bundle.json against SHA256SUMS and the
     files, every part there at its size: verify.check_source), then every blob against its digest as it is read;
     imgtool.pyz is carried over. A delta for a containerd image store names the blobs that store holds for the
@@ -401,7 +402,7 @@ def bundle_to_bundle(opts: CopyOptions, reach: Reach) -> CopyResult:
     tool = {TOOL_PYZ: src / TOOL_PYZ} if any(f.name == TOOL_PYZ for f in index.files) else {}
     destination = BundleDestination(out, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                     force=opts.force, gzip=gz.compressor(), delta=delta, created=opts.created,
-                                    extra_files=tool)
+                                    extra_files=tool, models=index.models)
     with dirlock.lock_output(out, "copy"):
         copied = copy(source, destination, transform)
     written = copied.result

@@ -59,22 +59,25 @@ class InventoryImage:
 
 @dataclass(frozen=True)
 class InventoryModel:
-    """One model placed on the offline host (docs/models.md, "The inventory's models"): its reference, the commit,
-    and each file's path, size and sha256; a delta leaves out the files whose sha256 it holds."""
+    """One model placed on the offline host (issue 48): the reference with the revision it was placed as
+    (`hf:ORG/NAME@main`; `@<commit>` when no branch names it), its commit, and each file's path, size and sha256
+    (None only for a small non-LFS file of the Hugging Face cache that could not be read). `path`: where it lies."""
 
     ref: str
     commit: str
-    files: Tuple[Tuple[str, int, Digest], ...]  # (path, size, sha256)
+    files: Tuple[Tuple[str, int, Optional[Digest]], ...]
+    path: str = ""
 
     def to_json(self) -> dict:
-        return {"ref": self.ref, "commit": self.commit,
-                "files": [{"path": p, "size": n, "sha256": str(d)} for p, n, d in self.files]}
+        return {"ref": self.ref, "commit": self.commit, "path": self.path,
+                "files": [{"path": p, "size": n, "sha256": str(d) if d is not None else None}
+                          for p, n, d in self.files]}
 
 
 @dataclass(frozen=True)
 class Inventory:
-    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains, and the models placed
-    there (absent in inventories of imgtools before issue 48)."""
+    """What an offline Docker holds (`imgtool inventory`), enough to know its layer chains; and the models placed
+    on the host (`models`: what a model's delta may leave out)."""
 
     created: str
     daemon: dict
@@ -82,11 +85,9 @@ class Inventory:
     models: Tuple[InventoryModel, ...] = ()
 
     def to_json(self) -> dict:
-        out = {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
-               "daemon": self.daemon, "images": [im.to_json() for im in self.images]}
-        if self.models:
-            out["models"] = [m.to_json() for m in self.models]
-        return out
+        return {"format": INVENTORY_FORMAT, "version": INVENTORY_VERSION, "created": self.created,
+                "daemon": self.daemon, "images": [im.to_json() for im in self.images],
+                "models": [m.to_json() for m in self.models]}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=2) + "\n").encode()
@@ -145,11 +146,15 @@ def _models(value: object, bad: Callable[[str], UsageError]) -> Tuple[InventoryM
             if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not isinstance(f.get("size"), int) \
                     or isinstance(f.get("size"), bool) or f["size"] < 0:
                 raise bad(f"{where} is malformed")
+            if f.get("sha256") is None:  # a small file inventory could not read: it decides nothing
+                files.append((f["path"], f["size"], None))
+                continue
             try:
                 files.append((f["path"], f["size"], Digest.parse(f["sha256"] if isinstance(f.get("sha256"), str) else "")))
             except (UsageError, TypeError, AttributeError):
                 raise bad(f"{where}.sha256 is not a digest: {str(f.get('sha256'))[:80]!r}") from None
-        out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files)))
+        path = m.get("path")
+        out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files), path if isinstance(path, str) else ""))
     return tuple(out)
 
 
@@ -242,7 +247,7 @@ def have_from_inventory(inventory: Inventory, what: str) -> Have:
         if inventory.containerd_store:
             have.containerd.setdefault(im.name, im)
     for m in inventory.models:
-        have.add_model(m.ref, (d for _, _, d in m.files))
+        have.add_model(m.ref, (d for _, _, d in m.files if d is not None))
     return have
 
 

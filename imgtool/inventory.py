@@ -1,4 +1,5 @@
-"""`imgtool inventory`: what this host's runtime (Docker, containerd, Podman) holds, as the document delta.py defines, written atomically.
+"""`imgtool inventory`: what this host's runtime (Docker, containerd, Podman) holds, and the models placed here, as the
+document delta.py defines, written atomically.
 
 The verb's core function; commands/ prints. Runs on the offline side, so from imgtool.pyz on
 Python 3.7/3.8 too (no newer syntax or stdlib here).
@@ -7,12 +8,14 @@ Python 3.7/3.8 too (no newer syntax or stdlib here).
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from . import config
 from .delta import Inventory
 from .errors import ImgtoolError, UsageError
 from .fsutil import write_atomic
 from .model import utc_time
+from .placed import held_models
 
 if TYPE_CHECKING:
     from .runtimes.base import Runtime
@@ -39,17 +42,18 @@ def check_output(output: Optional[str]) -> Optional[Path]:
     return path
 
 
-def take_inventory(runtime: "Runtime", path: Optional[Path] = None) -> InventoryResult:
+def take_inventory(runtime: "Runtime", path: Optional[Path] = None, models_dirs: Sequence[Path] = ()) -> InventoryResult:
     """Ask the runtime (Docker, containerd, Podman: opened by the caller) for its images and their
-    layers; with `path` (check_output's), write the document there. Raises DaemonError, ImgtoolError
-    (cannot write `path`)."""
+    layers, and list the models placed on this host (the Hugging Face and ModelScope caches, `models_dirs`: placed.py);
+    with `path` (check_output's), write the document there. Raises DaemonError, ImgtoolError (cannot write `path`)."""
     facts = runtime.info()
     images = runtime.inventory()
     about = {"version": facts.version, "arch": facts.arch, "driver": facts.driver, "image_store": facts.image_store,
              "runtime": facts.runtime}
     if facts.namespace:
         about["namespace"] = facts.namespace
-    inv = Inventory(utc_time(time.time()), about, tuple(images))
+    models = held_models(config.hf_hub_cache(), config.modelscope_cache(), models_dirs)
+    inv = Inventory(utc_time(time.time()), about, tuple(images), tuple(models))
     data = inv.to_bytes()
     if path is not None:
         try:

@@ -30,6 +30,7 @@ from .bundle.reader import read_index
 from .bundle.signature import enforce
 from .bundle.verify import VerifyReport, check_before, deep_check
 from .ends.bundle_stream import ArchiveSource
+from .ends.model_dest import ModelChoice, ModelDestination
 from .ends.runtime_dest import BundleLoad, RuntimeDestination
 from .errors import DaemonError, VerifyError
 from .model import Digest, PulledImage
@@ -39,13 +40,17 @@ from .trust import Verdict
 
 if TYPE_CHECKING:
     from .pipeline import Plan
+    from .placer import Placed
     from .runtimes.base import Runtime
 
+EACH_TO_ITS_CACHE = ModelChoice()  # an hf: model into the Hugging Face cache, a modelscope: one into ModelScope's
 
-def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = (), expect: Optional[str] = None,
-                force: bool = False, quick: bool = False, progress: Progress, jobs: Optional[int] = None,
-                arch: Optional[str] = None, signers: Optional[str] = None, all_platforms: bool = False,
-                pin: bool = True) -> LoadResult:
+
+def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence[str] = (),
+                expect: Optional[str] = None, force: bool = False, quick: bool = False, progress: Progress,
+                jobs: Optional[int] = None, arch: Optional[str] = None, signers: Optional[str] = None,
+                all_platforms: bool = False, pin: bool = True,
+                models: Optional[ModelChoice] = EACH_TO_ITS_CACHE) -> LoadResult:
     """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
     Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
@@ -56,7 +61,11 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     all of it: an image containerd recorded but did not unpack (a killed load) is unpacked now, and one
     whose blobs are missing is imported again. With `pin` (the default), each image is pinned where the
     runtime can (containerd's CRI label), so the kubelet's image GC leaves it.
-    Raises UsageError, VerifyError (nothing was loaded or tagged; SignatureError, before Docker is
+    The bundle's models are placed as `models` says (None: none is): their members, after the images', are read
+    from the same forward read as the images (the runtime is sent the images only), staged and checked, and made
+    visible once the whole bundle was checked and the images loaded. `daemon` None: the models only (a bundle
+    without images needs no runtime).
+    Raises UsageError, VerifyError (nothing was loaded, tagged or placed; SignatureError, before Docker is
     asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
     incompatible Docker, a delta bundle's base missing), DaemonError.
     """
@@ -65,9 +74,33 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
     jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
     verdict = enforce(bundle_dir, raw, signers, doing="load")
+    placing = ModelDestination(index, models, progress) if models is not None and index.models else None
+    if daemon is None:
+        placed = _place_only(bundle_dir, index, raw, verdict, expect, quick, placing, progress, jobs)
+        return LoadResult(bundle_dir, [], False, {"runtime": None}, seconds=time.monotonic() - started,
+                          signature=verdict, models=placed)
+    try:
+        result = _load(bundle_dir, index, raw, verdict, daemon, placing, tags=tags, expect=expect, force=force,
+                       quick=quick, progress=progress, jobs=jobs, arch=arch, all_platforms=all_platforms, pin=pin)
+        if placing is not None:
+            if placing.moves and not placing.staged:  # the runtime held every image: the models' own pass
+                _stage_checked(bundle_dir, index, placing, None, progress, jobs)
+            result.models = placing.commit()
+    finally:
+        if placing is not None:
+            placing.release()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _load(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, daemon: "Runtime",
+          placing: Optional[ModelDestination], *, tags: Sequence[str], expect: Optional[str], force: bool,
+          quick: bool, progress: Progress, jobs: int, arch: Optional[str], all_platforms: bool,
+          pin: bool) -> LoadResult:
+    started = time.monotonic()
     destination = RuntimeDestination(daemon, progress, tags=tags, arch=arch, force=force, pin=pin,
                                      bundle=BundleLoad(bundle_dir, index, all_platforms))
-    source = _CheckedBundle(bundle_dir, index, raw, verdict, expect, quick, progress, jobs)
+    source = _CheckedBundle(bundle_dir, index, raw, verdict, expect, quick, progress, jobs, placing)
     facts = destination.facts
     try:
         copied = copy(source, destination)
@@ -84,10 +117,7 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
         # name every damaged part, as verify would.
         done = "refused what was loaded" if isinstance(e, Applied) else "stopped the upload"
         progress.note(f"{done}: {e}; checking the whole bundle ...")
-        deep_check(bundle_dir, index, source.report, progress, jobs, diff_ids=not facts.checks_diff_ids)
-        source.report.raise_if_bad("load")
-        raise VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
-                          "(is something changing the bundle?); nothing was loaded") from e
+        raise _named(bundle_dir, index, source.report, e, progress, jobs, not facts.checks_diff_ids) from e
     finally:
         source.finish()
     report = source.report
@@ -101,16 +131,59 @@ def load_bundle(bundle_dir: Path, daemon: "Runtime", *, tags: Sequence[str] = ()
                       warnings=list(report.warnings) + destination.warnings, signature=verdict)
 
 
+def _place_only(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
+                quick: bool, placing: Optional[ModelDestination], progress: Progress, jobs: int) -> List["Placed"]:
+    """The models of the bundle, no runtime (a bundle without images, or --models-only): checked before (every part
+    at its size, SHA256SUMS, --expect; the whole bundle when no model moves), then one pass placing them."""
+    moves = placing is not None and placing.moves
+    report = check_before(bundle_dir, index, raw, verdict, expect, not moves and not quick, progress, jobs)
+    for w in report.warnings:
+        progress.warn(w)
+    if placing is None:
+        return []
+    try:
+        if moves:
+            _stage_checked(bundle_dir, index, placing, report, progress, jobs)
+        return placing.commit()
+    finally:
+        placing.release()
+
+
+def _stage_checked(bundle_dir: Path, index: BundleIndex, placing: ModelDestination, report: Optional[VerifyReport],
+                   progress: Progress, jobs: int) -> None:
+    """One forward read of the bundle staging the models (every byte checked: the archive's headers, digests, trailer;
+    each file by the placer); a deviation is named as verify would (raises VerifyError: nothing placed)."""
+    try:
+        with ArchiveSource(bundle_dir, index, jobs=jobs) as stream:
+            placing.stage(stream.archive)
+            stream.settle()
+    except (VerifyError, Cut) as e:
+        progress.note(f"stopped placing: {e}; checking the whole bundle ...")
+        if report is None:
+            report = VerifyReport(bundle_dir, index, "")
+        raise _named(bundle_dir, index, report, e, progress, jobs, False) from e
+
+
+def _named(bundle_dir: Path, index: BundleIndex, report: VerifyReport, e: Exception, progress: Progress, jobs: int,
+           diff_ids: bool) -> VerifyError:
+    """The refusal of a load whose stream deviated: the whole bundle checked as verify would, every damaged part
+    named."""
+    deep_check(bundle_dir, index, report, progress, jobs, diff_ids=diff_ids)
+    report.raise_if_bad("load")
+    return VerifyError(f"refusing to load: {bundle_dir}: {e} while loading, but not when checked again "
+                       "(is something changing the bundle?); nothing was loaded")
+
+
 class _CheckedBundle:
     """The bundle as load's source: checked as `check_before` checks it once what moves is known (the whole bundle
     when nothing will be streamed, and so checked on the way, unless `quick`), then read as one checked stream
     (ends/bundle_stream.py), hashing the layers' diff_ids where the runtime asks (Plan.diff_ids)."""
 
     def __init__(self, bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, expect: Optional[str],
-                 quick: bool, progress: Progress, jobs: int):
+                 quick: bool, progress: Progress, jobs: int, placing: Optional[ModelDestination] = None):
         self.dir, self.index, self.raw, self.verdict, self.expect, self.quick = (bundle_dir, index, raw, verdict,
                                                                                  expect, quick)
-        self.progress, self.jobs = progress, jobs
+        self.progress, self.jobs, self.placing = progress, jobs, placing
         self.what = f"bundle {bundle_dir.name}"
         self.report: Optional[VerifyReport] = None
         self.stream: Optional[ArchiveSource] = None
@@ -125,8 +198,9 @@ class _CheckedBundle:
 
     def start(self, plan: "Plan[Any]") -> None:
         """The bundle checked before the runtime sees a byte; the stream opened when something moves."""
+        models = self.placing is not None and self.placing.moves  # then checked by the models' pass
         self.report = check_before(self.dir, self.index, self.raw, self.verdict, self.expect,
-                                   not plan.moves and not self.quick, self.progress, self.jobs)
+                                   not plan.moves and not self.quick and not models, self.progress, self.jobs)
         if plan.moves:  # nothing sent: the command says the warnings with the result
             for w in self.report.warnings:
                 self.progress.warn(w)
@@ -143,6 +217,14 @@ class _CheckedBundle:
         return self._open().chunks(digest, size, what)
 
     def settle(self) -> None:
+        """The models staged from the stream (their members follow the images'), then the rest of the archive checked,
+        before the runtime gets the images' last bytes: a deviation anywhere loads and places nothing. When no model is
+        placed, the images' part only is read."""
+        if self.placing is not None and self.placing.moves:
+            self.placing.stage(self._open().archive)
+        elif self.index.models:  # no model is placed (--no-models, or each placed already): none of their bytes read
+            self._open().settle_images()
+            return
         self._open().settle()
 
     def cancel(self) -> None:

@@ -25,9 +25,10 @@ import os
 import shutil
 import stat
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .dirlock import lock_output
 from .errors import ImgtoolError, VerifyError, counted
@@ -38,6 +39,7 @@ from .placement import (CACHEDIR_TAG, MARKER, Layout, files_to_place, git_blob_h
 from .weights import ModelFile, ModelSnapshot
 
 Reader = Callable[[ModelFile], Iterable[bytes]]  # a file's bytes, in pieces (from the bundle's parts)
+_STAGING_HERE: Set[str] = set()  # staging directories of this process's placements that are not finished
 FILE_MODE = 0o444
 DIR_MODE = 0o555
 # where the user points each target elsewhere, for a refusal's hint
@@ -67,6 +69,11 @@ class Placed:
     unchanged: bool = False  # the same model was there already: nothing was written
     notes: List[str] = field(default_factory=list)  # staging left by stopped placements, resumed or removed
 
+    def to_json(self) -> dict:
+        return {"ref": self.model, "target": self.target, "path": str(self.path), "commit": self.commit,
+                "files": self.files, "size": self.size, "written": self.written, "kept": self.kept,
+                "unchanged": self.unchanged, "notes": self.notes}
+
     def line(self) -> str:
         """What load prints for this model."""
         what = f"{counted(self.files, 'file')}, {format_size(self.size)}"
@@ -92,7 +99,82 @@ def place_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, 
         raise ImgtoolError(f"cannot place {snapshot.ref}: cannot create {folder}: {e.strerror or e}",
                            hint=f"run as a user who may write there, or {_ELSEWHERE[target]}") from None
     with lock_output(folder, "load"):
-        return _Placement(snapshot, files, lay, folder, read, revision, force, created).run()
+        placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
+        try:
+            placement.stage()
+            return placement.commit()
+        finally:
+            _STAGING_HERE.discard(str(placement.staging))  # what a failure left is for a later placement to resume
+
+
+class StagedModel:
+    """A model staged and checked, not yet visible under its name (`stage_model`): `commit()` makes it so, `release()`
+    leaves the staged files for a later placement to resume. The lock of the model's folder is held until either."""
+
+    def __init__(self, placement: "_Placement", lock: ExitStack):
+        self._placement, self._lock = placement, lock
+
+    @property
+    def placed(self) -> Placed:
+        return self._placement.done
+
+    def staged(self, sha256: str) -> Optional[Path]:
+        """A staged file of this model with these bytes (its sha256 hex), to copy a twin from; else None."""
+        return self._placement.by_sha.get(sha256)
+
+    def commit(self) -> Placed:
+        """Rename what was staged to the model's name (nothing when it was placed already); raises ImgtoolError."""
+        try:
+            return self._placement.commit()
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        _STAGING_HERE.discard(str(self._placement.staging))  # left for a later placement to resume
+        self._lock.close()
+
+
+def stage_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, revision: Optional[str] = None,
+                force: bool = False, created: Optional[int] = None, locked: bool = False) -> StagedModel:
+    """`place_model`'s first half: every file written to the staging directory and checked, nothing under the model's
+    name yet (load stages every model of a bundle, checks the rest of the bundle, then commits them all). `locked`:
+    the caller holds the folder's lock (`model_folder`; two models of one folder staged by one load). Raises what
+    place_model raises, the folder's lock released then."""
+    files = files_to_place(snapshot)
+    lay = layout(target, str(root), snapshot, revision)
+    folder = Path(str(lay.folder))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ImgtoolError(f"cannot place {snapshot.ref}: cannot create {folder}: {e.strerror or e}",
+                           hint=f"run as a user who may write there, or {_ELSEWHERE[target]}") from None
+    lock = ExitStack()
+    try:
+        if not locked:
+            lock.enter_context(lock_output(folder, "load"))
+        placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
+        try:
+            placement.stage()
+        except BaseException:
+            _STAGING_HERE.discard(str(placement.staging))
+            raise
+    except BaseException:
+        lock.close()
+        raise
+    return StagedModel(placement, lock)
+
+
+def model_folder(snapshot: ModelSnapshot, target: str, root: Path) -> Path:
+    """The folder `snapshot` is staged in under `root` (its lock's), as place_model makes it."""
+    return Path(str(layout(target, str(root), snapshot).folder))
+
+
+def placed_already(snapshot: ModelSnapshot, target: str, root: Path, revision: Optional[str] = None) -> bool:
+    """Whether `snapshot` is placed whole under `root` already (no lock, nothing written: what load asks before it
+    reads a model's bytes at all)."""
+    lay = layout(target, str(root), snapshot, revision)
+    folder = Path(str(lay.folder))
+    return _Placement(snapshot, files_to_place(snapshot), lay, folder, lambda f: (), revision, False, 0)._unchanged()
 
 
 class _Placement:
@@ -104,31 +186,45 @@ class _Placement:
         self.name = Path(str(lay.name))
         self.done = Placed(str(snapshot.ref), lay.target, self.name, snapshot.commit, len(files), snapshot.size)
         self.staging = folder / staging_name(os.getpid(), os.urandom(4).hex())
+        _STAGING_HERE.add(str(self.staging))
         self.computed: Dict[str, str] = {}  # path -> git blob sha1, for small files the snapshot names no blob for
+        self.by_sha: Dict[str, Path] = {}  # sha256 hex -> a file staged with those bytes (a twin is copied from it)
 
-    def run(self) -> Placed:
-        self._take_over_staging()
-        try:
+    def stage(self) -> None:
+        """Every file not held already written to the staging directory and checked; nothing under the name yet."""
+        with self._disk_errors():
+            self._take_over_staging()
             if self._unchanged():
                 self.done.unchanged = True
-                if self.lay.shared_blobs:
-                    self._finish_hf_cache()
-                _remove_tree(self.staging)
-                return self.done
+                return
             self._refuse_foreign()
             todo = self._todo()
             self._check_space(sum(f.size for f in todo))
             for f in todo:
                 self._stage(f)
-            self._commit()
+
+    def commit(self) -> Placed:
+        """What was staged renamed to the model's name (an unchanged model: only its refs/ looked after)."""
+        with self._disk_errors():
+            if self.done.unchanged:
+                if self.lay.shared_blobs:
+                    self._finish_hf_cache()
+            else:
+                self._commit()
+        _remove_tree(self.staging)
+        fsync_dir(self.folder)
+        _STAGING_HERE.discard(str(self.staging))
+        return self.done
+
+    @contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        try:
+            yield
         except OSError as e:
             hint = "free space there" if e.errno == errno.ENOSPC else "check the file system there"
             raise ImgtoolError(f"cannot place {self.snapshot.ref} in {self.folder}: {e.strerror or e}; "
                                f"nothing was placed", hint=f"{hint}; a rerun goes on from what was staged in "
                                f"{self.staging}") from None
-        _remove_tree(self.staging)
-        fsync_dir(self.folder)
-        return self.done
 
     # --- what is there already ----------------------------------------------------------------------------------
 
@@ -139,6 +235,8 @@ class _Placement:
         for entry in os.listdir(str(self.folder)):
             pid = staging_pid(entry)
             path = self.folder / entry
+            if str(path) in _STAGING_HERE:
+                continue  # another model of this folder, staged by this process and not committed yet
             if pid is not None and path.is_dir() and not path.is_symlink():
                 left.append((path.stat().st_mtime, path, pid))
         mine = self._staging_for()
@@ -206,6 +304,7 @@ class _Placement:
             staged = self.staging / "tree" / f.path
             if _size_of(staged, follow=False) == f.size:
                 self.done.kept += 1
+                self.by_sha.setdefault(f.sha256.hex if f.sha256 else "", staged)
                 if self.lay.shared_blobs and hf_etag(f) is None:
                     self.computed[f.path] = _git_blob_id_of(staged, f.size)
                 continue
@@ -239,7 +338,7 @@ class _Placement:
         fd = os.open(str(partial), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             with os.fdopen(fd, "wb", buffering=0) as out:
-                for chunk in self.read(f):
+                for chunk in self._chunks(f):
                     n += len(chunk)
                     if n > f.size:
                         break
@@ -264,9 +363,18 @@ class _Placement:
         dest = self.staging / "tree" / f.path
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.rename(str(partial), str(dest))
+        self.by_sha.setdefault(f.sha256.hex, dest)
         self.done.written += n
         if git is not None:
             self.computed[f.path] = git.hexdigest()
+
+    def _chunks(self, f: ModelFile) -> Iterable[bytes]:
+        """The file's bytes: from a twin staged already (the same sha256 under another path: a bundle carries those
+        bytes once), else from `read`."""
+        twin = self.by_sha.get(f.sha256.hex) if f.sha256 is not None else None
+        if twin is None:
+            return self.read(f)
+        return _file_chunks(twin)
 
     def _damaged(self, f: ModelFile, why: str) -> PlacementDamaged:
         return PlacementDamaged(f"{self.snapshot.ref}: {f.path}: {why}; nothing was placed",
@@ -353,6 +461,11 @@ def _size_of(path: Path, follow: bool = True) -> Optional[int]:
     except OSError:
         return None
     return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with open(str(path), "rb") as f:
+        yield from iter(lambda: f.read(1 << 20), b"")
 
 
 def _git_blob_id_of(path: Path, size: int) -> str:

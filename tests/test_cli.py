@@ -399,6 +399,7 @@ def test_inventory_json_says_where_the_inventory_went(services, tmp_path):
     written = json.loads(inv.read_text())
     doc = json.loads(r.stdout)
     assert doc == {"path": str(inv), "images": len(written["images"]),
-                   "layers": len({d for im in written["images"] for d in im["diff_ids"]})}
+                   "layers": len({d for im in written["images"] for d in im["diff_ids"]}),
+                   "models": len(written["models"])}
     r = imgtool("inventory", "--runtime", "docker", "--json", docker_host=services.docker_host)  # to stdout: the inventory
     assert r.returncode == 0 and json.loads(r.stdout)["images"] == written["images"]

@@ -304,3 +304,29 @@ def test_an_option_for_another_end_is_a_usage_error(args, message, hint):
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.startswith(("error:", "hint:"))]
     assert lines == [message] + ([hint] if hint else [])
+
+
+def test_bundle_to_bundle_carries_the_models_unchanged(factory, tmp_path):
+    """copy bundle:A bundle:B of an image+model bundle: B's bundle.json names the same models (same artifact
+    digests, same files), its archive is the same bytes whatever the parts and compression, and a model placed
+    from a zstd copy is the model."""
+    from tests.support.bundles import BlobDir, canonical_tar, put_model, write
+    from tests.support.models import small_model
+
+    store = BlobDir(tmp_path / "blobs")
+    model = small_model(seed=4804)
+    image = factory.image(host_arch(), layers=1)
+    src = tmp_path / "src"
+    write(src, [store.pulled(image, "quay.io/ascend/vllm-ascend:withmodel")], store,
+          models=[put_model(store, model)], chunk_size=64 << 10)
+    zstd, back = tmp_path / "zstd", tmp_path / "back"
+    for a, b, args in ((src, zstd, ("--compress", "zstd")), (zstd, back, ("--chunk-size", "1M"))):
+        r = imgtool("copy", f"bundle:{a}", f"bundle:{b}", *args)
+        assert r.returncode == 0, r.stderr
+        assert imgtool("verify", str(b)).returncode == 0
+        assert json.loads((b / "bundle.json").read_text())["models"] == json.loads((src / "bundle.json").read_text())["models"]
+    assert canonical_tar(back) == canonical_tar(src)
+    r = imgtool("load", str(zstd), "--models-only", "--models-dir", str(tmp_path / "plain"))
+    assert r.returncode == 0, r.stderr
+    for path, f in model.head.files.items():
+        assert (tmp_path / "plain" / model.repo_id / path).read_bytes() == f.read()

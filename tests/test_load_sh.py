@@ -29,7 +29,8 @@ HANG = 120  # seconds: a load.sh that needs longer for these small bundles is ha
 RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]  # podman-5.8: tests/support/runtimes.py
 # what load.sh runs, besides the runtime (the podman wrappers of the services run unshare and mount; 5.8's mkdir, chroot)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
-         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "mkdir", "chroot", "id")
+         "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "chroot", "id",
+         "dd", "cmp", "od", "find", "chmod", "mkdir", "mv", "rm")  # the last: placing models (--models-dir)
 SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
@@ -578,7 +579,9 @@ def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
 
     text = loadsh.template()
     caps = re.findall(r"head -c (\S+)", text)
-    assert sorted(caps) == ['"$kube_max_comm"', '"$kube_max_file"', '"$kube_max_status"', '"$kube_size"']
+    # besides the host's files: the bundle's own bytes, a model file's piece of a part ($4) and the images' prefix
+    assert sorted(caps) == ['"$4"', '"$images_end"', '"$kube_max_comm"', '"$kube_max_file"', '"$kube_max_status"',
+                            '"$kube_size"']
     assert '[ "$kube_size" -gt "$kube_max_file" ]' in text
     written = loadsh.load_sh(zstd_index(BENIGN)).decode()
     for name, cap in (("kube_max_file", kubelet.MAX_FILE), ("kube_max_comm", kubelet.MAX_COMM),
@@ -840,3 +843,115 @@ def ctr_echo(run_once) -> str:
         if out.strip():
             break
     return out
+
+
+# --- models (issue 48): placed into a plain directory with sha256sum, no Python; the runtime gets the images only ---
+
+def _model_bundle(tmp_path: Path, images=(), chunk_size=24 << 10):
+    from tests.support.bundles import put_model
+    from tests.support.models import small_model
+
+    store = BlobDir(tmp_path / "blobs")
+    model = small_model(seed=4805)
+    out = tmp_path / "with-model"
+    write(out, [store.pulled(im, ref) for im, ref in images], store, models=[put_model(store, model)],
+          chunk_size=chunk_size)
+    return out, model
+
+
+def _tree(root: Path):
+    out = {}
+    for here, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(here, name)
+            st = p.lstat()
+            out[p.relative_to(root).as_posix()] = (st.st_mode & 0o7777, None if p.is_dir() else p.read_bytes())
+    return out
+
+
+def test_load_sh_places_models_into_a_plain_directory_as_imgtool_load_does(tmp_path):
+    """No Python, no runtime: `sh load.sh --models-dir DIR` of a model bundle writes what `imgtool load --models-dir`
+    writes (the files 0444, directories 0555, the same .imgtool-model.json), says where, and a second run (or
+    imgtool's load) finds it placed already."""
+    from tests.support.bundles import imgtool
+
+    out, model = _model_bundle(tmp_path)
+    env = _bare(tmp_path)
+    r = subprocess.run(["sh", "load.sh", "--models-dir", str(tmp_path / "sh")], cwd=out, env=env, capture_output=True,
+                       text=True, timeout=HANG)
+    assert r.returncode == 0, r.stderr
+    placed = tmp_path / "sh" / model.repo_id
+    assert r.stderr.splitlines()[1:] == [
+        f"load.sh: placed hf:{model.repo_id}@main (commit {model.head.commit[:12]}) in {placed} (9 files, 85.2 KiB)",
+        "load.sh: done"]
+    py = imgtool("load", str(out), "--models-dir", str(tmp_path / "py"))
+    assert py.returncode == 0, py.stderr
+    assert _tree(tmp_path / "sh") == _tree(tmp_path / "py")
+    assert not [p for p in (tmp_path / "sh" / "imgtool-test").iterdir() if p.name.startswith(".imgtool-staging-")]
+    again = subprocess.run(["sh", "load.sh", "--models-dir", str(tmp_path / "sh")], cwd=out, env=env,
+                           capture_output=True, text=True, timeout=HANG)
+    assert again.stderr.splitlines()[1] == (f"load.sh: hf:{model.repo_id}@main is placed already in {placed} "
+                                            "(9 files, 85.2 KiB): nothing to do")
+    ours = imgtool("load", str(out), "--models-dir", str(tmp_path / "sh"))
+    assert ours.stdout.endswith("(9 files, 85.2 KiB): nothing to do\n"), ours.stdout
+    bare = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
+    assert (bare.returncode, bare.stderr.splitlines()[1:]) == (2, [
+        "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory); "
+        "nothing was placed"])
+
+
+def test_load_sh_refuses_a_model_file_whose_bytes_differ_naming_it_and_places_nothing(tmp_path):
+    """A part damaged and SHA256SUMS written again over it (the sums pass): the model file cut from it does not match
+    its sha256, so load.sh refuses naming the file (exit 3) and nothing is placed, no staging left."""
+    import hashlib
+
+    from tests.support.bundles import damage_member
+
+    out, model = _model_bundle(tmp_path)
+    shard = "model-00002-of-00002.safetensors"
+    damage_member(out, "sha256:" + model.head.files[shard].sha256)
+    lines = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in parts_of(out)]
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    r = subprocess.run(["sh", "load.sh", "--models-dir", str(tmp_path / "m")], cwd=out, env=_bare(tmp_path),
+                       capture_output=True, text=True, timeout=HANG)
+    assert r.returncode == 3, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("load.sh: error:")]
+    expected = model.head.files[shard].sha256[:12]
+    assert line.startswith(f"load.sh: error: hf:{model.repo_id}@main: {shard}: its bytes do not match its sha256 "
+                           "(sha256:") and line.endswith(f" read, {expected} expected); nothing was placed")
+    assert [p.name for p in (tmp_path / "m" / "imgtool-test").iterdir()] == []
+
+
+def test_load_sh_sends_docker_the_images_prefix_and_the_tar_end_and_places_the_model(factory, tmp_path, services,
+                                                                                    docker_cli, docker_cleanup):
+    """An image+model bundle into Docker 20.10: what `docker load` reads is the archive up to the images' end, then
+    1024 zero bytes (the tar's end): no model byte; the image lands and the model is placed."""
+    from imgtool.bundle import layout
+    from imgtool.bundle.reader import read_index
+    from tests.support.bundles import canonical_tar
+
+    image = factory.image(host_arch(), layers=1, layer_size=20_000)
+    ref = f"{REPO}/withmodel:v1"
+    out, model = _model_bundle(tmp_path, [(image, ref)], chunk_size=64 << 10)
+    docker_cleanup.image(ref, image.config_digest)
+    seen = tmp_path / "docker-load-stdin"
+    wrapper = tmp_path / "docker-tee"
+    wrapper.write_text(f"#!/bin/sh\nif [ \"$1\" = load ]; then tee {seen} | docker -H {services.docker_host} \"$@\"\n"
+                       f"else exec docker -H {services.docker_host} \"$@\"; fi\n")
+    wrapper.chmod(0o755)
+    env = _bare(tmp_path, {"docker": _which("docker"), "tee": _which("tee")}, DOCKER=str(wrapper))
+    r = subprocess.run(["sh", "load.sh", "--models-dir", str(tmp_path / "m")], cwd=out, env=env, capture_output=True,
+                       text=True, timeout=HANG)
+    assert r.returncode == 0, r.stderr
+    assert docker_cli.holds(ref, image)
+    slots, _ = layout.arrange(layout.bundle_members(read_index(out)[0]))
+    end = layout.images_end(slots)
+    assert seen.read_bytes() == canonical_tar(out)[:end] + bytes(1024)
+    assert (tmp_path / "m" / model.repo_id / "config.json").read_bytes() == model.head.files["config.json"].read()
+    assert "load.sh: placed hf:" in r.stderr
+
+
+def test_load_sh_of_a_bundle_with_models_is_shellcheck_clean(tmp_path):
+    out, _ = _model_bundle(tmp_path)
+    r = _shellcheck(out / "load.sh")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")

@@ -484,6 +484,18 @@ class Archive:
                 pass
         self._settle_workers()
 
+    def through_images(self) -> None:
+        """The images' part of the archive read and checked (up to the first model member, or to the end when there is
+        none), then every deferred digest and diff_id; the models' members are left unread (a load that places no
+        model reads none of their bytes). Raises what `fail` makes."""
+        while not self.ended:
+            got = self._next()
+            if got is None or got.member.kind in ("model", "model-meta"):
+                break
+            for _ in self._data(got, False):
+                pass
+        self._settle_workers()
+
     def _fail_now(self, message: str) -> BaseException:
         assert self.fail is not None, "hand-over needs fail-fast"
         return self.fail(message)

@@ -35,6 +35,7 @@ from .format import BundleImage, BundleIndex
 from ..trust import Verdict
 
 if TYPE_CHECKING:
+    from ..placer import Placed
     from ..runtimes.base import ImageInfo, Runtime, RuntimeInfo, Unfinished
 
 
@@ -69,9 +70,11 @@ class LoadResult:
     seconds: float = 0.0
     warnings: List[str] = field(default_factory=list)
     signature: Optional[Verdict] = None  # bundle.json.sig under the site's policy
+    models: List["Placed"] = field(default_factory=list)  # what placing each model did (ends/model_dest.py)
 
     def to_json(self) -> dict:
         return {"dir": str(self.dir), "sent": self.sent, "images": [im.to_json() for im in self.images],
+                "models": [m.to_json() for m in self.models],
                 "runtime": self.daemon.get("runtime", "docker"), "daemon": self.daemon,
                 "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
                 "seconds": round(self.seconds, 3), "warnings": self.warnings,

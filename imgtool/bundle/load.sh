@@ -70,11 +70,22 @@ layer_table=''
 instead='imgtool load .'
 ways_en=''
 ways_zh=''
+# its models (issue 48): how many, and where the images' members end in its tar (the runtime is sent that much,
+# then the tar's end blocks: never a model's byte); each model: its number, its directory under --models-dir
+# (ORG/NAME), its reference, its commit, its .imgtool-model.json (the bytes imgtool's placer writes), its files and
+# size in words; each file: the model's number, its path, size and sha256; and where each carried file's bytes lie
+# in the parts of an uncompressed archive: its sha256, the part, the offset in the part, the length
+model_count=0
+images_end=0
+models() { :; }
+model_files() { :; }
+model_pieces() { :; }
 # ---- end of parameters ---------------------------------------------------------------------------------------
 
 usage() {
     cat <<'EOF'
 usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]
+                  [--models-dir DIR] [--models-only] [--no-models]
 
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part; without a SHA256SUMS naming every part, against the sha256
@@ -95,6 +106,12 @@ It prints the runtime it chose; with none of them it says why for each and exits
 --runtime NAME (or IMGTOOL_RUNTIME=NAME) uses that runtime and no other.
 --force loads even when the runtime's root seems to lack the room (exit 1 without).
 A failed ctr import leaves nothing: what it recorded is removed.
+A bundle's models (an uncompressed bundle's) are placed with --models-dir DIR into
+DIR/ORG/NAME, as imgtool load --models-dir places them: each file checked with
+sha256sum, read-only, staged beside DIR/ORG/NAME and renamed at the end; the
+runtime is sent the images only. --models-only places the models and loads no
+image (no runtime needed); --no-models loads the images only. For the Hugging
+Face or ModelScope cache, use imgtool load (or the pyz).
 Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
 Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
 ~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
@@ -122,6 +139,9 @@ MicroK8s 的套接字）导入 kubelet 读取镜像的地方：它的 containerd
 会打印所选的运行时；三者都没有时逐一说明原因并以退出码 5 结束。
 --runtime 名称（或 IMGTOOL_RUNTIME=名称）指定运行时，不再尝试其他运行时。
 --force：运行时存储目录空间看似不足时仍然导入（不加时退出码 1）。ctr 导入失败时，会删除这次导入记录的内容。
+镜像包中的模型（未压缩的镜像包）用 --models-dir 目录 放到 目录/组织/名称：逐个文件用 sha256sum 校验、只读、
+先在旁边暂存，最后改名到位；运行时只收到镜像部分。--models-only 只放模型（无需运行时）；--no-models 只导入镜像。
+要放进 Hugging Face 或 ModelScope 缓存，请用 imgtool load（或 pyz）。
 可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
 签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
 ~/.config/imgtool/allowed_signers、/etc/imgtool/allowed_signers），先用 `ssh-keygen -Y verify` 校验
@@ -136,11 +156,20 @@ EOF
 runtime=${IMGTOOL_RUNTIME:-auto}
 no_pin=""
 force=""
+models_dir=""
+models_only=""
+no_models=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
         --no-pin) no_pin=1; shift ;;
         --force) force=1; shift ;;
+        --models-only) models_only=1; shift ;;
+        --no-models) no_models=1; shift ;;
+        --models-dir=*) models_dir=${1#--models-dir=}; shift ;;
+        --models-dir)
+            if [ $# -lt 2 ]; then echo "load.sh: error: --models-dir needs a directory" >&2; exit 2; fi
+            models_dir=$2; shift 2 ;;
         --runtime=*) runtime=${1#--runtime=}; shift ;;
         --runtime)
             if [ $# -lt 2 ]; then echo "load.sh: error: --runtime needs a value: docker, containerd or podman" >&2; exit 2; fi
@@ -148,6 +177,15 @@ while [ $# -gt 0 ]; do
         *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
 done
+if [ -n "$no_models" ] && [ -n "$models_only$models_dir" ]; then
+    echo "load.sh: error: --no-models places no model: it cannot go with --models-only or --models-dir" >&2
+    exit 2
+fi
+if [ -n "$models_only" ] && [ "$model_count" -eq 0 ]; then
+    echo "load.sh: error: --models-only: this bundle holds no model" >&2
+    exit 2
+fi
+case "$models_dir" in ''|/*) ;; *) models_dir="$(pwd)/$models_dir" ;; esac
 case "$runtime" in
     auto|docker|containerd|podman) ;;
     *) echo "load.sh: error: unknown runtime '$runtime' (--runtime or IMGTOOL_RUNTIME): docker, containerd, podman or auto" >&2
@@ -347,6 +385,102 @@ else
     echo "load.sh: error: sha256sum not found: cannot check the parts; nothing was loaded" >&2
     echo "load.sh: install coreutils (or busybox), which brings sha256sum; or load with imgtool" >&2
     exit 3
+fi
+
+# The models (issue 48), as imgtool's placer places them into a plain directory (its `dir` target): DIR/ORG/NAME
+# holding the files (0444; directories 0555) and .imgtool-model.json, staged in DIR/ORG/.imgtool-staging-PID-RANDOM
+# and renamed to DIR/ORG/NAME at the end, so a half-placed model is never visible under its name. Each file's bytes
+# are cut from the parts (already checked above) and checked again with sha256sum against bundle.json's sha256.
+model_not_placed() {  # $1: why (exit 3 when the bytes are wrong, else 1)
+    [ -z "${staging:-}" ] || { chmod -R u+w "$staging" 2>/dev/null; rm -rf "$staging"; }
+    echo "load.sh: error: $1; nothing was placed" >&2
+    exit "${2:-1}"
+}
+cut_piece() {  # $1: a sha256, $2: a part, $3: the offset in it, $4: the length: the bytes, if $1 is this file's
+    [ "$1" = "$file_sha" ] || return 0
+    found=1
+    tail -c +"$(($3 + 1))" -- "$2" | head -c "$4" >>"$staging/partial"
+}
+stage_file() {  # $1: a model's number, $2: a path, $3: its size, $4: its sha256
+    [ "$1" = "$model_no" ] || return 0
+    file_sha=$4
+    found=""
+    : >"$staging/partial"
+    model_pieces cut_piece
+    [ -n "$found" ] || model_not_placed "$model_ref: $2: this bundle does not carry its bytes (a delta bundle leaves out the files the other side holds)"
+    # shellcheck disable=SC2012  # ls -n is POSIX (see check_size)
+    got=$(ls -lnL -- "$staging/partial" | awk '{ print $5 }')
+    read_sha=$(sha256sum <"$staging/partial" | awk '{ print $1 }')
+    if [ "$got" != "$3" ] || [ "$read_sha" != "$4" ]; then
+        model_not_placed "$model_ref: $2: its bytes do not match its sha256 (sha256:$(printf '%.12s' "$read_sha") read, $(printf '%.12s' "$4") expected)" 3
+    fi
+    chmod 444 "$staging/partial"
+    mkdir -p -- "$(dirname -- "$staging/tree/$2")"
+    mv -- "$staging/partial" "$staging/tree/$2"
+}
+file_there() {  # $1: a model's number, $2: a path, $3: its size: unchanged is cleared when it is not there so
+    [ "$1" = "$model_no" ] || return 0
+    # shellcheck disable=SC2012
+    if [ ! -f "$dest/$2" ] || [ "$(ls -lnL -- "$dest/$2" | awk '{ print $5 }')" != "$3" ]; then unchanged=""; fi
+}
+place_model() {  # $1: its number, $2: ORG/NAME, $3: its reference, $4: its commit, $5: its marker, $6: in words
+    model_no=$1; model_ref=$3
+    dest="$models_dir/$2"
+    folder=$(dirname -- "$dest")
+    marker_file="$dest/.imgtool-model.json"
+    unchanged=""
+    if [ -f "$marker_file" ] && printf '%s' "$5" | cmp -s - "$marker_file"; then
+        unchanged=1
+        model_files file_there
+    fi
+    if [ -n "$unchanged" ]; then
+        echo "load.sh: $3 is placed already in $dest ($6): nothing to do" >&2
+        return 0
+    fi
+    if { [ -e "$dest" ] || [ -L "$dest" ]; } && [ ! -f "$marker_file" ] && [ -z "$force" ]; then
+        echo "load.sh: error: $dest exists and was not placed by imgtool: $3 was not placed" >&2
+        echo "load.sh: move it away, or run load.sh with --force to replace it" >&2
+        exit 1
+    fi
+    mkdir -p -- "$folder" || model_not_placed "$3: cannot create $folder"
+    staging="$folder/.imgtool-staging-$$-$(od -An -N4 -tx1 /dev/urandom | tr -d ' \n')"
+    mkdir -p -- "$staging/tree" || model_not_placed "$3: cannot create $staging"
+    model_files stage_file
+    if ! printf '%s' "$5" >"$staging/tree/.imgtool-model.json"; then model_not_placed "$3: cannot write its marker"; fi
+    chmod 444 "$staging/tree/.imgtool-model.json"
+    find "$staging/tree" -depth -type d -exec chmod 555 {} + || model_not_placed "$3: cannot seal $staging/tree"
+    if [ -e "$dest" ] || [ -L "$dest" ]; then
+        chmod u+w "$dest" 2>/dev/null
+        mv -- "$dest" "$staging/old" || model_not_placed "$3: cannot move $dest aside"
+    fi
+    mv -- "$staging/tree" "$dest" || model_not_placed "$3: cannot rename $staging/tree to $dest"
+    chmod -R u+w "$staging" 2>/dev/null
+    rm -rf "$staging"
+    staging=""
+    echo "load.sh: placed $3 (commit $(printf '%.12s' "$4")) in $dest ($6)" >&2
+}
+place_models() {
+    [ "$model_count" -gt 0 ] && [ -z "$no_models" ] || return 0
+    if [ -z "$models_dir" ]; then
+        echo "load.sh: this bundle also holds $model_count model(s): place them with sh load.sh --models-dir DIR, or with $instead (the Hugging Face or ModelScope cache)" >&2
+        return 0
+    fi
+    if [ "$compression" != none ]; then
+        echo "load.sh: error: load.sh places models from an uncompressed bundle only, and this one is $compression-compressed; nothing was placed" >&2
+        echo "load.sh: place them with $instead --models-dir \"$models_dir\"" >&2
+        exit 1
+    fi
+    command -v sha256sum >/dev/null 2>&1 || model_not_placed "sha256sum not found: cannot check the models' files"
+    models place_model
+}
+if [ "$image_count" -eq 0 ] || [ -n "$models_only" ]; then  # the models alone: no runtime is asked anything
+    if [ -z "$models_dir" ] && [ -z "$no_models" ]; then
+        echo "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory); nothing was placed" >&2
+        exit 2
+    fi
+    place_models
+    echo "load.sh: done" >&2
+    exit 0
 fi
 
 # A compressed archive is unpacked on its way into the runtime, by gzip or zstd.
@@ -883,11 +1017,16 @@ unpack() {
         zstd) zstd -dc ;;
     esac
 }
+images_only() {  # the images' members, then the tar's end blocks: no model byte reaches the runtime
+    if [ "$model_count" -eq 0 ]; then cat; return; fi
+    head -c "$images_end"
+    dd if=/dev/zero bs=1024 count=1 2>/dev/null
+}
 echo "load.sh: loading $image_count image(s) into $runtime ..." >&2
 if [ "$compression" = none ]; then
-    parts cat_part | load_into
+    parts cat_part | images_only | load_into
 else
-    parts cat_part | unpack | load_into
+    parts cat_part | unpack | images_only | load_into
 fi
 status=$?
 if [ "$status" -ne 0 ]; then
@@ -937,4 +1076,5 @@ if has_items multiarch_tags; then
     multiarch_tags tag_if_this_arch
     [ -n "$tagged" ] || echo "load.sh: warning: this bundle has no image for the $runtime architecture $arch; nothing was named" >&2
 fi
+place_models
 echo "load.sh: done" >&2

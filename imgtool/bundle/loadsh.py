@@ -17,12 +17,15 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 from .. import __version__
 from ..delta import chain_ids, describe_requirements, requirements
-from ..model import UNPACKED_PER_COMPRESSED
+from ..errors import counted
+from ..model import UNPACKED_PER_COMPRESSED, format_size
+from ..placement import marker
 from ..runtimes import containerd, docker, kubelet, podman
 from ..sshsig import NAMESPACE
 from ..text import sh_quote
 from .format import BUNDLE_JSON, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
 from .hostcheck import zstd_layer_refs
+from . import layout
 from .layout import runtime_image_id
 from .texts import has_tool, multiarch_refs, ways
 
@@ -88,7 +91,43 @@ def parameters(index: BundleIndex) -> Dict[str, Value]:
         "layer_table": "\n".join(f"{chain} {int(c)} {int(u)} {ids}" for chain, c, u, ids in _layer_table(index)),
         "instead": f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load .",
         "ways_en": ways(index, "en"), "ways_zh": ways(index, "zh"),
+        **_model_parameters(index),
     }
+
+
+def _model_parameters(index: BundleIndex) -> Dict[str, Value]:
+    """What load.sh needs of the bundle's models (issue 48): where the images' members end in the tar (the runtime
+    is sent that prefix and the tar's end blocks), each model (its directory under --models-dir, as the placer's
+    `dir` target names it; its reference; its commit; its `.imgtool-model.json`, the placer's bytes; its files and
+    size in words), each file (the model's number, its path, size, sha256), and where each carried file's bytes lie
+    in the parts of an uncompressed archive (sha256, part, offset in the part, length)."""
+    if not index.models:  # the runtime is sent the whole archive, as before models
+        return {"model_count": 0, "images_end": 0, "models": [], "model_files": [], "model_pieces": []}
+    slots, _ = layout.arrange(layout.bundle_members(index))
+    models: Items = []
+    files: Items = []
+    for i, m in enumerate(index.models, 1):
+        snapshot = m.snapshot()
+        ref = m.model_ref
+        models.append((i, f"{ref.org}/{ref.name}", m.ref, m.commit, marker(snapshot, ref.revision).decode(),
+                       f"{counted(len(m.files), 'file')}, {format_size(m.size)}"))
+        files += [(i, f.path, f.size, f.sha256.hex) for f in m.files]
+    pieces: Items = []
+    if index.archive.compression == "none":
+        starts, at = [], 0
+        for p in index.parts:
+            starts.append(at)
+            at += p.size
+        for slot in slots:
+            if slot.member.kind != "model":
+                continue
+            begin, end = slot.data_offset, slot.end
+            for part, start in zip(index.parts, starts):
+                lo, hi = max(begin, start), min(end, start + part.size)
+                if lo < hi:
+                    pieces.append((slot.member.digest.hex, part.name, lo - start, hi - lo))
+    return {"model_count": len(index.models), "images_end": layout.images_end(slots),
+            "models": models, "model_files": files, "model_pieces": pieces}
 
 
 def fill(text: str, values: Dict[str, Value]) -> str:

@@ -55,7 +55,7 @@ def _image_lines(index: BundleIndex) -> List[str]:
     """README.txt's list of images, one line each (values as `text.for_terminal` shows them: it is read with cat)."""
     refs = [for_terminal(im.ref) for im in index.images]
     models = [for_terminal(m.ref) for m in index.models]
-    width = max(len(ref) for ref in refs + models)
+    width = max((len(ref) for ref in refs + models), default=0)
     return [f"    {ref.ljust(width)}  {for_terminal(im.platform)}  {format_size(im.size)}  ID {im.image_id}"
             for ref, im in zip(refs, index.images)] + \
         [f"    {ref.ljust(width)}  commit {for_terminal(m.commit)}  {len(m.files)} files  {format_size(m.size)}"

@@ -3,6 +3,7 @@
 import click
 
 from .options import bundle_usage, common, json_option, runtime_choice, runtime_options, say_choice, signers_option
+from ..errors import UsageError
 from .output import echo_signature, emit_json, progress, table
 
 
@@ -23,13 +24,21 @@ from .output import echo_signature, emit_json, progress, table
 @click.option("--no-pin", is_flag=True,
               help="On containerd, leave the images unpinned (by default they are labelled io.cri-containerd.pinned="
                    "pinned, which the kubelet's image GC skips on containerd 1.7+).")
+@click.option("--models", "models_target", type=click.Choice(["hf", "modelscope"]),
+              help="Place the bundle's models into this cache (default: an hf: model into the Hugging Face cache, "
+                   "a modelscope: one into ModelScope's; HF_HOME/HF_HUB_CACHE and MODELSCOPE_CACHE are honoured).")
+@click.option("--models-dir", metavar="DIR", type=click.Path(file_okay=False),
+              help="Place the bundle's models into the plain directory DIR (DIR/ORG/NAME) instead of a cache.")
+@click.option("--no-models", is_flag=True, help="Load the images only; place none of the bundle's models.")
+@click.option("--models-only", is_flag=True,
+              help="Place the bundle's models only; load no image (no runtime is asked anything).")
 @signers_option
 @runtime_options
 @json_option("result")
 @common
-def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, signers, runtime, address, namespace,
-         as_json):
-    """Check a bundle, then stream it into Docker, containerd or Podman and confirm it.
+def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, models_target, models_dir, no_models,
+         models_only, signers, runtime, address, namespace, as_json):
+    """Check a bundle, then stream it into Docker, containerd or Podman and confirm it; place its models.
 
     Every part's sha256, every tar header and every blob's digest are checked while the parts
     stream into the runtime; the first mismatch cuts the upload short, the runtime drops what it
@@ -37,6 +46,11 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     wrong-size parts, SHA256SUMS and --expect are checked before the runtime is sent anything.
     On a Kubernetes node, the image goes where the kubelet reads images (containerd: its endpoint,
     namespace k8s.io, unpacked and pinned; cri-dockerd: Docker).
+
+    The bundle's models are placed where their clients read them offline (the Hugging Face cache,
+    ModelScope's, or --models-dir), each file checked against its sha256, read-only and atomically:
+    nothing appears under a model's name before the whole bundle was checked. The runtime is sent the
+    images only; a bundle of models alone needs no runtime.
     """
     from ..load import load_bundle
     from ..bundle.reader import read_index
@@ -44,13 +58,20 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
     from ..runtimes.choice import open_runtime
 
     bundle_usage(bundle_dir, expect)
-    choice = runtime_choice(runtime, address, namespace)
-    read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
+    models = _model_choice(models_target, models_dir, no_models, models_only, force)
+    index, _ = read_index(bundle_dir)  # no bundle.json, or a broken one, is named before the runtime is asked anything
     p = progress()
+    if models_only and not index.models:
+        raise UsageError(f"--models-only: {bundle_dir} holds no model", hint="load it without --models-only")
+    if models_only or not index.images:  # the models alone: no runtime is needed
+        _models_alone(load_bundle(bundle_dir, None, expect=expect, force=force, quick=quick, progress=p,
+                                  signers=signers, models=models), p, as_json)
+        return
+    choice = runtime_choice(runtime, address, namespace)
     say_choice(choice)
     with open_runtime(choice) as daemon:
         result = load_bundle(bundle_dir, daemon, tags=tags, expect=expect, force=force, quick=quick, progress=p,
-                             arch=arch, signers=signers, all_platforms=all_platforms, pin=not no_pin)
+                             arch=arch, signers=signers, all_platforms=all_platforms, pin=not no_pin, models=models)
     if as_json:
         emit_json(dict(result.to_json(), runtime_choice=choice.reason() or None))
         return
@@ -73,7 +94,42 @@ def load(bundle_dir, tags, expect, force, arch, all_platforms, quick, no_pin, si
                    f"{_namespace_words(result.daemon)})")
     else:
         click.echo(f"already loaded: nothing sent to {where} ({result.dir}{_namespace_words(result.daemon)})")
+    _say_models(p, result)
     echo_signature(result.signature)
+
+
+def _models_alone(result, p, as_json) -> None:
+    """What a load of models without a runtime says."""
+    if as_json:
+        emit_json(result.to_json())
+        return
+    _say_models(p, result)
+    if not result.models:
+        click.echo(f"nothing placed from {result.dir}: --no-models")
+    echo_signature(result.signature)
+
+
+def _model_choice(target, models_dir, no_models, models_only, force):
+    """Where the bundle's models go (None: nowhere, --no-models); raises UsageError for options that contradict."""
+    from pathlib import Path
+
+    from ..ends.model_dest import ModelChoice
+
+    if no_models and (models_only or target or models_dir):
+        raise UsageError("--no-models places no model: it cannot go with --models-only, --models or --models-dir")
+    if target and models_dir:
+        raise UsageError("--models and --models-dir both say where the models go: choose one")
+    if no_models:
+        return None
+    return ModelChoice(target, Path(models_dir) if models_dir else None, force)
+
+
+def _say_models(p, result) -> None:
+    """Where each model was placed (the placer's line), after what each placement found left by a stopped one."""
+    for placed in result.models:
+        for note in placed.notes:
+            p.note(note)
+        click.echo(placed.line())
 
 
 def _runtime_title(facts: dict) -> str:

@@ -17,6 +17,7 @@ from ..pipeline import Holding, Plan
 from ..progress import Progress
 
 if TYPE_CHECKING:
+    from ..bundle.format import BundleModel
     from ..bundle.regions import Regions
     from ..bundle.writer import BundleResult
     from ..pipeline import Blobs

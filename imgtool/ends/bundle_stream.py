@@ -78,6 +78,11 @@ class ArchiveSource:
         """Read and check the rest of the archive, then every digest and diff_id: raises Cut or VerifyError."""
         self.archive.to_end()
 
+    def settle_images(self) -> None:
+        """Read and check the rest of the images' part of the archive (the models' members after it are left unread),
+        then every digest and diff_id: raises Cut or VerifyError."""
+        self.archive.through_images()
+
     def cancel(self) -> None:
         self.finish()
 

@@ -157,14 +157,17 @@ class DockerAPIRecorder:
     stop after N bytes in total until `release()`; `reached` is set when they do, so a test acts
     at a known point of a `docker save` stream (a kill mid-layer) instead of after a guessed sleep.
     With `cut=True` the connection is closed there instead: the daemon's answer ends mid-stream.
+    With `keep=True` every byte the client sent the daemon is kept in `uploaded` (what a load sent, for a test to
+    search: keep it small).
     """
 
-    def __init__(self, docker_host: str, hold_after: Optional[int] = None, cut: bool = False):
+    def __init__(self, docker_host: str, hold_after: Optional[int] = None, cut: bool = False, keep: bool = False):
         import re
         import socket
         import threading
 
-        self.hold_after, self.sent, self.cut = hold_after, 0, cut
+        self.hold_after, self.sent, self.cut, self.keep = hold_after, 0, cut, keep
+        self.uploaded = bytearray()
         self.reached, self.released = threading.Event(), threading.Event()
 
         self.target = docker_host[len("unix://"):]
@@ -210,6 +213,8 @@ class DockerAPIRecorder:
                              if m.end() > len(tail)]  # not one already counted in the previous window
                     with self._lock:
                         self.requests += found
+                        if self.keep:
+                            self.uploaded += data
                     tail = data[-64:]  # a request line cut between two reads is found in the next window
                 else:
                     data = self._gate(data, dst)
