@@ -140,7 +140,7 @@ def _models(value: object, bad: Callable[[str], UsageError]) -> Tuple[InventoryM
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("ref"), str) or not isinstance(m.get("files"), list):
             raise bad(f"models[{i}] is malformed")
-        files = []
+        files: List[Tuple[str, int, Optional[Digest]]] = []
         for j, f in enumerate(m["files"]):
             where = f"models[{i}].files[{j}]"
             if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not isinstance(f.get("size"), int) \
