@@ -192,7 +192,7 @@ def test_an_image_and_a_model_from_the_loopback_registry_and_hub_are_one_bundle_
     assert_carries(out, model)
     ok = imgtool(None, cache, "verify", str(out))
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith(f"ok: {out}: 1 image(s); 3 parts"), ok.stdout
+    assert ok.stdout.startswith(f"ok: {out}: 1 image(s), 1 model(s); 3 parts"), ok.stdout
 
 
 def test_a_fetch_killed_half_way_resumes_and_downloads_again_little_more_than_what_was_in_flight(tmp_path):
