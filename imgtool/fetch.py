@@ -22,7 +22,7 @@ from .ends.bundle_dest import BundleDestination, Bundled, read_have
 from .ends.hub_source import RegistryAndHubs
 from .weights import ModelRef, is_model_ref, parse_model_ref
 from .pipeline import Plan, copy
-from .puller import CONNECTIONS, JOBS, PullStats
+from .puller import CONNECTIONS, HUB_JOBS, JOBS, PullStats
 from .resolve import resolve_image, resolve_refs
 from .selfbundle import bundle_tool
 from .store import Store
@@ -49,7 +49,7 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = JOBS  # connections per source (--connections)
+    jobs: Optional[int] = None  # connections per source (--connections); None: JOBS per registry, HUB_JOBS per hub
     max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
     force: bool = False
     probe_timeout: float = 5.0
@@ -148,7 +148,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # Model files go the same way after the layers (their members follow the images'): into their regions of an
         # uncompressed archive, else through the cache (--compress: the archive is one compressed stream).
         carried = [model_pull.carrying(res, {f.sha256 for f in m.files if f.omitted}) for res, m in zip(hubs, models)]
-        source = RegistryAndHubs(pulled, carried, store, progress, (opts.jobs, opts.max_connections))
+        source = RegistryAndHubs(pulled, carried, store, progress, (opts.jobs or JOBS, opts.max_connections),
+                                 hub_jobs=opts.jobs or HUB_JOBS)
 
         def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
             check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions,
@@ -284,7 +285,7 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
 
     if not opts.refs:
         raise UsageError("nothing to fetch: give at least one image or model reference")
-    if opts.jobs < 1 or opts.jobs > 64:
+    if opts.jobs is not None and (opts.jobs < 1 or opts.jobs > 64):
         raise UsageError(f"invalid --connections {opts.jobs}: use 1 to 64")
     if opts.max_connections < 1 or opts.max_connections > 256:
         raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
