@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
-"""Models (issue 48): imgtool's download of a model from a Hugging Face endpoint against the real client's.
+"""Models (issue 48): imgtool's download of a model from a Hugging Face endpoint against the real client's, and the
+rows of the issue's table that need imgtool's bundle.
 
 A seeded model (tests/support/models.py `generated_model`: five shards of 4 GB and the small files at --scale 1,
-20 GB; --scale 0.05 is 1 GB) is served by the loopback Hugging Face stand-in (tests/support/hub.py) from bytes
-made as they are sent, never stored on disk, in a process of its own, behind bench.py's ThrottleProxy (which
-counts what it forwards and, on the constrained link, holds each TCP connection to --rate MB/s). Each contestant
-downloads the whole model into an empty directory on the same disk:
+20 GB; --scale 0.25 is 5 GB; a tag v2 changing shard CHANGED) is served by the loopback Hugging Face stand-in
+(tests/support/hub.py) from bytes made as they are sent, never stored on disk, in a process of its own, behind
+bench.py's ThrottleProxy (which counts what it forwards and, on the constrained link, holds each TCP connection to
+--rate MB/s). Each contestant downloads the whole model into an empty directory on the same disk:
 
-  imgtool   `imgtool_fetch_cmd`: for now `pull_model` into a store (regions=None), through the one downloader
-            (puller.download_blobs: ranged, over every agreeing endpoint). Fetch into a bundle is being built;
-            once `imgtool fetch hf:ORG/NAME` carries models, `imgtool_fetch_cmd` is the one function to change.
+  imgtool   `imgtool_fetch_cmd`: the verb users run, `imgtool fetch hf:ORG/NAME -o DIR --no-tool`, the first endpoint
+            as $HF_ENDPOINT and the second as a [[model_mirrors]] entry of a mirrors.toml (--connections N: runs with
+            fetch's --connections N; default: fetch's own default).
   hf        huggingface_hub's `snapshot_download` (the real client, from the hub-clients venv scripts/test.sh makes),
             default settings (its default is max_workers=8) and, with --hf-workers, others.
 
 Rows: download time on loopback; on a --rate MB/s-per-connection link, one source and two (imgtool takes both
-endpoints; the client can use one, $HF_ENDPOINT); bytes written by the downloading process (/proc/self/io wchar,
-sockets included: a few kB) against the model's bytes; SIGKILL once half the model was received, then a rerun:
-the bytes downloaded again against what the killed run received; peak RSS (GNU time).
+endpoints; the client can use one, $HF_ENDPOINT). After imgtool's first loopback fetch (--bundle-rows): the bytes the
+fetch process wrote to storage (/proc/self/io write_bytes at its exit) against the bundle's bytes; `imgtool verify`;
+placement (`place_model` fed from the bundle's parts by the members' offsets, as load's reader feeds it) against
+`cp -r` of the bundle (then sync: placement fsyncs); the delta bundle of tag v2 (`fetch hf:ORG/NAME@v2 --base`)
+against the full one. Then SIGKILL once half the model was received, and a rerun: the bytes downloaded again against
+what the killed run received. Peak RSS (GNU time) of every run. Each output is removed once measured.
 
-    scripts/bench_models.py --scale 0.05                  # 1 GB, a few minutes; writes the table to stdout
-    scripts/bench_models.py --scale 1 --output x.md       # the issue's 20 GB model (60 GB of free disk)
+    scripts/bench_models.py --scale 0.25 --connections 12 16     # 5 GB, about 5 minutes; the table to stdout
+    scripts/bench_models.py --scale 1 --links loopback --no-kill --no-bundle-rows   # the issue's 20 GB model
 
 Not product code: imgtool/ never imports it.
 """
@@ -298,12 +302,13 @@ def main_bench(args) -> int:
             finally:
                 for p in proxies:
                     p.close()
-        shutil.rmtree(work / "dest", ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work / "dest", ignore_errors=True)
         if args.kill:
             proxy = ThrottleProxy(hub1.url[7:], 0.0)
             try:
                 for name, make in contestants[:1] + (contestants[len(conns):len(conns) + 1] if args.kill_client else []):
-                    dest = fresh(work, "dest")
+                    dest = fresh(work, "killed")
                     cmd, env = make([f"http://{proxy.address}"], dest)
                     got = killed_half_way(cmd, env, proxy, total)
                     rerun = timed(cmd, env, [proxy], dest / "io.json")
@@ -441,6 +446,7 @@ def main(argv=None) -> int:
                    help="the kill row for the client too (it downloads everything again)")
     p.add_argument("--bundle-rows", action=argparse.BooleanOptionalAction, default=True,
                    help="after the first loopback fetch: bytes written, verify, placement vs cp -r, the delta")
+    p.add_argument("--keep", action="store_true", help="keep the last download's output (work-dir/dest)")
     p.add_argument("--target", default="hf", choices=("hf", "modelscope", "dir"), help="placement's layout")
     p.add_argument("--work-dir", default="/tmp/imgtool-bench-models")
     p.add_argument("--output", default="")
