@@ -48,6 +48,7 @@ MB = 1000 * 1000
 REPO = "imgtool-bench/big-llm"
 SHARDS = 5
 FULL_SHARD = 4 << 30  # --scale 1: five of them, the 20 GB model
+MAX_CONNECTIONS = 0  # fetch --max-connections for every imgtool run (--max-connections; 0: fetch's default)
 CHANGED = 2  # the shard the newer revision (tag v2) changes: the delta row
 
 _T0 = time.monotonic()
@@ -137,6 +138,8 @@ def imgtool_fetch_cmd(endpoints: Sequence[str], dest: Path, connections: Optiona
     args = ["fetch", ref, "-o", str(dest / "bundle"), "--no-tool", "--mirrors", str(cfg), *more]
     if connections:
         args += ["--connections", str(connections)]
+    if MAX_CONNECTIONS:
+        args += ["--max-connections", str(MAX_CONNECTIONS)]
     return imgtool_cmd(*args), imgtool_env(endpoints[0], dest / "cache", dest / "io.json")
 
 
@@ -438,6 +441,7 @@ def main(argv=None) -> int:
                    help="the client's max_workers to run (default: its default, 8); e.g. default 16")
     p.add_argument("--connections", nargs="*", type=int, default=[],
                    help="imgtool fetch --connections values to run (default: fetch's own default)")
+    p.add_argument("--max-connections", type=int, default=0, help="imgtool fetch --max-connections (default: fetch's)")
     p.add_argument("--links", nargs="*", default=["loopback", "one", "two"], choices=("loopback", "one", "two"),
                    help="the download-time rows to run: on loopback, --rate from one source, from two")
     p.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True,
@@ -453,6 +457,8 @@ def main(argv=None) -> int:
     p.add_argument("--bundle", default="")
     p.add_argument("--dest", default="")
     args = p.parse_args(argv)
+    global MAX_CONNECTIONS
+    MAX_CONNECTIONS = args.max_connections
     if args.mode == "serve":
         serve(args.scale, args.seed, Path(args.work_dir) / "sha256")
         return 0
