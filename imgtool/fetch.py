@@ -65,6 +65,10 @@ class FetchOptions:
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
     hubs: Optional[HubEnvironment] = None  # the model hubs' endpoints and tokens (config.hub_environment); None: none
 
+    def connections(self) -> Tuple[int, int]:
+        """(connections per registry source, per model hub endpoint): --connections for both, else JOBS and HUB_JOBS."""
+        return self.jobs or JOBS, self.jobs or HUB_JOBS
+
 
 @dataclass
 class FetchResult:
@@ -148,8 +152,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # Model files go the same way after the layers (their members follow the images'): into their regions of an
         # uncompressed archive, else through the cache (--compress: the archive is one compressed stream).
         carried = [model_pull.carrying(res, {f.sha256 for f in m.files if f.omitted}) for res, m in zip(hubs, models)]
-        source = RegistryAndHubs(pulled, carried, store, progress, (opts.jobs or JOBS, opts.max_connections),
-                                 hub_jobs=opts.jobs or HUB_JOBS)
+        registry_jobs, hub_jobs = opts.connections()
+        source = RegistryAndHubs(pulled, carried, store, progress, (registry_jobs, opts.max_connections), hub_jobs)
 
         def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
             check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions,
