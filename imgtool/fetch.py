@@ -22,7 +22,7 @@ from .ends.bundle_dest import BundleDestination, Bundled, read_have
 from .ends.hub_source import RegistryAndHubs
 from .weights import ModelRef, is_model_ref, parse_model_ref
 from .pipeline import Plan, copy
-from .puller import CONNECTIONS, JOBS, PullStats
+from .puller import CONNECTIONS, HUB_JOBS, JOBS, PullStats
 from .resolve import resolve_image, resolve_refs
 from .selfbundle import bundle_tool
 from .store import Store
@@ -49,7 +49,7 @@ class FetchOptions:
     mirror: str = "auto"
     chunk_size: Optional[int] = None
     compress: str = "none"
-    jobs: int = JOBS  # connections per source (--connections)
+    jobs: Optional[int] = None  # connections per source (--connections); None: JOBS per registry, HUB_JOBS per hub
     max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
     force: bool = False
     probe_timeout: float = 5.0
@@ -64,6 +64,10 @@ class FetchOptions:
     gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
     hubs: Optional[HubEnvironment] = None  # the model hubs' endpoints and tokens (config.hub_environment); None: none
+
+    def connections(self) -> Tuple[int, int]:
+        """(connections per registry source, per model hub endpoint): --connections for both, else JOBS and HUB_JOBS."""
+        return self.jobs or JOBS, self.jobs or HUB_JOBS
 
 
 @dataclass
@@ -148,7 +152,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # Model files go the same way after the layers (their members follow the images'): into their regions of an
         # uncompressed archive, else through the cache (--compress: the archive is one compressed stream).
         carried = [model_pull.carrying(res, {f.sha256 for f in m.files if f.omitted}) for res, m in zip(hubs, models)]
-        source = RegistryAndHubs(pulled, carried, store, progress, (opts.jobs, opts.max_connections))
+        registry_jobs, hub_jobs = opts.connections()
+        source = RegistryAndHubs(pulled, carried, store, progress, (registry_jobs, opts.max_connections), hub_jobs)
 
         def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
             check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions,
@@ -284,7 +289,7 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
 
     if not opts.refs:
         raise UsageError("nothing to fetch: give at least one image or model reference")
-    if opts.jobs < 1 or opts.jobs > 64:
+    if opts.jobs is not None and (opts.jobs < 1 or opts.jobs > 64):
         raise UsageError(f"invalid --connections {opts.jobs}: use 1 to 64")
     if opts.max_connections < 1 or opts.max_connections > 256:
         raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")

@@ -28,6 +28,11 @@ MiB = 1024 * 1024
 READ_CHUNK = 256 * 1024  # one network read (bigger reads kept more freed memory per thread: docs/benchmarks.md)
 JOBS = 12  # connections per source (--connections; why 12: docs/design.md); how the scheduler divides the work: Tuning
 CONNECTIONS = 32  # connections at once over every source (--max-connections)
+# connections per model hub endpoint (--connections unset): a hub serves a model's few multi-GB files from a CDN made
+# for many ranged readers, where the client opens one per file; on a link holding each connection to a rate, 24 is
+# the count measured past 3x the client (16 was not: docs/benchmarks.md "Models (issue 48)"). A registry keeps JOBS:
+# image pulls do not change.
+HUB_JOBS = 24
 
 
 # --- blob download ---------------------------------------------------------

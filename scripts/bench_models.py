@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
-"""Models (issue 48): imgtool's download of a model from a Hugging Face endpoint against the real client's.
+"""Models (issue 48): imgtool's download of a model from a Hugging Face endpoint against the real client's, and the
+rows of the issue's table that need imgtool's bundle.
 
 A seeded model (tests/support/models.py `generated_model`: five shards of 4 GB and the small files at --scale 1,
-20 GB; --scale 0.05 is 1 GB) is served by the loopback Hugging Face stand-in (tests/support/hub.py) from bytes
-made as they are sent, never stored on disk, in a process of its own, behind bench.py's ThrottleProxy (which
-counts what it forwards and, on the constrained link, holds each TCP connection to --rate MB/s). Each contestant
-downloads the whole model into an empty directory on the same disk:
+20 GB; --scale 0.25 is 5 GB; a tag v2 changing shard CHANGED) is served by the loopback Hugging Face stand-in
+(tests/support/hub.py) from bytes made as they are sent, never stored on disk, in a process of its own, behind
+bench.py's ThrottleProxy (which counts what it forwards and, on the constrained link, holds each TCP connection to
+--rate MB/s). Each contestant downloads the whole model into an empty directory on the same disk:
 
-  imgtool   `imgtool_fetch_cmd`: for now `pull_model` into a store (regions=None), through the one downloader
-            (puller.download_blobs: ranged, over every agreeing endpoint). Fetch into a bundle is being built;
-            once `imgtool fetch hf:ORG/NAME` carries models, `imgtool_fetch_cmd` is the one function to change.
+  imgtool   `imgtool_fetch_cmd`: the verb users run, `imgtool fetch hf:ORG/NAME -o DIR --no-tool`, the first endpoint
+            as $HF_ENDPOINT and the second as a [[model_mirrors]] entry of a mirrors.toml (--connections N: runs with
+            fetch's --connections N; default: fetch's own default).
   hf        huggingface_hub's `snapshot_download` (the real client, from the hub-clients venv scripts/test.sh makes),
             default settings (its default is max_workers=8) and, with --hf-workers, others.
 
 Rows: download time on loopback; on a --rate MB/s-per-connection link, one source and two (imgtool takes both
-endpoints; the client can use one, $HF_ENDPOINT); bytes written by the downloading process (/proc/self/io wchar,
-sockets included: a few kB) against the model's bytes; SIGKILL once half the model was received, then a rerun:
-the bytes downloaded again against what the killed run received; peak RSS (GNU time).
+endpoints; the client can use one, $HF_ENDPOINT). After imgtool's first loopback fetch (--bundle-rows): the bytes the
+fetch process wrote to storage (/proc/self/io write_bytes at its exit) against the bundle's bytes; `imgtool verify`;
+placement (`place_model` fed from the bundle's parts by the members' offsets, as load's reader feeds it) against
+`cp -r` of the bundle (then sync: placement fsyncs); the delta bundle of tag v2 (`fetch hf:ORG/NAME@v2 --base`)
+against the full one. Then SIGKILL once half the model was received, and a rerun: the bytes downloaded again against
+what the killed run received. Peak RSS (GNU time) of every run. Each output is removed once measured.
 
-    scripts/bench_models.py --scale 0.05                  # 1 GB, a few minutes; writes the table to stdout
-    scripts/bench_models.py --scale 1 --output x.md       # the issue's 20 GB model (60 GB of free disk)
+    scripts/bench_models.py --scale 0.25 --connections 12 16     # 5 GB, about 5 minutes; the table to stdout
+    scripts/bench_models.py --scale 1 --links loopback --no-kill --no-bundle-rows   # the issue's 20 GB model
 
 Not product code: imgtool/ never imports it.
 """
@@ -27,13 +31,14 @@ Not product code: imgtool/ never imports it.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,6 +48,8 @@ MB = 1000 * 1000
 REPO = "imgtool-bench/big-llm"
 SHARDS = 5
 FULL_SHARD = 4 << 30  # --scale 1: five of them, the issue's 20 GB model
+MAX_CONNECTIONS = 0  # fetch --max-connections for every imgtool run (--max-connections; 0: fetch's default)
+CHANGED = 2  # the shard the newer revision (tag v2) changes: the delta row
 
 _T0 = time.monotonic()
 
@@ -58,7 +65,8 @@ def serve(scale: float, seed: str, cache: Path) -> None:
     from tests.support.hub import Hub
     from tests.support.models import generated_model
 
-    model = generated_model(seed=seed, repo_id=REPO, shards=SHARDS, shard_bytes=int(FULL_SHARD * scale), sha_cache=cache)
+    model = generated_model(seed=seed, repo_id=REPO, shards=SHARDS, shard_bytes=int(FULL_SHARD * scale), sha_cache=cache,
+                            changed_shard=CHANGED)
     with Hub([model], flavour="hf") as hub:
         print(json.dumps({"url": hub.url, "bytes": sum(f.size for f in model.head.files.values())}), flush=True)
         sys.stdin.read()
@@ -85,37 +93,54 @@ class HubProcess:
 
 # --- the contestants -----------------------------------------------------------------------------------------
 
-def pull(endpoints: Sequence[str], store_dir: str) -> None:
-    """imgtool's side, in this process: resolve, complete, pull_model into the store; prints what it did."""
-    from imgtool import hubs
-    from imgtool.config import HubEnvironment, MirrorConfig, ModelMirror
-    from imgtool.model_pull import pull_model
-    from imgtool.progress import Progress
-    from imgtool.store import Store
-    from imgtool.weights import parse_model_ref
-
-    ref = parse_model_ref(f"hf:{REPO}")
-    config = MirrorConfig("quay.io/ascend/vllm-ascend", (), "mirrors.toml",
-                          model_mirrors=tuple(ModelMirror(f"m{i + 1}", "hf", url) for i, url in enumerate(endpoints[1:])))
-    env = HubEnvironment(hf_endpoint=endpoints[0], hf_default=None, modelscope_default=None)
-    res = hubs.resolve(ref, hubs.open_hubs(ref, config, env))
-    store = Store(Path(store_dir))
-    stats = pull_model(res.complete(store), store, Progress(), regions=None)
-    print(json.dumps({"per_source": stats.per_source, "resumed": stats.resumed_bytes, "io": _io()}), flush=True)
-
-
-def _io() -> Dict[str, int]:
-    out = {}
-    for line in open("/proc/self/io"):
-        k, v = line.split(":")
-        out[k] = int(v)
-    return out
+# The CLI with the hubs' own defaults (huggingface.co, modelscope.cn) taken away, as tests/test_fetch_models.py runs
+# it: the loopback endpoints ($HF_ENDPOINT, the [[model_mirrors]]) are the only ones. At exit it writes its
+# /proc/self/io (every thread's; fetch with --no-tool runs no program) to $BENCH_IO.
+_CLI = """
+import atexit, dataclasses, json, os, sys
+def _io():
+    with open(os.environ["BENCH_IO"], "w") as f:
+        json.dump({l.split(":")[0]: int(l.split(":")[1]) for l in open("/proc/self/io")}, f)
+atexit.register(_io)
+from imgtool import config
+_read = config.hub_environment
+config.hub_environment = lambda: dataclasses.replace(_read(), hf_default=None, modelscope_default=None)
+from imgtool.cli import main
+sys.argv[0] = "imgtool"
+main()
+"""
 
 
-def imgtool_fetch_cmd(endpoints: Sequence[str], dest: Path) -> List[str]:
-    """imgtool's download of the model from `endpoints` (the first as $HF_ENDPOINT, the rest as [[model_mirrors]])
-    into `dest`. Today `pull_model` into a store; once fetch carries models, `imgtool fetch hf:ORG/NAME` here."""
-    return [sys.executable, __file__, "pull", "--store", str(dest)] + [f"--endpoint={e}" for e in endpoints]
+def imgtool_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-c", _CLI, *args]
+
+
+def imgtool_env(endpoint: str, cache: Path, io: Path) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update(HF_ENDPOINT=endpoint, IMGTOOL_CACHE=str(cache), BENCH_IO=str(io), NO_PROXY="*")
+    return env
+
+
+def mirrors_toml(endpoints: Sequence[str], path: Path) -> Path:
+    """mirrors.toml naming every endpoint after the first as a [[model_mirrors]] entry."""
+    text = 'default_image = "quay.io/ascend/vllm-ascend"\n'
+    for i, url in enumerate(endpoints[1:]):
+        text += f'[[model_mirrors]]\nname = "m{i + 2}"\nhub = "hf"\nurl = "{url}"\ninsecure = true\n'
+    path.write_text(text)
+    return path
+
+
+def imgtool_fetch_cmd(endpoints: Sequence[str], dest: Path, connections: Optional[int] = None,
+                      ref: str = f"hf:{REPO}", more: Sequence[str] = ()) -> Tuple[List[str], Dict[str, str]]:
+    """The verb users run: `imgtool fetch hf:ORG/NAME -o DEST/bundle` from `endpoints` (the first as $HF_ENDPOINT,
+    the rest as [[model_mirrors]]), its cache in DEST/cache; (command, environment)."""
+    cfg = mirrors_toml(endpoints, dest / "mirrors.toml")
+    args = ["fetch", ref, "-o", str(dest / "bundle"), "--no-tool", "--mirrors", str(cfg), *more]
+    if connections:
+        args += ["--connections", str(connections)]
+    if MAX_CONNECTIONS:
+        args += ["--max-connections", str(MAX_CONNECTIONS)]
+    return imgtool_cmd(*args), imgtool_env(endpoints[0], dest / "cache", dest / "io.json")
 
 
 _HF = """
@@ -124,7 +149,7 @@ warnings.simplefilter("ignore")
 from huggingface_hub import snapshot_download
 kw = {} if sys.argv[3] == "default" else {"max_workers": int(sys.argv[3])}
 snapshot_download(sys.argv[1], cache_dir=sys.argv[2], **kw)
-print(json.dumps({"io": {l.split(":")[0]: int(l.split(":")[1]) for l in open("/proc/self/io")}}), flush=True)
+json.dump({l.split(":")[0]: int(l.split(":")[1]) for l in open("/proc/self/io")}, open(sys.argv[4], "w"))
 """
 
 
@@ -136,7 +161,7 @@ def hf_python() -> str:
 
 
 def hf_cmd(dest: Path, workers: str) -> List[str]:
-    return [hf_python(), "-c", _HF, REPO, str(dest), workers]
+    return [hf_python(), "-c", _HF, REPO, str(dest / "hf"), workers, str(dest / "io.json")]
 
 
 def hf_env(endpoint: str, home: Path) -> Dict[str, str]:
@@ -148,18 +173,24 @@ def hf_env(endpoint: str, home: Path) -> Dict[str, str]:
 # --- measuring -----------------------------------------------------------------------------------------------
 
 class Run:
-    def __init__(self, seconds: float, rss_kb: int, written: int, sent: int, out: dict):
-        self.seconds, self.rss_kb, self.written, self.sent, self.out = seconds, rss_kb, written, sent, out
+    def __init__(self, seconds: float, rss_kb: int, io: Dict[str, int], sent: int):
+        self.seconds, self.rss_kb, self.io, self.sent = seconds, rss_kb, io, sent
+
+    @property
+    def written(self) -> int:
+        """Bytes the process sent to storage (/proc/PID/io write_bytes: page cache dirtied, sockets not counted)."""
+        return self.io.get("write_bytes", 0)
 
 
-def timed(cmd: List[str], env: Optional[Dict[str, str]], proxies: Sequence) -> Run:
-    """Run `cmd` to its end: its wall time, peak RSS, bytes it wrote, bytes the proxies sent it."""
+def timed(cmd: List[str], env: Optional[Dict[str, str]], proxies: Sequence = (), io: Optional[Path] = None) -> Run:
+    """Run `cmd` to its end: its wall time, peak RSS, its /proc/self/io at exit (from `io`), bytes the proxies sent."""
     from bench import run
 
+    subprocess.run(["sync"], check=False, timeout=600)  # an earlier run's dirty pages are not this run's to write
     before = sum(p.sent for p in proxies)
     r = run(cmd, env=env, cwd=ROOT, rss=True)
-    doc = json.loads(r.out.strip().splitlines()[-1])
-    return Run(r.seconds, r.rss_kb, doc["io"]["wchar"], sum(p.sent for p in proxies) - before, doc)
+    doc = json.loads(io.read_text()) if io is not None and io.exists() else {}
+    return Run(r.seconds, r.rss_kb, doc, sum(p.sent for p in proxies) - before)
 
 
 def killed_half_way(cmd: List[str], env: Optional[Dict[str, str]], proxy, total: int) -> int:
@@ -176,13 +207,59 @@ def killed_half_way(cmd: List[str], env: Optional[Dict[str, str]], proxy, total:
 
 
 def fresh(work: Path, name: str) -> Path:
-    import shutil
-
     d = work / name
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     return d
 
+
+def tree_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+# --- placement: place_model fed from the bundle's parts ------------------------------------------------------
+
+def place(bundle: Path, dest: Path, target: str) -> None:
+    """Every model of `bundle` placed under `dest` in `target`'s layout by placer.place_model, each file's bytes
+    read from the parts at its member's offsets (layout.arrange of bundle_members), as load's reader hands them."""
+    from imgtool.bundle import layout
+    from imgtool.bundle.format import BundleIndex
+    from imgtool.placer import place_model
+
+    index = BundleIndex.from_bytes((bundle / "bundle.json").read_bytes())
+    slots, _ = layout.arrange(layout.bundle_members(index))
+    at = {s.member.digest: s for s in slots}
+    parts = []  # (start in the tar stream, size, path)
+    pos = 0
+    for part in index.parts:
+        parts.append((pos, part.size, bundle / part.name))
+        pos += part.size
+
+    def read(f) -> Iterator[bytes]:
+        s = at[f.sha256]
+        offset, end = s.data_offset, s.end
+        for start, size, path in parts:
+            if offset >= end:
+                return
+            if start + size <= offset:
+                continue
+            with open(path, "rb") as fh:
+                fh.seek(offset - start)
+                left = min(end, start + size) - offset
+                while left:
+                    piece = fh.read(min(left, 1 << 20))
+                    if not piece:
+                        raise OSError(f"{path}: short")
+                    left -= len(piece)
+                    offset += len(piece)
+                    yield piece
+
+    for m in index.models:
+        placed = place_model(m.snapshot(), target, dest, read, m.model_ref.revision)
+        print(json.dumps({"placed": str(placed.path), "files": placed.files, "written": placed.written}), flush=True)
+
+
+# --- the run -------------------------------------------------------------------------------------------------
 
 def main_bench(args) -> int:
     from bench import ThrottleProxy
@@ -192,11 +269,14 @@ def main_bench(args) -> int:
     home = Path(tempfile.mkdtemp(prefix="hfhome-", dir=work))
     rate = args.rate * MB
     log(f"the model: {SHARDS} shards of {int(FULL_SHARD * args.scale) / MB:.0f} MB (scale {args.scale}), generated")
+    load_before = os.getloadavg()
     hub1, hub2 = HubProcess(args), HubProcess(args)
     total = hub1.bytes
     results: Dict[str, List[Run]] = {}
-    kills: Dict[str, Tuple[int, int]] = {}
-    contestants = [("imgtool", lambda urls, d: (imgtool_fetch_cmd(urls, d), None))] + [
+    rows: Dict[str, str] = {}
+    conns = args.connections or [None]
+    contestants = [(f"imgtool --connections {c}" if c else "imgtool",
+                    lambda urls, d, c=c: imgtool_fetch_cmd(urls, d, c)) for c in conns] + [
         (f"hf (max_workers={w})" if w != "default" else "hf (default: max_workers=8)",
          lambda urls, d, w=w: (hf_cmd(d, w), hf_env(urls[0], home))) for w in args.hf_workers]
     try:
@@ -210,105 +290,180 @@ def main_bench(args) -> int:
             try:
                 for _ in range(args.runs):
                     for name, make in contestants:
-                        if n == 2 and name != "imgtool":
+                        if n == 2 and not name.startswith("imgtool"):
                             continue  # the client reads one endpoint ($HF_ENDPOINT): its one-source row stands
-                        cmd, env = make(urls, fresh(work, "dest"))
+                        dest = fresh(work, "dest")
+                        cmd, env = make(urls, dest)
                         log(f"{link}: {name}")
-                        run = timed(cmd, env, proxies)
+                        run = timed(cmd, env, proxies, dest / "io.json")
                         results.setdefault(f"{link}|{name}", []).append(run)
                         log(f"  {run.seconds:.1f} s, {run.sent / MB:.0f} MB sent, {run.written / MB:.0f} MB written, "
-                            f"peak RSS {run.rss_kb / 1024:.0f} MiB {run.out.get('per_source', '')}")
+                            f"peak RSS {run.rss_kb / 1024:.0f} MiB")
+                        if which == "loopback" and name.startswith("imgtool") and args.bundle_rows:
+                            bundle_rows(args, work, dest, urls, run, total, rows)
+                            args.bundle_rows = False  # once
             finally:
                 for p in proxies:
                     p.close()
-        proxy = ThrottleProxy(hub1.url[7:], 0.0)
-        try:
-            for name, make in contestants[:2] if args.kill else []:
-                dest = fresh(work, "dest")
-                cmd, env = make([f"http://{proxy.address}"], dest)
-                got = killed_half_way(cmd, env, proxy, total)
-                rerun = timed(cmd, env, [proxy])
-                kills[name] = (got, got + rerun.sent - total)
-                log(f"kill: {name}: received {got / MB:.0f} MB, then {rerun.sent / MB:.0f} MB: "
-                    f"{kills[name][1] / MB:.0f} MB again")
-        finally:
-            proxy.close()
+        if not args.keep:
+            shutil.rmtree(work / "dest", ignore_errors=True)
+        if args.kill:
+            proxy = ThrottleProxy(hub1.url[7:], 0.0)
+            try:
+                for name, make in contestants[:1] + (contestants[len(conns):len(conns) + 1] if args.kill_client else []):
+                    dest = fresh(work, "killed")
+                    cmd, env = make([f"http://{proxy.address}"], dest)
+                    got = killed_half_way(cmd, env, proxy, total)
+                    rerun = timed(cmd, env, [proxy], dest / "io.json")
+                    again = got + rerun.sent - total
+                    rows[f"kill|{name}"] = (f"{again / MB:,.0f} MB of {got / MB:,.0f} MB received "
+                                            f"({again / got * 100:.1f} %)")
+                    log(f"kill: {name}: received {got / MB:.0f} MB, then {rerun.sent / MB:.0f} MB: {again / MB:.0f} MB "
+                        "again")
+                    shutil.rmtree(dest, ignore_errors=True)
+            finally:
+                proxy.close()
     finally:
         hub1.close()
         hub2.close()
-    text = report(results, kills, total, args)
+    load = (load_before, os.getloadavg())
+    text = report(results, rows, total, args, load)
     if args.output:
         Path(args.output).write_text(text)
     print(text)
     return 0
 
 
-def report(results: Dict[str, List[Run]], kills: Dict[str, Tuple[int, int]], total: int, args) -> str:
+def bundle_rows(args, work: Path, dest: Path, urls: Sequence[str], fetched: Run, total: int, rows: Dict[str, str]
+                ) -> None:
+    """The rows that need the bundle the loopback fetch wrote: bytes written, verify, placement against cp -r, the
+    delta of a new revision; each output removed once measured."""
+    bundle = dest / "bundle"
+    size = tree_bytes(bundle)
+    rows["size"] = str(size)
+    io = fetched.io
+    rows["written"] = (f"{fetched.written / MB:,.0f} MB vs the bundle's {size / MB:,.0f} MB "
+                       f"({(fetched.written / size - 1) * 100:+.2f} %; wchar {io.get('wchar', 0) / MB:,.0f} MB, "
+                       f"cancelled {io.get('cancelled_write_bytes', 0) / MB:,.0f} MB)")
+    rows["rss|fetch"] = f"{fetched.rss_kb / 1024:.0f} MiB"
+    log(f"  bytes written: {rows['written']}")
+    env = imgtool_env(urls[0], dest / "cache", dest / "io-verify.json")
+    v = timed(imgtool_cmd("verify", str(bundle)), env, io=dest / "io-verify.json")
+    rows["verify"] = f"{v.seconds:.1f} s"
+    rows["rss|verify"] = f"{v.rss_kb / 1024:.0f} MiB"
+    log(f"verify: {v.seconds:.1f} s, peak RSS {v.rss_kb / 1024:.0f} MiB")
+    # placement: place_model from the parts, against cp -r of the parts (then sync: placement fsyncs each file)
+    out = fresh(work, "placed")
+    pl = timed([sys.executable, __file__, "place", "--bundle", str(bundle), "--dest", str(out), "--target",
+                args.target], None)
+    placed = tree_bytes(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cp = timed(["bash", "-c", 'cp -r "$0" "$1" && sync -f "$1"', str(bundle), str(out / "copy")], None)
+    copied = tree_bytes(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cp_plain = timed(["cp", "-r", str(bundle), str(out / "copy")], None)
+    shutil.rmtree(out, ignore_errors=True)
+    rows["place"] = (f"{pl.seconds:.1f} s ({placed / MB:,.0f} MB, --target {args.target}) vs cp -r + sync "
+                     f"{cp.seconds:.1f} s ({copied / MB:,.0f} MB): {pl.seconds / cp.seconds:.2f}×; cp -r alone "
+                     f"{cp_plain.seconds:.1f} s: {pl.seconds / cp_plain.seconds:.2f}×")
+    rows["rss|place"] = f"{pl.rss_kb / 1024:.0f} MiB"
+    log(f"place: {rows['place']}, peak RSS {rows['rss|place']}")
+    # the delta: tag v2 changes shard CHANGED; fetched against this bundle as --base
+    dd = fresh(work, "delta")
+    cmd, env = imgtool_fetch_cmd(urls, dd, ref=f"hf:{REPO}@v2", more=["--base", str(bundle)])
+    d = timed(cmd, env, io=dd / "io.json")
+    dsize = tree_bytes(dd / "bundle")
+    rows["delta"] = (f"{dsize / MB:,.0f} MB of the full {size / MB:,.0f} MB ({dsize / size * 100:.1f} %), "
+                     f"fetched in {d.seconds:.1f} s")
+    rows["rss|delta"] = f"{d.rss_kb / 1024:.0f} MiB"
+    log(f"delta: {rows['delta']}")
+    shutil.rmtree(dd, ignore_errors=True)
+
+
+def report(results: Dict[str, List[Run]], rows: Dict[str, str], total: int, args, load=None) -> str:
     def med(key: str, attr: str) -> Optional[float]:
         runs = results.get(key)
         return statistics.median(getattr(r, attr) for r in runs) if runs else None
 
-    names = sorted({k.split("|")[1] for k in results}, key=lambda n: (n != "imgtool", n))
-    hf = next(n for n in names if n != "imgtool")
+    names = sorted({k.split("|")[1] for k in results}, key=lambda n: (not n.startswith("imgtool"), n))
+    mine = [n for n in names if n.startswith("imgtool")]
+    hf = next((n for n in names if not n.startswith("imgtool")), None)
     lines = [f"Model: {SHARDS} shards of {int(FULL_SHARD * args.scale) / MB:,.0f} MB plus the small files, "
-             f"{total / MB:,.0f} MB (--scale {args.scale}); median of {args.runs} run(s).", "",
-             "| row | imgtool | " + " | ".join(n for n in names if n != "imgtool") + " | imgtool vs the client |",
-             "|---|---|" + "---|" * (len(names) - 1) + "---|"]
+             f"{total / MB:,.0f} MB (--scale {args.scale}); median of {args.runs} run(s)."]
+    if load:
+        lines.append("Load average (1, 5, 15 min) at the start: " + " ".join(f"{x:.2f}" for x in load[0])
+                     + "; at the end: " + " ".join(f"{x:.2f}" for x in load[1]) + ".")
+    lines += ["", "| row | " + " | ".join(names) + " | imgtool vs the client |",
+              "|---|" + "---|" * len(names) + "---|"]
     links = sorted({k.split("|")[0] for k in results}, key=lambda s: ("MB/s" in s, "two" in s))
     for link in links:
         cells = []
         for n in names:
             v = med(f"{link}|{n}", "seconds")
             cells.append(f"{v:.1f} s" if v is not None else "(one endpoint only)")
-        mine = med(f"{link}|imgtool", "seconds")
-        base = med(f"{link}|{hf}", "seconds") or med(f"{link.replace('two sources', 'one source')}|{hf}", "seconds")
-        ratio = f"{base / mine:.2f}× faster" if mine and base else "-"
-        lines.append(f"| download time, {link} | " + " | ".join(cells) + f" | {ratio} |")
-    first = links[0]
-    if not kills:
-        return "\n".join(lines) + "\n"
-    cells = []
-    for n in names:
-        w = med(f"{first}|{n}", "written")
-        cells.append(f"{w / MB:,.0f} MB ({(w / total - 1) * 100:+.2f} %)" if w is not None else "-")
-    lines.append(f"| bytes written by the downloading process ({first}), vs {total / MB:,.0f} MB | " + " | ".join(cells)
-                 + " | |")
-    cells = []
-    for n in names:
-        k = kills.get(n)
-        cells.append(f"{k[1] / MB:,.0f} MB of {k[0] / MB:,.0f} MB received ({k[1] / k[0] * 100:.1f} %)" if k else "-")
-    lines.append("| SIGKILL half-way, rerun: downloaded again | " + " | ".join(cells) + " | |")
-    cells = []
-    for n in names:
-        peaks = [r.rss_kb for k, runs in results.items() if k.endswith("|" + n) for r in runs]
-        cells.append(f"{max(peaks) / 1024:.0f} MiB" if peaks else "-")
-    lines.append("| peak RSS (any run) | " + " | ".join(cells) + " | |")
+        base = hf and (med(f"{link}|{hf}", "seconds")
+                       or med(f"{link.replace('two sources', 'one source')}|{hf}", "seconds"))
+        ratios = []
+        for n in mine:
+            t = med(f"{link}|{n}", "seconds")
+            if t and base:
+                ratios.append(f"{base / t:.2f}× faster ({t / base:.2f}× the time)" + (f" [{n}]" if len(mine) > 1 else ""))
+        lines.append(f"| download time, {link} | " + " | ".join(cells) + f" | {'; '.join(ratios) or '-'} |")
+    blank = " | " * (len(names) - 1)
+    labels = [("written", "bytes written on the connected side (fetch's write_bytes), vs the bundle's"),
+              ("kill", "SIGKILL half-way, rerun: downloaded again"),
+              ("verify", "verify of the bundle"),
+              ("place", "placement (place_model from the parts) vs cp -r of the bundle"),
+              ("delta", "a new revision changing 1 of 5 shards: the delta bundle (fetch --base)")]
+    for key, label in labels:
+        hits = [(k, v) for k, v in rows.items() if k == key or k.startswith(key + "|")]
+        for k, v in hits:
+            who = k.split("|")[1] if "|" in k else ""
+            lines.append(f"| {label}{' (' + who + ')' if who else ''} | {v}{blank} | |")
+    peaks = {n: max(r.rss_kb for k, runs in results.items() if k.endswith("|" + n) for r in runs) for n in names}
+    rss = "; ".join(f"{k.split('|')[1]} {v}" for k, v in rows.items() if k.startswith("rss|"))
+    lines.append("| peak RSS (any download run) | " + " | ".join(f"{peaks[n] / 1024:.0f} MiB" for n in names) + " | |")
+    if rss:
+        lines.append(f"| peak RSS of imgtool's verbs | {rss}{blank} | |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", nargs="?", default="bench", choices=("bench", "serve", "pull"))
+    p.add_argument("mode", nargs="?", default="bench", choices=("bench", "serve", "place"))
     p.add_argument("--scale", type=float, default=1.0, help="of the 20 GB model (0.05: 1 GB)")
     p.add_argument("--seed", default="bench1")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--rate", type=float, default=20.0, help="constrained link: MB/s per TCP connection")
     p.add_argument("--hf-workers", nargs="*", default=["default"],
                    help="the client's max_workers to run (default: its default, 8); e.g. default 16")
+    p.add_argument("--connections", nargs="*", type=int, default=[],
+                   help="imgtool fetch --connections values to run (default: fetch's own default)")
+    p.add_argument("--max-connections", type=int, default=0, help="imgtool fetch --max-connections (default: fetch's)")
     p.add_argument("--links", nargs="*", default=["loopback", "one", "two"], choices=("loopback", "one", "two"),
                    help="the download-time rows to run: on loopback, --rate from one source, from two")
     p.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True,
-                   help="the SIGKILL half-way and rerun row (and the bytes and RSS rows)")
+                   help="the SIGKILL half-way and rerun row (imgtool's)")
+    p.add_argument("--kill-client", action=argparse.BooleanOptionalAction, default=False,
+                   help="the kill row for the client too (it downloads everything again)")
+    p.add_argument("--bundle-rows", action=argparse.BooleanOptionalAction, default=True,
+                   help="after the first loopback fetch: bytes written, verify, placement vs cp -r, the delta")
+    p.add_argument("--keep", action="store_true", help="keep the last download's output (work-dir/dest)")
+    p.add_argument("--target", default="hf", choices=("hf", "modelscope", "dir"), help="placement's layout")
     p.add_argument("--work-dir", default="/tmp/imgtool-bench-models")
     p.add_argument("--output", default="")
-    p.add_argument("--endpoint", action="append", default=[])
-    p.add_argument("--store", default="")
+    p.add_argument("--bundle", default="")
+    p.add_argument("--dest", default="")
     args = p.parse_args(argv)
+    global MAX_CONNECTIONS
+    MAX_CONNECTIONS = args.max_connections
     if args.mode == "serve":
         serve(args.scale, args.seed, Path(args.work_dir) / "sha256")
         return 0
-    if args.mode == "pull":
-        pull(args.endpoint, args.store)
+    if args.mode == "place":
+        place(Path(args.bundle), Path(args.dest), args.target)
         return 0
     return main_bench(args)
 

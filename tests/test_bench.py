@@ -225,3 +225,26 @@ def test_compare_runs_the_checkout_from_bytecode_as_pip_runs_the_old_version(tmp
     monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
     compare.compiled(tmp_path)
     assert [Path(importlib.util.cache_from_source(str(p))).is_file() for p in modules] == [True, True, True]
+
+
+def test_bench_models_measures_every_row_of_the_verb_users_run(tmp_path):
+    """scripts/bench_models.py at a tiny scale (five 4 MB shards), loopback only, without the real client: imgtool
+    fetch's time, then the rows that need its bundle (bytes written, verify, placement against cp -r, the delta of a
+    revision changing one shard), each in the report (a kill half-way of 21 MB on loopback would race the end)."""
+    out = tmp_path / "models.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_models.py"), "--scale", "0.001",
+                           "--links", "loopback", "--hf-workers", "--no-kill", "--work-dir", str(tmp_path / "work"),
+                           "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = {r[0]: r[1:] for r in table(out.read_text())}
+    assert rows["download time, loopback"][0].endswith(" s")
+    written = rows["bytes written on the connected side (fetch's write_bytes), vs the bundle's"][0]
+    assert re.fullmatch(r"[\d,]+ MB vs the bundle's [\d,]+ MB \([+-][\d.]+ %; wchar .*\)", written), written
+    assert re.fullmatch(r"[\d.]+ s \([\d,]+ MB, --target hf\) vs cp -r \+ sync [\d.]+ s .*",
+                        rows["placement (place_model from the parts) vs cp -r of the bundle"][0])
+    delta = rows["a new revision changing 1 of 5 shards: the delta bundle (fetch --base)"][0]
+    share = float(re.search(r"\(([\d.]+) %\)", delta).group(1))
+    assert 19 < share < 22, delta  # one shard of five, and the small files: not the whole model
+    assert re.fullmatch(r"fetch \d+ MiB; verify \d+ MiB; place \d+ MiB; delta \d+ MiB",
+                        rows["peak RSS of imgtool's verbs"][0])
+    assert not (tmp_path / "work" / "dest").exists() and not (tmp_path / "work" / "delta").exists()

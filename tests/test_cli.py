@@ -286,6 +286,15 @@ def test_fetch_help_says_each_carrier_in_bytes():
         assert words in text, text
 
 
+def test_fetch_help_says_a_model_hub_endpoint_gets_more_connections_than_a_registry():
+    # a hub's CDN serves a model's few big files to many ranged readers: 24 each; a registry keeps 12, so image pulls
+    # do not change (docs/benchmarks.md "Models (issue 48)")
+    r = imgtool("fetch", "--help")
+    text = " ".join(r.stdout.split())
+    assert ("--connections N Connections to each source (a registry and its mirrors are each a source, as is each "
+            "model hub endpoint). [default: 12 to a registry, 24 to a model hub endpoint]") in text, text
+
+
 def test_4g_parts_are_one_byte_too_many_for_fat32_and_fetch_says_so(services, factory, mirrored, tmp_path):
     from tests.support.bundles import fetch_from_registry
 

@@ -52,8 +52,9 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
                    "checked, and verify, Docker and containerd check diff_ids offline).")
 @gzip_level_option
 @gzip_library_option
-@renamed("--connections", old=("--jobs",), type=int, default=12, show_default=True, metavar="N",
-         help="Connections to each source (a registry and its mirrors are each a source).")
+@renamed("--connections", old=("--jobs",), type=int, default=None, metavar="N",
+         help="Connections to each source (a registry and its mirrors are each a source, as is each model hub "
+              "endpoint).  [default: 12 to a registry, 24 to a model hub endpoint]")
 @click.option("--max-connections", type=int, default=32, show_default=True, metavar="N",
               help="Connections at once over every source.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")

@@ -8,18 +8,21 @@ from ..hubs import HubResolution
 from ..model import Digest, PulledImage
 from ..model_pull import pull_model
 from ..progress import Progress
+from ..puller import HUB_JOBS
 from ..store import Store
 from .registry_source import RegistrySource
 
 
 class RegistryAndHubs(RegistrySource):
-    """`models`: each model's resolution narrowed to the files the bundle carries (model_pull.carrying)."""
+    """`models`: each model's resolution narrowed to the files the bundle carries (model_pull.carrying); `jobs`: the
+    registries' connections per source and at most at once, `hub_jobs`: each hub endpoint's."""
 
     def __init__(self, pulled: Sequence[Tuple[PulledImage, list]], models: Sequence[HubResolution], store: Store,
-                 progress: Progress, jobs: Tuple[int, int]):
+                 progress: Progress, jobs: Tuple[int, int], hub_jobs: int = HUB_JOBS):
         super().__init__(pulled, store, progress, jobs,
                          what=" and ".join(w for w, n in (("registry", pulled), ("model hub", models)) if n))
         self.models = list(models)
+        self.hub_jobs = hub_jobs  # connections per hub endpoint (puller.HUB_JOBS unless --connections)
 
     def has(self) -> FrozenSet[Digest]:
         """The images' blobs and every carried model file."""
@@ -32,5 +35,5 @@ class RegistryAndHubs(RegistrySource):
         for res in self.models:
             if self.stop.is_set():
                 return
-            pull_model(res, self.store, self.progress, jobs=self.jobs[0], connections=self.jobs[1], stats=self.stats,
+            pull_model(res, self.store, self.progress, jobs=self.hub_jobs, connections=self.jobs[1], stats=self.stats,
                        order=blobs, cancel=self.stop, regions=regions)

@@ -368,7 +368,7 @@ def big_model(seed=0, directory: Path = Path("."), repo_id: str = "imgtool-test/
 GENERATED_HEADER = 256  # the safetensors JSON header of a generated shard, padded to this many bytes
 
 
-def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path]) -> ModelFile:
+def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path], variant: int = 0) -> ModelFile:
     """A safetensors file of `size` bytes (one U8 tensor) whose bytes are made on demand: the header, then
     1 MiB blocks, each its index (8 bytes) and the rest of one seeded block, so every block differs and a range
     costs a copy, not a hash. Its sha256 is computed once (one pass over the bytes), kept in `sha_cache`."""
@@ -377,7 +377,8 @@ def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path]) -> M
     head = json.dumps({"__metadata__": {"format": "pt"}, "weight": {"dtype": "U8", "shape": [n], "data_offsets": [0, n]}},
                       separators=(",", ":")).encode()
     prefix = struct.pack("<Q", GENERATED_HEADER) + head.ljust(GENERATED_HEADER)
-    base = hashlib.shake_256(_label(seed, "generated", name)).digest(CHUNK)
+    label = _label(seed, "generated", name, *([variant] if variant else []))
+    base = hashlib.shake_256(label).digest(CHUNK)
 
     def generate(start: int, end: int) -> Iterator[bytes]:
         pos = start
@@ -391,7 +392,7 @@ def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path]) -> M
             yield piece
             pos += len(piece)
 
-    key = hashlib.sha1(_label(seed, "generated", name, size)).hexdigest()
+    key = hashlib.sha1(_label(seed, "generated", name, size, *([variant] if variant else []))).hexdigest()
     cached = sha_cache / f"{key}.sha256" if sha_cache else None
     if cached is not None and cached.exists():
         sha = cached.read_text().strip()
@@ -407,16 +408,27 @@ def _generated_shard(seed, name: str, size: int, sha_cache: Optional[Path]) -> M
 
 
 def generated_model(seed=0, repo_id: str = "imgtool-bench/big-llm", shards: int = 5, shard_bytes: int = 4 << 30,
-                    sha_cache: Optional[Path] = None) -> HubModel:
-    """One revision: the small files (config, tokenizer, README, .gitattributes, the index) in memory and `shards`
-    generated safetensors shards of `shard_bytes` each, made as they are served (`_generated_shard`): a 20 GB
-    model on a disk that has no 20 GB to spare."""
+                    sha_cache: Optional[Path] = None, changed_shard: Optional[int] = None) -> HubModel:
+    """The small files (config, tokenizer, README, .gitattributes, the index) in memory and `shards` generated
+    safetensors shards of `shard_bytes` each, made as they are served (`_generated_shard`): a 20 GB model on a disk
+    that has no 20 GB to spare. Its revision is `main`; `changed_shard` adds a newer one, tag `v2`, whose that shard
+    differs (the delta benchmark: a new revision changing 1 of 5 shards)."""
     names = _shard_names(shards)
-    files = {p: memory_file(p, b) for p, b in _small_files(seed, repo_id, 4096, shards, 64).items()}
-    files["model.safetensors.index.json"] = memory_file("model.safetensors.index.json", _json(
-        {"metadata": {"total_size": shards * (shard_bytes - 8 - GENERATED_HEADER)},
-         "weight_map": {f"model.layers.{i}.weight": names[i] for i in range(shards)}}))
-    for name in names:
-        files[name] = _generated_shard(seed, name, shard_bytes, sha_cache)
-    rev = Revision(commit=commit_id(seed, f"{repo_id}@generated-{shards}x{shard_bytes}"), files=dict(sorted(files.items())))
-    return HubModel(repo_id=repo_id, revisions={rev.commit: rev}, refs={"main": rev.commit, "master": rev.commit})
+
+    def revision(name: str, changed: Optional[int]) -> Revision:
+        files = {p: memory_file(p, b) for p, b in _small_files(seed, repo_id, 4096, shards, 64).items()}
+        files["model.safetensors.index.json"] = memory_file("model.safetensors.index.json", _json(
+            {"metadata": {"total_size": shards * (shard_bytes - 8 - GENERATED_HEADER)},
+             "weight_map": {f"model.layers.{i}.weight": names[i] for i in range(shards)}}))
+        for i, fname in enumerate(names):
+            files[fname] = _generated_shard(seed, fname, shard_bytes, sha_cache, variant=int(i == changed))
+        return Revision(commit=commit_id(seed, f"{repo_id}@{name}"), files=dict(sorted(files.items())))
+
+    rev = revision(f"generated-{shards}x{shard_bytes}", None)
+    revisions = {rev.commit: rev}
+    refs = {"main": rev.commit, "master": rev.commit}
+    if changed_shard is not None:
+        new = revision(f"generated-{shards}x{shard_bytes}-v2-{changed_shard}", changed_shard % shards)
+        revisions[new.commit] = new
+        refs["v2"] = new.commit
+    return HubModel(repo_id=repo_id, revisions=revisions, refs=refs)
