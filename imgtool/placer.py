@@ -90,21 +90,7 @@ def place_model(snapshot: ModelSnapshot, target: str, root: Path, read: Reader, 
     and over a directory imgtool did not place. Raises PlacementDamaged (a file's bytes differ: nothing placed),
     UsageError (a snapshot that cannot be placed), DirectoryBusy (another placement of this model), ImgtoolError
     (no space, a directory not imgtool's, the disk)."""
-    files = files_to_place(snapshot)
-    lay = layout(target, str(root), snapshot, revision)
-    folder = Path(str(lay.folder))
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ImgtoolError(f"cannot place {snapshot.ref}: cannot create {folder}: {e.strerror or e}",
-                           hint=f"run as a user who may write there, or {_ELSEWHERE[target]}") from None
-    with lock_output(folder, "load"):
-        placement = _Placement(snapshot, files, lay, folder, read, revision, force, created)
-        try:
-            placement.stage()
-            return placement.commit()
-        finally:
-            _STAGING_HERE.discard(str(placement.staging))  # what a failure left is for a later placement to resume
+    return stage_model(snapshot, target, root, read, revision, force, created).commit()
 
 
 class StagedModel:
