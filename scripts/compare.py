@@ -128,6 +128,10 @@ def main(argv=None) -> int:
                     subprocess.run(docker + ["rmi", "-f", ref], capture_output=True)
                 if job == "load-containerd":
                     _empty_k8s_io(str(containerd))
+                # the page cache's dirty pages written back first: otherwise a job's write-back (a fetch's or a
+                # copy's 300 MB at scale 0.05) throttles the writes of the next timed job, of either version, and
+                # moved copy's system time between 0.4 and 1.6 s from one run to the next (issue 47's 1.3-1.8x)
+                os.sync()
                 seconds, kb, used = timed(cmd + ["-q", *argv_], e)
                 times.setdefault(f"{job}.{name}", []).append(seconds)
                 cpu.setdefault(f"{job}.{name}", []).append(used)
