@@ -223,7 +223,7 @@ def modelpack(snapshot: ModelSnapshot, created: Optional[str] = None) -> Tuple[b
         layers.append(Descriptor(f.media_type, f.sha256, f.size, annotations={FILEPATH: f.path}))
     config = {
         "descriptor": {**({"createdAt": created} if created else {}), "name": snapshot.ref.repo,
-                       "revision": snapshot.commit, "sourceURL": _source_url(snapshot.ref)},
+                       "revision": snapshot.commit, "sourceURL": source_url(snapshot.ref)},
         "config": {},
         "modelfs": {"type": "layers", "diff_ids": [str(d.digest) for d in layers]},
     }
@@ -232,7 +232,7 @@ def modelpack(snapshot: ModelSnapshot, created: Optional[str] = None) -> Tuple[b
         "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": MODEL_ARTIFACT,
         "config": Descriptor(MODEL_CONFIG, Digest.of(config_bytes), len(config_bytes)).to_json(),
         "layers": [d.to_json() for d in layers],
-        "annotations": {"org.opencontainers.image.source": _source_url(snapshot.ref),
+        "annotations": {"org.opencontainers.image.source": source_url(snapshot.ref),
                         "org.opencontainers.image.revision": snapshot.commit},
     }
     return _canonical(manifest), config_bytes, layers
@@ -264,7 +264,7 @@ def read_modelpack(data: bytes, content_type: Optional[str] = None) -> Tuple[Art
         raise ManifestError(f"malformed ModelPack manifest: {e}") from None
 
 
-def _source_url(ref: ModelRef) -> str:
+def source_url(ref: ModelRef) -> str:
     return {"hf": "https://huggingface.co/", "modelscope": "https://modelscope.cn/models/"}.get(ref.hub, "") + ref.repo
 
 

@@ -184,7 +184,7 @@ LAYERS = (
                     "progress", "tarstream"}),
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset", "weights",
-                      "placement", "nodeconfig", "model_diff"}),
+                      "placement", "nodeconfig", "model_diff", "modelcar"}),
     ("outside systems", {"registry_http", "registry_auth", "registry_answers", "transport", "registry", "mirrors", "store", "runtimes",
                          "connections", "placer", "placed", "hubs"}),
     ("bundle model", {"bundle.layout", "bundle.regions", "bundle.catalog", "bundle.hostcheck", "selfbundle"}),

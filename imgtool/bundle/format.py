@@ -12,16 +12,17 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Collection, List, NoReturn, Optional, Sequence, Tuple
+from typing import Callable, Collection, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..delta import DeltaPlan, chain_ids
 from ..errors import ImgtoolError, ManifestError, UsageError, VerifyError
 from ..model import (INDEX_TYPES, LAYER_COMPRESSION, MANIFEST_TYPES, Descriptor, Digest, ImageRef, Index, Platform,
                      PulledImage, is_docker_name, json_object, parse_manifest)
+from .. import modelcar
 from ..schema import Invalid, Key, Table
 from ..text import is_printable
 from ..trust import SIGNATURE as SIGNATURE
-from ..weights import (MODEL_LAYER_TYPES, ModelFile, ModelRef, ModelSnapshot, check_path, is_commit, layer_media_type,
+from ..weights import (MODEL_LAYER_TYPES, ModelFile, ModelRef, ModelSnapshot, check_path, is_commit, layer_media_type, source_url,
                        modelpack, parse_model_ref)
 
 FORMAT_NAME = "imgtool-bundle"
@@ -144,7 +145,9 @@ class ModelEntry:
     hub's: the raw layer's digest and the archive member's name), its ModelPack media type, the git blob id the hub
     gave (the Hugging Face cache names a small file's blob by it) and whether it is an LFS file. `omitted`: a delta
     leaves the file out of the archive; the offline side holds a file with this sha256 (an inventory's or a base
-    bundle's)."""
+    bundle's). `modelcar`: the digest of the file's layer in the model's modelcar image (modelcar.py: a pure
+    function of the bytes, hashed once at fetch, never stored); None in a bundle carrying no modelcar form (every file
+    has one or none does)."""
 
     path: str
     size: int
@@ -153,6 +156,7 @@ class ModelEntry:
     git_oid: Optional[str] = None
     lfs: bool = False  # stored in LFS/Xet on the hub (the Hugging Face cache names its blob by the sha256)
     omitted: bool = False
+    modelcar: Optional[Digest] = None
 
     def to_json(self) -> dict:
         out = {"path": self.path, "size": self.size, "sha256": str(self.sha256), "media_type": self.media_type}
@@ -162,6 +166,8 @@ class ModelEntry:
             out["lfs"] = True
         if self.omitted:
             out["omitted"] = True
+        if self.modelcar is not None:
+            out["modelcar"] = str(self.modelcar)
         return out
 
 
@@ -206,6 +212,14 @@ class BundleModel:
         manifest, config, _ = modelpack(self.snapshot())
         return manifest, config
 
+    def modelcar(self) -> Optional[modelcar.Modelcar]:
+        """The model's modelcar image (its index, per-platform manifests and configs: modelcar.image of the files'
+        recorded layer digests), or None when the bundle records none."""
+        if not self.files or any(f.modelcar is None for f in self.files):
+            return None
+        return modelcar.image([modelcar.LayerFile(f.path, f.size, f.modelcar) for f in self.files  # type: ignore
+                               ], source_url(self.model_ref), self.commit)
+
     def to_json(self) -> dict:
         return {"ref": self.ref, "source": self.source, "commit": self.commit,
                 "manifest_digest": str(self.manifest_digest), "manifest_size": self.manifest_size,
@@ -213,11 +227,17 @@ class BundleModel:
                 "files": [f.to_json() for f in self.files]}
 
 
-def bundle_model(snapshot: ModelSnapshot, source: str, omitted: Collection[Digest] = ()) -> BundleModel:
+def bundle_model(snapshot: ModelSnapshot, source: str, omitted: Collection[Digest] = (),
+                 modelcar_layers: Optional[Mapping[str, Digest]] = None) -> BundleModel:
     """bundle.json's view of a resolved snapshot (every file with its sha256 by now); `omitted`: the sha256s a
-    delta leaves out. Raises ValueError for a file without its sha256 (weights.modelpack's)."""
+    delta leaves out; `modelcar_layers`: each path's modelcar layer digest (modelcar.LayerHash, fed at fetch), None
+    for a bundle without the modelcar form. Raises ValueError for a file without its sha256 (weights.modelpack's) or
+    without its layer digest when some have one."""
     manifest, config, _ = modelpack(snapshot)
-    files = tuple(ModelEntry(f.path, f.size, f.sha256, f.media_type, f.git_oid, f.lfs, f.sha256 in omitted)  # type: ignore
+    if modelcar_layers is not None and any(f.path not in modelcar_layers for f in snapshot.files):
+        raise ValueError("a modelcar layer digest is missing")
+    files = tuple(ModelEntry(f.path, f.size, f.sha256, f.media_type, f.git_oid, f.lfs, f.sha256 in omitted,  # type: ignore
+                             None if modelcar_layers is None else modelcar_layers[f.path])
                   for f in sorted(snapshot.files, key=lambda f: f.path))
     return BundleModel(str(snapshot.ref), source, snapshot.commit, files, Digest.of(manifest), len(manifest),
                        Digest.of(config), len(config))
@@ -732,6 +752,7 @@ _MODEL_FILE = Table(
     Key("git_oid", str, check=_git_oid),
     Key("lfs", bool),
     Key("omitted", bool),
+    _digest_key("modelcar", required=False),
     wrong=_STRING,
 )
 
@@ -755,9 +776,11 @@ def _models(x: object, version: int) -> Tuple[BundleModel, ...]:
             if fv["media_type"] != layer_media_type(fv["path"]):
                 raise _bad(f"`{where}files[{j}].media_type` is not {layer_media_type(fv['path'])} for {fv['path']!r}")
             files.append(ModelEntry(fv["path"], fv["size"], fv["sha256"], fv["media_type"], fv.get("git_oid"),
-                                    fv.get("lfs", False), fv.get("omitted", False)))
+                                    fv.get("lfs", False), fv.get("omitted", False), fv.get("modelcar")))
         if [f.path for f in files] != sorted(f.path for f in files):
             raise _bad(f"`{where}files` are not in path order")
+        if len({f.modelcar is None for f in files}) > 1:
+            raise _bad(f"`{where}files`: some have a `modelcar` digest and some not (a model has both forms or one)")
         source = v.get("source")
         model = BundleModel(v["ref"], source if isinstance(source, str) else "", v["commit"], tuple(files),
                             v["manifest_digest"], v["manifest_size"], v["config_digest"], v["config_size"])

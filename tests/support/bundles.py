@@ -220,9 +220,11 @@ def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_s
                         force=force, progress=Progress(), created=created, models=models)
 
 
-def put_model(store: "BlobDir", model, revision: str = "main", hub: str = "hf", omitted=()):
+def put_model(store: "BlobDir", model, revision: str = "main", hub: str = "hf", omitted=(), modelcar: bool = False):
     """A seeded model's revision (tests/support/models.py HubModel) as a bundle carries it: its files written into
-    `store` by sha256, and the BundleModel describing them (`omitted`: sha256s a delta leaves out)."""
+    `store` by sha256, and the BundleModel describing them (`omitted`: sha256s a delta leaves out; `modelcar`: with
+    each file's modelcar layer digest, as fetch records them)."""
+    from imgtool import modelcar as car
     from imgtool.bundle.format import bundle_model
     from imgtool.weights import ModelFile, ModelRef, ModelSnapshot
 
@@ -236,7 +238,8 @@ def put_model(store: "BlobDir", model, revision: str = "main", hub: str = "hf", 
                     out.write(chunk)
         files.append(ModelFile(f.path, f.size, Digest.parse("sha256:" + f.sha256), f.blob_id, f.lfs))
     snapshot = ModelSnapshot(ModelRef(hub, model.repo_id, revision), rev.commit, tuple(files))
-    return bundle_model(snapshot, "test", omitted)
+    layers = {f.path: car.layer_digest(f.path, f.size, f.chunks()) for f in rev.files.values()} if modelcar else None
+    return bundle_model(snapshot, "test", omitted, layers)
 
 
 def write_delta(out: Path, factory, store: "BlobDir", repo: str):
