@@ -144,7 +144,7 @@ def test_oci_manifest_images_are_named_by_their_own_digest(factory, store, tmp_p
     assert json.loads(r.stdout)["Digest"] == image.manifest_digest
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_shared_layers_are_stored_once(factory, store, tmp_path, docker_cli, docker_cleanup):
     base = factory.layers(2)
     a = factory.image(host_arch(), layers=1, base=base)
@@ -167,7 +167,7 @@ def test_shared_layers_are_stored_once(factory, store, tmp_path, docker_cli, doc
 
 
 @pytest.mark.parametrize("compress", ["gzip", "zstd"])
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_compressed_bundles_load(compress, factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
     out = tmp_path / "b"
@@ -184,7 +184,7 @@ def test_compressed_bundles_load(compress, factory, store, tmp_path, services, d
 
 
 @pytest.mark.parametrize("compress", ["gzip", "zstd"])
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_compressed_bundles_load_with_imgtool_and_a_damaged_last_part_loads_nothing(
         compress, factory, store, tmp_path, services, docker_cli, docker_cleanup):
     image = factory.image(host_arch(), layers=2)
@@ -399,7 +399,7 @@ def test_fetch_onto_a_full_disk_is_one_line_and_no_bundle(services, factory, mir
     assert not out.exists()  # made by this fetch (its lock, dirlock.py) and left empty: removed with the lock
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_zstd_layers_are_faq_19_and_refused_before_docker_on_docker_before_23(
         factory, store, tmp_path, engine, services, docker_cli, docker_cleanup):
     """vllm-ascend FAQ 19's `invalid tar header` is a zstd layer on Docker < 23 (not a wrong

@@ -45,7 +45,7 @@ def test_registry_to_runtime_lands_the_image_as_load_does(services, factory, mir
     assert "download" not in again.stderr
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_a_damaged_cached_blob_cuts_the_stream_and_the_runtime_keeps_nothing(services, factory, mirrored, tmp_path,
                                                                              node):
     idx = factory.multiarch(media="oci", layers=2)

@@ -48,7 +48,7 @@ def test_facts_and_inventory_are_the_same_through_both_transports(services, fact
         std.remove_image(docker_cli.bundle_id(image))  # already gone: nothing to do, like docker-py's path
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_a_load_that_docker_refuses_after_http_200_is_a_failure(services, factory, mirrored, tmp_path, monkeypatch,
                                                                   docker_cli, docker_cleanup):
     out, image, ref, _ = fetch_from_registry(services, factory, mirrored, tmp_path)

@@ -167,7 +167,7 @@ def test_delta_against_a_base_bundle_and_load_sh(services, two_tags, tmp_path, d
     assert docker_cli.holds(new_ref, new)
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_base_provided_by_several_images_any_one_will_do(services, factory, mirrored, tmp_path, docker_cli,
                                                          docker_cleanup):
     """The base layers are in an arm64 and an amd64 image: a delta for this host asks for one of them,
@@ -257,7 +257,7 @@ DELTA_KINDS = {
 }
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("kind", list(DELTA_KINDS))
 def test_a_loaded_delta_saves_pushes_and_exports(kind, services, factory, mirrored, tmp_path, docker_cli,
                                                  docker_cleanup, engine):
@@ -318,7 +318,7 @@ def _save_push_export(services, docker_cli, tmp_path, ref: str, pushed: str, env
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_a_zstd_delta_for_the_containerd_store_names_a_base_bundle_s_blobs(services, factory, mirrored, tmp_path,
                                                                          docker_cli, docker_cleanup):
     """A base loaded from a bundle no registry serves: a zstd delta against a containerd store's inventory

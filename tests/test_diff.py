@@ -112,7 +112,7 @@ def test_diff_of_something_else_is_a_usage_error(tmp_path, releases):
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: no such bundle or inventory: {tmp_path / 'nope'}")
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_a_bundle_against_the_inventory_of_the_docker_it_was_loaded_into_is_unchanged(
         services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
     """On every engine, the containerd image store too (whose image IDs are manifest digests, not
@@ -141,7 +141,7 @@ def test_a_bundle_against_the_inventory_of_the_docker_it_was_loaded_into_is_unch
         assert any(line.split()[:2] == [want, ref] for line in text), text
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_diff_bundle_inventory_says_unchanged_with_the_ids_this_docker_shows(
         services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
     """`imgtool diff BUNDLE INVENTORY` after loading BUNDLE, on every engine, exact text: unchanged, with
@@ -177,7 +177,7 @@ def test_diff_bundle_inventory_says_unchanged_with_the_ids_this_docker_shows(
     assert row(inv, str(other)) == [f"  changed    {ref}  {plat}  ID {shown[7:19]} -> {other_id}"]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_an_image_docker_pulled_from_the_pushed_bundle_is_unchanged(
         services, engine, factory, tmp_path, uniq, docker_cli, docker_cleanup):
     """`imgtool push` to a site registry, `docker pull` there (the containerd store then names the image by

@@ -77,7 +77,7 @@ def test_auto_names_every_runtime_found_and_the_one_load_uses(services, bundle):
     assert rows(nodocker)["runtime"].startswith("OK    runtime      imgtool load uses containerd 1.7.")
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_wrong_arch_and_missing_part_fail_with_advice(services, bundle):
     other = "arm64" if host_arch() == "amd64" else "amd64"
     out = bundle(other)
@@ -122,7 +122,7 @@ def test_checks_without_a_daemon_do_not_raise(monkeypatch, tmp_path):
     assert checks[0].status == "fail" and checks[0].detail == f"no such bundle directory: {tmp_path / 'no-bundle'}"
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_space_need_is_what_the_runtime_stages_and_keeps_less_the_layers_it_holds(node, engine, factory, tmp_path):
     """doctor's space line (load's refusal says the same): Docker's graphdriver unpacks the whole archive
     under <root>/tmp before it registers the layers (moby image/tarexport/load.go), the containerd store

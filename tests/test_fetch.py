@@ -50,7 +50,7 @@ def parts_of(bundle: Path):
     return [bundle / p["name"] for p in json.loads((bundle / "bundle.json").read_text())["parts"]]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_arm64_through_daocloud_mirror_with_upstream_down(services, factory, mirrored, tmp_path, docker_cli,
                                                           docker_cleanup):
     idx = factory.multiarch(media="oci", layers=3)

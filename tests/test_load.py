@@ -92,7 +92,7 @@ def test_damaged_part_is_named_and_the_runtime_keeps_nothing(bundle, node):
     assert node.leftovers(before) == []
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_damage_in_the_last_member_bytes_cuts_the_upload_and_the_runtime_keeps_nothing(bundle, node):
     """load checks while it streams: the last bytes go out only after every part and blob matched; the
     runtime (which has had every other byte: containerd has ingested the blobs) records nothing."""
@@ -112,7 +112,7 @@ def test_damage_in_the_last_member_bytes_cuts_the_upload_and_the_runtime_keeps_n
     assert node.leftovers(before) == []
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_missing_part_is_refused(bundle, node):
     out, _ = bundle
     parts = parts_of(out)
@@ -124,7 +124,7 @@ def test_missing_part_is_refused(bundle, node):
     assert node.image_ids() == before
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_every_problem_is_named_not_only_the_first(bundle, services, docker_cli):
     """part 002 damaged and part 004 missing: load names both, as verify does."""
     out, _ = bundle
@@ -156,7 +156,7 @@ def _rewrite_bundle_json(out, doc) -> str:
     return sha
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_an_already_loaded_bundle_is_still_checked(bundle, node):
     """The runtime holding the image ID is no reason to skip a check: --expect, sizes and sha256s still count."""
     out, image = bundle
@@ -190,7 +190,7 @@ def test_an_already_loaded_bundle_is_still_checked(bundle, node):
     assert "vllm:prod" in node.names(image)
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_a_bundle_json_naming_another_loaded_image_tags_nothing(factory, store, tmp_path, services, docker_cli,
                                                                 docker_cleanup):
     """bundle.json edited to name an image Docker already holds under a new name: refused, nothing tagged."""
@@ -297,7 +297,7 @@ EVIL = {
 
 
 @pytest.mark.parametrize("case", sorted(EVIL))
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_crafted_member_is_refused_before_docker(case, bundle, services, docker_cli):
     out, _ = bundle
     member, message = EVIL[case]
@@ -312,7 +312,7 @@ def test_crafted_member_is_refused_before_docker(case, bundle, services, docker_
     assert imgtool("verify", str(out)).returncode == 3
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_huge_manifest_json_is_refused(bundle, services, docker_cli):
     out, image = bundle
     entries = [{"Config": f"blobs/sha256/{image.config_digest[7:]}", "RepoTags": [f"evil/x{i}:latest"],
@@ -332,7 +332,7 @@ def test_huge_manifest_json_is_refused(bundle, services, docker_cli):
     assert docker_cli.image_ids() == before
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_manifest_json_with_other_tags_is_refused(bundle, services, docker_cli):
     """Same size as implied, other content (a tag of someone else's image): caught by content."""
     out, image = bundle
@@ -348,7 +348,7 @@ def test_manifest_json_with_other_tags_is_refused(bundle, services, docker_cli):
            "make it again as it was made (imgtool fetch, export or copy) (in part 001)" in err_lines(r)
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services, docker_cli):
     """A layer that is valid gzip with a matching diff_id but not a tar: only Docker can tell."""
     raw = os.urandom(64 * 1024)
@@ -369,7 +369,7 @@ def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services,
     assert docker_cli.image_ids() == before
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
     """load leaves the diff_id check to the runtime (no second decompression of every layer): the runtime
     refuses such a layer itself, and nothing is left (containerd and Docker's containerd store register
@@ -411,7 +411,7 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
     assert node.leftovers(before) == []
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_foreign_arch_loads_with_a_warning(factory, store, tmp_path, services, docker_cli, docker_cleanup):
     other = "arm64" if host_arch() == "amd64" else "amd64"
     image = factory.image(other, layers=1)
@@ -495,7 +495,7 @@ def _load_peak_rss(tmp_path, services, size: int, tag: str) -> int:
     return int(r.stdout.split()[-1]), image
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_load_memory_does_not_grow_with_image_size(tmp_path, services, docker_cli, docker_cleanup):
     small, a = _load_peak_rss(tmp_path, services, 8 << 20, "rss-small")
     big, b = _load_peak_rss(tmp_path, services, 80 << 20, "rss-big")

@@ -46,7 +46,7 @@ def test_imgtool_load_names_only_the_hosts_platform(two_arch, node):
                                             "not for --arch s390x")
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_all_platforms_loads_every_one_and_the_tag_names_the_hosts(two_arch, node):
     """--all-platforms: the other platform is loaded too, kept by ID (on containerd, by digest: it keeps only
     named images); the tag stays with the host's platform."""
@@ -66,7 +66,7 @@ def test_all_platforms_loads_every_one_and_the_tag_names_the_hosts(two_arch, nod
     assert again.returncode == 0 and json.loads(again.stdout)["sent"] is False
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_plain_docker_load_names_neither_and_load_sh_names_the_hosts(services, two_arch, docker_cli,
                                                                     docker_cleanup):
     out, idx, ref = two_arch
@@ -115,7 +115,7 @@ def test_push_two_arch_bundle_makes_an_index(services, two_arch, uniq, registry)
         "which are upstream's)"]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_a_plain_docker_load_never_moves_the_tag_imgtool_gave_the_hosts_platform(services, two_arch, docker_cli,
                                                                                    docker_cleanup):
     """Issue 24 item 8: the containerd image store reads index.json, which named both platforms, so a
@@ -162,7 +162,7 @@ def test_a_bundle_of_format_version_1_still_verifies_and_loads(services, factory
     assert docker_cli.holds(ref, mine)
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_diff_of_the_bundle_against_a_docker_that_pulled_the_tag_upstream_is_unchanged(
         services, two_arch, docker_cli, docker_cleanup, tmp_path):
     """A Docker that pulled the multi-arch tag from the registry (the containerd store names it by the

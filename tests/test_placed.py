@@ -269,7 +269,7 @@ def test_doctor_fails_an_incomplete_model_and_warns_about_one_that_is_not_read_o
 
 # --- imgtool run, against the real dockerd ---------------------------------------------------------------------
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_run_model_mounts_it_read_only_where_the_container_reads_it(transport, services, busybox_image, caches, uniq,
                                                                     home):

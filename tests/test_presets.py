@@ -772,7 +772,7 @@ def run_in_docker(services, *args, home, transport="docker-py", **kw):
     return imgtool(*args, home=home, docker_host=services.docker_host, code=TRANSPORTS[transport], **kw)
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_run_gives_the_container_the_shm_size(transport, services, busybox_image, docker_cli, uniq, home):
     name = f"imgtool-{uniq}"
@@ -802,7 +802,7 @@ def test_run_streams_output_and_exits_with_the_containers_code(transport, servic
     assert docker_cli("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout.strip() == ""
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_run_keeps_the_container_with_no_rm(transport, services, busybox_image, docker_cli, docker_cleanup, uniq,
                                             home):
@@ -825,7 +825,7 @@ def test_run_keeps_the_container_with_no_rm(transport, services, busybox_image, 
                                      f"hint: pass --name NEW_NAME, or remove the old one: docker rm -f {name}"]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_run_detached(transport, services, busybox_image, docker_cli, docker_cleanup, uniq, home):
     name = f"imgtool-{uniq}"
@@ -879,7 +879,7 @@ def test_run_flags_picks_the_newest_local_image_for_the_preset(services, local_v
                                      "replace <version> in the command or pass --image"]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_run_without_image_uses_the_newest_local_one(services, local_vllm, uniq, home):
     default_image, env = local_vllm
     r = run_in_docker(services, "run", "a3", "--allow-missing-devices", "-q", "--net", services.docker_network,
@@ -895,7 +895,7 @@ def test_run_without_image_uses_the_newest_local_one(services, local_vllm, uniq,
         "hint: name one: imgtool run a5 IMAGE, or load a bundle first: imgtool load DIR"]
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 @pytest.mark.parametrize("runner", ["docker-py", "http", "pyz-3.7"])
 def test_run_is_interactive_on_a_terminal(runner, services, busybox_image, docker_cli, docker_cleanup, uniq, home,
                                           tmp_path):
@@ -943,7 +943,7 @@ def test_950dt_is_an_alias_of_a5(home, tmp_path):
     assert (r.returncode, r.stderr.splitlines()[0]) == (2, f"error: {f}:2: presets.a3.aliases: 'a2' already names preset a2")
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_run_flags_warns_about_an_image_for_another_architecture(services, factory, docker_cli, docker_cleanup,
                                                                  uniq, tmp_path, home):
     """The newest local image for the preset may be the arm64 one on an amd64 host: say so, as load does."""

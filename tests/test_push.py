@@ -49,7 +49,7 @@ def test_parse_target():
     assert e.value.message == "invalid --to 'reg.local/Bad Name': expected HOST[:PORT][/NAMESPACE], e.g. harbor.local/ascend"
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_push_then_docker_pull_then_push_again_sends_no_blob(services, factory, store, tmp_path, proxy, uniq,
                                                              docker_cli, docker_cleanup):
     base = factory.layers(2)

@@ -326,7 +326,7 @@ def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, servic
     assert held["daemon"] == json.loads((tmp_path / "inv311.json").read_text())["daemon"]  # image_store too
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 @pytest.mark.parametrize("version", KYLIN_PYTHON)
 def test_a_damaged_bundle_fails_on_kylins_python_and_loads_nothing(version, services, factory, mirrored, tmp_path,
                                                                      node):

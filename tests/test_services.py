@@ -92,7 +92,7 @@ def test_docker_load_image_id_is_the_config_digest_except_in_the_containerd_stor
     assert info["Architecture"] == "amd64"
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_docker_load_skips_layers_the_daemon_already_has(factory, uniq, tmp_path, docker_cli,
                                                           docker_cleanup):
     # CONTEXT.md: an archive may omit layer files whose chain exists already (delta bundles). The
@@ -118,7 +118,7 @@ def test_docker_load_skips_layers_the_daemon_already_has(factory, uniq, tmp_path
     assert docker_cli.inspect_image(f"{uniq}/app:new")["Id"] == new.id
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_docker_run_with_shm_size_in_the_test_network_mode(services, factory, uniq, tmp_path,
                                                            docker_cli, docker_cleanup):
     image = factory.image(layers=1, layer_size=100_000, runnable=True)

@@ -598,7 +598,7 @@ def test_fetch_from_a_spec_and_export_sign_too(services, factory, mirrored, keys
     assert ok.stdout.splitlines()[-1] == f"signature: signed by release@example.com ({who}), allowed by {signers}"
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(stores=True)
 def test_a_stranger_s_signature_is_refused_before_any_runtime_sees_the_bundle(bundle, keys, tmp_path, node):
     """The site policy holds on containerd and Podman as on Docker: same words, exit 3, nothing there."""
     out, image = bundle

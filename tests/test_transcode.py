@@ -56,7 +56,7 @@ def _loaded_as_bundled(docker_cli, ref: str, index: BundleIndex, gzip_image) -> 
             and (docker_cli.containerd_store or found["Id"] == gzip_image.config_digest))
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_default_fetch_of_a_zstd_image_loads_three_ways(services, factory, mirrored, tmp_path, docker_cli,
                                                         docker_cleanup):
     gzip_image = factory.image(host_arch(), layers=2)
@@ -125,7 +125,7 @@ def test_as_is_keeps_the_registry_s_zstd_and_docker_20_10_is_refused_naming_comp
     assert docker_cli.image_ids() == before
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_plain_writes_every_layer_uncompressed_and_loads(services, factory, mirrored, tmp_path, docker_cli,
                                                          docker_cleanup):
     gzip_image = factory.image(host_arch(), layers=2)

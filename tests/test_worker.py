@@ -142,7 +142,7 @@ def test_the_writer_ends_when_its_archive_hash_fails_and_leaves_no_part(factory,
     assert worker_threads() == []
 
 
-@pytest.mark.engines
+@pytest.mark.engines(stores=True)
 def test_load_ends_when_the_member_hash_worker_fails_and_docker_keeps_nothing(bundle, services, docker_cli,
                                                                               monkeypatch, tmp_path):
     from imgtool.runtimes.docker import open_daemon

@@ -202,7 +202,9 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
     """
 
     choice = runtime_choice(kw.pop("runtime"), None, None)
-    runtime = _ask_runtime(choice)
+    # a Pod whose image --image or --bundle names is for a cluster: no local runtime is asked anything (each
+    # runtime that does not answer cost up to ASK_TIMEOUT, and Podman's CLI starts slowly)
+    runtime = None if fmt == "k8s" and (image or bundle_dir) else _ask_runtime(choice)
     try:
         fmt, program = _run_format(choice, runtime, fmt)
         if runtime is not None and fmt != "k8s" and runtime.traits.run_program != program:
