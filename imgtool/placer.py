@@ -5,11 +5,14 @@ One placement holds the lock of the model's folder (dirlock.py: a second `load` 
 works in its own staging directory in that folder, `.imgtool-staging-<pid>-<random>`, so the last step is a rename
 on one file system and a half-placed model is never visible under its name:
 
-- each file is written to `partial`, hashed as it is written (sha256; the git blob sha1 too where the Hugging Face
-  cache names a small file by it and the snapshot lacks it), checked against its size and sha256, fsynced, made
-  0444, and only then renamed to `tree/<path>`. A file under its name in `tree/` is therefore one that was checked:
-  a rerun after a kill keeps it when its size is right, and writes only the rest (re-reading 0.7 TB to re-hash it
-  would double the time of a placement). A mismatch refuses with VerifyError naming the file; nothing is placed.
+- each file is written to `partial` and hashed (sha256; the git blob sha1 too where the Hugging Face cache names a
+  small file by it and the snapshot lacks it): copied in the kernel from where it lies (an uncompressed bundle's
+  parts, a twin staged already) and hashed from `partial` itself by a second thread as the copy grows (filecopy.py:
+  the bytes checked are the bytes placed), else hashed as its pieces are written (a compressed bundle's stream);
+  then checked against its size and sha256, fsynced, made 0444, and only then renamed to `tree/<path>`. A file under
+  its name in `tree/` is therefore one that was checked: a rerun after a kill keeps it when its size is right, and
+  writes only the rest (re-reading 0.7 TB to re-hash it would double the time of a placement). A mismatch refuses
+  with VerifyError naming the file; nothing is placed.
 - the commit: ModelScope and plain directories rename `tree` (0555 directories) to the model's name; the Hugging
   Face cache moves each new file to `blobs/<etag>` (a blob it holds already is kept: a second revision writes only
   the files that changed), writes `trees/<commit>.json`, renames a tree of relative links to `snapshots/<commit>`,
@@ -28,17 +31,20 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 from .dirlock import lock_output
 from .errors import ImgtoolError, VerifyError, counted
+from .filecopy import Regions, copy_regions
 from .fsutil import fsync_dir, remove_quietly, tree_size, write_atomic
 from .model import format_size
 from .placement import (CACHEDIR_TAG, MARKER, Layout, files_to_place, git_blob_header, hf_blob_id, hf_etag, hf_link,
                         hf_tree, layout, marker, modelscope_meta, same_marker, staging_name, staging_pid)
 from .weights import ModelFile, ModelSnapshot
 
-Reader = Callable[[ModelFile], Iterable[bytes]]  # a file's bytes, in pieces (from the bundle's parts)
+# a file's bytes: in pieces (a compressed bundle's stream), or where they lie (an uncompressed bundle's parts: copied
+# in the kernel, filecopy.py)
+Reader = Callable[[ModelFile], Union[Iterable[bytes], Regions]]
 _STAGING_HERE: Set[str] = set()  # staging directories of this process's placements that are not finished
 FILE_MODE = 0o444
 DIR_MODE = 0o555
@@ -318,28 +324,22 @@ class _Placement:
         """Write one file to `partial`, checked as it is written, then rename it to tree/<path>."""
         assert f.sha256 is not None
         partial = self.staging / "partial"
-        sha = hashlib.sha256()
-        git = hashlib.sha1(git_blob_header(f.size)) if self.lay.shared_blobs and hf_etag(f) is None else None
-        n = 0
+        git = git_blob_header(f.size) if self.lay.shared_blobs and hf_etag(f) is None else None
         fd = os.open(str(partial), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             with os.fdopen(fd, "wb", buffering=0) as out:
-                for chunk in self._chunks(f):
-                    n += len(chunk)
-                    if n > f.size:
-                        break
-                    sha.update(chunk)
-                    if git is not None:
-                        git.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[out.write(view):]
+                source = self._source(f)
+                if isinstance(source, Regions):  # copied in the kernel, hashed from the copy
+                    copied = copy_regions(source, out.fileno(), str(partial), git)
+                    n, sha, git_sha1 = copied.size, copied.sha256, copied.git_sha1
+                else:
+                    n, sha, git_sha1 = _write_chunks(out, source, f.size, git)
                 if n > f.size:
                     raise self._damaged(f, f"more than the {f.size} bytes its sha256 covers")
                 if n < f.size:
                     raise self._damaged(f, f"{n} bytes where the snapshot says {f.size}")
-                if sha.hexdigest() != f.sha256.hex:
-                    raise self._damaged(f, f"its bytes do not match its sha256 (sha256:{sha.hexdigest()[:12]} read, "
+                if sha != f.sha256.hex:
+                    raise self._damaged(f, f"its bytes do not match its sha256 (sha256:{sha[:12]} read, "
                                            f"{f.sha256.short} expected)")
                 os.fsync(out.fileno())
         except BaseException:
@@ -351,16 +351,16 @@ class _Placement:
         os.rename(str(partial), str(dest))
         self.by_sha.setdefault(f.sha256.hex, dest)
         self.done.written += n
-        if git is not None:
-            self.computed[f.path] = git.hexdigest()
+        if git_sha1 is not None:
+            self.computed[f.path] = git_sha1
 
-    def _chunks(self, f: ModelFile) -> Iterable[bytes]:
+    def _source(self, f: ModelFile) -> Union[Iterable[bytes], Regions]:
         """The file's bytes: from a twin staged already (the same sha256 under another path: a bundle carries those
         bytes once), else from `read`."""
         twin = self.by_sha.get(f.sha256.hex) if f.sha256 is not None else None
         if twin is None:
             return self.read(f)
-        return _file_chunks(twin)
+        return Regions(((str(twin), 0, f.size),))
 
     def _damaged(self, f: ModelFile, why: str) -> PlacementDamaged:
         return PlacementDamaged(f"{self.snapshot.ref}: {f.path}: {why}; nothing was placed",
@@ -449,9 +449,24 @@ def _size_of(path: Path, follow: bool = True) -> Optional[int]:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _file_chunks(path: Path) -> Iterator[bytes]:
-    with open(str(path), "rb") as f:
-        yield from iter(lambda: f.read(1 << 20), b"")
+def _write_chunks(out, chunks: Iterable[bytes], size: int, git_header: Optional[bytes]
+                  ) -> Tuple[int, str, Optional[str]]:
+    """Write the chunks to `out`, hashing them as they pass: (bytes, sha256 hex, git blob sha1 hex or None); stops
+    once more than `size` came."""
+    sha = hashlib.sha256()
+    git = hashlib.sha1(git_header) if git_header is not None else None
+    n = 0
+    for chunk in chunks:
+        n += len(chunk)
+        if n > size:
+            break
+        sha.update(chunk)
+        if git is not None:
+            git.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[out.write(view):]
+    return n, sha.hexdigest(), (git.hexdigest() if git is not None else None)
 
 
 def _git_blob_id_of(path: Path, size: int) -> str:

@@ -24,6 +24,7 @@ what the killed run received. Peak RSS (GNU time) of every run. Each output is r
 
     scripts/bench_models.py --scale 0.25 --connections 12 16     # 5 GB, about 5 minutes; the table to stdout
     scripts/bench_models.py --scale 1 --links loopback --no-kill --no-bundle-rows   # the issue's 20 GB model
+    scripts/bench_models.py placement --bundle DIR --runs 3   # the placement rows alone, of a bundle made already
 
 Not product code: imgtool/ never imports it.
 """
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -220,8 +221,9 @@ def tree_bytes(d: Path) -> int:
 # --- placement: place_model fed from the bundle's parts ------------------------------------------------------
 
 def place(bundle: Path, dest: Path, target: str) -> None:
-    """Every model of `bundle` placed under `dest` in `target`'s layout by placer.place_model, each file's bytes
-    read from the parts at its member's offsets (layout.arrange of bundle_members), as load's reader hands them."""
+    """Every model of `bundle` placed under `dest` in `target`'s layout by placer.place_model, each file handed over as
+    load's reader hands an uncompressed bundle's (Regions: where its member's data lies in the parts, by
+    layout.arrange of bundle_members; the placer copies it in the kernel and hashes the copy)."""
     from imgtool.bundle import layout
     from imgtool.bundle.format import BundleIndex
     from imgtool.placer import place_model
@@ -229,34 +231,77 @@ def place(bundle: Path, dest: Path, target: str) -> None:
     index = BundleIndex.from_bytes((bundle / "bundle.json").read_bytes())
     slots, _ = layout.arrange(layout.bundle_members(index))
     at = {s.member.digest: s for s in slots}
-    parts = []  # (start in the tar stream, size, path)
+    spans = []  # (start in the tar stream, size, path)
     pos = 0
     for part in index.parts:
-        parts.append((pos, part.size, bundle / part.name))
+        spans.append((pos, part.size, bundle / part.name))
         pos += part.size
 
-    def read(f) -> Iterator[bytes]:
+    def regions(f) -> List[Tuple[Path, int, int]]:
         s = at[f.sha256]
-        offset, end = s.data_offset, s.end
-        for start, size, path in parts:
-            if offset >= end:
-                return
-            if start + size <= offset:
-                continue
-            with open(path, "rb") as fh:
-                fh.seek(offset - start)
-                left = min(end, start + size) - offset
-                while left:
-                    piece = fh.read(min(left, 1 << 20))
-                    if not piece:
-                        raise OSError(f"{path}: short")
-                    left -= len(piece)
-                    offset += len(piece)
-                    yield piece
+        return [(path, max(s.data_offset, start) - start, min(s.end, start + size) - max(s.data_offset, start))
+                for start, size, path in spans if start < s.end and s.data_offset < start + size]
+
+    from imgtool import placer
+
+    Regions = getattr(placer, "Regions", None)
+    if Regions is None:  # a tree from before the kernel's copy (a "before" run): the bytes in pieces, as it took them
+        def read(f) -> Iterable[bytes]:
+            for path, offset, length in regions(f):
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    while length:
+                        piece = fh.read(min(length, 1 << 20))
+                        if not piece:
+                            raise OSError(f"{path}: short")
+                        length -= len(piece)
+                        yield piece
+    else:
+        def read(f):  # type: ignore[misc]
+            return Regions(tuple((str(p), o, n) for p, o, n in regions(f)))
 
     for m in index.models:
         placed = place_model(m.snapshot(), target, dest, read, m.model_ref.revision)
         print(json.dumps({"placed": str(placed.path), "files": placed.files, "written": placed.written}), flush=True)
+
+
+def placement_rows(args, work: Path, bundle: Path, rows: Dict[str, str]) -> None:
+    """placement (`place_model` as load feeds it; `imgtool load --models-only --models-dir`, the verb) against
+    `cp -r` of the bundle then sync (placement fsyncs each file), and cp -r alone; each output removed once measured.
+    With --runs N, each is run N times, interleaved, and the median taken."""
+    out = work / "placed"
+    times: Dict[str, List[float]] = {}
+    rss: Dict[str, int] = {}
+    placed = 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
+    env.update(IMGTOOL_CACHE=str(work / "imgtool-cache"), BENCH_IO=str(work / "io-load.json"))
+    contestants = [
+        ("place", lambda: [sys.executable, __file__, "place", "--bundle", str(bundle), "--dest", str(out / "m"),
+                           "--target", args.target], None),
+        ("load", lambda: imgtool_cmd("load", str(bundle), "--models-only", "--models-dir", str(out / "m")), env),
+        ("cp", lambda: ["bash", "-c", 'cp -r "$0" "$1" && sync -f "$1"', str(bundle), str(out / "copy")], None),
+        ("cp-plain", lambda: ["cp", "-r", str(bundle), str(out / "copy")], None),
+    ]
+    for _ in range(max(1, args.runs)):
+        for name, cmd, cenv in contestants:
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            r = timed(cmd(), cenv)
+            times.setdefault(name, []).append(r.seconds)
+            rss[name] = max(rss.get(name, 0), r.rss_kb)
+            if name == "place":
+                placed = tree_bytes(out)
+            log(f"  {name}: {r.seconds:.1f} s, peak RSS {r.rss_kb / 1024:.0f} MiB")
+    shutil.rmtree(out, ignore_errors=True)
+    t = {k: statistics.median(v) for k, v in times.items()}
+    rows["place"] = (f"{t['place']:.1f} s ({placed / MB:,.0f} MB, --target {args.target}) vs cp -r + sync "
+                     f"{t['cp']:.1f} s: {t['place'] / t['cp']:.2f}×; cp -r alone {t['cp-plain']:.1f} s: "
+                     f"{t['place'] / t['cp-plain']:.2f}×")
+    rows["place|load --models-dir"] = (f"{t['load']:.1f} s vs cp -r + sync {t['cp']:.1f} s: {t['load'] / t['cp']:.2f}×; "
+                                       f"cp -r alone: {t['load'] / t['cp-plain']:.2f}×")
+    rows["rss|place"] = f"{rss['place'] / 1024:.0f} MiB"
+    rows["rss|load"] = f"{rss['load'] / 1024:.0f} MiB"
+    log(f"place: {rows['place']}; load: {rows['place|load --models-dir']}")
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -352,24 +397,7 @@ def bundle_rows(args, work: Path, dest: Path, urls: Sequence[str], fetched: Run,
     rows["verify"] = f"{v.seconds:.1f} s"
     rows["rss|verify"] = f"{v.rss_kb / 1024:.0f} MiB"
     log(f"verify: {v.seconds:.1f} s, peak RSS {v.rss_kb / 1024:.0f} MiB")
-    # placement: place_model from the parts, against cp -r of the parts (then sync: placement fsyncs each file)
-    out = fresh(work, "placed")
-    pl = timed([sys.executable, __file__, "place", "--bundle", str(bundle), "--dest", str(out), "--target",
-                args.target], None)
-    placed = tree_bytes(out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    cp = timed(["bash", "-c", 'cp -r "$0" "$1" && sync -f "$1"', str(bundle), str(out / "copy")], None)
-    copied = tree_bytes(out)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    cp_plain = timed(["cp", "-r", str(bundle), str(out / "copy")], None)
-    shutil.rmtree(out, ignore_errors=True)
-    rows["place"] = (f"{pl.seconds:.1f} s ({placed / MB:,.0f} MB, --target {args.target}) vs cp -r + sync "
-                     f"{cp.seconds:.1f} s ({copied / MB:,.0f} MB): {pl.seconds / cp.seconds:.2f}×; cp -r alone "
-                     f"{cp_plain.seconds:.1f} s: {pl.seconds / cp_plain.seconds:.2f}×")
-    rows["rss|place"] = f"{pl.rss_kb / 1024:.0f} MiB"
-    log(f"place: {rows['place']}, peak RSS {rows['rss|place']}")
+    placement_rows(args, work, bundle, rows)
     # the delta: tag v2 changes shard CHANGED; fetched against this bundle as --base
     dd = fresh(work, "delta")
     cmd, env = imgtool_fetch_cmd(urls, dd, ref=f"hf:{REPO}@v2", more=["--base", str(bundle)])
@@ -415,7 +443,7 @@ def report(results: Dict[str, List[Run]], rows: Dict[str, str], total: int, args
     labels = [("written", "bytes written on the connected side (fetch's write_bytes), vs the bundle's"),
               ("kill", "SIGKILL half-way, rerun: downloaded again"),
               ("verify", "verify of the bundle"),
-              ("place", "placement (place_model from the parts) vs cp -r of the bundle"),
+              ("place", "placement (place_model as load feeds it; load --models-dir) vs cp -r of the bundle"),
               ("delta", "a new revision changing 1 of 5 shards: the delta bundle (fetch --base)")]
     for key, label in labels:
         hits = [(k, v) for k, v in rows.items() if k == key or k.startswith(key + "|")]
@@ -432,7 +460,7 @@ def report(results: Dict[str, List[Run]], rows: Dict[str, str], total: int, args
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", nargs="?", default="bench", choices=("bench", "serve", "place"))
+    p.add_argument("mode", nargs="?", default="bench", choices=("bench", "serve", "place", "placement"))
     p.add_argument("--scale", type=float, default=1.0, help="of the 20 GB model (0.05: 1 GB)")
     p.add_argument("--seed", default="bench1")
     p.add_argument("--runs", type=int, default=1)
@@ -464,6 +492,17 @@ def main(argv=None) -> int:
         return 0
     if args.mode == "place":
         place(Path(args.bundle), Path(args.dest), args.target)
+        return 0
+    if args.mode == "placement":  # the placement rows alone, against a bundle made already (--bundle)
+        rows: Dict[str, str] = {}
+        load_before = os.getloadavg()
+        placement_rows(args, Path(args.work_dir), Path(args.bundle), rows)
+        text = (f"Load average at the start: {' '.join(f'{x:.2f}' for x in load_before)}; at the end: "
+                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; median of {max(1, args.runs)} run(s).\n"
+                + "\n".join(f"| {k} | {v} |" for k, v in rows.items()) + "\n")
+        if args.output:
+            Path(args.output).write_text(text)
+        print(text)
         return 0
     return main_bench(args)
 

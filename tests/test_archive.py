@@ -166,3 +166,71 @@ def test_a_member_out_of_place_is_named(tmp_path):
     with Archive(out, index, fail=VerifyError) as archive, pytest.raises(VerifyError) as e:
         archive.to_end()
     assert e.value.message == f"the archive lacks {first.name} ({archive.slots[0].member.what}) (in part 001)"
+
+
+# --- passed over: load's placement of an uncompressed bundle's model files (the placer copies and checks them) ---
+
+def _model_bundle(tmp_path):
+    from tests.support.bundles import put_model, write
+    from tests.support.models import small_model
+
+    store = BlobDir(tmp_path / "blobs")
+    out = tmp_path / "model-bundle"
+    write(out, [], store, models=[put_model(store, small_model(seed=4801))], chunk_size=24 << 10)
+    return out, store
+
+
+def _region_bytes(regions) -> bytes:
+    out = b""
+    for path, offset, length in regions.regions:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            out += f.read(length)
+    return out
+
+
+def test_a_model_member_passed_over_is_handed_as_where_it_lies_and_its_data_is_not_read(tmp_path):
+    """Its data damaged in the part: the archive (which does not read it) goes to its end without a word; the regions
+    it hands over hold exactly the member's bytes, damage and all, for the placer to check."""
+    from imgtool.bundle.landing import Cut
+    from tests.support.bundles import damage_member
+
+    bundle, store = _model_bundle(tmp_path)
+    index, _ = read_index(bundle)
+    weights = [p for p in Archive(bundle, index).slots if p.member.kind == "model"]
+    biggest = max(weights, key=lambda p: p.member.size).member
+    damage_member(bundle, str(biggest.digest))
+    with Archive(bundle, index, fail=Cut, digests="deferred", hash_parts=False) as archive:
+        assert archive.can_pass_over
+        handed = {}
+        for p in weights:
+            handed[p.member.digest] = archive.passed_over(p)
+        archive.to_end()  # the deferred digests hold no model member: nothing raised
+    assert any(len(r.regions) == 2 for r in handed.values())  # a member spanning two parts, handed in two regions
+    for digest, regions in handed.items():
+        good = store.path(digest).read_bytes()
+        got = _region_bytes(regions)
+        assert len(got) == len(good) == regions.size
+        assert (got == good) == (digest != biggest.digest)
+
+
+def test_a_model_member_whose_header_differs_is_refused_though_its_data_is_passed_over(tmp_path):
+    from imgtool.bundle.landing import Cut
+
+    bundle, _ = _model_bundle(tmp_path)
+    index, _ = read_index(bundle)
+    archive = Archive(bundle, index, fail=Cut, digests="deferred", hash_parts=False)
+    slot = next(p for p in archive.slots if p.member.kind == "model")
+    archive.close()
+    sizes = [p.stat().st_size for p in parts_of(bundle)]
+    at, i = slot.offset + 100, 0  # the header's mode field
+    while at >= sizes[i]:
+        at -= sizes[i]
+        i += 1
+    data = bytearray(parts_of(bundle)[i].read_bytes())
+    data[at] = ord("7") if data[at] != ord("7") else ord("6")
+    parts_of(bundle)[i].write_bytes(bytes(data))
+    with Archive(bundle, index, fail=Cut, digests="deferred", hash_parts=False) as archive:
+        with pytest.raises(Cut) as e:
+            archive.passed_over(slot)
+    assert e.value.message.startswith(f"the archive is damaged: no valid tar header at byte {slot.offset} (in part ")

@@ -181,7 +181,7 @@ def test_the_signature_policy_is_pure():
 # systems, the bundle read and written, the steps of a copy, the verbs, the commands.
 LAYERS = (
     ("foundation", {"errors", "text", "fsutil", "model", "schema", "releases", "deadline", "worker", "program", "gz", "memory",
-                    "progress", "tarstream"}),
+                    "progress", "tarstream", "filecopy"}),
     ("signatures", {"trust", "sshsig"}),  # the policy and ssh-keygen's adapter: below every bundle module
     ("descriptions", {"delta", "config", "spec", "dirlock", "bundle.format", "bundle.ustar", "presets.preset", "weights",
                       "placement", "nodeconfig", "model_diff", "modelcar"}),

@@ -15,9 +15,10 @@ from typing import Dict, Iterator, List, Optional
 
 import pytest
 
-from imgtool import config
+from imgtool import config, filecopy
 from imgtool.dirlock import DirectoryBusy, lock_output
 from imgtool.errors import EXIT_VERIFY, ImgtoolError
+from imgtool.filecopy import Regions
 from imgtool.model import Digest
 from imgtool.placement import CACHEDIR_TAG, STAGING_PREFIX, hf_link, layout
 from imgtool.placer import PlacementDamaged, place_model
@@ -461,3 +462,64 @@ def test_the_roots_come_from_the_clients_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE")
     assert str(config.hf_hub_cache()) == out.stdout.strip()
+
+
+# --- the kernel's copy (filecopy.py): an uncompressed bundle's model files placed from where they lie in its parts ---
+
+def parts_reader(model: HubModel, where: Path, damage: Optional[str] = None):
+    """Each file's bytes as Regions of two "parts" (the file's first half ends one, the rest starts the next, as a
+    bundle's part boundary splits a member); `damage`: that file's bytes changed in its part (one byte, mid-file)."""
+    where.mkdir(parents=True, exist_ok=True)
+
+    def read(f: ModelFile) -> Regions:
+        data = model.head.files[f.path].read()
+        if f.path == damage:
+            data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+        half = len(data) // 2
+        a, b = where / (f.sha256.hex + ".a"), where / (f.sha256.hex + ".b")
+        a.write_bytes(b"\0" * 512 + data[:half])
+        b.write_bytes(data[half:] + b"\0" * 512)
+        return Regions(((str(a), 512, half), (str(b), 0, len(data) - half)))
+    return read
+
+
+@pytest.mark.parametrize("target", ["hf", "modelscope", "dir"])
+def test_the_kernel_copy_and_its_fallbacks_place_the_tree_the_streamed_bytes_place(tmp_path, target, monkeypatch):
+    model = small_model(seed=48, repo_id=DOTTED)
+    snapshot = snapshot_of(model, "main", hub="hf" if target == "hf" else "modelscope")
+    place_model(snapshot, target, tmp_path / "streamed", reader(model.head), created=0)
+    want = tree(tmp_path / "streamed")
+    for ways in (("copy_file_range", "sendfile", "read"), ("sendfile", "read"), ("read",)):
+        monkeypatch.setattr(filecopy, "METHODS", ways)
+        root = tmp_path / ways[0]
+        done = place_model(snapshot, target, root, parts_reader(model, tmp_path / "parts"), created=0)
+        assert done.written == snapshot.size and tree(root) == want, ways
+        for f in snapshot.files:
+            assert (done.path / f.path).read_bytes() == model.head.files[f.path].read(), (ways, f.path)
+    if target == "hf":  # the git blob ids the HF cache names small files by, computed from the copy
+        assert json.loads((tmp_path / "read" / f"models--{DOTTED.replace('/', '--')}" / "trees" /
+                           f"{model.head.commit}.json").read_text()) == json.loads(
+            (tmp_path / "streamed" / f"models--{DOTTED.replace('/', '--')}" / "trees" /
+             f"{model.head.commit}.json").read_text())
+
+
+@pytest.mark.parametrize("ways", [("copy_file_range", "sendfile", "read"), ("sendfile", "read"), ("read",)],
+                         ids=lambda w: w[0])
+def test_a_part_changed_so_a_file_differs_is_refused_naming_the_file_and_nothing_is_placed(tmp_path, ways,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(filecopy, "METHODS", ways)
+    model = small_model(seed=48)
+    snapshot = snapshot_of(model)
+    want = model.head.files[SHARD2].sha256[:12]
+    with pytest.raises(PlacementDamaged) as e:
+        place_model(snapshot, "hf", tmp_path, parts_reader(model, tmp_path / "parts", damage=SHARD2))
+    assert e.value.exit_code == EXIT_VERIFY == 3 and e.value.path == SHARD2
+    got = e.value.message.split("sha256:")[1][:12]
+    assert got != want
+    assert e.value.message == (f"hf:imgtool-test/tiny-llm@main: {SHARD2}: its bytes do not match its sha256 "
+                               f"(sha256:{got} read, {want} expected); nothing was placed")
+    repo = tmp_path / "models--imgtool-test--tiny-llm"
+    assert sorted(p.name for p in repo.iterdir() if not p.name.startswith(STAGING_PREFIX)) == []
+    staged = [p for p in repo.iterdir() if p.name.startswith(STAGING_PREFIX)]
+    assert len(staged) == 1 and not (staged[0] / "partial").exists()  # the damaged copy is not kept
+    assert not (staged[0] / "tree" / SHARD2).exists()  # never taken for a checked file by a rerun

@@ -20,6 +20,9 @@ One reader, its modes as options (`Archive`):
   `digests="deferred"` (load) the digests are hashed on a worker beside the consumer and settled by `to_end`
   (the runtime destination holds its own last bytes until then); `diff_ids="handed"`: the layers handed over are
   also decompressed for their diff_ids (a runtime that does not check them).
+- passed over (`passed_over`, an uncompressed archive whose parts are not hashed on the way): a member's header,
+  place and padding checked, its data not read but handed over as where it lies in the parts, for a consumer that
+  copies it in the kernel and checks every byte it copied against the digest (load's placement of model files).
 - rewindable: a reader is one pass; the bundle source opens a new `Archive` for a second pass.
 - `tee`: every archive byte also goes to a sink (serve --unpack-to writes the archive so, `digests="off"`: serve
   checks each blob it hands out itself).
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 from ..errors import ImgtoolError
+from ..filecopy import Regions
 from ..model import LAYER_COMPRESSION, Digest
 from ..worker import Worker
 from . import layout
@@ -148,6 +152,7 @@ class Archive:
         self.ended = False  # the archive was read to its end (or, strict, as far as it could be)
         self.strays = False  # a member bundle.json does not list was found: what it adds to the length is said
         self.result = WalkResult()
+        self.dir = Path(bundle_dir)
         self.parts = PartsStream(Path(bundle_dir), index, strict=strict_parts, on_bytes=on_bytes,
                                  hash_parts=hash_parts)
         try:  # a zstd bundle on a Python without zstandard fails here: the parts' worker ends all the same
@@ -453,6 +458,43 @@ class Archive:
         """The member's data, handed over as it passes (the members before it read and checked on the way);
         `then_end`: the rest of the archive read and checked (`to_end`) before its last chunk. Raises Behind (a
         member this pass has read already), what `fail` makes (a deviation)."""
+        self._walk_to(slot)
+        held = None
+        for data in self._data(slot, True):
+            if held is not None:
+                yield held
+            held = data
+        if then_end:
+            self.to_end()
+        if held is not None:
+            yield held
+
+    @property
+    def can_pass_over(self) -> bool:
+        """Whether `passed_over` can hand a member over by where it lies: an uncompressed archive whose parts are not
+        hashed on the way (every byte is checked by the one who reads it) and whose bytes go nowhere else."""
+        return self.map.exact and not self.parts.hash_parts and self.tee is None and self.fail is not None
+
+    def passed_over(self, slot: layout.Slot) -> Regions:
+        """Where the member's data lies in the parts, its header and the members before it read and checked on the
+        way, its data passed over unread and unhashed (the caller copies it in the kernel and checks every byte it
+        copied against the digest: load's placement of a model file), then its padding checked. Raises Behind, what
+        `fail` makes (a deviation)."""
+        assert self.can_pass_over
+        self._walk_to(slot)
+        m = slot.member
+        start = self.offset
+        got_bytes = self.parts.skip(m.size)
+        self.offset += got_bytes
+        if got_bytes < m.size:
+            self._problem(f"the archive ends early, inside {m.name} ({m.what})", slot.offset, stop=True)
+        if self._exactly(layout.padding(m.size)).strip(b"\0"):
+            self._problem(f"the archive has non-zero padding after {m.name}", start + m.size)
+        return Regions(tuple((str(self.dir / name), at, n) for name, at, n in self.map.regions(start, start + m.size)))
+
+    def _walk_to(self, slot: layout.Slot) -> None:
+        """Read and check forward to `slot`'s member: its header read, its data next. Raises Behind, what `fail`
+        makes."""
         if slot.offset < self.offset:
             raise Behind(f"{slot.member.name} lies behind this pass over the archive")
         while True:
@@ -463,15 +505,6 @@ class Archive:
                 break
             for _ in self._data(got, False):
                 pass
-        held = None
-        for data in self._data(slot, True):
-            if held is not None:
-                yield held
-            held = data
-        if then_end:
-            self.to_end()
-        if held is not None:
-            yield held
 
     def to_end(self) -> None:
         """The rest of the archive read and checked to its end and the parts', then every deferred digest and

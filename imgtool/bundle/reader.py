@@ -270,6 +270,27 @@ class PartsStream:
             self._end_part()  # before returning the last bytes of the part
         return data
 
+    def skip(self, n: int) -> int:
+        """Move `n` bytes on without reading them (their reader copies and checks them itself: load's placement of an
+        uncompressed bundle's model files); the parts' ends and sizes are checked as by read. Only without
+        `hash_parts`. Returns the bytes passed over: fewer only at the last part's end."""
+        assert self.hasher is None and not self.hash_parts, "a part hashed on the way cannot be skipped"
+        done = 0
+        while done < n:
+            while self.f is not None and self.left == 0:
+                self._end_part()
+            if self.f is None:
+                break
+            k = min(n - done, self.left)
+            self.f.seek(k, os.SEEK_CUR)
+            self.left -= k
+            self.position += k
+            self.on_bytes(k)
+            done += k
+            if self.left == 0:
+                self._end_part()
+        return done
+
     def readinto(self, buf) -> int:
         data = self.read(len(buf))
         buf[:len(data)] = data
@@ -317,6 +338,16 @@ class PartMap:
         first = max(bisect.bisect_right(self.starts, start) - 1, 0)
         last = max(bisect.bisect_right(self.starts, max(end - 1, start)) - 1, 0)
         return tuple(range(first, last + 1))
+
+    def regions(self, start: int, end: int) -> Tuple[Tuple[str, int, int], ...]:
+        """(the part's file name, offset in it, length) of each piece of the archive's bytes [start, end)."""
+        assert self.exact, "a compressed archive's bytes are not where the parts hold them"
+        out = []
+        for i in self.parts(start, end) if end > start else ():
+            lo, hi = max(start, self.starts[i]), min(end, self.starts[i] + self.index.parts[i].size)
+            if hi > lo:
+                out.append((self.index.parts[i].name, lo - self.starts[i], hi - lo))
+        return tuple(out)
 
     def describe(self, parts: Tuple[int, ...]) -> str:
         if not self.exact:

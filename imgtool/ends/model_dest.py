@@ -2,23 +2,27 @@
 
 A bundle's archive holds the images' members, then each model's files (bundle/layout.py `bundle_members`). `imgtool
 load` sends the runtime the images only (ends/runtime_dest.py lays out its own archive from the images), and the
-model members that follow go to the placer (placer.py `stage_model`) from the same read: each byte read once. The
-placer checks every file against its size and sha256 as it writes it to a staging directory beside the model's name;
-nothing is renamed to a model's name until the whole bundle was read and checked (the archive's trailer, every
-deferred digest) and the images were loaded: a damaged part anywhere places nothing, and what was staged and checked
-stays for the next load to resume. Python 3.7 (the pyz places models through this).
+model members that follow go to the placer (placer.py `stage_model`) from the same read: each byte read once (an
+uncompressed bundle's model files are not read by the archive's reader at all: it checks their headers, padding and
+place and hands the placer where each file's bytes lie, which the placer copies in the kernel and hashes from the
+copy: each byte read once, hashed once). The placer checks every file against its size and sha256 as it writes it to
+a staging directory beside the model's name; nothing is renamed to a model's name until the whole bundle was read and
+checked (the archive's trailer, every deferred digest) and the images were loaded: a damaged part anywhere places
+nothing, and what was staged and checked stays for the next load to resume. Python 3.7 (the pyz places models through
+this).
 """
 
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 from .. import config
-from ..bundle.archive import Archive, Behind
+from ..bundle.archive import Archive
 from ..bundle.format import BundleIndex, BundleModel
 from ..bundle.layout import Slot
 from ..errors import ImgtoolError, UsageError
+from ..filecopy import Regions
 from ..model import Digest
 from ..dirlock import lock_output
 from ..placer import Placed, StagedModel, model_folder, placed_already, stage_model
@@ -120,28 +124,27 @@ class ModelDestination:
 
 
 class _Reader:
-    """A model file's bytes for the placer: its member of the archive, read forward; a file whose bytes the archive
-    holds once but a model names twice (or an earlier model staged) is copied from the staged twin."""
+    """A model file's bytes for the placer: its member of the archive, read forward (an uncompressed archive's member
+    is handed over by where it lies in the parts, its data not read here: the placer copies it in the kernel and
+    checks the bytes it copied); a file whose bytes the archive holds once but a model names twice (or an earlier
+    model staged) is copied from the staged twin."""
 
     def __init__(self, archive: Archive, slots: Dict[Digest, Slot], model: BundleModel, staged: List[StagedModel]):
         self.archive, self.slots, self.model, self.staged = archive, slots, model, staged
 
-    def __call__(self, f: ModelFile) -> Iterator[bytes]:
+    def __call__(self, f: ModelFile) -> Union[Iterator[bytes], Regions]:
         assert f.sha256 is not None
         slot = self.slots.get(f.sha256)
-        if slot is not None:
-            try:
-                yield from self.archive.blob(slot)
-                return
-            except Behind:  # raised before a byte: the bytes were read for another path
-                pass
+        if slot is not None and slot.offset >= self.archive.offset:
+            if self.archive.can_pass_over:
+                return self.archive.passed_over(slot)
+            return self.archive.blob(slot)
         twin = next((s.staged(f.sha256.hex) for s in self.staged if s.staged(f.sha256.hex) is not None), None)
         if twin is None:
             raise ImgtoolError(f"{self.model.ref}: {f.path}: this bundle does not carry its bytes (a delta bundle "
                                "leaves out the files the other side holds); nothing was placed",
                                hint="place the model's earlier revision (the bundle this one is a delta of) first")
-        with open(str(twin), "rb") as held:
-            yield from iter(lambda: held.read(1 << 20), b"")
+        return Regions(((str(twin), 0, f.size),))
 
 
 def _unread(model: BundleModel):
