@@ -12,10 +12,7 @@ On Podman 5.8: `podman run --mount type=image,...` as `imgtool run-flags --model
 """
 
 import os
-import shlex
-import subprocess
 
-import pytest
 
 from tests.support.cri import CriMount, ImageService, RuntimeService
 from tests.support.images import write_docker_archive
