@@ -88,6 +88,7 @@ class PlacedModel:
     size: int
     checked: bool  # whether a listing (trees/<commit>.json, the marker) said what the files must be
     problems: Tuple[str, ...] = ()
+    hub: Optional[str] = None  # hf | modelscope: where the files came from (a plain directory: its marker's); None: unknown
 
     @property
     def ref(self) -> str:
@@ -235,10 +236,10 @@ def read_hf(root: Path, folder: Path, commit: str) -> PlacedModel:
         problems = _broken_links(path, files)
         sizes = {p: _stat_size(path / p) or 0 for p in files}
         return PlacedModel("hf", repo, root, folder, path, commit, refs, len(files), sum(sizes.values()), False,
-                           tuple(problems + _writable(path, files)))
+                           tuple(problems + _writable(path, files)), "hf")
     problems = _against(path, listing)
     return PlacedModel("hf", repo, root, folder, path, commit, refs, len(listing), sum(listing.values()), True,
-                       tuple(problems + _writable(path, [p for p in listing if _stat_size(path / p) is not None])))
+                       tuple(problems + _writable(path, [p for p in listing if _stat_size(path / p) is not None])), "hf")
 
 
 def read_directory(target: str, root: Path, name: Path, repo: str) -> PlacedModel:
@@ -257,11 +258,21 @@ def read_directory(target: str, root: Path, name: Path, repo: str) -> PlacedMode
         problems = _against(name, listing)
         present = [p for p in listing if _stat_size(name / p) is not None]
         return PlacedModel(target, repo, root, name, name, commit, refs, len(listing), sum(listing.values()), True,
-                           tuple(problems + _writable(name, present + [MARKER])))
+                           tuple(problems + _writable(name, present + [MARKER])), _marker_hub(target, marker))
     files = [p for p in _walk_files(name) if p not in MODELSCOPE_META]
     rev = _modelscope_revision(name)
     return PlacedModel(target, repo, root, name, name, None, (rev,) if rev else (), len(files),
-                       sum(_stat_size(name / p) or 0 for p in files), False, tuple(_writable(name, files)))
+                       sum(_stat_size(name / p) or 0 for p in files), False, tuple(_writable(name, files)),
+                       target if target in HUBS else None)
+
+
+def _marker_hub(target: str, marker: Dict[str, object]) -> Optional[str]:
+    """The hub a model came from: the cache's, else (a plain directory) the one its marker's `model` names."""
+    if target in HUBS:
+        return target
+    ref = marker.get("model")
+    hub = ref.partition(":")[0] if isinstance(ref, str) else ""
+    return hub if hub in HUBS else None
 
 
 def placed_models(target: str, root: Path) -> List[PlacedModel]:

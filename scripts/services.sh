@@ -613,6 +613,9 @@ EOF
 # on by default in 2.x with a socket under /var/run/nri: off, or every set of services would share it.
 # restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, so a pod sandbox dies without it (CONTEXT.md).
 # DIR/bin/ctr is this containerd's own ctr, which the tests put first on PATH, as on a 2.x node.
+# The pod sandbox's image is PAUSE_IMAGE, never pulled (nothing can be): a test that runs a Pod sandbox imports one
+# built from local files under that name first (tests/support/cri.py pause_image).
+PAUSE_IMAGE="imgtool.local/pause:1"
 write_containerd_config_v3() { # RUNTIME DIR
     local dir="$2"
     cat >"$dir/config.toml" <<EOF
@@ -639,6 +642,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_port = "0"
 [plugins."io.containerd.cri.v1.images".registry]
   config_path = "$dir/certs.d"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "$PAUSE_IMAGE"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]

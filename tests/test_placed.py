@@ -181,8 +181,9 @@ def test_a_model_not_placed_is_one_line_and_exit_2_naming_where_it_looked(caches
     (["--models", "hf"], "--models applies with --model: it says where to look for the model"),
     (["--model", REPO, "--models", "hf", "--models-dir", "/x"],
      "give --models or --models-dir, not both: --models-dir DIR looks in DIR/ORG/NAME"),
-    (["--model", REPO, "--format", "k8s"], "--model applies to --format docker and podman: a Pod gets no model volume "
-                                           "from imgtool yet; mount the model with a volume of your own"),
+    (["--model", REPO, "--format", "k8s", "--k8s-version", "1.36.x"],
+     "invalid --k8s-version '1.36.x': expected the cluster's Kubernetes version, like 1.35"),
+    (["--model", REPO, "--k8s-version", "1.36"], "--k8s-version applies to --format k8s"),
 ])
 def test_bad_model_options_are_one_line_and_exit_2(args, message, caches, home):
     hf, ms, env = caches

@@ -17,9 +17,11 @@ from imgtool.presets.k8s import to_yaml
 from tests.support.bundles import REPO, BlobDir, random_layer, simple_image, write
 from tests.test_presets import imgtool
 
-# kubernetes-validate 1.31.0 ships the schemas of 1.22 to 1.31; 1.24 is the oldest Ascend clusters run
-# (MindCluster 6/7 and CCE), 1.28 a common one, 1.31 the newest it has.
-KUBE_VERSIONS = ("1.24", "1.28", "1.31")
+# kubernetes-validate 1.37.0 ships the schemas of 1.25 to 1.37; 1.24 is the oldest Ascend clusters run
+# (MindCluster 6/7 and CCE), 1.25 the oldest it has, 1.28 a common one, 1.31 the last before image volumes' beta.
+KUBE_VERSIONS = ("1.25", "1.28", "1.31")
+# a Pod mounting a model (issue 49): the clusters of 2026, image volumes off by default (1.33, 1.34), on (1.35), GA (1.36)
+MODEL_KUBE_VERSIONS = ("1.33", "1.34", "1.35", "1.36")
 DIGEST_PREFIX = "quay.io/ascend/vllm-ascend:v0.11.0rc1@sha256:"
 
 
@@ -531,3 +533,84 @@ def test_yaml_writer_writes_plain_only_what_reads_back_as_that_string():
         'a: huawei.com/Ascend910\nb: "yes"\nc: "1Gi"\nd: "a: b"\ne: 8\nf: false\n')
     with pytest.raises(TypeError):
         to_yaml({"x": 1.5})
+
+
+# --- a model in the Pod (issue 49): its modelcar image as an image volume, or the placed directory -------------------
+
+def _placed_model(tmp_path):
+    from tests.support.models import small_model
+    from tests.test_placed import place_hf
+
+    model = small_model(seed=49)
+    placed = place_hf(model, tmp_path / "hf")
+    return model, placed, {"HF_HUB_CACHE": str(tmp_path / "hf"), "MODELSCOPE_CACHE": str(tmp_path / "ms")}
+
+
+def _model_pod(home, env, *args):
+    from tests.test_placed import REPO
+
+    r = imgtool("run-flags", "a2", "--format", "k8s", "--image", "v0.11.0rc1", "--model", REPO, *args, home=home,
+                extra_env=env)
+    assert r.returncode == 0, r.stderr
+    pod = validate(r.stdout, KUBE_VERSIONS[-1:] + MODEL_KUBE_VERSIONS)
+    return r, pod["spec"]
+
+
+@pytest.mark.parametrize("version, form", [
+    (None, "hostPath"), ("1.33", "hostPath"), ("1.34", "hostPath"),
+    ("1.35", "image"), ("v1.35.2", "image"), ("1.36", "image+subPath"), ("1.37", "image+subPath"),
+])
+def test_a_model_is_its_modelcar_image_volume_from_1_35_and_a_host_path_before(version, form, tmp_path, home):
+    model, placed, env = _placed_model(tmp_path)
+    r, spec = _model_pod(home, env, *(("--k8s-version", version) if version else ()))
+    container = spec["containers"][0]
+    commit = model.head.commit
+    reference = f"models.local/hf/imgtool-test/tiny-llm:{commit}-modelcar"
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
+    assert {"name": "TRANSFORMERS_OFFLINE", "value": "1"} in container["env"]
+    model_mount, model_volume = container["volumeMounts"][-1], spec["volumes"][-1]
+    if form == "hostPath":
+        folder = str(placed.path.parent.parent)
+        assert container["args"][:3] == ["vllm", "serve", str(placed.path)]
+        assert model_mount == {"name": model_mount["name"], "mountPath": folder, "readOnly": True}
+        assert model_volume == {"name": model_mount["name"], "hostPath": {"path": folder, "type": "Directory"}}
+        assert r.stderr.splitlines()[-1] == (
+            f"model: a hostPath of {folder}: every node the Pod may run on needs the model placed there; "
+            f"--k8s-version 1.35 or later mounts its modelcar image instead")
+        return
+    assert container["args"] == ["vllm", "serve", "/mnt/modelcar/models", "--served-model-name", "imgtool-test/tiny-llm"]
+    # never Always: an air-gapped node cannot pull again
+    assert model_volume == {"name": "model", "image": {"reference": reference, "pullPolicy": "IfNotPresent"}}
+    if form == "image":  # containerd 2.1 mounts the image's root and ignores a subPath: none
+        assert model_mount == {"name": "model", "mountPath": "/mnt/modelcar", "readOnly": True}
+    else:
+        assert model_mount == {"name": "model", "mountPath": "/mnt/modelcar/models", "readOnly": True,
+                               "subPath": "models"}
+    assert all("hostPath" not in v or "tiny-llm" not in v["hostPath"]["path"] for v in spec["volumes"])
+    assert r.stderr.splitlines()[-1] == (
+        f"model: the image volume {reference} at /mnt/modelcar/models (pullPolicy IfNotPresent): the node's runtime "
+        f"must hold it (imgtool load of the bundle imports it)")
+
+
+def test_an_image_volume_is_refused_by_the_schemas_before_1_31(tmp_path, home):
+    """The check is known to work: the 1.28 schema has no image volume, so a 1.36 Pod fails against it."""
+    _, _, env = _placed_model(tmp_path)
+    r, _ = _model_pod(home, env, "--k8s-version", "1.36")
+    with pytest.raises(Exception, match="image"):
+        validate(r.stdout, ("1.28",))
+
+
+def test_a_model_whose_commit_is_not_known_has_no_modelcar_to_mount(tmp_path, home):
+    from tests.test_placed import REPO
+
+    d = tmp_path / "models" / REPO
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")  # a download of the user's: no marker, no commit
+    r = imgtool("run-flags", "a2", "--format", "k8s", "--model", REPO, "--models-dir", str(tmp_path / "models"),
+                "--k8s-version", "1.35", home=home)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[-2:] == [
+        f"error: {REPO} cannot be mounted as its modelcar image: the commit placed at {d} is not known "
+        f"(a download imgtool did not place)",
+        "hint: imgtool load BUNDLE places it with its commit; --k8s-version 1.34 mounts the placed directory instead "
+        "(hostPath)"]

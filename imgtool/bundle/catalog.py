@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import modelcar
 from ..model import OCI_MANIFEST, Digest, is_attestation
 from . import layout
 from .format import BundleImage, BundleIndex, BundleModel, UpstreamIndex
@@ -36,9 +37,21 @@ def valid_name(name: str) -> bool:
 def model_repository(model: BundleModel) -> Optional[str]:
     """The repository path a model's artifact is served and pushed under: HUB/org/name, lowercased (registries
     refuse capitals); None when the name is still not one a registry takes (a trailing `-`, `._`)."""
-    ref = model.model_ref
-    path = f"{ref.hub}/{ref.repo.lower()}"
+    return hub_repository(model.model_ref.hub, model.model_ref.repo)
+
+
+def hub_repository(hub: str, repo: str) -> Optional[str]:
+    """`model_repository` of a hub's ORG/NAME."""
+    path = f"{hub}/{repo.lower()}"
     return path if all(_DISTRIBUTION_COMPONENT.match(c) for c in path.split("/")) else None
+
+
+def modelcar_reference(hub: str, repo: str, commit: str) -> Optional[str]:
+    """The name a model commit's modelcar image has in a runtime and from serve
+    (`models.local/hf/org/name:COMMIT-modelcar`), or None when the model's name or commit cannot be one."""
+    path = hub_repository(hub, repo)
+    tag = modelcar.tag(commit)
+    return f"{MODEL_REGISTRY}/{path}:{tag}" if path is not None and TAG.match(tag) else None
 
 
 def model_tags(model: BundleModel) -> List[str]:

@@ -62,8 +62,9 @@ def run_options(f):
     return f
 
 
-def _run_spec(preset_name, kw, program=PROGRAMS[0]):
-    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options, rendered for `program`."""
+def _run_spec(preset_name, kw, program=PROGRAMS[0], model_form=None):
+    """(PresetSet, Preset, RunSpec without image, MirrorConfig) from a verb's options, rendered for `program`;
+    `model_form(model)` says how --model's placed model is mounted (default: its directory)."""
     from .. import presets as P
     from ..config import load_mirrors
 
@@ -71,6 +72,8 @@ def _run_spec(preset_name, kw, program=PROGRAMS[0]):
     preset = pset.get(preset_name)
     command = click.get_current_context().meta.get("imgtool.container_command", ())
     model = _served_model(kw["model"], kw["models"], kw["models_dir"])
+    if model is not None and model_form is not None:
+        model = model_form(model)
     opts = P.RunOptions(
         devices=kw["devices"], shm_size=kw["shm_size"], privileged=kw["privileged"], network=kw["network"],
         name=kw["name"] or P.DEFAULT_NAME, env_presets=tuple(kw["env_presets"]), env=tuple(kw["env"]),
@@ -102,7 +105,7 @@ def _served_model(text, models, models_dir):
         progress().note(note)
     for problem in placed.problems:
         progress().warn(f"{placed.ref}: {problem} (imgtool doctor lists the placed models)")
-    return P.ServedModel(placed.repo, placed.target, str(placed.folder), str(placed.path))
+    return P.ServedModel(placed.repo, placed.target, str(placed.folder), str(placed.path), placed.hub, placed.commit)
 
 
 ASK_TIMEOUT = 5  # run-flags asks the runtime about local images, and needs no runtime at all
@@ -187,9 +190,12 @@ def _image_to_run(spec, preset, image, default_image, local_tags):
               help="k8s: name the image by the manifest digest this bundle holds for it (and its architecture).")
 @click.option("--arch", metavar="ARCH",
               help="k8s --bundle: of a tag the bundle holds for several architectures, pin this one's manifest.")
+@click.option("--k8s-version", "kube_version", metavar="1.N",
+              help="k8s --model: the cluster's Kubernetes version. 1.35+ mounts the model's modelcar image as an "
+                   "image volume (1.36+ with a subPath); older, or not given: a hostPath of the placed directory.")
 @json_option("flags")
 @common
-def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, **kw):
+def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kube_version, **kw):
     """Print the docker (or podman) run command for PRESET (a2, a3, 300i-duo, 200i-pro, a5, ...), ready to paste,
     or with --format k8s a Kubernetes Pod (or Deployment) for it.
 
@@ -210,7 +216,8 @@ def run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle
         if runtime is not None and fmt != "k8s" and runtime.traits.run_program != program:
             runtime.close()
             runtime = None  # the runtime that answered is not the one the command is for: not asked
-        _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kw, program, runtime)
+        kube = _kube_options(fmt, kind, resource_name, kube_version)
+        _run_flags(preset, image, one_line, as_json, fmt, kube, bundle_dir, arch, kw, program, runtime)
     finally:
         if runtime is not None:
             runtime.close()
@@ -234,25 +241,40 @@ def _run_format(choice, runtime, fmt):
     return fmt, programs.get(fmt, traits.run_program or PROGRAMS[0])
 
 
-def _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundle_dir, arch, kw, program, runtime):
+def _kube_options(fmt, kind, resource_name, kube_version):
+    """--format k8s's options (None for docker and podman); raises UsageError for one given without it."""
     from .. import presets as P
     from ..errors import UsageError
 
     if fmt != "k8s":
-        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (bundle_dir, "--bundle"),
-                            (arch, "--arch")):
+        for given, flag in ((kind, "--kind"), (resource_name, "--resource-name"), (kube_version, "--k8s-version")):
+            if given is not None:
+                raise UsageError(f"{flag} applies to --format k8s")
+        return None
+    version = P.parse_kube_version(kube_version) if kube_version is not None else None
+    return P.KubeOptions(kind=kind or "pod", resource_name=resource_name, version=version)
+
+
+def _run_flags(preset, image, one_line, as_json, fmt, kube, bundle_dir, arch, kw, program, runtime):
+    from .. import presets as P
+    from ..errors import UsageError
+
+    if fmt != "k8s":
+        for given, flag in ((bundle_dir, "--bundle"), (arch, "--arch")):
             if given is not None:
                 raise UsageError(f"{flag} applies to --format k8s")
     elif one_line:
         raise UsageError("--one-line applies to --format docker and podman")
-    elif kw["model"] is not None:
-        raise UsageError("--model applies to --format docker and podman: a Pod gets no model volume from imgtool "
-                         "yet; mount the model with a volume of your own")
     elif arch is not None and bundle_dir is None:
         raise UsageError("--arch applies with --bundle: it chooses which of the bundle's manifests the Pod names")
-    pset, p, spec, config = _run_spec(preset, kw, program)
     if fmt == "k8s":
-        _k8s_flags(spec, p, image, config.default_image, kind, resource_name, bundle_dir, arch, as_json, runtime)
+        form = (lambda m: m.as_image()) if P.mounts_model_image(kube.version) else None
+    else:
+        form = _engine_model_form(runtime)
+    pset, p, spec, config = _run_spec(preset, kw, program, form)
+    if fmt == "k8s":
+        _k8s_flags(spec, p, image, config.default_image, kube, bundle_dir, arch, as_json, runtime)
+        _say_kube_model(spec)
         return
     if image:
         spec = spec.with_image(P.normalize_image(image, config.default_image))
@@ -269,11 +291,42 @@ def _run_flags(preset, image, one_line, as_json, fmt, kind, resource_name, bundl
         click.echo(P.render_command(spec, one_line=one_line))
 
 
-def _k8s_flags(spec, preset, image, default_image, kind, resource_name, bundle_dir, arch, as_json, runtime):
+def _say_kube_model(spec):
+    """How the Pod gets --model's model, on stderr."""
+    model = spec.model
+    if model is None:
+        return
+    if model.image is not None:
+        progress().note(f"model: the image volume {model.image} at {model.path} (pullPolicy IfNotPresent): the "
+                        f"node's runtime must hold it (imgtool load of the bundle imports it)")
+    else:
+        progress().note(f"model: a hostPath of {model.folder}: every node the Pod may run on needs the model placed "
+                        f"there; --k8s-version 1.35 or later mounts its modelcar image instead")
+
+
+def _engine_model_form(runtime):
+    """How `docker run`/`podman run` mount --model's model: its modelcar image where the runtime can mount images
+    and holds that one, else (also when no runtime answers) the placed directory."""
+    from ..errors import DaemonError
+
+    def form(model):
+        image = model.modelcar
+        if runtime is None or image is None:
+            return model
+        try:
+            if runtime.mounts_images() and runtime.has_image(image):
+                return model.as_image()
+        except DaemonError:
+            pass  # run-flags works without a runtime: the directory
+        return model
+
+    return form
+
+
+def _k8s_flags(spec, preset, image, default_image, options, bundle_dir, arch, as_json, runtime):
     """run-flags --format k8s: the Pod or Deployment, by digest from a bundle, else by tag (as for docker)."""
     from .. import presets as P
 
-    options = P.KubeOptions(kind=kind or "pod", resource_name=resource_name)
     architecture = pinned = None
     if bundle_dir is not None:
         wanted = P.normalize_image(image, default_image) if image else None
@@ -330,6 +383,8 @@ def run_cmd(preset, image, allow_missing_devices, **kw):
     with open_runtime(choice, timeout=None) as opened:  # a container's output may pause for hours: no read timeout
         runtime, program = runner(opened)
         spec = spec.for_program(program)
+        if spec.model is not None and _engine_model_form(runtime)(spec.model).image is not None:
+            spec = spec.with_model_image()
         spec = _image_to_run(spec, p, image, config.default_image, runtime.local_tags)
         _warn_spec(spec, p, config.default_image, runtime)
         code, container = runtime.run_container(spec, lambda interactive: P.render_argv(spec.for_terminal(interactive)))

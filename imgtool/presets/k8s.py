@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import modelcar
 from ..errors import UsageError
 from ..model import ImageRef, Platform
 from ..releases import pick_tag
 from .preset import Preset, parse_resource_name
-from .run import RunSpec
+from .run import MODELCAR_MOUNT, MODELCAR_PATH, RunSpec
 
 KINDS = ("pod", "deployment")
 LABEL = "app.kubernetes.io/name"
@@ -29,12 +30,38 @@ SHM_VOLUME = "dshm"
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 
 
+# How a model (--model) reaches the Pod, by the cluster's Kubernetes version (docs/presets.md says why):
+# image volumes (KEP-4639, `volumes[].image`) are on by default from 1.35 (beta; GA in 1.36), alpha or off by default
+# before; a subPath of an image volume needs a runtime that honours the CRI's image_sub_path (containerd 2.2+,
+# which 1.36 requires: containerd 2.1 mounts the image's root and ignores it). Older nodes get a hostPath of the
+# placed directory.
+IMAGE_VOLUMES_SINCE = (1, 35)
+IMAGE_SUBPATH_SINCE = (1, 36)
+MODEL_VOLUME = "model"
+_KUBE_VERSION_RE = re.compile(r"^v?1\.([0-9]{1,3})(?:\.[0-9]{1,4})?\Z")
+
+
+def parse_kube_version(text: str) -> Tuple[int, int]:
+    """`1.35`, `v1.36.2` -> (1, 35); raises UsageError."""
+    m = _KUBE_VERSION_RE.match(text.strip())
+    if not m:
+        raise UsageError(f"invalid --k8s-version {text!r}: expected the cluster's Kubernetes version, like 1.35")
+    return 1, int(m.group(1))
+
+
+def mounts_model_image(version: Optional[Tuple[int, int]]) -> bool:
+    """Whether a cluster of `version` mounts a model as its modelcar image (None: not said, the hostPath)."""
+    return version is not None and version >= IMAGE_VOLUMES_SINCE
+
+
 @dataclass(frozen=True)
 class KubeOptions:
-    """What `--format k8s` adds: the workload's kind and the NPUs' resource name (default: the preset's)."""
+    """What `--format k8s` adds: the workload's kind, the NPUs' resource name (default: the preset's) and the
+    cluster's Kubernetes version (how a model is mounted)."""
 
     kind: str = "pod"
     resource_name: Optional[str] = None
+    version: Optional[Tuple[int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -120,7 +147,7 @@ def literal(text: str) -> str:
 def manifest(spec: RunSpec, preset: Preset, options: KubeOptions, architecture: Optional[str] = None) -> Dict[str, Any]:
     """The Pod (or Deployment) for the spec, as plain data; raises UsageError for what Kubernetes cannot say."""
     resource = _checked(spec, preset, options)
-    mounts, volumes = _volumes(spec)
+    mounts, volumes = _volumes(spec, options)
     pod: Dict[str, Any] = {}
     if spec.network == "host":
         pod.update({"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"})
@@ -157,8 +184,9 @@ def _checked(spec: RunSpec, preset: Preset, options: KubeOptions) -> str:
     return parse_resource_name(resource)
 
 
-def _volumes(spec: RunSpec) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """The container's volumeMounts and the Pod's volumes: /dev/shm in memory, then each mount as a hostPath."""
+def _volumes(spec: RunSpec, options: KubeOptions) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The container's volumeMounts and the Pod's volumes: /dev/shm in memory, each mount as a hostPath (a model's
+    placed directory must be there: type Directory), then a model's modelcar image as an image volume."""
     mounts: List[Dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     volumes: List[Dict[str, Any]] = [{"name": SHM_VOLUME,
                                       "emptyDir": {"medium": "Memory", "sizeLimit": quantity(spec.shm_size)}}]
@@ -172,7 +200,17 @@ def _volumes(spec: RunSpec) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]
         host: Dict[str, Any] = {"path": m.host}
         if m.create:
             host["type"] = "DirectoryOrCreate"
+        elif spec.model is not None and spec.model.image is None and m == spec.model.mount:
+            host["type"] = "Directory"  # an empty directory made in its place would serve nothing
         volumes.append({"name": vname, "hostPath": host})
+    if spec.model is not None and spec.model.image is not None:
+        vname = volume_name(MODEL_VOLUME, taken)
+        # never Always (the default of a :latest tag): an air-gapped node cannot pull again, it has the image loaded
+        volumes.append({"name": vname, "image": {"reference": spec.model.image, "pullPolicy": "IfNotPresent"}})
+        if options.version is not None and options.version >= IMAGE_SUBPATH_SINCE:
+            mounts.append({"name": vname, "mountPath": MODELCAR_PATH, "readOnly": True, "subPath": modelcar.ROOT})
+        else:
+            mounts.append({"name": vname, "mountPath": MODELCAR_MOUNT, "readOnly": True})
     return mounts, volumes
 
 

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import modelcar
 from ..errors import ImgtoolError, UsageError
 from ..model import ImageRef, parse_size
 from ..releases import TagInfo, pick_tag
@@ -44,20 +45,59 @@ HF_OFFLINE = (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"))
 MODELSCOPE_ENV = (("VLLM_USE_MODELSCOPE", "true"),)
 
 
+# Where a model's modelcar image (imgtool/modelcar.py: its files under /models) is mounted when it is served as an
+# image (a Kubernetes image volume, `--mount type=image`): its files are then at MODELCAR_MOUNT/models, the path
+# served whether the runtime mounts the image's root there or (a subPath) its models/ at that path.
+MODELCAR_MOUNT = "/mnt/modelcar"
+MODELCAR_PATH = f"{MODELCAR_MOUNT}/{modelcar.ROOT}"
+
+
 @dataclass(frozen=True)
 class ServedModel:
     """A placed model a container serves: `folder` (all of the model: for the HF cache models--ORG--NAME, whose
     snapshot links reach its blobs/) is bound read-only at the same path inside, and `vllm serve PATH` is its
-    command, served under its hub name. `target`: hf, modelscope or dir (a plain directory)."""
+    command, served under its hub name. `target`: hf, modelscope or dir (a plain directory). Served as an image
+    (`image`: its modelcar's name), the image is mounted at MODELCAR_MOUNT and PATH is MODELCAR_PATH."""
 
     name: str  # ORG/NAME: the name clients of the OpenAI API ask for (--served-model-name)
     target: str
     folder: str
     path: str
+    hub: Optional[str] = None  # hf | modelscope: what the modelcar's name says (None: not known)
+    commit: Optional[str] = None  # the placed commit (None: not known)
+    image: Optional[str] = None  # the modelcar image mounted instead of the folder
+
+    @property
+    def modelcar(self) -> Optional[str]:
+        """The name of this model commit's modelcar image (`models.local/hf/org/name:COMMIT-modelcar`), or None
+        when the hub or the commit is not known."""
+        from ..bundle.catalog import modelcar_reference
+
+        if self.hub is None or self.commit is None:
+            return None
+        return modelcar_reference(self.hub, self.name, self.commit)
+
+    def as_image(self) -> "ServedModel":
+        """The model served from its modelcar image; raises UsageError when it has no modelcar name."""
+        if self.modelcar is None:
+            raise UsageError(f"{self.name} cannot be mounted as its modelcar image: the commit placed at {self.path} "
+                             f"is not known (a download imgtool did not place)",
+                             hint="imgtool load BUNDLE places it with its commit; --k8s-version 1.34 mounts the "
+                                  "placed directory instead (hostPath)")
+        return replace(self, image=self.modelcar, path=MODELCAR_PATH)
 
     @property
     def mount(self) -> Mount:
         return Mount(self.folder, self.folder, readonly=True, create=False, user=True)
+
+    @property
+    def image_target(self) -> str:
+        return MODELCAR_MOUNT
+
+    @property
+    def image_mount(self) -> str:
+        """`--mount` of the modelcar image for docker and podman run (read-only in both)."""
+        return f"type=image,source={self.image},destination={MODELCAR_MOUNT}"
 
     @property
     def env(self) -> Tuple[Tuple[str, str], ...]:
@@ -67,7 +107,10 @@ class ServedModel:
         return ("vllm", "serve", self.path, "--served-model-name", self.name, *extra)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "target": self.target, "folder": self.folder, "path": self.path}
+        out = {"name": self.name, "target": self.target, "folder": self.folder, "path": self.path}
+        if self.image is not None:
+            out["image"] = self.image
+        return out
 
 
 @dataclass(frozen=True)
@@ -131,6 +174,18 @@ class RunSpec:
     def device_paths(self) -> Tuple[str, ...]:
         """Card nodes in order, then the management devices."""
         return tuple(CARD_DEVICE.format(c) for c in self.cards) + self.devices
+
+    def with_model_image(self) -> "RunSpec":
+        """The spec with its model served from the modelcar image (ServedModel.as_image) instead of the placed
+        directory: that mount left out, `vllm serve` pointed into the image."""
+        old = self.model
+        if old is None:
+            return self
+        new = old.as_image()
+        command = self.command
+        if command[:3] == ("vllm", "serve", old.path):
+            command = command[:2] + (new.path,) + command[3:]
+        return replace(self, model=new, command=command, mounts=tuple(m for m in self.mounts if m != old.mount))
 
     def with_image(self, image: str, placeholder: bool = False) -> "RunSpec":
         return replace(self, image=image, image_is_placeholder=placeholder)
@@ -251,7 +306,8 @@ def _network_and_mounts(presets: PresetSet, preset: Preset, options: RunOptions)
         mounts += [m for m in presets.multi_node.mounts if m.container not in {x.container for x in mounts}]
     if options.network:
         network = options.network
-    if options.model is not None:  # before --volume: a -v to the same container path replaces it, as it does a preset's
+    if options.model is not None and options.model.image is None:  # before --volume: a -v to the same container
+        # path replaces it, as it does a preset's
         mounts = [x for x in mounts if x.container != options.model.mount.container] + [options.model.mount]
     for v in options.volumes:
         m = parse_mount(v, "--volume")
@@ -376,6 +432,8 @@ def render_groups(spec: RunSpec) -> List[List[str]]:
     groups = [head]
     groups += [["--device", d] for d in spec.device_paths]
     groups += [["-v", m.spec] for m in spec.mounts]
+    if spec.model is not None and spec.model.image is not None:
+        groups.append(["--mount", spec.model.image_mount])
     groups += [["-e", f"{k}={v}"] for k, v in spec.env]
     groups += [["-p", str(p)] for p in spec.ports]
     if spec.model is not None and spec.command:  # `vllm serve PATH ...` on a line of its own: what is served

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from ..errors import DaemonError, UsageError, one_line
 from ..nodeconfig import HUB, Mirror, NodeFile, RuntimePart
-from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished
+from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, version_tuple
 
 
 class _DockerTraits(Traits):
@@ -39,6 +39,7 @@ class _DockerTraits(Traits):
 SPACE_ADVICE = "free space there (docker image prune, docker system df), or move Docker's data-root"
 # Docker's graphdriver store unpacks the whole upload under <root>/tmp before it registers a layer
 # (image/tarexport/load.go: every member, even of layers it holds); its containerd store keeps blobs instead
+IMAGE_MOUNTS_API = (1, 48)  # Docker 28.0: `--mount type=image` (the containerd image store only)
 TRAITS = _DockerTraits(
     title="Docker", load_command="docker load", zstd_since="23.0",
     zstd_symptom=" (older ones fail with `invalid tar header`, vllm-ascend FAQ 19)", staged_copies=1,
@@ -417,6 +418,16 @@ class Daemon:
                     tags.add(tag)
         return sorted(tags)
 
+    def mounts_images(self) -> bool:
+        """Whether `--mount type=image` works here: Docker 28.0 (API 1.48) with the containerd image store (the
+        graphdriver store cannot mount an image). Raises DaemonError."""
+        facts = self.info()
+        return facts.containerd_store and version_tuple(facts.api_version) >= IMAGE_MOUNTS_API
+
+    def has_image(self, ref: str) -> bool:
+        """Whether the daemon holds an image by this name; raises DaemonError."""
+        return self.image_info(ref) is not None
+
     def arch_warning(self, ref: str) -> Optional[str]:
         """The warning `load` gives when the local image `ref` is for another architecture than this
         Docker's; None when it fits or is not loaded. Raises DaemonError."""
@@ -474,6 +485,10 @@ class Daemon:
                 # auto-remove could delete the container before `wait` sees it
                 auto_remove=spec.remove and spec.detach,
             )
+            model = getattr(spec, "model", None)
+            if model is not None and model.image is not None:  # `--mount type=image`, as the API says it (1.48+)
+                host_config.setdefault("Mounts", []).append(
+                    {"Type": "image", "Source": model.image, "Target": model.image_target, "ReadOnly": True})
             created = self.api.create_container(
                 spec.image, command=list(spec.command) or None, name=spec.name,
                 environment=[f"{k}={v}" for k, v in spec.env], host_config=host_config,

@@ -357,6 +357,14 @@ class Podman:
     def _exists(self, *args: str) -> bool:
         return self.podman.status(list(args), timeout=self.quick) == 0
 
+    def mounts_images(self) -> bool:
+        """`podman run --mount type=image` (read-only unless rw=true): every Podman imgtool supports has it."""
+        return True
+
+    def has_image(self, ref: str) -> bool:
+        """Whether Podman's storage holds an image by this name; raises DaemonError."""
+        return self.unmade is None and self._exists("image", "exists", ref)
+
     def arch_warning(self, ref: str) -> Optional[str]:
         """The warning run/run-flags give when the local image `ref` is for another architecture than this
         host's; None when it fits or is not there. Raises DaemonError."""
