@@ -126,3 +126,31 @@ def test_models_image_on_a_bundle_without_the_modelcar_form_is_refused(tmp_path)
     assert r.returncode == 2, r.stderr
     assert err_lines(r)[0] == f"error: --models image: {out} does not carry the modelcar form of its models " \
                               "(bundle.json records no modelcar digest for their files)"
+
+
+@pytest.mark.parametrize("engine", ["containerd-2.1"], indirect=True)
+def test_the_pyz_on_python_3_7_imports_the_modelcar_as_this_python_does(tmp_path, model, car_bundle, node):
+    """Kylin's Python 3.7 runs imgtool.pyz: `load --models image` imports the same image (same ID) into containerd,
+    and 3.11's imgtool then finds it held."""
+    from tests.support.pythons import pyenv_python
+
+    python = pyenv_python("3.7")
+    assert python, "python3.7 is not under pyenv's versions: the pyz imports modelcars on Kylin's 3.7 (never a skip)"
+    pyz = tmp_path / "imgtool.pyz"
+    assert imgtool("self-bundle", "-o", str(pyz), "-q").returncode == 0
+    name = car_name(model)
+    node.remove_later(name)
+    given = dict(node.env, HOME=str(tmp_path / "home37"), LANG="C.UTF-8")
+    given.setdefault("PATH", "/usr/bin:/bin")
+    r = subprocess.run(["env", "-i"] + [f"{k}={v}" for k, v in given.items()]
+                       + [python, "-I", str(pyz), "load", str(car_bundle), "--models", "image", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    [car] = json.loads(r.stdout)["modelcars"]
+    again = imgtool("load", str(car_bundle), "--models", "image", "--json", env=node.env)
+    assert again.returncode == 0, again.stderr
+    result = json.loads(again.stdout)
+    assert result["modelcars_sent"] is False and result["modelcars"][0]["docker_id"] == car["docker_id"]
+    doc = json.loads((car_bundle / "bundle.json").read_text())
+    expected = {"/models/" + f["path"]: (f["sha256"][len("sha256:"):], "0o444") for f in doc["models"][0]["files"]}
+    assert files_in_image(node, name) == expected
