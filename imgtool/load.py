@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, FrozenSet, Iterator, List, Optional, Sequence
 
-from .bundle.format import BundleIndex
-from .bundle.landing import Applied, Cut, LoadResult
+from .bundle.format import Archive, BundleIndex, bundle_images
+from .bundle.landing import Applied, Cut, LoadResult, plan_load
 from .bundle.reader import read_index
 from .bundle.signature import enforce
 from .bundle.verify import VerifyReport, check_before, deep_check
 from .ends.bundle_stream import ArchiveSource
 from .ends.model_dest import ModelChoice, ModelDestination
+from .ends.modelcar_source import ModelcarSource
 from .ends.runtime_dest import BundleLoad, RuntimeDestination
 from .errors import DaemonError, VerifyError
 from .model import Digest, PulledImage
@@ -41,7 +42,7 @@ from .trust import Verdict
 if TYPE_CHECKING:
     from .pipeline import Plan
     from .placer import Placed
-    from .runtimes.base import Runtime
+    from .runtimes.base import Runtime, RuntimeInfo
 
 EACH_TO_ITS_CACHE = ModelChoice()  # an hf: model into the Hugging Face cache, a modelscope: one into ModelScope's
 
@@ -50,7 +51,8 @@ def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence
                 expect: Optional[str] = None, force: bool = False, quick: bool = False, progress: Progress,
                 jobs: Optional[int] = None, arch: Optional[str] = None, signers: Optional[str] = None,
                 all_platforms: bool = False, pin: bool = True,
-                models: Optional[ModelChoice] = EACH_TO_ITS_CACHE) -> LoadResult:
+                models: Optional[ModelChoice] = EACH_TO_ITS_CACHE, model_images: bool = False,
+                images: bool = True) -> LoadResult:
     """Check the bundle, stream it into the runtime checking it on the way; tag and confirm by image ID.
 
     Of a tag held for several platforms, the runtime's (or `arch`'s) is loaded and named; with
@@ -64,7 +66,10 @@ def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence
     The bundle's models are placed as `models` says (None: none is): their members, after the images', are read
     from the same forward read as the images (the runtime is sent the images only), staged and checked, and made
     visible once the whole bundle was checked and the images loaded. `daemon` None: the models only (a bundle
-    without images needs no runtime).
+    without images needs no runtime). With `model_images`, each model is imported into the runtime as its modelcar
+    image instead (ends/modelcar_source.py: streamed from the raw files, the runtime's platform, named
+    models.local/HUB/org/name:COMMIT-modelcar, pinned and unpacked as images are), after the images; `images`
+    False: the modelcars only.
     Raises UsageError, VerifyError (nothing was loaded, tagged or placed; SignatureError, before Docker is
     asked anything, when the signature policy refuses the bundle), ImgtoolError (not enough space,
     incompatible Docker, a delta bundle's base missing), DaemonError.
@@ -74,7 +79,13 @@ def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence
     jobs = jobs or os.cpu_count() or 2
     index, raw = read_index(bundle_dir)
     verdict = enforce(bundle_dir, raw, signers, doing="load")
-    placing = ModelDestination(index, models, progress) if models is not None and index.models else None
+    placing = None if model_images else ModelDestination(index, models, progress) if models is not None and \
+        index.models else None
+    if model_images:
+        assert daemon is not None, "a modelcar is imported into a runtime"
+        return _load_with_modelcars(bundle_dir, index, raw, verdict, daemon, images, started, tags=tags,
+                                    expect=expect, force=force, quick=quick, progress=progress, jobs=jobs, arch=arch,
+                                    all_platforms=all_platforms, pin=pin)
     if daemon is None:
         placed = _place_only(bundle_dir, index, raw, verdict, expect, quick, placing, progress, jobs)
         return LoadResult(bundle_dir, [], False, {"runtime": None}, seconds=time.monotonic() - started,
@@ -93,14 +104,58 @@ def load_bundle(bundle_dir: Path, daemon: Optional["Runtime"], *, tags: Sequence
     return result
 
 
+def _load_with_modelcars(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, daemon: "Runtime",
+                         images: bool, started: float, *, tags: Sequence[str], expect: Optional[str], force: bool,
+                         quick: bool, progress: Progress, jobs: int, arch: Optional[str], all_platforms: bool,
+                         pin: bool) -> LoadResult:
+    """The images (unless not `images`), then each model's modelcar image, from one more forward read of the bundle
+    when one moves (that read checks the whole archive: the images' pass then checks only their part). A damaged
+    part is named as for placement (VerifyError, exit 3) and the runtime registers no modelcar."""
+    facts = daemon.info()
+    source = ModelcarSource(bundle_dir, index, arch or facts.arch, jobs)
+    destination = RuntimeDestination(daemon, progress, force=force, pin=pin, facts=facts, prefer=source.order)
+    moves = not _modelcars_held(source, daemon, facts)
+    if images and index.images:
+        result = _load(bundle_dir, index, raw, verdict, daemon, None, tags=tags, expect=expect, force=force,
+                       quick=quick, progress=progress, jobs=jobs, arch=arch, all_platforms=all_platforms, pin=pin,
+                       later=moves)
+    else:
+        report = check_before(bundle_dir, index, raw, verdict, expect, not moves and not quick, progress, jobs)
+        for w in report.warnings:
+            progress.warn(w)
+        result = LoadResult(bundle_dir, [], False, facts.to_json(), signature=verdict)
+    if moves:
+        progress.note(f"importing {len(index.models)} model(s) into {facts.title} as modelcar images ...")
+    try:
+        copied = copy(source, destination)
+    except (VerifyError, Cut) as e:
+        if source.stream is None:
+            raise
+        progress.note(f"stopped importing the modelcars: {e}; checking the whole bundle ...")
+        raise _named(bundle_dir, index, VerifyReport(bundle_dir, index, ""), e, progress, jobs, False) from e
+    finally:
+        source.finish()
+    result.modelcars = copied.result
+    result.modelcars_sent = moves
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _modelcars_held(source: ModelcarSource, daemon: "Runtime", facts: "RuntimeInfo") -> bool:
+    """The runtime holds every modelcar whole (as a load finds an image held: by the ID it gives it, every blob
+    there; what is recorded but not unpacked is finished by the load, not sent again)."""
+    every = BundleIndex("", "", tuple(bundle_images(source.images())), Archive("", "none", 0, "", 0), ())
+    return plan_load(every, daemon, facts, (), None, False).loaded
+
+
 def _load(bundle_dir: Path, index: BundleIndex, raw: bytes, verdict: Verdict, daemon: "Runtime",
           placing: Optional[ModelDestination], *, tags: Sequence[str], expect: Optional[str], force: bool,
           quick: bool, progress: Progress, jobs: int, arch: Optional[str], all_platforms: bool,
-          pin: bool) -> LoadResult:
+          pin: bool, later: bool = False) -> LoadResult:
     started = time.monotonic()
     destination = RuntimeDestination(daemon, progress, tags=tags, arch=arch, force=force, pin=pin,
                                      bundle=BundleLoad(bundle_dir, index, all_platforms))
-    source = _CheckedBundle(bundle_dir, index, raw, verdict, expect, quick, progress, jobs, placing)
+    source = _CheckedBundle(bundle_dir, index, raw, verdict, expect, quick or later, progress, jobs, placing)
     facts = destination.facts
     try:
         copied = copy(source, destination)

@@ -71,10 +71,14 @@ class LoadResult:
     warnings: List[str] = field(default_factory=list)
     signature: Optional[Verdict] = None  # bundle.json.sig under the site's policy
     models: List["Placed"] = field(default_factory=list)  # what placing each model did (ends/model_dest.py)
+    # the models imported as modelcar images (`--models image`), and whether they were sent (False: held already)
+    modelcars: List[LoadedImage] = field(default_factory=list)
+    modelcars_sent: bool = False
 
     def to_json(self) -> dict:
         return {"dir": str(self.dir), "sent": self.sent, "images": [im.to_json() for im in self.images],
                 "models": [m.to_json() for m in self.models],
+                "modelcars": [im.to_json() for im in self.modelcars], "modelcars_sent": self.modelcars_sent,
                 "runtime": self.daemon.get("runtime", "docker"), "daemon": self.daemon,
                 "unpacked_size": self.unpacked_size, "bytes_sent": self.bytes_sent,
                 "seconds": round(self.seconds, 3), "warnings": self.warnings,

@@ -56,10 +56,12 @@ class Landing:
 class RuntimeDestination:
     def __init__(self, runtime: "Runtime", progress: Progress, *, tags: Sequence[str] = (),
                  arch: Optional[str] = None, force: bool = False, pin: bool = True,
-                 facts: Optional["RuntimeInfo"] = None, bundle: Optional[BundleLoad] = None):
+                 facts: Optional["RuntimeInfo"] = None, bundle: Optional[BundleLoad] = None,
+                 prefer: Sequence[Digest] = ()):
         self.runtime, self.progress, self.tags, self.arch, self.force, self.pin = (runtime, progress, tags, arch,
                                                                                    force, pin)
         self.bundle = bundle
+        self.prefer = {d: i for i, d in enumerate(prefer)}  # the order the source hands blobs over in (a forward read)
         self.facts = facts if facts is not None else runtime.info()
         self.what = self.facts.title
         self.warnings: List[str] = []
@@ -83,7 +85,10 @@ class RuntimeDestination:
         load = plan_load(every, self.runtime, self.facts, self.tags, self.arch, False)
         chosen = {im.manifest_digest for im in load.view.images}
         images = [im for im in images if im.manifest_digest in chosen]
-        slots, tar_size = layout.arrange(layout.members(load.view.images))
+        members = layout.members(load.view.images)
+        if self.prefer:  # the source's order first (a bundle's modelcar layers: its archive's), the rest by name
+            members.sort(key=lambda m: self.prefer.get(m.digest, -1))
+        slots, tar_size = layout.arrange(members)
         load = dataclasses.replace(load, view=dataclasses.replace(
             load.view, archive=Archive("", "none", tar_size, "", tar_size)))
         return self._holding(load, images, slots, tar_size)
