@@ -31,10 +31,12 @@ from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from .bundle import ustar
 from .model import OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, Descriptor, Digest
+from .weights import FILEPATH, check_path
 
 ROOT = "models"  # where the files are in the image (what the mount's path shows)
 MODE = 0o444  # read-only for everyone: the mount is a model's bytes, not a work area
 TAG_SUFFIX = "-modelcar"
+FILE_SHA256 = "io.imgtool.model.file.sha256"  # a layer's file's own sha256 (the raw ModelPack layer's digest)
 PLATFORMS = (("linux", "amd64"), ("linux", "arm64"))
 _BLOCK = 512
 _END = bytes(2 * _BLOCK)  # the tar's end-of-archive: two zero blocks
@@ -91,15 +93,34 @@ def layer_digest(path: str, size: int, chunks: Iterable[bytes]) -> Digest:
 
 @dataclass(frozen=True)
 class LayerFile:
-    """What the image needs of one file: its path under /models, its size, its layer's digest."""
+    """What the image needs of one file: its path under /models, its size, its layer's digest, and the file's own
+    sha256 (the raw layer's digest): each layer descriptor is annotated with the path (ModelPack's
+    `org.cncf.model.filepath`) and the sha256 (`FILE_SHA256`), so a host holding the image says which files it
+    holds (inventory, and a delta against it) without reading a byte of them."""
 
     path: str
     size: int
     layer: Digest
+    sha256: Digest
 
     @property
     def descriptor(self) -> Descriptor:
-        return Descriptor(OCI_LAYER, self.layer, layer_size(self.path, self.size))
+        return Descriptor(OCI_LAYER, self.layer, layer_size(self.path, self.size),
+                          annotations={FILEPATH: self.path, FILE_SHA256: str(self.sha256)})
+
+
+def files_of(manifest: dict) -> List[Tuple[str, Digest, Digest]]:
+    """(path, the file's sha256, its layer's digest) of each layer of a modelcar manifest as a runtime holds it (the
+    parsed JSON); raises ValueError for a layer without both annotations, a path weights.check_path refuses or a bad
+    digest (not a modelcar, or an edited one)."""
+    out = []
+    for layer in manifest.get("layers") or ():
+        notes = layer.get("annotations") or {} if isinstance(layer, dict) else {}
+        path, sha = notes.get(FILEPATH), notes.get(FILE_SHA256)
+        if not isinstance(path, str) or not isinstance(sha, str) or check_path(path) is not None:
+            raise ValueError(f"a layer without a safe {FILEPATH} and {FILE_SHA256}")
+        out.append((path, Digest.parse(sha), Digest.parse(layer.get("digest"))))
+    return out
 
 
 @dataclass(frozen=True)

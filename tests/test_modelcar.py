@@ -40,7 +40,7 @@ def test_a_files_layer_is_a_tar_of_that_file_alone_under_models_read_only(path, 
 
 
 def _car(files):
-    return modelcar.image([modelcar.LayerFile(p, len(d), modelcar.layer_digest(p, len(d), [d])) for p, d in files],
+    return modelcar.image([modelcar.LayerFile(p, len(d), modelcar.layer_digest(p, len(d), [d]), Digest.of(d)) for p, d in files],
                           "https://huggingface.co/org/name", "c" * 40)
 
 
@@ -98,3 +98,14 @@ def test_a_bundle_json_where_only_some_files_have_a_modelcar_layer_is_refused(tm
 def test_the_layer_digest_is_not_the_files_sha256():
     data = b"x" * 10
     assert modelcar.layer_digest("f", 10, [data]) != Digest("sha256", hashlib.sha256(data).hexdigest())
+
+
+def test_each_layer_says_its_files_path_and_sha256_so_a_host_holding_the_image_knows_its_files():
+    files = [("b.safetensors", b"weights" * 100), ("a/config.json", b"{}")]
+    _, _, manifest, _ = _car(files).manifests[1]
+    doc = json.loads(manifest)
+    assert modelcar.files_of(doc) == [(p, Digest.of(d), modelcar.layer_digest(p, len(d), [d])) for p, d in sorted(files)]
+    doc["layers"][0]["annotations"]["org.cncf.model.filepath"] = "../etc/passwd"
+    with pytest.raises(ValueError) as e:
+        modelcar.files_of(doc)
+    assert str(e.value) == "a layer without a safe org.cncf.model.filepath and io.imgtool.model.file.sha256"

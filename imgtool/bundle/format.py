@@ -217,7 +217,7 @@ class BundleModel:
         recorded layer digests), or None when the bundle records none."""
         if not self.files or any(f.modelcar is None for f in self.files):
             return None
-        return modelcar.image([modelcar.LayerFile(f.path, f.size, f.modelcar) for f in self.files  # type: ignore
+        return modelcar.image([modelcar.LayerFile(f.path, f.size, f.modelcar, f.sha256) for f in self.files  # type: ignore
                                ], source_url(self.model_ref), self.commit)
 
     def to_json(self) -> dict:

@@ -27,7 +27,8 @@ def modelcar_name(hub: str, repo: str, commit: str) -> str:
 
 
 def modelcar_of(revision: Revision, hub: str, repo: str) -> modelcar.Modelcar:
-    files = [modelcar.LayerFile(f.path, f.size, modelcar.layer_digest(f.path, f.size, f.chunks()))
+    files = [modelcar.LayerFile(f.path, f.size, modelcar.layer_digest(f.path, f.size, f.chunks()),
+                                 Digest.parse("sha256:" + f.sha256))
              for f in revision.files.values()]
     return modelcar.image(files, f"{hub}:{repo}", revision.commit)
 
