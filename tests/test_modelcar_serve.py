@@ -71,7 +71,7 @@ def test_serve_answers_the_modelcar_by_commit_and_revision_and_skopeo_copies_it_
     index = json.loads((oci / "index.json").read_text())
     assert index["manifests"][0]["digest"] == str(car.digest)
     blobs = oci / "blobs" / "sha256"
-    for os_, arch, manifest, config in car.manifests:
+    for _, arch, manifest, config in car.manifests:
         assert (blobs / Digest.of(manifest).hex).read_bytes() == manifest, arch
         assert (blobs / Digest.of(config).hex).read_bytes() == config, arch
     for f in model.files:  # each layer's digest is bundle.json's, and it holds the file, read-only, under /models
