@@ -152,3 +152,62 @@ def test_containerd_pulls_and_unpacks_the_modelcar_through_the_printed_hosts_tom
     assert s.said(f"/v2/{MODEL_REPO}/manifests/{model.commit}-modelcar?ns=models.local 200"), s.log()
     platform = next(Digest.of(m) for o, a, m, _ in car.manifests if a == host_arch())
     assert s.said(f"/v2/{MODEL_REPO}/manifests/{platform}?ns=models.local 200"), s.log()  # by the index's entry
+
+
+@pytest.mark.parametrize("with_car", ["none", "zstd"], indirect=True)  # zstd: read once, in archive order
+def test_push_sends_the_modelcar_beside_the_artifact_and_a_second_push_sends_nothing(with_car, services, uniq,
+                                                                                      tmp_path):
+    out, model, files = with_car
+    car = model.modelcar()
+    to = f"{services.plain}/{uniq}"
+    first = imgtool("push", str(out), "--to", to, "--insecure", "--json")
+    assert first.returncode == 0, first.stderr
+    doc = json.loads(first.stdout)
+    target = f"{to}/{MODEL_REPO}"
+    (pushed,) = doc["models"]
+    assert (pushed["modelcar"], pushed["modelcar_digest"]) == (f"{target}:{model.commit}-modelcar", str(car.digest))
+    # the image's config and layer; the artifact's config and files; the modelcar's two configs and its layers
+    assert doc["blobs_uploaded"] == 2 + 1 + len(model.files) + 2 + len(model.files)
+    for tag in (f"{model.commit}-modelcar", "main-modelcar"):
+        raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{target}:{tag}"],
+                             capture_output=True, timeout=120)
+        assert raw.returncode == 0, raw.stderr
+        assert raw.stdout == car.index
+    inspect = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--override-arch", "arm64",
+                              f"docker://{target}:main-modelcar"], capture_output=True, text=True, timeout=120)
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["Layers"] == [str(f.modelcar) for f in model.files]
+    # the layers as the registry stores them: each bundle.json's digest, each holding its file
+    dest = tmp_path / "oci"
+    r = subprocess.run(["skopeo", "copy", "--preserve-digests", "--src-tls-verify=false",
+                        f"docker://{target}:main-modelcar", f"oci:{dest}:car"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    for f in model.files:
+        path, _, body = layer_file((dest / "blobs" / "sha256" / f.modelcar.hex).read_bytes())
+        assert (path, body) == (f"models/{f.path}", files[f.path])
+    again = imgtool("push", str(out), "--to", to, "--insecure", "--json")
+    assert again.returncode == 0, again.stderr
+    assert (json.loads(again.stdout)["blobs_uploaded"], json.loads(again.stdout)["bytes_uploaded"]) == (0, 0)
+
+
+def test_a_registry_holding_the_artifact_gets_only_the_modelcar_its_files_read_not_uploaded_again(
+        factory, services, uniq, tmp_path):
+    store = BlobDir(tmp_path / "blobs")
+    hub = small_model(seed=50)
+    image = store.pulled(factory.image(host_arch(), layers=1), f"{REPO}:v1")
+    plain, withcar = tmp_path / "plain", tmp_path / "car"
+    write(plain, [image], store, models=[put_model(store, hub)])
+    model = put_model(store, hub, modelcar=True)
+    write(withcar, [image], store, models=[model])
+    to = f"{services.plain}/{uniq}"
+    assert imgtool("push", str(plain), "--to", to, "--insecure").returncode == 0
+    r = imgtool("push", str(withcar), "--to", to, "--insecure", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["blobs_uploaded"] == 2 + len(model.files)  # the modelcar's configs and layers only
+    assert doc["bytes_uploaded"] == sum(len(c) for *_, c in model.modelcar().manifests) + sum(
+        d.size for d in model.modelcar().layers)
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                          f"docker://{to}/{MODEL_REPO}:{model.commit}-modelcar"], capture_output=True, timeout=120)
+    assert raw.stdout == model.modelcar().index
