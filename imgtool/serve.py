@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, quote
 
-from . import __version__
+from . import __version__, modelcar
 from .bundle.catalog import DIGEST, MODEL_REGISTRY, TAG, Blob, Catalog, Repository, valid_name
 from .bundle.inplace import Hashing, InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
@@ -181,7 +181,9 @@ def model_notes(catalog: Catalog) -> List[str]:
             out.append(f"{what} is not served: {model.model_ref.repo} is not a repository name a registry takes")
             continue
         left = len(model.files) - len(model.carried)
+        car = model.modelcar()
         out.append(f"{what} is served as its ModelPack artifact {name}@{model.manifest_digest}"
+                   + (f" and its modelcar image {name}:{modelcar.tag(model.commit)} ({car.digest})" if car else "")
                    + (f"; the {counted(left, 'file')} the delta leaves out {'is' if left == 1 else 'are'} not served"
                       if left else ""))
     return out

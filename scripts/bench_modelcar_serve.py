@@ -68,7 +68,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"| kind | bytes | runs (s) | median MB/s |\n|---|---|---|---|")
+    print("| kind | bytes | runs (s) | median MB/s |\n|---|---|---|---|")
     rate = {}
     for kind, times in rows.items():
         rate[kind] = size[kind] / statistics.median(times) / 1e6
