@@ -219,3 +219,37 @@ def test_a_registry_holding_the_artifact_gets_only_the_modelcar_its_files_read_n
     raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
                           f"docker://{to}/{MODEL_REPO}:{model.commit}-modelcar"], capture_output=True, timeout=120)
     assert raw.stdout == model.modelcar().index
+
+
+def test_a_delta_pushes_its_modelcar_only_where_the_base_s_modelcar_is(factory, services, uniq, tmp_path):
+    from tests.support.models import two_revisions
+
+    store = BlobDir(tmp_path / "blobs")
+    hub = two_revisions(seed=6)
+    image = store.pulled(factory.image(host_arch(), layers=1), f"{REPO}:v1")
+    v1 = put_model(store, hub, "v1")
+    omitted = {f.sha256 for f in v1.files}
+    delta_model = put_model(store, hub, "main", omitted=omitted, modelcar=True)  # the base's digests, as fetch takes
+    bundles = {}
+    for name, models in (("plain", [v1]), ("car", [put_model(store, hub, "v1", modelcar=True)]),
+                         ("delta", [delta_model])):
+        bundles[name] = tmp_path / name
+        write(bundles[name], [image], store, models=models)
+    for base in ("plain", "car"):
+        to = f"{services.plain}/{uniq}/{base}"
+        assert imgtool("push", str(bundles[base]), "--to", to, "--insecure").returncode == 0
+        r = imgtool("push", str(bundles["delta"]), "--to", to, "--insecure", "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        (pushed,) = doc["models"]
+        if base == "plain":  # the base's modelcar layers are not there: the delta's modelcar cannot be whole
+            assert "modelcar" not in pushed
+            left = sorted(f.path for f in delta_model.files if f.omitted)
+            assert doc["warnings"] == [
+                f"the modelcar of {delta_model.ref} is not pushed: {uniq}/{base}/{MODEL_REPO} lacks the modelcar "
+                f"layers of {len(left)} file(s) the delta leaves out (first: {left[0]}); its ModelPack artifact is"]
+        else:
+            assert pushed["modelcar_digest"] == str(delta_model.modelcar().digest)
+            raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                                  f"docker://{to}/{MODEL_REPO}:main-modelcar"], capture_output=True, timeout=120)
+            assert raw.stdout == delta_model.modelcar().index

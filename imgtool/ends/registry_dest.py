@@ -193,8 +193,10 @@ class RegistryDestination:
         for repo, images in _by_tag(targets):
             self._push_manifests(repo, images, {im.manifest_digest: im for im in plan.images}, result)
         for model, repo in plan.destination.models:  # every blob of it is in: its manifest, last
-            result.models.append(push_model(self.client, self.host, repo, model))
+            result.models.append(push_model(self.client, self.host, repo, model,
+                                            car=model.ref not in blobs.cars.skipped))
         result.warnings.extend(plan.destination.warnings)
+        result.warnings.extend(blobs.cars.skipped.values())
         return result
 
     def abort(self) -> None:

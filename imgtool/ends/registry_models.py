@@ -61,6 +61,7 @@ class Modelcars:
     frames: Dict[Digest, List[Frame]] = field(default_factory=dict)
     configs: List[Tuple[str, Digest, bytes]] = field(default_factory=list)  # (repository, digest, bytes)
     present: int = 0
+    skipped: Dict[str, str] = field(default_factory=dict)  # a model's ref -> why its modelcar is not pushed
 
 
 def modelcar_blobs(client: RegistryClient, targets: Sequence[Tuple[BundleModel, str]]) -> Modelcars:
@@ -70,6 +71,12 @@ def modelcar_blobs(client: RegistryClient, targets: Sequence[Tuple[BundleModel, 
     for model, repo in targets:
         car = model.modelcar()
         if car is None:
+            continue
+        lacking = [f for f in model.files if f.omitted and f.modelcar and not client.has_blob(repo, f.modelcar)]
+        if lacking:  # a delta whose base was pushed without its modelcar: the layers of its left-out files are not
+            out.skipped[model.ref] = (f"the modelcar of {model.ref} is not pushed: {repo} lacks the modelcar layers "
+                                      f"of {len(lacking)} file(s) the delta leaves out (first: {lacking[0].path}); "
+                                      "its ModelPack artifact is")
             continue
         wanted: List[Tuple[Digest, Optional[bytes], Optional[ModelEntry]]] = [
             (Digest.of(config), config, None) for _, _, _, config in car.manifests]
@@ -176,7 +183,7 @@ def check_model_base(client: RegistryClient, targets: Sequence[Tuple[BundleModel
                        hint=f"push the bundle of the revision it was cut against to {to} first, or fetch a full bundle")
 
 
-def push_model(client: RegistryClient, host: str, repo: str, model: BundleModel) -> PushedModel:
+def push_model(client: RegistryClient, host: str, repo: str, model: BundleModel, car: bool = True) -> PushedModel:
     """The artifact's manifest, byte for byte, under each of its tags (every blob is in by now); raises
     RegistryError (refused, or stored under another digest)."""
     manifest, _ = model.artifact()
@@ -187,6 +194,6 @@ def push_model(client: RegistryClient, host: str, repo: str, model: BundleModel)
             raise RegistryError(f"{host}/{repo}: the registry stored the ModelPack manifest of {model.ref} as {got}, "
                                 f"not {model.manifest_digest}")
     target = f"{host}/{repo}" + (f":{tags[0]}" if tags else f"@{model.manifest_digest}")
-    car = push_modelcar(client, host, repo, model)
+    pushed = push_modelcar(client, host, repo, model) if car else None
     return PushedModel(model.ref, target, tags, str(model.manifest_digest), len(model.files), model.size,
-                       *(car or (None, None)))
+                       *(pushed or (None, None)))
