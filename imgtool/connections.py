@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 MAX_HEAD = 64 * 1024  # request line and headers; more is refused (431) and the connection closed
 MAX_BODY = 64 * 1024  # a body up to this is read with its request (a GET has no use for one); bigger: refused
@@ -60,6 +60,14 @@ class FileSpan:
     length: int
 
 
+@dataclass(frozen=True)
+class BytesSpan:
+    """Bytes held in memory, sent between file spans (a modelcar layer's tar head and tail around its file); never
+    fed to an answer's check, which hashes the files' bytes."""
+
+    data: bytes
+
+
 @dataclass
 class Answer:
     """What to send: `head` (status line, headers, a small body: `head_len` of it is the status line and
@@ -70,7 +78,7 @@ class Answer:
 
     head: bytes
     head_len: int = 0
-    spans: Sequence[FileSpan] = ()
+    spans: Sequence[Union[FileSpan, BytesSpan]] = ()
     check: Optional[Any] = None
     close: bool = False
     done: Optional[Callable[[int, str], None]] = None
@@ -94,7 +102,7 @@ class _Conn:
     events: int = 0
     answer: Optional[Answer] = None
     out: memoryview = field(default_factory=lambda: memoryview(b""))
-    spans: List[FileSpan] = field(default_factory=list)
+    spans: List[Union[FileSpan, BytesSpan]] = field(default_factory=list)
     file: Optional[io.FileIO] = None
     pos: int = 0  # within spans[0]
     scanned: int = 0  # of buf, looked through for the end of the head
@@ -471,6 +479,10 @@ class Loop:
         """Send from the current span with sendfile (bytes sent), or read its next piece into conn.out, checking it
         on the way (-1); -1 too when the span is done. Raises _Cut (the file ended early, the check failed)."""
         span = conn.spans[0]
+        if isinstance(span, BytesSpan):
+            conn.spans.pop(0)
+            conn.out = memoryview(span.data)
+            return -1
         if conn.file is None:
             try:
                 conn.file = span.open()
@@ -497,7 +509,8 @@ class Loop:
         conn.pos += len(data)
         if check is not None:
             check.update(data)
-            if conn.pos == span.length and len(conn.spans) == 1:  # the last piece: it goes out only if all matched
+            if conn.pos == span.length and not any(isinstance(s, FileSpan) for s in conn.spans[1:]):
+                # the file's last piece: it goes out only if all matched
                 ok, why = check.finish()
                 if not ok:
                     raise _Cut(why)

@@ -197,10 +197,17 @@ class Have:
     containerd: Dict[str, InventoryImage] = field(default_factory=dict)
     # model files the offline side holds, by sha256 (a placed model's, a base bundle's): the model named
     model_files: Dict[Digest, str] = field(default_factory=dict)
+    # (sha256, path) -> the file's modelcar layer digest, as a base bundle records it (an inventory holds none)
+    modelcar_layers: Dict[Tuple[Digest, str], Digest] = field(default_factory=dict)
 
     def add_model(self, ref: str, sha256s: Iterable[Digest]) -> None:
         for d in sha256s:
             self.model_files.setdefault(d, ref)
+
+    def add_modelcar_layers(self, layers: Iterable[Tuple[Digest, str, Digest]]) -> None:
+        """(sha256, path, modelcar layer digest) of files a base bundle records: a delta's left-out file's layer."""
+        for sha, path, layer in layers:
+            self.modelcar_layers.setdefault((sha, path), layer)
 
     def add(self, diff_ids: Sequence[Digest], name: str, platform: str = "") -> None:
         for chain in chain_ids(diff_ids):
@@ -218,6 +225,8 @@ class Have:
     def merge(self, other: "Have") -> None:
         for d, ref in other.model_files.items():
             self.model_files.setdefault(d, ref)
+        for key, car in other.modelcar_layers.items():
+            self.modelcar_layers.setdefault(key, car)
         for chain, layer in other.blobs.items():
             self.blobs.setdefault(chain, layer)
         for name, image in other.containerd.items():

@@ -64,6 +64,7 @@ class FetchOptions:
     gzip_library: str = "auto"  # gz.LIBRARIES: what gzips rewritten layers and a gzip archive (tests force zlib)
     sign_key: Optional[str] = None  # sign bundle.json once the bundle is complete (bundle/signature.py)
     hubs: Optional[HubEnvironment] = None  # the model hubs' endpoints and tokens (config.hub_environment); None: none
+    modelcar: bool = True  # record each model file's modelcar layer digest (modelcar.py), hashed as its bytes pass
 
     def connections(self) -> Tuple[int, int]:
         """(connections per registry source, per model hub endpoint): --connections for both, else JOBS and HUB_JOBS."""
@@ -134,7 +135,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
                           + (" (this host's)" if list(opts.platforms) == [Platform.host()] else ""))
         pulled = _platform_images(resolutions, opts, store)
         images = [img for img, _ in pulled]
-        models = _bundle_models(hubs, have, progress)
+        models = _bundle_models(hubs, have, progress, opts.modelcar)
         output = Path(opts.output) if opts.output else Path(writer.default_bundle_name(images, models))
         writer.check_output_dir(output, opts.force)
         # the one plan of what a delta leaves out: what is not downloaded, the download order, bundle.json
@@ -162,7 +163,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         destination = BundleDestination(output, progress, chunk_size=opts.chunk_size, compress=opts.compress,
                                         force=opts.force, gzip=gzip, delta=delta, created=opts.created,
                                         extra_files=tool, place=_placeable(opts, images, left_out), check=room,
-                                        models=models)
+                                        models=models, modelcar=opts.modelcar)
         locks.enter_context(dirlock.lock_output(output, "fetch"))  # a second run into it refuses, naming this one
         layers = _Layers(opts, store, progress, gzip, left_out, held)
         try:
@@ -178,7 +179,7 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
             _remember_places(store, copied.plan.regions, copied.result)
         signed = signature.sign_written(output, opts.sign_key, copied.result.bundle_json_sha256) if opts.sign_key \
             else None
-        return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed, models)
+        return FetchResult(list(copied.plan.images), copied.stats, copied.result, signed, copied.result.models)
 
 
 def _resolve_models(config: MirrorConfig, opts: FetchOptions, refs: Sequence[ModelRef], store: Store,
@@ -195,8 +196,10 @@ def _resolve_models(config: MirrorConfig, opts: FetchOptions, refs: Sequence[Mod
     return out
 
 
-def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progress: Progress) -> List["BundleModel"]:
-    """bundle.json's models: each file the other side holds by sha256 (--have, --base) marked omitted."""
+def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progress: Progress,
+                   modelcar: bool = True) -> List["BundleModel"]:
+    """bundle.json's models: each file the other side holds by sha256 (--have, --base) marked omitted, with its
+    modelcar layer digest from the base bundle (the carried files' are hashed as the bundle is written)."""
     from .bundle.format import bundle_model
 
     out = []
@@ -207,8 +210,24 @@ def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progre
             size = sum(f.size for f in res.snapshot.files if f.sha256 in omitted)
             progress.note(f"delta against {have.what if have else ''}: {len(omitted)} files of {res.ref} "
                           f"({format_size(size)}) are already on the offline side and are not downloaded")
-        out.append(bundle_model(res.snapshot, model_pull.source_of(res), omitted))
+        model = bundle_model(res.snapshot, model_pull.source_of(res), omitted)
+        out.append(_base_layers(model, have, progress) if modelcar and omitted and have is not None else model)
     return out
+
+
+def _base_layers(model: "BundleModel", have: Have, progress: Progress) -> "BundleModel":
+    """`model` with its left-out files' modelcar layer digests from the base; a file the base records none for
+    leaves the model without the modelcar form (said once): a layer's digest needs the file's bytes, which a delta
+    does not carry."""
+    files = [f if not f.omitted else dataclasses.replace(f, modelcar=have.modelcar_layers.get((f.sha256, f.path)))
+             for f in model.files]
+    lacking = [f.path for f in files if f.omitted and f.modelcar is None]
+    if lacking:
+        progress.warn(f"{model.ref}: no modelcar form in this delta: {have.what} records no modelcar layer for "
+                      f"{lacking[0]}" + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
+                      + " (an inventory, or a bundle fetched without it); the ModelPack artifact is carried")
+        return model
+    return dataclasses.replace(model, files=tuple(files))
 
 
 def _image_mirror(config: MirrorConfig, mirror: str) -> str:

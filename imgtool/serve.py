@@ -27,15 +27,15 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, quote
 
-from . import __version__
-from .bundle.catalog import DIGEST, MODEL_REGISTRY, TAG, Catalog, Repository, valid_name
+from . import __version__, modelcar
+from .bundle.catalog import DIGEST, MODEL_REGISTRY, TAG, Blob, Catalog, Repository, valid_name
 from .bundle.inplace import Hashing, InPlaceBlobs, require_unpack_dir, unpack_archive
 from .bundle.reader import read_index
 from .bundle.verify import verify_bundle
-from .connections import MAX_BODY, MAX_HEAD, Answer, FileSpan, Limits, Loop
+from .connections import MAX_BODY, MAX_HEAD, Answer, BytesSpan, FileSpan, Limits, Loop
 from .dirlock import lock_served
 from .errors import BlobDamaged, Interrupted, UsageError, counted
 from .fsutil import NotRegularFile, open_regular
@@ -181,7 +181,9 @@ def model_notes(catalog: Catalog) -> List[str]:
             out.append(f"{what} is not served: {model.model_ref.repo} is not a repository name a registry takes")
             continue
         left = len(model.files) - len(model.carried)
+        car = model.modelcar()
         out.append(f"{what} is served as its ModelPack artifact {name}@{model.manifest_digest}"
+                   + (f" and its modelcar image {name}:{modelcar.tag(model.commit)} ({car.digest})" if car else "")
                    + (f"; the {counted(left, 'file')} the delta leaves out {'is' if left == 1 else 'are'} not served"
                       if left else ""))
     return out
@@ -393,7 +395,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self.status, self.started, self.note = 0, started, ""
         self.head_len = 0
-        self.spans: List[FileSpan] = []
+        self.spans: List[Union[FileSpan, BytesSpan]] = []
         self.check: Optional[Hashing] = None
         self.logged = False
 
@@ -562,17 +564,25 @@ class _Handler(BaseHTTPRequestHandler):
         if not DIGEST.match(ref):
             raise _Refusal(400, "DIGEST_INVALID", "invalid digest: expected sha256:<64 lowercase hex digits>")
         digest = Digest.parse(ref)
-        blob = self.server.catalog.blobs.get(digest)
-        if digest not in repo.blobs or blob is None:
+        catalog = self.server.catalog
+        size = catalog.size_of(digest)
+        if digest not in repo.blobs or size is None:
             raise _Refusal(404, "BLOB_UNKNOWN", f"{repo.name} has no blob {digest} in the bundles served here")
-        wanted = parse_range(self.headers.get("Range"), blob.size)
-        start, end = wanted if wanted else (0, blob.size)
+        wanted = parse_range(self.headers.get("Range"), size)
+        start, end = wanted if wanted else (0, size)
         headers = [API_VERSION, ("Content-Type", "application/octet-stream"), ("Content-Length", str(end - start)),
                    ("Docker-Content-Digest", str(digest)), ("Accept-Ranges", "bytes"), ("Etag", f'"{digest}"')]
         if wanted:
-            headers.append(("Content-Range", f"bytes {start}-{end - 1}/{blob.size}"))
-        if not head:  # a big blob asked for whole before its turn is checked as it goes out
-            self.check = self.server.parts.check(blob, whole=not wanted)
+            headers.append(("Content-Range", f"bytes {start}-{end - 1}/{size}"))
+        # the bytes in the parts: the blob's, or a modelcar layer's raw file (the head and tail are bundle.json's)
+        framed = catalog.framed.get(digest)
+        blob = catalog.blobs.get(framed.raw if framed is not None else digest)
+        if not head and blob is not None:  # a big blob asked for whole before its turn is checked as it goes out
+            if framed is None:
+                self.check = self.server.parts.check(blob, whole=not wanted)
+            elif start < len(framed.head) + framed.raw_size and end > len(framed.head):  # some of the file is sent
+                self.check = self.server.parts.check(blob, whole=start <= len(framed.head) and
+                                                     end >= len(framed.head) + framed.raw_size)
             if self.check is not None:
                 self.note = "checked as it was sent"
         self.send_response(206 if wanted else 200)
@@ -580,8 +590,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         if not head:
-            self.spans = [FileSpan(functools.partial(self.server.parts.open, blob, span.part), span.offset, span.length)
-                          for span in self.server.catalog.spans(blob, start, end)]
+            self.spans = self._body(digest, blob, start, end)
+
+    def _body(self, digest: Digest, blob: Optional[Blob], start: int, end: int) -> List[Union[FileSpan, BytesSpan]]:
+        """What a blob's answer sends: its bytes in the parts (`blob`'s: the blob, or a modelcar layer's raw file)
+        and the bytes bundle.json makes."""
+        out: List[Union[FileSpan, BytesSpan]] = []
+        for p in self.server.catalog.pieces(digest, start, end):
+            if isinstance(p, bytes):
+                out.append(BytesSpan(p))
+            else:
+                assert blob is not None  # a span lies in the parts of a blob the catalog holds
+                out.append(FileSpan(functools.partial(self.server.parts.open, blob, p.part), p.offset, p.length))
+        return out
 
 
 def _page(items: List[str], params: Dict[str, List[str]]) -> Tuple[List[str], bool]:

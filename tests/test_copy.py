@@ -318,13 +318,14 @@ def test_bundle_to_bundle_carries_the_models_unchanged(factory, tmp_path):
     image = factory.image(host_arch(), layers=1)
     src = tmp_path / "src"
     write(src, [store.pulled(image, "quay.io/ascend/vllm-ascend:withmodel")], store,
-          models=[put_model(store, model)], chunk_size=64 << 10)
+          models=[put_model(store, model, modelcar=True)], chunk_size=64 << 10)
     zstd, back = tmp_path / "zstd", tmp_path / "back"
     for a, b, args in ((src, zstd, ("--compress", "zstd")), (zstd, back, ("--chunk-size", "1M"))):
         r = imgtool("copy", f"bundle:{a}", f"bundle:{b}", *args)
         assert r.returncode == 0, r.stderr
         assert imgtool("verify", str(b)).returncode == 0
         assert json.loads((b / "bundle.json").read_text())["models"] == json.loads((src / "bundle.json").read_text())["models"]
+        assert all("modelcar" in f for f in json.loads((b / "bundle.json").read_text())["models"][0]["files"])
     assert canonical_tar(back) == canonical_tar(src)
     r = imgtool("load", str(zstd), "--models-only", "--models-dir", str(tmp_path / "plain"))
     assert r.returncode == 0, r.stderr

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from imgtool import modelcar
 from imgtool.bundle import layout
 from imgtool.bundle.format import BundleIndex
 from tests.support.hub import Hub
@@ -85,6 +86,18 @@ def assert_carries(bundle: Path, model, revision: str = "main", omitted=()) -> N
         assert data[s.data_offset:s.end] == rev.files[f.path].read(), f.path
 
 
+def assert_modelcar(bundle: Path, model, revision: str = "main") -> None:
+    """bundle.json records each file's modelcar layer digest (issue 49): the digest of the layer modelcar.py frames
+    around the file's bytes (hashed here from the model's own bytes, not the bundle's), and the model's modelcar
+    image is built from them."""
+    (m,) = index_of(bundle).models
+    rev = model.resolve(revision)
+    assert {f.path: f.modelcar for f in m.files} == {
+        p: modelcar.layer_digest(p, f.size, f.chunks()) for p, f in rev.files.items()}
+    car = m.modelcar()
+    assert car is not None and len(car.layers) == len(rev.files)
+
+
 @pytest.mark.parametrize("flavour", ["hf", "modelscope"])
 def test_a_model_alone_is_a_model_only_bundle_each_file_downloaded_once_into_its_place(flavour, tmp_path):
     model = small_model(seed=48, shard_bytes=1536 << 10)
@@ -103,6 +116,7 @@ def test_a_model_alone_is_a_model_only_bundle_each_file_downloaded_once_into_its
     assert (m.ref, m.commit) == (f"{flavour}:{REPO}", rev.commit)
     assert f"  {flavour}:{REPO}  commit {rev.commit[:12]}  {len(rev.files)} files" in r.stdout
     assert_carries(bundle, model)
+    assert_modelcar(bundle, model)
     # written once: the weight files went straight into the parts, the cache holds no copy of them (only where they
     # are: its `located` records, and their locks)
     copies = [p for p in cache.rglob("*") if p.is_file() and p.name.startswith((rev.files[SHARD1].sha256,
@@ -121,6 +135,7 @@ def test_with_compress_the_files_go_through_the_cache_and_the_bundle_verifies(tm
     assert index_of(tmp_path / "b").archive.compression == "gzip"
     shard = model.head.files[SHARD1]
     assert [p.stat().st_size for p in cache.rglob(shard.sha256)] == [shard.size]  # through the cache
+    assert_modelcar(tmp_path / "b", model)
     ok = imgtool(None, cache, "verify", str(tmp_path / "b"))
     assert ok.returncode == 0, ok.stderr
 
@@ -161,6 +176,14 @@ def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, 
     same = {p for p, f in model.head.files.items() if model.resolve("v1").files[p].sha256 == f.sha256}
     assert set(shards) <= same and changed not in same
     assert_carries(delta, model, "main", omitted=same)
+    if against == "base":  # the left-out files' layer digests come from the base bundle
+        assert_modelcar(delta, model, "main")
+        assert "no modelcar form" not in r.stderr
+    else:  # an inventory names the files, not their layers: no modelcar form rather than a wrong one
+        assert all(f.modelcar is None for f in index_of(delta).models[0].files)
+        assert (f"warning: hf:{REPO}: no modelcar form in this delta: inventory inv.json records no modelcar layer "
+                f"for .gitattributes and {len(same) - 1} more (an inventory, or a bundle fetched without it); the ModelPack artifact "
+                "is carried") in r.stderr.splitlines(), r.stderr
     size = sum(p.size for p in index_of(delta).parts)
     assert size < 0.4 * sum(p.size for p in index_of(full).parts)
     assert index_of(delta).base is not None
@@ -190,6 +213,7 @@ def test_an_image_and_a_model_from_the_loopback_registry_and_hub_are_one_bundle_
     (m,) = idx_json.models
     assert (m.ref, m.commit, len(m.files)) == (f"hf:{REPO}", model.head.commit, len(model.head.files))
     assert_carries(out, model)
+    assert_modelcar(out, model)
     ok = imgtool(None, cache, "verify", str(out))
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"ok: {out}: 1 image(s), 1 model(s); 3 parts"), ok.stdout
@@ -234,5 +258,6 @@ def test_a_fetch_killed_half_way_resumes_and_downloads_again_little_more_than_wh
     twice = sum(first.values()) + again - total  # bytes the hub served in both runs
     assert 0 <= twice <= 0.05 * total + READ_CHUNK * len(in_flight), (twice, first, in_flight)
     assert_carries(out, model)
+    assert_modelcar(out, model)  # the files the killed run wrote are hashed as well as those the rerun did
     ok = imgtool(None, cache, "verify", str(out))
     assert ok.returncode == 0, ok.stderr

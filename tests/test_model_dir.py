@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from tests.support.models import small_model
-from tests.test_fetch_models import REPO, assert_carries, imgtool, index_of
+from tests.test_fetch_models import REPO, assert_carries, assert_modelcar, imgtool, index_of
 
 
 def hf_cache(root: Path, model, refs=("main",)) -> Path:
@@ -50,6 +50,7 @@ def test_a_hf_cache_snapshot_directory_is_a_model_by_itself_carried_and_verified
     assert {f.path: (f.git_oid, f.lfs) for f in m.files} == {
         f.path: (None if f.lfs else f.blob_id, f.lfs) for f in model.head.files.values()}
     assert_carries(out, model)
+    assert_modelcar(out, model)
     ok = imgtool(None, cache, "verify", str(out))
     assert ok.returncode == 0, ok.stderr
 

@@ -8,10 +8,10 @@ name is ever mapped to bytes: a request names a repository and a digest or tag, 
 import bisect
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import modelcar
-from ..model import OCI_MANIFEST, Digest, is_attestation
+from ..model import OCI_INDEX, OCI_MANIFEST, Digest, is_attestation
 from . import layout
 from .format import BundleImage, BundleIndex, BundleModel, UpstreamIndex
 
@@ -85,6 +85,22 @@ class Blob:
     start: int  # offset of its data in the (uncompressed) archive
     what: str  # for messages: "layer 3 of quay.io/ascend/vllm-ascend:v1"
     media_type: str
+
+
+@dataclass(frozen=True)
+class Framed:
+    """A modelcar layer (modelcar.py): a model file's bytes (the raw blob `raw`) between its tar head and tail, served
+    from the raw file, never stored."""
+
+    digest: Digest
+    raw: Digest
+    head: bytes
+    tail: bytes
+    raw_size: int
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + self.raw_size + len(self.tail)
 
 
 @dataclass(frozen=True)
@@ -185,6 +201,8 @@ class Catalog:
         self.blobs: Dict[Digest, Blob] = {}
         self.conflicts: List[str] = []  # tags two bundles hold differently: the first bundle's is served
         self.models: List[Tuple[BundleModel, Optional[str]]] = []  # each model, and its repository's name (None: unnamed)
+        self.small: Dict[Digest, bytes] = {}  # blobs made from bundle.json, not in the parts: modelcar configs
+        self.framed: Dict[Digest, Framed] = {}  # modelcar layers: streamed from their raw files
         self._starts: List[List[int]] = []
         self._sizes: List[List[int]] = []  # each bundle's files the blobs lie in: its parts, or its unpacked archive
         for b, index in enumerate(self.indexes):
@@ -219,6 +237,34 @@ class Catalog:
                 self.conflicts.append(f"{repo.name}:{tag}")
             else:
                 repo.tags[tag] = [model.manifest_digest]
+        car = model.modelcar()
+        if car is not None:
+            self._add_modelcar(repo, model, car)
+
+    def _add_modelcar(self, repo: "Repository", model: BundleModel, car: "modelcar.Modelcar") -> None:
+        """The model's modelcar image beside its artifact (issue 49): its index under each artifact tag with
+        `-modelcar` after it, its platform manifests and configs (made from bundle.json), and a layer per carried
+        file, framed around the raw file's bytes as it is sent."""
+        repo.manifests.setdefault(car.digest, ServedManifest(car.digest, OCI_INDEX, "modelcar index", car.index))
+        platforms = []
+        for os_, arch, manifest, config in car.manifests:
+            digest = Digest.of(manifest)
+            repo.manifests.setdefault(digest, ServedManifest(digest, OCI_MANIFEST, f"{os_}/{arch}", manifest))
+            platforms.append(digest)
+            self.small.setdefault(Digest.of(config), config)
+            repo.blobs.add(Digest.of(config))
+        for f in model.carried:
+            assert f.modelcar is not None  # model.modelcar() is None otherwise
+            self.framed.setdefault(f.modelcar, Framed(f.modelcar, f.sha256, modelcar.head(f.path, f.size),
+                                                      modelcar.tail(f.size), f.size))
+            repo.blobs.add(f.modelcar)
+        for tag in (modelcar.tag(t) for t in model_tags(model)):
+            if not TAG.match(tag):
+                continue  # a revision near the length limit: the commit's tag serves it
+            if tag in repo.tags and repo.tags[tag] != platforms:
+                self.conflicts.append(f"{repo.name}:{tag}")
+            else:
+                repo.tags[tag], repo.indexes[tag] = platforms, car.digest
 
     def _add_blobs(self, b: int, index: BundleIndex) -> None:
         """Where bundle `b`'s files start, and where each blob lies in them (the first bundle's copy is served)."""
@@ -294,6 +340,35 @@ class Catalog:
         paths = [path for _, path in self.repositories]
         return sorted(path if paths.count(path) == 1 else f"{registry}/{path}"
                       for registry, path in self.repositories)
+
+    def size_of(self, digest: Digest) -> Optional[int]:
+        """A blob's size, of whichever kind (in the parts, made from bundle.json, a modelcar layer); None: unknown."""
+        blob = self.blobs.get(digest)
+        if blob is not None:
+            return blob.size
+        if digest in self.small:
+            return len(self.small[digest])
+        framed = self.framed.get(digest)
+        return framed.size if framed is not None and framed.raw in self.blobs else None
+
+    def pieces(self, digest: Digest, start: int, end: int) -> List[Union[bytes, Span]]:
+        """Bytes [start, end) of a blob the catalog knows (size_of), in order: spans of the part files, and bytes
+        (a config made from bundle.json; a modelcar layer's head and tail around its raw file's spans)."""
+        if digest in self.blobs:
+            return list(self.spans(self.blobs[digest], start, end))
+        if digest in self.small:
+            return [self.small[digest][start:end]]
+        framed = self.framed[digest]
+        h, n = len(framed.head), framed.raw_size
+        out: List[Union[bytes, Span]] = []
+        if start < h:
+            out.append(framed.head[start:min(end, h)])
+        a, b = max(start - h, 0), min(end - h, n)
+        if a < b:
+            out += self.spans(self.blobs[framed.raw], a, b)
+        if end > h + n:
+            out.append(framed.tail[max(start - h - n, 0):end - h - n])
+        return out
 
     def spans(self, blob: Blob, start: int = 0, end: Optional[int] = None) -> List[Span]:
         """Bytes [start, end) of the blob as pieces of the part files holding them (of a compressed bundle: of its

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import ImgtoolError, StoreError
 from ..fsutil import allocate, remove_quietly, write_atomic
@@ -33,12 +33,13 @@ HOLE_PIECE = 8 << 20  # the writer reads a placed blob back in pieces of this si
 
 
 class Hole:
-    """`n` bytes of the archive a source already slots: the part sink reads them back (to hash) instead of writing."""
+    """`n` bytes of the archive a source already slots: the part sink reads them back (to hash) instead of writing;
+    `tap`, when set, is given those bytes as they are read back (a model file's modelcar layer hashes)."""
 
-    __slots__ = ("n",)
+    __slots__ = ("n", "tap")
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, tap: Optional[Callable[[bytes], None]] = None):
+        self.n, self.tap = n, tap
 
     def __len__(self) -> int:
         return self.n

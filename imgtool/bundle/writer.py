@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import __version__, gz
+from .. import __version__, gz, modelcar
 from ..delta import DeltaPlan, describe_requirements, requirements
 from ..errors import ImgtoolError, UsageError
 from ..fsutil import fsync_dir, remove_quietly, write_atomic
@@ -244,7 +244,8 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
                  extra_files: Optional[Dict[str, Path]] = None,
                  before_seal: Optional[Callable[[], Optional[Dict[Digest, int]]]] = None,
                  gzip: Optional[gz.Gzip] = None, gzipped_layers: bool = False,
-                 regions: Optional[Regions] = None, models: Sequence[BundleModel] = ()) -> BundleResult:
+                 regions: Optional[Regions] = None, models: Sequence[BundleModel] = (),
+                 modelcar_layers: bool = False) -> BundleResult:
     """Write the bundle for `images` into `out_dir`; raises UsageError, ImgtoolError (disk full etc.).
 
     `extra_files` (name in the bundle -> source file, e.g. imgtool.pyz) are copied in and listed
@@ -263,7 +264,10 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
     `regions`: the source wrote the layers into the parts already (bundle/regions.py; `prepare_regions` made the
     directory): the writer writes around them and reads them back to hash the parts.
     `models`: the models the bundle carries (format.bundle_model); their files' members follow the images' and are
-    read through `blobs.chunks` (or their regions) as layers are.
+    read through `blobs.chunks` (or their regions) as layers are. `modelcar_layers`: each carried model file whose
+    modelcar layer digest the model lacks is hashed as its bytes pass here (modelcar.LayerHash: whichever run
+    downloaded them, cached or resumed, they all pass once), and a model whose every file then has one carries the
+    modelcar form in bundle.json (a delta's left-out file has it only from its base).
     """
     started = time.monotonic()
     plan = plan_bundle(Path(out_dir), images, delta, chunk_size=chunk_size, compress=compress, models=models)
@@ -280,7 +284,10 @@ def write_bundle(out_dir: Path, images: Sequence[PulledImage], blobs: "Blobs", *
         # the sink and its hashing worker are one context: every path out of it, set-up included, ends them
         with _PartSink(plan.out_dir, plan.archive_name, chunk_size, plan.part_digits, single=plan.single,
                        prefilled=regions is not None) as sink:
-            _stream_archive(plan, sink, blobs, progress, gzip, regions)
+            hashes = _modelcar_hashes(plan.models) if modelcar_layers else {}
+            _stream_archive(plan, sink, blobs, progress, gzip, regions, hashes)
+            if modelcar_layers:
+                plan = dataclasses.replace(plan, models=_with_modelcar(plan.models, hashes))
             sizes = before_seal() if before_seal is not None else None
             parts, archive = _seal_archive(plan, sink, written)
             if regions is not None:
@@ -408,13 +415,18 @@ def _prepare_dir(out_dir: Path, force: bool) -> List[str]:
 
 
 def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progress: Progress, gzip: gz.Gzip,
-                    regions: Optional[Regions]) -> None:
+                    regions: Optional[Regions], hashes: "Optional[_LayerHashes]" = None) -> None:
     """Every member's header, bytes and padding, then the tar's end, through the compressor into `sink`; each blob
-    read through the source's `blobs.chunks` (checked by it), or where the source placed it, as holes."""
+    read through the source's `blobs.chunks` (checked by it), or where the source placed it, as holes. A model file
+    in `hashes` feeds its modelcar layer hashes as its bytes pass (read back from its region, or as the source
+    gives them)."""
     def blob(m: layout.Member):
+        taps = hashes.get(m.digest) if hashes and m.kind == "model" else None
         if regions is not None and regions.holds(m.digest):
-            return regions.holes(m.digest, m.size)
-        return blobs.chunks(m.digest, m.size, m.what)
+            holes = regions.holes(m.digest, m.size)
+            return holes if not taps else _tapped_holes(holes, _feed(taps))
+        chunks = blobs.chunks(m.digest, m.size, m.what)
+        return chunks if not taps else _tapped(chunks, _feed(taps))
 
     with progress.bar(plan.tar_size, "writing bundle") as bar, _compressor(plan.compress, sink, plan.tar_size,
                                                                           gzip) as stream:
@@ -422,6 +434,54 @@ def _stream_archive(plan: BundlePlan, sink: "_PartSink", blobs: "Blobs", progres
             stream.write(data)
             bar.update(len(data))
         stream.finish()
+
+
+# A model file's modelcar layer hashes by its sha256 (the archive's member): one per (model, path) that holds it, as
+# each path frames the same bytes with its own header.
+_LayerHashes = Dict[Digest, List[Tuple[int, str, modelcar.LayerHash]]]
+
+
+def _modelcar_hashes(models: Sequence[BundleModel]) -> _LayerHashes:
+    """A LayerHash for each carried file whose model lacks its modelcar layer digest."""
+    out: _LayerHashes = {}
+    for i, model in enumerate(models):
+        for f in model.carried:
+            if f.modelcar is None:
+                out.setdefault(f.sha256, []).append((i, f.path, modelcar.LayerHash(f.path, f.size)))
+    return out
+
+
+def _feed(taps: List[Tuple[int, str, "modelcar.LayerHash"]]) -> Callable[[bytes], None]:
+    def feed(chunk: bytes) -> None:
+        for _, _, h in taps:
+            h.update(chunk)
+    return feed
+
+
+def _tapped(chunks, feed: Callable[[bytes], None]):
+    for chunk in chunks:
+        feed(chunk)
+        yield chunk
+
+
+def _tapped_holes(holes, feed: Callable[[bytes], None]):
+    for hole in holes:
+        hole.tap = feed
+        yield hole
+
+
+def _with_modelcar(models: Sequence[BundleModel], hashes: _LayerHashes) -> Tuple[BundleModel, ...]:
+    """`models` with the layer digests hashed on the way; a model some file of which still has none (a delta's
+    left-out file its base recorded none for) carries no modelcar form."""
+    done: Dict[Tuple[int, str], Digest] = {(i, path): h.digest() for taps in hashes.values() for i, path, h in taps}
+    out = []
+    for i, model in enumerate(models):
+        files = tuple(f if f.modelcar is not None else dataclasses.replace(f, modelcar=done.get((i, f.path)))
+                      for f in model.files)
+        if any(f.modelcar is None for f in files):
+            files = tuple(dataclasses.replace(f, modelcar=None) for f in files)
+        out.append(dataclasses.replace(model, files=files))
+    return tuple(out)
 
 
 def _seal_archive(plan: BundlePlan, sink: "_PartSink", written: List[Path]) -> Tuple[List[Part], Archive]:
@@ -555,7 +615,7 @@ class _PartSink:
         if not len(data):
             return
         if isinstance(data, Hole):
-            self._adopt(len(data))
+            self._adopt(len(data), data.tap)
             return
         self.archive.put(data)
         view = memoryview(data)
@@ -574,8 +634,9 @@ class _PartSink:
             if self.chunk_size is not None and self.size >= self.chunk_size:
                 self._close_part(f)
 
-    def _adopt(self, n: int) -> None:
-        """`n` bytes a source placed where the archive is now: read back and hashed, not written."""
+    def _adopt(self, n: int, tap: Optional[Callable[[bytes], None]] = None) -> None:
+        """`n` bytes a source placed where the archive is now: read back and hashed (and given to `tap`), not
+        written."""
         while n:
             f = self.file if self.file is not None else self._open()
             room = min(n, COPY_BUFFER) if self.chunk_size is None else min(n, COPY_BUFFER, self.chunk_size - self.size)
@@ -585,6 +646,8 @@ class _PartSink:
             self.archive.put(data)
             if not self.single:
                 self.sha.update(data)
+            if tap is not None:
+                tap(data)
             self.size += room
             n -= room
             self._sync_behind(f)

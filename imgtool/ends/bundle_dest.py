@@ -53,6 +53,8 @@ class BundleDestination:
     # the models the bundle carries (format.bundle_model): their files' members follow the images', taken in that
     # order from the source as layers are
     models: Sequence[BundleModel] = ()
+    # hash each carried model file's modelcar layer as its bytes pass (fetch; a copy keeps what its source records)
+    modelcar: bool = False
 
     def plan(self, images: Sequence[PulledImage]) -> "Holding[Bundled]":
         """Every layer in the archive's order; a delta's left-out layers held (never read). Raises UsageError (the
@@ -82,7 +84,7 @@ class BundleDestination:
                                        gzip=self.gzip, gzipped_layers=plan.destination.gzipped_layers,
                                        delta=self.delta, created=self.created, extra_files=self.extra_files,
                                        before_seal=plan.destination.before_seal, regions=plan.regions,
-                                       models=self.models)
+                                       models=self.models, modelcar_layers=self.modelcar)
         finally:
             if plan.regions is not None:
                 plan.regions.close()
@@ -133,6 +135,7 @@ def read_have(inventory: Optional[Path], base: Optional[Path]) -> Tuple[Optional
                                   [Descriptor(x.media_type, x.digest, x.size) for x in im.layers])
         for m in index.models:  # every file, those the base left out too: the offline side held them then
             from_bundle.add_model(m.ref, (f.sha256 for f in m.files))
+            from_bundle.add_modelcar_layers((f.sha256, f.path, f.modelcar) for f in m.files if f.modelcar)
         if have is None:
             have = from_bundle
         else:

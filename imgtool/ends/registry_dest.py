@@ -24,7 +24,8 @@ from ..model import Digest, ImageRef, PulledImage, format_size
 from ..pipeline import Holding, Plan
 from ..progress import Progress
 from ..registry import RegistryClient
-from .registry_models import PushedModel, check_model_base, model_blobs, model_targets, push_model
+from .registry_models import (Modelcars, PushedModel, Streamed, check_model_base, model_blobs, model_targets,
+                              modelcar_blobs, push_model)
 
 if TYPE_CHECKING:
     from ..pipeline import Blobs, Source
@@ -98,6 +99,8 @@ class _BlobPlan:
     where: Dict[Digest, str] = field(default_factory=dict)  # blob -> a repository of this registry known to hold it
     present: int = 0  # (repository, blob) pairs already there
     sizes: Dict[Digest, int] = field(default_factory=dict)
+    cars: Modelcars = field(default_factory=Modelcars)  # the modelcar layers and configs the registry lacks
+    read_only: set = field(default_factory=set)  # (repository, raw file) read only to frame its modelcar layers
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class RegistryDestination:
         check_model_base(self.client, models, self.host, self.name, self.to)
         blobs = _plan_blobs(self.client, targets)
         _plan_model_blobs(self.client, models, blobs)
+        _plan_modelcars(self.client, models, blobs)
         at = {d: i for i, d in enumerate(self.prefer)}
         blobs.todo.sort(key=lambda pair: at.get(pair[1], len(at)))  # stable: one digest's repositories stay in order
         every = sorted(blobs.sizes, key=lambda d: at.get(d, len(at)))
@@ -189,8 +193,10 @@ class RegistryDestination:
         for repo, images in _by_tag(targets):
             self._push_manifests(repo, images, {im.manifest_digest: im for im in plan.images}, result)
         for model, repo in plan.destination.models:  # every blob of it is in: its manifest, last
-            result.models.append(push_model(self.client, self.host, repo, model))
+            result.models.append(push_model(self.client, self.host, repo, model,
+                                            car=model.ref not in blobs.cars.skipped))
         result.warnings.extend(plan.destination.warnings)
+        result.warnings.extend(blobs.cars.skipped.values())
         return result
 
     def abort(self) -> None:
@@ -205,7 +211,7 @@ class RegistryDestination:
             for repo, digest in plan.todo:
                 url = None
                 holder = plan.where.get(digest)
-                if holder and holder != repo:
+                if holder and holder != repo and digest not in plan.cars.frames:
                     url = self.client.mount_blob(repo, digest, holder)  # None: mounted; else where to upload instead
                     if url is None:
                         result.blobs_mounted += 1
@@ -214,40 +220,44 @@ class RegistryDestination:
                     if digest in read:  # its bytes went by: read once more, after the rest
                         again.append((repo, digest, url))
                         continue
-                self._upload(source, repo, digest, plan.sizes[digest], url, bar, result)
+                self._upload(source, repo, digest, plan.sizes[digest], url, bar, result,
+                             plan.cars.frames.pop(digest, []), (repo, digest) in plan.read_only)
                 read.add(digest)
                 plan.where.setdefault(digest, repo)
+            for repo, digest, config in plan.cars.configs:
+                self.client.finish_upload(repo, self.client.start_upload(repo), digest, config)
+                result.blobs_uploaded += 1
+                result.bytes_uploaded += len(config)
             if again and self.rewind is not None:
                 self.rewind()
             for repo, digest, url in again:
                 self._upload(source, repo, digest, plan.sizes[digest], url, bar, result)
 
     def _upload(self, source: "Blobs", repo: str, digest: Digest, size: int, url: Optional[str], bar,
-                result: PushResult) -> None:
+                result: PushResult, frames=(), read_only: bool = False) -> None:
         """Upload one blob read through the source: one PUT when small, PATCH chunks then PUT when big; the PUT that
-        commits it is sent only once the source checked the whole blob against its digest."""
-        url = url or self.client.start_upload(repo)
+        commits it is sent only once the source checked the whole blob against its digest. `frames`: the modelcar
+        layers of this raw file, uploaded beside it as its bytes pass (head, bytes, tail); `read_only`: the raw file
+        is there already, only its layers are uploaded."""
         what = f"blob {digest.short} for {self.host}/{repo}"
-        chunk = self.chunk
-        if size <= chunk:
-            data = b"".join(source.chunks(digest, size, what))
-            self.client.finish_upload(repo, url, digest, data)
-            bar.update(size)
-        else:
-            buf = bytearray()
-            pos = 0
-            for data in source.chunks(digest, size, what):
-                buf += data
-                while len(buf) >= chunk:
-                    url = self.client.upload_chunk(repo, url, bytes(buf[:chunk]), pos)
-                    pos += chunk
-                    del buf[:chunk]
-                    bar.update(chunk)
-            # the digest was checked when `chunks` ended: only now is the upload committed
-            self.client.finish_upload(repo, url, digest, bytes(buf))
-            bar.update(len(buf))
-        result.blobs_uploaded += 1
-        result.bytes_uploaded += size
+        uploads = [] if read_only else [Streamed(self.client, repo, digest, size, self.chunk, url)]
+        framed = [Streamed(self.client, f.repo, f.digest, f.size, self.chunk) for f in frames]
+        for up, f in zip(framed, frames):
+            up.feed(f.head)
+        for data in source.chunks(digest, size, what):
+            for up in uploads + framed:
+                up.feed(data)
+            bar.update(len(data))
+        # the digest was checked when `chunks` ended: only now is each upload committed
+        for up, f in zip(framed, frames):
+            up.feed(f.tail)
+            up.finish()
+            result.blobs_uploaded += 1
+            result.bytes_uploaded += f.size
+        for up in uploads:
+            up.finish()
+            result.blobs_uploaded += 1
+            result.bytes_uploaded += size
 
     def _push_manifests(self, repo: str, images: List[BundleImage], pulled: Dict[Digest, PulledImage],
                         result: PushResult) -> None:
@@ -325,6 +335,18 @@ def _plan_model_blobs(client: RegistryClient, models: Sequence[Tuple[BundleModel
             plan.where.setdefault(digest, repo)
         else:
             plan.todo.append((repo, digest))
+
+
+def _plan_modelcars(client: RegistryClient, models: Sequence[Tuple[BundleModel, str]], plan: _BlobPlan) -> None:
+    """The modelcar layers and configs the registry lacks; a raw file the registry holds whose layer it lacks is
+    read all the same (its layer is framed around its bytes), not uploaded."""
+    plan.cars = modelcar_blobs(client, models)
+    plan.present += plan.cars.present
+    queued = {d for _, d in plan.todo}
+    for raw, frames in plan.cars.frames.items():
+        if raw not in queued:
+            plan.todo.append((frames[0].repo, raw))
+            plan.read_only.add((frames[0].repo, raw))
 
 
 def _by_tag(targets: List[Tuple[BundleImage, str]]) -> List[Tuple[str, List[BundleImage]]]:
