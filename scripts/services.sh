@@ -732,7 +732,8 @@ EOF
         # /sys and /dev the host's, this directory is bound in at its own path (the
         # storage.conf paths), $dir/varlib over /var/lib/containers, $dir/runroot over /run (crun's and
         # Podman's state: the root is shared by every set of services), and the host's /tmp and /var/tmp (the
-        # archives imgtool stages, the bundles tests load) at theirs. cgroups v1 here: Podman 5 warns on every
+        # archives imgtool stages, the bundles tests load) and /root (the presets' /root/.cache, which `imgtool run`
+        # mounts into the container: Podman 4.3 sees the host's, so 5.8 must too) at theirs. cgroups v1 here: Podman 5 warns on every
         # call, which the variable silences. runc (unstable's 1.3, inside the root), not crun: crun 1.28 refuses
         # cgroups in hybrid mode ("drop all controllers from cgroupv2"), which this machine runs.
         mkdir -p "$dir/runroot"
@@ -742,7 +743,7 @@ EOF
 PODMAN_IGNORE_CGROUPSV1_WARNING=1 exec unshare --mount --propagation private sh -c '
 R="\$0"; D="\$1"; shift
 mount --bind "\$R" "\$R" && mount -t proc proc "\$R/proc" && mount --rbind /sys "\$R/sys" && mount --rbind /dev "\$R/dev" &&
-mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" &&
+mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" && mount --bind /root "\$R/root" &&
 mkdir -p "\$R\$D" && mount --bind "\$D" "\$R\$D" && mount --bind "\$D/varlib" "\$R/var/lib/containers" &&
 mount --bind "\$D/runroot" "\$R/run" &&
 cd / && exec chroot "\$R" /usr/bin/podman "\$@"' "$SID_CACHE/podman-root" "$dir" "\$@"
