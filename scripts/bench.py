@@ -1404,7 +1404,8 @@ BASELINE = {"delta (next release)": "delta.imgtool",
             "fetch": "fetch.imgtool", "fetch (zstd image)": "zstd.asis", "verify": "verify.imgtool_quick", "load": "load.imgtool",
             "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
             "load (containerd 1.6)": "ctrd1.6.imgtool", "load (containerd 1.7)": "ctrd1.7.imgtool",
-            "load (Podman 4.3)": "podman.imgtool", "load (Podman 5.8)": "podman5.8.imgtool", "export": "export.imgtool", "constrained link": "slow.imgtool",
+            "load (Podman 4.3)": "podman.imgtool", "load (Podman 5.8)": "podman5.8.imgtool",
+            "export": "export.imgtool", "constrained link": "slow.imgtool",
             "1 pull": "pull1.serve", "4 pulls at once": "pull4.serve", "8 pulls at once": "pull8.serve"}
 SERVE_PULLS = (1, 4, 8)
 
