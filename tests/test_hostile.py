@@ -513,7 +513,7 @@ def hostile(services, factory, mirrored, tmp_path):
     h.close()
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 def test_hostile_input_is_refused_with_its_exit_code_on_every_runtime(hostile, node):
     """Issue 46 item 6: a registry whose config diff_ids do not match its layers, copied into Podman, ended as
     `internal error: Applied: ...` (exit 1): the exceptions raised while an image lands (bundle/landing.py's Cut,

@@ -49,7 +49,7 @@ def _where(node) -> str:
     return ", namespace k8s.io" if node.kind == "containerd" else ""
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 def test_load_multipart_then_again_is_a_noop(bundle, node):
     out, image = bundle
     before = node.image_ids()
@@ -369,7 +369,7 @@ def test_docker_error_detail_on_http_200_is_a_failure(store, tmp_path, services,
     assert docker_cli.image_ids() == before
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
     """load leaves the diff_id check to the runtime (no second decompression of every layer): the runtime
     refuses such a layer itself, and nothing is left (containerd and Docker's containerd store register
