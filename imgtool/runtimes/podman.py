@@ -72,7 +72,8 @@ SPACE_ADVICE = "free space there (podman image prune, podman system df), or move
 # and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its
 # peak, imgtool's copy of the archive plus two copies Podman makes of the layers while it reads and applies them,
 # all removed after; its graphroot holds what the layers unpack to (overlay: +0.4 % for big files, +5 % for many
-# small ones). Podman 4.3 loads a layer that is not its diff_id's (measured): imgtool checks for it.
+# small ones). Podman 4.3 loads a layer that is not its diff_id's (measured): imgtool checks for it; Podman 5 refuses it
+# itself (_refused_layer), and imgtool says so as it says 4.3's.
 TRAITS = _PodmanTraits(
     title="Podman", load_command="podman load", zstd_since="3.0", checks_diff_ids=False, staged_copies=3,
     staging_advice="point TMPDIR at a directory with room for 3 times the archive",
