@@ -183,12 +183,25 @@ class DaemonError(ImgtoolError):
 
 
 class ProgramFailed(DaemonError):
-    """A runtime's tool (ctr, podman) ran and exited non-zero; `output` is what it said last."""
+    """A runtime's tool (ctr, podman) ran and exited non-zero; `output` is what it said last, `said` every line of
+    its error output (for a room that reads one of Podman's several reasons: runtimes/podman.py)."""
 
-    def __init__(self, message: str, output: str, code: int, hint: Optional[str] = None):
+    def __init__(self, message: str, output: str, code: int, hint: Optional[str] = None, said: Tuple[str, ...] = ()):
         super().__init__(message, hint=hint)
         self.output = output
         self.code = code
+        self.said = said
+
+
+class LayerRefused(VerifyError):
+    """The runtime refused a layer whose content is not the diff_id its image's config names (Podman 5 checks it
+    while it loads; 4.3 applies it, and imgtool's look at what it applied refuses it): `diff_id` the config's,
+    `found` what the content hashes to. Nothing of that image was kept."""
+
+    def __init__(self, message: str, hint: Optional[str] = None, *, diff_id: str, found: str):
+        super().__init__(message, hint)
+        self.diff_id = diff_id
+        self.found = found
 
 
 class ExportError(DaemonError):

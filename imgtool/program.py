@@ -8,7 +8,7 @@ import collections
 import shutil
 import subprocess
 import threading
-from typing import IO, Deque, Iterable, List, Mapping, Optional, Sequence
+from typing import IO, Deque, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import DaemonError, ProgramFailed, one_line
 
@@ -66,7 +66,8 @@ class Program:
             raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
         if r.returncode not in ok:
             said = _ended(r.returncode, _last_line(r.stderr) or _last_line(r.stdout))
-            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode)
+            raise ProgramFailed(f"{self.title}: `{self.argv[0]} {what}` failed: {said}", said, r.returncode,
+                                said=_lines(r.stderr))
         return r
 
     def start(self, args: Sequence[str]) -> Process:
@@ -160,6 +161,15 @@ def _ended(code: int, last: str) -> str:
             name = f"signal {number}"
         return f"killed by {name}" + ("" if code < 0 else f" (exit status {code})")
     return last or f"exit status {code}"
+
+
+SAID_LINES = 64  # of a failed tool's error output, kept for the room that reads it (ProgramFailed.said)
+
+
+def _lines(data: bytes) -> Tuple[str, ...]:
+    """The last SAID_LINES non-empty lines of a tool's output, each stripped."""
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return tuple(lines[-SAID_LINES:])
 
 
 def _last_line(data: bytes) -> str:

@@ -187,11 +187,16 @@ def version_of(cmd: Sequence[str]) -> str:
 class Env:
     """Where the registry and the dockerds are (engines: name -> docker host, from IMGTOOL_TEST_ENGINES)."""
 
-    def __init__(self, registry: str, docker_host: str, engines: str = "", containerds: str = "", podman: str = ""):
+    def __init__(self, registry: str, docker_host: str, engines: str = "", containerds: str = "", podman: str = "",
+                 podmans: str = ""):
         self.registry, self.docker_host = registry, docker_host
         self.engines = dict(item.split("=", 1) for item in engines.split() if "=" in item)
         self.containerds = dict(item.split("=", 1) for item in containerds.split() if "=" in item)  # version -> socket
-        self.podman = podman  # the private podman's directory (bin/podman, storage.conf, containers.conf)
+        # version -> the private podman's directory (bin/podman, storage.conf, containers.conf): 4.3, and 5.8 when
+        # the services run it (IMGTOOL_TEST_PODMANS); IMGTOOL_TEST_PODMAN alone is 4.3's
+        self.podmans = dict(item.split("=", 1) for item in podmans.split() if "=" in item)
+        if podman and not self.podmans:
+            self.podmans = {"4.3": podman}
 
 
 # The other engines of the test matrix, whose load is measured against their own `docker load`:
@@ -206,7 +211,8 @@ def services(args):
     if not args.own_services and all(os.environ.get(n) for n in names):
         log(f"using the running test services (registry {os.environ[names[0]]})")
         yield Env(os.environ[names[0]], os.environ[names[1]], os.environ.get("IMGTOOL_TEST_ENGINES", ""),
-                  os.environ.get("IMGTOOL_TEST_CONTAINERDS", ""), os.environ.get("IMGTOOL_TEST_PODMAN", ""))
+                  os.environ.get("IMGTOOL_TEST_CONTAINERDS", ""), os.environ.get("IMGTOOL_TEST_PODMAN", ""),
+                  os.environ.get("IMGTOOL_TEST_PODMANS", ""))
         return
     sdir = args.services_dir
     env = dict(os.environ, IMGTOOL_SERVICES_DIR=sdir)
@@ -220,7 +226,8 @@ def services(args):
                 k, _, v = line[len("export "):].partition("=")
                 values[k] = v.strip("'\"")
         yield Env(values[names[0]], values[names[1]], values.get("IMGTOOL_TEST_ENGINES", "").replace("\\ ", " "),
-                  values.get("IMGTOOL_TEST_CONTAINERDS", "").replace("\\ ", " "), values.get("IMGTOOL_TEST_PODMAN", ""))
+                  values.get("IMGTOOL_TEST_CONTAINERDS", "").replace("\\ ", " "), values.get("IMGTOOL_TEST_PODMAN", ""),
+                  values.get("IMGTOOL_TEST_PODMANS", "").replace("\\ ", " "))
     finally:
         log("stopping services")
         subprocess.run(["bash", script, "down"], env=env, check=False)
@@ -776,14 +783,15 @@ class Bench:
 
     # -- load into the runtimes of nodes without Docker ------------------------------------------
 
-    def podman_env(self) -> dict:
-        p = self.env.podman
+    def podman_env(self, p: str) -> dict:
+        """The environment of the private podman in directory `p` (scripts/services.sh: 4.3's, 5.8's)."""
         return dict(self.base_env, PATH=f"{p}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
                     CONTAINERS_STORAGE_CONF=f"{p}/storage.conf", CONTAINERS_CONF=f"{p}/containers.conf",
                     DOCKER_HOST="unix:///nonexistent/docker.sock", CONTAINERD_ADDRESS="/nonexistent/containerd.sock")
 
-    def runtime_rmi(self, sock: Optional[str]) -> None:
-        """Remove the image from containerd at `sock` (all its names, content collected), or from Podman."""
+    def runtime_rmi(self, sock: Optional[str], podman: str = "") -> None:
+        """Remove the image from containerd at `sock` (all its names, content collected), or from the Podman in
+        directory `podman`."""
         names = [f"quay.io/{self.repo}:v1", self.ref(), arm(self.meta)["config"]]
         if sock:
             ctr = ["ctr", "--address", sock, "-n", "k8s.io"]
@@ -793,12 +801,12 @@ class Bench:
             if doomed:
                 run(ctr + ["images", "rm", "--sync"] + doomed, check=False)
         else:
-            run(["podman", "rmi", "-f"] + names, env=self.podman_env(), check=False)
+            run(["podman", "rmi", "-f"] + names, env=self.podman_env(podman), check=False)
 
-    def imgtool_load_runtime(self, sock: Optional[str]) -> Result:
-        """imgtool load --runtime auto on a node without Docker: containerd at `sock`, else Podman."""
-        self.runtime_rmi(sock)
-        env = self.podman_env() if sock is None else dict(self.base_env, DOCKER_HOST="unix:///nonexistent/docker.sock",
+    def imgtool_load_runtime(self, sock: Optional[str], podman: str = "") -> Result:
+        """imgtool load --runtime auto on a node without Docker: containerd at `sock`, else the Podman in `podman`."""
+        self.runtime_rmi(sock, podman)
+        env = self.podman_env(podman) if sock is None else dict(self.base_env, DOCKER_HOST="unix:///nonexistent/docker.sock",
                                                          CONTAINERD_ADDRESS=sock)
         return run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=env, rss=True)
 
@@ -807,9 +815,9 @@ class Bench:
         return run(["ctr", "--address", sock, "-n", "k8s.io", "images", "import", "--platform", "linux/arm64",
                     str(self.archive_path())], env=self.base_env)
 
-    def podman_load(self) -> Result:
-        self.runtime_rmi(None)
-        return run(["podman", "load", "-q", "-i", str(self.archive_path())], env=self.podman_env())
+    def podman_load(self, podman: str) -> Result:
+        self.runtime_rmi(None, podman)
+        return run(["podman", "load", "-q", "-i", str(self.archive_path())], env=self.podman_env(podman))
 
     def export(self, out: Path) -> Result:
         shutil.rmtree(out, ignore_errors=True)
@@ -901,6 +909,18 @@ class Bench:
         """Load into every runtime against its own load (Docker engines, containerd, Podman), alternating;
         with `export`, the loaded image is exported back into a bundle (memory + time) in between."""
         a = self.args
+        if not a.only_podman:
+            self.run_docker_loads(export)
+        for version, podman in sorted(self.env.podmans.items()):
+            key = "podman" if version == "4.3" else f"podman{version}"  # 4.3's keys as in the reports before 5.8
+            log(f"load on Podman {version}")
+            self.alternate([(f"{key}.imgtool", lambda p=podman: self.imgtool_load_runtime(None, p), True),
+                            (f"{key}.podman", lambda p=podman: self.podman_load(p), False)], a.runs)
+            self.runtime_rmi(None, podman)
+
+    def run_docker_loads(self, export: bool) -> None:
+        """run_loads' Docker engines and containerds."""
+        a = self.args
         log("load")
         self.alternate([("load.imgtool", self.imgtool_load, True), ("load.docker", self.docker_load, False)], a.runs)
         if export:  # the image is loaded now: export it back into a bundle (memory + time)
@@ -923,11 +943,6 @@ class Bench:
             self.alternate([(f"ctrd{version}.imgtool", lambda s=sock: self.imgtool_load_runtime(s), True),
                             (f"ctrd{version}.ctr", lambda s=sock: self.ctr_import(s), False)], a.runs)
             self.runtime_rmi(sock)
-        if self.env.podman:
-            log("load on Podman")
-            self.alternate([("podman.imgtool", lambda: self.imgtool_load_runtime(None), True),
-                            ("podman.podman", self.podman_load, False)], a.runs)
-            self.runtime_rmi(None)
 
     def run_all(self) -> None:
         a = self.args
@@ -1367,6 +1382,8 @@ ROWS = [  # key, task, tool
     ("ctrd1.7.ctr", "load (containerd 1.7)", "`ctr -n k8s.io images import` of the same archive"),
     ("podman.imgtool", "load (Podman 4.3)", "`imgtool load` on a host with only Podman"),
     ("podman.podman", "load (Podman 4.3)", "`podman load -i` of the same archive"),
+    ("podman5.8.imgtool", "load (Podman 5.8)", "`imgtool load` on a host with only Podman 5.8"),
+    ("podman5.8.podman", "load (Podman 5.8)", "`podman load -i` of the same archive, the same Podman"),
     ("export.imgtool", "export", "`imgtool export` (docker save → gzip layers → bundle)"),
     ("pull1.serve", "1 pull", "`skopeo copy … oci:DIR` from `imgtool serve` of the bundle"),
     ("pull1.registry", "1 pull", "`skopeo copy … oci:DIR` from the distribution registry"),
@@ -1387,7 +1404,8 @@ BASELINE = {"delta (next release)": "delta.imgtool",
             "fetch": "fetch.imgtool", "fetch (zstd image)": "zstd.asis", "verify": "verify.imgtool_quick", "load": "load.imgtool",
             "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
             "load (containerd 1.6)": "ctrd1.6.imgtool", "load (containerd 1.7)": "ctrd1.7.imgtool",
-            "load (Podman 4.3)": "podman.imgtool", "export": "export.imgtool", "constrained link": "slow.imgtool",
+            "load (Podman 4.3)": "podman.imgtool", "load (Podman 5.8)": "podman5.8.imgtool",
+            "export": "export.imgtool", "constrained link": "slow.imgtool",
             "1 pull": "pull1.serve", "4 pulls at once": "pull4.serve", "8 pulls at once": "pull8.serve"}
 SERVE_PULLS = (1, 4, 8)
 
@@ -1704,6 +1722,9 @@ def main(argv=None) -> int:
     p.add_argument("--only-load", action="store_true",
                    help="only load: every Docker engine, containerd and Podman against their own load/import "
                         "(the bundle fetched once, untimed); no memory check at the small size")
+    p.add_argument("--only-podman", action="store_true",
+                   help="only load on each Podman of the services (4.3, and 5.8 when they run it) against its own "
+                        "`podman load -i`, as --only-load does")
     p.add_argument("--only-constrained", action="store_true",
                    help="only the constrained link: imgtool from one and from two sources, skopeo (docker pull with "
                         "--docker-pull); no memory check at the small size")
@@ -1722,6 +1743,7 @@ def main(argv=None) -> int:
                         "half-way and run again, on loopback and on the constrained link")
     p.add_argument("--seed", default="bench1", help="the image's seed: the same seed and scale give the same tar bytes everywhere")
     args = p.parse_args(argv)
+    args.only_load = args.only_load or args.only_podman
     if args.quick:
         args.scale, args.runs, args.small_scale = QUICK_SCALE, 1, QUICK_SCALE / 2
         args.rate = max(args.rate, 20.0)

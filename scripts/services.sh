@@ -22,7 +22,7 @@
 #   28.5              Debian unstable's docker.io 28.5 with its containerd 2.1 on PATH (and this
 #                     machine's runc: unstable's needs glibc 2.38), unpacked the same way into
 #                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache)
-# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all four; `env` prints
+# Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all five; `env` prints
 # IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
 #   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
 #                     its own config, root, state and socket, the CRI plugin on (no CNI: no pods)
@@ -37,8 +37,8 @@
 #                     DIR/bin first in PATH and set CONTAINERS_STORAGE_CONF / CONTAINERS_CONF.
 #   podman-5.8        Debian unstable's podman 5.8 (needs glibc 2.38: it cannot run unpacked here), run
 #                     from a Debian unstable root made with debootstrap into $IMGTOOL_SID_CACHE/podman-root;
-#                     DIR/bin/podman chroots into it in a private mount namespace (setup_podman). Not in
-#                     the defaults; `env` prints IMGTOOL_TEST_PODMANS="4.3=DIR 5.8=DIR"
+#                     DIR/bin/podman chroots into it in a private mount namespace (setup_podman); the first
+#                     `up` makes that root (about 3 minutes). `env` prints IMGTOOL_TEST_PODMANS="4.3=DIR 5.8=DIR"
 # Each dockerd is private and leaves the host alone: its own socket, data root, exec root, config
 # file and containerd (dockerd starts a containerd under --exec-root when not given --containerd);
 # no docker0 bridge, no iptables rules, no ip_forward change. Containers therefore have no bridge
@@ -54,7 +54,7 @@ DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
 # (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
 ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd 28.5}"
-RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3}"
+RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3 podman-5.8}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 SID_CACHE="${IMGTOOL_SID_CACHE:-$(dirname "$DEBS_CACHE")/sid}"
 
@@ -737,8 +737,9 @@ EOF
         # /sys and /dev the host's, this directory is bound in at its own path (the
         # storage.conf paths), $dir/varlib over /var/lib/containers, $dir/runroot over /run (crun's and
         # Podman's state: the root is shared by every set of services), and the host's /tmp and /var/tmp (the
-        # archives imgtool stages, the bundles tests load) at theirs. cgroups v1 here: Podman 5 warns on every
-        # call, which the variable silences. runc (unstable's 1.3, inside the root), not crun: crun 1.28 refuses
+        # archives imgtool stages, the bundles tests load) and /root (the presets' /root/.cache, which `imgtool
+        # run` mounts into the container: Podman 4.3 sees the host's, so 5.8 must too) at theirs. cgroups v1
+        # here: Podman 5 warns on every call, which the variable silences. runc (unstable's 1.3, inside the root), not crun: crun 1.28 refuses
         # cgroups in hybrid mode ("drop all controllers from cgroupv2"), which this machine runs.
         mkdir -p "$dir/runroot"
         cat >"$dir/bin/podman" <<EOF
@@ -747,7 +748,7 @@ EOF
 PODMAN_IGNORE_CGROUPSV1_WARNING=1 exec unshare --mount --propagation private sh -c '
 R="\$0"; D="\$1"; shift
 mount --bind "\$R" "\$R" && mount -t proc proc "\$R/proc" && mount --rbind /sys "\$R/sys" && mount --rbind /dev "\$R/dev" &&
-mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" &&
+mount --rbind /tmp "\$R/tmp" && mount --rbind /var/tmp "\$R/var/tmp" && mount --bind /root "\$R/root" &&
 mkdir -p "\$R\$D" && mount --bind "\$D" "\$R\$D" && mount --bind "\$D/varlib" "\$R/var/lib/containers" &&
 mount --bind "\$D/runroot" "\$R/run" &&
 cd / && exec chroot "\$R" /usr/bin/podman "\$@"' "$SID_CACHE/podman-root" "$dir" "\$@"

@@ -5,7 +5,8 @@ services        Services (registries host:port, dockerd socket, TLS CA, token is
                 test runs once per engine: 20.10, 26.1, 26.1-containerd, 28.5; see scripts/services.sh)
 engine          the name of that engine (None in unmarked tests, which use the first engine)
 node            in a test marked @pytest.mark.runtimes (run once per Docker engine, then on containerd 1.6,
-                1.7 and 2.1 and Podman 4.3): tests.support.runtimes.Node, the env for imgtool
+                1.7 and 2.1 and Podman 4.3; marked runtimes(proof=True), a verb's proof, on Podman 5.8
+                too): tests.support.runtimes.Node, the env for imgtool
                 (node.env), what the runtime holds, the ID it gives an image, a container run, cleanup
 factory         ImageFactory seeded from the test's node id (stable per test, distinct across tests)
 uniq            a fresh repository namespace, e.g. "t3f9a0c1d", so tests never share repositories
@@ -24,7 +25,7 @@ import subprocess
 import pytest
 
 from tests.support.daemon import DaemonCleanup, DockerCLI
-from tests.support.runtimes import RUNTIMES, Node, node_for
+from tests.support.runtimes import PROOF_RUNTIMES, RUNTIMES, Node, node_for
 from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, publish_mirrored
 from tests.support.services import Services, ServicesNotRunning, worker_environment
@@ -48,8 +49,9 @@ def pytest_configure(config):
         raise pytest.UsageError(str(e)) from None
     config.addinivalue_line("markers", "engines(stores=False): run the test once on every Docker engine of the matrix "
                                        "(stores=True: once per image store)")
-    config.addinivalue_line("markers", "runtimes(stores=False): run the test once on every Docker engine, containerd "
-                                       "and Podman (stores=True: once per image store and runtime kind)")
+    config.addinivalue_line("markers", "runtimes(stores=False, proof=False): run the test once on every Docker engine, "
+                                       "containerd and Podman (stores=True: once per image store and runtime kind; "
+                                       "proof=True: its verb's proof, on Podman 5.8 too)")
     config.addinivalue_line("markers", "services: reaches a registry, dockerd, containerd or Podman (set from the fixtures "
                                        "it uses; scripts/test.sh runs the others first, before the services start)")
 
@@ -65,8 +67,10 @@ def pytest_collection_modifyitems(config, items):
 def pytest_generate_tests(metafunc):
     runtimes, engines = (metafunc.definition.get_closest_marker(m) for m in ("runtimes", "engines"))
     if runtimes:
+        proof = PROOF_RUNTIMES if runtimes.kwargs.get("proof") else ()
         stores = runtimes.kwargs.get("stores")
-        metafunc.parametrize("engine", STORE_ENGINES + STORE_RUNTIMES if stores else ENGINES + RUNTIMES, indirect=True)
+        metafunc.parametrize("engine", (STORE_ENGINES + STORE_RUNTIMES if stores else ENGINES + RUNTIMES) + proof,
+                             indirect=True)
     elif engines:
         metafunc.parametrize("engine", STORE_ENGINES if engines.kwargs.get("stores") else ENGINES, indirect=True)
 
@@ -90,7 +94,7 @@ def engine(request):
 
 @pytest.fixture
 def services(_services, engine) -> Services:
-    if engine is None or engine in RUNTIMES:
+    if engine is None or engine in RUNTIMES + PROOF_RUNTIMES:
         return _services
     try:
         return _services.on(engine)

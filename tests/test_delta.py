@@ -78,7 +78,7 @@ def two_tags(services, factory, mirrored, tmp_path):
     return _mirrors(tmp_path, services, ms), ms, old, new
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 def test_delta_bundle_against_an_inventory(two_tags, tmp_path, node):
     """On every runtime: the inventory taken there, the delta fetched against it loads there; a runtime
     without the base refuses it before anything is imported."""

@@ -28,7 +28,7 @@ def bundle(factory, tmp_path):
     return make
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 def test_healthy_host_with_a_fitting_bundle(node, engine, bundle):
     out = bundle(host_arch())
     r = imgtool("doctor", str(out), "--runtime", node.kind, env=node.env)

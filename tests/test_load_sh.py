@@ -23,10 +23,12 @@ from imgtool.model import Digest
 from imgtool.progress import Progress
 from tests.support.bundles import BlobDir, parts_of, write
 from tests.support.images import host_arch
+from tests.support.runtimes import PROOF_RUNTIMES
 
 REPO = "example.test/loadsh"
 HANG = 120  # seconds: a load.sh that needs longer for these small bundles is hanging
-RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]  # podman-5.8: tests/support/runtimes.py
+RUNTIMES = ["containerd-1.6", "containerd-1.7", "containerd-2.1", "podman"]
+PROOF = RUNTIMES + list(PROOF_RUNTIMES)  # load.sh's proof runs on Podman 5.8 too (tests/support/runtimes.py)
 # what load.sh runs, besides the runtime (the podman wrappers of the services run unshare and mount; 5.8's mkdir, chroot)
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
          "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "chroot", "id",
@@ -149,6 +151,7 @@ def _bundle(store: BlobDir, out: Path, images, **kw) -> Path:
     return out
 
 
+@pytest.mark.parametrize("node", PROOF, indirect=True)
 def test_load_sh_puts_the_image_where_the_runtime_of_a_node_without_docker_runs_it(node, factory, uniq, tmp_path):
     """zstd layers (which containerd 1.5+ and Podman read: no Docker-before-23 refusal), a gzip-compressed
     bundle in several parts: on containerd the image lands in k8s.io under its canonical name only (and the

@@ -1,4 +1,4 @@
-"""`imgtool run --runtime podman` and `run-flags --runtime podman` against the private podman 4.3.
+"""`imgtool run --runtime podman` and `run-flags --runtime podman` against the private podman 4.3 (and 5.8: PODMANS).
 
 The image is a factory image with a static busybox (runnable=True), put into the private podman's
 storage with `podman load -i`; no NPU here, so every run passes --allow-missing-devices, as the
@@ -20,6 +20,7 @@ from tests.support.images import host_arch, write_docker_archive
 from tests.test_presets import DEAD_DOCKER, NO_CARDS, imgtool
 from tests.support.terminal import session_on_a_terminal
 
+PODMANS = ["4.3", "5.8"]  # the proofs of run and run-flags: Podman 5.8 too (tests/support/runtimes.py PROOF_RUNTIMES)
 NOT_INSTALLED = ["error: cannot use Podman: the podman command is not installed (not in PATH)",
                  "hint: install Podman (dnf install podman; Debian/Ubuntu: apt-get install podman), "
                  "or choose another runtime with --runtime"]
@@ -33,10 +34,10 @@ def home(tmp_path):
 
 
 class Podman:
-    """The private podman of the test services, run as the tests' own tool."""
+    """The private podman of the test services (4.3, or `version`), run as the tests' own tool."""
 
-    def __init__(self, services):
-        self.env = services.podman_env()
+    def __init__(self, services, version: str = ""):
+        self.env = services.podman_env(version=version)
         # what imgtool needs to find that podman (its PATH first, its configuration)
         self.cli_env = {k: self.env[k] for k in ("PATH", "CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF")}
         self.containers = []
@@ -50,8 +51,9 @@ class Podman:
 
 
 @pytest.fixture
-def podman(services):
-    p = Podman(services)
+def podman(services, request):
+    """Podman 4.3; the run and run-flags proofs are parametrized over PODMANS (Podman 5.8 too)."""
+    p = Podman(services, getattr(request, "param", ""))
     yield p
     for name in p.containers:
         p("rm", "-f", "-t", "0", name, check=False)
@@ -74,6 +76,7 @@ def run_on_podman(podman, *args, home, extra_env=None, **kw):
                    **kw)
 
 
+@pytest.mark.parametrize("podman", PODMANS, indirect=True)
 def test_run_streams_output_and_exits_with_the_containers_code(podman, pod_image, uniq, home):
     name = f"imgtool-{uniq}"
     podman.containers.append(name)  # only if the run goes wrong
@@ -183,6 +186,7 @@ def local_vllm(podman, pod_image, uniq, tmp_path):
     podman("rmi", "-f", *tags, check=False)
 
 
+@pytest.mark.parametrize("podman", PODMANS, indirect=True)
 def test_run_flags_picks_the_newest_image_in_podman(podman, local_vllm, home):
     default_image, env = local_vllm
     flags = ("run-flags", "--runtime", "podman", "--one-line")

@@ -17,7 +17,7 @@ from imgtool.delta import chain_ids
 from imgtool.model import Digest, format_size
 from tests.support.bundles import BlobDir, imgtool, write
 from tests.support.images import host_arch
-from tests.support.runtimes import RUNTIMES
+from tests.support.runtimes import PROOF_RUNTIMES, RUNTIMES
 
 REPO = "quay.io/ascend/vllm-ascend"
 
@@ -84,7 +84,7 @@ def test_containerd_namespace_from_the_option_or_the_variable_as_ctr_reads_it(ru
                             f"{REPO}@{image.manifest_digest}"], capture_output=True, timeout=120)
 
 
-@pytest.mark.parametrize("engine", RUNTIMES, indirect=True)  # the Docker engines: tests/test_bundle.py
+@pytest.mark.parametrize("engine", RUNTIMES + PROOF_RUNTIMES, indirect=True)  # the Docker engines: tests/test_bundle.py
 @pytest.mark.parametrize("compress", ["gzip", "zstd"])
 def test_a_compressed_bundle_loads_and_its_container_runs(compress, runnable, node):
     out, image = runnable(compress)

@@ -289,7 +289,7 @@ def run_clean(python, *args, cwd, docker_host=None, node=None):
     return subprocess.run([*env, *python, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-@pytest.mark.runtimes
+@pytest.mark.runtimes(proof=True)
 @pytest.mark.parametrize("version", KYLIN_PYTHON)
 def test_the_pyz_verifies_loads_and_inventories_on_kylins_python(version, services, engine, factory, mirrored,
                                                                   tmp_path, node):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..delta import describe_requirements, missing_chains, requirements
-from ..errors import DaemonError, ImgtoolError, UsageError, VerifyError
+from ..errors import DaemonError, ImgtoolError, LayerRefused, UsageError, VerifyError
 from ..model import Platform, familiar, foreign_arch_warning, is_docker_name
 from ..progress import Progress
 from . import hostcheck, layout
@@ -119,7 +119,7 @@ def land(daemon: "Runtime", facts: "RuntimeInfo", plan: "LoadPlan", send: Callab
     pipeline's runtime destination (ends/runtime_dest.py: registry → runtime). Raises what `send` raised,
     DaemonError."""
     try:
-        sent = send()
+        sent = _sent(send, facts, plan.loading)
         _unpack(daemon, plan)
         if not facts.checks_diff_ids and facts.reports_applied_diff_ids:
             _check_applied(daemon, facts, plan.loading)
@@ -341,6 +341,28 @@ class Applied(Cut):
     is removed again (load's full check then names the layer; `copy registry: runtime:` says this one)."""
 
 
+def _not_its_diff_id(facts: "RuntimeInfo", im: BundleImage, bad: int, done: str) -> Applied:
+    """The refusal of layer `bad` (from 0) of `im`, whose content the runtime `done` ("applied", "refused") is not
+    its diff_id."""
+    return Applied(f"layer {bad + 1} of {im.ref}: {facts.title} {done} content that is not its diff_id "
+                   f"(blob {im.layers[bad].digest.short}); nothing of {im.ref} was kept",
+                   hint="the blob matches its digest, so the image is published this way (fetching it again gives "
+                        "the same bytes): report it to the image's publisher")
+
+
+def _sent(send: Callable[[], int], facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> int:
+    """`send()`; a layer the runtime refused as not its diff_id (Podman 5) raised as Applied, as Podman 4.3's
+    applied one is (_check_applied), naming the first layer of the images sent with that diff_id."""
+    try:
+        return send()
+    except LayerRefused as e:
+        for im, _ in images:
+            bad = next((i for i, layer in enumerate(im.layers) if str(layer.diff_id) == e.diff_id), None)
+            if bad is not None:
+                raise _not_its_diff_id(facts, im, bad, "refused") from e
+        raise
+
+
 def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tuple[BundleImage, str]]) -> None:
     """Compare the diff_ids the runtime computed while it applied each image's layers (Podman's storage
     records them) with the config's; raises Applied naming the first image that differs, DaemonError when the
@@ -354,10 +376,7 @@ def _check_applied(daemon: "Runtime", facts: "RuntimeInfo", images: Sequence[Tup
                               hint=f"check {facts.title}'s storage ({facts.root_dir}), then load again")
         if applied != expected:
             bad = next((i for i, (a, b) in enumerate(zip(applied, expected)) if a != b), len(expected) - 1)
-            raise Applied(f"layer {bad + 1} of {im.ref}: {facts.title} applied content that is not its diff_id "
-                          f"(blob {im.layers[bad].digest.short}); nothing of {im.ref} was kept",
-                          hint="the blob matches its digest, so the image is published this way (fetching it again "
-                               "gives the same bytes): report it to the image's publisher")
+            raise _not_its_diff_id(facts, im, bad, "applied")
 
 
 def outgoing_meta(index: BundleIndex, named: Sequence[BundleImage], others: Sequence[BundleImage],

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import DaemonError, ImgtoolError, ProgramFailed, UsageError, one_line
+from ..errors import DaemonError, ImgtoolError, LayerRefused, ProgramFailed, UsageError, one_line
 from ..nodeconfig import Mirror, NodeFile, RuntimePart, toml_string
 from ..fsutil import process_alive, remove_quietly, tree_size
 from ..model import foreign_arch_warning, format_size
@@ -72,7 +72,8 @@ SPACE_ADVICE = "free space there (podman image prune, podman system df), or move
 # and 32 MiB, layers from incompressible to 2.4:1): its staging dir ($TMPDIR, else /var/tmp) holds 3.0 x A at its
 # peak, imgtool's copy of the archive plus two copies Podman makes of the layers while it reads and applies them,
 # all removed after; its graphroot holds what the layers unpack to (overlay: +0.4 % for big files, +5 % for many
-# small ones). Podman 4.3 loads a layer that is not its diff_id's (measured): imgtool checks for it.
+# small ones). Podman 4.3 loads a layer that is not its diff_id's (measured): imgtool checks for it; Podman 5 refuses it
+# itself (_refused_layer), and imgtool says so as it says 4.3's.
 TRAITS = _PodmanTraits(
     title="Podman", load_command="podman load", zstd_since="3.0", checks_diff_ids=False, staged_copies=3,
     staging_advice="point TMPDIR at a directory with room for 3 times the archive",
@@ -269,7 +270,8 @@ class Podman:
         runs with that directory as its TMPDIR, so its own temporaries (it unpacks the archive into an oci*
         directory there, and stages layers in a storage* one) are this load's too. The directory is removed
         after, whatever happened; what a load killed midway left is removed by the next (remove_debris).
-        Raises DaemonError, or what the chunks raised (then podman never ran)."""
+        Raises LayerRefused (Podman 5 refused a layer that is not its diff_id), DaemonError, or what the chunks
+        raised (then podman never ran)."""
         try:
             work = tempfile.mkdtemp(prefix=f"{STAGED_PREFIX}{os.getpid()}-", dir=self.staging_dir)
         except OSError as e:
@@ -290,7 +292,13 @@ class Podman:
 
             podman = Program(["podman"], "Podman", env=_load_env(tool_environment(), work, os.geteuid()),
                              install_hint=INSTALL_HINT)
-            return podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
+            try:
+                return podman.run(["load", "--input", path], timeout=self.timeout, what="load").splitlines()
+            except ProgramFailed as e:
+                refused = _refused_layer(e)
+                if refused is None:
+                    raise
+                raise refused from e
         finally:
             # on a thread of its own: freeing an archive-sized file's blocks took 0.2-0.4 s for 1.6 GB, which the
             # checks and tags after the load now overlap (docs/benchmarks.md, "Podman's load, the staged copy"); one
@@ -552,6 +560,25 @@ def _load_env(env: Mapping[str, str], work: str, euid: int) -> Dict[str, str]:
             return out
     out["TMPDIR"] = work
     return out
+
+
+# Podman 5 checks each layer of a docker-archive against its config's diff_id while it copies it (4.3 does not): a
+# layer that differs fails the load (exit 125) with this among the reasons of every format it tried, one a line
+# (`* docker-archive: ... Digest did not match, expected sha256:<diff_id>, got sha256:<content's>`), and its last
+# line is another format's (`* dir: ... not a directory`)
+_DIGEST_REFUSED = re.compile(r"^\*\s*docker-archive:.*\bDigest did not match, expected (sha256:[0-9a-f]{64}), "
+                             r"got (sha256:[0-9a-f]{64})")
+
+
+def _refused_layer(e: ProgramFailed) -> Optional[LayerRefused]:
+    """Podman's refusal of a layer that is not its diff_id, read from `podman load`'s reasons; None for another
+    failure. The archive's bytes were checked on the way in, so the layer's content is as the bundle has it."""
+    for line in e.said:
+        m = _DIGEST_REFUSED.match(line)
+        if m:
+            return LayerRefused(f"Podman refused a layer whose content is not its diff_id {m.group(1)[:19]}",
+                                diff_id=m.group(1), found=m.group(2))
+    return None
 
 
 def _left(path: str) -> str:
