@@ -408,6 +408,30 @@ def test_two_endpoints_serve_one_file_together_the_faster_more_and_a_stale_one_n
         assert not file_gets(stale, SHARD1) and not file_gets(stale, SHARD2)
 
 
+def test_a_slow_download_keeps_every_connection_busy_to_the_end(tmp_path):
+    """One 2.25 MiB file in three ranges over 16 connections held to 128 KB/s each. Before, each range's first
+    request asked for `request` (512 KiB here, 16 MiB at full size), and an idle connection can never take a byte of
+    a request sent: five connections worked for 4 s, the other eleven idled. Now no request asks for more than its
+    share of what nobody has asked for yet: the connections take each other's back halves and finish together."""
+    model = small_model(seed=48, shards=1, shard_bytes=(2 << 20) + (256 << 10))
+    shard = "model-00001-of-00001.safetensors"
+    with Hub([model], flavour="hf") as hub:
+        res = resolved("hf", hub)
+        store = Store(tmp_path / "cache")
+        res = res.complete(store)
+        size = model.head.files[shard].size
+        hub.faults.drip = 128_000
+        start = time.monotonic()
+        stats = pull_model(res, store, Progress(), jobs=16, tuning=Tuning(
+            big_blob=1 << 20, segment=1 << 20, request=512 << 10, min_steal=32 << 10, steal_seconds=0.05))
+        took = time.monotonic() - start
+        assert_store_holds(store, res, model)
+        assert sum(r.sent for r in file_gets(hub, shard)) == size  # every byte asked for once
+        assert stats.bytes_downloaded == size
+        # 512 KiB at 128 KB/s is 4.1 s; the whole file over 16 connections 1.2 s, and the requests' round trips
+        assert took < 3.0, took
+
+
 def test_one_endpoint_of_two_ignoring_range_still_serves_its_share(tmp_path):
     model = small_model(seed=48, shard_bytes=1 << 20)
     with Hub([model], flavour="hf") as ranged, Hub([model], flavour="hf") as whole:
