@@ -4,6 +4,7 @@ a snapshot is the hub's listing at the revision's commit, names from a hub are d
 origin, and a model's files come through the one downloader (puller.download_blobs): ranged, resumable, from
 several endpoints, checked against the hub's sha256."""
 
+import dataclasses
 import re
 import signal
 import subprocess
@@ -15,8 +16,8 @@ from typing import List, Optional, Sequence
 import pytest
 
 from imgtool import hubs
-from imgtool.config import (HubEnvironment, MirrorConfig, ModelMirror, hf_token, modelscope_endpoint,
-                            parse_mirrors, read_toml)
+from imgtool.config import (HubEnvironment, MirrorConfig, ModelMirror, hf_token, hub_environment,
+                            modelscope_endpoint, parse_mirrors, read_toml)
 from imgtool.errors import ConfigError, ManifestError, NotFoundError, RegistryError, VerifyError
 from imgtool.hubs import huggingface
 from imgtool.model import Digest
@@ -505,6 +506,23 @@ def test_modelscope_endpoint_as_its_client_reads_it(monkeypatch):
     assert modelscope_endpoint() == "https://www.modelscope.cn"
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", "https://modelscope.ai/")
     assert modelscope_endpoint() == "https://modelscope.ai"
+
+
+@pytest.mark.parametrize("variable", ["MODELSCOPE_DOMAIN", "MODELSCOPE_ENDPOINT"])
+def test_the_modelscope_endpoint_is_named_by_the_variable_the_user_set(variable, monkeypatch):
+    # modelscope's client reads $MODELSCOPE_DOMAIN, its successor modelscope_hub $MODELSCOPE_ENDPOINT first: a message
+    # names the one that was set (before: MODELSCOPE_ENDPOINT always, a variable a modelscope user never set)
+    for name in ("MODELSCOPE_DOMAIN", "MODELSCOPE_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    env = dataclasses.replace(hub_environment(), hf_default=None, modelscope_default=None)
+    ref = ref_of("modelscope")
+    config = MirrorConfig("quay.io/ascend/vllm-ascend", (), "mirrors.toml")
+    with pytest.raises(RegistryError) as e:
+        hubs.resolve(ref, hubs.open_hubs(ref, config, env, retry=FAST))
+    assert e.value.message == (f"no source can serve modelscope:{REPO}: {variable} (http://127.0.0.1:9): "
+                               "127.0.0.1:9: connection refused")
+    assert e.value.exit_code == 4
 
 
 def test_model_mirrors_in_mirrors_toml(tmp_path):

@@ -38,8 +38,8 @@ __all__ = ["Hub", "HubSource", "HubProbe", "HubResolution", "open_hubs", "resolv
 
 READ_CHUNK = 256 * 1024
 COMPLETING = 8  # small git files downloaded at once by HubResolution.complete
-_ROOMS = {"hf": (huggingface.HuggingFace, "HF_ENDPOINT", huggingface.LOGIN_HINT),
-          "modelscope": (modelscope.ModelScope, "MODELSCOPE_ENDPOINT", modelscope.LOGIN_HINT)}
+_ROOMS = {"hf": (huggingface.HuggingFace, huggingface.LOGIN_HINT),
+          "modelscope": (modelscope.ModelScope, modelscope.LOGIN_HINT)}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _endpoints(hub: str, config: MirrorConfig, env: HubEnvironment) -> List[_End
     or `$MODELSCOPE_DOMAIN`, which the hub's own client would use), mirrors.toml's `[[model_mirrors]]`, the hub
     itself; one URL once (the hub's, where one is, stays the upstream). The token goes to the environment's
     endpoint and the hub, as the hub's client sends it, and to a mirror only with `token = true`."""
-    variable = _ROOMS[hub][1]
+    variable = "HF_ENDPOINT" if hub == "hf" else env.modelscope_variable  # named as the user set it
     env_url = env.hf_endpoint if hub == "hf" else env.modelscope_endpoint
     default = env.hf_default if hub == "hf" else env.modelscope_default
     found: List[_Endpoint] = []
@@ -94,7 +94,7 @@ def open_hubs(ref: ModelRef, config: MirrorConfig, env: HubEnvironment, only: Op
     an unknown name or a malformed URL."""
     if ref.hub not in _ROOMS:
         raise UsageError(f"{ref}: not a model hub reference (hf:ORG/NAME or modelscope:ORG/NAME)")
-    room, _, hint = _ROOMS[ref.hub]
+    room, hint = _ROOMS[ref.hub]
     token = env.hf_token if ref.hub == "hf" else env.modelscope_token
     endpoints = _endpoints(ref.hub, config, env)
     if only and only != "auto":
