@@ -10,7 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 
 from .errors import Cancelled, CorruptBlob, ImgtoolError, NotFoundError, RegistryError, VerifyError
@@ -19,7 +19,6 @@ from .progress import Bar, Progress
 from .puller_sources import Retries, Slots, SourcePool, asks_for_fewer
 from .registry import BlobStream
 from .store import Partial, Store
-from .worker import Worker
 
 if TYPE_CHECKING:
     from .bundle.regions import Regions
@@ -134,6 +133,7 @@ class PullStats:
             self.fresh.add(digest)
 
 
+HASHERS = 2  # threads moving the blobs' hash cursors over the bytes other ranges wrote (_Scheduler.hash_behind)
 BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
 
 
@@ -152,7 +152,7 @@ class _BlobJob:
 
     The hash follows a cursor: bytes that arrive at the cursor are hashed as they come; bytes
     written past it (other ranges) are read back from the partial file once the cursor reaches
-    them, by the download's hashing thread (`catch_up`), never by the connection that brought the
+    them, by the download's hashing threads (`catch_up`), never by the connection that brought the
     chunk at the cursor: that one read its socket at half its rate while it hashed the other
     ranges' bytes, and was the last to finish (docs/benchmarks.md "Two sources, measured"). So a
     blob fetched in ranges is mostly hashed by the time its last byte lands, instead of being read
@@ -164,7 +164,7 @@ class _BlobJob:
         self.hasher = blob.desc.digest.hasher()
         self.hashed = 0
         self.hash_busy = False
-        self.queued = False  # handed to the hashing thread, not taken yet
+        self.queued = False  # handed to a hashing thread, not taken yet
         self.closed = False
         self.pending = 0  # ranges not finished yet (changed under the scheduler's lock)
         self.lock = threading.Lock()
@@ -192,7 +192,7 @@ class _BlobJob:
             return self._done_from(self.hashed) > self.hashed  # a chunk written there meanwhile was left to us
 
     def wants_catch_up(self) -> bool:
-        """True the first time since the last `catch_up` began: the caller hands the blob to the hashing thread."""
+        """True the first time since the last `catch_up` began: the caller hands the blob to a hashing thread."""
         with self.lock:
             first, self.queued = not self.queued, True
             return first
@@ -301,7 +301,7 @@ class _Scheduler:
         self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
         self.workers = 1  # the connections at once (set by _run_workers)
-        self.hashing: Optional[Worker[None]] = None  # moves the blobs' hash cursors (set by _run_workers)
+        self.hashing: Optional[ThreadPoolExecutor] = None  # moves the blobs' hash cursors (set by _run_workers)
         self.slots = Slots(per_source)
         self.pools: Dict[int, SourcePool] = {}
 
@@ -597,7 +597,7 @@ class _Scheduler:
         pos = rng.pos
         rng.job.partial.write(pos, chunk)
         if rng.job.hash_from(pos, chunk) and self.hashing is not None and rng.job.wants_catch_up():
-            self.hashing.put(rng.job)
+            self.hashing.submit(self.hash_behind, rng.job)
         rng.pos = pos + len(chunk)
         self.stats.add(source, len(chunk))
         rng.job.bar.update(len(chunk))
@@ -621,15 +621,14 @@ class _Scheduler:
         finally:
             self._close(job)
 
-    def hash_behind(self, jobs: Iterable[_BlobJob]) -> None:
-        """The hashing thread: each blob handed to it, its cursor moved over the bytes written past it. What fails
-        here is left to the blob's end, which hashes what is left and reports it (`_commit`)."""
-        for job in jobs:
-            if not self.stop.is_set():
-                try:
-                    job.catch_up()
-                except (OSError, ImgtoolError):
-                    pass
+    def hash_behind(self, job: _BlobJob) -> None:
+        """On a hashing thread: the blob's cursor moved over the bytes written past it. What fails here is left to
+        the blob's end, which hashes what is left and reports it (`_commit`)."""
+        if not self.stop.is_set():
+            try:
+                job.catch_up()
+            except (OSError, ImgtoolError):
+                pass
 
     def _commit(self, job: _BlobJob) -> None:
         desc = job.desc
@@ -751,7 +750,9 @@ def _run_workers(sched: _Scheduler, jobs: int) -> None:
     returns, and every opened blob's partial record is kept and its lock released.
     """
     sched.workers = jobs
-    sched.hashing = Worker(sched.hash_behind, "download-hash", maxsize=0)  # one blob at most once in its queue
+    # two: one thread fell behind under load (a loaded machine gives each thread its share), and the blobs'
+    # last checks waited for it, 0.3-0.9 s after the last byte (docs/benchmarks.md "Two sources, measured")
+    sched.hashing = ThreadPoolExecutor(max_workers=HASHERS, thread_name_prefix="download-hash")
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="download") as pool:
             futures = [pool.submit(sched.work) for _ in range(jobs)]
@@ -761,7 +762,7 @@ def _run_workers(sched: _Scheduler, jobs: int) -> None:
                 sched.stop.set()  # each worker ends at its next chunk; leaving `with` joins them
                 raise
     finally:
-        sched.hashing.abandon()  # before the blobs' files close: it may be reading one
+        sched.hashing.shutdown(wait=True)  # before the blobs' files close: it may be reading one
         sched.close_all()
     if sched.error is not None:
         raise sched.error
