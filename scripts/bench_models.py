@@ -24,6 +24,8 @@ what the killed run received. Peak RSS (GNU time) of every run. Each output is r
 
     scripts/bench_models.py --scale 0.25 --connections 12 16     # 5 GB, about 5 minutes; the table to stdout
     scripts/bench_models.py --scale 1 --links loopback --no-kill --no-bundle-rows   # the issue's 20 GB model
+    scripts/bench_models.py --scale 0.025 --rate 2 --links two --no-kill --no-bundle-rows --hf-workers --timeline
+        # two sources where the link decides, each imgtool run's timeline (scripts/timeline.py) on stderr
 
 Not product code: imgtool/ never imports it.
 """
