@@ -419,7 +419,8 @@ MAX_TOKEN_FILE = 4096  # a token file longer than this is not a token
 class HubEnvironment:
     """What the model hubs' own clients read from the environment, read once by commands/ (`hub_environment`)
     and handed to the hubs room: the endpoints (`$HF_ENDPOINT`; `$MODELSCOPE_ENDPOINT`, else
-    `$MODELSCOPE_DOMAIN`) and the tokens. `hf_default`/`modelscope_default` are the hubs themselves."""
+    `$MODELSCOPE_DOMAIN`) and the tokens. `hf_default`/`modelscope_default` are the hubs themselves.
+    `modelscope_variable` is the variable the ModelScope endpoint came from, the name messages give it."""
 
     hf_endpoint: Optional[str] = None
     hf_token: Optional[str] = field(default=None, repr=False)
@@ -427,13 +428,15 @@ class HubEnvironment:
     modelscope_token: Optional[str] = field(default=None, repr=False)
     hf_default: Optional[str] = DEFAULT_HF_ENDPOINT
     modelscope_default: Optional[str] = DEFAULT_MODELSCOPE_ENDPOINT
+    modelscope_variable: str = "MODELSCOPE_DOMAIN"
 
 
 def hub_environment() -> HubEnvironment:
     """The hubs' endpoints and tokens as their clients read them (huggingface_hub 2.4, modelscope 1.40):
     `hf_endpoint`, `hf_token`, `modelscope_endpoint`, `modelscope_token`. Raises UsageError for an endpoint
     that is not an http(s) URL."""
-    return HubEnvironment(hf_endpoint(), hf_token(), modelscope_endpoint(), modelscope_token())
+    return HubEnvironment(hf_endpoint(), hf_token(), modelscope_endpoint(), modelscope_token(),
+                          modelscope_variable=modelscope_variable())
 
 
 def _endpoint(name: str, value: str) -> str:
@@ -449,16 +452,27 @@ def hf_endpoint() -> Optional[str]:
     return _endpoint("HF_ENDPOINT", value) if value else None
 
 
+# modelscope (1.40, the client vllm-ascend's docs use) reads $MODELSCOPE_DOMAIN; its successor modelscope_hub reads
+# $MODELSCOPE_ENDPOINT first and takes $MODELSCOPE_DOMAIN as a deprecated name for it
+MODELSCOPE_VARIABLES = ("MODELSCOPE_ENDPOINT", "MODELSCOPE_DOMAIN")
+
+
+def modelscope_variable() -> str:
+    """The variable the ModelScope endpoint comes from: the first of MODELSCOPE_VARIABLES that is set, else
+    MODELSCOPE_DOMAIN (what modelscope's client reads)."""
+    return next((n for n in MODELSCOPE_VARIABLES if os.environ.get(n, "").strip()), "MODELSCOPE_DOMAIN")
+
+
 def modelscope_endpoint() -> Optional[str]:
     """`$MODELSCOPE_ENDPOINT`, else `$MODELSCOPE_DOMAIN` (a bare host gets https://, a value with http:// is used
-    as given, as modelscope's client does), or None. Raises UsageError."""
-    for name in ("MODELSCOPE_ENDPOINT", "MODELSCOPE_DOMAIN"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            if not value.lower().startswith(("http://", "https://")):
-                value = "https://" + value
-            return _endpoint(name, value)
-    return None
+    as given, as modelscope's client does), or None. Raises UsageError naming the variable."""
+    name = modelscope_variable()
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    if not value.lower().startswith(("http://", "https://")):
+        value = "https://" + value
+    return _endpoint(name, value)
 
 
 def _clean_token(value: Optional[str]) -> Optional[str]:

@@ -22,7 +22,7 @@ from .ends.bundle_dest import BundleDestination, Bundled, read_have
 from .ends.hub_source import RegistryAndHubs
 from .weights import ModelRef, is_model_ref, parse_model_ref
 from .pipeline import Plan, copy
-from .puller import CONNECTIONS, HUB_JOBS, JOBS, PullStats
+from .puller import CONNECTIONS, HUB_CONNECTIONS, HUB_JOBS, JOBS, PullStats
 from .resolve import resolve_image, resolve_refs
 from .selfbundle import bundle_tool
 from .store import Store
@@ -50,7 +50,9 @@ class FetchOptions:
     chunk_size: Optional[int] = None
     compress: str = "none"
     jobs: Optional[int] = None  # connections per source (--connections); None: JOBS per registry, HUB_JOBS per hub
-    max_connections: int = CONNECTIONS  # connections at once over every source (--max-connections)
+    # connections at once over every source (--max-connections); None: CONNECTIONS over registries, HUB_CONNECTIONS
+    # over a model's hub endpoints
+    max_connections: Optional[int] = None
     force: bool = False
     probe_timeout: float = 5.0
     have: Optional[Path] = None  # an inventory of the offline Docker (`imgtool inventory -o FILE`)
@@ -69,6 +71,11 @@ class FetchOptions:
     def connections(self) -> Tuple[int, int]:
         """(connections per registry source, per model hub endpoint): --connections for both, else JOBS and HUB_JOBS."""
         return self.jobs or JOBS, self.jobs or HUB_JOBS
+
+    def caps(self) -> Tuple[int, int]:
+        """(connections at once over the registries, over a model's hub endpoints): --max-connections for both, else
+        CONNECTIONS and HUB_CONNECTIONS."""
+        return self.max_connections or CONNECTIONS, self.max_connections or HUB_CONNECTIONS
 
 
 @dataclass
@@ -153,8 +160,8 @@ def fetch(config: MirrorConfig, opts: FetchOptions, store: Store, progress: Prog
         # Model files go the same way after the layers (their members follow the images'): into their regions of an
         # uncompressed archive, else through the cache (--compress: the archive is one compressed stream).
         carried = [model_pull.carrying(res, {f.sha256 for f in m.files if f.omitted}) for res, m in zip(hubs, models)]
-        registry_jobs, hub_jobs = opts.connections()
-        source = RegistryAndHubs(pulled, carried, store, progress, (registry_jobs, opts.max_connections), hub_jobs)
+        (registry_jobs, hub_jobs), (registry_cap, hub_cap) = opts.connections(), opts.caps()
+        source = RegistryAndHubs(pulled, carried, store, progress, (registry_jobs, registry_cap), hub_jobs, hub_cap)
 
         def room(plan: "Plan[Bundled]") -> None:  # before the first byte: the cache's and the output's free space
             check_space(plan.images, store, output, plan.held, opts.layers, opts.compress, tool, plan.regions,
@@ -310,7 +317,7 @@ def _check_input(config: MirrorConfig, opts: FetchOptions, clients: Clients) -> 
         raise UsageError("nothing to fetch: give at least one image or model reference")
     if opts.jobs is not None and (opts.jobs < 1 or opts.jobs > 64):
         raise UsageError(f"invalid --connections {opts.jobs}: use 1 to 64")
-    if opts.max_connections < 1 or opts.max_connections > 256:
+    if opts.max_connections is not None and (opts.max_connections < 1 or opts.max_connections > 256):
         raise UsageError(f"invalid --max-connections {opts.max_connections}: use 1 to 256")
     if opts.layers not in transcode.MODES:
         raise UsageError(f"invalid --layers {opts.layers!r}: use one of {', '.join(transcode.MODES)}")

@@ -33,6 +33,10 @@ CONNECTIONS = 32  # connections at once over every source (--max-connections)
 # the count measured past 3x the client (16 was not: docs/benchmarks.md "Models (issue 48)"). A registry keeps JOBS:
 # image pulls do not change.
 HUB_JOBS = 24
+# connections at once over a model's hub endpoints (--max-connections unset): two endpoints' HUB_JOBS each. At 32, two
+# sources at 2 MB/s per connection could not pass 5.7x the client, the download alone taking 8.4 s of 54.6 / 6 = 9.1
+# (docs/benchmarks.md "Two sources, measured"); registries keep CONNECTIONS.
+HUB_CONNECTIONS = 2 * HUB_JOBS
 
 
 # --- blob download ---------------------------------------------------------
@@ -70,6 +74,12 @@ class Tuning:
     tail_seconds: float = 1.0
     """With nothing queued, a range with longer than this to go is asked for in halves (never less than
     `min_steal`), so idle connections can take the other half now instead of waiting for the request."""
+
+    share: float = 0.5
+    """A range with longer than `tail_seconds` to go (or whose rate is not known yet) is asked for in requests of at
+    most this much of the bytes no connection has asked for yet, over the connections (never less than `min_steal`):
+    as the work runs out the requests shrink, so no connection holds a long request that idle ones cannot take a
+    byte of, and the connections finish together (guided self-scheduling, halved)."""
 
     start_wait: float = 0.2
     """How long an idle connection waits for a blob being opened to queue its ranges, so blobs complete
@@ -123,6 +133,7 @@ class PullStats:
             self.fresh.add(digest)
 
 
+HASHERS = 2  # threads moving the blobs' hash cursors over the bytes other ranges wrote (_Scheduler.hash_behind)
 BLOB_ATTEMPTS = 3  # whole-blob downloads before a blob that keeps arriving corrupt is given up on
 
 
@@ -141,8 +152,11 @@ class _BlobJob:
 
     The hash follows a cursor: bytes that arrive at the cursor are hashed as they come; bytes
     written past it (other ranges) are read back from the partial file once the cursor reaches
-    them, by whichever thread moves it. So a blob fetched in ranges is mostly hashed by the time
-    its last byte lands, instead of being read back whole at the end.
+    them, by the download's hashing threads (`catch_up`), never by the connection that brought the
+    chunk at the cursor: that one read its socket at half its rate while it hashed the other
+    ranges' bytes, and was the last to finish (docs/benchmarks.md "Two sources, measured"). So a
+    blob fetched in ranges is mostly hashed by the time its last byte lands, instead of being read
+    back whole at the end.
     """
 
     def __init__(self, blob: _Blob, partial: Partial, unlock: Callable[[], None], bar: Bar):
@@ -150,8 +164,11 @@ class _BlobJob:
         self.hasher = blob.desc.digest.hasher()
         self.hashed = 0
         self.hash_busy = False
+        self.queued = False  # handed to a hashing thread, not taken yet
+        self.closed = False
         self.pending = 0  # ranges not finished yet (changed under the scheduler's lock)
         self.lock = threading.Lock()
+        self.cursor_free = threading.Condition(self.lock)
 
     def split(self, segment: Optional[int]) -> List[Tuple[int, int]]:
         """The byte ranges not on disk yet, cut into `segment`-sized pieces (None: whole)."""
@@ -161,19 +178,33 @@ class _BlobJob:
             out += [(x, min(x + step, b)) for x in range(a, b, step)]
         return out
 
-    def hash_from(self, pos: int, chunk: bytes) -> None:
-        """`chunk` was just written at `pos`: hash it now if the cursor is there, then catch up."""
+    def hash_from(self, pos: int, chunk: bytes) -> bool:
+        """`chunk` was just written at `pos`: hash it now if the cursor is there. True when bytes written past the
+        cursor wait to be read back (`catch_up`, on another thread: see `wants_catch_up`)."""
         with self.lock:
             if self.hash_busy or self.hashed != pos:
-                return  # not at the cursor (or someone is moving it): read back later
+                return False  # not at the cursor (or someone is moving it): read back later
             self.hash_busy = True
         self.hasher.update(chunk)
-        self._advance(pos + len(chunk))
-
-    def catch_up(self) -> None:
-        """Move the cursor over whatever is written contiguously after it (unless another thread is)."""
         with self.lock:
-            if self.hash_busy:
+            self.hashed, self.hash_busy = pos + len(chunk), False
+            self.cursor_free.notify_all()
+            return self._done_from(self.hashed) > self.hashed  # a chunk written there meanwhile was left to us
+
+    def wants_catch_up(self) -> bool:
+        """True the first time since the last `catch_up` began: the caller hands the blob to a hashing thread."""
+        with self.lock:
+            first, self.queued = not self.queued, True
+            return first
+
+    def catch_up(self, wait: bool = False) -> None:
+        """Move the cursor over whatever is written contiguously after it (unless another thread is, or, with
+        `wait`, once it has)."""
+        with self.lock:
+            self.queued = False
+            while wait and self.hash_busy:
+                self.cursor_free.wait()
+            if self.hash_busy or self.closed:
                 return
             self.hash_busy = True
         self._advance(self.hashed)
@@ -200,6 +231,7 @@ class _BlobJob:
         except BaseException:
             with self.lock:
                 self.hash_busy = False
+                self.cursor_free.notify_all()
             raise
 
     def _stop_or_more(self, hashed: int) -> int:
@@ -209,6 +241,7 @@ class _BlobJob:
             upto = self._done_from(hashed)
             if upto == hashed:
                 self.hashed, self.hash_busy = hashed, False
+                self.cursor_free.notify_all()
             return upto
 
 
@@ -267,6 +300,8 @@ class _Scheduler:
         self.stop = stop
         self.error: Optional[BaseException] = None  # the first error any worker met
         self.turn = 0
+        self.workers = 1  # the connections at once (set by _run_workers)
+        self.hashing: Optional[ThreadPoolExecutor] = None  # moves the blobs' hash cursors (set by _run_workers)
         self.slots = Slots(per_source)
         self.pools: Dict[int, SourcePool] = {}
 
@@ -354,13 +389,25 @@ class _Scheduler:
         with self.lock:
             size = rng.end - rng.pos if whole else self.tuning.request
             left = rng.seconds_left(time.monotonic())
+            if not whole and (left is None or left > self.tuning.tail_seconds):
+                # Not a fast range (the extra requests would cost more than they save there): no more than this
+                # connection's share of what nobody has asked for yet. On a slow link the first wave asked for
+                # `request` each, 8 s at 2 MB/s that no idle connection could take a byte of (docs/benchmarks.md
+                # "Two sources, measured").
+                size = min(size, max(self.tuning.min_steal, int(self._unasked() * self.tuning.share / self.workers)))
             if not self.queue and not whole and left is not None and left > self.tuning.tail_seconds:
                 # The tail, on a slow range: connections that run out of work come for it. Ask for at most
                 # half of what is left, so they can take the other half now instead of waiting for the
-                # request to end. (Not on a fast one: the extra requests cost more than they save there.)
+                # request to end.
                 size = min(size, max(self.tuning.min_steal, (rng.end - rng.pos) // 2))
             rng.asked = min(rng.end, rng.pos + size)
             return rng.asked
+
+    def _unasked(self) -> int:
+        """The bytes no connection has asked for yet: the queued work and the running ranges beyond their requests
+        (under the lock)."""
+        return sum(r.blob.desc.size if r.job is None else r.end - r.pos for r in self.queue) + \
+            sum(r.end - max(r.asked, r.pos) for r in self.running)
 
     # -- opening a blob --------------------------------------------------------------------------
 
@@ -549,7 +596,8 @@ class _Scheduler:
         assert rng.job is not None  # a range being fetched belongs to an opened blob
         pos = rng.pos
         rng.job.partial.write(pos, chunk)
-        rng.job.hash_from(pos, chunk)
+        if rng.job.hash_from(pos, chunk) and self.hashing is not None and rng.job.wants_catch_up():
+            self.hashing.submit(self.hash_behind, rng.job)
         rng.pos = pos + len(chunk)
         self.stats.add(source, len(chunk))
         rng.job.bar.update(len(chunk))
@@ -573,9 +621,18 @@ class _Scheduler:
         finally:
             self._close(job)
 
+    def hash_behind(self, job: _BlobJob) -> None:
+        """On a hashing thread: the blob's cursor moved over the bytes written past it. What fails here is left to
+        the blob's end, which hashes what is left and reports it (`_commit`)."""
+        if not self.stop.is_set():
+            try:
+                job.catch_up()
+            except (OSError, ImgtoolError):
+                pass
+
     def _commit(self, job: _BlobJob) -> None:
         desc = job.desc
-        job.catch_up()
+        job.catch_up(wait=True)
         if job.hashed != desc.size:
             raise ImgtoolError(f"internal: blob {desc.digest.short} hashed {job.hashed} of {desc.size} bytes")
         try:
@@ -602,6 +659,8 @@ class _Scheduler:
             if job not in self.jobs:
                 return
             self.jobs.remove(job)
+        with job.lock:
+            job.closed = True
         try:
             job.partial.flush_state()
             job.partial.close()
@@ -690,6 +749,10 @@ def _run_workers(sched: _Scheduler, jobs: int) -> None:
     On every path out (an error in a worker, Ctrl-C here) the workers are stopped and joined before this
     returns, and every opened blob's partial record is kept and its lock released.
     """
+    sched.workers = jobs
+    # two: one thread fell behind under load (a loaded machine gives each thread its share), and the blobs'
+    # last checks waited for it, 0.3-0.9 s after the last byte (docs/benchmarks.md "Two sources, measured")
+    sched.hashing = ThreadPoolExecutor(max_workers=HASHERS, thread_name_prefix="download-hash")
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="download") as pool:
             futures = [pool.submit(sched.work) for _ in range(jobs)]
@@ -699,6 +762,7 @@ def _run_workers(sched: _Scheduler, jobs: int) -> None:
                 sched.stop.set()  # each worker ends at its next chunk; leaving `with` joins them
                 raise
     finally:
+        sched.hashing.shutdown(wait=True)  # before the blobs' files close: it may be reading one
         sched.close_all()
     if sched.error is not None:
         raise sched.error

@@ -30,7 +30,7 @@ from .model import ACCEPT_MANIFESTS, MAX_MANIFEST_BYTES, Digest, json_object
 from .registry_answers import (MAX_ANSWER_BYTES, MAX_ERROR_BYTES, RETRY_STATUS, Answer, BlobStream, RetryPolicy,
                                network_error_text, registry_error_text, retry_after)
 from .registry_auth import Auth, Credentials, TokenAsk, origin
-from .transport import Waits, new_session, read_capped, tls_verify, unreachable
+from .transport import Waited, Waits, new_session, read_capped, tls_verify, unreachable
 
 if TYPE_CHECKING:  # requests is imported only where it runs (Python 3.9+): see default_transport
     import requests
@@ -133,7 +133,7 @@ def credentials_for(host: str, helper_timeout: float = DEFAULT_HELPER_TIMEOUT) -
     return None
 
 
-class RegistryClient:
+class RegistryClient(Waited):
     """Talks to one registry endpoint; thread-safe (one session per thread).
 
     `transport` is "requests" or "http" (registry_http's stdlib client, for Python 3.7/3.8); by
@@ -163,9 +163,6 @@ class RegistryClient:
         # an answer's headers (and a small answer's body, again) within the response deadline; a blob's body at
         # `min_rate` bytes/s over each `read_timeout` seconds spent waiting for it
         self.waits = Waits.of(connect_timeout, read_timeout, response_timeout, min_rate)
-        self.timeout = self.waits.timeout
-        self.response_timeout = self.waits.response
-        self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
         self._local = threading.local()
 
@@ -212,12 +209,6 @@ class RegistryClient:
             if isinstance(e, self._net.proxy_error):
                 raise self._unreachable(e, realm) from e
             raise RegistryError(f"{self.host}: token request to {_netloc(realm)} failed: {network_error_text(e)}") from e
-
-    def _seconds(self, timeout) -> float:
-        return self.waits.seconds(timeout)
-
-    def _too_slow(self, seconds: float) -> RegistryError:
-        return self.waits.too_slow(self.host, seconds)
 
     def _answer(self, resp: "requests.Response", limit: int) -> Answer:
         """An answer whose body only says why (an error): what of it arrives, at most `limit` bytes."""

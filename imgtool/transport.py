@@ -64,6 +64,33 @@ class Waits:
                              "($IMGTOOL_RESPONSE_TIMEOUT)")
 
 
+class Waited:
+    """An endpoint's client (registry.RegistryClient, hubs.http.HubHttp) with its `waits` and `host`: what its
+    requests are given, derived from the waits here, once for both rooms."""
+
+    waits: Waits
+    host: str
+
+    @property
+    def timeout(self) -> Tuple[float, float]:
+        """requests' (connect, read) pair."""
+        return self.waits.timeout
+
+    @property
+    def response_timeout(self) -> float:
+        return self.waits.response
+
+    @property
+    def min_rate(self) -> int:
+        return self.waits.min_rate
+
+    def _seconds(self, timeout) -> float:
+        return self.waits.seconds(timeout)
+
+    def _too_slow(self, seconds: float) -> RegistryError:
+        return self.waits.too_slow(self.host, seconds)
+
+
 def new_session(lib: Any, keep_cookies: bool = True) -> Any:
     """A session of `lib` (requests, or registry_http) with the headers above and its connections watched by
     `deadline`; `keep_cookies` False: it keeps none (a hub's login never rides along as a cookie)."""

@@ -25,6 +25,8 @@ what the killed run received. Peak RSS (GNU time) of every run. Each output is r
     scripts/bench_models.py --scale 0.25 --connections 12 16     # 5 GB, about 5 minutes; the table to stdout
     scripts/bench_models.py --scale 1 --links loopback --no-kill --no-bundle-rows   # the issue's 20 GB model
     scripts/bench_models.py placement --bundle DIR --runs 3   # the placement rows alone, of a bundle made already
+    scripts/bench_models.py --scale 0.025 --rate 2 --links two --no-kill --no-bundle-rows --hf-workers --timeline
+        # two sources where the link decides, each imgtool run's timeline (scripts/timeline.py) on stderr
 
 Not product code: imgtool/ never imports it.
 """
@@ -50,6 +52,7 @@ REPO = "imgtool-bench/big-llm"
 SHARDS = 5
 FULL_SHARD = 4 << 30  # --scale 1: five of them, the issue's 20 GB model
 MAX_CONNECTIONS = 0  # fetch --max-connections for every imgtool run (--max-connections; 0: fetch's default)
+TIMELINE = False  # --timeline: each imgtool run records its timeline (scripts/timeline.py), summarised in the log
 CHANGED = 2  # the shard the newer revision (tag v2) changes: the delta row
 
 _T0 = time.monotonic()
@@ -103,6 +106,10 @@ def _io():
     with open(os.environ["BENCH_IO"], "w") as f:
         json.dump({l.split(":")[0]: int(l.split(":")[1]) for l in open("/proc/self/io")}, f)
 atexit.register(_io)
+if os.environ.get("BENCH_TIMELINE"):
+    sys.path.insert(0, os.environ["BENCH_SCRIPTS"])
+    import timeline
+    timeline.install(os.environ["BENCH_TIMELINE"])
 from imgtool import config
 _read = config.hub_environment
 config.hub_environment = lambda: dataclasses.replace(_read(), hf_default=None, modelscope_default=None)
@@ -119,6 +126,8 @@ def imgtool_cmd(*args: str) -> List[str]:
 def imgtool_env(endpoint: str, cache: Path, io: Path) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODELSCOPE_"))}
     env.update(HF_ENDPOINT=endpoint, IMGTOOL_CACHE=str(cache), BENCH_IO=str(io), NO_PROXY="*")
+    if TIMELINE:
+        env.update(BENCH_TIMELINE=str(io.parent / "timeline.json"), BENCH_SCRIPTS=str(ROOT / "scripts"))
     return env
 
 
@@ -176,6 +185,7 @@ def hf_env(endpoint: str, home: Path) -> Dict[str, str]:
 class Run:
     def __init__(self, seconds: float, rss_kb: int, io: Dict[str, int], sent: int):
         self.seconds, self.rss_kb, self.io, self.sent = seconds, rss_kb, io, sent
+        self.started = 0.0  # time.time() when the process was started
 
     @property
     def written(self) -> int:
@@ -189,9 +199,12 @@ def timed(cmd: List[str], env: Optional[Dict[str, str]], proxies: Sequence = (),
 
     subprocess.run(["sync"], check=False, timeout=600)  # an earlier run's dirty pages are not this run's to write
     before = sum(p.sent for p in proxies)
+    started = time.time()
     r = run(cmd, env=env, cwd=ROOT, rss=True)
     doc = json.loads(io.read_text()) if io is not None and io.exists() else {}
-    return Run(r.seconds, r.rss_kb, doc, sum(p.sent for p in proxies) - before)
+    out = Run(r.seconds, r.rss_kb, doc, sum(p.sent for p in proxies) - before)
+    out.started = started
+    return out
 
 
 def killed_half_way(cmd: List[str], env: Optional[Dict[str, str]], proxy, total: int) -> int:
@@ -343,7 +356,11 @@ def main_bench(args) -> int:
                         run = timed(cmd, env, proxies, dest / "io.json")
                         results.setdefault(f"{link}|{name}", []).append(run)
                         log(f"  {run.seconds:.1f} s, {run.sent / MB:.0f} MB sent, {run.written / MB:.0f} MB written, "
-                            f"peak RSS {run.rss_kb / 1024:.0f} MiB")
+                            f"peak RSS {run.rss_kb / 1024:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
+                        if TIMELINE and (dest / "timeline.json").exists():
+                            from timeline import summary
+                            log("  timeline (seconds from the start of the run):\n" + summary(
+                                str(dest / "timeline.json"), run.started))
                         if which == "loopback" and name.startswith("imgtool") and args.bundle_rows:
                             bundle_rows(args, work, dest, urls, run, total, rows)
                             args.bundle_rows = False  # once
@@ -478,6 +495,8 @@ def main(argv=None) -> int:
                    help="the kill row for the client too (it downloads everything again)")
     p.add_argument("--bundle-rows", action=argparse.BooleanOptionalAction, default=True,
                    help="after the first loopback fetch: bytes written, verify, placement vs cp -r, the delta")
+    p.add_argument("--timeline", action="store_true",
+                   help="record each imgtool run's timeline (scripts/timeline.py) and print it to stderr")
     p.add_argument("--keep", action="store_true", help="keep the last download's output (work-dir/dest)")
     p.add_argument("--target", default="hf", choices=("hf", "modelscope", "dir"), help="placement's layout")
     p.add_argument("--work-dir", default="/tmp/imgtool-bench-models")
@@ -485,8 +504,8 @@ def main(argv=None) -> int:
     p.add_argument("--bundle", default="")
     p.add_argument("--dest", default="")
     args = p.parse_args(argv)
-    global MAX_CONNECTIONS
-    MAX_CONNECTIONS = args.max_connections
+    global MAX_CONNECTIONS, TIMELINE
+    MAX_CONNECTIONS, TIMELINE = args.max_connections, args.timeline
     if args.mode == "serve":
         serve(args.scale, args.seed, Path(args.work_dir) / "sha256")
         return 0

@@ -4,6 +4,7 @@ a snapshot is the hub's listing at the revision's commit, names from a hub are d
 origin, and a model's files come through the one downloader (puller.download_blobs): ranged, resumable, from
 several endpoints, checked against the hub's sha256."""
 
+import dataclasses
 import re
 import signal
 import subprocess
@@ -15,8 +16,8 @@ from typing import List, Optional, Sequence
 import pytest
 
 from imgtool import hubs
-from imgtool.config import (HubEnvironment, MirrorConfig, ModelMirror, hf_token, modelscope_endpoint,
-                            parse_mirrors, read_toml)
+from imgtool.config import (HubEnvironment, MirrorConfig, ModelMirror, hf_token, hub_environment,
+                            modelscope_endpoint, parse_mirrors, read_toml)
 from imgtool.errors import ConfigError, ManifestError, NotFoundError, RegistryError, VerifyError
 from imgtool.hubs import huggingface
 from imgtool.model import Digest
@@ -408,6 +409,30 @@ def test_two_endpoints_serve_one_file_together_the_faster_more_and_a_stale_one_n
         assert not file_gets(stale, SHARD1) and not file_gets(stale, SHARD2)
 
 
+def test_a_slow_download_keeps_every_connection_busy_to_the_end(tmp_path):
+    """One 2.25 MiB file in three ranges over 16 connections held to 128 KB/s each. Before, each range's first
+    request asked for `request` (512 KiB here, 16 MiB at full size), and an idle connection can never take a byte of
+    a request sent: five connections worked for 4 s, the other eleven idled. Now no request asks for more than its
+    share of what nobody has asked for yet: the connections take each other's back halves and finish together."""
+    model = small_model(seed=48, shards=1, shard_bytes=(2 << 20) + (256 << 10))
+    shard = "model-00001-of-00001.safetensors"
+    with Hub([model], flavour="hf") as hub:
+        res = resolved("hf", hub)
+        store = Store(tmp_path / "cache")
+        res = res.complete(store)
+        size = model.head.files[shard].size
+        hub.faults.drip = 128_000
+        start = time.monotonic()
+        stats = pull_model(res, store, Progress(), jobs=16, tuning=Tuning(
+            big_blob=1 << 20, segment=1 << 20, request=512 << 10, min_steal=32 << 10, steal_seconds=0.05))
+        took = time.monotonic() - start
+        assert_store_holds(store, res, model)
+        assert sum(r.sent for r in file_gets(hub, shard)) == size  # every byte asked for once
+        assert stats.bytes_downloaded == size
+        # 512 KiB at 128 KB/s is 4.1 s; the whole file over 16 connections 1.2 s, and the requests' round trips
+        assert took < 3.0, took
+
+
 def test_one_endpoint_of_two_ignoring_range_still_serves_its_share(tmp_path):
     model = small_model(seed=48, shard_bytes=1 << 20)
     with Hub([model], flavour="hf") as ranged, Hub([model], flavour="hf") as whole:
@@ -481,6 +506,23 @@ def test_modelscope_endpoint_as_its_client_reads_it(monkeypatch):
     assert modelscope_endpoint() == "https://www.modelscope.cn"
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", "https://modelscope.ai/")
     assert modelscope_endpoint() == "https://modelscope.ai"
+
+
+@pytest.mark.parametrize("variable", ["MODELSCOPE_DOMAIN", "MODELSCOPE_ENDPOINT"])
+def test_the_modelscope_endpoint_is_named_by_the_variable_the_user_set(variable, monkeypatch):
+    # modelscope's client reads $MODELSCOPE_DOMAIN, its successor modelscope_hub $MODELSCOPE_ENDPOINT first: a message
+    # names the one that was set (before: MODELSCOPE_ENDPOINT always, a variable a modelscope user never set)
+    for name in ("MODELSCOPE_DOMAIN", "MODELSCOPE_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    env = dataclasses.replace(hub_environment(), hf_default=None, modelscope_default=None)
+    ref = ref_of("modelscope")
+    config = MirrorConfig("quay.io/ascend/vllm-ascend", (), "mirrors.toml")
+    with pytest.raises(RegistryError) as e:
+        hubs.resolve(ref, hubs.open_hubs(ref, config, env, retry=FAST))
+    assert e.value.message == (f"no source can serve modelscope:{REPO}: {variable} (http://127.0.0.1:9): "
+                               "127.0.0.1:9: connection refused")
+    assert e.value.exit_code == 4
 
 
 def test_model_mirrors_in_mirrors_toml(tmp_path):

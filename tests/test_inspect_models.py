@@ -20,7 +20,7 @@ def test_inspect_of_a_model_shows_its_commit_the_endpoint_and_each_files_size_an
         j = imgtool(hub, tmp_path / "cache", "inspect", f"{flavour}:{REPO}", "--json")
         assert j.returncode == 0, j.stderr
     lines = r.stdout.splitlines()
-    variable = "HF_ENDPOINT" if flavour == "hf" else "MODELSCOPE_ENDPOINT"  # hubs/ names the endpoint so
+    variable = "HF_ENDPOINT" if flavour == "hf" else "MODELSCOPE_DOMAIN"  # the variable the endpoint was given in
     assert lines[:2] == [f"{flavour}:{REPO}", f"commit:  {rev.commit}"]
     assert lines[3].startswith(f"source:  {variable} ({hub.url}): ") and lines[3].endswith(" ms")
     files = sorted(rev.files.values(), key=lambda f: f.path)

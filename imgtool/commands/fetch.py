@@ -55,8 +55,9 @@ _SPEC_OPTIONS = (("platforms", "arch"), ("platforms", "platform_"), ("mirrors", 
 @renamed("--connections", old=("--jobs",), type=int, default=None, metavar="N",
          help="Connections to each source (a registry and its mirrors are each a source, as is each model hub "
               "endpoint).  [default: 12 to a registry, 24 to a model hub endpoint]")
-@click.option("--max-connections", type=int, default=32, show_default=True, metavar="N",
-              help="Connections at once over every source.")
+@click.option("--max-connections", type=int, default=None, metavar="N",
+              help="Connections at once over every source.  [default: 32 over the registries, 48 over a model's hub "
+                   "endpoints]")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--have", type=click.Path(dir_okay=False), metavar="FILE",
               help="Delta: leave out layers the offline Docker holds (FILE from `imgtool inventory -o`).")

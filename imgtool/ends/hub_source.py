@@ -8,21 +8,24 @@ from ..hubs import HubResolution
 from ..model import Digest, PulledImage
 from ..model_pull import pull_model
 from ..progress import Progress
-from ..puller import HUB_JOBS
+from ..puller import HUB_CONNECTIONS, HUB_JOBS
 from ..store import Store
 from .registry_source import RegistrySource
 
 
 class RegistryAndHubs(RegistrySource):
     """`models`: each model's resolution narrowed to the files the bundle carries (model_pull.carrying); `jobs`: the
-    registries' connections per source and at most at once, `hub_jobs`: each hub endpoint's."""
+    registries' connections per source and at most at once, `hub_jobs`: each hub endpoint's, `hub_connections`: at
+    most at once over a model's endpoints."""
 
     def __init__(self, pulled: Sequence[Tuple[PulledImage, list]], models: Sequence[HubResolution], store: Store,
-                 progress: Progress, jobs: Tuple[int, int], hub_jobs: int = HUB_JOBS):
+                 progress: Progress, jobs: Tuple[int, int], hub_jobs: int = HUB_JOBS,
+                 hub_connections: int = HUB_CONNECTIONS):
         super().__init__(pulled, store, progress, jobs,
                          what=" and ".join(w for w, n in (("registry", pulled), ("model hub", models)) if n))
         self.models = list(models)
         self.hub_jobs = hub_jobs  # connections per hub endpoint (puller.HUB_JOBS unless --connections)
+        self.hub_connections = hub_connections  # at once over them (puller.HUB_CONNECTIONS unless --max-connections)
 
     def has(self) -> FrozenSet[Digest]:
         """The images' blobs and every carried model file."""
@@ -35,5 +38,5 @@ class RegistryAndHubs(RegistrySource):
         for res in self.models:
             if self.stop.is_set():
                 return
-            pull_model(res, self.store, self.progress, jobs=self.hub_jobs, connections=self.jobs[1], stats=self.stats,
+            pull_model(res, self.store, self.progress, jobs=self.hub_jobs, connections=self.hub_connections, stats=self.stats,
                        order=blobs, cancel=self.stop, regions=regions)

@@ -37,8 +37,9 @@ from .http import HubHttp
 __all__ = ["Hub", "HubSource", "HubProbe", "HubResolution", "open_hubs", "resolve"]
 
 READ_CHUNK = 256 * 1024
-_ROOMS = {"hf": (huggingface.HuggingFace, "HF_ENDPOINT", huggingface.LOGIN_HINT),
-          "modelscope": (modelscope.ModelScope, "MODELSCOPE_ENDPOINT", modelscope.LOGIN_HINT)}
+COMPLETING = 8  # small git files downloaded at once by HubResolution.complete
+_ROOMS = {"hf": (huggingface.HuggingFace, huggingface.LOGIN_HINT),
+          "modelscope": (modelscope.ModelScope, modelscope.LOGIN_HINT)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def _endpoints(hub: str, config: MirrorConfig, env: HubEnvironment) -> List[_End
     or `$MODELSCOPE_DOMAIN`, which the hub's own client would use), mirrors.toml's `[[model_mirrors]]`, the hub
     itself; one URL once (the hub's, where one is, stays the upstream). The token goes to the environment's
     endpoint and the hub, as the hub's client sends it, and to a mirror only with `token = true`."""
-    variable = _ROOMS[hub][1]
+    variable = "HF_ENDPOINT" if hub == "hf" else env.modelscope_variable  # named as the user set it
     env_url = env.hf_endpoint if hub == "hf" else env.modelscope_endpoint
     default = env.hf_default if hub == "hf" else env.modelscope_default
     found: List[_Endpoint] = []
@@ -93,7 +94,7 @@ def open_hubs(ref: ModelRef, config: MirrorConfig, env: HubEnvironment, only: Op
     an unknown name or a malformed URL."""
     if ref.hub not in _ROOMS:
         raise UsageError(f"{ref}: not a model hub reference (hf:ORG/NAME or modelscope:ORG/NAME)")
-    room, _, hint = _ROOMS[ref.hub]
+    room, hint = _ROOMS[ref.hub]
     token = env.hf_token if ref.hub == "hf" else env.modelscope_token
     endpoints = _endpoints(ref.hub, config, env)
     if only and only != "auto":
@@ -217,9 +218,14 @@ class HubResolution:
         kept (store.blob_for_git_oid, its bytes checked again) is not downloaded. Raises
         VerifyError (its bytes are not what the hub lists), RegistryError (no endpoint could send it),
         StoreError, Cancelled."""
-        files = tuple(f if f.sha256 is not None else self._hashed(f, store, cancel) for f in self.snapshot.files)
-        if all(a is b for a, b in zip(files, self.snapshot.files)):
+        small = [f for f in self.snapshot.files if f.sha256 is None]
+        if not small:
             return self
+        # at once: one after the other, a model's five to ten small files took 0.4 s of a 10 s two-source fetch
+        # (docs/benchmarks.md "Two sources, measured")
+        with ThreadPoolExecutor(max_workers=min(COMPLETING, len(small)), thread_name_prefix="hub-small") as pool:
+            hashed = dict(zip((f.path for f in small), pool.map(lambda f: self._hashed(f, store, cancel), small)))
+        files = tuple(hashed.get(f.path, f) if f.sha256 is None else f for f in self.snapshot.files)
         return replace(self, snapshot=replace(self.snapshot, files=files), _sources=None)
 
     def _hashed(self, f: ModelFile, store: Store, cancel: Optional[threading.Event]) -> ModelFile:

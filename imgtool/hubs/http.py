@@ -22,7 +22,7 @@ from ..errors import NotFoundError, RegistryError, RegistryUnavailable
 from ..model import json_object
 from ..registry_answers import MAX_ERROR_BYTES, RETRY_STATUS, Answer, BlobStream, RetryPolicy, network_error_text, retry_after
 from ..registry_auth import origin
-from ..transport import Waits, new_session, read_capped, tls_verify, unreachable
+from ..transport import Waited, Waits, new_session, read_capped, tls_verify, unreachable
 
 if TYPE_CHECKING:
     import requests
@@ -37,7 +37,7 @@ def _no_netrc(request):
     return request
 
 
-class HubHttp:
+class HubHttp(Waited):
     """One hub endpoint's requests; thread-safe (one session per thread). `login` (headers carrying the token) is
     sent only to `base_url`'s origin; `login_hint` says how to give a token when the hub asks for one."""
 
@@ -55,9 +55,6 @@ class HubHttp:
         self.login_hint = login_hint
         self.verify = tls_verify(insecure, ca_cert)
         self.waits = Waits.of(connect_timeout, read_timeout, response_timeout, min_rate)
-        self.timeout = self.waits.timeout
-        self.response_timeout = self.waits.response
-        self.min_rate = min_rate
         self.retry = retry or RetryPolicy()
         self._local = threading.local()
         self._error = requests.RequestException
@@ -84,12 +81,6 @@ class HubHttp:
             return dict(self._login) if origin(url) == self.origin else {}
         except ValueError:
             return {}
-
-    def _seconds(self, timeout) -> float:
-        return self.waits.seconds(timeout)
-
-    def _too_slow(self, seconds: float) -> RegistryError:
-        return self.waits.too_slow(self.host, seconds)
 
     def send(self, url: str, headers: Optional[Dict[str, str]] = None, timeout=None) -> "requests.Response":
         """One GET of `url` with its redirects followed here (each hop within the response timeout, the login only

@@ -38,6 +38,13 @@ from tests.support.models import HubModel, ModelFile, Revision, seeded_bytes
 SLICE = 256 * 1024
 
 
+class _Server(ThreadingHTTPServer):
+    # A listen backlog of 128, not socketserver's 5: a client opening 16 connections at once (imgtool's ranged
+    # download) had the SYNs past the fifth dropped and sent again after the kernel's 1 s, which a CDN never does
+    # (docs/benchmarks.md "Two sources, measured").
+    request_queue_size = 128
+
+
 @dataclass
 class Failure:
     """The next `times` requests that `match` (method, path) answer `status` (with Retry-After when given)."""
@@ -131,7 +138,7 @@ class Hub:
         # The bridge on another loopback address too: another host, not only another port, so that a cookie
         # (which ignores ports: ModelScope's m_session_id) stays with the hub as it does with the real hubs' CDNs.
         for name, host in (("hub", "127.0.0.1"), ("bridge", "127.0.0.2")):
-            server = ThreadingHTTPServer((host, 0), _handler(self, name))
+            server = _Server((host, 0), _handler(self, name))
             server.daemon_threads = True
             url = f"http://{host}:{server.server_address[1]}"
             if name == "hub":
