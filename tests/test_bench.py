@@ -240,11 +240,14 @@ def test_bench_models_measures_every_row_of_the_verb_users_run(tmp_path):
     assert rows["download time, loopback"][0].endswith(" s")
     written = rows["bytes written on the connected side (fetch's write_bytes), vs the bundle's"][0]
     assert re.fullmatch(r"[\d,]+ MB vs the bundle's [\d,]+ MB \([+-][\d.]+ %; wchar .*\)", written), written
-    assert re.fullmatch(r"[\d.]+ s \([\d,]+ MB, --target hf\) vs cp -r \+ sync [\d.]+ s .*",
-                        rows["placement (place_model from the parts) vs cp -r of the bundle"][0])
+    placement = "placement (place_model as load feeds it; load --models-dir) vs cp -r of the bundle"
+    assert re.fullmatch(r"[\d.]+ s \([\d,]+ MB, --target hf\) vs cp -r \+ sync [\d.]+ s: [\d.]+×; cp -r alone .*",
+                        rows[placement][0])
+    assert re.fullmatch(r"[\d.]+ s vs cp -r \+ sync [\d.]+ s: [\d.]+×; cp -r alone: [\d.]+×",
+                        rows[placement + " (load --models-dir)"][0])
     delta = rows["a new revision changing 1 of 5 shards: the delta bundle (fetch --base)"][0]
     share = float(re.search(r"\(([\d.]+) %\)", delta).group(1))
     assert 19 < share < 22, delta  # one shard of five, and the small files: not the whole model
-    assert re.fullmatch(r"fetch \d+ MiB; verify \d+ MiB; place \d+ MiB; delta \d+ MiB",
+    assert re.fullmatch(r"fetch \d+ MiB; verify \d+ MiB; place \d+ MiB; load \d+ MiB; delta \d+ MiB",
                         rows["peak RSS of imgtool's verbs"][0])
     assert not (tmp_path / "work" / "dest").exists() and not (tmp_path / "work" / "delta").exists()
