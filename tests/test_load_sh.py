@@ -1093,3 +1093,40 @@ def test_load_sh_of_a_bundle_with_modelcars_is_shellcheck_clean_and_refuses_them
     assert (hf.returncode, hf.stderr.splitlines()) == (2, [
         "load.sh: error: --models hf: load.sh places models into a plain directory (--models-dir DIR) or imports them "
         "into containerd (--models image); for the hf cache run: imgtool load . --models hf"])
+
+
+@pytest.mark.parametrize("version,shell", [("1.7", "busybox"), ("2.1", "dash")])
+def test_on_a_kubelet_s_containerd_load_sh_imports_the_models_as_modelcars_by_default(version, shell, services,
+                                                                                       tmp_path):
+    """As imgtool load chooses: a node whose kubelet reads images from containerd gets the models as modelcar images
+    with no option (said why), on dash and on busybox's sh and applets (printf's octal escapes, NULs included)."""
+    from tests.test_kubelet import kube_node, pid_as_n
+    from tests.test_load_modelcar import files_in_image
+
+    out, model, name = _car_bundle(tmp_path)
+    socket = services.containerd(version)
+    ctr_program = own_ctr(socket)
+    node = kube_node(tmp_path, socket)
+    argv, env = shell_env(shell, tmp_path / "env", {"ctr": ctr_program})
+    held = Node(f"containerd-{version}", services, tmp_path / "held")  # to read what containerd holds
+    held.remove(name)
+    try:
+        r = on_node(node, [*argv, "load.sh"], env, out)
+        assert r.returncode == 0, r.stderr
+        platform = f"linux/{host_arch()}"
+        assert [pid_as_n(line) for line in _said(r)] == [
+            "load.sh: checking the files against SHA256SUMS ...",
+            "load.sh: the kubelet uses containerd: importing the models as modelcar images (--models-dir DIR places "
+            "the files)",
+            f"load.sh: runtime: containerd at {socket}, namespace k8s.io, platform {platform} (the kubelet's, from "
+            "the kubelet's command line, pid N)",
+            f"load.sh: model image {name} ({platform}, 9 files, 85.2 KiB, pinned): imported in containerd, "
+            "namespace k8s.io",
+            "load.sh: done"]
+        doc = json.loads((out / "bundle.json").read_text())
+        expected = {"/models/" + f["path"]: (f["sha256"][len("sha256:"):], "0o444") for f in doc["models"][0]["files"]}
+        assert files_in_image(held, name) == expected
+    finally:
+        targets = [row.split()[2] for row in held.ctr("images", "ls").stdout.splitlines()[1:] if row.split()[0] == name]
+        held.remove(*(n for t in targets for n, _ in held.refs_of(t)))
+        held.cleanup()
