@@ -579,9 +579,10 @@ def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
 
     text = loadsh.template()
     caps = re.findall(r"head -c (\S+)", text)
-    # besides the host's files: the bundle's own bytes, a model file's piece of a part ($4) and the images' prefix
-    assert sorted(caps) == ['"$4"', '"$images_end"', '"$kube_max_comm"', '"$kube_max_file"', '"$kube_max_status"',
-                            '"$kube_size"']
+    # besides the host's files: the bundle's own bytes, a model file's piece of a part ($4, placed and framed as a
+    # modelcar layer), the images' prefix, and NULs from /dev/zero (a modelcar layer's tail $6, the tar's end 1024)
+    assert sorted(caps) == ['"$4"', '"$4"', '"$6"', '"$images_end"', '"$kube_max_comm"', '"$kube_max_file"',
+                            '"$kube_max_status"', '"$kube_size"', '1024']
     assert '[ "$kube_size" -gt "$kube_max_file" ]' in text
     written = loadsh.load_sh(zstd_index(BENIGN)).decode()
     for name, cap in (("kube_max_file", kubelet.MAX_FILE), ("kube_max_comm", kubelet.MAX_COMM),
