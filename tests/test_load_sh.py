@@ -582,9 +582,10 @@ def test_load_sh_reads_the_host_with_kubelet_py_s_caps():
 
     text = loadsh.template()
     caps = re.findall(r"head -c (\S+)", text)
-    # besides the host's files: the bundle's own bytes, a model file's piece of a part ($4) and the images' prefix
-    assert sorted(caps) == ['"$4"', '"$images_end"', '"$kube_max_comm"', '"$kube_max_file"', '"$kube_max_status"',
-                            '"$kube_size"']
+    # besides the host's files: the bundle's own bytes, a model file's piece of a part ($4, placed and framed as a
+    # modelcar layer), the images' prefix, and NULs from /dev/zero (a modelcar layer's tail $6, the tar's end 1024)
+    assert sorted(caps) == ['"$4"', '"$4"', '"$6"', '"$images_end"', '"$kube_max_comm"', '"$kube_max_file"',
+                            '"$kube_max_status"', '"$kube_size"', '1024']
     assert '[ "$kube_size" -gt "$kube_max_file" ]' in text
     written = loadsh.load_sh(zstd_index(BENIGN)).decode()
     for name, cap in (("kube_max_file", kubelet.MAX_FILE), ("kube_max_comm", kubelet.MAX_COMM),
@@ -899,7 +900,8 @@ def test_load_sh_places_models_into_a_plain_directory_as_imgtool_load_does(tmp_p
     assert ours.stdout.endswith("(9 files, 85.2 KiB): nothing to do\n"), ours.stdout
     bare = subprocess.run(["sh", "load.sh"], cwd=out, env=env, capture_output=True, text=True, timeout=HANG)
     assert (bare.returncode, bare.stderr.splitlines()[1:]) == (2, [
-        "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory); "
+        "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory) or --models image "
+        "(containerd); "
         "nothing was placed"])
 
 
@@ -958,3 +960,177 @@ def test_load_sh_of_a_bundle_with_models_is_shellcheck_clean(tmp_path):
     out, _ = _model_bundle(tmp_path)
     r = _shellcheck(out / "load.sh")
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+# --- models as modelcar images (issue 49): imported into containerd by load.sh, streamed from the parts, no Python ---
+
+CAR_RUNTIMES = ["containerd-1.7", "containerd-2.1"]
+
+
+def _car_bundle(tmp_path: Path):
+    """A bundle of one model carrying its modelcar form, and no image, in several parts (members span parts)."""
+    from tests.support.bundles import put_model
+    from tests.support.models import small_model
+
+    store = BlobDir(tmp_path / "blobs")
+    model = small_model(seed=4906)
+    out = tmp_path / "car"
+    write(out, [], store, models=[put_model(store, model, modelcar=True)], chunk_size=24 << 10)
+    assert len(parts_of(out)) >= 3
+    return out, model, f"models.local/hf/{model.repo_id}:{model.head.commit}-modelcar"
+
+
+def _said(r: subprocess.CompletedProcess) -> List[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("load.sh: ")]  # not ctr's progress
+
+
+@pytest.mark.parametrize("node", CAR_RUNTIMES, indirect=True)
+def test_load_sh_imports_the_modelcar_imgtool_load_imports_and_a_second_run_does_nothing(node, tmp_path):
+    """`sh load.sh --models image`: the model's modelcar lands in k8s.io, pinned, under the ID `imgtool load --models
+    image` gives it (imgtool then finds it held and sends nothing), every file inside it has bundle.json's sha256, and
+    a second run imports nothing."""
+    from tests.support.bundles import imgtool
+    from tests.test_load_modelcar import files_in_image
+
+    out, model, name = _car_bundle(tmp_path)
+    node.remove(name)
+    before = node.images()
+    r = node.load_sh(out, "--models", "image")
+    assert r.returncode == 0, r.stderr
+    platform = f"linux/{host_arch()}"
+    imported = f"load.sh: model image {name} ({platform}, 9 files, 85.2 KiB, pinned): imported in containerd, " \
+               "namespace k8s.io"
+    assert _said(r) == [
+        "load.sh: checking the files against SHA256SUMS ...",
+        f"load.sh: runtime: containerd at {node.sock}, namespace k8s.io, platform {platform} (docker: not installed)",
+        imported,
+        "load.sh: done"]
+    [(ref, target)] = [(row[0], row[2]) for row in (x.split() for x in node.ctr("images", "ls").stdout.splitlines()[1:])
+                       if row[0] == name]
+    node.remove(*(n for n, _ in node.refs_of(target)))
+    assert all(labels.endswith("io.cri-containerd.pinned=pinned") for _, labels in node.refs_of(target))
+    doc = json.loads((out / "bundle.json").read_text())
+    expected = {"/models/" + f["path"]: (f["sha256"][len("sha256:"):], "0o444") for f in doc["models"][0]["files"]}
+    assert files_in_image(node, name) == expected
+
+    py = imgtool("load", str(out), "--models", "image", "--runtime", "containerd", "--address", node.sock, "--json")
+    assert py.returncode == 0, py.stderr
+    result = json.loads(py.stdout)
+    assert result["modelcars_sent"] is False  # held already: the same image
+    assert [(m["ref"], m["docker_id"]) for m in result["modelcars"]] == [(name, target)]
+
+    state = node.state()
+    again = node.load_sh(out, "--models", "image")
+    assert again.returncode == 0, again.stderr
+    assert _said(again)[2] == imported.replace("imported in", "held already in")
+    assert node.state() == state
+    assert name in node.images() - before
+
+
+@pytest.mark.parametrize("node", CAR_RUNTIMES, indirect=True)
+def test_load_sh_refuses_a_damaged_part_of_a_modelcar_naming_it_and_imports_nothing(node, tmp_path):
+    import hashlib
+
+    from tests.support.bundles import damage_member
+
+    out, model, name = _car_bundle(tmp_path)
+    node.remove(name)
+    spans = damage_member(out, "sha256:" + model.head.files["model-00002-of-00002.safetensors"].sha256)
+    sums = dict(reversed(line.split("  ", 1)) for line in (out / "SHA256SUMS").read_text().splitlines())
+    [damaged] = [p.name for p in parts_of(out) if hashlib.sha256(p.read_bytes()).hexdigest() != sums[p.name]]
+    assert damaged in [parts_of(out)[i].name for i in spans]
+    before = node.state()
+    r = node.load_sh(out, "--models", "image")
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines() == [
+        "load.sh: checking the files against SHA256SUMS ...",
+        SUMS_DAMAGED,
+        f"    {damaged}: FAILED",
+        "load.sh: re-copy them from the source medium, then run load.sh again",
+    ]
+    assert node.state() == before
+
+
+@pytest.mark.parametrize("node", ["containerd-2.1"], indirect=True)
+def test_load_sh_refuses_a_modelcar_file_whose_bytes_differ_naming_it_and_imports_nothing(node, tmp_path):
+    """A part damaged and SHA256SUMS written again over it (the sums pass): the file's own sha256, checked before
+    ctr is sent a byte, names it (exit 3) and containerd is left as it was."""
+    import hashlib
+
+    from tests.support.bundles import damage_member
+
+    out, model, name = _car_bundle(tmp_path)
+    node.remove(name)
+    shard = "model-00002-of-00002.safetensors"
+    damage_member(out, "sha256:" + model.head.files[shard].sha256)
+    lines = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in parts_of(out)]
+    (out / "SHA256SUMS").write_text("\n".join(lines) + "\n")
+    before = node.state()
+    r = node.load_sh(out, "--models", "image")
+    assert r.returncode == 3, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("load.sh: error:")]
+    expected = model.head.files[shard].sha256[:12]
+    assert line.startswith(f"load.sh: error: hf:{model.repo_id}@main: {shard}: its bytes do not match its sha256 "
+                           "(sha256:") and line.endswith(f" read, {expected} expected); nothing was imported")
+    assert node.state() == before
+
+
+def test_load_sh_of_a_bundle_with_modelcars_is_shellcheck_clean_and_refuses_them_without_containerd(tmp_path):
+    """The filled-in parameters (printf formats of tar headers and JSON) are shellcheck-clean; --models image on a
+    host whose load goes elsewhere (here: Podman, asked for) is refused before anything is loaded; the hf cache is
+    imgtool's."""
+    out, _, _ = _car_bundle(tmp_path)
+    r = _shellcheck(out / "load.sh")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    fake = tmp_path / "podman"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    env = _bare(tmp_path, {"podman": str(fake)})
+    podman = subprocess.run(["sh", "load.sh", "--models", "image", "--runtime", "podman"], cwd=out, env=env,
+                            capture_output=True, text=True, timeout=HANG)
+    assert (podman.returncode, podman.stderr.splitlines()[-2:]) == (2, [
+        "load.sh: error: load.sh imports modelcar images into containerd only, and this load goes to podman; nothing "
+        "was loaded",
+        "load.sh: import them with imgtool load . --models image, or place the files with --models-dir DIR"])
+    hf = subprocess.run(["sh", "load.sh", "--models", "hf"], cwd=out, env=env, capture_output=True, text=True,
+                        timeout=HANG)
+    assert (hf.returncode, hf.stderr.splitlines()) == (2, [
+        "load.sh: error: --models hf: load.sh places models into a plain directory (--models-dir DIR) or imports them "
+        "into containerd (--models image); for the hf cache run: imgtool load . --models hf"])
+
+
+@pytest.mark.parametrize("version,shell", [("1.7", "busybox"), ("2.1", "dash")])
+def test_on_a_kubelet_s_containerd_load_sh_imports_the_models_as_modelcars_by_default(version, shell, services,
+                                                                                       tmp_path):
+    """As imgtool load chooses: a node whose kubelet reads images from containerd gets the models as modelcar images
+    with no option (said why), on dash and on busybox's sh and applets (printf's octal escapes, NULs included)."""
+    from tests.test_kubelet import kube_node, pid_as_n
+    from tests.test_load_modelcar import files_in_image
+
+    out, model, name = _car_bundle(tmp_path)
+    socket = services.containerd(version)
+    ctr_program = own_ctr(socket)
+    node = kube_node(tmp_path, socket)
+    argv, env = shell_env(shell, tmp_path / "env", {"ctr": ctr_program})
+    held = Node(f"containerd-{version}", services, tmp_path / "held")  # to read what containerd holds
+    held.remove(name)
+    try:
+        r = on_node(node, [*argv, "load.sh"], env, out)
+        assert r.returncode == 0, r.stderr
+        platform = f"linux/{host_arch()}"
+        assert [pid_as_n(line) for line in _said(r)] == [
+            "load.sh: checking the files against SHA256SUMS ...",
+            "load.sh: the kubelet uses containerd: importing the models as modelcar images (--models-dir DIR places "
+            "the files)",
+            f"load.sh: runtime: containerd at {socket}, namespace k8s.io, platform {platform} (the kubelet's, from "
+            "the kubelet's command line, pid N)",
+            f"load.sh: model image {name} ({platform}, 9 files, 85.2 KiB, pinned): imported in containerd, "
+            "namespace k8s.io",
+            "load.sh: done"]
+        doc = json.loads((out / "bundle.json").read_text())
+        expected = {"/models/" + f["path"]: (f["sha256"][len("sha256:"):], "0o444") for f in doc["models"][0]["files"]}
+        assert files_in_image(held, name) == expected
+    finally:
+        targets = [row.split()[2] for row in held.ctr("images", "ls").stdout.splitlines()[1:] if row.split()[0] == name]
+        held.remove(*(n for t in targets for n, _ in held.refs_of(t)))
+        held.cleanup()

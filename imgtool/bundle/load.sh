@@ -80,12 +80,19 @@ images_end=0
 models() { :; }
 model_files() { :; }
 model_pieces() { :; }
+# its models as modelcar images (issue 49; bundle/loadsh.py says what each is): whether they carry that form (1, or
+# 0), each image per model and architecture (the model's number, the architecture, the name, the manifest digest,
+# the top chain ID, the tar's bytes before the layers as a printf format), each file's layer (the model's number,
+# the path, size and sha256, the bytes before the file's as a printf format, the NULs after them)
+modelcars=0
+car_images() { :; }
+car_layers() { :; }
 # ---- end of parameters ---------------------------------------------------------------------------------------
 
 usage() {
     cat <<'EOF'
 usage: sh load.sh [--runtime docker|containerd|podman] [--no-pin] [--force] [--help]
-                  [--models-dir DIR] [--models-only] [--no-models]
+                  [--models image | --models-dir DIR] [--models-only] [--no-models]
 
 Checks every file of this bundle against SHA256SUMS (naming any damaged or
 missing part; without a SHA256SUMS naming every part, against the sha256
@@ -109,9 +116,13 @@ A failed ctr import leaves nothing: what it recorded is removed.
 A bundle's models (an uncompressed bundle's) are placed with --models-dir DIR into
 DIR/ORG/NAME, as imgtool load --models-dir places them: each file checked with
 sha256sum, read-only, staged beside DIR/ORG/NAME and renamed at the end; the
-runtime is sent the images only. --models-only places the models and loads no
-image (no runtime needed); --no-models loads the images only. For the Hugging
-Face or ModelScope cache, use imgtool load (or the pyz).
+runtime is sent the images only. --models image imports each model into
+containerd instead as its modelcar image (models.local/HUB/ORG/NAME:COMMIT-modelcar,
+what a Kubernetes image volume mounts), every file checked with sha256sum first,
+then streamed from the parts (the default on a node whose kubelet uses
+containerd); not on Docker or Podman (use imgtool load --models image there).
+--models-only places (or imports) the models and loads no image; --no-models
+loads the images only. For the Hugging Face or ModelScope cache, use imgtool load.
 Set DOCKER, CTR or PODMAN to run one another way, e.g.  DOCKER="sudo docker" sh load.sh
 Signed bundles: under an allowed_signers policy ($IMGTOOL_SIGNERS, else
 ~/.config/imgtool/allowed_signers, else /etc/imgtool/allowed_signers, as imgtool
@@ -141,6 +152,8 @@ MicroK8s 的套接字）导入 kubelet 读取镜像的地方：它的 containerd
 --force：运行时存储目录空间看似不足时仍然导入（不加时退出码 1）。ctr 导入失败时，会删除这次导入记录的内容。
 镜像包中的模型（未压缩的镜像包）用 --models-dir 目录 放到 目录/组织/名称：逐个文件用 sha256sum 校验、只读、
 先在旁边暂存，最后改名到位；运行时只收到镜像部分。--models-only 只放模型（无需运行时）；--no-models 只导入镜像。
+--models image：把每个模型作为 modelcar 镜像导入 containerd（先用 sha256sum 校验每个文件，再从分卷流式导入；
+kubelet 使用 containerd 的节点上默认如此）；Docker、Podman 上请用 imgtool load --models image。
 要放进 Hugging Face 或 ModelScope 缓存，请用 imgtool load（或 pyz）。
 可用 DOCKER、CTR、PODMAN 变量改变调用方式，例如 DOCKER="sudo docker" sh load.sh
 签名的镜像包：有 allowed_signers 策略时（与 imgtool 相同的查找顺序：$IMGTOOL_SIGNERS、
@@ -159,6 +172,7 @@ force=""
 models_dir=""
 models_only=""
 no_models=""
+models_target=""
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
@@ -166,6 +180,10 @@ while [ $# -gt 0 ]; do
         --force) force=1; shift ;;
         --models-only) models_only=1; shift ;;
         --no-models) no_models=1; shift ;;
+        --models=*) models_target=${1#--models=}; shift ;;
+        --models)
+            if [ $# -lt 2 ]; then echo "load.sh: error: --models needs a value: image" >&2; exit 2; fi
+            models_target=$2; shift 2 ;;
         --models-dir=*) models_dir=${1#--models-dir=}; shift ;;
         --models-dir)
             if [ $# -lt 2 ]; then echo "load.sh: error: --models-dir needs a directory" >&2; exit 2; fi
@@ -177,8 +195,24 @@ while [ $# -gt 0 ]; do
         *) echo "load.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
 done
-if [ -n "$no_models" ] && [ -n "$models_only$models_dir" ]; then
-    echo "load.sh: error: --no-models places no model: it cannot go with --models-only or --models-dir" >&2
+case "$models_target" in
+    ''|image) ;;
+    hf|modelscope)
+        echo "load.sh: error: --models $models_target: load.sh places models into a plain directory (--models-dir DIR) or imports them into containerd (--models image); for the $models_target cache run: $instead --models $models_target" >&2
+        exit 2 ;;
+    *) echo "load.sh: error: unknown --models '$models_target': image (or --models-dir DIR)" >&2; exit 2 ;;
+esac
+if [ -n "$no_models" ] && [ -n "$models_only$models_dir$models_target" ]; then
+    echo "load.sh: error: --no-models places no model: it cannot go with --models-only, --models or --models-dir" >&2
+    exit 2
+fi
+if [ -n "$models_target" ] && [ -n "$models_dir" ]; then
+    echo "load.sh: error: --models and --models-dir both say where the models go: choose one" >&2
+    exit 2
+fi
+if [ -n "$models_target" ] && [ "$modelcars" -eq 0 ]; then
+    echo "load.sh: error: --models image: this bundle does not carry the modelcar form of its models (bundle.json records no modelcar digest for their files)" >&2
+    echo "load.sh: place the files instead (--models-dir DIR), or fetch the models again with an imgtool that records the modelcar form" >&2
     exit 2
 fi
 if [ -n "$models_only" ] && [ "$model_count" -eq 0 ]; then
@@ -473,14 +507,138 @@ place_models() {
     command -v sha256sum >/dev/null 2>&1 || model_not_placed "sha256sum not found: cannot check the models' files"
     models place_model
 }
-if [ "$image_count" -eq 0 ] || [ -n "$models_only" ]; then  # the models alone: no runtime is asked anything
-    if [ -z "$models_dir" ] && [ -z "$no_models" ]; then
-        echo "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory); nothing was placed" >&2
-        exit 2
+
+# After a failed `ctr images import` (a damaged archive, the disk full during the unpack; containerd 1.7 keeps
+# an image it could not complete, which the CRI then reports present): remove the image records it created and
+# the blobs it wrote, as imgtool's containerd room does. ctr's own lease, which held what it had unpacked, ended
+# with ctr; `images rm --sync` then lets containerd's GC take the snapshots. What was there before stays.
+# shellcheck disable=SC2086  # the names and digests ctr listed, split into words (no globbing)
+forget() {
+    set -f
+    new=$(bounded ctr images ls -q 2>/dev/null | only_new "$images_before")
+    [ -z "$new" ] || bounded ctr images rm --sync $new >/dev/null 2>&1
+    left=$(bounded ctr content ls -q 2>/dev/null | only_new "$blobs_before")
+    [ -z "$left" ] || bounded ctr content rm $left >/dev/null 2>&1
+    set +f
+    if [ -n "$new$left" ]; then
+        printf 'load.sh: removed what the failed import had recorded: %s image record(s), %s blob(s)\n' \
+            "$(printf '%s' "$new" | grep -c .)" "$(printf '%s' "$left" | grep -c .)" >&2
     fi
-    place_models
+}
+
+# The models as modelcar images (issue 49), as imgtool load --models image imports them (ends/modelcar_source.py):
+# per model, an OCI layout tar of this host's platform written to `ctr images import` (the namespace, the pin and the
+# clean-up of a failed import as for the images): index.json, manifest.json, oci-layout, the manifest and config
+# (bytes precomputed by loadsh.py, written by printf), then each file's layer: its tar header and the modelcar head
+# (printf), the file's bytes cut from the parts, its NULs. Nothing is stored: the bytes go from the parts to ctr.
+# Every file is checked with sha256sum before the import begins, reading its bytes once more: ctr registers the
+# image once the tar ends, and sh cannot hold the last bytes back until a hash running beside the stream says yes
+# (imgtool does). containerd checks each layer against its digest (the recorded modelcar digest) as it writes it,
+# so a byte that changed between the check and the stream fails the import, and what it recorded is removed.
+car_refuse() {  # $1: why (exit 3 when the bytes are wrong, else 1)
+    echo "load.sh: error: $1; nothing was imported" >&2
+    exit "${2:-1}"
+}
+car_pick() {  # a car_images item: this model's image for this host's architecture
+    [ "$1" = "$model_no" ] && [ "$2" = "$arch" ] || return 0
+    car_name=$3; car_manifest=$4; car_chain=$5; car_prefix=$6
+}
+cut_out() {  # a model_pieces item: the bytes, if $1 is this file's
+    [ "$1" = "$file_sha" ] || return 0
+    tail -c +"$(($3 + 1))" -- "$2" | head -c "$4"
+}
+has_piece() { [ "$1" != "$file_sha" ] || found=1; }
+file_bytes() {  # $1: a sha256: the file's bytes from the parts
+    file_sha=$1
+    model_pieces cut_out
+}
+car_check() {  # a car_layers item: the file's bytes match its sha256
+    [ "$1" = "$model_no" ] || return 0
+    file_sha=$4
+    found=""
+    [ "$3" -ne 0 ] || found=1
+    model_pieces has_piece
+    [ -n "$found" ] || car_refuse "$model_ref: this bundle is a delta that leaves out some of its files ($2), and its modelcar image needs every file"
+    read_sha=$(file_bytes "$4" | sha256sum | awk '{ print $1 }')
+    if [ "$read_sha" != "$4" ]; then
+        car_refuse "$model_ref: $2: its bytes do not match its sha256 (sha256:$(printf '%.12s' "$read_sha") read, $(printf '%.12s' "$4") expected)" 3
+    fi
+}
+car_layer() {  # a car_layers item: the layer's tar member
+    [ "$1" = "$model_no" ] || return 0
+    # shellcheck disable=SC2059  # the format is loadsh.py's: octal escapes and printable bytes, no % (bundle/loadsh.py)
+    printf "$5"
+    file_bytes "$4"
+    head -c "$6" /dev/zero
+}
+car_tar() {
+    # shellcheck disable=SC2059  # as in car_layer
+    printf "$car_prefix"
+    car_layers car_layer
+    head -c 1024 /dev/zero  # the tar's end
+}
+car_held() {  # containerd holds the image under its name, unpacked
+    [ -n "$(bounded ctr images ls 2>/dev/null | awk -v n="$car_name" -v d="$car_manifest" 'NR > 1 && $1 == n && $3 == d')" ] &&
+        { [ -z "$car_chain" ] || bounded ctr snapshots info "$car_chain" >/dev/null 2>&1; }
+}
+car_pin() {  # every name of the image (the CRI's sha256:<config> one too), as the images are pinned
+    [ -z "$no_pin" ] || return 0
+    rows=$(bounded ctr images ls 2>/dev/null | awk -v d="$car_manifest" 'NR > 1 && $3 == d { print $1 }')
+    set -f
+    for name in $rows; do
+        if ! said=$(bounded ctr images label "$name" "$pinned_label" 2>&1 >/dev/null); then
+            set +f
+            echo "load.sh: error: cannot pin $name (ctr images label: $said); the image is imported, not pinned" >&2
+            exit 5
+        fi
+    done
+    set +f
+    car_pinned=", pinned"
+}
+import_modelcar() {  # a models item: $1: its number, $3: its reference, $6: its files and size in words
+    model_no=$1; model_ref=$3
+    car_name=""
+    car_images car_pick
+    [ -n "$car_name" ] || car_refuse "$3: its modelcar has no image for $platform"
+    car_pinned=""
+    if car_held; then
+        car_pin
+        echo "load.sh: model image $car_name ($platform, $6$car_pinned): held already in containerd, namespace $namespace" >&2
+        return 0
+    fi
+    car_layers car_check
+    images_before=$(bounded ctr images ls -q 2>/dev/null)
+    blobs_before=$(bounded ctr content ls -q 2>/dev/null)
+    car_tar | run ctr images import --platform "$platform" -
+    status=$?
+    if [ "$status" -ne 0 ]; then
+        echo "load.sh: error: ctr images import of $car_name failed (exit $status)" >&2
+        forget
+        exit "$status"
+    fi
+    car_pin
+    echo "load.sh: model image $car_name ($platform, $6$car_pinned): imported in containerd, namespace $namespace" >&2
+}
+import_modelcars() {
+    if [ "$compression" != none ]; then
+        echo "load.sh: error: load.sh imports modelcar images from an uncompressed bundle only, and this one is $compression-compressed; nothing was imported" >&2
+        echo "load.sh: import them with $instead --models image" >&2
+        exit 1
+    fi
+    command -v sha256sum >/dev/null 2>&1 || car_refuse "sha256sum not found: cannot check the models' files"
+    models import_modelcar
+}
+models_then_done() {  # the models, the last step of every load: placed, or imported (car)
+    if [ -n "$car" ]; then import_modelcars; else place_models; fi
     echo "load.sh: done" >&2
-    exit 0
+}
+car=""
+if [ "$image_count" -eq 0 ] || [ -n "$models_only" ]; then  # the models alone, placed: no runtime is asked anything
+    if [ -z "$models_target" ] && { [ -n "$models_dir" ] || [ -n "$no_models" ]; }; then
+        place_models
+        echo "load.sh: done" >&2
+        exit 0
+    fi
 fi
 
 # A compressed archive is unpacked on its way into the runtime, by gzip or zstd.
@@ -735,6 +893,26 @@ case "$kube_runtime" in
 esac
 [ -z "$elsewhere" ] || echo "load.sh: warning: $elsewhere: Pods on this node will not find the images there" >&2
 
+# The models as modelcar images (as imgtool load chooses, commands/load.py): --models image, or by default when the
+# kubelet reads images from containerd and this load goes there (an image volume is what mounts a model there).
+if [ -n "$models_target" ]; then
+    car=1
+elif [ "$model_count" -gt 0 ] && [ -z "$models_dir$no_models" ] && [ "$kube_runtime" = containerd ] && \
+        [ "$runtime" = containerd ]; then
+    if [ "$modelcars" -eq 0 ]; then
+        echo "load.sh: the kubelet uses containerd, but this bundle does not carry the modelcar form of its models: not importing them" >&2
+    elif [ "$compression" != none ]; then
+        echo "load.sh: the kubelet uses containerd, but load.sh imports modelcar images from an uncompressed bundle only: not importing the models" >&2
+    else
+        car=1
+        echo "load.sh: the kubelet uses containerd: importing the models as modelcar images (--models-dir DIR places the files)" >&2
+    fi
+fi
+if [ -z "$car" ] && { [ "$image_count" -eq 0 ] || [ -n "$models_only" ]; }; then
+    echo "load.sh: error: this bundle's models need --models-dir DIR (load.sh places into a plain directory) or --models image (containerd); nothing was placed" >&2
+    exit 2
+fi
+
 if [ "$runtime" = auto ]; then
     skipped=""
     for candidate in docker containerd podman; do
@@ -779,6 +957,15 @@ case "$runtime" in
     podman) loader="podman load"; lacks="Podman"; where="podman" ;;
 esac
 echo "load.sh: runtime: $where${skipped:+ ($skipped)}" >&2
+if [ -n "$car" ] && [ "$runtime" != containerd ]; then
+    echo "load.sh: error: load.sh imports modelcar images into containerd only, and this load goes to $runtime; nothing was loaded" >&2
+    echo "load.sh: import them with $instead --models image, or place the files with --models-dir DIR" >&2
+    exit 2
+fi
+if [ -n "$car" ] && { [ "$image_count" -eq 0 ] || [ -n "$models_only" ]; }; then  # the models alone, imported
+    models_then_done
+    exit 0
+fi
 load_into() {
     case "$runtime" in
         docker) run docker load ;;
@@ -987,24 +1174,6 @@ case "$status" in
         fi ;;
 esac
 
-# After a failed `ctr images import` (a damaged archive, the disk full during the unpack; containerd 1.7 keeps
-# an image it could not complete, which the CRI then reports present): remove the image records it created and
-# the blobs it wrote, as imgtool's containerd room does. ctr's own lease, which held what it had unpacked, ended
-# with ctr; `images rm --sync` then lets containerd's GC take the snapshots. What was there before stays.
-# shellcheck disable=SC2086  # the names and digests ctr listed, split into words (no globbing)
-forget() {
-    set -f
-    new=$(bounded ctr images ls -q 2>/dev/null | only_new "$images_before")
-    [ -z "$new" ] || bounded ctr images rm --sync $new >/dev/null 2>&1
-    left=$(bounded ctr content ls -q 2>/dev/null | only_new "$blobs_before")
-    [ -z "$left" ] || bounded ctr content rm $left >/dev/null 2>&1
-    set +f
-    if [ -n "$new$left" ]; then
-        printf 'load.sh: removed what the failed import had recorded: %s image record(s), %s blob(s)\n' \
-            "$(printf '%s' "$new" | grep -c .)" "$(printf '%s' "$left" | grep -c .)" >&2
-    fi
-}
-
 if [ "$runtime" = containerd ]; then  # what was there before: a failed import removes only what it recorded
     images_before=$(bounded ctr images ls -q 2>/dev/null)
     blobs_before=$(bounded ctr content ls -q 2>/dev/null)
@@ -1076,5 +1245,4 @@ if has_items multiarch_tags; then
     multiarch_tags tag_if_this_arch
     [ -n "$tagged" ] || echo "load.sh: warning: this bundle has no image for the $runtime architecture $arch; nothing was named" >&2
 fi
-place_models
-echo "load.sh: done" >&2
+models_then_done

@@ -15,17 +15,19 @@ import pkgutil
 import re
 from typing import Dict, List, Sequence, Tuple, Union
 
-from .. import __version__
+from .. import __version__, modelcar
 from ..delta import chain_ids, describe_requirements, requirements
 from ..errors import counted
-from ..model import UNPACKED_PER_COMPRESSED, format_size
+from ..model import (UNPACKED_PER_COMPRESSED, Digest, ImageConfig, ImageRef, Manifest, Platform, PulledImage,
+                     format_size, parse_manifest)
 from ..placement import marker
 from ..runtimes import containerd, docker, kubelet, podman
 from ..sshsig import NAMESPACE
 from ..text import sh_quote
-from .format import BUNDLE_JSON, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex
+from .format import (BUNDLE_JSON, SHA256SUMS, SIGNATURE, TOOL_PYZ, BundleImage, BundleIndex, BundleModel,
+                     bundle_images)
 from .hostcheck import zstd_layer_refs
-from . import layout
+from . import catalog, layout
 from .layout import runtime_image_id
 from .texts import has_tool, multiarch_refs, ways
 
@@ -92,6 +94,7 @@ def parameters(index: BundleIndex) -> Dict[str, Value]:
         "instead": f"python3 {TOOL_PYZ} load ." if has_tool(index) else "imgtool load .",
         "ways_en": ways(index, "en"), "ways_zh": ways(index, "zh"),
         **_model_parameters(index),
+        **_modelcar_parameters(index),
     }
 
 
@@ -128,6 +131,56 @@ def _model_parameters(index: BundleIndex) -> Dict[str, Value]:
                     pieces.append((slot.member.digest.hex, part.name, lo - start, hi - lo))
     return {"model_count": len(index.models), "images_end": layout.images_end(slots),
             "models": models, "model_files": files, "model_pieces": pieces}
+
+
+def _modelcar_parameters(index: BundleIndex) -> Dict[str, Value]:
+    """What load.sh needs to import each model as its modelcar image into containerd (issue 49), as
+    ends/modelcar_source.py does: every byte of the OCI tar but the files' own, precomputed here (load.sh writes them
+    with printf, the files' bytes cut from the parts between). `modelcars`: 1 when every model records its modelcar
+    form and has a name an image can have. Per model and platform (`car_images`): the model's number, the
+    architecture, the image's name, its manifest digest (the ID containerd knows it by), its top chain ID (its
+    snapshot: unpacked), and the tar's members before the layers (index.json, manifest.json, oci-layout, the
+    manifest and config blobs: their headers, bytes and padding). Per file (`car_layers`, path order): the model's
+    number, its path, size and sha256, what precedes its bytes (the layer member's tar header, then the modelcar
+    head) and how many NULs follow them (the modelcar tail: padding and the layer tar's end; a layer is whole
+    blocks, so its member needs no padding of its own)."""
+    cars: List[Tuple[BundleModel, modelcar.Modelcar, str]] = []
+    for m in index.models:
+        car, repo = m.modelcar(), catalog.model_repository(m)
+        if car is None or repo is None:
+            return {"modelcars": 0, "car_images": [], "car_layers": []}
+        cars.append((m, car, f"{catalog.MODEL_REGISTRY}/{repo}:{modelcar.tag(m.commit)}"))
+    images: Items = []
+    layers: Items = []
+    for i, (m, car, name) in enumerate(cars, 1):
+        for os_, arch in modelcar.PLATFORMS:
+            manifest_bytes, config_bytes = car.for_platform(os_, arch)
+            manifest = parse_manifest(manifest_bytes)
+            assert isinstance(manifest, Manifest)
+            pulled = PulledImage(ref=ImageRef.parse(name), source=f"bundle {name}", platform=Platform(os_, arch),
+                                 index_digest=car.digest, manifest_digest=Digest.of(manifest_bytes),
+                                 manifest_bytes=manifest_bytes, manifest=manifest, config_bytes=config_bytes,
+                                 config=ImageConfig.parse(config_bytes))
+            small = {pulled.manifest_digest: manifest_bytes, pulled.image_id: config_bytes}
+            members = [x for x in layout.members(bundle_images([pulled])) if x.kind != "layer"]
+            slots, _ = layout.arrange(members)
+            prefix = b"".join(s.header + (s.member.content if s.member.content is not None
+                                          else small[s.member.digest]) + bytes(layout.padding(s.member.size))
+                              for s in slots)
+            top = chain_ids([d.digest for d in car.layers])[-1] if car.layers else ""
+            images.append((i, arch, name, str(pulled.manifest_digest), str(top), _printf(prefix)))
+        by_path = {f.path: f for f in m.files}
+        for d in car.layers:
+            f = by_path[d.annotations[modelcar.FILEPATH]]
+            head = layout.header(layout.blob_name(d.digest), d.size) + modelcar.head(f.path, f.size)
+            layers.append((i, f.path, f.size, f.sha256.hex, _printf(head), len(modelcar.tail(f.size))))
+    return {"modelcars": 1 if cars else 0, "car_images": images, "car_layers": layers}
+
+
+def _printf(data: bytes) -> str:
+    """`data` as a format printf writes as these bytes: printable ASCII as itself but for `\\`, `%` and `'`, every
+    other byte as a three-digit octal escape (NULs too: printf writes them)."""
+    return "".join(chr(b) if 0x20 <= b < 0x7F and b not in b"\\%'" else "\\%03o" % b for b in data)
 
 
 def fill(text: str, values: Dict[str, Value]) -> str:
