@@ -7,8 +7,9 @@ A model-only bundle of a generated model (tests/support/models.py `generated_mod
 and the small files) with its modelcar layer digests, as fetch records them; the same model's modelcar written once,
 untimed, as the OCI layout tar an operator would import (index named by io.containerd.image.name, the layers the
 very bytes imgtool frames). Each run, alternating: every record of the image removed (`ctr images rm --sync` of its
-tag and its repo@digest names: its content and snapshots go with them), then `ctr -n k8s.io images import` of the
-tar (the containerd's own ctr: 2.x imports through the transfer service), then the image removed again and
+tag, its repo@digest names and the CRI's sha256:CONFIG record: its content and snapshots go with them), then
+`ctr -n k8s.io images import` of the tar (the containerd's own ctr: 2.x imports through the transfer service), then
+the image removed again and
 `imgtool load BUNDLE --models-only --models image` into the same namespace. Both unpack into the overlayfs
 snapshotter; imgtool also checks every file's sha256 and every part on the way and pins the image.
 Needs the test services' containerd (`eval "$(scripts/services.sh env)"`).
@@ -133,12 +134,15 @@ def main() -> None:
                                             "--models", "image", "--runtime", "containerd", "--address", sock,
                                             "--namespace", "k8s.io"]}
     repository = name.rsplit(":", 1)[0]
+    from imgtool.model import Digest
+
+    config_ids = {str(Digest.of(config)) for _o, _a, _m, config in model.modelcar().manifests}  # the CRI's ID records
 
     def remove_all() -> None:
         """Every record of the image (its tag, and the repo@digest names a load or the CRI adds: one left keeps every
         blob and snapshot, and the next run would send nothing), removed with their content."""
         names = subprocess.run(ctr + ["images", "ls", "-q"], capture_output=True, text=True).stdout.split()
-        ours = [n for n in names if n.startswith((repository + ":", repository + "@"))]
+        ours = [n for n in names if n.startswith((repository + ":", repository + "@")) or n in config_ids]
         if ours:
             subprocess.run(ctr + ["images", "rm", "--sync", *ours], capture_output=True)
 
