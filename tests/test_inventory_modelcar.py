@@ -126,3 +126,44 @@ def test_a_modelcar_docker_holds_is_not_an_inventory_model_and_inventory_says_wh
     assert [m for m in json.loads(r.stdout)["models"] if m.get("image")] == []
     assert f"{name}: not listed as a held model: Docker does not keep an image's manifest, whose layers name the " \
            "files" in r.stderr.splitlines()
+
+
+@pytest.mark.parametrize("engine", ["containerd-1.7"], indirect=True)
+def test_a_modelcar_containerd_holds_only_partly_is_not_an_inventory_model_and_inventory_says_why(tmp_path, model,
+                                                                                                    node):
+    name = car_name(model.refs["v1"])
+    node.remove_later(name)
+    base = bundle_of(tmp_path, model, "v1", "base")
+    r = imgtool("load", str(base), "--models", "image", env=node.env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((base / "bundle.json").read_text())
+    [layer] = [f["modelcar"] for f in doc["models"][0]["files"] if f["path"] == CHANGED]
+    node.ctr("content", "rm", layer)
+    r = imgtool("inventory", env=node.env)
+    assert r.returncode == 0, r.stderr
+    assert [m for m in json.loads(r.stdout)["models"] if m.get("image")] == []
+    assert f"{name}: not listed as a held model: containerd holds it only partly (1 of its blobs are not in the " \
+           "content store)" in r.stderr.splitlines()
+
+
+def test_a_modelcar_layer_says_its_files_size_from_its_head_alone():
+    """inventory reads only a layer's first bytes: the size is the one whose head and layer size both match."""
+    from imgtool import modelcar
+
+    for path in ("config.json", "sub/" + "x" * 120 + ".bin", "tokenizer/vocabulário.txt"):
+        for size in (0, 1, 511, 512, 513, 70000):
+            data = b"".join(modelcar.layer_chunks(path, size, [bytes(size)]))
+            assert modelcar.file_size(path, len(data), data[:modelcar.head_length(path)]) == size
+    framed = b"".join(modelcar.layer_chunks("a.bin", 10, [bytes(10)]))
+    assert modelcar.file_size("b.bin", len(framed), framed[:512]) is None  # another path's layer: no size
+
+
+def test_only_a_modelcar_name_is_read_as_a_held_model():
+    from imgtool.inventory import modelcar_name
+
+    assert modelcar_name(car_name("0" * 40)) == ("hf", MODEL, "0" * 40)
+    assert modelcar_name("models.local/modelscope/org/name:main-modelcar") == ("modelscope", "org/name", "main")
+    for other in (f"models.local/hf/{MODEL}:{'0' * 40}", f"docker.io/hf/{MODEL}:x-modelcar",
+                  "models.local/dir/org/name:x-modelcar", "models.local/hf/name:x-modelcar",
+                  f"models.local/hf/{MODEL}:-modelcar"):
+        assert modelcar_name(other) is None, other
