@@ -153,7 +153,7 @@ def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", 
         return frozenset()
     if not facts.traits.reuses_blobs:
         raise UsageError(f"--models image: {bundle_dir} is a delta bundle that leaves out files of its models, and "
-                         f"{facts.title} imports no image whose layers an archive leaves out",
+                         f"{facts.title} is sent every layer of an image (only containerd reuses a layer it holds by digest)",
                          hint="load --models image of a delta bundle needs containerd (which holds the base "
                               "revision's modelcar layers by digest); or place the files: --models hf (or "
                               "--models modelscope, --models-dir DIR)")

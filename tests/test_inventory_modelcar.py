@@ -109,7 +109,7 @@ def test_a_delta_whose_left_out_files_the_runtime_does_not_hold_as_layers_is_ref
         assert r.returncode == 2, r.stderr
         assert err_lines(r) == [
             f"error: --models image: {delta} is a delta bundle that leaves out files of its models, and Docker "
-            "imports no image whose layers an archive leaves out",
+            "is sent every layer of an image (only containerd reuses a layer it holds by digest)",
             "hint: load --models image of a delta bundle needs containerd (which holds the base revision's modelcar "
             "layers by digest); or place the files: --models hf (or --models modelscope, --models-dir DIR)"]
     assert node.leftovers(before) == []
