@@ -66,8 +66,7 @@ class FileRow:
 
     def to_json(self) -> dict:
         return {"status": self.status, "path": self.path,
-                "old": {"sha256": str(self.old.sha256), "size": self.old.size} if self.old else None,
-                "new": {"sha256": str(self.new.sha256), "size": self.new.size} if self.new else None}
+                "old": _file_json(self.old), "new": _file_json(self.new)}
 
 
 @dataclass
@@ -174,3 +173,9 @@ def _c(model: Optional[AnyModel]) -> str:
 
 def _short(f: Optional[AnyFile]) -> str:
     return f.sha256.short if f is not None and f.sha256 is not None else "-"
+
+
+def _file_json(f: Optional[AnyFile]) -> Optional[dict]:
+    if f is None:
+        return None
+    return {"sha256": str(f.sha256) if f.sha256 is not None else None, "size": f.size}
