@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import config, modelcar
-from .bundle.catalog import MODEL_REGISTRY
+from .bundle.catalog import MODEL_REGISTRY, hub_repository
 from .delta import Inventory, InventoryImage, InventoryModel
 from .errors import ImgtoolError, UsageError
 from .fsutil import write_atomic
@@ -81,7 +81,7 @@ def modelcar_name(name: str) -> Optional[Tuple[str, str, str]]:
     if head != MODEL_REGISTRY or hub not in HUBS or org_name.count("/") != 1 or not tag.endswith(modelcar.TAG_SUFFIX):
         return None
     commit = tag[:-len(modelcar.TAG_SUFFIX)]
-    return (hub, org_name, commit) if commit else None
+    return (hub, org_name, commit) if commit and hub_repository(hub, org_name) == f"{hub}/{org_name}" else None
 
 
 def held_modelcars(runtime: "Runtime", images: Sequence[InventoryImage]) -> Tuple[List[InventoryModel], List[str]]:
@@ -106,7 +106,7 @@ def _held_modelcar(runtime: "Runtime", name: str, im: InventoryImage) -> Union[I
     """The model an image holds, or why it is not one inventory lists."""
     hub, repo, commit = modelcar_name(name) or ("", "", "")
     if im.documents is None:
-        return f"{runtime.traits.title} does not keep an image's manifest, whose layers name the files"
+        return f"{runtime.traits.title} does not give imgtool the image's manifest, whose layers name the files"
     manifest, conf = im.documents
     labels = (conf.get("config") or {}).get("Labels") or {}
     if labels.get("org.opencontainers.image.revision") != commit:

@@ -124,8 +124,8 @@ def test_a_modelcar_docker_holds_is_not_an_inventory_model_and_inventory_says_wh
     r = imgtool("inventory", env=node.env)
     assert r.returncode == 0, r.stderr
     assert [m for m in json.loads(r.stdout)["models"] if m.get("image")] == []
-    assert f"{name}: not listed as a held model: Docker does not keep an image's manifest, whose layers name the " \
-           "files" in r.stderr.splitlines()
+    assert f"{name}: not listed as a held model: Docker does not give imgtool the image's manifest, whose layers " \
+           "name the files" in r.stderr.splitlines()
 
 
 @pytest.mark.parametrize("engine", ["containerd-1.7"], indirect=True)
@@ -165,5 +165,5 @@ def test_only_a_modelcar_name_is_read_as_a_held_model():
     assert modelcar_name("models.local/modelscope/org/name:main-modelcar") == ("modelscope", "org/name", "main")
     for other in (f"models.local/hf/{MODEL}:{'0' * 40}", f"docker.io/hf/{MODEL}:x-modelcar",
                   "models.local/dir/org/name:x-modelcar", "models.local/hf/name:x-modelcar",
-                  f"models.local/hf/{MODEL}:-modelcar"):
+                  f"models.local/hf/{MODEL}:-modelcar", "models.local/hf/org/x..y:c-modelcar"):
         assert modelcar_name(other) is None, other
