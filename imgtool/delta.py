@@ -42,6 +42,9 @@ class InventoryImage:
     platform: str
     diff_ids: Tuple[Digest, ...]
     pinned: Optional[bool] = None  # the kubelet's image GC skips it (containerd's CRI label); None: no such thing here
+    # (manifest, config) as the runtime holds them, parsed, where it keeps the manifest (containerd): what inventory
+    # reads a modelcar's files from (its layers' annotations); never written to the document
+    documents: Optional[Tuple[dict, dict]] = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -61,17 +64,24 @@ class InventoryImage:
 class InventoryModel:
     """One model placed on the offline host (issue 48): the reference with the revision it was placed as
     (`hf:ORG/NAME@main`; `@<commit>` when no branch names it), its commit, and each file's path, size and sha256
-    (None only for a small non-LFS file of the Hugging Face cache that could not be read). `path`: where it lies."""
+    (None only for a small non-LFS file of the Hugging Face cache that could not be read). `path`: where it lies.
+    `image`: the modelcar image (issue 49) the runtime holds it as (`models.local/HUB/org/name:COMMIT-modelcar`), its
+    files the image's layers; "" for a model placed as files. Each file's layer there is its path and bytes: a file
+    a delta leaves out by its sha256 is a layer the runtime holds only where the path is the same."""
 
     ref: str
     commit: str
     files: Tuple[Tuple[str, int, Optional[Digest]], ...]
     path: str = ""
+    image: str = ""
 
     def to_json(self) -> dict:
-        return {"ref": self.ref, "commit": self.commit, "path": self.path,
-                "files": [{"path": p, "size": n, "sha256": str(d) if d is not None else None}
-                          for p, n, d in self.files]}
+        out = {"ref": self.ref, "commit": self.commit, "path": self.path,
+               "files": [{"path": p, "size": n, "sha256": str(d) if d is not None else None}
+                         for p, n, d in self.files]}
+        if self.image:
+            out["image"] = self.image
+        return out
 
 
 @dataclass(frozen=True)
@@ -153,8 +163,9 @@ def _models(value: object, bad: Callable[[str], UsageError]) -> Tuple[InventoryM
                 files.append((f["path"], f["size"], Digest.parse(f["sha256"] if isinstance(f.get("sha256"), str) else "")))
             except (UsageError, TypeError, AttributeError):
                 raise bad(f"{where}.sha256 is not a digest: {str(f.get('sha256'))[:80]!r}") from None
-        path = m.get("path")
-        out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files), path if isinstance(path, str) else ""))
+        path, image = m.get("path"), m.get("image")
+        out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files), path if isinstance(path, str) else "",
+                                  image if isinstance(image, str) else ""))
     return tuple(out)
 
 

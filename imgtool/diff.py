@@ -16,7 +16,7 @@ from .delta import INVENTORY_FORMAT, Inventory, chain_ids
 from .errors import UsageError
 from .fsutil import NotRegularFile, open_regular
 from .model import Digest, format_size
-from .model_diff import ModelRow, model_rows
+from .model_diff import ModelRow, held_models, model_rows
 from .model_diff import describe as describe_models
 
 
@@ -55,7 +55,9 @@ class Side:
     images: Tuple[SideImage, ...]
     containerd_store: bool = False  # an inventory of a Docker with the containerd image store
     gzip: Optional[dict] = None  # a bundle's `gzip`: what compressed the layers imgtool rewrote or exported
-    models: tuple = ()  # a bundle's models (bundle.format.BundleModel); an inventory's: none yet
+    # a bundle's models (bundle.format.BundleModel); an inventory's (model_diff.HeldModel: placed, or held as modelcar
+    # images), compared by commit and files
+    models: tuple = ()
 
     def compressor(self) -> str:
         """What gzip-compressed this side's layers, in words ("isal level 2")."""
@@ -98,7 +100,7 @@ def read_side(path: str) -> Side:
             layers = tuple(SideLayer(c, d, None, None) for c, d in zip(chain_ids(im.diff_ids), im.diff_ids))
             for name in im.tags or (im.id,):
                 images.append(SideImage(name, im.platform, im.id, layers))
-        return Side(path, "inventory", tuple(images), inv.containerd_store)
+        return Side(path, "inventory", tuple(images), inv.containerd_store, models=tuple(held_models(inv.models)))
     if kind == FORMAT_NAME:
         return _from_bundle(path, BundleIndex.from_bytes(data))
     raise UsageError(f"{path} is neither a bundle ({BUNDLE_JSON} or its directory) nor an imgtool inventory")

@@ -33,7 +33,7 @@ from .ends.bundle_stream import ArchiveSource
 from .ends.model_dest import ModelChoice, ModelDestination
 from .ends.modelcar_source import ModelcarSource
 from .ends.runtime_dest import BundleLoad, RuntimeDestination
-from .errors import DaemonError, VerifyError
+from .errors import DaemonError, ImgtoolError, UsageError, VerifyError
 from .model import Digest, PulledImage
 from .pipeline import copy
 from .progress import Progress
@@ -113,7 +113,9 @@ def _load_with_modelcars(bundle_dir: Path, index: BundleIndex, raw: bytes, verdi
     part is named as for placement (VerifyError, exit 3) and the runtime registers no modelcar."""
     facts = daemon.info()
     source = ModelcarSource(bundle_dir, index, arch or facts.arch, jobs)
-    destination = RuntimeDestination(daemon, progress, force=force, pin=pin, facts=facts, prefer=source.order)
+    reused = _reused_layers(bundle_dir, source, daemon, facts)
+    destination = RuntimeDestination(daemon, progress, force=force, pin=pin, facts=facts, prefer=source.order,
+                                     reused=reused)
     moves = not _modelcars_held(source, daemon, facts)
     if images and index.images:
         result = _load(bundle_dir, index, raw, verdict, daemon, None, tags=tags, expect=expect, force=force,
@@ -139,6 +141,32 @@ def _load_with_modelcars(bundle_dir: Path, index: BundleIndex, raw: bytes, verdi
     result.modelcars_sent = moves
     result.seconds = time.monotonic() - started
     return result
+
+
+def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", facts: "RuntimeInfo"
+                   ) -> FrozenSet[Digest]:
+    """The layers of the files a delta bundle left out, which the runtime must hold by digest (a modelcar of the
+    base revision holds them where the path is the same); raises UsageError (a runtime whose import needs every
+    layer), ImgtoolError (one it lacks: a file renamed since the base, or the base modelcar not there)."""
+    wanted = {d: v for d, v in source.reused.items() if d not in source.has()}
+    if not wanted:
+        return frozenset()
+    if not facts.traits.reuses_blobs:
+        raise UsageError(f"--models image: {bundle_dir} is a delta bundle that leaves out files of its models, and "
+                         f"{facts.title} is sent every layer of an image (only containerd reuses a layer it holds by digest)",
+                         hint="load --models image of a delta bundle needs containerd (which holds the base "
+                              "revision's modelcar layers by digest); or place the files: --models hf (or "
+                              "--models modelscope, --models-dir DIR)")
+    missing = sorted(set(wanted) - daemon.held_blobs(wanted), key=lambda d: (wanted[d][0].ref, wanted[d][1].path))
+    if missing:
+        model, f = wanted[missing[0]]
+        raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle that leaves out {f.path} of {model.ref}"
+                           f", and {facts.title} holds no modelcar layer of it at that path"
+                           + (f" ({len(missing)} such files)" if len(missing) > 1 else ""),
+                           hint="load the modelcar of the revision the delta was fetched against first (a file "
+                                "renamed since then needs its bytes: fetch a full bundle), or place the files: "
+                                "--models hf (or --models modelscope, --models-dir DIR)")
+    return frozenset(wanted)
 
 
 def _modelcars_held(source: ModelcarSource, daemon: "Runtime", facts: "RuntimeInfo") -> bool:

@@ -1,14 +1,52 @@
 """`imgtool diff`'s models (issue 48): each model of either side by hub and ORG/NAME, its files by path: shared (the
 same sha256), changed (another sha256 under the path), added, removed; and what a delta bundle of new against old
 carries: the files whose sha256 old holds nowhere (a delta leaves a file out by its sha256, whichever path or model
-holds it). Pure: bundle.json's `models` in, rows out.
+holds it). Pure: bundle.json's `models` (or an inventory's, as `HeldModel`s: placed, or held as modelcar images) in,
+rows out.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .bundle.format import BundleModel, ModelEntry
-from .model import format_size
+from .delta import InventoryModel
+from .errors import UsageError
+from .model import Digest, format_size
+from .weights import ModelRef, parse_model_ref
+
+
+@dataclass(frozen=True)
+class HeldFile:
+    path: str
+    size: int
+    sha256: Optional[Digest]  # None: a small file inventory could not read (never the same as another's)
+
+
+@dataclass(frozen=True)
+class HeldModel:
+    """A model an inventory lists (placed, or held as its modelcar image): compared by its commit and files, having
+    no artifact digest."""
+
+    model_ref: ModelRef
+    commit: str
+    files: Tuple[HeldFile, ...]
+    manifest_digest: Optional[Digest] = None
+
+
+def held_models(models: Sequence[InventoryModel]) -> List[HeldModel]:
+    """An inventory's models as diff compares them (one whose reference is none a hub has is left out)."""
+    out = []
+    for m in models:
+        try:
+            ref = parse_model_ref(m.ref)
+        except UsageError:
+            continue
+        out.append(HeldModel(ref, m.commit, tuple(HeldFile(p, n, d) for p, n, d in m.files)))
+    return out
+
+
+AnyModel = Union[BundleModel, HeldModel]
+AnyFile = Union[ModelEntry, HeldFile]
 
 FILE_STATUSES = ("changed", "added", "removed", "shared")
 
@@ -17,8 +55,8 @@ FILE_STATUSES = ("changed", "added", "removed", "shared")
 class FileRow:
     status: str  # shared | changed | added | removed
     path: str
-    old: Optional[ModelEntry]
-    new: Optional[ModelEntry]
+    old: Optional[AnyFile]
+    new: Optional[AnyFile]
 
     @property
     def size(self) -> int:
@@ -28,16 +66,15 @@ class FileRow:
 
     def to_json(self) -> dict:
         return {"status": self.status, "path": self.path,
-                "old": {"sha256": str(self.old.sha256), "size": self.old.size} if self.old else None,
-                "new": {"sha256": str(self.new.sha256), "size": self.new.size} if self.new else None}
+                "old": _file_json(self.old), "new": _file_json(self.new)}
 
 
 @dataclass
 class ModelRow:
     status: str  # added | removed | changed | unchanged
     name: str  # hf:ORG/NAME
-    old: Optional[BundleModel]
-    new: Optional[BundleModel]
+    old: Optional[AnyModel]
+    new: Optional[AnyModel]
     files: List[FileRow] = field(default_factory=list)
 
     def count(self, status: str) -> int:
@@ -49,19 +86,27 @@ class ModelRow:
     def to_json(self) -> dict:
         return {"status": self.status, "name": self.name,
                 "old_commit": self.old.commit if self.old else None, "new_commit": self.new.commit if self.new else None,
-                "old_manifest_digest": str(self.old.manifest_digest) if self.old else None,
-                "new_manifest_digest": str(self.new.manifest_digest) if self.new else None,
+                "old_manifest_digest": str(self.old.manifest_digest) if self.old and self.old.manifest_digest else None,
+                "new_manifest_digest": str(self.new.manifest_digest) if self.new and self.new.manifest_digest else None,
                 "files": [f.to_json() for f in self.files]}
 
 
-def _name(model: BundleModel) -> str:
+def _same(a: AnyModel, b: AnyModel) -> bool:
+    """One artifact (its digest), or, where a side has none (an inventory's), one commit with the same files."""
+    if a.manifest_digest is not None and b.manifest_digest is not None:
+        return a.manifest_digest == b.manifest_digest
+    files = [{(f.path, f.sha256) for f in m.files} for m in (a, b)]
+    return a.commit == b.commit and files[0] == files[1] and all(d is not None for _, d in files[0])
+
+
+def _name(model: AnyModel) -> str:
     ref = model.model_ref
     return f"{ref.hub}:{ref.repo}"
 
 
-def _files(old: Optional[BundleModel], new: Optional[BundleModel]) -> List[FileRow]:
-    before: Dict[str, ModelEntry] = {f.path: f for f in old.files} if old else {}
-    after: Dict[str, ModelEntry] = {f.path: f for f in new.files} if new else {}
+def _files(old: Optional[AnyModel], new: Optional[AnyModel]) -> List[FileRow]:
+    before: Dict[str, AnyFile] = {f.path: f for f in old.files} if old else {}
+    after: Dict[str, AnyFile] = {f.path: f for f in new.files} if new else {}
     rows = []
     for path, f in after.items():
         was = before.get(path)
@@ -71,24 +116,24 @@ def _files(old: Optional[BundleModel], new: Optional[BundleModel]) -> List[FileR
     return sorted(rows, key=lambda r: (FILE_STATUSES.index(r.status), r.path))
 
 
-def model_rows(old: Sequence[BundleModel], new: Sequence[BundleModel]) -> List[ModelRow]:
+def model_rows(old: Sequence[AnyModel], new: Sequence[AnyModel]) -> List[ModelRow]:
     """Each model of either side by hub and ORG/NAME (a second revision of one model in one bundle: the first)."""
-    before: Dict[str, BundleModel] = {}
+    before: Dict[str, AnyModel] = {}
     for m in old:
         before.setdefault(_name(m), m)
-    after: Dict[str, BundleModel] = {}
+    after: Dict[str, AnyModel] = {}
     for m in new:
         after.setdefault(_name(m), m)
     rows = []
     for name, m in after.items():
         was = before.get(name)
-        status = "added" if was is None else "unchanged" if was.manifest_digest == m.manifest_digest else "changed"
+        status = "added" if was is None else "unchanged" if _same(was, m) else "changed"
         rows.append(ModelRow(status, name, was, m, _files(was, m)))
     return rows + [ModelRow("removed", name, m, None, _files(m, None)) for name, m in before.items()
                    if name not in after]
 
 
-def delta_bytes(old: Sequence[BundleModel], new: Sequence[BundleModel]) -> Dict[str, int]:
+def delta_bytes(old: Sequence[AnyModel], new: Sequence[AnyModel]) -> Dict[str, int]:
     """What a delta bundle of new against old carries of the models, against the whole: bytes of the distinct files
     new holds (`new_bytes`) and of those whose sha256 old holds nowhere (`carried_bytes`)."""
     held = {f.sha256 for m in old for f in m.files}
@@ -96,7 +141,7 @@ def delta_bytes(old: Sequence[BundleModel], new: Sequence[BundleModel]) -> Dict[
     return {"new_bytes": sum(files.values()), "carried_bytes": sum(n for d, n in files.items() if d not in held)}
 
 
-def describe(rows: Sequence[ModelRow], old: Sequence[BundleModel], new: Sequence[BundleModel]) -> List[str]:
+def describe(rows: Sequence[ModelRow], old: Sequence[AnyModel], new: Sequence[AnyModel]) -> List[str]:
     """The text report's lines for the models (none when neither side holds one)."""
     if not rows:
         return []
@@ -111,8 +156,7 @@ def describe(rows: Sequence[ModelRow], old: Sequence[BundleModel], new: Sequence
         for f in r.files:  # a changed model's files that differ (an added or removed one's: the count says it)
             if f.status == "shared" or r.status != "changed":
                 continue
-            digests = f"{f.old.sha256.short} -> {f.new.sha256.short}" if f.old and f.new else \
-                (f.new or f.old).sha256.short  # type: ignore[union-attr]
+            digests = f"{_short(f.old)} -> {_short(f.new)}" if f.old and f.new else _short(f.new or f.old)
             out.append(f"    {f.status:<7}  {f.path}  {format_size(f.size)}  {digests}")
     t = delta_bytes(old, new)
     if t["new_bytes"]:
@@ -123,5 +167,15 @@ def describe(rows: Sequence[ModelRow], old: Sequence[BundleModel], new: Sequence
     return out
 
 
-def _c(model: Optional[BundleModel]) -> str:
+def _c(model: Optional[AnyModel]) -> str:
     return model.commit[:12] if model else "-"
+
+
+def _short(f: Optional[AnyFile]) -> str:
+    return f.sha256.short if f is not None and f.sha256 is not None else "-"
+
+
+def _file_json(f: Optional[AnyFile]) -> Optional[dict]:
+    if f is None:
+        return None
+    return {"sha256": str(f.sha256) if f.sha256 is not None else None, "size": f.size}

@@ -27,7 +27,7 @@ loads a modelcar).
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .bundle import ustar
 from .model import OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, Descriptor, Digest
@@ -121,6 +121,28 @@ def files_of(manifest: dict) -> List[Tuple[str, Digest, Digest]]:
             raise ValueError(f"a layer without a safe {FILEPATH} and {FILE_SHA256}")
         out.append((path, Digest.parse(sha), Digest.parse(layer.get("digest"))))
     return out
+
+
+HEAD_MOST = 8 << 30  # a size that needs a pax record: len(head(path, HEAD_MOST)) is the longest head of a path
+
+
+def head_length(path: str) -> int:
+    """The most bytes a file's head at `path` can take (what a reader of a layer's first bytes reads)."""
+    return len(head(path, HEAD_MOST))
+
+
+def file_size(path: str, size_of_layer: int, first: bytes) -> Optional[int]:
+    """The size of the file a modelcar layer of `size_of_layer` bytes frames at `path`, found from the layer's
+    `first` bytes (head_length(path) of them, or the whole layer when shorter): the one size whose head and layer
+    size both match; None when none does (not a layer of this file's path, or another tool's). The layer's size
+    says the size to within the padding; the head's size field pins it."""
+    for big in (False, True):
+        rest = size_of_layer - len(_END) - len(head(path, HEAD_MOST if big else 0))
+        for size in range(max(rest - _BLOCK + 1, 0), rest + 1):
+            if (size >= HEAD_MOST) == big and layer_size(path, size) == size_of_layer and \
+                    first.startswith(head(path, size)):
+                return size
+    return None
 
 
 @dataclass(frozen=True)

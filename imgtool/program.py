@@ -70,6 +70,29 @@ class Program:
                                 said=_lines(r.stderr))
         return r
 
+    def head(self, args: Sequence[str], limit: int, timeout: float = QUICK) -> Optional[bytes]:
+        """The first `limit` bytes of the tool's stdout (fewer when it writes fewer), the tool then stopped (a blob's
+        head, never the whole blob); None when it failed, or took longer than `timeout`, before writing them. Raises
+        DaemonError (cannot start)."""
+        try:
+            proc = subprocess.Popen(self.argv + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, env=self.env)
+        except OSError as e:
+            raise DaemonError(f"cannot run {self.argv[0]}: {e.strerror or e}") from e
+        timer = threading.Timer(timeout, proc.kill)  # a hung tool: its pipe closes, the read ends
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            data = proc.stdout.read(limit)
+        finally:
+            timer.cancel()
+            timer.join()
+            proc.kill()
+            code = proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        return None if len(data) < limit and code != 0 else data
+
     def start(self, args: Sequence[str]) -> Process:
         """The tool started with this process's stdin, stdout and stderr (a container in the foreground:
         the terminal is the tool's); the caller waits for it. Raises DaemonError (cannot start)."""

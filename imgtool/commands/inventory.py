@@ -21,7 +21,8 @@ def inventory(output, models_dirs, runtime, address, namespace, as_json):
     """What this host's runtime already holds (image IDs, tags, layer diff_ids), and its models, as JSON.
 
     The models are those placed here (the Hugging Face and ModelScope caches, --models-dir): each
-    file's path, size and sha256, read from the caches' listings, never by hashing the weights.
+    file's path, size and sha256, read from the caches' listings, never by hashing the weights; and those
+    the runtime holds as modelcar images (`load --models image`), read from the images' layer annotations.
 
     Carry it to the connected side: `imgtool fetch REF --have FILE` then leaves out every
     layer this runtime already has (a delta bundle). On a Kubernetes node: containerd's k8s.io.
@@ -32,6 +33,8 @@ def inventory(output, models_dirs, runtime, address, namespace, as_json):
     path = check_output(output)  # a bad -o is named before the runtime is asked anything
     with open_runtime(runtime_choice(runtime, address, namespace), timeout=120) as rt:
         result = take_inventory(rt, path, [Path(d) for d in models_dirs])
+    for note in result.notes:  # a modelcar image not listed as a held model
+        progress().note(note)
     if result.path is None:  # the inventory is JSON already: --json prints it as it is
         click.echo(result.data.decode(), nl=False)
     elif as_json:

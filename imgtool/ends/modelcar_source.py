@@ -11,7 +11,11 @@ until `settle` returned, so a damaged part cuts the upload and the runtime regis
 also check each layer against its diff_id (the recorded modelcar digest) while they unpack.
 
 The destination asks for the layers in `order`: the archive's order of the raw members (the forward read never
-goes back). A file whose bytes another path of the models also names (same sha256, another path: another layer)
+goes back). A delta bundle's model leaves out the files the host held by sha256 (an inventory's, its modelcars'
+too): their layers are not framed here but `reused`, the runtime's own (a layer is a pure function of the path and
+bytes, so the base revision's modelcar holds it where the path is the same; load checks it does, on a runtime whose
+import takes an archive without them: containerd).
+A file whose bytes another path of the models also names (same sha256, another path: another layer)
 cannot be framed twice from one forward read and is refused (place such a model's files instead). Python 3.7: the
 pyz imports modelcars through this.
 """
@@ -49,9 +53,9 @@ def carries_modelcars(index: BundleIndex) -> bool:
 
 
 class ModelcarSource:
-    """The modelcars of `index`'s models for `arch` (linux/ARCH), their layers read from the bundle in `bundle_dir`;
-    raises UsageError for a model without the modelcar form, with files a delta left out, or with a name an image
-    cannot have."""
+    """The modelcars of `index`'s models for `arch` (linux/ARCH), their layers read from the bundle in `bundle_dir`
+    (those of files a delta left out: `reused`, each the (model, file) it frames); raises UsageError for a model
+    without the modelcar form or with a name an image cannot have."""
 
     def __init__(self, bundle_dir: Path, index: BundleIndex, arch: str, jobs: int = 2):
         self.dir, self.index, self.arch, self.jobs = Path(bundle_dir), index, arch, jobs
@@ -59,6 +63,7 @@ class ModelcarSource:
         self.stream: Optional[ArchiveSource] = None
         self._images: List[PulledImage] = []
         self._layers: Dict[Digest, ModelEntry] = {}  # a modelcar layer -> the file it frames
+        self.reused: Dict[Digest, Tuple[BundleModel, ModelEntry]] = {}  # a left-out file's layer: the runtime's
         for model in index.models:
             self._images.append(self._image(model))
         slots, _ = layout.arrange(layout.bundle_members(index))
@@ -71,9 +76,6 @@ class ModelcarSource:
         if car is None:
             raise UsageError(f"{model.ref}: this bundle does not carry its modelcar form (bundle.json records no "
                              "modelcar digest for its files)", hint=HINT_FILES)
-        if any(f.omitted for f in model.files):
-            raise UsageError(f"{model.ref}: this bundle is a delta that leaves out some of its files, and its "
-                             "modelcar image needs every file", hint=HINT_FILES)
         name = modelcar_name(model)
         try:
             manifest_bytes, config_bytes = car.for_platform("linux", self.arch)
@@ -83,7 +85,9 @@ class ModelcarSource:
         seen = {(f.sha256, f.size): f for f in self._layers.values()}
         for f in model.files:
             assert f.modelcar is not None
-            if f.modelcar not in self._layers:
+            if f.omitted and f.size:  # no bytes here: the runtime's layer (a file of no bytes is framed as it is)
+                self.reused.setdefault(f.modelcar, (model, f))
+            elif f.modelcar not in self._layers:
                 twin = seen.get((f.sha256, f.size))
                 if twin is not None and f.size and twin.path != f.path:
                     raise UsageError(f"{model.ref}: {f.path} holds the same bytes as {twin.path}: a modelcar frames "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, Iterator, List, Optional, Seq
 
 from .. import __version__
 from ..bundle import layout
-from ..bundle.format import Archive, BundleIndex, bundle_images
+from ..bundle.format import Archive, BundleImage, BundleIndex, bundle_images
 from ..bundle.landing import (LoadedImage, LoadPlan, arch_warnings, before_sending, check_room, land, landed,
                               outgoing_meta, plan_load)
 from ..model import Digest, PulledImage
@@ -57,11 +57,13 @@ class RuntimeDestination:
     def __init__(self, runtime: "Runtime", progress: Progress, *, tags: Sequence[str] = (),
                  arch: Optional[str] = None, force: bool = False, pin: bool = True,
                  facts: Optional["RuntimeInfo"] = None, bundle: Optional[BundleLoad] = None,
-                 prefer: Sequence[Digest] = ()):
+                 prefer: Sequence[Digest] = (), reused: FrozenSet[Digest] = frozenset()):
         self.runtime, self.progress, self.tags, self.arch, self.force, self.pin = (runtime, progress, tags, arch,
                                                                                    force, pin)
         self.bundle = bundle
         self.prefer = {d: i for i, d in enumerate(prefer)}  # the order the source hands blobs over in (a forward read)
+        # layers the runtime holds by digest (traits.reuses_blobs) that the archive leaves out: a delta's modelcar
+        self.reused = reused
         self.facts = facts if facts is not None else runtime.info()
         self.what = self.facts.title
         self.warnings: List[str] = []
@@ -81,7 +83,8 @@ class RuntimeDestination:
                        for m in layout.members(list(load.view.images) + list(load.others), load.view.legacy_names)]
             slots, tar_size = layout.arrange(members)
             return self._holding(load, [], slots, tar_size)
-        every = BundleIndex("", __version__, tuple(bundle_images(images)), Archive("", "none", 0, "", 0), ())
+        every = BundleIndex("", __version__, tuple(_leave_out(bundle_images(images), self.reused)),
+                            Archive("", "none", 0, "", 0), ())
         load = plan_load(every, self.runtime, self.facts, self.tags, self.arch, False)
         chosen = {im.manifest_digest for im in load.view.images}
         images = [im for im in images if im.manifest_digest in chosen]
@@ -156,3 +159,9 @@ class RuntimeDestination:
     def abort(self) -> None:
         """`land` removes what a failed load registered; before it, nothing was."""
 
+
+
+def _leave_out(images: Sequence[BundleImage], reused: FrozenSet[Digest]) -> List[BundleImage]:
+    """The images with each layer in `reused` marked omitted: not in the archive (the runtime holds the blob)."""
+    return [dataclasses.replace(im, layers=tuple(dataclasses.replace(x, omitted=True) if x.digest in reused else x
+                                                 for x in im.layers)) for im in images]

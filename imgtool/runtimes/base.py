@@ -10,7 +10,7 @@ TYPE_CHECKING.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,10 @@ class Traits:
     staged_copies: int = 0
     staging_advice: str = ""  # when its staging dir (another file system than its root) lacks room for them
     pins_for_kubelet: bool = False  # Runtime.pin labels an image the kubelet's image GC leaves (containerd 1.7+)
+    # an archive it imports may leave out a blob it holds by digest (containerd's content store): what a modelcar of
+    # a delta bundle needs (its files' layers held, by another revision's modelcar); Docker's load wants every layer
+    # whose chain it lacks, Podman's every layer
+    reuses_blobs: bool = False
     run_program: Optional[RunProgram] = None  # `imgtool run` starts containers through it (None: not this runtime)
     absent_advice: str = ""  # what to do when it does not answer
 
@@ -192,6 +196,7 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
     from typing import Protocol
 
     from ..delta import InventoryImage
+    from ..model import Digest
 
     class Runtime(Protocol):
         """The operations load, inventory and doctor need of a container runtime; errors are DaemonError."""
@@ -218,6 +223,10 @@ if TYPE_CHECKING:  # typing.Protocol is 3.8+: the offline side (3.7) never impor
                          images: Sequence[Tuple[str, str]] = ()) -> List[str]: ...
 
         def applied_diff_ids(self, image_id: str) -> Optional[List[str]]: ...
+
+        def held_blobs(self, digests: Iterable[Digest]) -> FrozenSet[Digest]: ...  # those it holds by digest
+
+        def blob_head(self, digest: str, limit: int) -> Optional[bytes]: ...  # a held blob's first bytes; None: not
 
         def incomplete(self, image_id: str, diff_ids: Sequence[str]) -> Optional[Unfinished]: ...
 

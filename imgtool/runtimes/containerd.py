@@ -19,7 +19,7 @@ import os
 import shutil
 import socket
 import tempfile
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import DaemonError, ProgramFailed, UsageError
 from ..nodeconfig import HUB, Mirror, NodeFile, RuntimePart, toml_string
@@ -46,6 +46,7 @@ SPACE_ADVICE = ("free space there (ctr -n {namespace} images prune --all; on a K
 # containerd keeps the compressed blobs in its content store and unpacks them into snapshots: nothing staged
 TRAITS = _ContainerdTraits(
     title="containerd", load_command="ctr images import", zstd_since="1.5", digest_names=True, pins_for_kubelet=True,
+    reuses_blobs=True,
     absent_advice="start it (systemctl start containerd), or give its socket with --address or CONTAINERD_ADDRESS; "
                   "run as root")
 
@@ -290,6 +291,16 @@ class Containerd:
     def image_info(self, image_id: str) -> Optional[ImageInfo]:
         return self.images_by_id().get(image_id)
 
+    def held_blobs(self, digests: Iterable[Digest]) -> FrozenSet[Digest]:
+        """Those of `digests` the content store holds; raises DaemonError."""
+        there = self._blobs()
+        return frozenset(d for d in digests if str(d) in there)
+
+    def blob_head(self, digest: str, limit: int) -> Optional[bytes]:
+        """The first `limit` bytes of a blob of the content store (a modelcar layer's tar head: the file's size), the
+        rest never read; None when it holds no such blob. Raises DaemonError."""
+        return self.ctr.head(["content", "get", digest], limit)
+
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """None: containerd checks every layer against its diff_id itself while it unpacks."""
         return None
@@ -498,7 +509,8 @@ class Containerd:
                     continue
                 if not platform:
                     platform = "/".join(str(config.get(k)) for k in ("os", "architecture", "variant") if config.get(k))
-                out.append(InventoryImage(image_id, info.tags, platform, diff_ids, pinned=digest in pinned))
+                out.append(InventoryImage(image_id, info.tags, platform, diff_ids, pinned=digest in pinned,
+                                          documents=(manifest, config)))
         return out
 
     def _platform_manifests(self, digest: str, doc: dict, platform: str) -> List[Tuple[str, dict, str]]:

@@ -4,9 +4,10 @@ Everything the product asks of a local Docker goes through here: version and sto
 facts, load, image inspection, inventory, save, and container runs.
 """
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Type
 
 from ..errors import DaemonError, UsageError, one_line
+from ..model import Digest
 from ..nodeconfig import HUB, Mirror, NodeFile, RuntimePart
 from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, version_tuple
 
@@ -300,6 +301,14 @@ class Daemon:
         """False: Docker has no kubelet image GC to keep the image from (a kubelet on cri-dockerd pins by its own
         flags only)."""
         return False
+
+    def held_blobs(self, digests: Iterable[Digest]) -> FrozenSet[Digest]:
+        """None: Docker keeps no blob by its digest that an archive could leave out (traits.reuses_blobs)."""
+        return frozenset()
+
+    def blob_head(self, digest: str, limit: int) -> Optional[bytes]:
+        """None: Docker keeps no manifest's layers as blobs (inventory reads no modelcar's files here)."""
+        return None
 
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """None: Docker checks every layer against its diff_id itself while it loads."""

@@ -19,12 +19,12 @@ import stat
 import sys
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import DaemonError, ImgtoolError, LayerRefused, ProgramFailed, UsageError, one_line
 from ..nodeconfig import Mirror, NodeFile, RuntimePart, toml_string
 from ..fsutil import process_alive, remove_quietly, tree_size
-from ..model import foreign_arch_warning, format_size
+from ..model import Digest, foreign_arch_warning, format_size
 from ..program import QUICK, Process, ProcessTimeout, Program
 from .base import Debris, ImageInfo, RunProgram, RuntimeInfo, Traits, Unfinished, tags_of
 
@@ -224,6 +224,14 @@ class Podman:
     def pin(self, image_id: str) -> bool:
         """False: no kubelet reads Podman's images through a CRI that honours a pin."""
         return False
+
+    def held_blobs(self, digests: Iterable[Digest]) -> FrozenSet[Digest]:
+        """None: Podman keeps no blob by its digest that an archive could leave out (traits.reuses_blobs)."""
+        return frozenset()
+
+    def blob_head(self, digest: str, limit: int) -> Optional[bytes]:
+        """None: Podman keeps no manifest's layers as blobs (inventory reads no modelcar's files here)."""
+        return None
 
     def applied_diff_ids(self, image_id: str) -> Optional[List[str]]:
         """The diff_ids Podman's storage computed while it applied the image's layers, bottom first (its
