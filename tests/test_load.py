@@ -380,7 +380,8 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
     good = random_layer(32 * 1024, seed=11)
     layer = Layer(blob=good.blob, digest=good.digest, size=good.size, diff_id=sha256_digest(b"not this"),
                   uncompressed_size=good.uncompressed_size)
-    image = simple_image([random_layer(16 * 1024, seed=12), layer], host_arch(), seed=8)
+    base = random_layer(16 * 1024, seed=12)
+    image = simple_image([base, layer], host_arch(), seed=8)
     out = tmp_path / "b"
     write(out, [store.pulled(image, f"{REPO}:wrongdiff")], store)
     assert imgtool("verify", str(out)).returncode == 3
@@ -396,7 +397,12 @@ def test_a_layer_not_matching_its_diff_id_loads_nothing(store, tmp_path, node):
         done = "applied" if node.version == "4.3" else "refused"  # Podman 5 checks the diff_id itself
         assert f"refused what was loaded: layer 2 of {REPO}:wrongdiff: Podman {done} content that is not its diff_id" \
             in r.stderr
-        assert node.leftovers(before) == []
+        assert node.image_ids() == before.items["image"]  # no image record, on either
+        if node.version == "4.3":
+            assert node.leftovers(before) == []
+        else:  # Podman 5 commits each layer as it arrives: the good first layer may be in its storage already when
+            # it refuses the second, and it keeps it, no image naming it (docs/runtimes.md); nothing else is left
+            assert node.leftovers(before) in ([], [f"layer {base.diff_id.split(':', 1)[1]}"])
         return
     assert r.returncode == 5, r.stderr
     if node.kind == "docker" and node.cli.containerd_store:  # registered, then failed unpacking: removed again
