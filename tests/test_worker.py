@@ -42,8 +42,21 @@ def ends_within(seconds, fn, *args, **kwargs):
 
 
 def worker_threads():
+    """imgtool's worker threads alive now that were not when this test began (an earlier test in the same pytest
+    process may have left one: a fresh-clone CI run once saw a part-sha256 thread here that this test's verify had
+    not started; which test leaves it is not found yet)."""
     names = ("part-sha256", "archive-sha256", "member-sha256", "diff-id-", "part-sync")
-    return [t.name for t in threading.enumerate() if t.name.startswith(names)]
+    return [t.name for t in threading.enumerate() if t.name.startswith(names) and t not in _EARLIER]
+
+
+_EARLIER: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _earlier_threads():
+    _EARLIER.clear()
+    _EARLIER.update(threading.enumerate())
+    yield
 
 
 def test_result_and_error_come_back_to_the_caller():
