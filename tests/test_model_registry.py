@@ -168,6 +168,18 @@ def test_a_new_revision_pushes_only_its_changed_file_and_a_delta_needs_its_base(
     assert BundleIndex.from_bytes((delta / "bundle.json").read_bytes()).models[0].manifest_digest == v2.manifest_digest
 
 
+def models_local_hosts_dir(out, port: int, tmp_path):
+    """A containerd --hosts-dir holding the models.local hosts.toml `serve --print-node-config` prints for the
+    server on `port`, as a node would install it."""
+    printed = imgtool("serve", str(out), "--listen", f"127.0.0.1:{port}", "--print-node-config", "--json")
+    assert printed.returncode == 0, printed.stderr
+    hosts = {f["path"]: f["content"] for f in json.loads(printed.stdout)["files"]}
+    certs = tmp_path / "certs.d" / "models.local"
+    certs.mkdir(parents=True)
+    (certs / "hosts.toml").write_text(hosts["/etc/containerd/certs.d/models.local/hosts.toml"])
+    return certs.parent
+
+
 def test_containerd_fetches_the_artifact_by_its_models_local_name_through_the_printed_hosts_toml(
         with_model, serving, services, tmp_path, uniq):  # noqa: F811
     """What issue 49's image volume needs of serve: a node resolves models.local/HUB/org/name:COMMIT through the
@@ -175,16 +187,11 @@ def test_containerd_fetches_the_artifact_by_its_models_local_name_through_the_pr
     an artifact, which CRI-O mounts and issue 49's modelcar image is for)."""
     out, model, files = with_model
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    printed = imgtool("serve", str(out), "--listen", f"127.0.0.1:{s.port}", "--print-node-config", "--json")
-    assert printed.returncode == 0, printed.stderr
-    hosts = {f["path"]: f["content"] for f in json.loads(printed.stdout)["files"]}
-    certs = tmp_path / "certs.d" / "models.local"
-    certs.mkdir(parents=True)
-    (certs / "hosts.toml").write_text(hosts["/etc/containerd/certs.d/models.local/hosts.toml"])
+    hosts_dir = models_local_hosts_dir(out, s.port, tmp_path)
     ctr = ["ctr", "--address", services.containerd("1.7"), "-n", f"imgtool-{uniq}"]
     ref = f"models.local/{MODEL_REPO}:{model.commit}"
     try:
-        r = subprocess.run([*ctr, "content", "fetch", "--hosts-dir", str(certs.parent), ref], capture_output=True,
+        r = subprocess.run([*ctr, "content", "fetch", "--hosts-dir", str(hosts_dir), ref], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         rows = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, timeout=60).stdout.splitlines()

@@ -20,6 +20,7 @@ from imgtool.model import OCI_INDEX, Digest
 from tests.support.bundles import BlobDir, imgtool, put_model, write
 from tests.support.images import host_arch
 from tests.support.models import small_model
+from tests.test_model_registry import models_local_hosts_dir
 from tests.test_serve import serving  # noqa: F401  (the fixture)
 
 REPO = "quay.io/ascend/vllm-ascend"
@@ -133,17 +134,12 @@ def test_containerd_pulls_and_unpacks_the_modelcar_through_the_printed_hosts_tom
         with_car, serving, services, tmp_path, uniq):  # noqa: F811
     out, model, files = with_car
     s = serving(str(out), "--listen", "127.0.0.1:0")
-    printed = imgtool("serve", str(out), "--listen", f"127.0.0.1:{s.port}", "--print-node-config", "--json")
-    assert printed.returncode == 0, printed.stderr
-    hosts = {f["path"]: f["content"] for f in json.loads(printed.stdout)["files"]}
-    certs = tmp_path / "certs.d" / "models.local"
-    certs.mkdir(parents=True)
-    (certs / "hosts.toml").write_text(hosts["/etc/containerd/certs.d/models.local/hosts.toml"])
+    hosts_dir = models_local_hosts_dir(out, s.port, tmp_path)
     ctr = ["ctr", "--address", services.containerd("1.7"), "-n", f"imgtool-{uniq}"]
     ref = f"models.local/{MODEL_REPO}:{model.commit}-modelcar"
     car = model.modelcar()
     try:
-        r = subprocess.run([*ctr, "images", "pull", "--hosts-dir", str(certs.parent), ref], capture_output=True,
+        r = subprocess.run([*ctr, "images", "pull", "--hosts-dir", str(hosts_dir), ref], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         rows = subprocess.run([*ctr, "images", "ls"], capture_output=True, text=True, timeout=60).stdout.splitlines()
