@@ -302,8 +302,8 @@ def test_a_loaded_delta_saves_pushes_and_exports(kind, services, factory, mirror
     assert imgtool("verify", str(tmp_path / "exported")).returncode == 0
 
 
-def _save_push_export(services, docker_cli, tmp_path, ref: str, pushed: str, env) -> None:
-    """`docker save` of `ref` holds every layer blob, `docker push` to `pushed` and `imgtool export` succeed."""
+def docker_saves_every_layer(docker_cli, tmp_path, ref: str) -> None:
+    """`docker save` of `ref` succeeds and its archive holds every layer blob its manifest.json names."""
     saved = tmp_path / "saved.tar"
     r = docker_cli("save", "-o", str(saved), ref, check=False)
     assert r.returncode == 0, r.stderr
@@ -311,6 +311,11 @@ def _save_push_export(services, docker_cli, tmp_path, ref: str, pushed: str, env
         names = set(tar.getnames())
         manifest = json.load(tar.extractfile("manifest.json"))
     assert manifest[0]["Layers"] and all(x in names for x in manifest[0]["Layers"]), (manifest, sorted(names))
+
+
+def _save_push_export(services, docker_cli, tmp_path, ref: str, pushed: str, env) -> None:
+    """`docker save` of `ref` holds every layer blob, `docker push` to `pushed` and `imgtool export` succeed."""
+    docker_saves_every_layer(docker_cli, tmp_path, ref)
     docker_cli("tag", ref, pushed)
     r = docker_cli("push", pushed, check=False)
     assert r.returncode == 0, r.stderr
