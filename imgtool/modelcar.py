@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .bundle import ustar
+from .errors import UsageError
 from .model import OCI_CONFIG, OCI_INDEX, OCI_LAYER, OCI_MANIFEST, Descriptor, Digest
 from .weights import FILEPATH, check_path
 
@@ -119,7 +120,11 @@ def files_of(manifest: dict) -> List[Tuple[str, Digest, Digest]]:
         path, sha = notes.get(FILEPATH), notes.get(FILE_SHA256)
         if not isinstance(path, str) or not isinstance(sha, str) or check_path(path) is not None:
             raise ValueError(f"a layer without a safe {FILEPATH} and {FILE_SHA256}")
-        out.append((path, Digest.parse(sha), Digest.parse(layer.get("digest"))))
+        digest = layer.get("digest")
+        try:
+            out.append((path, Digest.parse(sha), Digest.parse(digest if isinstance(digest, str) else "")))
+        except UsageError as e:  # Digest.parse's: the docstring's ValueError, whatever the bad field
+            raise ValueError(e.message) from None
     return out
 
 

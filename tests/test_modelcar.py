@@ -109,3 +109,9 @@ def test_each_layer_says_its_files_path_and_sha256_so_a_host_holding_the_image_k
     with pytest.raises(ValueError) as e:
         modelcar.files_of(doc)
     assert str(e.value) == "a layer without a safe org.cncf.model.filepath and io.imgtool.model.file.sha256"
+
+    doc = json.loads(manifest)
+    doc["layers"][1]["digest"] = 7  # an edited manifest: a number where the digest goes
+    with pytest.raises(ValueError) as e:
+        modelcar.files_of(doc)
+    assert str(e.value) == "invalid digest '': expected sha256:<64 lowercase hex digits>"
