@@ -239,7 +239,8 @@ def read_hf(root: Path, folder: Path, commit: str) -> PlacedModel:
                            tuple(problems + _writable(path, files)), "hf")
     problems = _against(path, listing)
     return PlacedModel("hf", repo, root, folder, path, commit, refs, len(listing), sum(listing.values()), True,
-                       tuple(problems + _writable(path, [p for p in listing if _stat_size(path / p) is not None])), "hf")
+                       tuple(problems + _writable(path, [p for p in _listed(listing) if _stat_size(path / p) is not None])),
+                       "hf")
 
 
 def read_directory(target: str, root: Path, name: Path, repo: str) -> PlacedModel:
@@ -256,7 +257,7 @@ def read_directory(target: str, root: Path, name: Path, repo: str) -> PlacedMode
         rev = rev if isinstance(rev, str) else None
         refs = (rev,) if rev and rev != commit else ()
         problems = _against(name, listing)
-        present = [p for p in listing if _stat_size(name / p) is not None]
+        present = [p for p in _listed(listing) if _stat_size(name / p) is not None]
         return PlacedModel(target, repo, root, name, name, commit, refs, len(listing), sum(listing.values()), True,
                            tuple(problems + _writable(name, present + [MARKER])), _marker_hub(target, marker))
     files = [p for p in _walk_files(name) if p not in MODELSCOPE_META]
@@ -393,20 +394,31 @@ def _broken_links(top: Path, files: List[str]) -> List[str]:
 
 
 def _against(top: Path, listing: Dict[str, int]) -> List[str]:
-    """What differs from the listing: files missing, files of another size."""
+    """What differs from the listing: names that are not a path under the model (a listing is data: an edited
+    marker or trees/ file in a user-writable directory must not have root stat a path outside), files missing,
+    files of another size."""
     missing, wrong = [], []
-    for p in sorted(listing):
+    unsafe = [p for p in sorted(listing) if check_path(p) is not None]
+    for p in sorted(_listed(listing)):
         size = _stat_size(top / p)
         if size is None:
             missing.append(p)
         elif size != listing[p]:
             wrong.append(f"{p} is {size} bytes, not {listing[p]}")
     out = []
+    if unsafe:
+        out.append(f"the listing names {counted(len(unsafe), 'path')} outside the model "
+                   f"(first: {unsafe[0]!r}: {check_path(unsafe[0])})")
     if missing:
         out.append(f"incomplete: {len(missing)} of {counted(len(listing), 'file')} missing (first: {missing[0]})")
     if wrong:
         out.append(f"{counted(len(wrong), 'file')} of another size ({wrong[0]})")
     return out
+
+
+def _listed(listing: Dict[str, int]) -> List[str]:
+    """The listing's names that are paths under the model (the others are reported by _against, never opened)."""
+    return [p for p in listing if check_path(p) is None]
 
 
 def _writable(top: Path, files: List[str]) -> List[str]:

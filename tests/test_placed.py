@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from imgtool.model import format_size
+from imgtool.placement import MARKER
 from imgtool.placer import place_model
 from tests.support.bundles import imgtool as imgtool_cli
 from tests.support.models import small_model, two_revisions
@@ -266,6 +267,30 @@ def test_doctor_fails_an_incomplete_model_and_warns_about_one_that_is_not_read_o
         f"warning: modelscope:{REPO}@master: not read-only: 1 directory may be written (first: ., mode 755) (imgtool "
         "doctor lists the placed models)"]
     assert stat.S_IMODE(os.stat(on_hf.path / SHARD1).st_mode) == 0o444
+
+
+def test_doctor_reads_an_edited_markers_names_as_data_and_never_looks_outside_the_model(tmp_path, caches):
+    """A user-writable --models-dir's marker names a file outside the model, of the size it has: root's doctor
+    says so, and neither counts it as the model's file nor reports its mode."""
+    hf, ms, env = caches
+    in_dir = place_ms(small_model(seed=48), tmp_path / "models", target="dir")
+    outside = tmp_path / "models" / "outside.bin"
+    outside.write_bytes(b"12345")
+    os.chmod(outside, 0o666)
+    marker_path = in_dir.path / MARKER
+    os.chmod(in_dir.path, 0o755)
+    os.chmod(marker_path, 0o644)
+    doc = json.loads(marker_path.read_text())
+    escape = "../" * len(in_dir.path.relative_to(tmp_path / "models").parts) + "outside.bin"
+    doc["files"][escape] = {"size": 5}
+    marker_path.write_text(json.dumps(doc))
+    os.chmod(marker_path, 0o444)
+    os.chmod(in_dir.path, 0o555)
+    r = doctor(env, "--models-dir", str(tmp_path / "models"))
+    assert r.returncode == 1
+    assert model_lines(r)[0] == (
+        f"FAIL  model        dir:{REPO}@master (commit {in_dir.commit[:12]}): 10 files, 85.2 KiB in {in_dir.path}: "
+        f"the listing names 1 path outside the model (first: {escape!r}: a `.`, `..` or empty component)")
 
 
 # --- imgtool run, against the real dockerd ---------------------------------------------------------------------
