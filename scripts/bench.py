@@ -202,7 +202,8 @@ class Env:
 # The other engines of the test matrix, whose load is measured against their own `docker load`:
 # engine name -> (row key prefix, task name). The first engine (20.10) is the "load" task itself.
 ENGINE_LOADS = {"26.1": ("load26", "load (Docker 26.1)"),
-                "26.1-containerd": ("load26c", "load (Docker 26.1, containerd store)")}
+                "26.1-containerd": ("load26c", "load (Docker 26.1, containerd store)"),
+                "28.5": ("load28", "load (Docker 28.5)")}
 
 
 @contextmanager
@@ -795,25 +796,32 @@ class Bench:
         names = [f"quay.io/{self.repo}:v1", self.ref(), arm(self.meta)["config"]]
         if sock:
             ctr = ["ctr", "--address", sock, "-n", "k8s.io"]
-            listed = run(ctr + ["images", "ls", "-q"], check=False).out.split()
+            listed = run(ctr + ["images", "ls", "-q"], env=self.ctr_env(sock), check=False).out.split()
             doomed = [n for n in listed if n in names or n.startswith(f"{self.env.registry}/{self.repo}")
                       or n.startswith(f"quay.io/{self.repo}")]
             if doomed:
-                run(ctr + ["images", "rm", "--sync"] + doomed, check=False)
+                run(ctr + ["images", "rm", "--sync"] + doomed, env=self.ctr_env(sock), check=False)
         else:
             run(["podman", "rmi", "-f"] + names, env=self.podman_env(podman), check=False)
+
+    def ctr_env(self, sock: str) -> dict:
+        """The environment of a node whose containerd listens at `sock`: its own ctr first on PATH where the
+        services keep one beside the socket (containerd 2.x's: its ctr imports through the transfer service)."""
+        own = Path(sock).parent / "bin"
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        return dict(self.base_env, PATH=f"{own}:{path}" if (own / "ctr").exists() else path,
+                    DOCKER_HOST="unix:///nonexistent/docker.sock", CONTAINERD_ADDRESS=sock)
 
     def imgtool_load_runtime(self, sock: Optional[str], podman: str = "") -> Result:
         """imgtool load --runtime auto on a node without Docker: containerd at `sock`, else the Podman in `podman`."""
         self.runtime_rmi(sock, podman)
-        env = self.podman_env(podman) if sock is None else dict(self.base_env, DOCKER_HOST="unix:///nonexistent/docker.sock",
-                                                         CONTAINERD_ADDRESS=sock)
+        env = self.podman_env(podman) if sock is None else self.ctr_env(sock)
         return run(imgtool_cmd() + ["-q", "load", str(self.bundle)], env=env, rss=True)
 
     def ctr_import(self, sock: str) -> Result:
         self.runtime_rmi(sock)
         return run(["ctr", "--address", sock, "-n", "k8s.io", "images", "import", "--platform", "linux/arm64",
-                    str(self.archive_path())], env=self.base_env)
+                    str(self.archive_path())], env=self.ctr_env(sock))
 
     def podman_load(self, podman: str) -> Result:
         self.runtime_rmi(None, podman)
@@ -1380,6 +1388,10 @@ ROWS = [  # key, task, tool
     ("ctrd1.6.ctr", "load (containerd 1.6)", "`ctr -n k8s.io images import` of the same archive"),
     ("ctrd1.7.imgtool", "load (containerd 1.7)", "`imgtool load` on a node without Docker (k8s.io, unpacked)"),
     ("ctrd1.7.ctr", "load (containerd 1.7)", "`ctr -n k8s.io images import` of the same archive"),
+    ("load28.imgtool", "load (Docker 28.5)", "`imgtool load`, Docker 28.5 (Debian unstable's), overlay2"),
+    ("load28.docker", "load (Docker 28.5)", "`docker load -i`, the same Docker"),
+    ("ctrd2.1.imgtool", "load (containerd 2.1)", "`imgtool load` on a node without Docker (k8s.io, unpacked)"),
+    ("ctrd2.1.ctr", "load (containerd 2.1)", "`ctr -n k8s.io images import` (2.1's own ctr: the transfer service)"),
     ("podman.imgtool", "load (Podman 4.3)", "`imgtool load` on a host with only Podman"),
     ("podman.podman", "load (Podman 4.3)", "`podman load -i` of the same archive"),
     ("podman5.8.imgtool", "load (Podman 5.8)", "`imgtool load` on a host with only Podman 5.8"),
@@ -1404,6 +1416,7 @@ BASELINE = {"delta (next release)": "delta.imgtool",
             "fetch": "fetch.imgtool", "fetch (zstd image)": "zstd.asis", "verify": "verify.imgtool_quick", "load": "load.imgtool",
             "load (Docker 26.1)": "load26.imgtool", "load (Docker 26.1, containerd store)": "load26c.imgtool",
             "load (containerd 1.6)": "ctrd1.6.imgtool", "load (containerd 1.7)": "ctrd1.7.imgtool",
+            "load (Docker 28.5)": "load28.imgtool", "load (containerd 2.1)": "ctrd2.1.imgtool",
             "load (Podman 4.3)": "podman.imgtool", "load (Podman 5.8)": "podman5.8.imgtool",
             "export": "export.imgtool", "constrained link": "slow.imgtool",
             "1 pull": "pull1.serve", "4 pulls at once": "pull4.serve", "8 pulls at once": "pull8.serve"}
