@@ -548,7 +548,7 @@ def test_hostile_input_is_refused_with_its_exit_code_on_every_runtime(hostile, n
         done = "applied" if node.version == "4.3" else "refused"
         assert errors(r) == [
             f"error: layer 2 of {h.diff_ref}: Podman {done} content that is not its diff_id (blob "
-            f"{h.diff_image.layers[1].digest[7:19]}); nothing of {h.diff_ref} was kept",
+            f"{h.diff_image.layers[1].digest[7:19]}); no image of {h.diff_ref} was kept",
             "hint: the blob matches its digest, so the image is published this way (fetching it again gives the same "
             "bytes): report it to the image's publisher"]
 

@@ -345,7 +345,7 @@ def _not_its_diff_id(facts: "RuntimeInfo", im: BundleImage, bad: int, done: str)
     """The refusal of layer `bad` (from 0) of `im`, whose content the runtime `done` ("applied", "refused") is not
     its diff_id."""
     return Applied(f"layer {bad + 1} of {im.ref}: {facts.title} {done} content that is not its diff_id "
-                   f"(blob {im.layers[bad].digest.short}); nothing of {im.ref} was kept",
+                   f"(blob {im.layers[bad].digest.short}); no image of {im.ref} was kept",
                    hint="the blob matches its digest, so the image is published this way (fetching it again gives "
                         "the same bytes): report it to the image's publisher")
 
