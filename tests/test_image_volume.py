@@ -8,7 +8,8 @@ scripts/services.sh); the kubelet finds the volume's image present (IfNotPresent
 Pod sandbox on the node's network, and creates the container with a Mount whose `image` is the image's ID, at the
 spec's mountPath. The container reads every file, and each sha256 is the hub's (what bundle.json records).
 
-On Podman 5.8: `podman run --mount type=image,...` as `imgtool run-flags --model` prints it once the image is there.
+On Podman (5.8 and 4.3): `podman run --mount type=image,...` as `imgtool run --model` runs it once `load --models image`
+imported the image: tests/test_podman_run.py test_run_model_mounts_its_modelcar_image_where_the_container_reads_every_file.
 """
 
 import os

@@ -8,6 +8,7 @@ Docker run tests do, and --net none (the test services have no container network
 import json
 import os
 import select
+import shlex
 import signal
 import stat
 import subprocess
@@ -322,3 +323,45 @@ def test_run_is_interactive_on_a_terminal(runner, podman, pod_image, uniq, home,
     assert code == 3, out
     assert b"/dev/pts/" in out and b"\r\n42\r\n" in out
     assert podman.container_gone(name)
+
+
+@pytest.mark.parametrize("podman", PODMANS, indirect=True)
+def test_run_model_mounts_its_modelcar_image_where_the_container_reads_every_file(podman, pod_image, uniq, home,
+                                                                                   tmp_path):
+    """Issue 49 on Podman (5.8 and 4.3): a model placed in the HF cache whose modelcar image `load --models image`
+    imported is served from that image (`--mount type=image`, read-only), not the placed folder; the container reads
+    every file at the path `vllm serve` is given, each sha256 the one bundle.json records."""
+    from tests.support.bundles import BlobDir, put_model, write
+    from tests.support.models import small_model
+    from tests.test_placed import REPO, place_hf
+
+    model = small_model(seed=4931)
+    place_hf(model, tmp_path / "hf")
+    store = BlobDir(tmp_path / "blobs")
+    bundle = tmp_path / "bundle"
+    write(bundle, [], store, models=[put_model(store, model, "main", modelcar=True)])
+    car = f"models.local/hf/{REPO}:{model.head.commit}-modelcar"
+    env = {**podman.cli_env, "HF_HUB_CACHE": str(tmp_path / "hf"), "MODELSCOPE_CACHE": str(tmp_path / "ms")}
+    try:
+        r = imgtool("load", str(bundle), "--runtime", "podman", "--models", "image", home=home, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        flags = imgtool("run-flags", "a3", "--runtime", "podman", "--image", pod_image, "--model", REPO, "--one-line",
+                        home=home, extra_env=env)
+        assert flags.returncode == 0, flags.stderr
+        argv = shlex.split(flags.stdout)
+        assert f"type=image,source={car},destination=/mnt/modelcar" in argv  # not the placed folder
+        assert argv[-5:] == ["vllm", "serve", "/mnt/modelcar/models", "--served-model-name", REPO]
+        name = f"imgtool-{uniq}"
+        podman.containers.append(name)
+        r = run_on_podman(podman, "a3", pod_image, "--allow-missing-devices", "-q", "--net", "none", "--name", name,
+                          "--model", REPO, "--", "sh", "-c",
+                          "cd /mnt/modelcar/models && find . -type f | sort | xargs sha256sum && "
+                          "touch config.json 2>/dev/null || echo read-only", home=home, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[-1] == "read-only"
+        doc = json.loads((bundle / "bundle.json").read_text())
+        assert sorted(ln.split() for ln in lines[:-1]) == sorted(
+            [f["sha256"][len("sha256:"):], "./" + f["path"]] for f in doc["models"][0]["files"])
+    finally:
+        podman("rmi", "-f", car, check=False)
