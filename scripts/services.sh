@@ -12,7 +12,7 @@
 # State dir: $IMGTOOL_SERVICES_DIR or /tmp/imgtool-svc (kept short: unix socket paths are limited
 # to 108 bytes and dockerd/containerd put sockets a few levels below it).
 #
-# Engines ($IMGTOOL_SERVICES_ENGINES, default all four; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
+# Engines ($IMGTOOL_SERVICES_ENGINES, default all five; the first is IMGTOOL_TEST_DOCKER_HOST; `env`
 # prints them as IMGTOOL_TEST_ENGINES="NAME=unix://... ..."):
 #   20.10             Debian 12's docker.io (apt), overlay2 graphdriver: Kylin-era Docker
 #   26.1              Debian 13's docker.io + containerd, unpacked with dpkg -x into a cache dir
@@ -22,6 +22,8 @@
 #   28.5              Debian unstable's docker.io 28.5 with its containerd 2.1 on PATH (and this
 #                     machine's runc: unstable's needs glibc 2.38), unpacked the same way into
 #                     $IMGTOOL_SID_CACHE (default: sid beside the trixie cache)
+#   28.5-containerd   the same dockerd with the containerd image store: what mounts an image
+#                     (`--mount type=image`, Docker 28+); not in the tests' engine matrix
 # Runtimes beside Docker ($IMGTOOL_SERVICES_RUNTIMES, default all five; `env` prints
 # IMGTOOL_TEST_CONTAINERDS="1.6=/.../containerd.sock 1.7=..." and IMGTOOL_TEST_PODMAN=DIR):
 #   containerd-1.6    Debian 12's containerd (comes with docker.io), as a Kubernetes node runs it:
@@ -53,7 +55,7 @@ TLS_USER="imgtool"
 DOCKER_NETWORK="none"
 REGISTRIES="plain mirror tls token"
 # (an input of its own: IMGTOOL_TEST_ENGINES is this script's output, often still in the shell)
-ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd 28.5}"
+ENGINES="${IMGTOOL_SERVICES_ENGINES:-20.10 26.1 26.1-containerd 28.5 28.5-containerd}"
 RUNTIMES="${IMGTOOL_SERVICES_RUNTIMES-containerd-1.6 containerd-1.7 containerd-2.1 podman-4.3 podman-5.8}"
 DEBS_CACHE="${IMGTOOL_DEBS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/imgtool-test/trixie}"
 SID_CACHE="${IMGTOOL_SID_CACHE:-$(dirname "$DEBS_CACHE")/sid}"
@@ -380,21 +382,22 @@ engine_dir() { # ENGINE -> its directory under the state dir (short: sockets liv
     26.1) echo "$S/d26" ;;
     26.1-containerd) echo "$S/d26c" ;;
     28.5) echo "$S/d28" ;;
-    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd 28.5)" ;;
+    28.5-containerd) echo "$S/d28c" ;;
+    *) die "unknown engine $1 in IMGTOOL_SERVICES_ENGINES (known: 20.10 26.1 26.1-containerd 28.5 28.5-containerd)" ;;
     esac
 }
 
 engine_root() { # ENGINE -> the root its binaries are unpacked in ("" = the system's)
     case "$1" in
     20.10) echo "" ;;
-    28.5) echo "$SID_CACHE/root" ;;
+    28.5*) echo "$SID_CACHE/root" ;;
     *) echo "$DEBS_CACHE/root" ;;
     esac
 }
 
 ensure_root_of() { # ENGINE or RUNTIME: the unpacked packages it runs from, fetched when missing
     case "$1" in
-    28.5 | containerd-2.*) ensure_sid_docker ;;
+    28.5* | containerd-2.*) ensure_sid_docker ;;
     podman-5.*) ensure_sid_podman ;;
     26.1* | containerd-1.7) ensure_trixie_docker ;;
     esac
@@ -478,7 +481,7 @@ start_dockerd() { # ENGINE
     root="$(engine_root "$engine")"
     mkdir -p "$dir/data" "$dir/exec"
     # our own config file, so /etc/docker/daemon.json of this machine is not read
-    if [ "$engine" = 26.1-containerd ]; then
+    if [ "${engine#*-}" = containerd ]; then
         echo '{"features": {"containerd-snapshotter": true}}' >"$dir/daemon.json"
     else
         echo '{}' >"$dir/daemon.json"

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import stat
+import subprocess
 
 import pytest
 
@@ -314,6 +315,43 @@ def test_run_model_mounts_it_read_only_where_the_container_reads_it(transport, s
     assert rest[0] == "HF_HUB_OFFLINE=1"
     assert rest[-1] == "refused" and "Read-only file system" in rest[-2]
     assert not (placed.path.parent.parent / "x").exists()
+
+
+@pytest.mark.parametrize("engine", ["28.5-containerd"], indirect=True)
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_run_model_mounts_its_modelcar_image_on_docker_28_with_the_containerd_store(transport, services, engine,
+                                                                                    busybox_image, caches, uniq,
+                                                                                    home, tmp_path):
+    """Issue 49 on Docker: 28.0+ with the containerd image store mounts an image (`--mount type=image`, API 1.48):
+    a placed model whose modelcar `load --models image` imported is served from that image, read-only, through
+    docker-py and through the pyz's stdlib client alike; the container reads every file with bundle.json's sha256.
+    (The graphdriver store cannot mount an image: the test above gets the placed folder there.)"""
+    from tests.support.bundles import BlobDir, put_model, write
+
+    hf, ms, env = caches
+    model = small_model(seed=4932)
+    place_hf(model, hf)
+    store = BlobDir(tmp_path / "blobs")
+    bundle = tmp_path / "bundle"
+    write(bundle, [], store, models=[put_model(store, model, "main", modelcar=True)])
+    car = f"models.local/hf/{REPO}:{model.head.commit}-modelcar"
+    try:
+        r = run_in_docker(services, "load", str(bundle), "--models", "image", home=home, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        bb = "/bin/busybox"
+        r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "-q", "--net",
+                          services.docker_network, "--name", f"imgtool-{uniq}", "--model", REPO, "--", "sh", "-c",
+                          f"cd /mnt/modelcar/models && {bb} find . -type f | {bb} sort | {bb} xargs {bb} sha256sum && "
+                          f"({bb} touch config.json 2>/dev/null || echo read-only)",
+                          home=home, transport=transport, extra_env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[-1] == "read-only"
+        doc = json.loads((bundle / "bundle.json").read_text())
+        assert sorted(ln.split() for ln in lines[:-1]) == sorted(
+            [f["sha256"][len("sha256:"):], "./" + f["path"]] for f in doc["models"][0]["files"])
+    finally:
+        subprocess.run(["docker", "-H", services.docker_host, "rmi", "-f", car], capture_output=True)
 
 
 def test_a_cache_path_that_would_split_the_mount_is_refused(tmp_path, home):
