@@ -326,30 +326,21 @@ def test_run_model_mounts_its_modelcar_image_on_docker_28_with_the_containerd_st
     a placed model whose modelcar `load --models image` imported is served from that image, read-only, through
     docker-py and through the pyz's stdlib client alike; the container reads every file with bundle.json's sha256.
     (The graphdriver store cannot mount an image: the test above gets the placed folder there.)"""
-    from tests.support.bundles import BlobDir, put_model, write
+    from tests.support.modelcars import assert_read_every_file, modelcar_bundle, read_every_file
 
     hf, ms, env = caches
     model = small_model(seed=4932)
     place_hf(model, hf)
-    store = BlobDir(tmp_path / "blobs")
-    bundle = tmp_path / "bundle"
-    write(bundle, [], store, models=[put_model(store, model, "main", modelcar=True)])
-    car = f"models.local/hf/{REPO}:{model.head.commit}-modelcar"
+    bundle, car = modelcar_bundle(tmp_path, model)
     try:
         r = run_in_docker(services, "load", str(bundle), "--models", "image", home=home, extra_env=env)
         assert r.returncode == 0, r.stderr
-        bb = "/bin/busybox"
         r = run_in_docker(services, "run", "a2", busybox_image, "--allow-missing-devices", "-q", "--net",
                           services.docker_network, "--name", f"imgtool-{uniq}", "--model", REPO, "--", "sh", "-c",
-                          f"cd /mnt/modelcar/models && {bb} find . -type f | {bb} sort | {bb} xargs {bb} sha256sum && "
-                          f"({bb} touch config.json 2>/dev/null || echo read-only)",
+                          read_every_file("/mnt/modelcar/models", "/bin/busybox"),
                           home=home, transport=transport, extra_env=env)
         assert r.returncode == 0, r.stderr
-        lines = r.stdout.splitlines()
-        assert lines[-1] == "read-only"
-        doc = json.loads((bundle / "bundle.json").read_text())
-        assert sorted(ln.split() for ln in lines[:-1]) == sorted(
-            [f["sha256"][len("sha256:"):], "./" + f["path"]] for f in doc["models"][0]["files"])
+        assert_read_every_file(r.stdout, bundle)
     finally:
         subprocess.run(["docker", "-H", services.docker_host, "rmi", "-f", car], capture_output=True)
 

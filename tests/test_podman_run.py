@@ -331,16 +331,13 @@ def test_run_model_mounts_its_modelcar_image_where_the_container_reads_every_fil
     """Issue 49 on Podman (5.8 and 4.3): a model placed in the HF cache whose modelcar image `load --models image`
     imported is served from that image (`--mount type=image`, read-only), not the placed folder; the container reads
     every file at the path `vllm serve` is given, each sha256 the one bundle.json records."""
-    from tests.support.bundles import BlobDir, put_model, write
+    from tests.support.modelcars import assert_read_every_file, modelcar_bundle, read_every_file
     from tests.support.models import small_model
     from tests.test_placed import REPO, place_hf
 
     model = small_model(seed=4931)
     place_hf(model, tmp_path / "hf")
-    store = BlobDir(tmp_path / "blobs")
-    bundle = tmp_path / "bundle"
-    write(bundle, [], store, models=[put_model(store, model, "main", modelcar=True)])
-    car = f"models.local/hf/{REPO}:{model.head.commit}-modelcar"
+    bundle, car = modelcar_bundle(tmp_path, model)
     env = {**podman.cli_env, "HF_HUB_CACHE": str(tmp_path / "hf"), "MODELSCOPE_CACHE": str(tmp_path / "ms")}
     try:
         r = imgtool("load", str(bundle), "--runtime", "podman", "--models", "image", home=home, extra_env=env)
@@ -354,14 +351,9 @@ def test_run_model_mounts_its_modelcar_image_where_the_container_reads_every_fil
         name = f"imgtool-{uniq}"
         podman.containers.append(name)
         r = run_on_podman(podman, "a3", pod_image, "--allow-missing-devices", "-q", "--net", "none", "--name", name,
-                          "--model", REPO, "--", "sh", "-c",
-                          "cd /mnt/modelcar/models && find . -type f | sort | xargs sha256sum && "
-                          "touch config.json 2>/dev/null || echo read-only", home=home, extra_env=env)
+                          "--model", REPO, "--", "sh", "-c", read_every_file("/mnt/modelcar/models"), home=home,
+                          extra_env=env)
         assert r.returncode == 0, r.stderr
-        lines = r.stdout.splitlines()
-        assert lines[-1] == "read-only"
-        doc = json.loads((bundle / "bundle.json").read_text())
-        assert sorted(ln.split() for ln in lines[:-1]) == sorted(
-            [f["sha256"][len("sha256:"):], "./" + f["path"]] for f in doc["models"][0]["files"])
+        assert_read_every_file(r.stdout, bundle)
     finally:
         podman("rmi", "-f", car, check=False)

@@ -12,7 +12,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Tuple
 
 from imgtool import modelcar
 from imgtool.bundle.catalog import modelcar_reference
@@ -65,3 +65,31 @@ def write_modelcar(revision: Revision, hub: str, repo: str, path: Path) -> Path:
             ff = by_path[f]
             _add(tar, "blobs/sha256/" + layer.digest.hex, layer.size, modelcar.layer_chunks(ff.path, ff.size, ff.chunks()))
     return path
+
+
+def modelcar_bundle(tmp_path: Path, model, repo: str = "imgtool-test/tiny-llm") -> Tuple[Path, str]:
+    """A model-only bundle of `model`'s head with its modelcar digests (what `load --models image` imports), and
+    the modelcar's name."""
+    from tests.support.bundles import BlobDir, put_model, write
+
+    store = BlobDir(tmp_path / "modelcar-blobs")
+    bundle = tmp_path / "modelcar-bundle"
+    write(bundle, [], store, models=[put_model(store, model, "main", modelcar=True)])
+    return bundle, modelcar_name("hf", repo, model.head.commit)
+
+
+def read_every_file(where: str, tool: str = "") -> str:
+    """A shell line a container runs: each file under `where` with its sha256 (sorted), then `read-only` if
+    writing there fails (`tool`: the busybox to run the applets through, where the image links only a few)."""
+    t = f"{tool} " if tool else ""
+    return (f"cd {where} && {t}find . -type f | {t}sort | {t}xargs {t}sha256sum && "
+            f"({t}touch config.json 2>/dev/null || echo read-only)")
+
+
+def assert_read_every_file(stdout: str, bundle: Path) -> None:
+    """What read_every_file printed: every file of the bundle's model with bundle.json's sha256, and read-only."""
+    lines = stdout.splitlines()
+    assert lines[-1:] == ["read-only"], stdout
+    doc = json.loads((bundle / "bundle.json").read_text())
+    assert sorted(ln.split() for ln in lines[:-1]) == sorted(
+        [f["sha256"][len("sha256:"):], "./" + f["path"]] for f in doc["models"][0]["files"])
