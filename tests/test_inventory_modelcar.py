@@ -61,17 +61,12 @@ def test_a_held_modelcar_is_an_inventory_model_whose_delta_loads_as_the_new_mode
     assert "not listed as a held model" not in r.stderr
     doc = json.loads(inv_path.read_text())
     [held] = [m for m in doc["models"] if m.get("image")]
-    layers = {f["path"]: f["modelcar"] for f in json.loads((base / "bundle.json").read_text())["models"][0]["files"]}
     assert held == {"ref": f"hf:{MODEL}@{v1}", "commit": v1, "path": "", "image": car_name(v1),
-                    "files": [{"path": f.path, "size": f.size, "sha256": "sha256:" + f.sha256,
-                               "modelcar": layers[f.path]}
+                    "files": [{"path": f.path, "size": f.size, "sha256": "sha256:" + f.sha256}
                               for f in sorted(model.resolve("v1").files.values(), key=lambda f: f.path)]}
 
-    # what `fetch hf:ORG/NAME --have inventory.json` leaves out: the files the inventory holds by sha256, each with
-    # the layer the runtime holds it as (the delta's modelcar names it: tests/test_fetch_models.py, have-modelcar)
+    # what `fetch hf:ORG/NAME --have inventory.json` leaves out: the files the inventory holds by sha256
     have = have_from_inventory(Inventory.from_bytes(inv_path.read_bytes()), "inventory.json")
-    assert have.modelcar_layers == {(Digest.parse("sha256:" + f.sha256), f.path): Digest.parse(layers[f.path])
-                                    for f in model.resolve("v1").files.values()}
     omitted = {Digest.parse("sha256:" + f.sha256) for f in model.head.files.values()
                if Digest.parse("sha256:" + f.sha256) in have.model_files}
     assert omitted == unchanged(model) and len(omitted) == len(model.head.files) - 1
