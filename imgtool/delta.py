@@ -74,11 +74,19 @@ class InventoryModel:
     files: Tuple[Tuple[str, int, Optional[Digest]], ...]
     path: str = ""
     image: str = ""
+    # each file's modelcar layer digest, where the runtime holds it as one (`image`): a delta fetched against this
+    # inventory names these layers for the files it leaves out, and so carries the modelcar form too
+    layers: Tuple[Tuple[str, Digest], ...] = ()
 
     def to_json(self) -> dict:
-        out = {"ref": self.ref, "commit": self.commit, "path": self.path,
-               "files": [{"path": p, "size": n, "sha256": str(d) if d is not None else None}
-                         for p, n, d in self.files]}
+        layers = dict(self.layers)
+        files = []
+        for p, n, d in self.files:
+            entry = {"path": p, "size": n, "sha256": str(d) if d is not None else None}
+            if p in layers:
+                entry["modelcar"] = str(layers[p])
+            files.append(entry)
+        out = {"ref": self.ref, "commit": self.commit, "path": self.path, "files": files}
         if self.image:
             out["image"] = self.image
         return out
@@ -151,22 +159,29 @@ def _models(value: object, bad: Callable[[str], UsageError]) -> Tuple[InventoryM
         if not isinstance(m, dict) or not isinstance(m.get("ref"), str) or not isinstance(m.get("files"), list):
             raise bad(f"models[{i}] is malformed")
         files: List[Tuple[str, int, Optional[Digest]]] = []
+        layers: List[Tuple[str, Digest]] = []
         for j, f in enumerate(m["files"]):
             where = f"models[{i}].files[{j}]"
             if not isinstance(f, dict) or not isinstance(f.get("path"), str) or not isinstance(f.get("size"), int) \
                     or isinstance(f.get("size"), bool) or f["size"] < 0:
                 raise bad(f"{where} is malformed")
+            if "modelcar" in f:
+                layers.append((f["path"], _digest(f["modelcar"], f"{where}.modelcar", bad)))
             if f.get("sha256") is None:  # a small file inventory could not read: it decides nothing
                 files.append((f["path"], f["size"], None))
                 continue
-            try:
-                files.append((f["path"], f["size"], Digest.parse(f["sha256"] if isinstance(f.get("sha256"), str) else "")))
-            except (UsageError, TypeError, AttributeError):
-                raise bad(f"{where}.sha256 is not a digest: {str(f.get('sha256'))[:80]!r}") from None
+            files.append((f["path"], f["size"], _digest(f["sha256"], f"{where}.sha256", bad)))
         path, image = m.get("path"), m.get("image")
         out.append(InventoryModel(m["ref"], str(m.get("commit") or ""), tuple(files), path if isinstance(path, str) else "",
-                                  image if isinstance(image, str) else ""))
+                                  image if isinstance(image, str) else "", tuple(layers)))
     return tuple(out)
+
+
+def _digest(value: object, where: str, bad: Callable[[str], UsageError]) -> Digest:
+    try:
+        return Digest.parse(value if isinstance(value, str) else "")
+    except (UsageError, TypeError, AttributeError):
+        raise bad(f"{where} is not a digest: {str(value)[:80]!r}") from None
 
 
 # An inventory's names reach load.sh's base check, bundle.json and messages: each is checked against its
@@ -208,7 +223,8 @@ class Have:
     containerd: Dict[str, InventoryImage] = field(default_factory=dict)
     # model files the offline side holds, by sha256 (a placed model's, a base bundle's): the model named
     model_files: Dict[Digest, str] = field(default_factory=dict)
-    # (sha256, path) -> the file's modelcar layer digest, as a base bundle records it (an inventory holds none)
+    # (sha256, path) -> the file's modelcar layer digest, as a base bundle records it, or an inventory of a runtime
+    # that holds the model as its modelcar image
     modelcar_layers: Dict[Tuple[Digest, str], Digest] = field(default_factory=dict)
 
     def add_model(self, ref: str, sha256s: Iterable[Digest]) -> None:
@@ -268,6 +284,8 @@ def have_from_inventory(inventory: Inventory, what: str) -> Have:
             have.containerd.setdefault(im.name, im)
     for m in inventory.models:
         have.add_model(m.ref, (d for _, _, d in m.files if d is not None))
+        layers = dict(m.layers)
+        have.add_modelcar_layers((d, p, layers[p]) for p, _, d in m.files if d is not None and p in layers)
     return have
 
 

@@ -223,7 +223,8 @@ def _bundle_models(hubs: Sequence["HubResolution"], have: Optional[Have], progre
 
 
 def _base_layers(model: "BundleModel", have: Have, progress: Progress) -> "BundleModel":
-    """`model` with its left-out files' modelcar layer digests from the base; a file the base records none for
+    """`model` with its left-out files' modelcar layer digests from the base (a base bundle's, or an inventory's of
+    a runtime holding the old revision's modelcar); a file the base records none for (a model placed as files)
     leaves the model without the modelcar form (said once): a layer's digest needs the file's bytes, which a delta
     does not carry."""
     files = [f if not f.omitted else dataclasses.replace(f, modelcar=have.modelcar_layers.get((f.sha256, f.path)))
@@ -232,7 +233,7 @@ def _base_layers(model: "BundleModel", have: Have, progress: Progress) -> "Bundl
     if lacking:
         progress.warn(f"{model.ref}: no modelcar form in this delta: {have.what} records no modelcar layer for "
                       f"{lacking[0]}" + (f" and {len(lacking) - 1} more" if len(lacking) > 1 else "")
-                      + " (an inventory, or a bundle fetched without it); the ModelPack artifact is carried")
+                      + " (a model placed as files, or a bundle fetched without it); the ModelPack artifact is carried")
         return model
     return dataclasses.replace(model, files=tuple(files))
 

@@ -123,6 +123,7 @@ def _held_modelcar(runtime: "Runtime", name: str, im: InventoryImage) -> Union[I
         return f"{runtime.traits.title} holds it only partly ({unfinished.reason})"
     sizes = {str(x.get("digest")): x.get("size") for x in manifest.get("layers") or () if isinstance(x, dict)}
     out: List[Tuple[str, int, Optional[Digest]]] = []
+    layers: List[Tuple[str, Digest]] = []
     for path, sha256, layer in files:
         size = sizes.get(str(layer))
         first = runtime.blob_head(str(layer), modelcar.head_length(path)) if isinstance(size, int) else None
@@ -130,4 +131,5 @@ def _held_modelcar(runtime: "Runtime", name: str, im: InventoryImage) -> Union[I
         if n is None:
             return f"the layer of {path} is not its file framed as a modelcar frames it"
         out.append((path, n, sha256))
-    return InventoryModel(f"{hub}:{repo}@{commit}", commit, tuple(out), "", name)
+        layers.append((path, layer))
+    return InventoryModel(f"{hub}:{repo}@{commit}", commit, tuple(out), "", name, tuple(layers))

@@ -22,7 +22,7 @@ they kept of it). Python 3.7: the pyz loads through this.
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, FrozenSet, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .bundle.format import Archive, BundleIndex, bundle_images
 from .bundle.landing import Applied, Cut, LoadResult, plan_load
@@ -146,8 +146,11 @@ def _load_with_modelcars(bundle_dir: Path, index: BundleIndex, raw: bytes, verdi
 def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", facts: "RuntimeInfo"
                    ) -> FrozenSet[Digest]:
     """The layers of the files a delta bundle left out, which the runtime must hold by digest (a modelcar of the
-    base revision holds them where the path is the same); raises UsageError (a runtime whose import needs every
-    layer), ImgtoolError (one it lacks: a file renamed since the base, or the base modelcar not there)."""
+    base revision holds them where the path is the same) and which a modelcar image it holds records as that file
+    (path and sha256: _vouched_layers); raises UsageError (a runtime whose import needs every layer), ImgtoolError
+    (one it lacks: a file renamed since the base, the base modelcar not there, or a layer digest that is not the
+    file's: bundle.json names whatever the inventory the delta was fetched against claimed, and an inventory
+    crosses the gap unsigned)."""
     wanted = {d: v for d, v in source.reused.items() if d not in source.has()}
     if not wanted:
         return frozenset()
@@ -157,7 +160,9 @@ def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", 
                          hint="load --models image of a delta bundle needs containerd (which holds the base "
                               "revision's modelcar layers by digest); or place the files: --models hf (or "
                               "--models modelscope, --models-dir DIR)")
-    missing = sorted(set(wanted) - daemon.held_blobs(wanted), key=lambda d: (wanted[d][0].ref, wanted[d][1].path))
+    vouched = _vouched_layers(daemon)
+    held = {d for d in daemon.held_blobs(wanted) if (wanted[d][1].path, wanted[d][1].sha256) in vouched.get(d, ())}
+    missing = sorted(set(wanted) - held, key=lambda d: (wanted[d][0].ref, wanted[d][1].path))
     if missing:
         model, f = wanted[missing[0]]
         raise ImgtoolError(f"refusing to load: {bundle_dir} is a delta bundle that leaves out {f.path} of {model.ref}"
@@ -167,6 +172,26 @@ def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", 
                                 "renamed since then needs its bytes: fetch a full bundle), or place the files: "
                                 "--models hf (or --models modelscope, --models-dir DIR)")
     return frozenset(wanted)
+
+
+def _vouched_layers(daemon: "Runtime") -> Dict[Digest, Set[Tuple[str, Digest]]]:
+    """Each layer of the modelcar images the runtime holds, with the (path, sha256) its image's manifest annotates it
+    with: what imgtool recorded when it imported that image (the new files' layers framed from bytes checked against
+    their sha256, the reused ones vouched for here the same way). Raises DaemonError."""
+    from . import modelcar
+    from .inventory import modelcar_name
+
+    out: Dict[Digest, Set[Tuple[str, Digest]]] = {}
+    for im in daemon.inventory():
+        if im.documents is None or not any(modelcar_name(name) for name in im.tags):
+            continue
+        try:
+            files = modelcar.files_of(im.documents[0])
+        except (ValueError, UsageError):
+            continue  # not a modelcar imgtool framed: it vouches for nothing
+        for path, sha256, layer in files:
+            out.setdefault(layer, set()).add((path, sha256))
+    return out
 
 
 def _modelcars_held(source: ModelcarSource, daemon: "Runtime", facts: "RuntimeInfo") -> bool:

@@ -147,8 +147,10 @@ def test_a_bad_model_reference_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
-@pytest.mark.parametrize("against", ["base", "have"])
+@pytest.mark.parametrize("against", ["base", "have", "have-modelcar"])
 def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, tmp_path):
+    """--have: an inventory of a host where v1 is placed as files (no layer digests: no modelcar form, said), or
+    held as v1's modelcar image (each file's layer digest recorded: the delta carries the modelcar form)."""
     model = two_revisions(seed=50, shards=4, shard_bytes=512 << 10)  # main changes the last of 4 shards
     cache = tmp_path / "cache"
     with Hub([model], flavour="hf") as hub:
@@ -158,11 +160,14 @@ def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, 
         if against == "base":
             other = ["--base", str(full)]
         else:  # the inventory of an offline host where v1 is placed (docs/models.md "The inventory's models")
+            layers = {f.path: str(f.modelcar) for f in index_of(full).models[0].files}
             inv = tmp_path / "inv.json"
             inv.write_text(json.dumps({"format": "imgtool-inventory", "version": 1, "created": "", "daemon": {},
                                        "images": [], "models": [{"ref": f"hf:{REPO}@v1", "commit": model.refs["v1"],
-                                                                 "files": [{"path": f.path, "size": f.size,
-                                                                            "sha256": "sha256:" + f.sha256}
+                                                                 "files": [dict({"path": f.path, "size": f.size,
+                                                                                 "sha256": "sha256:" + f.sha256},
+                                                                                **({"modelcar": layers[f.path]}
+                                                                                   if against == "have-modelcar" else {}))
                                                                            for f in model.resolve("v1").files.values()]}]}))
             other = ["--have", str(inv)]
         hub.clear()
@@ -176,14 +181,14 @@ def test_a_new_revision_against_the_old_carries_only_the_changed_shard(against, 
     same = {p for p, f in model.head.files.items() if model.resolve("v1").files[p].sha256 == f.sha256}
     assert set(shards) <= same and changed not in same
     assert_carries(delta, model, "main", omitted=same)
-    if against == "base":  # the left-out files' layer digests come from the base bundle
+    if against != "have":  # the left-out files' layer digests come from the base bundle or the held modelcar
         assert_modelcar(delta, model, "main")
         assert "no modelcar form" not in r.stderr
-    else:  # an inventory names the files, not their layers: no modelcar form rather than a wrong one
+    else:  # files placed, not their layers: no modelcar form rather than a wrong one
         assert all(f.modelcar is None for f in index_of(delta).models[0].files)
         assert (f"warning: hf:{REPO}: no modelcar form in this delta: inventory inv.json records no modelcar layer "
-                f"for .gitattributes and {len(same) - 1} more (an inventory, or a bundle fetched without it); the ModelPack artifact "
-                "is carried") in r.stderr.splitlines(), r.stderr
+                f"for .gitattributes and {len(same) - 1} more (a model placed as files, or a bundle fetched without "
+                "it); the ModelPack artifact is carried") in r.stderr.splitlines(), r.stderr
     size = sum(p.size for p in index_of(delta).parts)
     assert size < 0.4 * sum(p.size for p in index_of(full).parts)
     assert index_of(delta).base is not None

@@ -61,12 +61,17 @@ def test_a_held_modelcar_is_an_inventory_model_whose_delta_loads_as_the_new_mode
     assert "not listed as a held model" not in r.stderr
     doc = json.loads(inv_path.read_text())
     [held] = [m for m in doc["models"] if m.get("image")]
+    layers = {f["path"]: f["modelcar"] for f in json.loads((base / "bundle.json").read_text())["models"][0]["files"]}
     assert held == {"ref": f"hf:{MODEL}@{v1}", "commit": v1, "path": "", "image": car_name(v1),
-                    "files": [{"path": f.path, "size": f.size, "sha256": "sha256:" + f.sha256}
+                    "files": [{"path": f.path, "size": f.size, "sha256": "sha256:" + f.sha256,
+                               "modelcar": layers[f.path]}
                               for f in sorted(model.resolve("v1").files.values(), key=lambda f: f.path)]}
 
-    # what `fetch hf:ORG/NAME --have inventory.json` leaves out: the files the inventory holds by sha256
+    # what `fetch hf:ORG/NAME --have inventory.json` leaves out: the files the inventory holds by sha256, each with
+    # the layer the runtime holds it as (the delta's modelcar names it: tests/test_fetch_models.py, have-modelcar)
     have = have_from_inventory(Inventory.from_bytes(inv_path.read_bytes()), "inventory.json")
+    assert have.modelcar_layers == {(Digest.parse("sha256:" + f.sha256), f.path): Digest.parse(layers[f.path])
+                                    for f in model.resolve("v1").files.values()}
     omitted = {Digest.parse("sha256:" + f.sha256) for f in model.head.files.values()
                if Digest.parse("sha256:" + f.sha256) in have.model_files}
     assert omitted == unchanged(model) and len(omitted) == len(model.head.files) - 1
@@ -167,3 +172,36 @@ def test_only_a_modelcar_name_is_read_as_a_held_model():
                   "models.local/dir/org/name:x-modelcar", "models.local/hf/name:x-modelcar",
                   f"models.local/hf/{MODEL}:-modelcar", "models.local/hf/org/x..y:c-modelcar"):
         assert modelcar_name(other) is None, other
+
+
+@pytest.mark.parametrize("engine", ["containerd-1.7"], indirect=True)
+def test_a_delta_naming_a_held_layer_that_is_not_its_file_is_refused(tmp_path, model, node):
+    """An inventory crosses the gap unsigned: one edited on the way claims the host holds the new revision's changed
+    file as the old revision's layer at that path (same path, held, older bytes). fetch writes that layer into the
+    delta's modelcar; load checks a reused layer against the held modelcar's own record of the file (path and
+    sha256), refuses, and imports nothing: the new revision's name never serves the old file."""
+    import dataclasses
+
+    from tests.support.bundles import BlobDir, put_model, write
+
+    v1, v2 = model.refs["v1"], model.head.commit
+    for name in (car_name(v1), car_name(v2)):
+        node.remove_later(name)
+    base = bundle_of(tmp_path, model, "v1", "base")
+    r = imgtool("load", str(base), "--models", "image", env=node.env)
+    assert r.returncode == 0, r.stderr
+    old_layer = {f["path"]: f["modelcar"] for f in json.loads((base / "bundle.json").read_text())["models"][0]["files"]}
+    changed = Digest.parse("sha256:" + model.head.files[CHANGED].sha256)
+    store = BlobDir(tmp_path / "blobs-forged")
+    honest = put_model(store, model, "main", omitted=unchanged(model) | {changed}, modelcar=True)
+    forged = dataclasses.replace(honest, files=tuple(
+        dataclasses.replace(f, modelcar=Digest.parse(old_layer[f.path])) if f.path == CHANGED else f
+        for f in honest.files))
+    delta = tmp_path / "forged"
+    write(delta, [], store, models=[forged], chunk_size=24 << 10)
+    before = node.snapshot()
+    r = imgtool("load", str(delta), "--models", "image", env=node.env)
+    assert r.returncode == 1, r.stderr
+    assert err_lines(r)[0] == (f"error: refusing to load: {delta} is a delta bundle that leaves out {CHANGED} of "
+                               f"hf:{MODEL}@main, and containerd holds no modelcar layer of it at that path")
+    assert node.leftovers(before) == []  # no modelcar of main, no blob of it
