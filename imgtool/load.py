@@ -175,20 +175,20 @@ def _reused_layers(bundle_dir: Path, source: ModelcarSource, daemon: "Runtime", 
 
 
 def _vouched_layers(daemon: "Runtime") -> Dict[Digest, Set[Tuple[str, Digest]]]:
-    """Each layer of the modelcar images the runtime holds, with the (path, sha256) its image's manifest annotates it
-    with: what imgtool recorded when it imported that image (the new files' layers framed from bytes checked against
+    """Each layer of the modelcar images the runtime holds (whatever their names: every layer annotated with its path
+    and sha256, modelcar.files_of), with the (path, sha256) its image's manifest annotates it with: what imgtool
+    recorded when it imported that image (the new files' layers framed from bytes checked against
     their sha256, the reused ones vouched for here the same way). Raises DaemonError."""
     from . import modelcar
-    from .inventory import modelcar_name
 
     out: Dict[Digest, Set[Tuple[str, Digest]]] = {}
     for im in daemon.inventory():
-        if im.documents is None or not any(modelcar_name(name) for name in im.tags):
+        if im.documents is None:
             continue
         try:
             files = modelcar.files_of(im.documents[0])
         except (ValueError, UsageError):
-            continue  # not a modelcar imgtool framed: it vouches for nothing
+            continue  # not a modelcar imgtool framed (a layer without both annotations): it vouches for nothing
         for path, sha256, layer in files:
             out.setdefault(layer, set()).add((path, sha256))
     return out

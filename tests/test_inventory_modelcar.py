@@ -46,14 +46,21 @@ def expected_files(bundle) -> dict:
     return {"/models/" + f["path"]: (f["sha256"][len("sha256:"):], "0o444") for f in doc["models"][0]["files"]}
 
 
-@pytest.mark.parametrize("engine", ["containerd-1.7"], indirect=True)
-def test_a_held_modelcar_is_an_inventory_model_whose_delta_loads_as_the_new_modelcar(tmp_path, model, node):
-    v1, v2 = model.refs["v1"], model.head.commit
-    for name in (car_name(v1), car_name(v2)):
+def v1_held(tmp_path, model, node):
+    """v1's bundle, its modelcar imported (load --models image) into the node's runtime; both revisions' modelcars
+    removed after the test."""
+    for name in (car_name(model.refs["v1"]), car_name(model.head.commit)):
         node.remove_later(name)
     base = bundle_of(tmp_path, model, "v1", "base")
     r = imgtool("load", str(base), "--models", "image", env=node.env)
     assert r.returncode == 0, r.stderr
+    return base
+
+
+@pytest.mark.parametrize("engine", ["containerd-1.7"], indirect=True)
+def test_a_held_modelcar_is_an_inventory_model_whose_delta_loads_as_the_new_modelcar(tmp_path, model, node):
+    v1, v2 = model.refs["v1"], model.head.commit
+    base = v1_held(tmp_path, model, node)
 
     inv_path = tmp_path / "inventory.json"
     r = imgtool("inventory", "-o", str(inv_path), env=node.env)
@@ -184,12 +191,7 @@ def test_a_delta_naming_a_held_layer_that_is_not_its_file_is_refused(tmp_path, m
 
     from tests.support.bundles import BlobDir, put_model, write
 
-    v1, v2 = model.refs["v1"], model.head.commit
-    for name in (car_name(v1), car_name(v2)):
-        node.remove_later(name)
-    base = bundle_of(tmp_path, model, "v1", "base")
-    r = imgtool("load", str(base), "--models", "image", env=node.env)
-    assert r.returncode == 0, r.stderr
+    base = v1_held(tmp_path, model, node)
     old_layer = {f["path"]: f["modelcar"] for f in json.loads((base / "bundle.json").read_text())["models"][0]["files"]}
     changed = Digest.parse("sha256:" + model.head.files[CHANGED].sha256)
     store = BlobDir(tmp_path / "blobs-forged")
