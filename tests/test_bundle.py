@@ -18,7 +18,7 @@ import pytest
 
 from imgtool.bundle.writer import check_output_dir, default_bundle_name
 from imgtool.errors import ImgtoolError, UsageError
-from tests.support.bundles import BlobDir, imgtool, parts_of, reassemble, write
+from tests.support.bundles import BlobDir, imgtool, parts_of, reassemble, sums_damaged, write
 from tests.support.images import host_arch
 
 REPO = "quay.io/ascend/vllm-ascend"
@@ -225,11 +225,7 @@ def test_load_sh_loads_and_names_damaged_parts(factory, store, tmp_path, service
     before = docker_cli.image_ids()
     r = subprocess.run(["sh", str(out / "load.sh")], capture_output=True, text=True, env=_env(services))
     assert r.returncode == 3
-    assert r.stderr.splitlines()[1:4] == [
-        "load.sh: error: these files are damaged or missing:",
-        f"    {parts[1].name}: FAILED",
-        "load.sh: re-copy them from the source medium, then run load.sh again",
-    ]
+    assert r.stderr.splitlines()[1:4] == sums_damaged(parts[1].name)
     assert docker_cli.image_ids() == before
 
     parts[1].write_bytes(good)

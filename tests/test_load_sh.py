@@ -21,7 +21,7 @@ from imgtool.store import FileBlobs
 from imgtool.delta import DeltaPlan, Have, chain_ids
 from imgtool.model import Digest
 from imgtool.progress import Progress
-from tests.support.bundles import BlobDir, parts_of, write
+from tests.support.bundles import SUMS_DAMAGED, BlobDir, parts_of, sums_damaged, write
 from tests.support.images import host_arch
 from tests.support.runtimes import PROOF_RUNTIMES
 
@@ -33,7 +33,6 @@ PROOF = RUNTIMES + list(PROOF_RUNTIMES)  # load.sh's proof runs on Podman 5.8 to
 TOOLS = ("sh", "cat", "ls", "awk", "sed", "grep", "tr", "tail", "dirname", "sha256sum", "gzip", "zstd",
          "ssh-keygen", "uname", "timeout", "unshare", "mount", "sort", "df", "head", "chroot", "id",
          "dd", "cmp", "od", "find", "chmod", "mkdir", "mv", "rm")  # the last: placing models (--models-dir)
-SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
 
 
 def _which(tool: str) -> str:
@@ -206,12 +205,7 @@ def test_a_damaged_part_is_refused_as_on_docker_and_nothing_is_recorded(node, fa
 
     r = node.load_sh(out)
     assert r.returncode == 3, r.stderr
-    assert r.stderr.splitlines() == [
-        "load.sh: checking the files against SHA256SUMS ...",
-        SUMS_DAMAGED,
-        f"    {part.name}: FAILED",
-        "load.sh: re-copy them from the source medium, then run load.sh again",
-    ]
+    assert r.stderr.splitlines() == ["load.sh: checking the files against SHA256SUMS ...", *sums_damaged(part.name)]
     # the words and exit code load.sh gives with Docker
     docker = subprocess.run(["sh", "load.sh"], cwd=out, capture_output=True, text=True, timeout=HANG,
                             env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(node.home),
@@ -472,9 +466,7 @@ def test_parts_it_cannot_check_are_refused_and_bundle_json_s_sums_stand_in(shell
     damaged[10] ^= 0xFF
     parts[1].write_bytes(bytes(damaged))
     r = run()
-    assert (r.returncode, r.stderr.splitlines()) == (3, [
-        fallback, SUMS_DAMAGED, f"    {parts[1].name}: FAILED",
-        "load.sh: re-copy them from the source medium, then run load.sh again"])
+    assert (r.returncode, r.stderr.splitlines()) == (3, [fallback, *sums_damaged(parts[1].name)])
     damaged[10] ^= 0xFF
     parts[1].write_bytes(bytes(damaged))
 
@@ -1042,12 +1034,7 @@ def test_load_sh_refuses_a_damaged_part_of_a_modelcar_naming_it_and_imports_noth
     before = node.state()
     r = node.load_sh(out, "--models", "image")
     assert r.returncode == 3, r.stderr
-    assert r.stderr.splitlines() == [
-        "load.sh: checking the files against SHA256SUMS ...",
-        SUMS_DAMAGED,
-        f"    {damaged}: FAILED",
-        "load.sh: re-copy them from the source medium, then run load.sh again",
-    ]
+    assert r.stderr.splitlines() == ["load.sh: checking the files against SHA256SUMS ...", *sums_damaged(damaged)]
     assert node.state() == before
 
 

@@ -102,11 +102,7 @@ def test_serve_answers_each_model_as_its_modelpack_artifact(with_model, serving,
     assert _get(f"{base}/{MODEL_REPO}/manifests/{model.commit}?ns=models.local").status_code == 200
     # an image's repository does not answer the model's blobs
     assert _get(f"{base}/ascend/vllm-ascend/blobs/{shard.sha256}").status_code == 404
-    said = ""
-    while "docker pull" not in said:  # all of it is printed before the first request is answered
-        line = s.proc.stdout.readline()
-        assert line, said
-        said += line
+    said = s.printed_until("docker pull")
     assert (f"note: hf:imgtool-test/tiny-llm@main (commit {model.commit[:12]}, 9 files, 85.2 KiB) is served as its "
             f"ModelPack artifact models.local/{MODEL_REPO}@{model.manifest_digest}") in said, said
     # the node configuration covers the model's registry name: containerd's hosts.toml for models.local

@@ -61,11 +61,7 @@ def test_serve_answers_the_modelcar_by_commit_and_revision_and_skopeo_copies_it_
         m = requests.get(f"{base}/manifests/{tag}", timeout=30)
         assert (m.status_code, m.headers["Content-Type"], m.headers["Docker-Content-Digest"], m.content) == \
             (200, OCI_INDEX, str(car.digest), car.index)
-    said = ""
-    while "docker pull" not in said:  # all of it is printed before the first request is answered
-        line = s.proc.stdout.readline()
-        assert line, said
-        said += line
+    said = s.printed_until("docker pull")
     assert (f"is served as its ModelPack artifact models.local/{MODEL_REPO}@{model.manifest_digest} and its modelcar "
             f"image models.local/{MODEL_REPO}:{model.commit}-modelcar ({car.digest})") in said, said
     assert "cat > /etc/containerd/certs.d/models.local/hosts.toml <<'EOF'" in said, said  # the node config covers it

@@ -79,6 +79,16 @@ class Server:
                 return lines
             time.sleep(0.02)
 
+    def printed_until(self, fragment: str) -> str:
+        """What it printed on stdout after its first line, up to the line holding `fragment` (the bundle's
+        description, the node configuration: all of it is printed before the first request is answered)."""
+        said = ""
+        while fragment not in said:
+            line = self.proc.stdout.readline()
+            assert line, said
+            said += line
+        return said
+
     def said(self, fragment: str) -> bool:
         """Whether a log line holds `fragment`, waiting for it as log(until=) does."""
         def holds(log: List[str]) -> bool:

@@ -404,3 +404,12 @@ def damaged_part_line(bundle: Path, k: int) -> str:
     holds = f" (it holds {', '.join(held[:3])}{f' and {len(held) - 3} more' if len(held) > 3 else ''})" if held else ""
     return (f"  - part {n} ({part}) is damaged: its sha256 differs from bundle.json{holds}; re-copy part {n} "
             "from the source medium")
+
+
+SUMS_DAMAGED = "load.sh: error: these files are damaged or missing:"
+
+
+def sums_damaged(*names: str) -> list:
+    """load.sh's lines for parts whose sha256 is not SHA256SUMS's: the error, each part, what to do."""
+    return [SUMS_DAMAGED, *(f"    {name}: FAILED" for name in names),
+            "load.sh: re-copy them from the source medium, then run load.sh again"]
