@@ -245,17 +245,21 @@ def _own_files() -> Dict[str, Path]:
 
 def _package(dist, notes: List[str]) -> Package:
     """A distribution's importable files plus METADATA and licenses; refuses required compiled code."""
-    name = dist.metadata["Name"]
-    if dist.files is None:
-        raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} {dist.version} was installed without a file list",
+    # METADATA read once: each `dist.metadata` or `dist.version` parses the whole file (long descriptions
+    # included) again, and asking once per file cost a fetch ~0.25 CPU s
+    meta = dist.metadata
+    name, version = meta["Name"], meta["Version"]
+    files = dist.files
+    if files is None:
+        raise ImgtoolError(f"cannot build {TOOL_NAME}: {name} {version} was installed without a file list",
                            hint=f"reinstall it with pip (pip install --force-reinstall {name}), or pass --no-tool")
-    pkg = Package(name, dist.version, dist.metadata.get("Requires-Python") or "")
-    names = {PurePosixPath(str(f)).as_posix() for f in dist.files}
+    pkg = Package(name, version, meta.get("Requires-Python") or "")
+    names = {PurePosixPath(str(f)).as_posix() for f in files}
     for rel in sorted(names):
-        if _carried(rel, names, name, dist.version):
+        if _carried(rel, names, name, version):
             pkg.files[rel] = Path(dist.locate_file(rel))
     if any(r.endswith(_EXTENSIONS) for r in names):
-        notes.append(f"{TOOL_NAME}: {name} {dist.version} goes in without its compiled speed-ups (pure Python)")
+        notes.append(f"{TOOL_NAME}: {name} {version} goes in without its compiled speed-ups (pure Python)")
     return pkg
 
 
