@@ -49,6 +49,9 @@ fi
 # PYTHONDONTWRITEBYTECODE is set (this machine's shells set it) each run compiled every module it imports from
 # source again (0.2-0.3 CPU s a run); compileall writes the .pyc files even so, and every run then reads them.
 "$VENV/bin/python" -m compileall -q imgtool tests scripts >/dev/null
+# And pytest may keep the test modules it rewrote for its asserts (tests/__pycache__/*-pytest-*.pyc): where
+# PYTHONDONTWRITEBYTECODE is set, each worker of each tier rewrote all ~85 of them again (~5 CPU s a worker).
+unset PYTHONDONTWRITEBYTECODE
 
 # The house's habits, checked before anything starts (rules in pyproject.toml [tool.ruff], [tool.mypy]).
 "$VENV/bin/python" -m ruff check imgtool tests scripts

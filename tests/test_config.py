@@ -1,18 +1,17 @@
 """mirrors.toml: lookup order, the shipped copy, and one-line errors with exit 2."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from imgtool.config import BUILTIN_MIRRORS, load_mirrors
+from tests.support import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True, env=env, cwd=cwd)
+    return zygote.run(args, env=env, cwd=cwd)
 
 
 def test_shipped_copy_is_the_top_level_file():

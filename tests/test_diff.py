@@ -12,14 +12,14 @@ from imgtool.store import FileBlobs
 from imgtool.delta import Inventory, InventoryImage
 from imgtool.model import Digest, format_size
 from imgtool.progress import Progress
+from tests.support import zygote
 from tests.support.bundles import BlobDir
 
 REPO = "quay.io/ascend"
 
 
 def imgtool(*args):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env=dict(os.environ), timeout=60)
+    return zygote.run(args, env=dict(os.environ), timeout=60)
 
 
 def bundle(tmp_path, name, images):

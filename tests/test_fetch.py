@@ -18,6 +18,7 @@ import time
 import pytest
 
 from imgtool.model import format_size
+from tests.support import zygote
 from tests.support.bundles import ctrl_c_as_at_a_terminal
 from tests.support.images import write_docker_archive
 from tests.support.proxy import Fault, FaultProxy, blob_path
@@ -28,8 +29,7 @@ DEAD = "http://127.0.0.1:1"
 
 
 def imgtool(*args, env=None, cwd=None, timeout=180):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+    return zygote.run(args, env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
 
 
 def write_mirrors(tmp_path, repo, entries):

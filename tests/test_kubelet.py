@@ -544,7 +544,7 @@ def test_doctor_names_the_kubelets_runtime_and_warns_when_images_would_go_elsewh
     assert f"OK    kubelet      the kubelet uses containerd at unix://{socket} (the kubelet's, from {source})" in lines
     assert any(line.startswith("OK    runtime      imgtool load uses containerd 1.7.") and
                line.endswith(f"namespace k8s.io (--runtime auto: the kubelet's, from {source})") for line in lines)
-    assert any(line.startswith("OK    docker       Docker 20.10") for line in lines)  # Docker is here, and not used
+    assert any(line.startswith("OK    docker       Docker 26.1") for line in lines)  # Docker is here, and not used
     gc = [line for line in lines if line.startswith(("OK    image-gc", "WARN  image-gc"))]
     assert len(gc) == 1 and f"the kubelet's image GC removes unused images above 90% (imageGCHighThresholdPercent, " \
                             f"{conf}) down to 80%" in gc[0], lines

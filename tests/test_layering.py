@@ -1,6 +1,7 @@
 """The house rules of imports, held by parsing every module with ast."""
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "imgtool"
@@ -8,8 +9,18 @@ IO_MODULES = {"requests", "urllib3", "docker", "click", "tqdm", "socket", "subpr
               "tempfile", "zstandard", "fcntl", "threading", "concurrent"}
 
 
+def parse(path: Path) -> ast.Module:
+    """The module's tree, parsed once per text (the checks below walk every module, many of them several times)."""
+    return _parse(path.read_text(), str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(text: str, filename: str) -> ast.Module:
+    return ast.parse(text, filename=filename)
+
+
 def imports_of(path: Path):
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
@@ -50,7 +61,7 @@ def test_only_daemon_imports_docker():
 def test_the_stdlib_docker_client_is_reached_only_through_daemon_py():
     # daemon_http.py is the Docker room's second transport (Python 3.7/3.8), not a second room
     def names(p):  # every module and every `from . import x` name p imports
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in ast.walk(parse(p)):
             if isinstance(node, ast.ImportFrom):
                 yield from [node.module or ""] + [a.name for a in node.names]
             elif isinstance(node, ast.Import):
@@ -68,7 +79,7 @@ def test_the_stdlib_registry_client_is_reached_only_through_registry_py():
              if any(n.endswith("registry_http") for n in _names(p))}
     assert users == {"registry.py"}, users
     assert not {top for top, _ in imports_of(PKG / "registry_http.py")} & {"docker", "requests", "urllib3", "."}
-    tree = ast.parse((PKG / "registry.py").read_text())
+    tree = parse(PKG / "registry.py")
     top_level = {a.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for a in node.names}
     top_level |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module}
     assert not top_level & {"docker", "requests", "urllib3"}, top_level
@@ -90,7 +101,7 @@ def test_only_the_registry_room_speaks_requests():
 
 def _names(p):
     """Every module and every `from . import x` name p imports."""
-    for node in ast.walk(ast.parse(p.read_text())):
+    for node in ast.walk(parse(p)):
         if isinstance(node, ast.ImportFrom):
             yield from [node.module or ""] + [a.name for a in node.names]
         elif isinstance(node, ast.Import):
@@ -146,7 +157,7 @@ def test_run_presets_never_reach_the_registry_side():
 def test_no_module_uses_another_modules_private_names():
     # `from .x import _name`: a private name used across rooms is an interface nobody declared
     for p in modules():
-        tree = ast.parse(p.read_text(), filename=str(p))
+        tree = parse(p)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level > 0:
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
@@ -208,7 +219,7 @@ def _package_imports(path: Path):
     """What a module imports from imgtool, as dotted names relative to the package ("bundle.writer")."""
     rel = path.relative_to(PKG)
     here = list(rel.parts[:-1])
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if not (isinstance(node, ast.ImportFrom) and node.level > 0):
             continue
         base = here[:len(here) - (node.level - 1)]
@@ -330,7 +341,7 @@ ENV_READERS = {
 def environment_reads(path: Path):
     """(line, variable) of every read of the environment in a module: `os.environ[...]`, `.get(...)`, `in`,
     `os.getenv(...)`, `from os import environ`; the variable is "*" when the whole environment is used."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     os_names = {"environ", "environb", "getenv", "getenvb"}
 

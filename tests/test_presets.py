@@ -17,6 +17,7 @@ import pytest
 from imgtool import presets as P
 from imgtool.runtimes.docker import explain_run_error
 from imgtool.errors import ImgtoolError
+from tests.support import zygote
 from tests.support.images import static_busybox
 from tests.support.terminal import session_on_a_terminal
 
@@ -44,9 +45,9 @@ def imgtool(*args, home, docker_host=DEAD_DOCKER, extra_env=None, timeout=120, c
         # Docker's syntax by name: auto (the default) would render Podman's on a host where Podman answers
         # (test_run_flags_chooses_the_runtime_as_load_does holds the default)
         args = (args[0], "--runtime", "docker") + args[1:]
-    entry = ["-c", code] if code else ["-m", "imgtool"]
-    return subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    if code is None:
+        return zygote.run(args, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from imgtool.progress import Progress
 from imgtool.puller import PullStats, Tuning, download
 from imgtool.resolve import resolve_image
 from imgtool.store import Store
+from tests.support import zygote
 from tests.support.proxy import Fault, FaultProxy, blob_path
 from tests.support.registry import push_image
 
@@ -72,8 +73,7 @@ def standard_mirrors(tmp_path, services, ms, upstream=None):
 
 
 def imgtool(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+    return zygote.run(args, env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
 
 
 def pull(path, ref, arch, store, mirror="auto", **kw):

@@ -8,14 +8,13 @@ import base64
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from imgtool.model import Digest
 from imgtool.registry import RegistryClient
+from tests.support import zygote
 from tests.support.bundles import BlobDir, write
 from tests.support.images import host_arch
 from tests.support.proxy import Fault, FaultProxy, blob_path
@@ -25,8 +24,7 @@ TIMEOUT = 180  # a generous bound on each run: the cases here ran until killed b
 
 
 def imgtool(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=TIMEOUT)
+    return zygote.run(args, env={**os.environ, **(env or {})}, timeout=TIMEOUT)
 
 
 def mirrors_toml(tmp_path: Path, repo: str, url: str, *extra: str) -> Path:

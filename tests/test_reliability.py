@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from imgtool.model import format_size
+from tests.support import zygote
 from tests.support.bundles import damaged_part_line
 from tests.support.images import ImageFactory
 from tests.support.proxy import Fault, FaultProxy
@@ -41,8 +42,7 @@ def run(*args, env=None, timeout=120):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "IMGTOOL_"))
          or k.startswith("IMGTOOL_TEST_")}
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env=e, timeout=timeout, cwd=str(ROOT))
+    return zygote.run(args, env=e, timeout=timeout, cwd=ROOT)
 
 
 def start(*args, env=None):

@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import secrets
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 
 from imgtool.errors import ConfigError, UsageError
 from imgtool.spec import load_spec, parse_created
+from tests.support import zygote
 from tests.support.images import ImageFactory
 from tests.support.registry import RegistryClient, push_image
 
@@ -25,8 +24,7 @@ CREATED = "2025-06-01T08:00:00Z"
 
 
 def imgtool(*args, cache, cwd=None, env=None):
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "IMGTOOL_CACHE": str(cache), **(env or {})}, timeout=120)
+    return zygote.run(args, env={**os.environ, "IMGTOOL_CACHE": str(cache), **(env or {})}, cwd=cwd, timeout=120)
 
 
 def write_spec(root: Path, services, repo: str, images=TAGS, extra="") -> Path:

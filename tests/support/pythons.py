@@ -1,13 +1,15 @@
 """The interpreters pyenv holds on every machine of this kind (3.6-3.13), found where pyenv says, never at a fixed path."""
 
+import functools
 import os
 import subprocess
 from pathlib import Path
 from typing import Optional
 
 
+@functools.lru_cache(maxsize=None)
 def pyenv_root() -> str:
-    """`pyenv root`, or ~/.pyenv where pyenv is not on PATH."""
+    """`pyenv root`, or ~/.pyenv where pyenv is not on PATH (asked once a process: pyenv is a shell script)."""
     try:
         found = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=30).stdout.strip()
     except OSError:

@@ -39,7 +39,8 @@ class Services:
     """Where everything is; registries are `host:port` strings."""
 
     dir: str
-    docker_host: str  # unix:///.../docker.sock of the engine a test runs against (the first by default)
+    docker_host: str  # unix:///.../docker.sock of the engine a test runs against (IMGTOOL_TEST_DOCKER_HOST,
+    # the first, by default; conftest gives a test with no engine marker UNMARKED_ENGINE)
     engines: Tuple[Tuple[str, str], ...]  # (name, docker host) of every engine: 20.10, 26.1, 26.1-containerd
     docker_network: str  # what `docker run --network` must be (no bridge in the test daemon)
     plain: str  # HTTP, no auth: stands in for quay.io
