@@ -35,14 +35,18 @@ if [ "${IMGTOOL_REINSTALL:-0}" = 1 ] || [ "$(cat "$stamp" 2>/dev/null)" != "$wan
     fi
     # The real model-hub clients ([tool.imgtool] hub-clients) in a venv of their own inside $VENV: their click
     # and imgtool's cannot share one (pyproject.toml says why); tests/support/hubclients.py runs them there.
+    # Installed beside the checks below (compileall, ruff, mypy: CPU; this: mostly pip waiting on the index), ~10 s
+    # of a fresh clone; waited for, and the stamp written, before any test runs.
     if [ -f pyproject.toml ]; then
         rm -rf "$VENV/hub-clients"
-        "$PYTHON" -m venv "$VENV/hub-clients"
         mapfile -t hub_clients < <("$VENV/bin/python" -c \
             'import sys, tomli; print("\n".join(tomli.load(open(sys.argv[1], "rb"))["tool"]["imgtool"]["hub-clients"]))' pyproject.toml)
-        "$VENV/hub-clients/bin/python" -m pip install -q "${hub_clients[@]}"
+        ( "$PYTHON" -m venv "$VENV/hub-clients" && "$VENV/hub-clients/bin/python" -m pip install -q "${hub_clients[@]}" ) \
+            >"$VENV/hub-clients.log" 2>&1 &
+        hub_clients_pid=$!
+    else
+        echo "$want" >"$stamp"
     fi
-    echo "$want" >"$stamp"
 fi
 
 # Every module compiled once: the tests run imgtool as a command hundreds of times, and where
@@ -56,6 +60,16 @@ unset PYTHONDONTWRITEBYTECODE
 # The house's habits, checked before anything starts (rules in pyproject.toml [tool.ruff], [tool.mypy]).
 "$VENV/bin/python" -m ruff check imgtool tests scripts
 "$VENV/bin/python" -m mypy
+
+if [ -n "${hub_clients_pid:-}" ]; then
+    if ! wait "$hub_clients_pid"; then
+        cat "$VENV/hub-clients.log" >&2
+        echo "test.sh: installing the model-hub clients into $VENV/hub-clients failed (above)" >&2
+        exit 1
+    fi
+    cat "$VENV/hub-clients.log" >&2  # pip's warnings, as before
+    echo "$want" >"$stamp"
+fi
 
 mode=args
 if [ "${1:-}" = "--fast" ]; then
