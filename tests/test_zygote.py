@@ -21,3 +21,17 @@ def test_a_zygote_runs_the_cli_and_removes_its_socket_when_the_test_process_ends
             raise
     assert z.proc.returncode == 0
     assert not os.path.exists(z.dir), "the zygote left its directory in the temp dir"
+
+
+def test_a_call_through_the_zygote_sees_the_directory_and_environment_a_new_interpreter_sees(tmp_path):
+    """zygote.run stands in for `subprocess.run([python, "-m", "imgtool", ...], cwd=, env=)` in the test files'
+    helpers: the relative path in the call's variable is read from `cwd`, as a new interpreter reads it."""
+    import sys
+
+    (tmp_path / "mirrors.toml").write_text("default_image = \n")
+    env = {**os.environ, "IMGTOOL_MIRRORS": "mirrors.toml"}
+    forked = zygote.run(["mirrors"], env=env, cwd=tmp_path, timeout=60)
+    fresh = subprocess.run([sys.executable, "-m", "imgtool", "mirrors"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=60)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert (fresh.returncode, fresh.stderr) == (2, "error: mirrors.toml: invalid TOML: Invalid value (at line 1, column 17)\n")
