@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zlib
@@ -203,11 +202,7 @@ def imgtool(*args: str, docker_host: Optional[str] = None, env: Optional[Dict[st
     if docker_host:
         e["DOCKER_HOST"] = docker_host
     e.update(env or {})
-    forked = zygote.get(e)  # a fork of a Python that imported the CLI already (tests/support/zygote.py)
-    if forked is not None:
-        return forked.run(args, e, timeout)
-    return subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True,
-                          env=e, timeout=timeout)
+    return zygote.run(args, env=e, timeout=timeout)  # a fork of a Python that imported the CLI already
 
 
 def write(out: Path, images: Sequence[PulledImage], store: "BlobDir", *, chunk_size: Optional[int] = None,

@@ -220,7 +220,6 @@ def get(env: Dict[str, str]) -> Optional[Zygote]:
         return _zygote if _zygote.serves(env) else None
 
 
-
 def run(args: Sequence[str], env: Optional[Dict[str, str]] = None, cwd=None,
         timeout: Optional[float] = None) -> subprocess.CompletedProcess:
     """`subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True, env=env, cwd=cwd,
