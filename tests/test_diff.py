@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,8 +16,8 @@ from tests.support.bundles import BlobDir
 REPO = "quay.io/ascend"
 
 
-def imgtool(*args):
-    return zygote.run(args, env=dict(os.environ), timeout=60)
+def imgtool(*args, env=None, timeout=60):
+    return zygote.run(args, env=dict(os.environ) if env is None else env, timeout=timeout)
 
 
 def bundle(tmp_path, name, images):
@@ -125,12 +123,10 @@ def test_a_bundle_against_the_inventory_of_the_docker_it_was_loaded_into_is_unch
     other = bundle(tmp_path, "other", [(ref, factory.image(host_arch(), layers=2, layer_size=20_000))])
     docker_cleanup.image(ref, *docker_cli.ids_of(image))
     env = dict(os.environ, DOCKER_HOST=services.docker_host)
-    r = subprocess.run([sys.executable, "-m", "imgtool", "load", str(loaded)], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = imgtool("load", str(loaded), env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     inv = tmp_path / "inv.json"
-    r = subprocess.run([sys.executable, "-m", "imgtool", "inventory", "-o", str(inv)], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = imgtool("inventory", "-o", str(inv), env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     for side, want in ((loaded, "unchanged"), (other, "changed")):
         r = imgtool("diff", str(inv), str(side), "--json")
@@ -157,8 +153,7 @@ def test_diff_bundle_inventory_says_unchanged_with_the_ids_this_docker_shows(
     docker_cleanup.image(ref, *docker_cli.ids_of(image))
     env = dict(os.environ, DOCKER_HOST=services.docker_host)
     for args in (("load", str(loaded)), ("inventory", "-o", str(tmp_path / "inv.json"))):
-        r = subprocess.run([sys.executable, "-m", "imgtool", *args], capture_output=True, text=True, env=env,
-                           timeout=300)
+        r = imgtool(*args, env=env, timeout=300)
         assert r.returncode == 0, r.stderr
     inv = str(tmp_path / "inv.json")
     shown = docker_cli.inspect_image(ref)["Id"]
@@ -193,9 +188,8 @@ def test_an_image_docker_pulled_from_the_pushed_bundle_is_unchanged(
     assert r.returncode == 0, r.stderr
     docker_cli("pull", pulled)
     docker_cli("tag", pulled, ref)
-    r = subprocess.run([sys.executable, "-m", "imgtool", "inventory", "-o", str(tmp_path / "inv.json")],
-                       capture_output=True, text=True, env=dict(os.environ, DOCKER_HOST=services.docker_host),
-                       timeout=300)
+    r = imgtool("inventory", "-o", str(tmp_path / "inv.json"), env=dict(os.environ, DOCKER_HOST=services.docker_host),
+                timeout=300)
     assert r.returncode == 0, r.stderr
     shown = docker_cli.inspect_image(ref)["Id"]
     r = imgtool("diff", str(pushed), str(tmp_path / "inv.json"))
